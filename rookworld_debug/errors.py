@@ -1,0 +1,50 @@
+"""Named errors. Every bad input surfaces as one of these (or as a flagged record), never as a bare
+traceback from deep inside python-chess/torch or as a silently wrong number."""
+
+
+class RookWorldError(Exception):
+    """Base class of every error raised on purpose by rookworld_debug."""
+
+
+class FormatError(RookWorldError, ValueError):
+    """A P:/A: string (prompt, completion, FEN, UCI move) does not follow the RookWorld layout."""
+
+
+class IllegalMoveError(RookWorldError, ValueError):
+    """A move is well-formed UCI but illegal in the given position."""
+
+
+class EngineNotFound(RookWorldError, FileNotFoundError):
+    """No Stockfish binary was found."""
+
+    HINT = ("Install it with `apt-get install -y stockfish` (Debian puts it at /usr/games/stockfish, "
+            "which is not on PATH), `brew install stockfish`, or pass its path explicitly; "
+            "or use reward_mode='dataset' which needs no engine.")
+
+    def __init__(self, searched):
+        self.searched = list(searched)
+        super().__init__(f"Stockfish not found (searched: {', '.join(map(str, self.searched))}). {self.HINT}")
+
+
+class EngineError(RookWorldError, RuntimeError):
+    """The engine process failed in a way a restart did not fix."""
+
+
+class ModelLoadError(RookWorldError, OSError):
+    """A model or tokenizer could not be loaded (e.g. an HF id while offline)."""
+
+
+class ConfigError(RookWorldError, ValueError):
+    """A configuration value is impossible; the message names the field."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class DataError(RookWorldError, ValueError):
+    """A dataset file or selection is unusable (missing, empty, wrong task type...)."""
+
+
+class NumericalError(RookWorldError, FloatingPointError):
+    """A NaN/inf would have flowed into a loss or an optimizer step; the step refuses instead."""
