@@ -1,0 +1,340 @@
+"""`StepConfig`: every knob and convention of ONE GRPO step, in one frozen, documented dataclass.
+
+Each field carries its documentation in `metadata["help"]` so the glossary is renderable at run time
+(`StepConfig.glossary()`, `StepConfig.glossary_markdown()`); papermill parameters map 1:1 onto
+`to_dict()` / `from_dict()`.
+
+Defaults follow the seeds' debug run (B=4 prompts, G=4 generations, β=0.1, lr 1e-6, AdamW 0.9/0.999/1e-8,
+wd 0, grad-clip 1.0, task-conditional sampling); every *convention* (loss_type, KL estimator, advantage
+scaling, ε, δ, importance-sampling level, entropy normalisation) defaults to what TRL's `GRPOConfig` does,
+so a fresh config reproduces TRL's math on our rollout. `loss_type="manual"` selects the seeds'
+sequence-level REINFORCE variant instead (see `grpo/loss.py`).
+
+Impossible values are rejected at construction with `ConfigError(field, message)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from rookworld_debug.errors import ConfigError
+
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "manual")
+KL_ESTIMATORS = ("k3", "k1", "k2", "full")
+SCALE_REWARDS = ("group", "batch", "none")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+TASKS = ("P", "A", "mixed")
+REWARD_MODES = ("engine", "dataset")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+def _f(default: Any, help: str, *, choices: tuple | None = None, group: str = "", factory=None):
+    md = {"help": help, "group": group}
+    if choices is not None:
+        md["choices"] = choices
+    if factory is not None:
+        return field(default_factory=factory, metadata=md)
+    return field(default=default, metadata=md)
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """All knobs of one GRPO step. Frozen: derive variants with `replace(**changes)`."""
+
+    # ---------------------------------------------------------------- run / data
+    model: str = _f("tiny", "Policy to load: 'tiny' (bundled random-init GPT-2 on the RookWorld tokenizer), a local "
+                    "directory, or an HF id (e.g. 'jrahn/RookWorld-LM-124M'). The reference is a second, frozen "
+                    "copy loaded the same way (eval mode, no grad).", group="run")
+    dataset: str = _f("bundled", "Prompt source: 'bundled' (sample shipped with the package, generated with "
+                      "python-chess + Stockfish) or a path to a RookWorld text/JSONL file.", group="run")
+    task: str = _f("P", "Which prompts form the batch: 'P' (ROOK policy with chain-of-thought), 'A' (ArbiterSim "
+                   "environment) or 'mixed' (both, alternating).", choices=TASKS, group="run")
+    batch_size: int = _f(4, "B: number of distinct prompts in the step (the seeds' debug run used 4).", group="run")
+    num_generations: int = _f(4, "G: completions sampled per prompt; one group = the G completions of a prompt. "
+                              "N = B·G rows. TRL requires G ≥ 2 (a group std needs two samples).", group="run")
+    prompt_indices: Optional[tuple] = _f(None, "Explicit dataset indices of the B prompts (length must equal "
+                                         "batch_size). None = the first B prompts of the selected task, "
+                                         "in file order.", group="run")
+    seed: int = _f(0, "Seed of the torch.Generator used for sampling (and of every other random choice); the "
+                   "same config + seed gives a bit-identical StepTrace on CPU.", group="run")
+
+    # ---------------------------------------------------------------- sampling
+    max_new_tokens: int = _f(160, "Max completion tokens per sample (TRL: max_completion_length; also L_max of "
+                             "dr_grpo's normalizer). 160 covers a full padded P: completion (the model first emits "
+                             "~34 pad spaces, then M:/E: fields padded to 30/40 chars and B:, ≈120–140 GPT-2 tokens "
+                             "+ EOS) and any A: completion (≈40–60 tokens). Completions hitting the limit without "
+                             "EOS are flagged 'truncated'.", group="sampling")
+    p_temperature: float = _f(0.5, "Sampling temperature for P: prompts. Logits are divided by it before softmax "
+                              "for sampling AND for every log-prob/KL/entropy (as TRL does).", group="sampling")
+    p_top_p: float = _f(0.9, "Nucleus (top-p) for P: prompts, in (0, 1]; 1.0 disables. Sampling only: training "
+                        "log-probs use the full tempered vocabulary (as TRL).", group="sampling")
+    a_temperature: float = _f(0.95, "Sampling temperature for A: prompts (see p_temperature).", group="sampling")
+    a_top_p: float = _f(0.95, "Nucleus (top-p) for A: prompts (see p_top_p).", group="sampling")
+    top_k: int = _f(0, "Top-k filter for sampling, both tasks; 0 disables (TRL default since v0.27). Sampling "
+                    "only, like top_p.", group="sampling")
+
+    # ---------------------------------------------------------------- objective
+    loss_type: str = _f("dapo", "Aggregation of the per-token loss L_it (mask m): 'dapo' (TRL default) "
+                        "Σ m·L / num_items_in_batch (token mean over the whole batch); 'grpo' mean_i(Σ_t m·L / |o_i|); "
+                        "'bnpo' Σ m·L / Σ m (micro-batch token mean); 'dr_grpo' Σ m·L / (N·max_new_tokens); "
+                        "'manual' = the seeds' sequence-level REINFORCE mean_i(−A_i·mean_t logπ + β·mean_t KL "
+                        "− c_H·mean_t H), no ratio, no clip.", choices=LOSS_TYPES, group="objective")
+    beta: float = _f(0.1, "β: KL coefficient; loss adds β·KL(π‖π_ref) per token. TRL's default is 0.0 (no "
+                     "reference loaded); 0.1 is the seeds' debug-run value.", group="objective")
+    kl_estimator: str = _f("k3", "Per-token KL(π‖π_ref) estimator on the sampled token, with d = ref − logp: "
+                           "'k3' (TRL) exp(d) − d − 1 ≥ 0; 'k1' logp − ref (= −d, can be negative); 'k2' ½·d²; "
+                           "'full' exact Σ_v π(v)(log π(v) − log π_ref(v)) over the tempered vocabulary.",
+                           choices=KL_ESTIMATORS, group="objective")
+    use_bias_correction_kl: bool = _f(True, "Multiply the sampled-token KL estimate by the importance ratio r "
+                                      "(not detached), as TRL does by default (GRPOConfig.use_bias_correction_kl=True "
+                                      "in the installed TRL 1.16; False in 1.10): DeepSeek-V3.2 unbiased "
+                                      "reverse-KL gradient. Value unchanged on-policy (r = 1) but the KL gradient "
+                                      "gains a k·∇logπ term. Not applied to 'full'.", group="objective")
+    epsilon_low: float = _f(0.2, "ε_low: PPO clip lower bound, ratio clipped to ≥ 1 − ε_low (TRL 'epsilon').",
+                            group="objective")
+    epsilon_high: float = _f(0.2, "ε_high: PPO clip upper bound, ratio clipped to ≤ 1 + ε_high (TRL "
+                             "'epsilon_high', defaults to epsilon; DAPO suggests 0.28).", group="objective")
+    delta: Optional[float] = _f(None, "δ: two-sided clipping (INTELLECT-2): the unclipped ratio is capped at δ "
+                                "before min(r·A, clip(r)·A). None disables; should exceed 1 + ε_high.",
+                                group="objective")
+    importance_sampling_level: str = _f("token", "'token': ratio r_it = exp(logp_it − old_it); 'sequence' (GSPO): "
+                                        "one ratio per completion exp(mean_t(logp − old)) broadcast over tokens.",
+                                        choices=IMPORTANCE_SAMPLING_LEVELS, group="objective")
+    scale_rewards: str = _f("group", "Advantage scaling (TRL): 'group' A = (r − mean_g)/(std_g + adv_eps); "
+                            "'batch' divides by the std of the whole batch (mean stays per group); 'none' A = r − "
+                            "mean_g.", choices=SCALE_REWARDS, group="objective")
+    adv_eps: float = _f(1e-4, "ε added to the std (not the variance) in the advantage denominator (TRL: 1e-4).",
+                        group="objective")
+    std_ddof: int = _f(1, "Delta degrees of freedom of the reward std: 1 = Bessel-corrected n−1 (TRL and the "
+                       "seeds), 0 = population std.", group="objective")
+    adv_clip: Optional[float] = _f(None, "Clip TRL-style advantages to ±adv_clip after normalisation. None = no "
+                                   "clip (TRL).", group="objective")
+    entropy_coef: float = _f(0.0, "c_H: entropy bonus; loss −= c_H·H̄ with H̄ the masked token-mean entropy of "
+                             "the tempered policy (TRL ≥ 1.8 normalisation, independent of loss_type). 0 disables "
+                             "(TRL default); the seeds used 0.005.", group="objective")
+    mask_truncated_completions: bool = _f(False, "Zero the loss mask of completions that hit max_new_tokens "
+                                          "without EOS (TRL option, default False). They still enter the "
+                                          "group mean/std of the advantages.", group="objective")
+    manual_std_clamp: float = _f(0.05, "loss_type='manual' only: advantage denominator is max(std_g, this) "
+                                 "(the seeds used 0.05 at step 1, 1e-6 later).", group="objective")
+    manual_adv_clip: Optional[float] = _f(2.0, "loss_type='manual' only: advantages clipped to ±this (the seeds: "
+                                          "2.0). None = no clip.", group="objective")
+
+    # ---------------------------------------------------------------- optimizer
+    lr: float = _f(1e-6, "AdamW learning rate for the single step (TRL default 1e-6).", group="optimizer")
+    adam_betas: tuple = _f((0.9, 0.999), "AdamW (β1, β2).", group="optimizer")
+    adam_eps: float = _f(1e-8, "AdamW ε.", group="optimizer")
+    weight_decay: float = _f(0.0, "AdamW decoupled weight decay.", group="optimizer")
+    max_grad_norm: Optional[float] = _f(1.0, "Global L2 grad-norm clip (torch clip_grad_norm_). None = no clip.",
+                                        group="optimizer")
+    micro_batch_size: Optional[int] = _f(None, "Rows per backward for true gradient accumulation (bounded "
+                                         "memory, same gradient); must divide N = B·G. None = all N at once.",
+                                         group="optimizer")
+
+    # ---------------------------------------------------------------- rewards
+    reward_mode: str = _f("engine", "'engine': P: rewards scored with Stockfish (best move / candidates / eval "
+                          "MAE = 0.5/0.3/0.2); 'dataset': use the dataset's own labels, no engine needed. A: "
+                          "rewards always come from the python-chess arbiter.", choices=REWARD_MODES,
+                          group="rewards")
+    engine_depth: int = _f(10, "Stockfish fixed search depth (Threads=1, deterministic).", group="rewards")
+    engine_multipv: int = _f(5, "Stockfish MultiPV: number of candidate lines (P: has 5 M:/E: slots).",
+                             group="rewards")
+    engine_workers: int = _f(2, "Number of Stockfish processes in the pool.", group="rewards")
+
+    # ---------------------------------------------------------------- evaluation
+    heldout_n: int = _f(16, "Number of held-out prompts for greedy before/after evaluation (0 disables).",
+                        group="eval")
+    eval_max_new_tokens: int = _f(196, "Max new tokens for greedy evaluation (the seeds' held-out eval used 196).",
+                                  group="eval")
+    top_k_alternatives: int = _f(5, "Top-k alternative tokens (with probabilities) recorded per completion "
+                                 "position for views; 0 disables.", group="eval")
+
+    # ---------------------------------------------------------------- hardware
+    device: str = _f("cpu", "torch device: 'cpu', 'cuda', 'cuda:N' or 'mps'.", group="hardware")
+    dtype: str = _f("float32", "Model dtype. Log-softmax, KL and entropy are always computed in float32 (or "
+                    "float64) on the sampled ids.", choices=DTYPES, group="hardware")
+
+    # ================================================================= validation
+    def __post_init__(self):
+        s = object.__setattr__
+        # normalise papermill/JSON shapes (lists → tuples, ints → floats, TRL's bool scale_rewards)
+        if isinstance(self.adam_betas, list):
+            s(self, "adam_betas", tuple(self.adam_betas))
+        if isinstance(self.prompt_indices, list):
+            s(self, "prompt_indices", tuple(self.prompt_indices))
+        if self.scale_rewards is True:
+            s(self, "scale_rewards", "group")
+        elif self.scale_rewards is False:
+            s(self, "scale_rewards", "none")
+        for name in _FLOAT_FIELDS:
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ConfigError(name, f"must be a number, got {v!r}")
+            if not math.isfinite(v):
+                raise ConfigError(name, f"must be finite, got {v!r}")
+            s(self, name, float(v))
+        for name in _INT_FIELDS:
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL:
+                continue
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+                s(self, name, v)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(name, f"must be an integer, got {v!r}")
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
+        for name in _STR_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v.strip():
+                raise ConfigError(name, f"must be a non-empty string, got {v!r}")
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ConfigError(name, f"unknown value {getattr(self, name)!r}; expected one of {list(choices)}")
+
+        def need(ok: bool, name: str, msg: str):
+            if not ok:
+                raise ConfigError(name, f"{msg} (got {getattr(self, name)!r})")
+
+        need(self.batch_size >= 1, "batch_size", "must be ≥ 1")
+        need(self.num_generations >= 1, "num_generations", "must be ≥ 1")
+        if self.num_generations < 2 and (self.scale_rewards != "none" or self.loss_type == "manual"):
+            raise ConfigError("num_generations", f"G={self.num_generations} < 2: a group std needs at least two "
+                              f"samples (scale_rewards={self.scale_rewards!r}, loss_type={self.loss_type!r}); "
+                              "use G ≥ 2 or scale_rewards='none'")
+        if self.prompt_indices is not None:
+            pi = self.prompt_indices
+            if not isinstance(pi, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in pi):
+                raise ConfigError("prompt_indices", f"must be a list of integers, got {pi!r}")
+            need(len(pi) == self.batch_size, "prompt_indices", f"length must equal batch_size={self.batch_size}")
+            need(all(i >= 0 for i in pi), "prompt_indices", "indices must be ≥ 0")
+        need(self.seed >= 0, "seed", "must be ≥ 0")
+        need(self.max_new_tokens > 0, "max_new_tokens", "must be > 0")
+        need(self.p_temperature > 0, "p_temperature", "must be > 0")
+        need(self.a_temperature > 0, "a_temperature", "must be > 0")
+        need(0 < self.p_top_p <= 1, "p_top_p", "must be in (0, 1]")
+        need(0 < self.a_top_p <= 1, "a_top_p", "must be in (0, 1]")
+        need(self.top_k >= 0, "top_k", "must be ≥ 0 (0 disables)")
+        need(self.beta >= 0, "beta", "must be ≥ 0")
+        need(self.epsilon_low >= 0, "epsilon_low", "must be ≥ 0")
+        need(self.epsilon_high >= 0, "epsilon_high", "must be ≥ 0")
+        if self.delta is not None:
+            need(self.delta > 0, "delta", "must be > 0 or None (recommended > 1 + epsilon_high)")
+        need(self.adv_eps >= 0, "adv_eps", "must be ≥ 0")
+        need(self.std_ddof in (0, 1), "std_ddof", "must be 0 or 1")
+        if self.adv_clip is not None:
+            need(self.adv_clip > 0, "adv_clip", "must be > 0 or None")
+        need(self.manual_std_clamp >= 0, "manual_std_clamp", "must be ≥ 0")
+        if self.manual_adv_clip is not None:
+            need(self.manual_adv_clip > 0, "manual_adv_clip", "must be > 0 or None")
+        need(self.lr >= 0, "lr", "must be ≥ 0")
+        b = self.adam_betas
+        if not (isinstance(b, tuple) and len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                             for x in b)):
+            raise ConfigError("adam_betas", f"must be a pair of numbers, got {b!r}")
+        s(self, "adam_betas", (float(b[0]), float(b[1])))
+        need(all(0 <= x < 1 for x in self.adam_betas), "adam_betas", "each β must be in [0, 1)")
+        need(self.adam_eps > 0, "adam_eps", "must be > 0")
+        need(self.weight_decay >= 0, "weight_decay", "must be ≥ 0")
+        if self.max_grad_norm is not None:
+            need(self.max_grad_norm > 0, "max_grad_norm", "must be > 0 or None")
+        if self.micro_batch_size is not None:
+            n = self.batch_size * self.num_generations
+            need(1 <= self.micro_batch_size <= n, "micro_batch_size", f"must be in [1, N={n}] or None")
+            need(n % self.micro_batch_size == 0, "micro_batch_size", f"must divide N = B·G = {n}")
+        need(self.engine_depth >= 1, "engine_depth", "must be ≥ 1")
+        need(self.engine_multipv >= 1, "engine_multipv", "must be ≥ 1")
+        need(self.engine_workers >= 1, "engine_workers", "must be ≥ 1")
+        need(self.heldout_n >= 0, "heldout_n", "must be ≥ 0")
+        need(self.eval_max_new_tokens > 0, "eval_max_new_tokens", "must be > 0")
+        need(self.top_k_alternatives >= 0, "top_k_alternatives", "must be ≥ 0")
+        dev = self.device
+        need(dev in ("cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit()), "device",
+             "must be 'cpu', 'cuda', 'cuda:N' or 'mps'")
+
+    # ================================================================= helpers
+    @property
+    def num_completions(self) -> int:
+        """N = B·G."""
+        return self.batch_size * self.num_generations
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Number of micro-batches (1 when micro_batch_size is None)."""
+        return 1 if self.micro_batch_size is None else self.num_completions // self.micro_batch_size
+
+    def sampling_for(self, task: str) -> tuple:
+        """(temperature, top_p, top_k) used to sample completions of a `task` ('P' or 'A') prompt."""
+        if task == "P":
+            return (self.p_temperature, self.p_top_p, self.top_k)
+        if task == "A":
+            return (self.a_temperature, self.a_top_p, self.top_k)
+        raise ConfigError("task", f"sampling_for() needs 'P' or 'A' (one prompt's task), got {task!r}")
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict, one key per field (tuples become lists): the papermill parameters."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepConfig":
+        """Inverse of `to_dict`; missing keys take defaults, unknown keys raise ConfigError naming them."""
+        if not isinstance(d, dict):
+            raise ConfigError("<config>", f"expected a dict, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(", ".join(unknown), f"unknown config key(s) {unknown}; known keys: "
+                              f"{list(cls.field_names())}")
+        return cls(**d)
+
+    def replace(self, **changes) -> "StepConfig":
+        """A copy with `changes` applied (validated); unknown names raise ConfigError naming them."""
+        unknown = sorted(set(changes) - set(self.field_names()))
+        if unknown:
+            raise ConfigError(", ".join(unknown), f"unknown config key(s) {unknown}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> tuple:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def glossary(cls) -> dict:
+        """{field: {"default", "group", "help", "choices"?}} for every field, in declaration order."""
+        out = {}
+        for f in dataclasses.fields(cls):
+            entry = {"default": f.default, "group": f.metadata.get("group", ""), "help": f.metadata["help"]}
+            if "choices" in f.metadata:
+                entry["choices"] = f.metadata["choices"]
+            out[f.name] = entry
+        return out
+
+    @classmethod
+    def glossary_markdown(cls) -> str:
+        """The glossary as a Markdown table (field | default | meaning)."""
+        rows = ["| field | default | meaning |", "| --- | --- | --- |"]
+        for name, e in cls.glossary().items():
+            choices = f" Choices: {', '.join(map(repr, e['choices']))}." if "choices" in e else ""
+            rows.append(f"| `{name}` | `{e['default']!r}` | {e['help'].replace('|', '/')}{choices} |")
+        return "\n".join(rows)
+
+
+_OPTIONAL = {"prompt_indices", "delta", "adv_clip", "manual_adv_clip", "max_grad_norm", "micro_batch_size"}
+_FLOAT_FIELDS = ("p_temperature", "p_top_p", "a_temperature", "a_top_p", "beta", "epsilon_low", "epsilon_high",
+                 "delta", "adv_eps", "adv_clip", "entropy_coef", "manual_std_clamp", "manual_adv_clip", "lr",
+                 "adam_eps", "weight_decay", "max_grad_norm")
+_INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k", "std_ddof", "micro_batch_size",
+               "engine_depth", "engine_multipv", "engine_workers", "heldout_n", "eval_max_new_tokens",
+               "top_k_alternatives")
+_BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions")
+_STR_FIELDS = ("model", "dataset", "device")
+_CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
+            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES}
