@@ -1,0 +1,495 @@
+"""Token strips: completions drawn token by token, coloured by one per-token metric.
+
+Self-contained HTML (inline CSS, no script, no CDN), so a strip looks the same in JupyterLab, in an
+nbconvert/papermill HTML export and in a saved file. Hover uses the `title` attribute (works without
+JavaScript and survives JupyterLab's HTML sanitizer).
+
+What a strip shows, per token:
+- the token text with visible whitespace (`␣` space, `⏎` newline, `⇥` tab, control pictures for
+  other control bytes). The P: padding is ~30–40 real single-space tokens the model generates and
+  is trained on, so it must be seen;
+- `<|endoftext|>` as a `⟂ EOS` chip (EOS is part of the completion mask);
+- background colour by the chosen metric: diverging (orange < 0 < blue) for signed metrics, the ratio
+  on log scale centred at r = 1, sequential (white → purple) for logp/KL/entropy;
+- masked tokens (not in the loss) greyed with a dashed border, clipped tokens outlined in magenta,
+  NaN/inf striped red;
+- hover: position, token id, the exact value of every metric passed in, and the top-k alternatives.
+
+Views never compute GRPO math: values come from the records; the only arithmetic here is colour
+scaling (and the one labelled display product A·logp in the adapter).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ._style import (EOS_STRINGS, FONT_MONO, FONT_SANS, MASKED_BG, MASKED_FG, NAN_BG, OUTLINE, attr,
+                     diverging_rgb, fmt, fmt_exact, fmt_signed, hex_rgb, sequential_rgb, text_on,
+                     visible_ws_html, visible_ws_text, NEG_RGB, POS_RGB, SEQ_RGB, NEUTRAL_RGB)
+from .htmlview import HTMLView
+
+__all__ = ["Metric", "METRICS", "TokenStrip", "token_strip", "token_strips", "token_metric_stack",
+           "ColorScale", "make_scale", "display_token"]
+
+
+# ----------------------------------------------------------------------------------------- metrics
+@dataclass(frozen=True)
+class Metric:
+    """How to colour and explain one per-token quantity.
+
+    scale: "signed" (diverging, centred on 0), "ratio" (diverging on log r, centred on r = 1) or
+    "sequential". neutral (sequential only): which end is white: "low" (e.g. KL: 0 = unremarkable)
+    or "high" (e.g. logp: 0 = certain). anchor pins the neutral end's value (0 for logp/KL/entropy)
+    so "white" means the same in every strip; clamp_lo/clamp_hi bound the automatic range.
+    """
+    key: str
+    name: str
+    definition: str
+    scale: str = "sequential"
+    neutral: str = "low"
+    anchor: float | None = None
+    clamp_lo: float | None = None
+    clamp_hi: float | None = None
+    unit: str = ""
+
+
+METRICS: dict[str, Metric] = {m.key: m for m in (
+    Metric("logp", "policy logp",
+           "log π_θ(y_t | x, y_<t): log_softmax(policy logits / T)[sampled token], fp32; "
+           "T = sampling temperature. 0 = certain; more negative = more surprising.",
+           "sequential", neutral="high", anchor=0.0, clamp_lo=-10.0, unit="nats"),
+    Metric("ref_logp", "reference logp",
+           "log π_ref(y_t | x, y_<t): log_softmax(reference logits / T)[sampled token], fp32.",
+           "sequential", neutral="high", anchor=0.0, clamp_lo=-10.0, unit="nats"),
+    Metric("old_logp", "old-policy logp",
+           "log π_old(y_t | x, y_<t) at sampling time (the behaviour policy), logits / T, fp32.",
+           "sequential", neutral="high", anchor=0.0, clamp_lo=-10.0, unit="nats"),
+    Metric("ratio", "importance ratio",
+           "r_t = exp(logp_θ − logp_old) per sampled token; coloured on log r (white at r = 1, "
+           "blue r > 1, orange r < 1). Outlined = counted as clipped by the loss (is_clipped_low/high).",
+           "ratio"),
+    Metric("log_ratio", "log ratio",
+           "log r_t = logp_θ − logp_old per sampled token (0 at the first inner step).", "signed",
+           unit="nats"),
+    Metric("kl", "per-token KL (k3)",
+           "per-token k3 KL to the reference = exp(ref − logp) − (ref − logp) − 1, logits / T, "
+           "sampled tokens; ≥ 0, 0 when policy = reference.", "sequential", anchor=0.0, unit="nats"),
+    Metric("full_kl", "per-token exact KL",
+           "exact KL(π_θ ‖ π_ref) at position t over the full vocabulary: "
+           "Σ_v p_θ(v)·(log p_θ(v) − log p_ref(v)), logits / T.", "sequential", anchor=0.0,
+           unit="nats"),
+    Metric("entropy", "per-token entropy",
+           "H_t = −Σ_v p_θ(v) log p_θ(v) of the full policy distribution at position t, logits / T.",
+           "sequential", anchor=0.0, unit="nats"),
+    Metric("delta_logp", "Δlogp after update",
+           "Δlogp_t = logp_after − logp_before of the same sampled token, after the optimizer step, "
+           "same batch, logits / T. Blue = became more likely.", "signed", unit="nats"),
+    Metric("adv_x_logp", "advantage × logp",
+           "A_i · logp_t: the completion's advantage times the token's policy log-prob "
+           "(per-token REINFORCE surrogate, before aggregation; sign shows the push direction).",
+           "signed"),
+    Metric("pg", "per-token PG loss",
+           "per-token policy-gradient loss −min(r_t·A_i, clip(r_t, 1−ε_low, 1+ε_high)·A_i) before "
+           "aggregation (LossBreakdown.per_token_pg). Negative = this token lowers the loss.", "signed"),
+    Metric("loss", "per-token loss",
+           "per-token total loss = pg + β·KL − c·entropy before aggregation (LossBreakdown.per_token_loss).",
+           "signed"),
+)}
+
+
+def _resolve_metric(metric: str | Metric, signed: bool | None, values: np.ndarray,
+                    definition: str | None) -> Metric:
+    if isinstance(metric, Metric):
+        m = metric
+    elif metric in METRICS:
+        m = METRICS[metric]
+    else:
+        finite = values[np.isfinite(values)]
+        if signed is None:
+            signed = bool(finite.size and finite.min() < 0 < finite.max())
+        neutral = "high" if finite.size and finite.max() <= 0 else "low"
+        m = Metric(str(metric), str(metric), definition or f"{metric} (user-supplied per-token values)",
+                   "signed" if signed else "sequential", neutral=neutral)
+    if signed is not None and m.scale != "ratio" and (m.scale == "signed") != signed:
+        m = replace(m, scale="signed" if signed else "sequential")
+    if definition:
+        m = replace(m, definition=definition)
+    return m
+
+
+# ----------------------------------------------------------------------------------------- scale
+@dataclass(frozen=True)
+class ColorScale:
+    """Maps a value to a background colour. lo/hi are in the metric's own units (ratio units for r)."""
+    kind: str           # "signed" | "ratio" | "sequential"
+    lo: float
+    hi: float
+    neutral: str = "low"
+
+    def rgb(self, v: float) -> tuple[int, int, int] | None:
+        """None for NaN/inf (drawn striped), else the colour."""
+        if v is None or not math.isfinite(v):
+            return None
+        if self.kind == "signed":
+            half = max(abs(self.lo), abs(self.hi))
+            return diverging_rgb(0.0 if half == 0 else v / half)
+        if self.kind == "ratio":
+            if v <= 0:
+                return None
+            half = max(abs(math.log(self.lo)), abs(math.log(self.hi)))
+            return diverging_rgb(0.0 if half == 0 else math.log(v) / half)
+        span = self.hi - self.lo
+        if span <= 0:
+            return sequential_rgb(0.0)
+        t = (v - self.lo) / span if self.neutral == "low" else (self.hi - v) / span
+        return sequential_rgb(t)
+
+    def gradient_css(self) -> str:
+        n, p, s, w = (hex_rgb(c) for c in (NEG_RGB, POS_RGB, SEQ_RGB, NEUTRAL_RGB))
+        if self.kind in ("signed", "ratio"):
+            return f"linear-gradient(to right,{n},{w},{p})"
+        return f"linear-gradient(to right,{w},{s})" if self.neutral == "low" else \
+            f"linear-gradient(to right,{s},{w})"
+
+    def ticks(self) -> tuple[str, str, str]:
+        if self.kind == "signed":
+            half = max(abs(self.lo), abs(self.hi))
+            return fmt(-half, 3), "0", fmt_signed(half, 3)
+        if self.kind == "ratio":
+            half = max(abs(math.log(self.lo)), abs(math.log(self.hi)))
+            return fmt(math.exp(-half), 4), "1", fmt(math.exp(half), 4)
+        return fmt(self.lo, 3), fmt((self.lo + self.hi) / 2, 3), fmt(self.hi, 3)
+
+
+def make_scale(metric: Metric, values: np.ndarray, vmin: float | None = None,
+               vmax: float | None = None) -> ColorScale:
+    """Colour range from the (unmasked, finite) values, unless vmin/vmax pin it.
+
+    Signed metrics are symmetric around 0 (ratio: around 1 on log scale) so white always means
+    exactly zero (r = 1). The automatic range is clamped by the metric (logp at −10, as Levanter).
+    """
+    v = np.asarray(values, dtype=float).ravel()
+    v = v[np.isfinite(v)]
+    if metric.scale == "signed":
+        half = max(abs(x) for x in (vmin, vmax) if x is not None) if (vmin is not None or vmax is not None) \
+            else (float(np.max(np.abs(v))) if v.size else 0.0)
+        return ColorScale("signed", -half, half)
+    if metric.scale == "ratio":
+        v = v[v > 0]
+        if vmin is not None or vmax is not None:
+            half = max(abs(math.log(x)) for x in (vmin, vmax) if x is not None and x > 0)
+        else:
+            half = float(np.max(np.abs(np.log(v)))) if v.size else 0.0
+        return ColorScale("ratio", math.exp(-half), math.exp(half))
+    vlo = float(v.min()) if v.size else 0.0
+    vhi = float(v.max()) if v.size else 0.0
+    if metric.neutral == "high":
+        hi = vmax if vmax is not None else (metric.anchor if metric.anchor is not None else vhi)
+        lo = vmin if vmin is not None else max(vlo, metric.clamp_lo) if metric.clamp_lo is not None else vlo
+    else:
+        lo = vmin if vmin is not None else (metric.anchor if metric.anchor is not None else vlo)
+        hi = vmax if vmax is not None else min(vhi, metric.clamp_hi) if metric.clamp_hi is not None else vhi
+    return ColorScale("sequential", lo, max(hi, lo), metric.neutral)
+
+
+# ----------------------------------------------------------------------------------------- tokens
+_SPECIAL_RE = re.compile(r"<\|[^|<>]{1,40}\|>\Z")
+
+
+def display_token(tok: str) -> str:
+    """HTML for one token's text: visible whitespace, special tokens as chips."""
+    if tok in EOS_STRINGS:
+        return ('<span class="rw-chip" style="font-size:10px;font-weight:600;padding:0 3px;'
+                'border-radius:3px;border:1px solid #555;background:#fafafa;color:#222">⟂ EOS</span>')
+    if _SPECIAL_RE.match(tok):
+        name = tok[2:-2]
+        return ('<span class="rw-chip" style="font-size:10px;font-weight:600;padding:0 3px;'
+                f'border-radius:3px;border:1px solid #555;background:#fafafa;color:#222">{visible_ws_html(name)}</span>')
+    if tok == "":
+        return '<span class="rw-ws" style="opacity:.55">∅</span>'
+    return visible_ws_html(tok)
+
+
+def _quote_tok(tok: str) -> str:
+    """Token text for a tooltip (plain text): visible whitespace, quoted."""
+    if tok in EOS_STRINGS:
+        return "⟂ EOS <|endoftext|>"
+    return "'" + visible_ws_text(tok, collapse_runs=10**9) + "'"
+
+
+_CSS = (
+    "<style>"
+    f".rw-view{{font-family:{FONT_SANS};font-size:13px;color:#111;margin:4px 0 8px 0;line-height:1.45}}"
+    ".rw-title{font-weight:600;margin:2px 0 4px 0}"
+    ".rw-row{display:flex;align-items:flex-start;gap:10px;margin:3px 0}"
+    ".rw-lab{flex:0 0 13em;font-size:12px;color:#222;overflow-wrap:anywhere}"
+    f".rw-toks{{flex:1 1 auto;font-family:{FONT_MONO};font-size:12.5px;line-height:1.9}}"
+    ".rw-tok{display:inline-block;white-space:pre;padding:0 2px;margin:1px 1px;border-radius:3px;"
+    "border:1px solid rgba(0,0,0,.10);cursor:default}"
+    ".rw-tok:hover{box-shadow:0 0 0 2px #000}"
+    ".rw-legend{font-size:11.5px;color:#333;margin:4px 0 0 0;display:flex;flex-wrap:wrap;gap:6px 16px;"
+    "align-items:center}"
+    ".rw-bar{display:inline-block;width:160px;height:10px;border:1px solid #999;vertical-align:middle}"
+    ".rw-def{flex-basis:100%;color:#444}"
+    "</style>"
+)
+
+
+@dataclass(frozen=True, repr=False)
+class TokenStrip(HTMLView):
+    """HTML of one or more token strips; `metric` and `n_tokens` are kept for tests and callers."""
+    metric: str = ""
+    n_tokens: int = 0
+    n_rows: int = 0
+
+    def __repr__(self) -> str:
+        return f"TokenStrip(metric={self.metric!r}, rows={self.n_rows}, tokens={self.n_tokens})"
+
+
+@dataclass
+class _Row:
+    tokens: list[str]
+    values: np.ndarray
+    label: str = ""
+    info: Mapping[str, Any] = field(default_factory=dict)
+    mask: list[bool] | None = None
+    outline: list[Any] | None = None
+    hover: list[Mapping[str, Any]] | None = None
+    topk: list[Sequence[tuple[str, float]]] | None = None
+    token_ids: list[int] | None = None
+
+
+def _check_len(name: str, seq: Sequence | None, n: int, row: int | None = None) -> None:
+    if seq is not None and len(seq) != n:
+        where = "" if row is None else f" (row {row})"
+        raise ValueError(f"{name} has {len(seq)} entries but there are {n} tokens{where}")
+
+
+def _values(values: Any) -> np.ndarray:
+    from ._style import to_numpy
+    return to_numpy(values, dtype=float).ravel()
+
+
+def _tooltip(row: _Row, t: int, metric: Metric, outline_label: str) -> str:
+    tok = row.tokens[t]
+    head = f"t={t} · {_quote_tok(tok)}"
+    if row.token_ids is not None:
+        head += f" (id {int(row.token_ids[t])})"
+    lines = [head, f"{metric.name} = {fmt_exact(row.values[t])}" + (f" {metric.unit}" if metric.unit else "")]
+    if row.hover is not None:
+        for k, v in row.hover[t].items():
+            if k == metric.key or k == metric.name:
+                continue
+            lines.append(f"{k} = {fmt_exact(v) if not isinstance(v, str) else v}")
+    if row.mask is not None and not row.mask[t]:
+        lines.append("masked: not in the loss (completion_mask = 0)")
+    if row.outline is not None and row.outline[t]:
+        o = row.outline[t]
+        lines.append(f"{outline_label}: {o}" if isinstance(o, str) else outline_label)
+    if row.topk is not None and row.topk[t]:
+        lines.append("top-k alternatives (token, logp):")
+        for r, (alt, lp) in enumerate(row.topk[t], 1):
+            mark = "  ← sampled" if alt == tok else ""
+            lines.append(f"  {r}. {_quote_tok(str(alt))}  {fmt(lp, 4)}{mark}")
+    return "\n".join(lines)
+
+
+def _token_span(row: _Row, t: int, metric: Metric, scale: ColorScale, outline_label: str) -> str:
+    v = float(row.values[t])
+    masked = row.mask is not None and not row.mask[t]
+    styles = []
+    if masked:
+        styles.append(f"background:{MASKED_BG};color:{MASKED_FG};border:1px dashed #a0a0a0")
+    else:
+        rgb = scale.rgb(v)
+        styles.append(f"background:{NAN_BG};color:#000000" if rgb is None
+                      else f"background:{hex_rgb(rgb)};color:{text_on(rgb)}")
+    if row.outline is not None and row.outline[t]:
+        styles.append(f"outline:2px solid {OUTLINE};outline-offset:0")
+    cls = "rw-tok" + (" rw-masked" if masked else "") + (" rw-out" if row.outline is not None and row.outline[t] else "")
+    return (f'<span class="{cls}" data-t="{t}" style="{";".join(styles)}" '
+            f'title="{attr(_tooltip(row, t, metric, outline_label))}">{display_token(row.tokens[t])}</span>'
+            + ("<br>" if row.tokens[t].endswith("\n") else ""))  # keep the text's line structure
+
+
+def _legend(metric: Metric, scale: ColorScale, *, any_masked: bool, any_outline: bool, any_nan: bool,
+            outline_label: str, note: str = "") -> str:
+    lo, mid, hi = scale.ticks()
+    if scale.kind == "signed":
+        white = "white = 0"
+    elif scale.kind == "ratio":
+        white = "white = ratio 1; log scale"
+    else:
+        white = f"white = {fmt(scale.hi if scale.neutral == 'high' else scale.lo, 3)}"
+        if metric.clamp_lo is not None and scale.lo == metric.clamp_lo:
+            white += f"; values below {fmt(metric.clamp_lo)} drawn as {fmt(metric.clamp_lo)}"
+    parts = [
+        f'<span><b>{attr(metric.name)}</b>{" [" + attr(metric.unit) + "]" if metric.unit else ""}</span>',
+        f'<span>{attr(lo)} <span class="rw-bar" style="background:{scale.gradient_css()}"></span> {attr(hi)}'
+        f' <span style="color:#666">({attr(white)})</span></span>',
+    ]
+    if any_masked:
+        parts.append(f'<span><span class="rw-tok" style="background:{MASKED_BG};color:{MASKED_FG};'
+                     'border:1px dashed #a0a0a0">tok</span> masked (not in loss)</span>')
+    if any_outline:
+        parts.append(f'<span><span class="rw-tok" style="outline:2px solid {OUTLINE}">tok</span> '
+                     f'{attr(outline_label)}</span>')
+    if any_nan:
+        parts.append(f'<span><span class="rw-tok" style="background:{NAN_BG}">tok</span> NaN/inf</span>')
+    parts.append('<span style="color:#666">hover a token for exact values and top-k</span>')
+    parts.append(f'<span class="rw-def">{attr(metric.definition)}{(" " + attr(note)) if note else ""}</span>')
+    return '<div class="rw-legend">' + "".join(parts) + "</div>"
+
+
+def _row_label(row: _Row, adv_half: float) -> str:
+    bits = [f"<b>{attr(row.label)}</b>"] if row.label else []
+    for k, v in row.info.items():
+        txt = fmt_signed(v) if "adv" in k.lower() and not isinstance(v, str) else (v if isinstance(v, str) else fmt(v))
+        style = ""
+        if "adv" in k.lower() and not isinstance(v, str):
+            rgb = diverging_rgb(0.0 if adv_half == 0 or not math.isfinite(float(v)) else float(v) / adv_half)
+            style = f' style="background:{hex_rgb(rgb)};color:{text_on(rgb)};padding:0 3px;border-radius:3px"'
+        bits.append(f"<span{style}>{attr(k)} {attr(txt)}</span>")
+    return '<div class="rw-lab">' + "<br>".join(bits) + "</div>"
+
+
+def _render(rows: list[_Row], metric: Metric, scale: ColorScale, *, title: str, outline_label: str,
+            note: str = "", show_labels: bool = True) -> str:
+    adv = [float(v) for r in rows for k, v in r.info.items()
+           if "adv" in k.lower() and not isinstance(v, str) and math.isfinite(float(v))]
+    adv_half = max((abs(a) for a in adv), default=0.0)
+    out = [f'<div class="rw-view rw-strips" data-metric="{attr(metric.key)}">', _CSS]
+    if title:
+        out.append(f'<div class="rw-title">{attr(title)}</div>')
+    for row in rows:
+        out.append('<div class="rw-row">')
+        if show_labels:
+            out.append(_row_label(row, adv_half))
+        out.append('<div class="rw-toks">')
+        out.extend(_token_span(row, t, metric, scale, outline_label) for t in range(len(row.tokens)))
+        out.append("</div></div>")
+    any_masked = any(r.mask is not None and not all(r.mask) for r in rows)
+    any_outline = any(r.outline is not None and any(r.outline) for r in rows)
+    any_nan = any(not np.all(np.isfinite(r.values)) for r in rows)
+    out.append(_legend(metric, scale, any_masked=any_masked, any_outline=any_outline, any_nan=any_nan,
+                       outline_label=outline_label, note=note))
+    out.append("</div>")
+    return "".join(out)
+
+
+def _scale_values(rows: list[_Row]) -> np.ndarray:
+    """Values that set the automatic colour range: unmasked only (padding must not stretch the scale)."""
+    vals = [r.values[np.asarray(r.mask, dtype=bool)] if r.mask is not None else r.values for r in rows]
+    return np.concatenate(vals) if vals else np.zeros(0)
+
+
+# ----------------------------------------------------------------------------------------- public
+def token_strip(tokens: Sequence[str], values: Any, *, metric: str | Metric = "logp", label: str = "",
+                signed: bool | None = None, outline: Sequence[Any] | None = None,
+                hover: Sequence[Mapping[str, Any]] | None = None, vmin: float | None = None,
+                vmax: float | None = None, mask: Sequence[bool] | None = None,
+                topk: Sequence[Sequence[tuple[str, float]]] | None = None,
+                token_ids: Sequence[int] | None = None, outline_label: str = "clipped by the loss",
+                definition: str | None = None, info: Mapping[str, Any] | None = None,
+                title: str = "") -> TokenStrip:
+    """One completion's tokens coloured by one metric.
+
+    tokens: decoded token strings (one per sampled id, e.g. `tokenizer.decode([id])`);
+    values: one float per token (list, numpy or torch); metric: a key of `METRICS` (logp, ref_logp,
+    ratio, kl, full_kl, entropy, delta_logp, adv_x_logp, pg, loss…) or any name with `signed`;
+    outline: truthy per token = clipped (a string is shown in the hover, e.g. "low"/"high");
+    hover: per token {name: value} of extra metrics; topk: per token [(token, logp), …];
+    mask: False = not in the loss (greyed; excluded from the automatic colour range);
+    vmin/vmax: pin the colour range (signed metrics stay symmetric around 0, ratio around 1).
+    """
+    tokens = [str(t) for t in tokens]
+    vals = _values(values)
+    n = len(tokens)
+    _check_len("values", vals, n)
+    for name, seq in (("outline", outline), ("hover", hover), ("mask", mask), ("topk", topk),
+                      ("token_ids", token_ids)):
+        _check_len(name, seq, n)
+    m = _resolve_metric(metric, signed, vals, definition)
+    row = _Row(tokens, vals, label=label, info=dict(info or {}), mask=None if mask is None else [bool(x) for x in mask],
+               outline=None if outline is None else list(outline), hover=None if hover is None else list(hover),
+               topk=None if topk is None else list(topk), token_ids=None if token_ids is None else list(token_ids))
+    scale = make_scale(m, _scale_values([row]), vmin, vmax)
+    html = _render([row], m, scale, title=title, outline_label=outline_label,
+                   show_labels=bool(label or info))
+    return TokenStrip(html=html, metric=m.key, n_tokens=n, n_rows=1)
+
+
+def token_strips(tokens: Sequence[Sequence[str]], values: Sequence[Any], *, metric: str | Metric = "logp",
+                 labels: Sequence[str] | None = None, row_info: Sequence[Mapping[str, Any]] | None = None,
+                 masks: Sequence[Sequence[bool]] | None = None, outlines: Sequence[Sequence[Any]] | None = None,
+                 hovers: Sequence[Sequence[Mapping[str, Any]]] | None = None,
+                 topk: Sequence[Sequence[Sequence[tuple[str, float]]]] | None = None,
+                 token_ids: Sequence[Sequence[int]] | None = None, signed: bool | None = None,
+                 vmin: float | None = None, vmax: float | None = None, title: str = "",
+                 outline_label: str = "clipped by the loss", definition: str | None = None,
+                 note: str = "") -> TokenStrip:
+    """Several completions stacked, one row each, on ONE shared colour scale (so rows compare).
+
+    labels: a row label each (e.g. "prompt 0 · g 2"); row_info: {name: value} chips under the label
+    (e.g. {"reward": 0.25, "advantage": 0.87}; keys containing "adv" get a diverging chip).
+    Per-row arguments mirror `token_strip`. Rows may have different lengths.
+    """
+    n_rows = len(tokens)
+    if len(values) != n_rows:
+        raise ValueError(f"values has {len(values)} rows but tokens has {n_rows}")
+    for name, seq in (("labels", labels), ("row_info", row_info), ("masks", masks), ("outlines", outlines),
+                      ("hovers", hovers), ("topk", topk), ("token_ids", token_ids)):
+        if seq is not None and len(seq) != n_rows:
+            raise ValueError(f"{name} has {len(seq)} rows but tokens has {n_rows}")
+    rows: list[_Row] = []
+    for i in range(n_rows):
+        toks = [str(t) for t in tokens[i]]
+        vals = _values(values[i])
+        # (N, T) arrays are padded to T: cut each row to its own token count
+        if len(vals) > len(toks):
+            vals = vals[:len(toks)]
+
+        def cut(seq, i=i, toks=toks):
+            return None if seq is None else list(seq[i])[:len(toks)]
+        row = _Row(toks, vals, label=labels[i] if labels is not None else f"#{i}",
+                   info=dict(row_info[i]) if row_info is not None else {},
+                   mask=None if masks is None else [bool(x) for x in cut(masks)],
+                   outline=cut(outlines), hover=cut(hovers), topk=cut(topk), token_ids=cut(token_ids))
+        _check_len("values", row.values, len(toks), i)
+        for name in ("mask", "outline", "hover", "topk", "token_ids"):
+            _check_len(name, getattr(row, name), len(toks), i)
+        rows.append(row)
+    all_vals = _scale_values(rows)
+    m = _resolve_metric(metric, signed, all_vals, definition)
+    scale = make_scale(m, all_vals, vmin, vmax)
+    html = _render(rows, m, scale, title=title, outline_label=outline_label, note=note)
+    return TokenStrip(html=html, metric=m.key, n_tokens=sum(len(r.tokens) for r in rows), n_rows=n_rows)
+
+
+def token_metric_stack(tokens: Sequence[str], metrics: Mapping[str, Any], *, label: str = "",
+                       mask: Sequence[bool] | None = None, outline: Sequence[Any] | None = None,
+                       outline_metric: str = "ratio", topk: Sequence[Sequence[tuple[str, float]]] | None = None,
+                       token_ids: Sequence[int] | None = None, title: str = "") -> HTMLView:
+    """One completion, one strip per metric (CircuitsVis' multi-metric idea without a JS toggle).
+
+    Every strip's hover lists all metrics at that token, so any row gives the full picture.
+    The outline (clip state) is drawn on the `outline_metric` row only.
+    """
+    tokens = [str(t) for t in tokens]
+    arrays = {k: _values(v) for k, v in metrics.items()}
+    for k, v in arrays.items():
+        _check_len(f"metrics[{k!r}]", v, len(tokens))
+    hover = [{k: float(v[t]) for k, v in arrays.items()} for t in range(len(tokens))]
+    parts = [f'<div class="rw-view"><div class="rw-title">{attr(title or label)}</div>'] if (title or label) else []
+    for k, v in arrays.items():
+        strip = token_strip(tokens, v, metric=k, mask=mask, hover=hover, topk=topk, token_ids=token_ids,
+                            outline=outline if k == outline_metric else None,
+                            info={"metric": METRICS[k].name if k in METRICS else k})
+        parts.append(strip.html)
+    if title or label:
+        parts.append("</div>")
+    return HTMLView("".join(parts))
