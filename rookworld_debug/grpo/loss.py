@@ -1,0 +1,515 @@
+"""Loss phase: TRL's GRPO loss on (N, T) tensors, decomposed per token / sequence / group / term.
+
+Shape legend: B prompts, G generations per prompt, N = B·G rows (or one micro-batch of rows), T completion
+tokens. m = completion_mask (N, T); A = advantages (N,); ℓ = per_token_logps (grad); ℓ_old, ℓ_ref.
+
+This is `trl.GRPOTrainer._compute_loss` (installed TRL 1.16) for ONE micro-batch, num_processes = 1,
+g = gradient_accumulation_steps (steps_per_generation = g, TRL's default), without the options we do not
+expose (top_entropy_quantile, off-policy mask, vLLM IS ratio, cispo/sapo/vespo/luspo):
+
+    ℓ_old      = ℓ.detach() if old_per_token_logps is None                  (TRL: num_iterations = 1)
+    log w      = ℓ − ℓ_old                              importance_sampling_level = "token"   (N, T)
+               = Σ_t m(ℓ − ℓ_old) / max(Σ_t m, 1)       importance_sampling_level = "sequence" (N, 1)
+    r          = exp(log w)
+    KL_it      = k3: exp(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1    (TRL)   | k1: ℓ − ℓ_ref | k2: ½(ℓ − ℓ_ref)²
+                 full: Σ_v π(v)(log π(v) − log π_ref(v))  (exact, given as per_token_full_kl)
+    KL_it     ← KL_it · r   if use_bias_correction_kl (TRL default; sampled-token estimators only)
+    c          = clamp(r, 1 − ε_low, 1 + ε_high)         (from the UNclamped r)
+    r'         = min(r, δ) if δ else r                    (two-sided clipping)
+    PG_it      = −min(r'·A_i, c·A_i)
+    L_it       = PG_it + β·KL_it                          (KL added AFTER the PG term; not clipped)
+    loss       = agg(L) − c_H · H̄
+      agg: grpo     mean_i( Σ_t m L / max(Σ_t m, 1) ) / g
+           bnpo     Σ m L / max(Σ m, 1) / g
+           dr_grpo  Σ m L / (N_rows · max_completion_length) / g
+           dapo     Σ m L / max(num_items_in_batch, 1)        (num_items_in_batch = Σ m over the whole batch)
+      H̄ = Σ m H / max(Σ m, 1) / g    (TRL ≥ 1.8: a token mean for every loss_type)
+
+`loss_type="manual"` is the seeds' sequence-level REINFORCE (jorahn/rookworld-trl manual_grpo_debug.py),
+no ratio and no clip:
+
+    loss = (1/N) Σ_i [ −A_i · mean_t ℓ_it + β · mean_t KL_it − c_H · mean_t H_it ] / g
+
+with mean_t the masked mean over the completion's tokens; KL uses `kl_estimator` (the seeds used "full")
+without bias correction. (Unlike the seeds we train on the SAMPLED ids, in float32, EOS included.)
+
+Decomposition: agg is linear, so `pg_loss = agg(PG)`, `kl_loss = agg(β·KL)`, `entropy_term = −c_H·H̄` and
+`loss = pg_loss + kl_loss + entropy_term` exactly (this sum defines `.loss`; it equals TRL's `_compute_loss`
+to float rounding). Per-sequence values named `per_seq_*_loss`/`per_seq_pg` are each row's CONTRIBUTION to
+the total (they sum to it); `per_seq_kl`, `per_seq_entropy`, `per_seq_ratio` are masked per-token means.
+
+The function is pure and vectorised: calling it again on the stored (detached) tensors with a new β/ε/δ/
+loss_type recomputes the whole record without any forward pass (≈ 1–2 ms for N = 64, T = 128 on CPU).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from rookworld_debug.errors import ConfigError
+
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "manual")
+PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
+KL_ESTIMATORS = ("k3", "k1", "k2", "full")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+KL_FORMULAS = {
+    "k3": "k3 = exp(ref−logp) − (ref−logp) − 1 (TRL)",
+    "k1": "k1 = logp − ref",
+    "k2": "k2 = ½(logp − ref)²",
+    "full": "exact Σ_v π(v)·(log π(v) − log π_ref(v))",
+}
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """The effective denominator of the aggregation: `value` and a human-readable `description`."""
+    name: str               # loss_type
+    value: float            # effective denominator (tokens, sequences, or N·L_max), before ÷ g
+    description: str        # e.g. "dapo: Σ mask = 312 tokens"
+
+    def __str__(self) -> str:
+        return self.description
+
+
+@dataclass(frozen=True)
+class LossBreakdown:
+    """Every term of the GRPO loss, per token, per sequence, per group and in total.
+
+    Tensors are detached except `loss`, `pg_loss`, `kl_loss`, `entropy_loss`, `entropy_term`
+    (0-dim, differentiable). Per-token tensors are zero where completion_mask is 0 (except the ratio)."""
+    # ---- totals (0-dim tensors; loss = pg_loss + kl_loss + entropy_term exactly)
+    loss: torch.Tensor                  # () differentiable total
+    pg_loss: torch.Tensor               # () agg(PG): policy-gradient term
+    kl_loss: torch.Tensor               # () agg(β·KL): the KL penalty as it enters the loss (0 if β = 0)
+    entropy_loss: torch.Tensor          # () H̄: entropy as TRL aggregates it (unscaled; 0 without entropy)
+    entropy_term: torch.Tensor          # () −entropy_coef·H̄: the bonus as it enters the loss
+    # ---- per token
+    completion_mask: torch.Tensor       # (N, T) float mask used (after any masking)
+    advantages: torch.Tensor            # (N,)
+    per_token_pg: torch.Tensor          # (N, T) PG_it (sequence IS: broadcast over t), masked
+    per_token_kl: Optional[torch.Tensor]  # (N, T) KL_it, raw (not β-scaled; × r if bias-corrected), masked; None without ref
+    per_token_loss: torch.Tensor        # (N, T) L_it = PG_it + β·KL_it (TRL's per_token_loss), masked
+    per_token_ratio: torch.Tensor       # (N, T) r = exp(log w) (sequence IS: broadcast), NOT masked
+    per_token_entropy: Optional[torch.Tensor]  # (N, T) H_it masked; None without entropy
+    is_clipped_low: torch.Tensor        # (N, T) bool: r < 1 − ε_low and A < 0 (masked)
+    is_clipped_high: torch.Tensor       # (N, T) bool: r > 1 + ε_high and A > 0 (masked)
+    # ---- per sequence
+    seq_len: torch.Tensor               # (N,) Σ_t m
+    per_seq_pg: torch.Tensor            # (N,) contribution of row i to pg_loss (Σ_i = pg_loss)
+    per_seq_kl_loss: torch.Tensor       # (N,) contribution of row i to kl_loss (Σ_i = kl_loss)
+    per_seq_entropy_term: torch.Tensor  # (N,) contribution of row i to entropy_term
+    per_seq_loss: torch.Tensor          # (N,) contribution of row i to loss
+    per_seq_kl: Optional[torch.Tensor]  # (N,) masked mean KL_it per token (nats/token, not β-scaled)
+    per_seq_entropy: Optional[torch.Tensor]  # (N,) masked mean entropy per token
+    per_seq_ratio: torch.Tensor         # (N,) masked mean of r (sequence IS: the sequence ratio)
+    per_seq_logp: torch.Tensor          # (N,) masked mean ℓ per token
+    # ---- per group (None when num_generations is not given)
+    per_group_pg: Optional[torch.Tensor]       # (B,) Σ over the group's rows of per_seq_pg
+    per_group_kl_loss: Optional[torch.Tensor]  # (B,)
+    per_group_loss: Optional[torch.Tensor]     # (B,)
+    # ---- scalars and definitions
+    kl: float                           # TRL `kl` metric: Σ m·KL / Σ m (raw; NaN without KL)
+    entropy: float                      # TRL `entropy` metric: Σ m·H / Σ m (NaN without entropy)
+    kl_share: float                     # |kl_loss| / (|pg_loss| + |kl_loss| + |entropy_term|); 0 if 0/0
+    kl_share_undefined: bool            # True when that denominator is 0 (kl_share set to 0)
+    normalizer: Normalizer              # effective denominator and its name
+    metrics: dict                       # TRL-named metrics (kl, entropy, clip_ratio/*, policy_loss)
+    loss_type: str
+    beta: float
+    epsilon_low: float
+    epsilon_high: float
+    delta: Optional[float]
+    importance_sampling_level: str
+    kl_estimator: str
+    use_bias_correction_kl: bool
+    entropy_coef: float
+    gradient_accumulation_steps: int
+    num_generations: Optional[int]
+    definition: str                     # the formula, with this record's settings
+    flags: tuple                        # human-readable warnings (non-finite values, empty completions…)
+
+    # aliases used by the update phase
+    @property
+    def pg_term(self) -> torch.Tensor:
+        return self.pg_loss
+
+    @property
+    def kl_term(self) -> torch.Tensor:
+        return self.kl_loss
+
+    @property
+    def totals(self) -> dict:
+        """Plain floats of the totals, for tables."""
+        return {"loss": float(self.loss), "pg_loss": float(self.pg_loss), "kl_loss": float(self.kl_loss),
+                "entropy_loss": float(self.entropy_loss), "entropy_term": float(self.entropy_term),
+                "kl": self.kl, "entropy": self.entropy, "kl_share": self.kl_share}
+
+
+def _check_2d(name: str, x, shape) -> None:
+    if x is None:
+        return
+    if not isinstance(x, torch.Tensor):
+        raise ConfigError(name, f"must be a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        raise ConfigError(name, f"shape {tuple(x.shape)} does not match per_token_logps {tuple(shape)} (N, T)")
+
+
+def _scalar(x: Union[float, torch.Tensor, None]) -> Optional[float]:
+    if x is None:
+        return None
+    return float(x.detach()) if isinstance(x, torch.Tensor) else float(x)
+
+
+class _SmallCpuOps:
+    """Run small CPU tensor math on one intra-op thread (restored afterwards). On a loaded 2-core machine
+    the OpenMP/MKL thread hand-off dominates ops on ~10⁴ elements: torch.exp on (64, 128) measured 25 ms
+    with 2 threads vs 0.01 ms with 1. Large or non-CPU tensors are left alone."""
+
+    def __init__(self, x: torch.Tensor):
+        self.active = x.device.type == "cpu" and x.numel() <= (1 << 20) and torch.get_num_threads() > 1
+        self.prev = None
+
+    def __enter__(self):
+        if self.active:
+            self.prev = torch.get_num_threads()
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            torch.set_num_threads(self.prev)
+
+
+def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[torch.Tensor],
+                 ref_per_token_logps: Optional[torch.Tensor], advantages: torch.Tensor,
+                 completion_mask: torch.Tensor, *, beta: float, epsilon_low: float, epsilon_high: float,
+                 loss_type: str, max_completion_length: int, importance_sampling_level: str = "token",
+                 delta: Optional[float] = None, entropy: Optional[torch.Tensor] = None, entropy_coef: float = 0.0,
+                 kl_estimator: str = "k3", per_token_full_kl: Optional[torch.Tensor] = None,
+                 num_items_in_batch: Union[int, float, torch.Tensor, None] = None,
+                 use_bias_correction_kl: bool = True, num_generations: Optional[int] = None,
+                 gradient_accumulation_steps: int = 1) -> LossBreakdown:
+    """TRL's GRPO loss for one micro-batch, decomposed. See the module docstring for every formula.
+
+    per_token_logps (N, T) carries the gradient; old/ref logps (N, T) or None (old None → ℓ.detach(), TRL's
+    on-policy case; ref may be None only when β = 0 or kl_estimator = "full"); advantages (N,);
+    completion_mask (N, T) (bool/int/float); entropy (N, T) or None; per_token_full_kl (N, T) for "full";
+    num_items_in_batch = Σ mask over the whole batch (dapo; None → this micro-batch's Σ mask);
+    num_generations enables per-group values; gradient_accumulation_steps = TRL's g (÷ g for
+    grpo/bnpo/dr_grpo/manual and H̄; dapo is normalised by num_items_in_batch instead).
+    """
+    if isinstance(per_token_logps, torch.Tensor):
+        with _SmallCpuOps(per_token_logps):
+            return _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
+                                 completion_mask, beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
+                                 loss_type=loss_type, max_completion_length=max_completion_length,
+                                 importance_sampling_level=importance_sampling_level, delta=delta, entropy=entropy,
+                                 entropy_coef=entropy_coef, kl_estimator=kl_estimator,
+                                 per_token_full_kl=per_token_full_kl, num_items_in_batch=num_items_in_batch,
+                                 use_bias_correction_kl=use_bias_correction_kl, num_generations=num_generations,
+                                 gradient_accumulation_steps=gradient_accumulation_steps)
+    raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
+
+
+def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, *,
+                  beta, epsilon_low, epsilon_high, loss_type, max_completion_length, importance_sampling_level,
+                  delta, entropy, entropy_coef, kl_estimator, per_token_full_kl, num_items_in_batch,
+                  use_bias_correction_kl, num_generations, gradient_accumulation_steps) -> LossBreakdown:
+    # ------------------------------------------------------------------ validation
+    if not isinstance(per_token_logps, torch.Tensor) or per_token_logps.dim() != 2:
+        raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
+    if not per_token_logps.is_floating_point():
+        raise ConfigError("per_token_logps", f"must be floating point, got {per_token_logps.dtype}")
+    N, T = per_token_logps.shape
+    for name, x in (("old_per_token_logps", old_per_token_logps), ("ref_per_token_logps", ref_per_token_logps),
+                    ("completion_mask", completion_mask), ("entropy", entropy),
+                    ("per_token_full_kl", per_token_full_kl)):
+        _check_2d(name, x, (N, T))
+    if completion_mask is None:
+        raise ConfigError("completion_mask", "is required")
+    if not isinstance(advantages, torch.Tensor):
+        advantages = torch.as_tensor(advantages)
+    if advantages.dim() == 2 and advantages.shape[1] == 1:
+        advantages = advantages.squeeze(1)
+    if tuple(advantages.shape) != (N,):
+        raise ConfigError("advantages", f"shape {tuple(advantages.shape)} must be (N,) = ({N},)")
+    if loss_type not in LOSS_TYPES:
+        raise ConfigError("loss_type", f"unknown value {loss_type!r}; expected one of {list(LOSS_TYPES)}")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ConfigError("kl_estimator", f"unknown value {kl_estimator!r}; expected one of {list(KL_ESTIMATORS)}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ConfigError("importance_sampling_level", f"unknown value {importance_sampling_level!r}; expected "
+                          f"one of {list(IMPORTANCE_SAMPLING_LEVELS)}")
+    if beta < 0:
+        raise ConfigError("beta", f"must be ≥ 0, got {beta!r}")
+    if epsilon_low < 0 or epsilon_high < 0:
+        raise ConfigError("epsilon_low" if epsilon_low < 0 else "epsilon_high", "must be ≥ 0")
+    if delta is not None and not delta > 0:
+        raise ConfigError("delta", f"must be > 0 or None, got {delta!r}")
+    if loss_type == "dr_grpo" and not (max_completion_length and max_completion_length > 0):
+        raise ConfigError("max_completion_length", f"dr_grpo needs a positive max_completion_length, got "
+                          f"{max_completion_length!r}")
+    if gradient_accumulation_steps < 1:
+        raise ConfigError("gradient_accumulation_steps", f"must be ≥ 1, got {gradient_accumulation_steps!r}")
+    if num_generations is not None and (num_generations < 1 or N % num_generations):
+        raise ConfigError("num_generations", f"{num_generations!r} does not divide N = {N}")
+    if entropy_coef != 0 and entropy is None:
+        raise ConfigError("entropy", f"entropy_coef={entropy_coef} needs the per-token entropy tensor")
+    if kl_estimator == "full":
+        if per_token_full_kl is None and (beta != 0 or ref_per_token_logps is not None):
+            raise ConfigError("per_token_full_kl", "kl_estimator='full' needs the exact per-token full-vocab KL")
+    elif beta != 0 and ref_per_token_logps is None:
+        raise ConfigError("ref_per_token_logps", f"beta={beta} needs the reference log-probs")
+
+    dtype = per_token_logps.dtype
+    logps = per_token_logps                                                     # (N, T) grad
+    mask = completion_mask.to(dtype)                                            # (N, T)
+    adv = advantages.to(device=logps.device, dtype=dtype).unsqueeze(1)          # (N, 1)
+    g = float(gradient_accumulation_steps)
+    seq_len = mask.sum(-1)                                                      # (N,)
+    seq_len_c = seq_len.clamp(min=1.0)                                          # (N,)
+    total_tokens = mask.sum()                                                   # ()
+    old = logps.detach() if old_per_token_logps is None else old_per_token_logps.to(dtype)  # (N, T)
+
+    # ------------------------------------------------------------------ importance weights
+    log_ratio = logps - old                                                     # (N, T)
+    if importance_sampling_level == "token":
+        log_importance_weights = log_ratio                                      # (N, T)
+    else:
+        log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (N, 1)
+    coef_1 = torch.exp(log_importance_weights)                                  # (N, T) | (N, 1)
+
+    # ------------------------------------------------------------------ KL
+    per_token_kl = None                                                         # (N, T)
+    if kl_estimator == "full":
+        if per_token_full_kl is not None:
+            per_token_kl = per_token_full_kl.to(dtype)                          # (N, T)
+    elif ref_per_token_logps is not None:
+        ref = ref_per_token_logps.to(dtype)                                     # (N, T)
+        if kl_estimator == "k3":
+            per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1           # (N, T)
+        elif kl_estimator == "k1":
+            per_token_kl = logps - ref                                          # (N, T)
+        else:
+            per_token_kl = 0.5 * (logps - ref) ** 2                             # (N, T)
+        if use_bias_correction_kl and loss_type != "manual":
+            per_token_kl = per_token_kl * coef_1                                # (N, T)
+
+    # ------------------------------------------------------------------ per-token PG
+    if loss_type == "manual":
+        per_token_pg = -adv * logps                                             # (N, T)
+        is_low = torch.zeros((N, T), dtype=torch.bool, device=logps.device)     # (N, T) no clipping
+        is_high = is_low
+    else:
+        coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)       # from the unclamped ratio
+        c1 = torch.clamp(coef_1, max=delta) if delta is not None else coef_1    # two-sided clipping
+        per_token_pg = -torch.min(c1 * adv, coef_2 * adv)                       # (N, T) | (N, 1)
+        is_low = (coef_1 < 1 - epsilon_low) & (adv < 0)                         # (N, T) | (N, 1)
+        is_high = (coef_1 > 1 + epsilon_high) & (adv > 0)                       # (N, T) | (N, 1)
+    kl_active = beta != 0.0 and per_token_kl is not None
+    per_token_kl_scaled = beta * per_token_kl if kl_active else None            # (N, T)
+
+    # ------------------------------------------------------------------ aggregation
+    if loss_type in ("grpo", "manual"):
+        def seq_weights() -> torch.Tensor:
+            return 1.0 / (seq_len_c * N * g)                                    # (N,)
+
+        def agg(x):
+            return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / g
+        label = "manual (seeds)" if loss_type == "manual" else "grpo"
+        norm = Normalizer(loss_type, float(N), f"{label}: mean over {N} sequences of per-sequence token means "
+                          f"(÷ |o_i|, then ÷ {N})" + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
+    elif loss_type == "bnpo":
+        den = total_tokens.clamp(min=1.0)
+
+        def seq_weights() -> torch.Tensor:
+            return (1.0 / (den * g)).expand(N)
+
+        def agg(x):
+            return (x * mask).sum() / mask.sum().clamp(min=1.0) / g
+        norm = Normalizer("bnpo", float(den), f"bnpo: Σ mask = {int(total_tokens)} tokens (this micro-batch)"
+                          + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
+    elif loss_type == "dr_grpo":
+        den = float(N * max_completion_length)
+
+        def seq_weights() -> torch.Tensor:
+            return torch.full((N,), 1.0 / (den * g), dtype=dtype, device=logps.device)
+
+        def agg(x):
+            return (x * mask).sum() / (N * max_completion_length) / g
+        norm = Normalizer("dr_grpo", den, f"dr_grpo: N·L_max = {N}·{max_completion_length} = {int(den)}"
+                          + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
+    else:  # dapo
+        if num_items_in_batch is None:
+            items = total_tokens.detach()
+        else:
+            items = torch.as_tensor(num_items_in_batch, dtype=dtype, device=logps.device)
+        den_t = items.clamp(min=1.0)                                            # TRL: / num_processes (1)
+
+        def seq_weights() -> torch.Tensor:
+            return (1.0 / den_t).expand(N)
+
+        def agg(x):
+            return (x * mask).sum() / den_t
+        src = "this batch" if num_items_in_batch is None else "num_items_in_batch"
+        norm = Normalizer("dapo", float(den_t), f"dapo: Σ mask = {_fmt_count(float(den_t))} tokens ({src})")
+
+    zero = torch.zeros((), dtype=dtype, device=logps.device)
+    pg_loss = agg(per_token_pg)                                                 # ()
+    kl_loss = agg(per_token_kl_scaled) if kl_active else zero                   # ()
+
+    # ------------------------------------------------------------------ entropy
+    per_token_entropy = None
+    if entropy is not None:
+        H = entropy.to(dtype)                                                   # (N, T)
+        per_token_entropy = (H * mask).detach()                                 # (N, T)
+        if loss_type == "manual":
+            entropy_loss = ((H * mask).sum(-1) / seq_len_c).mean() / g          # ()
+            ent_w = 1.0 / (seq_len_c * N * g)                                   # (N,)
+        else:
+            entropy_loss = (H * mask).sum() / mask.sum().clamp(min=1.0) / g     # ()
+            ent_w = (1.0 / (total_tokens.clamp(min=1.0) * g)).expand(N)         # (N,)
+        entropy_term = -entropy_coef * entropy_loss if entropy_coef != 0 else zero  # ()
+    else:
+        entropy_loss = zero
+        entropy_term = zero
+    loss = pg_loss + kl_loss + entropy_term                                     # ()
+
+    # ------------------------------------------------------------------ per-token / per-seq records
+    with torch.no_grad():
+        m_bool = mask > 0                                                       # (N, T)
+        pt_pg = (per_token_pg.expand(N, T) * mask).detach()                     # (N, T)
+        pt_kl = (per_token_kl.expand(N, T) * mask).detach() if per_token_kl is not None else None  # (N, T)
+        pt_loss = pt_pg + beta * pt_kl if kl_active else pt_pg.clone()          # (N, T)
+        ratio = coef_1.detach().expand(N, T).clone()                            # (N, T)
+        low = is_low.expand(N, T) & m_bool                                      # (N, T)
+        high = is_high.expand(N, T) & m_bool                                    # (N, T)
+        w = seq_weights().to(dtype)                                             # (N,)
+        per_seq_pg = pt_pg.sum(-1) * w                                          # (N,)
+        per_seq_kl_loss = (beta * pt_kl.sum(-1) * w if kl_active
+                           else torch.zeros(N, dtype=dtype, device=logps.device))  # (N,)
+        if entropy is not None and entropy_coef != 0:
+            per_seq_ent = -entropy_coef * per_token_entropy.sum(-1) * ent_w     # (N,)
+        else:
+            per_seq_ent = torch.zeros(N, dtype=dtype, device=logps.device)      # (N,)
+        per_seq_loss = per_seq_pg + per_seq_kl_loss + per_seq_ent              # (N,)
+        per_seq_kl = pt_kl.sum(-1) / seq_len_c if pt_kl is not None else None   # (N,)
+        per_seq_entropy = per_token_entropy.sum(-1) / seq_len_c if per_token_entropy is not None else None
+        per_seq_ratio = (ratio * mask).sum(-1) / seq_len_c                      # (N,)
+        per_seq_logp = (logps.detach() * mask).sum(-1) / seq_len_c              # (N,)
+        if num_generations:
+            per_group = [x.view(-1, num_generations).sum(1) for x in (per_seq_pg, per_seq_kl_loss, per_seq_loss)]
+        else:
+            per_group = [None, None, None]
+
+        # ---- metrics, exactly as TRL logs them (num_processes = 1)
+        denom_tok = total_tokens.clamp(min=1.0)
+        kl_metric = float((pt_kl.sum() / denom_tok)) if pt_kl is not None else float("nan")
+        ent_metric = float(per_token_entropy.sum() / denom_tok) if per_token_entropy is not None else float("nan")
+        metrics = {}
+        if pt_kl is not None:
+            metrics["kl"] = kl_metric                                           # TRL logs it only when β ≠ 0
+        if per_token_entropy is not None:
+            metrics["entropy"] = ent_metric
+        if loss_type in PPO_LOSS_TYPES:
+            metrics.update(_clip_metrics(is_low, is_high, mask))
+        if entropy is not None and entropy_coef != 0:
+            metrics["policy_loss"] = float((pg_loss + kl_loss) * (1.0 if loss_type == "dapo" else g))
+
+        a_kl, a_pg, a_ent = abs(float(kl_loss)), abs(float(pg_loss)), abs(float(entropy_term))
+        share_den = a_pg + a_kl + a_ent
+        undefined = not share_den > 0
+        kl_share = 0.0 if undefined else a_kl / share_den
+
+        flags = []
+        if not math.isfinite(float(loss)):
+            flags.append(f"non-finite loss ({float(loss)}): the optimizer step must refuse")
+        for name, x in (("per_token_logps", logps), ("old_per_token_logps", old_per_token_logps),
+                        ("ref_per_token_logps", ref_per_token_logps), ("entropy", entropy),
+                        ("per_token_full_kl", per_token_full_kl)):
+            if x is not None:
+                bad = int((~torch.isfinite(x.detach()) & m_bool).sum())
+                if bad:
+                    flags.append(f"{bad} non-finite value(s) in {name} at unmasked positions")
+        if not bool(torch.isfinite(advantages).all()):
+            flags.append("non-finite advantages")
+        empty = tuple(int(i) for i in torch.nonzero(seq_len == 0).flatten())
+        if empty:
+            flags.append(f"{len(empty)} completion(s) fully masked (rows {list(empty)}): no loss contribution")
+        if undefined:
+            flags.append("kl_share undefined (all terms are 0): reported as 0")
+
+    return LossBreakdown(
+        loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, entropy_loss=entropy_loss, entropy_term=entropy_term,
+        completion_mask=mask.detach(), advantages=advantages.detach(), per_token_pg=pt_pg, per_token_kl=pt_kl,
+        per_token_loss=pt_loss, per_token_ratio=ratio, per_token_entropy=per_token_entropy,
+        is_clipped_low=low, is_clipped_high=high, seq_len=seq_len.detach(), per_seq_pg=per_seq_pg,
+        per_seq_kl_loss=per_seq_kl_loss, per_seq_entropy_term=per_seq_ent, per_seq_loss=per_seq_loss,
+        per_seq_kl=per_seq_kl, per_seq_entropy=per_seq_entropy, per_seq_ratio=per_seq_ratio,
+        per_seq_logp=per_seq_logp, per_group_pg=per_group[0], per_group_kl_loss=per_group[1],
+        per_group_loss=per_group[2], kl=kl_metric, entropy=ent_metric, kl_share=kl_share,
+        kl_share_undefined=undefined, normalizer=norm, metrics=metrics, loss_type=loss_type, beta=float(beta),
+        epsilon_low=float(epsilon_low), epsilon_high=float(epsilon_high), delta=_scalar(delta),
+        importance_sampling_level=importance_sampling_level, kl_estimator=kl_estimator,
+        use_bias_correction_kl=bool(use_bias_correction_kl and loss_type != "manual" and kl_estimator != "full"),
+        entropy_coef=float(entropy_coef), gradient_accumulation_steps=int(gradient_accumulation_steps),
+        num_generations=num_generations,
+        definition=_definition(loss_type, beta, epsilon_low, epsilon_high, delta, importance_sampling_level,
+                               kl_estimator, use_bias_correction_kl, entropy_coef, norm),
+        flags=tuple(flags))
+
+
+def _fmt_count(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _clip_metrics(is_low: torch.Tensor, is_high: torch.Tensor, mask: torch.Tensor) -> dict:
+    """TRL's clip_ratio/* metrics (global_masked_mean / masked_seq_mean + nanmin/nanmax), one process."""
+    def global_masked_mean(x):
+        if x.shape[1] == 1:                                                     # sequence IS: count sequences
+            return float(x.sum() / max(float(x.shape[0]), 1.0))
+        return float((x * mask).sum() / mask.sum().clamp(min=1.0))
+
+    def masked_seq_mean(x):
+        if x.shape[1] == 1:
+            return x.squeeze(1)
+        return (x * mask).sum(-1) / mask.sum(-1)                                # NaN for empty rows (TRL)
+
+    def nan_reduce(x, fn):
+        x = x[~torch.isnan(x)]
+        return float(fn(x)) if x.numel() else float("nan")
+
+    low, high = is_low.to(mask.dtype), is_high.to(mask.dtype)
+    region = (is_low | is_high).to(mask.dtype)
+    return {
+        "clip_ratio/low_mean": global_masked_mean(low),
+        "clip_ratio/high_mean": global_masked_mean(high),
+        "clip_ratio/region_mean": global_masked_mean(region),
+        "clip_ratio/low_min": nan_reduce(masked_seq_mean(low), torch.min),
+        "clip_ratio/high_max": nan_reduce(masked_seq_mean(high), torch.max),
+    }
+
+
+def _definition(loss_type, beta, el, eh, delta, level, est, bias, coef, norm) -> str:
+    if loss_type == "manual":
+        pg = "PG_it = −A_i·logπ_it (no ratio, no clip)"
+    else:
+        r = "r_it = exp(logp − old)" if level == "token" else "r_i = exp(mean_t(logp − old))"
+        dl = f", r' = min(r, {delta:g})" if delta is not None else ""
+        pg = f"{r}; PG = −min(r'·A, clip(r, {1 - el:g}, {1 + eh:g})·A){dl}"
+    kl = f"KL_it = {KL_FORMULAS[est]}" + (" × r" if bias and est != "full" and loss_type != "manual" else "")
+    ent = f"; − {coef:g}·H̄" if coef else ""
+    return f"{pg}; L = PG + {beta:g}·KL, {kl}; aggregated by {norm}{ent}"
+
+
+def loss_kwargs(config) -> dict:
+    """The keyword arguments of `compute_loss` taken from a StepConfig (everything except the tensors,
+    entropy, per_token_full_kl, num_items_in_batch, num_generations and gradient_accumulation_steps)."""
+    return dict(beta=config.beta, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
+                loss_type=config.loss_type, max_completion_length=config.max_new_tokens,
+                importance_sampling_level=config.importance_sampling_level, delta=config.delta,
+                entropy_coef=config.entropy_coef, kl_estimator=config.kl_estimator,
+                use_bias_correction_kl=config.use_bias_correction_kl)
