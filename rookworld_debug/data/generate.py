@@ -27,7 +27,8 @@ moves give ``1.0``/``0.5`` with terminated ``1``.
 Records are dicts: ``text`` (the full line, ``text == prompt + completion``), ``task`` (``"P"``/``"A"``),
 ``prompt``, ``completion``, ``split`` (``"train"``/``"heldout"``, chosen per *game* so held-out positions
 come from unseen games), ``game``, ``ply`` and task fields. Duplicates (same P: FEN / same A: prompt)
-are dropped, and the held-out side wins over train. Everything is seeded: the same arguments give the
+are dropped; a position that occurs in a train game too is kept as train, so the held-out split holds
+only positions unique to held-out games. Everything is seeded: the same arguments give the
 same file (each game is analysed on a fresh engine game/hash, ``ucinewgame``).
 
 CLI: ``rookworld-debug generate-data --out data.jsonl --n-p 2000 --n-a 1000 --depth 10`` (see
@@ -226,8 +227,8 @@ def generate_records(*, n_p: int | None = None, n_a: int | None = None, n_games:
         for r in recs:
             key, store = (r["fen"], p_recs) if r["task"] == "P" else (r["prompt"], a_recs)
             old = store.get(key)
-            if old is None or (old["split"] == "train" and r["split"] == "heldout"):
-                store[key] = r
+            if old is None or (old["split"] == "heldout" and r["split"] == "train"):
+                store[key] = r  # a position also seen in a train game is a train record
 
     def enough(g):
         if n_games is not None:

@@ -236,6 +236,15 @@ def main(argv=None) -> int:
         records = [r for r in gen.generate_records(n_games=args.n_games, depth=args.depth, seed=args.seed)
                    if r["split"] == "train"]
         data_src = {"generated": {"n_games": args.n_games, "depth": args.depth, "seed": args.seed}}
+    n_before = len(records)
+    try:  # never train on the bundled held-out prompts that measure.py evaluates on
+        from rookworld_debug.data.loaders import load_heldout
+
+        held = {s.prompt for s in load_heldout()}
+    except Exception:  # no bundled sample yet (bootstrapping)
+        held = set()
+    records = [r for r in records if r["prompt"] not in held]
+    log(f"excluded {n_before - len(records)} records whose prompt is in the bundled held-out split")
     p_recs = [r for r in records if r["task"] == "P"]
     a_recs = [r for r in records if r["task"] == "A"]
     log(f"data: {len(p_recs)} P + {len(a_recs)} A train records ({time.time() - t0:.1f}s)")
