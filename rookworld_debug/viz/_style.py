@@ -140,15 +140,17 @@ def cell_css(rgb: tuple[int, int, int]) -> str:
     return f"background-color:{hex_rgb(rgb)};color:{text_on(rgb)}"
 
 
-def signed_cell_css(v: Any, half_range: float) -> str:
-    """Styler helper: diverging background for one signed number, NaN striped."""
+def signed_cell_css(v: Any, half_range: float, max_t: float = 0.7) -> str:
+    """Styler helper: diverging background for one signed number, NaN striped.
+
+    Intensity is capped at max_t so full-scale cells stay calm and readable in dense tables."""
     try:
         f = float(v)
     except (TypeError, ValueError):
         return ""
     if math.isnan(f) or math.isinf(f):
         return f"background:{NAN_BG};color:#000000"
-    t = 0.0 if half_range <= 0 else f / half_range
+    t = 0.0 if half_range <= 0 else max(-1.0, min(1.0, f / half_range)) * max_t
     return cell_css(diverging_rgb(t))
 
 
