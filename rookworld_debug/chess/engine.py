@@ -1,0 +1,280 @@
+"""Stockfish over python-chess: fixed depth, deterministic, cached, pooled, self-healing.
+
+Why each choice:
+
+- fixed depth (default 10, as rookworld-trl's reward) + ``Threads=1`` + a fresh game (``ucinewgame``,
+  i.e. a cleared hash) before every search → a position always gets the same answer, so cached,
+  uncached, pooled and sequential results are identical and rewards are reproducible;
+- scores in pawns from the side to move, mate as ±(100000−n)/100 — the P: data's convention
+  (``score.relative.score(mate_score=100000) / 100``; "mated now" is −1000.0);
+- an in-memory cache keyed by (normalised FEN, depth, multipv): GRPO groups repeat positions a lot
+  (same prompt G times, identical completions), and the anchors' uncached post-move evals cost seconds
+  per step;
+- a small pool of engine processes (one ``SimpleEngine`` per worker thread) because a batch is many
+  independent searches; a worker whose process died is restarted and the search retried.
+
+Positions without legal moves (checkmate, stalemate) are not sent to the engine: their value is known
+(−1000.0 / 0.0) and Stockfish has nothing to search.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+import time
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from typing import Sequence
+
+import chess
+import chess.engine
+
+from ..errors import ConfigError, EngineError, EngineNotFound
+from .arbiter import transition
+from .formats import check_fen
+
+MATE_SCORE = 100_000     # centipawns, as the P: data generator
+SEARCH_PATHS = ("/usr/games/stockfish", "/usr/local/bin/stockfish", "/opt/homebrew/bin/stockfish")
+MAX_RESTARTS_PER_SEARCH = 2
+
+
+def find_stockfish(path: str | os.PathLike | None = None) -> str:
+    """The Stockfish binary to use.
+
+    Order: ``path``, ``$ROOKWORLD_STOCKFISH``, ``stockfish`` on PATH, then the usual install places.
+    A configured path (argument or variable) that is not an executable raises instead of silently
+    falling back to another binary.
+    """
+    configured = path if path is not None else os.environ.get("ROOKWORLD_STOCKFISH")
+    if configured:
+        found = shutil.which(str(configured))
+        if found is None:
+            raise EngineNotFound([configured])
+        return found
+    searched = ["stockfish (PATH)", *SEARCH_PATHS]
+    for candidate in ("stockfish", *SEARCH_PATHS):
+        found = shutil.which(candidate)
+        if found is not None:
+            return found
+    raise EngineNotFound(searched)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One search: the top ``multipv`` moves (best first) with scores in pawns for the side to move.
+
+    ``fen`` is python-chess's normalised FEN (en-passant square only when capturable) that was searched.
+    ``terminal`` names why there was nothing to search (``checkmate``/``stalemate``), else None.
+    """
+    fen: str
+    moves: tuple[str, ...]
+    scores: tuple[float, ...]
+    depth: int
+    multipv: int
+    terminal: str | None = None
+
+    @property
+    def value(self) -> float:
+        """The position's score for the side to move (best line, or the terminal value)."""
+        if self.terminal == "checkmate":
+            return -MATE_SCORE / 100
+        return self.scores[0] if self.scores else 0.0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters since the engine started; subtract two snapshots to measure one phase.
+
+    ``calls`` = positions requested = ``cache_hits + cache_misses`` (a repeat inside one batch counts
+    as a hit); ``seconds`` is wall time spent inside ``analyse_many``.
+    """
+    calls: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    restarts: int = 0
+    seconds: float = 0.0
+
+    def __sub__(self, other: EngineStats) -> EngineStats:
+        return EngineStats(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
+
+
+def after_move_fens(fen: str, moves: Sequence[str]) -> list[str | None]:
+    """FEN after each move from ``fen`` (None for an illegal/unparsable move); arbiter semantics."""
+    return [t.new_fen if t.legal else None for t in (transition(fen, m) for m in moves)]
+
+
+class _Worker:
+    """One Stockfish process; ``restart`` replaces it after a crash."""
+
+    def __init__(self, path: str, options: dict):
+        self.path, self.options = path, options
+        self.engine = self._start()
+
+    def _start(self) -> chess.engine.SimpleEngine:
+        try:
+            engine = chess.engine.SimpleEngine.popen_uci(self.path)
+            engine.configure(self.options)
+        except (chess.engine.EngineError, OSError, TimeoutError) as exc:
+            raise EngineError(f"could not start Stockfish at {self.path}: {exc}") from exc
+        return engine
+
+    @property
+    def pid(self) -> int:
+        return self.engine.transport.get_pid()
+
+    def restart(self) -> None:
+        self.close()
+        self.engine = self._start()
+
+    def close(self) -> None:
+        try:
+            self.engine.quit()
+        except Exception:  # a dead process cannot say goodbye; close the transport instead
+            self.engine.close()
+
+
+class Engine:
+    """A pool of deterministic Stockfish processes with a shared result cache.
+
+    Use as a context manager (or call ``close()``). ``cache=False`` searches every requested position
+    (no memo, no de-duplication): the anchors' behaviour, kept as a benchmark baseline.
+    """
+
+    def __init__(self, path: str | None = None, depth: int = 10, multipv: int = 5, threads: int = 1,
+                 hash_mb: int = 16, workers: int = 2, cache: bool = True):
+        for name, value in (("depth", depth), ("multipv", multipv), ("threads", threads),
+                            ("hash_mb", hash_mb), ("workers", workers)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"engine.{name}", f"must be a positive integer, got {value!r}")
+        self.path = find_stockfish(path)
+        self.depth, self.multipv, self.workers, self.cache = depth, multipv, workers, cache
+        self._options = {"Threads": threads, "Hash": hash_mb}
+        self._memo: dict[tuple[str, int, int], Analysis] = {}
+        self._lock = threading.Lock()
+        self._counts = {f.name: 0 for f in fields(EngineStats)}
+        self._workers = [_Worker(self.path, self._options)]   # start one now: fail fast, read version
+        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._idle.put(self._workers[0])
+        self._pool: ThreadPoolExecutor | None = None
+        self.version: str = self._workers[0].engine.id.get("name", "unknown engine")
+
+    # -- lifecycle
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the pool and every engine process (idempotent)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for worker in self._workers:
+            worker.close()
+        self._workers = []
+
+    def pids(self) -> list[int]:
+        """Process ids of the running engines (diagnostics, and the crash test)."""
+        return [w.pid for w in self._workers]
+
+    @property
+    def stats(self) -> EngineStats:
+        with self._lock:
+            return EngineStats(**self._counts)
+
+    def _count(self, **deltas) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                self._counts[name] += delta
+
+    # -- searching
+    def analyse(self, fen: str, multipv: int | None = None) -> Analysis:
+        """Top moves and scores of one position (FormatError for a malformed/impossible FEN)."""
+        return self.analyse_many([fen], multipv)[0]
+
+    def analyse_many(self, fens: Sequence[str], multipv: int | Sequence[int] | None = None
+                     ) -> list[Analysis]:
+        """Analyses in input order; ``multipv`` may be one value or one per FEN (default ``self.multipv``).
+
+        Repeats and cached positions are looked up; the remaining searches run on the pool. Every
+        FEN is validated before any search starts, so a bad one fails the batch early and clearly.
+        """
+        fens = list(fens)
+        if multipv is None or isinstance(multipv, int):
+            multipvs = [multipv or self.multipv] * len(fens)
+        else:
+            multipvs = list(multipv)
+            if len(multipvs) != len(fens):
+                raise ConfigError("multipv", f"{len(multipvs)} values for {len(fens)} positions")
+        keys = [(check_fen(f).fen(), self.depth, m) for f, m in zip(fens, multipvs)]
+        start = time.perf_counter()
+        if not self.cache:
+            results = self._search_all(keys)
+            self._count(calls=len(keys), cache_misses=len(keys), seconds=time.perf_counter() - start)
+            return results
+        misses = [k for k in dict.fromkeys(keys) if k not in self._memo]
+        for key, analysis in zip(misses, self._search_all(misses)):
+            self._memo[key] = analysis
+        self._count(calls=len(keys), cache_hits=len(keys) - len(misses), cache_misses=len(misses),
+                    seconds=time.perf_counter() - start)
+        return [self._memo[k] for k in keys]
+
+    def eval_after_moves(self, fen: str, moves: Sequence[str]) -> list[float | None]:
+        """Score after each move from the MOVER's view (pawns); None for an illegal move.
+
+        This is the P: eval reward's ground truth: multipv 1 at the engine depth, cached.
+        """
+        after = after_move_fens(fen, moves)
+        legal = [f for f in after if f is not None]
+        values = iter([-a.value for a in self.analyse_many(legal, multipv=1)])
+        return [None if f is None else next(values) for f in after]
+
+    def _search_all(self, keys: list[tuple[str, int, int]]) -> list[Analysis]:
+        if len(keys) <= 1 or self.workers == 1:
+            return [self._search(k) for k in keys]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="stockfish")
+        return list(self._pool.map(self._search, keys))
+
+    def _acquire(self) -> _Worker:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            grow = len(self._workers) < self.workers
+        if grow:
+            worker = _Worker(self.path, self._options)
+            with self._lock:
+                self._workers.append(worker)
+            return worker
+        return self._idle.get()
+
+    def _search(self, key: tuple[str, int, int]) -> Analysis:
+        fen, depth, multipv = key
+        board = chess.Board(fen)
+        if not any(board.legal_moves):
+            terminal = "checkmate" if board.is_check() else "stalemate"
+            return Analysis(fen, (), (), depth, multipv, terminal)
+        worker = self._acquire()
+        try:
+            for attempt in range(MAX_RESTARTS_PER_SEARCH + 1):
+                try:
+                    infos = worker.engine.analyse(board, chess.engine.Limit(depth=depth),
+                                                  multipv=multipv, game=object())
+                    break
+                # a killed process surfaces as EngineTerminatedError, BrokenPipe or a cancelled future
+                except (chess.engine.EngineError, OSError, CancelledError) as exc:
+                    if attempt == MAX_RESTARTS_PER_SEARCH:
+                        raise EngineError(f"Stockfish failed on {fen!r} after {attempt} restarts: "
+                                          f"{exc!r}") from exc
+                    worker.restart()
+                    self._count(restarts=1)
+        finally:
+            self._idle.put(worker)
+        lines = [i for i in infos if i.get("pv") and "score" in i]
+        return Analysis(fen=fen, moves=tuple(i["pv"][0].uci() for i in lines),
+                        scores=tuple(i["score"].relative.score(mate_score=MATE_SCORE) / 100 for i in lines),
+                        depth=depth, multipv=multipv)
