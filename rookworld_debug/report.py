@@ -531,11 +531,11 @@ def _fill_plotly_html(nb) -> tuple[int, int]:
     return figures, converted
 
 
-def export_html(notebook) -> tuple[str, HtmlCheck]:
+def export_html(notebook, *, banner: str | None = None) -> tuple[str, HtmlCheck]:
     """Executed notebook (path or NotebookNode) → self-contained HTML with code hidden: nbconvert's lab
     template without the require.js/MathJax/mermaid/widget CDN tags, plotly.js inline, any remaining
     ``<script src=http...>`` (plotly adds a MathJax CDN tag per figure) stripped. Markdown LaTeX is shown
-    as source (no MathJax offline)."""
+    as source (no MathJax offline). ``banner`` (HTML) is put at the top of the page."""
     import jinja2
     import nbformat
     from nbconvert import HTMLExporter
@@ -548,6 +548,8 @@ def export_html(notebook) -> tuple[str, HtmlCheck]:
                             template_file="rookworld_offline.html.j2")
     body, _ = exporter.from_notebook_node(nb)
     body, removed = _EXTERNAL_SCRIPT_RE.subn("", body)
+    if banner:
+        body = body.replace("<main>", "<main>\n" + banner, 1)
     check = HtmlCheck(bytes=len(body.encode("utf-8")), plotly_figures=figures,
                       plotly_js_inline=bool(_PLOTLYJS_RE.search(body)), converted_figures=converted,
                       removed_external_scripts=removed, external_refs=len(_ANY_EXTERNAL_SRC_RE.findall(body)))
@@ -641,6 +643,15 @@ def _run_lock(run_dir: Path):
         yield
     finally:
         fh.close()
+
+
+def _run_banner(task: Mapping[str, Any]) -> str:
+    esc = html.escape
+    params = " ".join(f"<code>{esc(k)}={esc(_fmt_value(v))}</code>" for k, v in task["params"].items())
+    return ("<div class='rookworld-run-banner' style='font:13px system-ui,sans-serif;color:#57606a;"
+            "border-bottom:1px solid #d0d7de;padding:.4rem 0 .5rem;margin-bottom:.5rem'>"
+            f"run <b>{esc(task['run_id'])}</b> of sweep <b>{esc(str(task.get('sweep')))}</b> · {params} · "
+            f"<a href='../index.html'>sweep index</a> · <a href='summary.json'>summary.json</a></div>")
 
 
 def _error_from_exception(exc: BaseException, output_nb: Path | None) -> dict:
@@ -748,7 +759,7 @@ def execute_run(task: Mapping[str, Any]) -> dict:
         if error is None:
             t1 = time.perf_counter()
             try:
-                body, check = export_html(final_nb)
+                body, check = export_html(final_nb, banner=_run_banner(task))
                 atomic_write_text(run_dir / "report.html", body)
             except Exception as exc:  # noqa: BLE001
                 error = _error_from_exception(exc, None)
@@ -780,9 +791,10 @@ def execute_run(task: Mapping[str, Any]) -> dict:
                 "papermill_s": round(papermill_s, 3), "nbconvert_s": round(nbconvert_s, 3),
                 "total_s": round(time.perf_counter() - t0, 3),
                 "html_bytes": None if check is None else check.bytes,
-                "html_check": None if check is None else dataclasses.asdict(check),
+                "html_check": None if check is None else {**dataclasses.asdict(check), "offline_ok": check.offline_ok},
                 "kernel_name": task.get("kernel_name", "python3"),
-                "host": os.uname().nodename, "pid": os.getpid(), "python": sys.version.split()[0],
+                "host": os.uname().nodename, "pid": os.getpid(), "parent_pid": os.getppid(),
+                "python": sys.version.split()[0],
                 "papermill": pm.__version__, "warnings": runner_warnings,
             },
         })
