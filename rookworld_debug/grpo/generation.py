@@ -1,0 +1,364 @@
+"""Generation phase: sample G completions per prompt and score them token by token.
+
+Shape legend: B prompts, G generations per prompt, N = B·G rows (each prompt repeated G times
+consecutively, TRL's order), P prompt tokens (left-padded), T completion tokens (right-padded),
+V vocabulary, K top-k alternatives.
+
+What TRL does and we reproduce (anchor_trl.md §1.2-1.3):
+- completions are cut after the first EOS; the EOS itself is part of the completion and of
+  `completion_mask`; a completion without EOS is truncated;
+- per-token log-probs come from a fresh teacher-forced forward over [prompt ; completion] on the
+  SAMPLED ids (never re-tokenized text), fp32 logits divided by the row's sampling temperature, full
+  vocabulary softmax (top-p/top-k are NOT renormalised), `gathered logit − logsumexp`.
+What we add: explicit position ids for left padding (generate derives them from the attention mask;
+a plain forward would not), entropy and top-k alternatives of the same tempered distribution, the
+exact full-vocabulary KL(π‖π_ref) per token, and a recompute-consistency check against the log-probs
+seen at sampling time.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import ConfigError
+
+LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
+LOGITS_BUDGET_BYTES = 256 * 2**20  # one chunk of fp32 (rows, T, V) logits; bounds memory of the scoring forward
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Everything the generation phase produced. Masked positions hold 0 in per-token float tensors."""
+
+    prompt_ids: torch.Tensor                      # (N, P) left-padded with pad id
+    prompt_mask: torch.Tensor                     # (N, P) 1 = real prompt token
+    completion_ids: torch.Tensor                  # (N, T) sampled ids; pad after the first EOS
+    completion_mask: torch.Tensor                 # (N, T) 1 up to and including the first EOS
+    per_token_logps: torch.Tensor                 # (N, T) log π(y_t) of the tempered policy, fresh forward
+    ref_per_token_logps: torch.Tensor | None      # (N, T) same for the reference; None if compute_ref=False
+    per_token_entropy: torch.Tensor               # (N, T) entropy (nats) of the tempered policy distribution
+    per_token_full_kl: torch.Tensor | None        # (N, T) exact Σ_v π(v)(log π(v) − log π_ref(v)), tempered
+    topk_ids: torch.Tensor                        # (N, T, K) most likely tokens under the tempered policy
+    topk_logps: torch.Tensor                      # (N, T, K) their log-probs
+    sampling_per_token_logps: torch.Tensor        # (N, T) log-prob of the sampled token seen inside generate
+    is_truncated: torch.Tensor                    # (N,) bool, no EOS within max_new_tokens
+    temperatures: torch.Tensor                    # (N,) sampling temperature of each row
+    unique_per_group: torch.Tensor                # (B,) distinct completions (ids + length) per group
+    prompts: tuple[str, ...]                      # N prompt strings (repeated G times)
+    tasks: tuple[str, ...]                        # N task names, e.g. "P" / "A"
+    completions: tuple[str, ...]                  # N decoded completions, special tokens skipped
+    completion_tokens: tuple[tuple[str, ...], ...]  # N × len_i raw token strings (e.g. "ĠM"), EOS included
+    topk_tokens: tuple[tuple[tuple[str, ...], ...], ...]  # N × len_i × K decoded alternative strings
+    sampling: Mapping[str, tuple[float, float | None, int | None]]  # task -> (temperature, top_p, top_k)
+    num_generations: int
+    max_new_tokens: int
+    seed: int
+    max_abs_logp_diff: float                      # max over masked tokens |sampling − recomputed| log-prob
+    logp_diff_flagged: bool                       # max_abs_logp_diff > LOGP_DIFF_TOLERANCE
+    counts: Mapping[str, int]                     # tokens, generate calls/steps, scoring forwards
+    seconds: float                                # wall time of the whole phase
+    timings: Mapping[str, float]                  # {"generate": s, "score": s}
+    warnings: tuple[str, ...] = field(default=())  # human-readable problems found on the way
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.prompts) // self.num_generations
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(1)  # (N,)
+
+
+# ------------------------------------------------------------------------------- log-prob numerics
+def _logps_and_entropy_from_logits(logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's `selective_log_softmax` (fp32: gathered logit − logsumexp) and `entropy_from_logits`.
+
+    logits: (n, T, V) fp32, already divided by the temperature; ids: (n, T).
+    """
+    logps = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (n, T)
+    logp_all = torch.log_softmax(logits, dim=-1)                                                 # (n, T, V)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)                                               # (n, T)
+    return logps, entropy
+
+
+def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """generate's convention (`_prepare_position_ids_for_generation`): count real tokens, pads at 0."""
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)  # (n, P+T)
+
+
+def _auto_chunk(n_rows: int, t: int, vocab: int) -> int:
+    return max(1, min(n_rows, LOGITS_BUDGET_BYTES // max(1, 4 * t * vocab)))
+
+
+def _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures,
+                          chunk: int | None) -> Iterator[tuple[slice, torch.Tensor]]:
+    """Yield (rows, fp32 logits / T) for each row chunk; logits (n, T, V) predict completion_ids[rows]."""
+    device = next(model.parameters()).device
+    n, t = completion_ids.shape
+    chunk = chunk or _auto_chunk(n, t, model.get_output_embeddings().weight.shape[0])
+    for start in range(0, n, chunk):
+        rows = slice(start, min(n, start + chunk))
+        input_ids = torch.cat([prompt_ids[rows], completion_ids[rows]], 1).to(device)   # (n, P+T)
+        attn = torch.cat([prompt_mask[rows], completion_mask[rows]], 1).to(device)     # (n, P+T)
+        out = model(input_ids=input_ids, attention_mask=attn, position_ids=_position_ids(attn),
+                    logits_to_keep=t + 1, use_cache=False)  # only the T+1 last positions reach the LM head
+        # position P-1+t predicts completion token t; the last position predicts nothing we sampled
+        temps = temperatures[rows].to(device=device, dtype=torch.float32)
+        yield rows, out.logits[:, :-1].float() / temps[:, None, None]                  # (n, T, V)
+
+
+def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                                completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                                temperatures: torch.Tensor | float, *, with_grad: bool = False,
+                                chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-prob of `completion_ids` and entropy, both of softmax(fp32 logits / temperature).
+
+    THE place log-probs are computed (generation with no grad; the loss phase with `with_grad=True` on
+    the same sampled ids). Left-padded prompts get generate-consistent position ids. `temperatures`:
+    (N,) per row or one float. `chunk`: rows per forward (default: fits ~256 MiB of fp32 logits).
+    Returns (per_token_logps (N, T), per_token_entropy (N, T)), 0 where completion_mask is 0.
+    """
+    if not torch.is_tensor(temperatures) or temperatures.ndim == 0:
+        temperatures = torch.full((completion_ids.shape[0],), float(temperatures))     # (N,)
+    logps, entropies = [], []
+    with torch.set_grad_enabled(with_grad):
+        for rows, logits in _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                                  temperatures, chunk):
+            lp, ent = _logps_and_entropy_from_logits(logits, completion_ids[rows].to(logits.device))
+            logps.append(lp)
+            entropies.append(ent)
+    mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
+    return torch.cat(logps).masked_fill(~mask, 0.0), torch.cat(entropies).masked_fill(~mask, 0.0)
+
+
+# ---------------------------------------------------------------------------------- sampling
+class _SampledLogpCapture:
+    """A logits processor that records log softmax(logits / T) of each SAMPLED token, streaming.
+
+    transformers merges user processors before its sampling warpers (temperature, top-k, top-p), so
+    this sees the raw next-token logits, like `output_logits=True` — but keeps only one (n, V) row
+    instead of all (n, T, V) steps (0.4 GB for 16×128 GPT-2 tokens, 5 GB for 192×128). The token
+    sampled at step s is `input_ids[:, -1]` when step s+1 is processed; the last one is gathered in
+    `finish`. The tests check this against `output_logits`.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None   # (n, V) tempered log-probs of the last step
+        self.logps: list[torch.Tensor] = []     # each (n,)
+        self.tokens: list[torch.Tensor] = []    # each (n,)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            tok = input_ids[:, -1]                                                      # (n,)
+            self.logps.append(self.prev.gather(1, tok[:, None]).squeeze(1))
+            self.tokens.append(tok)
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)      # (n, V)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """(n, L) generated ids → (n, L) their sampling-time log-probs (NaN where unverifiable)."""
+        n, length = generated.shape
+        steps = self.logps[:length]
+        if len(steps) < length:  # the final token was never followed by another processor call
+            steps.append(self.prev.gather(1, generated[:, len(steps), None].to(self.prev.device)).squeeze(1))
+        out = torch.stack(steps, 1).to(generated.device) if steps else generated.new_zeros((n, 0), dtype=torch.float32)
+        seen = torch.stack(self.tokens[:length], 1).to(generated.device) if self.tokens else None
+        if seen is not None and not torch.equal(seen, generated[:, :seen.shape[1]]):
+            return torch.full_like(out, float("nan"))  # generate rewrote tokens after sampling: refuse to guess
+        return out
+
+
+def _cut_after_eos(generated: torch.Tensor, eos_id: int, pad_id: int):
+    """(n, L) raw generated ids → (ids with pad after the first EOS (n, L), mask incl. EOS (n, L), has_eos (n,))."""
+    is_eos = generated == eos_id                                                        # (n, L)
+    has_eos = is_eos.any(1)                                                             # (n,)
+    length = torch.where(has_eos, is_eos.int().argmax(1) + 1, generated.shape[1])       # (n,)
+    mask = torch.arange(generated.shape[1], device=generated.device)[None] < length[:, None]  # (n, L)
+    return generated.masked_fill(~mask, pad_id), mask.long(), has_eos
+
+
+def _unique_per_group(ids: torch.Tensor, mask: torch.Tensor, g: int) -> torch.Tensor:
+    """Distinct completions per group, vectorised: a row counts if no earlier row of its group equals it."""
+    key = ids.masked_fill(mask == 0, -1).view(-1, g, ids.shape[1])                       # (B, G, T)
+    same = (key[:, :, None, :] == key[:, None, :, :]).all(-1)                            # (B, G, G)
+    earlier = torch.ones(g, g, dtype=torch.bool, device=ids.device).tril(-1)             # (G, G) j < i
+    return (~(same & earlier).any(-1)).sum(-1)                                           # (B,)
+
+
+def _validate(prompts, tasks, sampling, num_generations, max_new_tokens, tokenizer) -> None:
+    if len(prompts) == 0 or len(prompts) != len(tasks):
+        raise ConfigError("prompts", f"need one task per prompt and at least one prompt "
+                                     f"(got {len(prompts)} prompts, {len(tasks)} tasks)")
+    if any(not p for p in prompts):
+        raise ConfigError("prompts", "empty prompt: the first completion token would have no context")
+    if num_generations < 1:
+        raise ConfigError("num_generations", f"must be >= 1, got {num_generations}")
+    if max_new_tokens < 1:
+        raise ConfigError("max_new_tokens", f"must be >= 1, got {max_new_tokens}")
+    for task in dict.fromkeys(tasks):
+        if task not in sampling:
+            raise ConfigError("sampling", f"no (temperature, top_p, top_k) for task {task!r}")
+        temp, top_p, top_k = sampling[task]
+        if not temp > 0:
+            raise ConfigError("sampling", f"task {task!r}: temperature must be > 0 (log-probs divide by it)")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ConfigError("sampling", f"task {task!r}: top_p must be in (0, 1], got {top_p}")
+        if top_k is not None and top_k < 0:
+            raise ConfigError("sampling", f"task {task!r}: top_k must be >= 0 (0/None = off), got {top_k}")
+    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+        raise ConfigError("tokenizer", "needs pad and eos ids (load_policy_and_reference sets pad = eos)")
+
+
+def _dropout_warnings(**models) -> list[str]:
+    out = []
+    for name, model in models.items():
+        live = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0]
+        if live and model.training:
+            out.append(f"{name}: {len(live)} dropout modules active in train mode; log-probs are noisy "
+                       "(load with load_policy_and_reference or call .eval())")
+    return out
+
+
+def _sample_group(policy, prompt_ids, prompt_mask, setting, max_new_tokens, eos_id, pad_id):
+    """ONE generate call for rows sharing a sampling setting → (generated (n, L), sampling logps (n, L))."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    temp, top_p, top_k = setting
+    keep = prompt_mask.any(0)  # drop columns that are padding in every row of this call
+    ids, mask = prompt_ids[:, keep], prompt_mask[:, keep]                               # (n, P')
+    gen_cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=True, temperature=temp,
+        # top_k None -> 0 = off: left unset, transformers would apply its default top_k=50
+        top_p=1.0 if top_p is None else top_p, top_k=0 if top_k is None else top_k,
+        repetition_penalty=1.0, pad_token_id=pad_id, eos_token_id=eos_id,
+        return_dict_in_generate=True, output_scores=False, output_logits=False, disable_compile=True)
+    capture = _SampledLogpCapture(temp)
+    device = next(policy.parameters()).device
+    with torch.no_grad():
+        out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg,
+                              logits_processor=LogitsProcessorList([capture]))
+    generated = out.sequences[:, ids.shape[1]:].cpu()                                   # (n, L)
+    return generated, capture.finish(generated).cpu()
+
+
+def _token_strings(tokenizer, ids: torch.Tensor, lengths: list[int], topk_ids: torch.Tensor):
+    """Raw token strings of each completion and decoded strings of its top-k alternatives (per unique id)."""
+    uniq = torch.unique(torch.cat([ids.flatten(), topk_ids.flatten()])).tolist()
+    decoded = dict(zip(uniq, tokenizer.batch_decode([[i] for i in uniq])))
+    raw = dict(zip(uniq, tokenizer.convert_ids_to_tokens(uniq)))
+    id_rows, topk_rows = ids.tolist(), topk_ids.tolist()
+    completion_tokens = tuple(tuple(raw[i] for i in row[:n]) for row, n in zip(id_rows, lengths))
+    topk_tokens = tuple(tuple(tuple(decoded[i] for i in alts) for alts in row[:n])
+                        for row, n in zip(topk_rows, lengths))
+    return completion_tokens, topk_tokens
+
+
+# ------------------------------------------------------------------------------------------ phase
+def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequence[str], *, num_generations: int,
+             max_new_tokens: int, sampling: Mapping[str, tuple[float, float | None, int | None]], seed: int,
+             top_k_alternatives: int = 5, compute_ref: bool = True, chunk: int | None = None) -> Rollout:
+    """Sample `num_generations` completions for each of the B `prompts` and score every sampled token.
+
+    `sampling` maps task → (temperature, top_p, top_k); top_p None = 1.0, top_k None/0 = off. One
+    `generate` call per distinct setting (a mixed P/A batch makes two), seeded inside
+    `torch.random.fork_rng` so the caller's RNG state is untouched and the same seed gives the same ids.
+    """
+    t_start = time.perf_counter()
+    _validate(prompts, tasks, sampling, num_generations, max_new_tokens, tokenizer)
+    g, eos_id, pad_id = num_generations, int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
+    rows_prompts = tuple(p for p in prompts for _ in range(g))  # TRL order: a prompt's G copies consecutive
+    rows_tasks = tuple(t for t in tasks for _ in range(g))
+    n = len(rows_prompts)
+    enc = tokenizer(list(rows_prompts), padding=True, padding_side="left", add_special_tokens=False,
+                    return_tensors="pt")
+    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]                   # (N, P)
+    settings = {t: tuple(sampling[t]) for t in dict.fromkeys(rows_tasks)}
+    temperatures = torch.tensor([float(settings[t][0]) for t in rows_tasks])            # (N,)
+
+    # --- sample: one generate call per distinct (T, top_p, top_k), order of first appearance
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(rows_tasks):
+        groups.setdefault(settings[t], []).append(i)
+    results, counts = [], {"generate_calls": 0, "generate_steps": 0, "tokens_sampled": 0}
+    fork_devices = [policy.device] if policy.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork_devices):
+        torch.manual_seed(seed)  # transformers' generate has no generator argument
+        for setting, idx in groups.items():
+            rows = torch.tensor(idx)
+            generated, samp = _sample_group(policy, prompt_ids[rows], prompt_mask[rows], setting, max_new_tokens,
+                                            eos_id, pad_id)
+            results.append((rows, generated, samp))
+            counts["generate_calls"] += 1
+            counts["generate_steps"] += generated.shape[1]
+            counts["tokens_sampled"] += generated.numel()
+    t_len = max(gen.shape[1] for _, gen, _ in results)
+    raw = torch.full((n, t_len), pad_id, dtype=torch.long)                              # (N, T)
+    sampling_logps = torch.zeros((n, t_len))                                            # (N, T)
+    for rows, gen, samp in results:  # one iteration per generate call, not per sample
+        raw[rows, :gen.shape[1]], sampling_logps[rows, :gen.shape[1]] = gen, samp
+    # A call shorter than t_len stopped because all its rows hit EOS, so the pad beyond it is after EOS.
+    completion_ids, completion_mask, has_eos = _cut_after_eos(raw, eos_id, pad_id)     # (N, T), (N, T), (N,)
+    is_truncated = ~has_eos  # (N,) = TRL's 'last token neither EOS nor pad' when pad == EOS (RookWorld)
+    t_generate = time.perf_counter() - t_start
+
+    # --- score: fresh teacher-forced forwards on the sampled ids (policy, reference), chunked
+    k = top_k_alternatives
+    fields = {name: torch.zeros((n, t_len)) for name in ("logps", "entropy", "ref", "kl")}  # each (N, T)
+    topk_ids = torch.zeros((n, t_len, k), dtype=torch.long)                             # (N, T, K)
+    topk_logps = torch.zeros((n, t_len, k))                                             # (N, T, K)
+    args = (prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures)
+    pol_iter = _iter_tempered_logits(policy, *args, chunk)
+    ref_iter = _iter_tempered_logits(reference, *args, chunk) if compute_ref else None
+    forwards = 0
+    with torch.no_grad():
+        for rows, logits in pol_iter:
+            ids = completion_ids[rows].to(logits.device)                                # (n, T)
+            lp, ent = _logps_and_entropy_from_logits(logits, ids)
+            logp_all = torch.log_softmax(logits, dim=-1)                                # (n, T, V)
+            tv, ti = logp_all.topk(k, dim=-1)                                           # (n, T, K)
+            fields["logps"][rows], fields["entropy"][rows] = lp.cpu(), ent.cpu()
+            topk_logps[rows], topk_ids[rows] = tv.cpu(), ti.cpu()
+            forwards += 1
+            if ref_iter is not None:
+                ref_rows, ref_logits = next(ref_iter)
+                ref_lp, _ = _logps_and_entropy_from_logits(ref_logits, ids)
+                ref_all = torch.log_softmax(ref_logits, dim=-1)                         # (n, T, V)
+                fields["ref"][ref_rows] = ref_lp.cpu()
+                fields["kl"][ref_rows] = (logp_all.exp() * (logp_all - ref_all)).sum(-1).cpu()
+                forwards += 1
+    m = completion_mask.bool()                                                          # (N, T)
+    per_token = {name: v.masked_fill(~m, 0.0) for name, v in fields.items()}
+    sampling_logps = sampling_logps.masked_fill(~m, 0.0)                                # (N, T)
+    diff = (sampling_logps - per_token["logps"]).abs()[m]
+    max_diff = float("nan") if torch.isnan(diff).any() else float(diff.max()) if diff.numel() else 0.0
+    flagged = not max_diff <= LOGP_DIFF_TOLERANCE  # NaN counts as flagged
+    t_score = time.perf_counter() - t_start - t_generate
+
+    # --- texts and per-token strings for views
+    lengths = completion_mask.sum(1).tolist()
+    completions = tuple(tokenizer.batch_decode([row[:L] for row, L in zip(completion_ids.tolist(), lengths)],
+                                               skip_special_tokens=True))
+    completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, lengths, topk_ids)
+    warn = _dropout_warnings(policy=policy, reference=reference)
+    if flagged:
+        warn.append(f"recomputed log-probs differ from sampling-time ones by {max_diff:.3g} > "
+                    f"{LOGP_DIFF_TOLERANCE:g}: padding, position ids, temperature or a logits processor disagree")
+    counts.update(tokens_generated=int(completion_mask.sum()), prompt_tokens=int(prompt_mask.sum()),
+                  rows=n, scoring_forwards=forwards)
+    return Rollout(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+        completion_mask=completion_mask, per_token_logps=per_token["logps"],
+        ref_per_token_logps=per_token["ref"] if compute_ref else None, per_token_entropy=per_token["entropy"],
+        per_token_full_kl=per_token["kl"] if compute_ref else None, topk_ids=topk_ids, topk_logps=topk_logps,
+        sampling_per_token_logps=sampling_logps, is_truncated=is_truncated, temperatures=temperatures,
+        unique_per_group=_unique_per_group(completion_ids, completion_mask, g), prompts=rows_prompts,
+        tasks=rows_tasks, completions=completions, completion_tokens=completion_tokens, topk_tokens=topk_tokens,
+        sampling=dict(settings), num_generations=g, max_new_tokens=max_new_tokens, seed=seed,
+        max_abs_logp_diff=max_diff, logp_diff_flagged=flagged, counts=counts,
+        seconds=time.perf_counter() - t_start, timings={"generate": t_generate, "score": t_score},
+        warnings=tuple(warn),
+    )

@@ -1,0 +1,242 @@
+"""grpo.generation: sampling on the sampled ids, TRL-exact log-probs, padding, determinism, EOS, consistency."""
+import pytest
+import torch
+
+from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo import generation as gen
+from rookworld_debug.grpo.generation import Rollout, generate, per_token_logps_and_entropy
+from rookworld_debug.models import load_policy_and_reference
+
+EOS = "<|endoftext|>"
+P_PROMPT = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+A_PROMPT = "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
+SAMPLING = {"P": (0.5, 0.9, None), "A": (0.95, 0.95, 20)}
+
+
+def _byte_tokenizer():
+    """One token per byte + <|endoftext|> (257 ids): tiny LM head, so tests stay fast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import GPT2TokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab[EOS] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    return GPT2TokenizerFast(tokenizer_object=tk, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny random GPT-2 saved to disk and loaded like a user would.
+
+    EOS is made likely (~12 % per token at T=0.5, ~2.5 % at T=0.95) so rollouts hold both ended and
+    truncated completions."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = _byte_tokenizer()
+    eos = tok.eos_token_id
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=256, n_layer=2, n_head=2, n_embd=32,
+                                       bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False))
+    with torch.no_grad():  # feature 0 after ln_f is a constant; only EOS reads it -> EOS logit +1.8
+        model.transformer.ln_f.weight[0], model.transformer.ln_f.bias[0] = 0.0, 1.8
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[eos, 0] = 1.0
+    folder = tmp_path_factory.mktemp("tiny_gen")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return load_policy_and_reference(folder)
+
+
+@pytest.fixture(scope="module")
+def rollout(models) -> Rollout:
+    pol, ref, tok, _ = models
+    return generate(pol, ref, tok, [P_PROMPT, A_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"], ["P", "A", "P"],
+                    num_generations=4, max_new_tokens=24, sampling=SAMPLING, seed=7)
+
+
+def test_shapes_and_trl_layout(rollout):
+    n, t = rollout.completion_ids.shape
+    assert n == 12 and t <= 24 and rollout.prompt_ids.shape == rollout.prompt_mask.shape
+    assert rollout.prompts[:4] == (P_PROMPT,) * 4 and rollout.tasks[4:8] == ("A",) * 4  # G copies consecutive
+    for name in ("per_token_logps", "ref_per_token_logps", "per_token_entropy", "per_token_full_kl",
+                 "sampling_per_token_logps"):
+        assert getattr(rollout, name).shape == (n, t) and getattr(rollout, name).dtype == torch.float32
+    assert rollout.topk_ids.shape == rollout.topk_logps.shape == (n, t, 5)
+    assert rollout.is_truncated.shape == (n,) and rollout.unique_per_group.shape == (3,)
+    assert rollout.prompt_mask[:, -1].all() and not rollout.prompt_mask[:, 0].all()  # left padding
+    assert len(rollout.completions) == len(rollout.completion_tokens) == len(rollout.topk_tokens) == n
+    with pytest.raises(AttributeError):
+        rollout.seed = 1  # frozen
+
+
+def test_mixed_batch_one_generate_call_per_setting(rollout):
+    assert rollout.counts["generate_calls"] == 2
+    assert rollout.temperatures.tolist() == pytest.approx([0.5] * 4 + [0.95] * 4 + [0.5] * 4)
+    assert rollout.sampling == SAMPLING
+
+
+def test_eos_kept_in_mask_and_everything_after_cut(models, rollout):
+    eos = models.tokenizer.eos_token_id
+    ids, mask = rollout.completion_ids, rollout.completion_mask
+    lengths = mask.sum(1)
+    ended = ~rollout.is_truncated
+    assert ended.any() and rollout.is_truncated.any()  # the fixture model produces both kinds
+    last = ids.gather(1, (lengths - 1)[:, None]).squeeze(1)
+    assert (last[ended] == eos).all()                  # EOS is the last masked token ...
+    assert ((ids == eos) & (mask == 1)).sum(1)[ended].eq(1).all()  # ... and the only one in the mask
+    assert (ids[mask == 0] == models.tokenizer.pad_token_id).all()
+    assert (mask[rollout.is_truncated] == 1).all() and (lengths[rollout.is_truncated] == 24).all()
+    assert (mask[:, 1:] <= mask[:, :-1]).all()         # contiguous from the left
+    assert rollout.counts["tokens_generated"] == int(mask.sum())
+    assert rollout.completion_tokens[int(ended.nonzero()[0])][-1] == EOS
+    assert all(EOS not in c for c in rollout.completions)  # special tokens skipped in texts
+
+
+def test_recompute_consistency(rollout):
+    assert rollout.max_abs_logp_diff < 1e-4 and not rollout.logp_diff_flagged and rollout.warnings == ()
+    m = rollout.completion_mask.bool()
+    assert (rollout.per_token_logps[m] < 0).all() and (rollout.per_token_logps[~m] == 0).all()
+
+
+def test_policy_equals_reference_at_step_zero(rollout):
+    m = rollout.completion_mask.bool()
+    assert torch.equal(rollout.per_token_logps, rollout.ref_per_token_logps)
+    assert rollout.per_token_full_kl[m].abs().max() < 1e-6
+
+
+def test_topk_alternatives(rollout, models):
+    m = rollout.completion_mask.bool()
+    assert (rollout.topk_logps[..., :-1] >= rollout.topk_logps[..., 1:]).all()
+    # the sampled token can never be more likely than the top-1 alternative
+    assert (rollout.per_token_logps[m] <= rollout.topk_logps[..., 0][m] + 1e-6).all()
+    i, t = 0, 0
+    assert rollout.topk_tokens[i][t][0] == models.tokenizer.decode([int(rollout.topk_ids[i, t, 0])])
+
+
+def test_matches_trl_selective_log_softmax_and_entropy(models, rollout):
+    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+    r = rollout
+    t = r.completion_ids.shape[1]
+    ids = torch.cat([r.prompt_ids, r.completion_ids], 1)
+    attn = torch.cat([r.prompt_mask, r.completion_mask], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = models.policy(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -t - 1:-1]
+    logits = logits / r.temperatures[:, None, None]
+    m = r.completion_mask.bool()
+    trl_logps = selective_log_softmax(logits, r.completion_ids)
+    trl_entropy = entropy_from_logits(logits)
+    assert (trl_logps - r.per_token_logps)[m].abs().max() < 1e-5
+    assert (trl_entropy - r.per_token_entropy)[m].abs().max() < 1e-5
+    # exact full-vocabulary KL against an independent formula (reference == policy here, so check vs itself)
+    kl = torch.nn.functional.kl_div(logits.log_softmax(-1), logits.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1)
+    assert (kl - r.per_token_full_kl)[m].abs().max() < 1e-6
+
+
+def test_helper_matches_rollout_and_supports_grad(models, rollout):
+    r = rollout
+    args = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, r.temperatures)
+    logps, ent = per_token_logps_and_entropy(models.policy, *args, chunk=5)
+    assert torch.allclose(logps, r.per_token_logps, atol=1e-6) and torch.allclose(ent, r.per_token_entropy, atol=1e-6)
+    logps_g, _ = per_token_logps_and_entropy(models.policy, *args, with_grad=True)
+    assert logps_g.requires_grad
+    (logps_g * r.completion_mask).sum().backward()
+    assert models.policy.transformer.wte.weight.grad is not None
+    models.policy.zero_grad(set_to_none=True)
+
+
+def test_left_padding_does_not_change_logps(models):
+    """A prompt's log-probs are the same alone and batched with a much longer prompt."""
+    pol, _, tok, _ = models
+    short, long = "P: 8/8/8/8/8/8/8/K6k w", A_PROMPT + " and a much longer tail " * 3
+    completion = torch.tensor(tok([" M: a1a2 b2b3", " M: c3c4 d4d5"]).input_ids)  # equal lengths
+    mask = torch.ones_like(completion)
+    enc_alone = tok([short], return_tensors="pt")
+    enc_batch = tok([short, long], padding=True, padding_side="left", return_tensors="pt")
+    assert enc_batch.attention_mask[0].sum() < enc_batch.attention_mask.shape[1]  # really padded
+    alone, ent_alone = per_token_logps_and_entropy(pol, enc_alone.input_ids, enc_alone.attention_mask,
+                                                   completion[:1], mask[:1], 0.7)
+    batch, ent_batch = per_token_logps_and_entropy(pol, enc_batch.input_ids, enc_batch.attention_mask,
+                                                   completion, mask, 0.7)
+    assert (alone[0] - batch[0]).abs().max() < 1e-5 and (ent_alone[0] - ent_batch[0]).abs().max() < 1e-5
+
+
+def test_same_seed_same_ids_and_rng_untouched(models):
+    pol, ref, tok, _ = models
+    kw = dict(num_generations=3, max_new_tokens=12, sampling=SAMPLING, seed=123, compute_ref=False)
+    state = torch.get_rng_state()
+    a = generate(pol, ref, tok, [P_PROMPT], ["P"], **kw)
+    b = generate(pol, ref, tok, [P_PROMPT], ["P"], **kw)
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is not advanced
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.completions == b.completions
+    c = generate(pol, ref, tok, [P_PROMPT], ["P"], **{**kw, "seed": 124})
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+    assert a.ref_per_token_logps is None and a.per_token_full_kl is None
+
+
+def test_sampling_capture_matches_output_logits(models):
+    """The streaming capture sees the same raw logits as generate(output_logits=True)."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    pol, _, tok, _ = models
+    enc = tok([P_PROMPT, A_PROMPT], padding=True, padding_side="left", return_tensors="pt")
+    cfg = dict(max_new_tokens=10, do_sample=True, temperature=0.8, top_p=0.9, top_k=0,
+               pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, return_dict_in_generate=True)
+    capture = gen._SampledLogpCapture(0.8)
+    torch.manual_seed(5)
+    out1 = pol.generate(**enc, generation_config=GenerationConfig(**cfg),
+                        logits_processor=LogitsProcessorList([capture]))
+    torch.manual_seed(5)
+    out2 = pol.generate(**enc, generation_config=GenerationConfig(**cfg, output_logits=True))
+    assert torch.equal(out1.sequences, out2.sequences)
+    new = out2.sequences[:, enc.input_ids.shape[1]:]
+    ref = torch.stack(out2.logits, 1).div(0.8).log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)
+    assert torch.allclose(capture.finish(new), ref, atol=1e-6)
+
+
+def test_wrong_position_ids_are_flagged(models, monkeypatch):
+    """With position ids 0..L-1 (a plain forward on left-padded rows) the consistency check fires."""
+    pol, ref, tok, _ = models
+    monkeypatch.setattr(gen, "_position_ids", lambda attn: torch.arange(attn.shape[1]).expand_as(attn))
+    r = generate(pol, ref, tok, [P_PROMPT, "P: 8/8/8/8/8/8/8/K6k w"], ["P", "P"], num_generations=2,
+                 max_new_tokens=6, sampling=SAMPLING, seed=0)
+    assert r.logp_diff_flagged and r.max_abs_logp_diff > 1e-4 and "position ids" in r.warnings[-1]
+
+
+def test_unique_per_group_counts_ids_and_length():
+    ids = torch.tensor([[1, 2, 0], [1, 2, 0], [1, 2, 3], [1, 2, 0],   # group 0: 2 distinct
+                        [5, 5, 5], [6, 5, 5], [7, 5, 5], [8, 5, 5]])  # group 1: 4 distinct
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 1, 1]] + [[1, 1, 1]] * 4)
+    assert gen._unique_per_group(ids, mask, 4).tolist() == [3, 4]  # row 3 has a 3rd token (0): differs
+
+
+def test_dropout_in_train_mode_is_reported(models):
+    pol, ref, tok, _ = models
+    drop = torch.nn.Dropout(0.1)
+    pol.add_module("_probe_dropout", drop)
+    pol.train()
+    try:
+        assert "dropout" in gen._dropout_warnings(policy=pol, reference=ref)[0]
+    finally:
+        pol.eval()
+        del pol._probe_dropout
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(tasks=["X"]), "sampling"),
+    (dict(sampling={"P": (0.0, 1.0, None)}), "sampling"),
+    (dict(num_generations=0), "num_generations"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(prompts=[""]), "prompts"),
+])
+def test_bad_config_raises_named_error(models, kw, field):
+    pol, ref, tok, _ = models
+    args = dict(prompts=[P_PROMPT], tasks=["P"], num_generations=2, max_new_tokens=4, sampling=SAMPLING, seed=0)
+    args.update(kw)
+    with pytest.raises(ConfigError) as e:
+        generate(pol, ref, tok, args.pop("prompts"), args.pop("tasks"), **args)
+    assert e.value.field == field
