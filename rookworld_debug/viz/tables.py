@@ -35,8 +35,11 @@ _TABLE_STYLES = [
 
 
 def _styler(df: pd.DataFrame, caption: str, *parts: Any) -> Styler:
+    # escape="html" everywhere: completions are raw model output. Every later .format() call must pass
+    # escape="html" again (a dict format resets the other columns to a non-escaping default).
     st = Styler(df, uuid=stable_id(caption, df.to_json(default_handler=str), *parts), cell_ids=False,
                 escape="html", caption=caption)
+    st = st.format_index(escape="html", axis=0).format_index(escape="html", axis=1)
     return st.set_table_styles(_TABLE_STYLES, overwrite=True)
 
 
@@ -153,8 +156,7 @@ def advantage_table(prompts: Sequence[str], completions: Sequence[str], rewards:
         caption += f" Zero-std groups: {sorted(zero)} of {B}."
     st = _styler(df, caption, normalization)
     numeric = [c for c in df.columns if c not in ("completion", "flags")]
-    st = st.format({c: fmt for c in numeric})
-    st = st.format(lambda s: s, subset=["completion"])
+    st = st.format({c: fmt for c in numeric}, escape="html")
     st = st.apply(lambda col: [signed_cell_css(v, half) + ";font-weight:600" for v in col], subset=["advantage"])
 
     def block_css(frame: pd.DataFrame) -> pd.DataFrame:
@@ -235,7 +237,7 @@ def reward_components_table(completions: Sequence[str],
         caption += " " + defs + "."
     st = _styler(df, caption)
     numeric = [c for c in df.columns if c not in ("completion", "flags")]
-    st = st.format({c: fmt for c in numeric})
+    st = st.format({c: fmt for c in numeric}, escape="html")
     for c in numeric:
         half = finite_abs_max(df[c].tolist())
         st = st.apply(lambda col, half=half: [signed_cell_css(v, half) for v in col], subset=[c])
@@ -266,7 +268,7 @@ def before_after_table(prompts: Sequence[str], before: Any, after: Any, *, metri
     st = _styler(df, caption)
     nums = [f"{metric} before", f"{metric} after", "Δ (after − before)"]
     # one format() call: a second dict-format would reset the other columns to the default formatter
-    st = st.format({nums[0]: fmt, nums[1]: fmt, nums[2]: fmt_signed})
+    st = st.format({nums[0]: fmt, nums[1]: fmt, nums[2]: fmt_signed}, escape="html")
     half = finite_abs_max(df[nums[2]].tolist())
     st = st.apply(lambda col: [signed_cell_css(v, half) for v in col], subset=[nums[2]])
     text_cols = [c for c in df.columns if c == "prompt" or c.startswith("completion")]
@@ -311,7 +313,7 @@ def invariants_table(checks: Any, *, title: str = "Step-0 invariants") -> Styler
                "per-token logps equal, KL = 0, ratio = 1, dropout off (eval mode). A failure here makes "
                "every later number suspect.")
     st = _styler(df, caption)
-    st = st.format(_num_format, subset=[c for c in df.columns if c != "status"])
+    st = st.format(_num_format, subset=[c for c in df.columns if c != "status"], escape="html")
     st = st.map(lambda v: (f"background-color:{PASS_BG};color:{PASS_FG};font-weight:700" if v == "✓ PASS" else
                            f"background-color:{FAIL_BG};color:{FAIL_FG};font-weight:700"), subset=["status"])
     return st
@@ -354,4 +356,4 @@ def metrics_table(metrics: Mapping[str, Any], *, definitions: Mapping[str, str] 
     df = pd.DataFrame({"value": [metrics[k] for k in metrics],
                        "definition": [defs.get(k, "") for k in metrics]}, index=pd.Index(list(metrics), name="metric"))
     st = _styler(df, f"{title} — {batch_label}.")
-    return st.format(_num_format, subset=["value"]).map(lambda v: f"font-family:{FONT_MONO}", subset=["value"])
+    return st.format(_num_format, subset=["value"], escape="html").map(lambda v: f"font-family:{FONT_MONO}", subset=["value"])

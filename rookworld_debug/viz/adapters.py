@@ -1,0 +1,353 @@
+"""Thin adapters: phase records (Rollout, Rewards, Advantages, LossBreakdown, UpdateResult, Evaluation,
+Setup) or a whole StepTrace → the plain-array views. Only field picking and slicing happens here;
+the one arithmetic product (A·logp for the `adv_x_logp` strip) is a labelled display quantity.
+
+A `trace` is anything with attributes named after the phases (`setup`, `rollout`, `rewards`,
+`advantages`, `loss`, `update`, `evaluation`, `config`); missing phases are skipped, so the
+adapters also work on partial traces and on types.SimpleNamespace fakes.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ._style import to_numpy, truncate, visible_ws_text
+from .banners import Flag, flags_from_records, warning_banner
+from .board import BoardView, board_from_prompt
+from .htmlview import HTMLView
+from .plots import (before_after_figure, delta_logp_scatter, grad_norm_figure, loss_waterfall, per_sequence_bar,
+                    reward_breakdown_figure, token_heatmap)
+from .tables import advantage_table, before_after_table, invariants_table, provenance_table, reward_components_table
+from .tokens import METRICS, TokenStrip, token_strips
+
+__all__ = ["decode_bpe_token", "completion_token_texts", "rollout_token_strips", "token_strips_from_trace",
+           "advantage_table_from_trace", "reward_components_table_from_trace", "reward_breakdown_from_trace",
+           "loss_waterfall_from_trace", "token_heatmap_from_trace", "per_sequence_kl_from_trace",
+           "grad_norms_from_trace", "before_after_table_from_trace", "before_after_figure_from_trace",
+           "delta_logp_scatter_from_trace", "board_from_trace", "banner_from_trace", "invariants_table_from_trace",
+           "provenance_table_from_trace", "flags_from_trace"]
+
+
+# ----------------------------------------------------------------------------------------- tokens
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: byte-level BPE token chars → raw bytes."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def decode_bpe_token(tok: str) -> str:
+    """'ĠM' → ' M', 'Ċ' → '\\n'. Only strings holding a remapped byte char (U+0100–U+0143, e.g. Ġ Ċ ĉ) are
+    treated as raw byte-level tokens, so already-decoded text passes through unchanged."""
+    if tok.startswith("<|") and tok.endswith("|>"):
+        return tok
+    if not any(0x100 <= ord(ch) <= 0x143 for ch in tok):
+        return tok
+    dec = _byte_decoder()
+    if not all(ch in dec for ch in tok):
+        return tok
+    return bytes(dec[ch] for ch in tok).decode("utf-8", errors="replace")
+
+
+def completion_token_texts(rollout: Any) -> list[list[str]]:
+    """Per completion, its tokens as text (visible in strips): Rollout.completion_tokens decoded."""
+    return [[decode_bpe_token(str(t)) for t in row] for row in rollout.completion_tokens]
+
+
+def _opt(record: Any, name: str) -> np.ndarray | None:
+    v = getattr(record, name, None) if record is not None else None
+    return None if v is None else to_numpy(v, dtype=float)
+
+
+def _metric_values(metric: str, rollout: Any, loss: Any, advantages: Any, evaluation: Any) -> np.ndarray:
+    """(N, T) values of a metric preset, from the record that owns it."""
+    src = {
+        "logp": ("rollout", rollout, "per_token_logps"), "ref_logp": ("rollout", rollout, "ref_per_token_logps"),
+        "entropy": ("rollout", rollout, "per_token_entropy"), "full_kl": ("rollout", rollout, "per_token_full_kl"),
+        "kl": ("loss", loss, "per_token_kl"), "ratio": ("loss", loss, "per_token_ratio"),
+        "pg": ("loss", loss, "per_token_pg"), "loss": ("loss", loss, "per_token_loss"),
+        "delta_logp": ("evaluation", evaluation, "delta_logp"),
+    }
+    if metric == "adv_x_logp":
+        if advantages is None:
+            raise ValueError("metric 'adv_x_logp' needs the Advantages record")
+        a = to_numpy(advantages.advantages).ravel()
+        # display product A_i · logp_t (labelled in METRICS["adv_x_logp"]); no loss semantics implied
+        return a[:, None] * to_numpy(rollout.per_token_logps)
+    if metric not in src:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {sorted(src) + ['adv_x_logp']}")
+    owner, record, field = src[metric]
+    vals = _opt(record, field)
+    if vals is None:
+        raise ValueError(f"metric {metric!r} needs {owner}.{field}, which is missing (pass the {owner} record)")
+    return vals
+
+
+def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[int] | None = None, loss: Any = None,
+                         advantages: Any = None, evaluation: Any = None, rewards: Any = None, topk: bool = True,
+                         title: str | None = None) -> TokenStrip:
+    """Token strips of the rollout's completions coloured by `metric`, with every other available
+    per-token metric and the top-k alternatives in the hover; rows labelled p·g, reward, advantage.
+    ratio strips outline the tokens the loss counted as clipped (low/high)."""
+    N = len(rollout.completions)
+    rows = list(range(N)) if rows is None else [int(r) for r in rows]
+    G = int(getattr(rollout, "num_generations", 0) or getattr(advantages, "num_generations", 0) or 1)
+    values = _metric_values(metric, rollout, loss, advantages, evaluation)
+    toks = completion_token_texts(rollout)
+    mask = to_numpy(rollout.completion_mask, dtype=bool)
+    ids = to_numpy(rollout.completion_ids, dtype=np.int64)
+    extra: dict[str, np.ndarray] = {}
+    for name, rec, field in (("logp", rollout, "per_token_logps"), ("ref_logp", rollout, "ref_per_token_logps"),
+                             ("entropy", rollout, "per_token_entropy"), ("full_kl", rollout, "per_token_full_kl"),
+                             ("kl (k3)", loss, "per_token_kl"), ("ratio", loss, "per_token_ratio"),
+                             ("pg", loss, "per_token_pg"), ("Δlogp", evaluation, "delta_logp")):
+        v = _opt(rec, field)
+        if v is not None:
+            extra[name] = v
+    topk_ids = getattr(rollout, "topk_tokens", None) if topk else None
+    topk_lp = _opt(rollout, "topk_logps") if topk else None
+    lo = _opt(loss, "is_clipped_low")
+    hi = _opt(loss, "is_clipped_high")
+    adv = _opt(advantages, "advantages")
+    rew = _opt(advantages, "rewards") if advantages is not None else _opt(rewards, "rewards")
+    trunc = _opt(rollout, "is_truncated")
+    tasks = getattr(rollout, "tasks", None)
+
+    T_rows, V_rows, M_rows, O_rows, H_rows, K_rows, I_rows, labels, infos = [], [], [], [], [], [], [], [], []
+    for i in rows:
+        n = len(toks[i])
+        T_rows.append(toks[i])
+        V_rows.append(values[i, :n])
+        M_rows.append(mask[i, :n].tolist())
+        I_rows.append(ids[i, :n].tolist())
+        H_rows.append([{k: float(v[i, t]) for k, v in extra.items()} for t in range(n)])
+        if metric == "ratio" and lo is not None and hi is not None:
+            O_rows.append(["low" if lo[i, t] else "high" if hi[i, t] else False for t in range(n)])
+        else:
+            O_rows.append([False] * n)
+        if topk_ids is not None and topk_lp is not None:
+            K_rows.append([[(decode_bpe_token(str(a)), float(topk_lp[i, t, k])) for k, a in enumerate(topk_ids[i][t])]
+                           for t in range(min(n, len(topk_ids[i])))] + [[]] * max(0, n - len(topk_ids[i])))
+        task = f" {tasks[i]}:" if tasks is not None else ""
+        labels.append(f"p{i // G}·g{i % G}{task}")
+        info: dict[str, Any] = {}
+        if rew is not None:
+            info["reward"] = float(rew[i])
+        if adv is not None:
+            info["advantage"] = float(adv[i])
+        if trunc is not None and trunc[i]:
+            info["⚠"] = "truncated (no EOS)"
+        infos.append(info)
+    temps = _opt(rollout, "temperatures")
+    note = ""
+    if temps is not None and temps.size:
+        uniq = sorted({float(t) for t in temps.ravel()})
+        note = "Sampling temperature T = " + ", ".join(f"{t:g}" for t in uniq) + " (logits ÷ T in every logp/KL/entropy)."
+    return token_strips(T_rows, V_rows, metric=metric, labels=labels, row_info=infos, masks=M_rows, outlines=O_rows,
+                        hovers=H_rows, topk=K_rows if K_rows else None, token_ids=I_rows,
+                        title=title if title is not None else f"{METRICS[metric].name} — rollout batch of this step",
+                        note=note, outline_label="clipped by the loss (low: r < 1−ε_low, A<0 · high: r > 1+ε_high, A>0)")
+
+
+def token_strips_from_trace(trace: Any, metric: str = "logp", *, rows: Sequence[int] | None = None, **kw: Any) -> TokenStrip:
+    return rollout_token_strips(trace.rollout, metric, rows=rows, loss=getattr(trace, "loss", None),
+                                advantages=getattr(trace, "advantages", None),
+                                evaluation=getattr(trace, "evaluation", None), rewards=getattr(trace, "rewards", None), **kw)
+
+
+# ----------------------------------------------------------------------------------------- tables
+def _breakdown_components(rewards: Any, n: int) -> tuple[list[dict] | None, dict | None]:
+    if rewards is None:
+        return None, None
+    comps = getattr(rewards, "components", None)
+    bds = getattr(rewards, "breakdowns", None)
+    weights = None
+    if bds:
+        first = next((b for b in bds if b is not None), None)
+        weights = dict(getattr(first, "weights", {}) or {}) if first is not None else None
+    if isinstance(comps, Mapping) and comps:
+        return [{k: float(v[i]) if v[i] is not None else math.nan for k, v in comps.items()} for i in range(n)], weights
+    if bds:
+        return [dict(getattr(b, "components", {}) or {}) if b is not None else {} for b in bds], weights
+    return None, weights
+
+
+def advantage_table_from_trace(trace: Any, **kw: Any):
+    ro, adv = trace.rollout, trace.advantages
+    n = len(ro.completions)
+    comps, weights = _breakdown_components(getattr(trace, "rewards", None), n)
+    trunc = _opt(ro, "is_truncated")
+    row_flags = ["truncated (no EOS)" if trunc is not None and trunc[i] else "" for i in range(n)]
+    rflags = getattr(getattr(trace, "rewards", None), "flags", None)
+    if rflags is not None and len(rflags) == n:
+        row_flags = ["; ".join(x for x in (row_flags[i], ", ".join(map(str, rflags[i] or ()))) if x) for i in range(n)]
+    return advantage_table(ro.prompts, ro.completions, adv.rewards, adv.advantages,
+                           num_generations=adv.num_generations, group_mean=adv.group_mean, group_std=adv.group_std,
+                           normalization=adv.normalization, components=comps, weights=weights,
+                           zero_std_groups=adv.zero_std_groups, denominator=getattr(adv, "denominator", None),
+                           row_flags=row_flags if any(row_flags) else None, **kw)
+
+
+def reward_components_table_from_trace(trace: Any, **kw: Any):
+    ro, rw = trace.rollout, trace.rewards
+    n = len(ro.completions)
+    comps, weights = _breakdown_components(rw, n)
+    G = int(getattr(ro, "num_generations", 1) or 1)
+    return reward_components_table(ro.completions, comps or [{} for _ in range(n)], totals=rw.rewards, weights=weights,
+                                   flags=getattr(rw, "flags", None), labels=[f"p{i // G}·g{i % G}" for i in range(n)],
+                                   **kw)
+
+
+def reward_breakdown_from_trace(trace: Any):
+    """Stacked contributions: per reward function w_k·r_k when several functions are used, else the
+    built-in reward's components w_k·c_k (RewardBreakdown weights)."""
+    rw = trace.rewards
+    G = int(getattr(trace.rollout, "num_generations", 1) or 1)
+    names = list(getattr(rw, "func_names", ()) or ())
+    per_func = _opt(rw, "rewards_per_func")
+    if per_func is not None and len(names) > 1:
+        w = list(getattr(rw, "weights", ()) or [1.0] * len(names))
+        contrib = {f"{n} (w={w[k]:g})": w[k] * per_func[:, k] for k, n in enumerate(names)}
+        definition = "bars: w_k·r_k per reward function (Rewards.rewards_per_func × weights); ◆ total = Rewards.rewards"
+    else:
+        n = len(trace.rollout.completions)
+        comps, weights = _breakdown_components(rw, n)
+        keys = list(dict.fromkeys(k for c in (comps or []) for k in c))
+        contrib = {f"{k} (w={weights.get(k, 1.0):g})" if weights else k:
+                   np.array([(weights or {}).get(k, 1.0) * c.get(k, math.nan) for c in comps]) for k in keys}
+        definition = ("bars: w_k·c_k per component (RewardBreakdown.components × weights, NaN = not applicable); "
+                      "◆ total = Rewards.rewards (as the reward function returned it)")
+    return reward_breakdown_figure(contrib, rw.rewards, num_generations=G, definition=definition)
+
+
+# ----------------------------------------------------------------------------------------- loss
+def loss_waterfall_from_trace(trace: Any):
+    lb = trace.loss
+    f = lambda x: float(to_numpy(x).reshape(()))  # noqa: E731
+    share_def = "KL share = |β·KL term| / (|PG| + |β·KL| + |entropy term|) (LossBreakdown.kl_share)"
+    if getattr(lb, "kl_share_undefined", False):
+        share_def += "; undefined (all terms 0), shown as 0"
+    return loss_waterfall(f(lb.pg_loss), f(lb.kl_loss), f(getattr(lb, "entropy_term", 0.0)), f(lb.loss),
+                          kl_share=float(lb.kl_share), normalizer=str(getattr(lb, "normalizer", "")),
+                          kl_share_definition=share_def, beta=getattr(lb, "beta", None))
+
+
+def token_heatmap_from_trace(trace: Any, metric: str = "kl"):
+    ro = trace.rollout
+    vals = _metric_values(metric, ro, getattr(trace, "loss", None), getattr(trace, "advantages", None),
+                          getattr(trace, "evaluation", None))
+    return token_heatmap(vals, ro.completion_mask, metric=metric, tokens=completion_token_texts(ro),
+                         num_generations=int(getattr(ro, "num_generations", 0) or 0) or None)
+
+
+def per_sequence_kl_from_trace(trace: Any):
+    lb = trace.loss
+    if getattr(lb, "per_seq_kl", None) is None:
+        raise ValueError("loss.per_seq_kl is None (no reference model / β = 0 without KL)")
+    return per_sequence_bar(lb.per_seq_kl, metric="per-sequence KL (k3)", unit="nats/token",
+                            definition=f"masked mean over tokens of the raw per-token {getattr(lb, 'kl_estimator', 'k3')} "
+                                       "KL (not β-scaled), LossBreakdown.per_seq_kl",
+                            num_generations=getattr(lb, "num_generations", None))
+
+
+def grad_norms_from_trace(trace: Any, **kw: Any):
+    up = trace.update
+    cfg = getattr(trace, "config", None) or getattr(getattr(trace, "setup", None), "config", None)
+    return grad_norm_figure(up.per_layer, global_pre=up.grad_norm_pre_clip, global_post=up.grad_norm_post_clip,
+                            max_grad_norm=getattr(cfg, "max_grad_norm", None), **kw)
+
+
+# ----------------------------------------------------------------------------------------- evaluation
+def _greedy_pair(trace: Any, which: str):
+    ev = trace.evaluation
+    before, after = getattr(ev, f"{which}_before"), getattr(ev, f"{which}_after")
+    if before is None or after is None:
+        raise ValueError(f"evaluation.{which}_before/after is None (disabled in this run)")
+    return before, after
+
+
+def before_after_table_from_trace(trace: Any, which: str = "batch"):
+    b, a = _greedy_pair(trace, which)
+    label = ("greedy decode of this step's B prompts" if which == "batch" else "greedy decode of the fixed held-out prompts")
+    return before_after_table(b.prompts, b.rewards, a.rewards, before_text=b.completions, after_text=a.completions,
+                              label=label + ", before vs after the update")
+
+
+def before_after_figure_from_trace(trace: Any, which: str = "batch"):
+    b, a = _greedy_pair(trace, which)
+    labels = [f"#{i} {truncate(visible_ws_text(str(p).strip()), 18)}" for i, p in enumerate(b.prompts)]
+    label = ("greedy decode of this step's B prompts" if which == "batch" else "greedy decode of the fixed held-out prompts")
+    return before_after_figure(labels, b.rewards, a.rewards, label=label + ", before vs after the update")
+
+
+def delta_logp_scatter_from_trace(trace: Any):
+    ev, ro = trace.evaluation, trace.rollout
+    return delta_logp_scatter(trace.advantages.advantages, ev.delta_logp, ro.completion_mask,
+                              correlation=float(ev.corr_adv_delta_logp) if math.isfinite(float(ev.corr_adv_delta_logp)) else None,
+                              correlation_label="Pearson(A_i, per-sequence mean Δlogp_i) over rows, Evaluation.corr_adv_delta_logp",
+                              num_generations=int(getattr(ro, "num_generations", 0) or 0) or None)
+
+
+# ----------------------------------------------------------------------------------------- misc
+def board_from_trace(trace: Any, row: int = 0, **kw: Any) -> BoardView:
+    ro = trace.rollout
+    return board_from_prompt(ro.prompts[row], ro.completions[row], **kw)
+
+
+def flags_from_trace(trace: Any) -> list[Flag]:
+    flags = flags_from_records(rollout=getattr(trace, "rollout", None), advantages=getattr(trace, "advantages", None),
+                               loss=getattr(trace, "loss", None), setup=getattr(trace, "setup", None),
+                               update=getattr(trace, "update", None))
+    rw = getattr(trace, "rewards", None)
+    per_row = getattr(rw, "flags", None) if rw is not None else None
+    if per_row:
+        counts: dict[str, int] = {}
+        for fl in per_row:
+            for f in fl or ():
+                counts[str(f)] = counts.get(str(f), 0) + 1
+        n = len(per_row)
+        for code, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+            flags.append(Flag(f"reward:{code}", f"{c} of {n} completions", "info", "rewards.flags"))
+    return flags
+
+
+def banner_from_trace(trace: Any, **kw: Any) -> HTMLView:
+    return warning_banner(flags_from_trace(trace), **kw)
+
+
+def invariants_table_from_trace(trace: Any):
+    inv = getattr(getattr(trace, "setup", None), "invariants", None) or getattr(trace, "invariants", None)
+    if inv is None:
+        raise ValueError("no setup.invariants in this trace")
+    crit = "exactly 0 (criterion of grpo.setup)"
+    checks = {
+        "policy logps == reference logps": {"passed": inv.max_abs_logp_diff == 0.0, "value": inv.max_abs_logp_diff,
+                                            "expected": crit, "definition": "max |logπ − logπ_ref| over tokens"},
+        "KL == 0": {"passed": inv.max_k3_kl == 0.0, "value": inv.max_k3_kl, "expected": crit,
+                    "definition": "max per-token k3 KL(π‖π_ref)"},
+        "ratio == 1": {"passed": inv.max_ratio_dev == 0.0, "value": inv.max_ratio_dev, "expected": crit,
+                       "definition": "max |exp(logπ − logπ_old) − 1| between two identical forwards"},
+        "dropout off": {"passed": not inv.dropout_active and not inv.policy_training_mode,
+                        "value": f"{len(inv.dropout_active)} active module(s); training mode {inv.policy_training_mode}",
+                        "expected": "0 active, eval mode", "definition": "modules with p > 0 in training mode"},
+    }
+    return invariants_table(checks, title=f"Step-0 invariants on {inv.n_tokens} tokens")
+
+
+def provenance_table_from_trace(trace: Any):
+    setup = getattr(trace, "setup", None)
+    prov = dict(getattr(setup, "provenance", None) or getattr(trace, "provenance", None) or {})
+    cfg = getattr(trace, "config", None) or getattr(setup, "config", None)
+    if cfg is not None:
+        prov["config"] = cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
+    return provenance_table(prov)
