@@ -124,8 +124,9 @@ class StepConfig:
 
     # ---------------------------------------------------------------- optimizer
     lr: float = _f(1e-6, "AdamW learning rate for the single step (TRL default 1e-6).", group="optimizer")
-    adam_betas: tuple = _f((0.9, 0.999), "AdamW (β1, β2).", group="optimizer")
-    adam_eps: float = _f(1e-8, "AdamW ε.", group="optimizer")
+    adam_betas: tuple = _f((0.9, 0.999), "AdamW (β1, β2): decay rates of the first and second moment "
+                           "estimates.", group="optimizer")
+    adam_eps: float = _f(1e-8, "AdamW ε added to the denominator sqrt(v̂) + ε.", group="optimizer")
     weight_decay: float = _f(0.0, "AdamW decoupled weight decay.", group="optimizer")
     max_grad_norm: Optional[float] = _f(1.0, "Global L2 grad-norm clip (torch clip_grad_norm_). None = no clip.",
                                         group="optimizer")

@@ -482,8 +482,9 @@ def _clip_metrics(is_low: torch.Tensor, is_high: torch.Tensor, mask: torch.Tenso
         x = x[~torch.isnan(x)]
         return float(fn(x)) if x.numel() else float("nan")
 
-    low, high = is_low.to(mask.dtype), is_high.to(mask.dtype)
-    region = (is_low | is_high).to(mask.dtype)
+    mask = mask.float()                                                         # TRL: bool.float() → float32
+    low, high = is_low.float(), is_high.float()
+    region = (is_low | is_high).float()
     return {
         "clip_ratio/low_mean": global_masked_mean(low),
         "clip_ratio/high_mean": global_masked_mean(high),

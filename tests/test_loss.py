@@ -1,0 +1,430 @@
+"""compute_loss vs TRL as the oracle.
+
+Oracle: TRL's REAL `GRPOTrainer._compute_loss` runs on a model-free trainer (`object.__new__(GRPOTrainer)`
++ attribute stubs, TRL's own unit-test pattern). Its only model call, `_get_per_token_logps_and_entropies`,
+is replaced by a stub returning OUR per-token log-prob and entropy leaves, so TRL's importance weights,
+clipping, δ, sequence-level IS, k3 KL (with TRL's default bias correction), loss-type aggregation, entropy
+bonus and metric logging all run on the same tensors. Losses, gradients and logged metrics are compared.
+Estimators TRL does not have (k1, k2, full) and the seeds' manual variant are checked against TRL's β=0
+loss plus the documented KL term, and against a per-sample loop of the seeds' formula.
+"""
+import statistics
+import time
+import types
+import zlib
+from collections import defaultdict
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl")
+from trl import GRPOTrainer  # noqa: E402
+
+from rookworld_debug.config import StepConfig  # noqa: E402
+from rookworld_debug.errors import ConfigError  # noqa: E402
+from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs  # noqa: E402
+
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
+L_MAX = 16
+
+
+class _Accelerator:
+    device = torch.device("cpu")
+    num_processes = 1
+    process_index = 0
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    def gather_for_metrics(self, x):
+        return x
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+
+def trl_loss(logps, old, ref, adv, mask, entropy, *, beta, loss_type, epsilon_low=0.2, epsilon_high=0.28,
+             delta=None, level="token", entropy_coef=0.0, bias=True, g=1, num_items=None):
+    """TRL's real _compute_loss on our tensors. Returns (loss, metrics dict of the last logged values)."""
+    t = object.__new__(GRPOTrainer)
+    t.args = types.SimpleNamespace(delta=delta, use_bias_correction_kl=bias, steps_per_generation=g,
+                                   entropy_target=0.2)
+    t.beta = beta
+    t.loss_type = loss_type
+    t.epsilon_low = epsilon_low
+    t.epsilon_high = epsilon_high
+    t.importance_sampling_level = level
+    t.top_entropy_quantile = 1.0
+    t.off_policy_mask_threshold = None
+    t.use_vllm = False
+    t.vllm_importance_sampling_correction = False
+    t.aux_loss_enabled = False
+    t.model = types.SimpleNamespace(training=True)
+    t.current_gradient_accumulation_steps = g
+    t.max_completion_length = L_MAX
+    t.accelerator = _Accelerator()
+    t._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    t._entropy_bonus_enabled = entropy_coef != 0
+    t.use_adaptive_entropy = False
+    t.entropy_coef = entropy_coef
+    t._get_per_token_logps_and_entropies = lambda *a, **k: (logps, entropy, None)
+    N, T = logps.shape
+    inputs = {"prompt_ids": torch.zeros(N, 3, dtype=torch.long), "prompt_mask": torch.ones(N, 3, dtype=torch.long),
+              "completion_ids": torch.zeros(N, T, dtype=torch.long), "completion_mask": mask,
+              "advantages": adv, "ref_per_token_logps": ref,
+              "num_items_in_batch": mask.sum() if num_items is None else torch.tensor(num_items)}
+    if old is not None:
+        inputs["old_per_token_logps"] = old
+    loss = t._compute_loss(None, inputs)
+    return loss, {k: v[-1] for k, v in t._metrics["train"].items()}
+
+
+def make_inputs(seed=0, N=8, T=12, dtype=torch.float64, off_policy=True):
+    """Random (N, T) inputs: right-padded mask with varied lengths and one empty row, old logps far from the
+    current ones (ratios e^±2 ≫ clip range), ref logps off by N(0, 0.5), a zero advantage."""
+    g = torch.Generator().manual_seed(seed)
+    logps = -torch.rand(N, T, generator=g, dtype=dtype) * 4
+    shift = torch.randn(N, 1, generator=g, dtype=dtype) * 1.0           # per-row drift: sequence ratios clip too
+    old = logps + torch.randn(N, T, generator=g, dtype=dtype) * 0.9 + shift if off_policy else None
+    ref = logps + torch.randn(N, T, generator=g, dtype=dtype) * 0.5
+    entropy = torch.rand(N, T, generator=g, dtype=dtype) * 3
+    lengths = torch.randint(1, T + 1, (N,), generator=g)
+    lengths[2] = 0                                                   # empty completion
+    lengths[0] = T                                                   # full length (truncated)
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).long()   # TRL's completion_mask is int64
+    adv = torch.randn(N, generator=g, dtype=dtype)
+    adv[5] = 0.0
+    return logps, old, ref, adv, mask, entropy
+
+
+def run_both(data, **kw):
+    """(our LossBreakdown, our grads, TRL loss, TRL grads, TRL metrics) on identical leaves."""
+    logps, old, ref, adv, mask, entropy = data
+    g, num_items = kw.pop("g", 1), kw.pop("num_items", None)
+    bias = kw.pop("bias", True)
+    ours_lp, ours_h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
+    trl_lp, trl_h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
+    rec = compute_loss(ours_lp, old, ref, adv, mask, beta=kw["beta"], epsilon_low=kw.get("epsilon_low", 0.2),
+                       epsilon_high=kw.get("epsilon_high", 0.28), loss_type=kw["loss_type"],
+                       max_completion_length=L_MAX, importance_sampling_level=kw.get("level", "token"),
+                       delta=kw.get("delta"), entropy=ours_h, entropy_coef=kw.get("entropy_coef", 0.0),
+                       use_bias_correction_kl=bias, gradient_accumulation_steps=g, num_items_in_batch=num_items,
+                       num_generations=4)
+    loss_trl, metrics = trl_loss(trl_lp, old, ref, adv, mask, trl_h, bias=bias, g=g, num_items=num_items, **kw)
+    ours_grads = torch.autograd.grad(rec.loss, [ours_lp, ours_h], allow_unused=True)
+    trl_grads = torch.autograd.grad(loss_trl, [trl_lp, trl_h], allow_unused=True)
+    return rec, ours_grads, loss_trl, trl_grads, metrics
+
+
+def assert_matches(rec, ours_grads, loss_trl, trl_grads, metrics, tol=1e-6):
+    assert float(rec.loss.detach()) == pytest.approx(float(loss_trl.detach()), abs=tol, rel=tol)
+    for a, b in zip(ours_grads, trl_grads):
+        if b is None:
+            assert a is None or torch.count_nonzero(a) == 0
+        else:
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    for key, value in metrics.items():
+        if key == "entropy_coef":                                    # TRL bookkeeping, not a loss metric
+            continue
+        assert rec.metrics[key] == pytest.approx(value, abs=tol, rel=tol, nan_ok=True), key
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("delta", [None, 1.5])
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.02])
+def test_matches_trl(loss_type, level, delta, beta, entropy_coef):
+    data = make_inputs(seed=zlib.crc32(repr((loss_type, level, delta, beta, entropy_coef)).encode()) % 1000)
+    out = run_both(data, beta=beta, loss_type=loss_type, delta=delta, level=level, entropy_coef=entropy_coef)
+    assert_matches(*out, tol=1e-9)
+    rec, metrics = out[0], out[4]
+    assert metrics["clip_ratio/region_mean"] > 0                     # the case really exercises clipping
+    assert (rec.is_clipped_low | rec.is_clipped_high).any()
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_matches_trl_float32(loss_type, level):
+    data = make_inputs(seed=7, N=16, T=20, dtype=torch.float32)
+    assert_matches(*run_both(data, beta=0.1, loss_type=loss_type, level=level, delta=2.0, entropy_coef=0.01),
+                   tol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_matches_trl_on_policy(loss_type, beta):
+    """old_per_token_logps=None → TRL uses per_token_logps.detach(): ratio 1, clip metrics 0."""
+    data = make_inputs(seed=3, off_policy=False)
+    rec, *rest = run_both(data, beta=beta, loss_type=loss_type, entropy_coef=0.01)
+    assert_matches(rec, *rest, tol=1e-9)
+    assert torch.all(rec.per_token_ratio == 1)
+    assert rec.metrics["clip_ratio/region_mean"] == 0
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_matches_trl_without_bias_correction(loss_type, level):
+    data = make_inputs(seed=4)
+    assert_matches(*run_both(data, beta=0.2, loss_type=loss_type, level=level, bias=False), tol=1e-9)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_matches_trl_gradient_accumulation(loss_type):
+    """One micro-batch of a g=2 window (steps_per_generation = g, TRL default): num_items_in_batch counts the
+    whole generation batch, grpo/bnpo/dr_grpo and H̄ are ÷ g."""
+    data = make_inputs(seed=9)
+    total = int(data[4].sum()) + 37
+    assert_matches(*run_both(data, beta=0.1, loss_type=loss_type, entropy_coef=0.03, g=2, num_items=total),
+                   tol=1e-9)
+
+
+@pytest.mark.parametrize("epsilon_low,epsilon_high", [(0.0, 0.0), (0.1, 0.5), (0.9, 3.0)])
+def test_matches_trl_asymmetric_epsilons(epsilon_low, epsilon_high):
+    data = make_inputs(seed=12)
+    assert_matches(*run_both(data, beta=0.05, loss_type="dapo", epsilon_low=epsilon_low,
+                             epsilon_high=epsilon_high), tol=1e-9)
+
+
+# ------------------------------------------------------------------ decomposition
+@pytest.mark.parametrize("loss_type", LOSS_TYPES + ["manual"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_terms_sum_to_loss(loss_type, level):
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=1)
+    rec = compute_loss(logps, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2,
+                       loss_type=loss_type, max_completion_length=L_MAX, importance_sampling_level=level,
+                       entropy=entropy, entropy_coef=0.05, num_generations=4)
+    assert torch.equal(rec.loss, rec.pg_loss + rec.kl_loss + rec.entropy_term)
+    assert torch.equal(rec.entropy_term, -0.05 * rec.entropy_loss)
+    torch.testing.assert_close(rec.per_seq_pg.sum(), rec.pg_loss)
+    torch.testing.assert_close(rec.per_seq_kl_loss.sum(), rec.kl_loss)
+    torch.testing.assert_close(rec.per_seq_entropy_term.sum(), rec.entropy_term)
+    torch.testing.assert_close(rec.per_seq_loss.sum(), rec.loss)
+    torch.testing.assert_close(rec.per_group_pg, rec.per_seq_pg.view(-1, 4).sum(1))
+    torch.testing.assert_close(rec.per_group_loss.sum(), rec.loss)
+    torch.testing.assert_close(rec.per_token_loss, rec.per_token_pg + 0.1 * rec.per_token_kl)
+    m = mask.bool()
+    assert torch.all(rec.per_token_pg[~m] == 0) and torch.all(rec.per_token_kl[~m] == 0)
+    assert not (rec.is_clipped_low[~m].any() or rec.is_clipped_high[~m].any())
+    N, T = logps.shape
+    for name in ("per_token_pg", "per_token_kl", "per_token_loss", "per_token_ratio", "per_token_entropy",
+                 "is_clipped_low", "is_clipped_high"):
+        assert getattr(rec, name).shape == (N, T), name
+    for name in ("per_seq_pg", "per_seq_kl", "per_seq_kl_loss", "per_seq_entropy", "per_seq_loss", "seq_len"):
+        assert getattr(rec, name).shape == (N,), name
+    assert rec.per_group_pg.shape == (2,)
+    # raw KL per sequence = masked mean of the per-token KL
+    torch.testing.assert_close(rec.per_seq_kl, rec.per_token_kl.sum(-1) / mask.sum(-1).clamp(min=1))
+    assert rec.kl == pytest.approx(float(rec.per_token_kl.sum() / mask.sum()))
+
+
+def test_kl_share_definition_and_zero_guard():
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
+    rec = compute_loss(logps, old, ref, adv, mask, beta=0.3, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+                       max_completion_length=L_MAX, entropy=entropy, entropy_coef=0.01)
+    a, b, c = abs(float(rec.pg_loss)), abs(float(rec.kl_loss)), abs(float(rec.entropy_term))
+    assert rec.kl_share == pytest.approx(b / (a + b + c)) and not rec.kl_share_undefined
+    zero = compute_loss(logps, None, ref, torch.zeros_like(adv), mask, beta=0.0, epsilon_low=0.2,
+                        epsilon_high=0.2, loss_type="dapo", max_completion_length=L_MAX)
+    assert zero.kl_share == 0.0 and zero.kl_share_undefined
+    assert any("kl_share undefined" in f for f in zero.flags)
+
+
+def test_record_tensors_detached_except_totals():
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
+    lp, h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
+    rec = compute_loss(lp, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+                       max_completion_length=L_MAX, entropy=h, entropy_coef=0.01)
+    assert isinstance(rec, LossBreakdown)
+    for name in ("loss", "pg_loss", "kl_loss", "entropy_loss", "entropy_term"):
+        assert getattr(rec, name).requires_grad and getattr(rec, name).dim() == 0, name
+    for name in ("per_token_pg", "per_token_kl", "per_token_loss", "per_token_ratio", "per_seq_pg"):
+        assert not getattr(rec, name).requires_grad, name
+    assert rec.pg_term is rec.pg_loss and rec.kl_term is rec.kl_loss
+    with pytest.raises(Exception):
+        rec.loss = None                                              # frozen
+
+
+def test_zero_beta_and_no_entropy_terms_carry_no_graph():
+    """β = 0 and c_H = 0 give constant zero terms (the update phase skips their backward)."""
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
+    lp = logps.clone().requires_grad_()
+    rec = compute_loss(lp, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="grpo",
+                       max_completion_length=L_MAX)
+    assert not rec.kl_loss.requires_grad and not rec.entropy_term.requires_grad and rec.loss.requires_grad
+    assert rec.per_token_kl is None and rec.per_seq_kl is None and "kl" not in rec.metrics
+    assert float(rec.kl_loss) == 0 and float(rec.entropy_term) == 0
+
+
+def test_normalizer_descriptions():
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
+    n_tok = int(mask.sum())
+    kw = dict(beta=0.1, epsilon_low=0.2, epsilon_high=0.2, max_completion_length=L_MAX)
+    assert str(compute_loss(logps, old, ref, adv, mask, loss_type="dapo", **kw).normalizer) == \
+        f"dapo: Σ mask = {n_tok} tokens (this batch)"
+    r = compute_loss(logps, old, ref, adv, mask, loss_type="dapo", num_items_in_batch=500, **kw)
+    assert r.normalizer.value == 500 and "num_items_in_batch" in str(r.normalizer)
+    assert str(compute_loss(logps, old, ref, adv, mask, loss_type="bnpo", **kw).normalizer).startswith(
+        f"bnpo: Σ mask = {n_tok} tokens")
+    dr = compute_loss(logps, old, ref, adv, mask, loss_type="dr_grpo", **kw).normalizer
+    assert dr.value == 8 * L_MAX and str(dr) == f"dr_grpo: N·L_max = 8·{L_MAX} = {8 * L_MAX}"
+    assert "mean over 8 sequences" in str(compute_loss(logps, old, ref, adv, mask, loss_type="grpo", **kw).normalizer)
+
+
+# ------------------------------------------------------------------ other KL estimators (no TRL equivalent)
+@pytest.mark.parametrize("estimator", ["k1", "k2"])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_k1_k2_equal_trl_pg_plus_documented_kl(estimator, loss_type):
+    """loss(k) = TRL loss at β=0 + β·agg(k·r); k1 = logp − ref, k2 = ½(logp − ref)²."""
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=21)
+    beta = 0.3
+    rec = compute_loss(logps, old, ref, adv, mask, beta=beta, epsilon_low=0.2, epsilon_high=0.28,
+                       loss_type=loss_type, max_completion_length=L_MAX, kl_estimator=estimator)
+    base, _ = trl_loss(logps, old, ref, adv, mask, entropy, beta=0.0, loss_type=loss_type)
+    d = logps - ref
+    k = d if estimator == "k1" else 0.5 * d ** 2
+    k = k * torch.exp(logps - old)                                   # TRL-default bias correction
+    m = mask.double()
+    agg = {"grpo": lambda x: ((x * m).sum(-1) / m.sum(-1).clamp(min=1)).mean(),
+           "bnpo": lambda x: (x * m).sum() / m.sum(), "dapo": lambda x: (x * m).sum() / m.sum(),
+           "dr_grpo": lambda x: (x * m).sum() / (x.shape[0] * L_MAX)}[loss_type]
+    assert float(rec.loss) == pytest.approx(float(base + beta * agg(k)), abs=1e-10)
+    torch.testing.assert_close(rec.per_token_kl, k * m)
+
+
+def test_full_vocab_kl():
+    """kl_estimator='full' uses the exact Σ_v π(log π − log π_ref) given per token, gradient included."""
+    g = torch.Generator().manual_seed(8)
+    N, T, V = 8, 12, 11
+    logits = torch.randn(N, T, V, generator=g, dtype=torch.float64, requires_grad=True)
+    ref_logits = torch.randn(N, T, V, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, V, (N, T), generator=g)
+    logp_all, logq_all = logits.log_softmax(-1), ref_logits.log_softmax(-1)
+    full = (logp_all.exp() * (logp_all - logq_all)).sum(-1)                               # (N, T)
+    kl_div = torch.nn.functional.kl_div(logq_all, logp_all, log_target=True, reduction="none").sum(-1)
+    torch.testing.assert_close(full, kl_div)                                              # independent formula
+    logps = logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    _, _, _, adv, mask, entropy = make_inputs(seed=8)
+    rec = compute_loss(logps, None, None, adv, mask, beta=0.2, epsilon_low=0.2, epsilon_high=0.2,
+                       loss_type="dapo", max_completion_length=L_MAX, kl_estimator="full", per_token_full_kl=full)
+    base, _ = trl_loss(logps, None, None, adv, mask, entropy, beta=0.0, loss_type="dapo")
+    m = mask.double()
+    assert float(rec.loss.detach()) == pytest.approx(float((base + 0.2 * (full * m).sum() / m.sum()).detach()), abs=1e-10)
+    assert rec.kl == pytest.approx(float((full * m).sum().detach() / m.sum()))
+    assert not rec.use_bias_correction_kl                            # never IS-weighted
+    grad, = torch.autograd.grad(rec.kl_loss, logits)
+    assert torch.count_nonzero(grad) > 0
+
+
+# ------------------------------------------------------------------ the seeds' manual variant
+def _seeds_loop(logps, ref, adv, mask, entropy, beta, c_h):
+    """manual_grpo_debug.py §3.3 written per sample: loss_i = (−A·mean_t logπ + β·mean_t KL − c·mean_t H)/(B·G),
+    here with k3 as the per-token KL (no ratio) and our sampled-id masks."""
+    N = logps.shape[0]
+    total = 0.0
+    for i in range(N):
+        m = mask[i].bool()
+        if m.sum() == 0:
+            continue                                                  # the seeds skip empty completions
+        lp, rf, h = logps[i][m], ref[i][m], entropy[i][m]
+        kl = torch.exp(rf - lp) - (rf - lp) - 1
+        total = total + (-adv[i] * lp.mean() + beta * kl.mean() - c_h * h.mean()) / N
+    return total
+
+
+def test_manual_matches_seeds_formula_and_gradient():
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=5)
+    lp1, lp2 = logps.clone().requires_grad_(), logps.clone().requires_grad_()
+    rec = compute_loss(lp1, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="manual",
+                       max_completion_length=L_MAX, entropy=entropy, entropy_coef=0.005)
+    expected = _seeds_loop(lp2, ref, adv, mask, entropy, 0.1, 0.005)
+    assert float(rec.loss.detach()) == pytest.approx(float(expected.detach()), abs=1e-10)
+    g1, = torch.autograd.grad(rec.loss, lp1)
+    g2, = torch.autograd.grad(expected, lp2)
+    torch.testing.assert_close(g1, g2)
+    assert "clip_ratio/low_mean" not in rec.metrics and not rec.is_clipped_high.any()
+    assert "manual" in str(rec.normalizer)
+
+
+def test_manual_and_grpo_have_the_same_on_policy_pg_gradient():
+    """On-policy (r ≡ 1) TRL's grpo and the seeds' REINFORCE differ in value but not in PG gradient."""
+    logps, _, ref, adv, mask, _ = make_inputs(seed=6)
+    grads = []
+    for lt in ("grpo", "manual"):
+        lp = logps.clone().requires_grad_()
+        rec = compute_loss(lp, None, ref, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type=lt,
+                           max_completion_length=L_MAX)
+        grads.append(torch.autograd.grad(rec.loss, lp)[0])
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+# ------------------------------------------------------------------ recompute speed, config, errors
+def test_recompute_for_new_beta_eps_is_fast():
+    """Widgets recompute the whole record for a new β/ε from stored tensors: N=64, T=128 well under 100 ms."""
+    g = torch.Generator().manual_seed(0)
+    N, T = 64, 128
+    logps = -torch.rand(N, T, generator=g) * 4
+    old = logps + torch.randn(N, T, generator=g) * 0.3
+    ref = logps + torch.randn(N, T, generator=g) * 0.3
+    ent = torch.rand(N, T, generator=g)
+    mask = torch.ones(N, T)
+    adv = torch.randn(N, generator=g)
+    times = []
+    for i in range(7):
+        t0 = time.perf_counter()
+        rec = compute_loss(logps, old, ref, adv, mask, beta=0.01 * i, epsilon_low=0.1 + 0.02 * i, epsilon_high=0.3,
+                           loss_type="dapo", max_completion_length=T, entropy=ent, entropy_coef=0.01,
+                           num_generations=4)
+        times.append(time.perf_counter() - t0)
+        assert rec.beta == pytest.approx(0.01 * i)
+    assert statistics.median(times) < 0.1, times
+
+
+def test_loss_kwargs_from_config():
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
+    cfg = StepConfig(loss_type="bnpo", beta=0.05, delta=1.8, importance_sampling_level="sequence")
+    rec = compute_loss(logps, old, ref, adv, mask, entropy=entropy, **loss_kwargs(cfg))
+    assert (rec.loss_type, rec.beta, rec.delta, rec.importance_sampling_level) == ("bnpo", 0.05, 1.8, "sequence")
+    assert "−min(r'·A, clip(r, 0.8, 1.2)·A), r' = min(r, 1.8)" in rec.definition
+
+
+def test_non_finite_inputs_are_flagged():
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
+    logps = logps.clone()
+    logps[0, 0] = float("nan")
+    rec = compute_loss(logps, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+                       max_completion_length=L_MAX)
+    assert any("non-finite loss" in f for f in rec.flags)
+    assert any("per_token_logps" in f for f in rec.flags)
+    assert any("fully masked" in f for f in rec.flags)                # row 2 is empty
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(loss_type="ppo"), "loss_type"),
+    (dict(kl_estimator="k4"), "kl_estimator"),
+    (dict(importance_sampling_level="group"), "importance_sampling_level"),
+    (dict(beta=-0.1), "beta"),
+    (dict(epsilon_low=-0.1), "epsilon_low"),
+    (dict(delta=0.0), "delta"),
+    (dict(loss_type="dr_grpo", max_completion_length=0), "max_completion_length"),
+    (dict(entropy_coef=0.1), "entropy"),
+    (dict(kl_estimator="full"), "per_token_full_kl"),
+    (dict(ref=None), "ref_per_token_logps"),
+    (dict(adv_shape=(8, 2)), "advantages"),
+    (dict(mask_shape=(8, 5)), "completion_mask"),
+    (dict(num_generations=3), "num_generations"),
+])
+def test_bad_arguments_name_the_field(change, field):
+    logps, old, ref, adv, mask, _ = make_inputs(seed=2)
+    kw = dict(beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo", max_completion_length=L_MAX)
+    if "ref" in change:
+        ref = change.pop("ref")
+    if "adv_shape" in change:
+        adv = torch.zeros(change.pop("adv_shape"))
+    if "mask_shape" in change:
+        mask = torch.ones(change.pop("mask_shape"))
+    kw.update(change)
+    with pytest.raises(ConfigError) as e:
+        compute_loss(logps, old, ref, adv, mask, **kw)
+    assert e.value.field == field
