@@ -112,7 +112,7 @@ class StepConfig:
     adv_clip: Optional[float] = _f(None, "Clip TRL-style advantages to ±adv_clip after normalisation. None = no "
                                    "clip (TRL).", group="objective")
     entropy_coef: float = _f(0.0, "c_H: entropy bonus; loss −= c_H·H̄ with H̄ the masked token-mean entropy of "
-                             "the tempered policy (TRL ≥ 1.8 normalisation, independent of loss_type). 0 disables "
+                             "the tempered policy (installed TRL 1.16 normalisation, independent of loss_type). 0 disables "
                              "(TRL default); the seeds used 0.005.", group="objective")
     mask_truncated_completions: bool = _f(False, "Zero the loss mask of completions that hit max_new_tokens "
                                           "without EOS (TRL option, default False). They still enter the "
