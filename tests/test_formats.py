@@ -76,7 +76,8 @@ def test_parse_p_completion_well_formed_real_completion():
     ("M: e2e4 d2d4 E: 0.1 B: e2e4", "evals/moves count mismatch"),
     ("M: a2a3 a2a4 b2b3 b2b4 c2c3 c2c4 E: 0 0 0 0 0 0 B: a2a3", "more than 5 moves"),
     ("M: e2e4 E: 0.1 B: e2e4 <|endoftext|>P:", "text after B: move"),
-    ("x M: e2e4 E: 0.1 B: e2e4", "text before M:"), ("M: E: 1 B: e2e4", "no moves"),
+    ("x M: e2e4 E: 0.1 B: e2e4", "text before M:"), ("M: e2e4 e2e4 E: 1 1 B: e2e4", "repeated move"),
+    ("M: E: 1 B: e2e4", "no moves"),
 ])
 def test_parse_p_completion_flags_problems_without_raising(text, problem):
     assert problem in parse_p_completion(text).problems
@@ -84,7 +85,7 @@ def test_parse_p_completion_flags_problems_without_raising(text, problem):
 
 def test_parse_a_full_line_with_and_without_prefix():
     s = parse_a(A_LINE)
-    assert s.move == "a6a5" and len(s.history) == 10 and s.history[-1] == s.move
+    assert isinstance(s, ASample) and s.move == "a6a5" and len(s.history) == 10 and s.history[-1] == s.move
     assert (s.reward, s.terminated, s.truncated) == ("0.001", "0", "0")
     assert format_a(s) == A_LINE and parse_a(A_LINE[3:]) == s and format_a(s, prefix=False) == A_LINE[3:]
     assert s.completion == "8/2k2b2/2p4r/R2p1p2/P7/2P2B1P/5PPK/4R3 b - - 2 31+0.001+0+0"

@@ -58,7 +58,11 @@ def transition(fen: str, move: str, history: Sequence[str] = ()) -> ATransition:
 
     ``history`` is accepted to mirror the A: prompt but cannot change the result (see module doc).
     """
-    board = check_fen(fen)
+    return apply_move(check_fen(fen), move)
+
+
+def apply_move(board: chess.Board, move: str) -> ATransition:
+    """``transition`` on an already parsed board (left unchanged), for callers trying many moves."""
     try:
         parsed = chess.Move.from_uci(move)
     except (ValueError, TypeError):
@@ -67,6 +71,7 @@ def transition(fen: str, move: str, history: Sequence[str] = ()) -> ATransition:
         return ATransition(new_fen=board.fen(), reward=ILLEGAL_REWARD,
                            terminated=int(board.is_game_over()), truncated=1, legal=False,
                            outcome="unparsable_move" if parsed is None else "illegal_move")
+    board = board.copy(stack=False)
     board.push(parsed)
     outcome = board.outcome()
     if outcome is None:

@@ -31,7 +31,7 @@ import chess
 import chess.engine
 
 from ..errors import ConfigError, EngineError, EngineNotFound
-from .arbiter import transition
+from .arbiter import apply_move
 from .formats import check_fen
 
 MATE_SCORE = 100_000     # centipawns, as the P: data generator
@@ -101,7 +101,8 @@ class EngineStats:
 
 def after_move_fens(fen: str, moves: Sequence[str]) -> list[str | None]:
     """FEN after each move from ``fen`` (None for an illegal/unparsable move); arbiter semantics."""
-    return [t.new_fen if t.legal else None for t in (transition(fen, m) for m in moves)]
+    board = check_fen(fen)
+    return [t.new_fen if t.legal else None for t in (apply_move(board, m) for m in moves)]
 
 
 class _Worker:

@@ -15,6 +15,7 @@ validation file pads the FEN to 89 while the generator and the model use 90.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -45,8 +46,9 @@ def is_uci(token: str) -> bool:
 
 
 def parse_number(token: str) -> float | None:
-    """A plain decimal number as float, else None (no nan/inf: they would poison an MAE)."""
-    return float(token) if _NUMBER_RE.match(token) else None
+    """A plain finite decimal number as float, else None (nan/inf/1e999 would poison an MAE)."""
+    value = float(token) if _NUMBER_RE.match(token) else None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def strip_p_prefix(text: str) -> str:
@@ -192,6 +194,8 @@ def parse_p_completion(text: str) -> PCompletion:
         if any(not is_uci(t) for t in tokens):
             problems.append("move not UCI")
         moves = tuple(t for t in tokens if is_uci(t))
+        if len(set(moves)) < len(moves):
+            problems.append("repeated move")
         if not moves:
             problems.append("no moves")
         elif len(moves) > MAX_CANDIDATES:
