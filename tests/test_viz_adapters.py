@@ -134,3 +134,24 @@ def test_board_and_banner_from_trace(trace):
     codes = {f.code for f in flags}
     assert "zero_std" in codes and "truncated" in codes and "reward:illegal_move" in codes
     assert "rw-warning" in viz.banner_from_trace(trace).html
+
+
+def test_completion_metric_stack_from_trace(trace):
+    view = viz.completion_metrics_from_trace(trace, row=2)
+    n = len(trace.rollout.completion_tokens[2])
+    assert view.html.count('data-t="') == 7 * n           # 7 metrics, all present in this trace
+    assert "advantage +0.707" in view.html
+    partial = SimpleNamespace(rollout=trace.rollout)       # rollout only: strips of the other phases are skipped
+    assert viz.completion_metrics_from_trace(partial, row=0).html.count('data-t="') == 3 * 5
+
+
+def test_trace_flags_are_merged_without_repeats(trace):
+    t = SimpleNamespace(**{**vars(trace), "update": None, "evaluation": None,
+                           "flags": ("1 of 2 groups have zero reward std (groups [0]): …",
+                                     "update refused: NaN in loss", "loss: 1 empty completion")})
+    flags = viz.flags_from_trace(t)
+    codes = [f.code for f in flags]
+    assert codes.count("zero_std") == 1 and "update_refused" in codes and "no_update" not in codes
+    assert any(f.message == "loss: 1 empty completion" for f in flags)
+    html = viz.banner_from_trace(t).html
+    assert "rw-error" in html and "update refused: NaN in loss" in html

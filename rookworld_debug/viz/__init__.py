@@ -10,7 +10,7 @@ Two layers:
 In a notebook call `setup_notebook_rendering()` once so exported HTML carries plotly.js (offline).
 """
 from .adapters import (advantage_table_from_trace, banner_from_trace, before_after_figure_from_trace,
-                       before_after_table_from_trace, board_from_trace, completion_token_texts, decode_bpe_token,
+                       before_after_table_from_trace, board_from_trace, completion_metrics_from_trace, completion_token_texts, decode_bpe_token,
                        delta_logp_scatter_from_trace, flags_from_trace, grad_norms_from_trace,
                        invariants_table_from_trace, loss_waterfall_from_trace, per_sequence_kl_from_trace,
                        provenance_table_from_trace, reward_breakdown_from_trace, reward_components_table_from_trace,
@@ -38,6 +38,7 @@ __all__ = [
     "Flag", "warning_banner", "flags_from_records",
     # adapters over records / StepTrace
     "decode_bpe_token", "completion_token_texts", "rollout_token_strips", "token_strips_from_trace",
+    "completion_metrics_from_trace",
     "advantage_table_from_trace", "reward_components_table_from_trace", "reward_breakdown_from_trace",
     "loss_waterfall_from_trace", "token_heatmap_from_trace", "per_sequence_kl_from_trace", "grad_norms_from_trace",
     "before_after_table_from_trace", "before_after_figure_from_trace", "delta_logp_scatter_from_trace",

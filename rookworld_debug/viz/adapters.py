@@ -21,9 +21,10 @@ from .htmlview import HTMLView
 from .plots import (before_after_figure, delta_logp_scatter, grad_norm_figure, loss_waterfall, per_sequence_bar,
                     reward_breakdown_figure, token_heatmap)
 from .tables import advantage_table, before_after_table, invariants_table, provenance_table, reward_components_table
-from .tokens import METRICS, TokenStrip, token_strips
+from .tokens import METRICS, TokenStrip, token_metric_stack, token_strips
 
 __all__ = ["decode_bpe_token", "completion_token_texts", "rollout_token_strips", "token_strips_from_trace",
+           "completion_metrics_from_trace",
            "advantage_table_from_trace", "reward_components_table_from_trace", "reward_breakdown_from_trace",
            "loss_waterfall_from_trace", "token_heatmap_from_trace", "per_sequence_kl_from_trace",
            "grad_norms_from_trace", "before_after_table_from_trace", "before_after_figure_from_trace",
@@ -159,6 +160,38 @@ def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[i
                         note=note, outline_label="clipped by the loss (low: r < 1−ε_low, A<0 · high: r > 1+ε_high, A>0)")
 
 
+def completion_metrics_from_trace(trace: Any, row: int = 0,
+                                  metrics: Sequence[str] = ("logp", "ref_logp", "entropy", "kl", "ratio", "pg",
+                                                            "delta_logp")) -> HTMLView:
+    """One completion, one strip per available metric (each on its own scale), hover = all of them."""
+    ro = trace.rollout
+    loss, adv, ev = getattr(trace, "loss", None), getattr(trace, "advantages", None), getattr(trace, "evaluation", None)
+    toks = completion_token_texts(ro)[row]
+    n = len(toks)
+    arrays = {}
+    for m in metrics:
+        try:
+            arrays[m] = _metric_values(m, ro, loss, adv, ev)[row, :n]
+        except ValueError:      # that phase is absent from this trace: skip its strip
+            continue
+    outline = None
+    lo, hi = _opt(loss, "is_clipped_low"), _opt(loss, "is_clipped_high")
+    if lo is not None and hi is not None:
+        outline = ["low" if lo[row, t] else "high" if hi[row, t] else False for t in range(n)]
+    topk_tok, topk_lp = getattr(ro, "topk_tokens", None), _opt(ro, "topk_logps")
+    topk = None
+    if topk_tok is not None and topk_lp is not None:
+        topk = [[(decode_bpe_token(str(a)), float(topk_lp[row, t, k])) for k, a in enumerate(topk_tok[row][t])]
+                if t < len(topk_tok[row]) else [] for t in range(n)]
+    G = int(getattr(ro, "num_generations", 1) or 1)
+    a = _opt(adv, "advantages")
+    label = f"p{row // G}·g{row % G}: {truncate(visible_ws_text(str(ro.prompts[row]).strip()), 60)}"
+    if a is not None:
+        label += f" · advantage {float(a[row]):+.4g}"
+    return token_metric_stack(toks, arrays, label=label, mask=to_numpy(ro.completion_mask, dtype=bool)[row, :n].tolist(),
+                              outline=outline, topk=topk, token_ids=to_numpy(ro.completion_ids, dtype=np.int64)[row, :n].tolist())
+
+
 def token_strips_from_trace(trace: Any, metric: str = "logp", *, rows: Sequence[int] | None = None, **kw: Any) -> TokenStrip:
     return rollout_token_strips(trace.rollout, metric, rows=rows, loss=getattr(trace, "loss", None),
                                 advantages=getattr(trace, "advantages", None),
@@ -220,13 +253,16 @@ def reward_breakdown_from_trace(trace: Any):
         contrib = {f"{n} (w={w[k]:g})": w[k] * per_func[:, k] for k, n in enumerate(names)}
         definition = "bars: w_k·r_k per reward function (Rewards.rewards_per_func × weights); ◆ total = Rewards.rewards"
     else:
-        n = len(trace.rollout.completions)
-        comps, weights = _breakdown_components(rw, n)
-        keys = list(dict.fromkeys(k for c in (comps or []) for k in c))
-        contrib = {f"{k} (w={weights.get(k, 1.0):g})" if weights else k:
-                   np.array([(weights or {}).get(k, 1.0) * c.get(k, math.nan) for c in comps]) for k in keys}
-        definition = ("bars: w_k·c_k per component (RewardBreakdown.components × weights, NaN = not applicable); "
-                      "◆ total = Rewards.rewards (as the reward function returned it)")
+        bds = list(getattr(rw, "breakdowns", None) or ())
+        if bds and all(b is not None and hasattr(b, "weighted") for b in bds):
+            rows = [b.weighted() for b in bds]                       # the record's own w_k·c_k
+        else:
+            comps, weights = _breakdown_components(rw, len(trace.rollout.completions))
+            rows = [{k: (weights or {}).get(k, 1.0) * v for k, v in c.items()} for c in (comps or [])]
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        contrib = {k: np.array([r.get(k, math.nan) for r in rows], dtype=float) for k in keys}
+        definition = ("bars: w_k·c_k per component (RewardBreakdown.weighted(); absent = not applicable to the task); "
+                      "◆ total = Rewards.rewards (as the reward function returned it, e.g. after clamping)")
     return reward_breakdown_figure(contrib, rw.rewards, num_generations=G, definition=definition)
 
 
@@ -305,9 +341,25 @@ def board_from_trace(trace: Any, row: int = 0, **kw: Any) -> BoardView:
 
 
 def flags_from_trace(trace: Any) -> list[Flag]:
+    """Structured checks on the records + the trace's own `flags` (every phase's warnings, in order),
+    without repeating what a structured flag already says (zero-std groups, invariant failures)."""
+    trace_flags = getattr(trace, "flags", None)
     flags = flags_from_records(rollout=getattr(trace, "rollout", None), advantages=getattr(trace, "advantages", None),
                                loss=getattr(trace, "loss", None), setup=getattr(trace, "setup", None),
-                               update=getattr(trace, "update", None))
+                               update=getattr(trace, "update", None), record_flags=trace_flags is None)
+    if trace_flags is not None:
+        inv = getattr(getattr(getattr(trace, "setup", None), "invariants", None), "failures", ()) or ()
+        covered = {str(x) for x in inv}
+        for msg in trace_flags:
+            msg = str(msg)
+            if msg in covered or "zero reward std" in msg or "zero-std" in msg:
+                continue
+            refused = msg.startswith("update refused")
+            flags.append(Flag("update_refused" if refused else "step", msg, "error" if refused else "warning",
+                              "trace.flags"))
+    if getattr(trace, "update", "absent") is None:
+        if not any(f.code == "update_refused" for f in flags):
+            flags.append(Flag("no_update", "no optimizer step was taken (trace.update is None)", "error", "trace.update"))
     rw = getattr(trace, "rewards", None)
     per_row = getattr(rw, "flags", None) if rw is not None else None
     if per_row:

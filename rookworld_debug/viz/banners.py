@@ -108,9 +108,10 @@ def _record_flags(source: str, record: Any, attr: str, skip: Sequence[str] = ())
 
 
 def flags_from_records(*, rollout: Any = None, advantages: Any = None, loss: Any = None, setup: Any = None,
-                       update: Any = None, max_examples: int = 4) -> list[Flag]:
-    """Flags for a step from its records (any may be None). Structured checks first, then the records'
-    own human-readable flags. Field names follow grpo/* (Rollout, Advantages, LossBreakdown, Setup)."""
+                       update: Any = None, max_examples: int = 4, record_flags: bool = True) -> list[Flag]:
+    """Flags for a step from its records (any may be None). Structured checks first, then (record_flags)
+    the records' own human-readable flags. Field names follow grpo/* (Rollout, Advantages, LossBreakdown,
+    Setup, UpdateResult)."""
     flags: list[Flag] = []
     mask = getattr(rollout, "completion_mask", None) if rollout is not None else None
     if rollout is not None:
@@ -139,7 +140,8 @@ def flags_from_records(*, rollout: Any = None, advantages: Any = None, loss: Any
             flags.append(Flag("recompute_mismatch", "log-probs seen while sampling differ from the recomputed ones by "
                               f"up to {fmt(getattr(rollout, 'max_abs_logp_diff', math.nan))} nats: check padding side, "
                               "temperature scaling and dtype", "error", "rollout.max_abs_logp_diff"))
-        flags += _record_flags("rollout", rollout, "warnings")
+        if record_flags:
+            flags += _record_flags("rollout", rollout, "warnings")
     if advantages is not None:
         zero = list(getattr(advantages, "zero_std_groups", ()) or ())
         if zero:
@@ -158,13 +160,15 @@ def flags_from_records(*, rollout: Any = None, advantages: Any = None, loss: Any
             flags.append(Flag("zero_std", f"{what} with zero reward std → advantages 0, no policy-gradient signal: "
                               + "; ".join(examples) + more, sev, "advantages.zero_std_groups"))
         # the record's own zero-std sentence is replaced by the richer one above
-        flags += _record_flags("advantages", advantages, "flags", skip=("zero reward std",))
+        if record_flags:
+            flags += _record_flags("advantages", advantages, "flags", skip=("zero reward std",))
     if loss is not None:
         for name in ("loss", "pg_loss", "kl_loss", "entropy_term"):
             f = _nonfinite(f"loss.{name}", getattr(loss, name, None))
             if f:
                 flags.append(f)
-        flags += _record_flags("loss", loss, "flags")
+        if record_flags:
+            flags += _record_flags("loss", loss, "flags")
     if setup is not None:
         inv = getattr(setup, "invariants", None)
         if inv is not None and not getattr(inv, "ok", True):
@@ -175,5 +179,6 @@ def flags_from_records(*, rollout: Any = None, advantages: Any = None, loss: Any
             v = getattr(update, name, None)
             if v is not None and not math.isfinite(float(v)):
                 flags.append(Flag("nan", f"update.{name} is {v}", "error", "update"))
-        flags += _record_flags("update", update, "flags")
+        if record_flags:
+            flags += _record_flags("update", update, "flags")
     return flags
