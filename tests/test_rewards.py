@@ -8,8 +8,8 @@ from rookworld_debug.chess.arbiter import expected_a_completion
 from rookworld_debug.chess.engine import Engine, find_stockfish
 from rookworld_debug.chess.formats import PSample, format_a_prompt, parse_p, split_p
 from rookworld_debug.chess.rewards import (
-    A_WEIGHTS, BOUNDS, P_WEIGHTS, RewardBreakdown, score_a, score_batch, score_p, score_p_batch,
-    score_p_dataset)
+    A_WEIGHTS, BOUNDS, P_WEIGHTS, RewardBreakdown, default_p_reward_fn, score_a, score_batch, score_p,
+    score_p_batch, score_p_dataset)
 from rookworld_debug.errors import EngineNotFound
 
 START = chess.STARTING_FEN
@@ -262,4 +262,26 @@ def test_score_batch_without_engine_needs_labels():
     assert [b.kind for b in out] == ["p_dataset", "a"] and [b.total for b in out] == [1.0, 1.0]
     with pytest.raises(ValueError):
         score_batch([f"P: {START}"], ["x"])
+    missing = score_batch([f"P: {START}"], ["x"], labels=[None])[0]
+    assert missing.total == 0.0 and missing.flags == ("no_label",)
     assert set(P_WEIGHTS) == {"best", "candidates", "eval"} and len(A_WEIGHTS) == 10
+
+
+@needs_stockfish
+def test_trl_style_reward_function(engine, fixtures_dir):
+    samples = json.loads((fixtures_dir / "model_completions_k8.json").read_text())["sample_results"]
+    fn = default_p_reward_fn(engine=engine)
+    prompts = [s["prompt"] for s in samples]
+    totals = fn(prompts, [s["completions"][0] for s in samples], completion_ids=None)
+    assert fn.__name__ == "rookworld" and totals == [b.total for b in score_batch(
+        prompts, [s["completions"][0] for s in samples], engine)]
+    fn.close()                                                       # not its engine: still usable
+    assert engine.analyse(MATE_IN_1).moves[0] == "a1a8"
+
+
+def test_format_ok_reflects_parser_problems():
+    assert score_a(B3_PROMPT, f"{AFTER_B3}+0.001+0+0").format_ok
+    assert not score_a(B3_PROMPT, "").format_ok and score_a("", "").format_ok   # bad prompt ≠ bad format
+    label = PSample(START, ("e2e4",), ("0.3",), "e2e4")
+    assert score_p_dataset(completion(["e2e4"], [0.3], "e2e4"), label).format_ok
+    assert not score_p_dataset("", label).format_ok

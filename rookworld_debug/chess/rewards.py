@@ -82,6 +82,11 @@ class RewardBreakdown:
         """Each component's contribution to the (unclamped) total."""
         return {k: self.weights[k] * v for k, v in self.components.items()}
 
+    @property
+    def format_ok(self) -> bool:
+        """The completion parsed without any problem (prompt problems are not format problems)."""
+        return not self.details.get("problems")
+
 
 def _breakdown(kind: str, components: dict[str, float], weights: dict[str, float],
                flags: Sequence[str] = (), details: dict | None = None) -> RewardBreakdown:
@@ -328,7 +333,13 @@ def score_a(prompt: str, completion: str) -> RewardBreakdown:
 def score_batch(prompts: Sequence[str], completions: Sequence[str], engine: Engine | None = None,
                 labels: Sequence[PSample | None] | None = None) -> list[RewardBreakdown]:
     """Mixed P:/A: batch by prompt prefix: A: → ``score_a``; P: → Stockfish when ``engine`` is given
-    (one batched engine call), else the dataset label (which must then be given)."""
+    (one batched engine call), else against the dataset label. Without engine AND labels, P: rows are
+    a ValueError (a set-up mistake); a single missing label gives a neutral breakdown flagged
+    ``no_label``."""
+    if len(prompts) != len(completions) or (labels is not None and len(labels) != len(prompts)):
+        raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions, "
+                         f"{None if labels is None else len(labels)} labels: lengths must match")
+    no_labels = labels is None
     labels = list(labels) if labels is not None else [None] * len(prompts)
     out: list[RewardBreakdown | None] = [None] * len(prompts)
     p_idx = [i for i, p in enumerate(prompts) if not str(p).lstrip().startswith("A:")]
@@ -339,9 +350,41 @@ def score_batch(prompts: Sequence[str], completions: Sequence[str], engine: Engi
                                [labels[i] for i in p_idx])
         for i, b in zip(p_idx, scored):
             out[i] = b
+    if engine is None and no_labels and p_idx:
+        raise ValueError("P: prompts need an engine (reward against Stockfish) or dataset labels")
     for i in p_idx:
         if out[i] is None:
-            if labels[i] is None:
-                raise ValueError(f"P: prompt {i} needs an engine or a dataset label to be scored")
-            out[i] = score_p_dataset(completions[i], labels[i])
+            out[i] = (score_p_dataset(completions[i], labels[i]) if labels[i] is not None else
+                      _constant("p_dataset", P_WEIGHTS, 0.0, ["no_label"], {"error": "no dataset label"}))
     return out
+
+
+class StockfishPReward:
+    """A TRL-style reward function ``f(prompts, completions, **kw) -> list[float]``.
+
+    P: prompts get the Stockfish reward (one batched engine call), A: prompts the arbiter reward. The
+    engine is started on first use unless one is given; ``close()`` stops an engine it started.
+    """
+    __name__ = "rookworld"        # TRL logs rewards/<__name__>
+
+    def __init__(self, depth: int = 10, multipv: int = 5, engine: Engine | None = None):
+        self.depth, self.multipv, self._engine, self._owned = depth, multipv, engine, engine is None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(depth=self.depth, multipv=self.multipv)
+        return self._engine
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **_: object) -> list[float]:
+        return [b.total for b in score_batch(prompts, completions, self.engine)]
+
+    def close(self) -> None:
+        if self._owned and self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+
+def default_p_reward_fn(depth: int = 10, multipv: int = 5, engine: Engine | None = None) -> StockfishPReward:
+    """The project's default reward as a plain function object (see ``StockfishPReward``)."""
+    return StockfishPReward(depth=depth, multipv=multipv, engine=engine)
