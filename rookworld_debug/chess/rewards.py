@@ -155,6 +155,20 @@ class _PContext:
         return [a is not None for a in self.after]
 
     @property
+    def legal_moves(self) -> list[str]:
+        return [m for m, a in zip(self.pc.moves, self.after) if a is not None]
+
+    @property
+    def illegal_penalty(self) -> float:
+        return ILLEGAL_MOVE_PENALTY * (len(self.pc.moves) - len(self.legal_moves))
+
+    def best_gate(self) -> float | None:
+        """The best-move score's early exits (−0.5 missing, −1.0 illegal), or None when it is legal."""
+        if self.pc.best is None:
+            return -0.5
+        return -1.0 if self.best_after is None else None
+
+    @property
     def needs_after_evals(self) -> bool:
         return _eval_gate(self.pc, self.evals, self.legal) is None
 
@@ -168,7 +182,7 @@ class _PContext:
 
     def base_details(self, label: PSample | None) -> dict:
         return {"best": self.pc.best, "moves": list(self.pc.moves), "evals": self.evals,
-                "illegal_moves": [m for m, a in zip(self.pc.moves, self.after) if a is None],
+                "illegal_moves": [m for m in self.pc.moves if m not in self.legal_moves],
                 "label_best": label.best if label else None,
                 "best_matches_label": (self.pc.best == label.best) if label else None,
                 "problems": list(self.pc.problems)}
@@ -189,15 +203,11 @@ def _p_stockfish(ctx: _PContext, sf: Analysis, after_evals: dict[str, float],
     if not sf_moves:
         flags.append("no_engine_moves")
     rank = sf_moves.index(pc.best) if pc.best in sf_moves else None
-    if pc.best is None or not sf_moves:
-        best = -0.5
-    elif ctx.best_after is None:
-        best = -1.0
-    else:
+    best = -0.5 if not sf_moves else ctx.best_gate()
+    if best is None:
         best = 1.0 - 0.2 * rank if rank is not None else 0.1
 
-    legal_moves = [m for m, ok in zip(pc.moves, ctx.legal) if ok]
-    penalty = ILLEGAL_MOVE_PENALTY * (len(pc.moves) - len(legal_moves))
+    legal_moves, penalty = ctx.legal_moves, ctx.illegal_penalty
     jaccard = order_bonus = None
     if not pc.moves:
         cand = -0.3
@@ -277,17 +287,12 @@ def score_p_dataset(completion: str, label: PSample) -> RewardBreakdown:
     if garbage is not None:
         return garbage
     pc, flags = ctx.pc, ctx.flags()
-    if pc.best is None:
-        best = -0.5
-    elif ctx.best_after is None:
-        best = -1.0
-    else:
+    best = ctx.best_gate()
+    if best is None:
         best = 1.0 if pc.best == label.best else 0.0
-
-    legal_moves = [m for m, ok in zip(pc.moves, ctx.legal) if ok]
-    overlap = set(legal_moves) & set(label.moves)
-    penalty = ILLEGAL_MOVE_PENALTY * (len(pc.moves) - len(legal_moves))
-    cand = -0.3 if not pc.moves else max(-1.0, min(1.0, len(overlap) / len(label.moves) - penalty))
+    overlap = set(ctx.legal_moves) & set(label.moves)
+    share = len(overlap) / len(label.moves)
+    cand = -0.3 if not pc.moves else max(-1.0, min(1.0, share - ctx.illegal_penalty))
 
     details = {**ctx.base_details(label), "label_moves": list(label.moves), "overlap": sorted(overlap),
                "best_matches_sf1": None, "true_evals": None}
