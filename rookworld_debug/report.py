@@ -21,6 +21,14 @@ Contract with the notebook
     ``plotly.io.renderers.default = "plotly_mimetype+notebook"``; figures that only carry the plotly
     JSON mimetype are converted at export time anyway (and the summary notes it).
 
+summary.json (finalized by the runner)
+    The notebook's own keys, plus: ``schema``, ``status`` ("ok" | "failed"), ``run_id``, ``sweep``,
+    ``params``, ``params_hash``, ``notebook``, ``notebook_sha256``, ``files`` (names of the run's
+    files), ``runner`` (started_at, finished_at, papermill_s, nbconvert_s, total_s, html_bytes,
+    html_check, host, pid, warnings...) and, for failed runs, ``error`` (ename, evalue, traceback,
+    traceback_text, cell_index, exec_count, cell_source). A notebook value under one of these names is
+    moved to ``notebook_fields``. ``metrics`` is always present (``{}`` if the notebook gave none).
+
 Completeness (what "resume" trusts)
     A run is complete only when ``summary.json`` parses, carries ``"schema": SUMMARY_SCHEMA``,
     ``"status": "ok"`` and the ``params_hash`` of the requested parameters, and its ``report.html``
@@ -703,7 +711,6 @@ def execute_run(task: Mapping[str, Any]) -> dict:
     run_dir = Path(task["run_dir"])
     notebook = Path(task["notebook"])
     with _run_lock(run_dir):
-        print(f"=== {_now()} run {task['run_id']} pid {os.getpid()} host {os.uname().nodename}", flush=True)
         if task.get("resume", True) and is_complete(run_dir, task["params_hash"]):
             return {"status": "skipped", "run_id": task["run_id"]}
         for name in _STALE_FILES:                     # summary.json first: never an ok summary w/o files
@@ -831,6 +838,8 @@ def _worker_main(task_path: str) -> int:
 
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the sweep process decides what Ctrl-C means
+    sys.stdout.write(f"=== {_now()} run {task['run_id']} pid {os.getpid()} host {os.uname().nodename}\n")
+    sys.stdout.flush()
     summary = execute_run(task)
     if summary.get("status") == "skipped":
         return _EXIT_SKIPPED
@@ -941,7 +950,8 @@ class RunOutcome:
 
 @dataclass(frozen=True)
 class SweepResult:
-    """What :func:`run_sweep` did. ``exit_code``: 0 all ok, 1 some run failed, 130 interrupted."""
+    """What :func:`run_sweep` did. ``exit_code``: 0 every run ok or skipped, 1 some run failed (or was
+    stopped by something other than the user), 130 the sweep was interrupted."""
 
     sweep_name: str
     sweep_dir: Path
@@ -975,12 +985,19 @@ class SweepResult:
         return [r for r in self.runs if r.status == "failed"]
 
     @property
+    def n_incomplete(self) -> int:
+        """Runs stopped (interrupted) or never started (not_run)."""
+        return self._count("interrupted") + self._count("not_run")
+
+    @property
     def ok(self) -> bool:
-        return not self.interrupted and self.n_failed == 0
+        return not self.interrupted and self.n_failed == 0 and self.n_incomplete == 0
 
     @property
     def exit_code(self) -> int:
-        return 130 if self.interrupted else (1 if self.n_failed else 0)
+        if self.interrupted:
+            return 130
+        return 1 if (self.n_failed or self.n_incomplete) else 0
 
 
 def _resolve_grid(grid) -> tuple[list[dict], list[str], dict]:
@@ -1374,6 +1391,8 @@ def _index_html(index: dict) -> str:
                     f"{esc(str(e['error'].get('evalue'))[:200])}</span>")
         if e.get("stale_notebook"):
             note += "<br><span class='muted'>notebook changed since this run</span>"
+        for w in e.get("warnings") or []:
+            note += f"<br><span class='muted'>{esc(str(w))}</span>"
         cells.append(f"<td data-v='{esc(status)}'><span class='badge {esc(status)}'>{esc(status)}</span>{note}</td>")
         for k in swept:
             v = e["params"].get(k)

@@ -81,6 +81,18 @@ def test_run_id_readable_stable_unique():
     assert params_hash({"a": 1}) != params_hash({"a": 2})
 
 
+def test_unknown_parameter_and_dry_run(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="zz"):
+        run_sweep(PROBE, {"zz": [1]}, sweep_name="x", out_root=tmp_path, progress=False)
+    import argparse
+    parser = add_report_arguments(argparse.ArgumentParser())
+    assert report_main(parser.parse_args([str(PROBE), "-p", "zz=1", "--out", str(tmp_path)])) == 2
+    assert report_main(parser.parse_args([str(PROBE), "-p", "a=1,2", "-p", "b=0.5", "--dry-run"])) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["a=1__b=0.5 {'a': 1, 'b': 0.5}",
+                                                        "a=2__b=0.5 {'a': 2, 'b': 0.5}"]
+    assert not list(tmp_path.iterdir())                      # nothing was run or written
+
+
 # ---------------------------------------------------------------------------------- atomic + summaries
 
 def test_atomic_write_never_leaves_partial(tmp_path, monkeypatch):
@@ -265,44 +277,65 @@ def test_report_html_renders_plotly_offline_in_chromium(sweep):
     assert blocked == [] and errors == [], (blocked, errors)
 
 
-def test_sigkill_mid_sweep_loses_no_finished_run_and_resume_completes(tmp_path):
+def _wait_for(pred, proc, what, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert proc.poll() is None, f"sweep ended before: {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+        time.sleep(0.1)
+
+
+def test_sigkill_and_sigint_mid_sweep_lose_no_finished_run_and_resume_completes(tmp_path):
     psutil = pytest.importorskip("psutil")
-    cmd = [sys.executable, "-m", "rookworld_debug.report_cli", str(PROBE), "-p", "a=1,2,3", "-p", "b=0.5",
+    cmd = [sys.executable, "-m", "rookworld_debug.report_cli", str(PROBE), "-p", "a=1,2", "-p", "b=0.5",
            "--sweep-name", "killed", "--out", str(tmp_path), "--workers", "1", "--no-progress"]
     sdir = tmp_path / "killed"
-    runs = {a: (sdir / f"a={a}__b=0.5", params_hash({"a": a, "b": 0.5})) for a in (1, 2, 3)}
+    (d1, h1), (d2, h2) = [(sdir / f"a={a}__b=0.5", params_hash({"a": a, "b": 0.5})) for a in (1, 2)]
+
+    # 1. SIGKILL the sweep right after its first run finished (the second one is starting)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not any(is_complete(d, h) for d, h in runs.values()):
-            assert proc.poll() is None, "sweep ended before the kill"
-            assert time.monotonic() < deadline, "no run finished in time"
-            time.sleep(0.1)
+        _wait_for(lambda: is_complete(d1, h1), proc, "first run complete")
         children = psutil.Process(proc.pid).children(recursive=True)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
     finally:
         if proc.poll() is None:
             proc.kill()
-    done = [a for a, (d, h) in runs.items() if is_complete(d, h)]
-    assert len(done) >= 1
-    for a, (d, h) in runs.items():
-        if a in done:
-            s = read_summary(d, params_hash=h)
-            assert s["status"] == "ok" and (d / "report.html").stat().st_size > 100_000
-        else:
-            with pytest.raises(IncompleteSummaryError):
-                read_summary(d, params_hash=h)
-    # the worker of the interrupted run and its kernel die with the sweep (PR_SET_PDEATHSIG / parent poller)
+    first = read_summary(d1, params_hash=h1)                              # the finished run is intact
+    assert first["status"] == "ok" and (d1 / "report.html").stat().st_size > 100_000
+    with pytest.raises(IncompleteSummaryError):                          # the interrupted one never looks done
+        read_summary(d2, params_hash=h2)
+    # its worker and kernel die with the sweep (PR_SET_PDEATHSIG, then nbclient's kernel shutdown)
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == [], [p.cmdline() for p in alive]
 
-    resumed = run_sweep(PROBE, {"a": [1, 2, 3], "b": [0.5]}, sweep_name="killed", out_root=tmp_path, workers=2,
-                        progress=False)
-    assert resumed.exit_code == 0 and resumed.n_skipped == len(done) and resumed.n_ok == 3 - len(done)
-    assert all(is_complete(d, h) for d, h in runs.values())
+    # 2. resume from the CLI, Ctrl-C (SIGINT) it while the second run's kernel is executing
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def kernel_running():
+            return any("ipykernel" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(True))
+        _wait_for(kernel_running, proc, "kernel of the second run started")
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == [], [p.cmdline() for p in alive]
+    assert read_summary(d1, params_hash=h1) == first                     # untouched, skipped by the resume
+    assert not is_complete(d2, h2)
     index = json.loads((sdir / "index.json").read_text())
-    assert index["counts"]["ok"] == 3 and index["counts"]["total"] == 3
+    assert index["counts"]["ok"] == 1 and index["counts"]["incomplete"] == 1
+
+    # 3. resume completes the rest
+    resumed = run_sweep(PROBE, {"a": [1, 2], "b": [0.5]}, sweep_name="killed", out_root=tmp_path, workers=2,
+                        progress=False)
+    assert resumed.exit_code == 0 and resumed.n_skipped == 1 and resumed.n_ok == 1
+    assert is_complete(d1, h1) and is_complete(d2, h2) and read_summary(d1) == first
+    index = json.loads((sdir / "index.json").read_text())
+    assert index["counts"]["ok"] == 2 and index["counts"]["total"] == 2
 
 
 def test_dask_local_cluster_runs_the_sweep(tmp_path):
