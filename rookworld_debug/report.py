@@ -677,12 +677,17 @@ def _error_from_exception(exc: BaseException, output_nb: Path | None) -> dict:
             with contextlib.suppress(Exception):
                 import nbformat
                 nb = nbformat.read(str(output_nb), as_version=4)
-                for i, cell in enumerate(nb.cells):
-                    pm = cell.get("metadata", {}).get("papermill", {})
-                    if cell.cell_type == "code" and (pm.get("status") == "running" or pm.get("exception")):
-                        err.update(cell_index=i, exec_count=cell.get("execution_count"),
-                                   cell_source=cell.source)
-                        break
+                code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+                meta = [c.get("metadata", {}).get("papermill", {}) for _, c in code]
+                hit = next((k for k, m in enumerate(meta) if m.get("status") == "running" or m.get("exception")),
+                           None)
+                if hit is None:    # papermill marks a timed-out cell "completed": take the last one started
+                    started = [k for k, m in enumerate(meta) if m.get("start_time")]
+                    if started and started[-1] + 1 < len(meta):
+                        hit = started[-1]
+                if hit is not None:
+                    i, cell = code[hit]
+                    err.update(cell_index=i, exec_count=cell.get("execution_count"), cell_source=cell.source)
     err["traceback_text"] = _strip_ansi("\n".join(err["traceback"]) if isinstance(err["traceback"], list)
                                         else str(err["traceback"]))
     return err
