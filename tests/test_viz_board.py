@@ -83,7 +83,7 @@ def test_banner_lists_flags_errors_first():
     codes = re.findall(r'data-code="([^"]+)"', html)
     assert codes[0] == "nan" and set(codes) == {"nan", "zero_std", "flag", "truncated"}
     assert "rw-error" in html and "1 error, 2 warnings, 1 info" in html
-    assert "⛔" in html and "ERROR" in html                 # severity spelled, not colour only
+    assert "✖" in html and "ERROR" in html                 # severity spelled, not colour only
 
 
 def test_banner_all_clear_and_escaping():

@@ -132,3 +132,12 @@ def test_accepts_torch_tensors():
     fig = plots.loss_waterfall(torch.tensor(-0.02, requires_grad=True), torch.tensor(0.0), torch.tensor(0.0),
                                torch.tensor(-0.02), kl_share=0.0)
     assert fig.data[0].y[0] == pytest.approx(-0.02)
+
+
+def test_all_zero_kl_heatmap_stays_white():
+    # step 0: KL is exactly 0 everywhere; 0 must map to the white end, not to mid-scale
+    fig = plots.token_heatmap(np.zeros((2, 3)), np.ones((2, 3)), metric="kl")
+    assert fig.data[0].zmin == 0.0 and fig.data[0].zmax > 0.0
+    assert fig.data[0].colorscale[0][1] == "#ffffff"
+    lp = plots.token_heatmap(np.array([[-30.0, -1.0]]), None, metric="logp")
+    assert lp.data[0].zmax == 0.0 and lp.data[0].zmin == -10.0 and lp.data[0].colorscale[-1][1] == "#ffffff"

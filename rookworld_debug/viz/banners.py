@@ -23,7 +23,7 @@ from .htmlview import HTMLView
 __all__ = ["Flag", "warning_banner", "flags_from_records", "SEVERITIES"]
 
 SEVERITIES = ("error", "warning", "info")
-_STYLE = {"error": (FAIL_BG, FAIL_FG, "⛔"), "warning": (WARN_BG, WARN_FG, "⚠"), "info": (INFO_BG, INFO_FG, "ℹ")}
+_STYLE = {"error": (FAIL_BG, FAIL_FG, "✖"), "warning": (WARN_BG, WARN_FG, "⚠"), "info": (INFO_BG, INFO_FG, "ℹ")}
 
 
 @dataclass(frozen=True)

@@ -183,14 +183,20 @@ def token_heatmap(values: Any, mask: Any = None, *, metric: str | Metric = "kl",
         half = half or 1.0
         kw = {"colorscale": plotly_diverging(), "zmid": 0.0, "zmin": -half, "zmax": half}
     else:
+        # Both ends explicit: plotly's autoscale of an all-zero KL map puts 0 mid-scale (purple),
+        # but the neutral end must stay white whatever the data.
         reverse = m.neutral == "high"
-        kw = {"colorscale": plotly_sequential(reverse=reverse)}
-        if zmax is not None:
-            kw["zmax"] = zmax
-        if m.anchor is not None:
-            kw["zmax" if reverse else "zmin"] = m.anchor
-        if reverse and m.clamp_lo is not None and finite.size:
-            kw["zmin"] = max(float(finite.min()), m.clamp_lo)
+        lo = float(finite.min()) if finite.size else 0.0
+        hi = float(finite.max()) if finite.size else 0.0
+        if reverse:
+            hi = m.anchor if m.anchor is not None else hi
+            lo = max(lo, m.clamp_lo) if m.clamp_lo is not None else lo
+            lo = lo if lo < hi else hi - 1.0
+        else:
+            lo = m.anchor if m.anchor is not None else lo
+            hi = zmax if zmax is not None else (min(hi, m.clamp_hi) if m.clamp_hi is not None else hi)
+            hi = hi if hi > lo else lo + 1.0
+        kw = {"colorscale": plotly_sequential(reverse=reverse), "zmin": lo, "zmax": hi}
     fig = go.Figure(go.Heatmap(
         z=z, customdata=np.where(keep, v, np.nan), text=text,
         x=list(range(t)), y=_row_labels(n, num_generations, row_labels), xgap=1, ygap=1,
