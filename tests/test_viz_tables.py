@@ -137,3 +137,11 @@ def test_html_escaping_of_untrusted_text():
                            num_generations=2, group_mean=[0.5], group_std=[math.sqrt(0.5)], normalization="n").to_html()
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert "<b>x</b>" not in html
+
+
+def test_not_applicable_components_are_dashes_not_nan():
+    html = reward_components_table(["P", "A"], {"best_move": [1.0, float("nan")], "fen_match": [float("nan"), 1.0]},
+                                   totals=[1.0, 1.0]).to_html()
+    assert ">—<" in html and ">nan<" not in html and "repeating-linear-gradient" not in html
+    html = reward_components_table(["P"], {"best_move": [1.0]}, totals=[float("nan")]).to_html()
+    assert ">nan<" in html and "repeating-linear-gradient" in html      # a NaN total is a real problem

@@ -71,6 +71,18 @@ def _components_frame(components: Mapping[str, Sequence[float]] | Sequence[Mappi
     return df
 
 
+def _isnan(v: Any) -> bool:
+    try:
+        return math.isnan(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _component_format(v: Any) -> str:
+    """A reward component that does not apply to the task (NaN in Rewards.components) is shown as '—'."""
+    return "—" if _isnan(v) else fmt(v)
+
+
 def _num_format(v: Any) -> str:
     if isinstance(v, float) and math.isnan(v):
         return ""      # missing cell in a ragged record, not a NaN measurement
@@ -156,7 +168,8 @@ def advantage_table(prompts: Sequence[str], completions: Sequence[str], rewards:
         caption += f" Zero-std groups: {sorted(zero)} of {B}."
     st = _styler(df, caption, normalization)
     numeric = [c for c in df.columns if c not in ("completion", "flags")]
-    st = st.format({c: fmt for c in numeric}, escape="html")
+    comp_cols = list(comp.columns)
+    st = st.format({c: (_component_format if c in comp_cols else fmt) for c in numeric}, escape="html")
     st = st.apply(lambda col: [signed_cell_css(v, half) + ";font-weight:600" for v in col], subset=["advantage"])
 
     def block_css(frame: pd.DataFrame) -> pd.DataFrame:
@@ -217,7 +230,8 @@ def reward_components_table(completions: Sequence[str],
 
     components: {name: (N,)} or one {name: score} per completion (RewardBreakdown.components);
     weights: shown in the column header (RewardBreakdown.weights); totals: RewardBreakdown.total as
-    computed by the reward function (the view does not recombine the components).
+    computed by the reward function (the view does not recombine the components). A NaN component
+    means "does not apply to this task" (e.g. eval MAE for an A: completion) and is shown as "—".
     """
     n = len(completions)
     tot = _col(totals, n, "totals")
@@ -232,15 +246,19 @@ def reward_components_table(completions: Sequence[str],
     defs = "; ".join(f"{k}: {v}" for k, v in (definitions or {}).items())
     caption = (f"Reward components — {batch_label}. Columns: raw component scores"
                f"{' (w = weight from RewardBreakdown.weights)' if weights else ''}; total = RewardBreakdown.total "
-               f"as returned by the reward function. Colour per column: orange < 0 < blue.")
+               f"as returned by the reward function. Colour per column: orange < 0 < blue; — = component does not "
+               f"apply to this task.")
     if defs:
         caption += " " + defs + "."
     st = _styler(df, caption)
     numeric = [c for c in df.columns if c not in ("completion", "flags")]
-    st = st.format({c: fmt for c in numeric}, escape="html")
+    comp_cols = list(comp.columns)
+    st = st.format({c: (_component_format if c in comp_cols else fmt) for c in numeric}, escape="html")
     for c in numeric:
         half = finite_abs_max(df[c].tolist())
-        st = st.apply(lambda col, half=half: [signed_cell_css(v, half) for v in col], subset=[c])
+        na_css = "color:#888" if c in comp_cols else None
+        st = st.apply(lambda col, half=half, na_css=na_css: [na_css if na_css and _isnan(v) else signed_cell_css(v, half)
+                                                             for v in col], subset=[c])
     st = st.map(lambda v: f"font-family:{FONT_MONO};white-space:pre", subset=["completion"])
     if "flags" in df.columns:
         st = st.map(lambda v: f"color:{WARN_FG};font-weight:600" if v else "", subset=["flags"])
