@@ -26,7 +26,7 @@ import torch
 from ..errors import ConfigError
 
 LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
-LOGITS_BUDGET_BYTES = 256 * 2**20  # one chunk of fp32 (rows, T, V) logits; bounds memory of the scoring forward
+LOGITS_BUDGET_BYTES = 128 * 2**20  # one fp32 (rows, T, V) tensor per chunk; scoring peaks at a few of these
 
 
 @dataclass(frozen=True)
@@ -73,15 +73,20 @@ class Rollout:
 
 
 # ------------------------------------------------------------------------------- log-prob numerics
-def _logps_and_entropy_from_logits(logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _token_stats(logits: torch.Tensor, ids: torch.Tensor, with_entropy: bool = True):
     """TRL's `selective_log_softmax` (fp32: gathered logit − logsumexp) and `entropy_from_logits`.
 
     logits: (n, T, V) fp32, already divided by the temperature; ids: (n, T).
+    Returns logps (n, T), entropy (n, T), and the full log-probs / probs (n, T, V) so callers that need
+    top-k or KL reuse them instead of another softmax over V (entropy and probs None if not wanted).
     """
     logps = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (n, T)
     logp_all = torch.log_softmax(logits, dim=-1)                                                 # (n, T, V)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)                                               # (n, T)
-    return logps, entropy
+    if not with_entropy:
+        return logps, None, logp_all, None
+    p_all = logp_all.exp()                                                                       # (n, T, V)
+    entropy = -(p_all * logp_all).sum(-1)                                                        # (n, T)
+    return logps, entropy, logp_all, p_all
 
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -118,7 +123,7 @@ def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: to
 
     THE place log-probs are computed (generation with no grad; the loss phase with `with_grad=True` on
     the same sampled ids). Left-padded prompts get generate-consistent position ids. `temperatures`:
-    (N,) per row or one float. `chunk`: rows per forward (default: fits ~256 MiB of fp32 logits).
+    (N,) per row or one float. `chunk`: rows per forward (default: ~128 MiB of fp32 logits per chunk).
     Returns (per_token_logps (N, T), per_token_entropy (N, T)), 0 where completion_mask is 0.
     """
     if not torch.is_tensor(temperatures) or temperatures.ndim == 0:
@@ -127,7 +132,7 @@ def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: to
     with torch.set_grad_enabled(with_grad):
         for rows, logits in _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                                   temperatures, chunk):
-            lp, ent = _logps_and_entropy_from_logits(logits, completion_ids[rows].to(logits.device))
+            lp, ent, _, _ = _token_stats(logits, completion_ids[rows].to(logits.device))
             logps.append(lp)
             entropies.append(ent)
     mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
@@ -257,6 +262,71 @@ def _token_strings(tokenizer, ids: torch.Tensor, lengths: list[int], topk_ids: t
     return completion_tokens, topk_tokens
 
 
+def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed):
+    """One generate call per distinct (T, top_p, top_k), in order of first appearance, under one seed.
+
+    Returns raw generated ids (N, T) (pad beyond a call's length), sampling-time log-probs (N, T), counts.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, task in enumerate(rows_tasks):
+        groups.setdefault(settings[task], []).append(i)
+    results, counts = [], {"generate_calls": 0, "generate_steps": 0, "tokens_sampled": 0}
+    fork_devices = [policy.device] if policy.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork_devices):
+        torch.manual_seed(seed)  # transformers' generate has no generator argument
+        for setting, idx in groups.items():
+            rows = torch.tensor(idx)
+            generated, samp = _sample_group(policy, prompt_ids[rows], prompt_mask[rows], setting, max_new_tokens,
+                                            eos_id, pad_id)                           # (n, L), (n, L)
+            results.append((rows, generated, samp))
+            counts["generate_calls"] += 1
+            counts["generate_steps"] += generated.shape[1]
+            counts["tokens_sampled"] += generated.numel()
+    n, t_len = prompt_ids.shape[0], max(gen.shape[1] for _, gen, _ in results)
+    raw = torch.full((n, t_len), pad_id, dtype=torch.long)                              # (N, T)
+    sampling_logps = torch.zeros((n, t_len))                                            # (N, T)
+    for rows, gen, samp in results:  # one iteration per generate call, not per sample
+        raw[rows, :gen.shape[1]], sampling_logps[rows, :gen.shape[1]] = gen, samp
+    # A call shorter than t_len stopped because all its rows hit EOS, so the pad beyond it is after EOS.
+    return raw, sampling_logps, counts
+
+
+def _score(policy, reference, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, k, chunk):
+    """Fresh teacher-forced forwards of policy (and reference unless None), chunked by rows, no grad.
+
+    Returns ({logps, entropy, topk_ids, topk_logps[, ref, kl]}, number of forwards); per-token values
+    are (N, T), top-k (N, T, K), all 0 where completion_mask is 0.
+    """
+    n, t = completion_ids.shape
+    out = {name: torch.zeros((n, t)) for name in ("logps", "entropy", "ref", "kl")}     # each (N, T)
+    out["topk_ids"] = torch.zeros((n, t, k), dtype=torch.long)                         # (N, T, K)
+    out["topk_logps"] = torch.zeros((n, t, k))                                          # (N, T, K)
+    args = (prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk)
+    ref_iter = _iter_tempered_logits(reference, *args) if reference is not None else None
+    forwards = 0
+    with torch.no_grad():
+        for rows, logits in _iter_tempered_logits(policy, *args):                      # logits (n, T, V)
+            ids = completion_ids[rows].to(logits.device)                                # (n, T)
+            lp, ent, logp_all, p_all = _token_stats(logits, ids)                        # (n, T), (n, T, V)
+            top_v, top_i = logp_all.topk(k, dim=-1)                                     # (n, T, K) each
+            out["logps"][rows], out["entropy"][rows] = lp.cpu(), ent.cpu()
+            out["topk_logps"][rows], out["topk_ids"][rows] = top_v.cpu(), top_i.cpu()
+            forwards += 1
+            if ref_iter is not None:
+                _, ref_logits = next(ref_iter)                                          # same rows, (n, T, V)
+                ref_lp, _, ref_all, _ = _token_stats(ref_logits, ids, False)            # (n, T), (n, T, V)
+                out["ref"][rows] = ref_lp.cpu()
+                out["kl"][rows] = (p_all * (logp_all - ref_all)).sum(-1).cpu()          # exact KL(π‖π_ref)
+                forwards += 1
+    if reference is None:
+        del out["ref"], out["kl"]
+    m = completion_mask.bool()                                                          # (N, T)
+    for name in ("logps", "entropy", "ref", "kl"):
+        if name in out:
+            out[name] = out[name].masked_fill(~m, 0.0)
+    return out, forwards
+
+
 # ------------------------------------------------------------------------------------------ phase
 def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequence[str], *, num_generations: int,
              max_new_tokens: int, sampling: Mapping[str, tuple[float, float | None, int | None]], seed: int,
@@ -279,61 +349,17 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
     settings = {t: tuple(sampling[t]) for t in dict.fromkeys(rows_tasks)}
     temperatures = torch.tensor([float(settings[t][0]) for t in rows_tasks])            # (N,)
 
-    # --- sample: one generate call per distinct (T, top_p, top_k), order of first appearance
-    groups: dict[tuple, list[int]] = {}
-    for i, t in enumerate(rows_tasks):
-        groups.setdefault(settings[t], []).append(i)
-    results, counts = [], {"generate_calls": 0, "generate_steps": 0, "tokens_sampled": 0}
-    fork_devices = [policy.device] if policy.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=fork_devices):
-        torch.manual_seed(seed)  # transformers' generate has no generator argument
-        for setting, idx in groups.items():
-            rows = torch.tensor(idx)
-            generated, samp = _sample_group(policy, prompt_ids[rows], prompt_mask[rows], setting, max_new_tokens,
-                                            eos_id, pad_id)
-            results.append((rows, generated, samp))
-            counts["generate_calls"] += 1
-            counts["generate_steps"] += generated.shape[1]
-            counts["tokens_sampled"] += generated.numel()
-    t_len = max(gen.shape[1] for _, gen, _ in results)
-    raw = torch.full((n, t_len), pad_id, dtype=torch.long)                              # (N, T)
-    sampling_logps = torch.zeros((n, t_len))                                            # (N, T)
-    for rows, gen, samp in results:  # one iteration per generate call, not per sample
-        raw[rows, :gen.shape[1]], sampling_logps[rows, :gen.shape[1]] = gen, samp
-    # A call shorter than t_len stopped because all its rows hit EOS, so the pad beyond it is after EOS.
+    raw, sampling_logps, counts = _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens,
+                                          eos_id, pad_id, seed)                       # (N, T), (N, T)
     completion_ids, completion_mask, has_eos = _cut_after_eos(raw, eos_id, pad_id)     # (N, T), (N, T), (N,)
     is_truncated = ~has_eos  # (N,) = TRL's 'last token neither EOS nor pad' when pad == EOS (RookWorld)
     t_generate = time.perf_counter() - t_start
 
-    # --- score: fresh teacher-forced forwards on the sampled ids (policy, reference), chunked
-    k = top_k_alternatives
-    fields = {name: torch.zeros((n, t_len)) for name in ("logps", "entropy", "ref", "kl")}  # each (N, T)
-    topk_ids = torch.zeros((n, t_len, k), dtype=torch.long)                             # (N, T, K)
-    topk_logps = torch.zeros((n, t_len, k))                                             # (N, T, K)
-    args = (prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures)
-    pol_iter = _iter_tempered_logits(policy, *args, chunk)
-    ref_iter = _iter_tempered_logits(reference, *args, chunk) if compute_ref else None
-    forwards = 0
-    with torch.no_grad():
-        for rows, logits in pol_iter:
-            ids = completion_ids[rows].to(logits.device)                                # (n, T)
-            lp, ent = _logps_and_entropy_from_logits(logits, ids)
-            logp_all = torch.log_softmax(logits, dim=-1)                                # (n, T, V)
-            tv, ti = logp_all.topk(k, dim=-1)                                           # (n, T, K)
-            fields["logps"][rows], fields["entropy"][rows] = lp.cpu(), ent.cpu()
-            topk_logps[rows], topk_ids[rows] = tv.cpu(), ti.cpu()
-            forwards += 1
-            if ref_iter is not None:
-                ref_rows, ref_logits = next(ref_iter)
-                ref_lp, _ = _logps_and_entropy_from_logits(ref_logits, ids)
-                ref_all = torch.log_softmax(ref_logits, dim=-1)                         # (n, T, V)
-                fields["ref"][ref_rows] = ref_lp.cpu()
-                fields["kl"][ref_rows] = (logp_all.exp() * (logp_all - ref_all)).sum(-1).cpu()
-                forwards += 1
+    scores, forwards = _score(policy, reference if compute_ref else None, prompt_ids, prompt_mask, completion_ids,
+                              completion_mask, temperatures, top_k_alternatives, chunk)
     m = completion_mask.bool()                                                          # (N, T)
-    per_token = {name: v.masked_fill(~m, 0.0) for name, v in fields.items()}
     sampling_logps = sampling_logps.masked_fill(~m, 0.0)                                # (N, T)
-    diff = (sampling_logps - per_token["logps"]).abs()[m]
+    diff = (sampling_logps - scores["logps"]).abs()[m]
     max_diff = float("nan") if torch.isnan(diff).any() else float(diff.max()) if diff.numel() else 0.0
     flagged = not max_diff <= LOGP_DIFF_TOLERANCE  # NaN counts as flagged
     t_score = time.perf_counter() - t_start - t_generate
@@ -342,7 +368,7 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
     lengths = completion_mask.sum(1).tolist()
     completions = tuple(tokenizer.batch_decode([row[:L] for row, L in zip(completion_ids.tolist(), lengths)],
                                                skip_special_tokens=True))
-    completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, lengths, topk_ids)
+    completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, lengths, scores["topk_ids"])
     warn = _dropout_warnings(policy=policy, reference=reference)
     if flagged:
         warn.append(f"recomputed log-probs differ from sampling-time ones by {max_diff:.3g} > "
@@ -351,9 +377,9 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
                   rows=n, scoring_forwards=forwards)
     return Rollout(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-        completion_mask=completion_mask, per_token_logps=per_token["logps"],
-        ref_per_token_logps=per_token["ref"] if compute_ref else None, per_token_entropy=per_token["entropy"],
-        per_token_full_kl=per_token["kl"] if compute_ref else None, topk_ids=topk_ids, topk_logps=topk_logps,
+        completion_mask=completion_mask, per_token_logps=scores["logps"], ref_per_token_logps=scores.get("ref"),
+        per_token_entropy=scores["entropy"], per_token_full_kl=scores.get("kl"), topk_ids=scores["topk_ids"],
+        topk_logps=scores["topk_logps"],
         sampling_per_token_logps=sampling_logps, is_truncated=is_truncated, temperatures=temperatures,
         unique_per_group=_unique_per_group(completion_ids, completion_mask, g), prompts=rows_prompts,
         tasks=rows_tasks, completions=completions, completion_tokens=completion_tokens, topk_tokens=topk_tokens,
