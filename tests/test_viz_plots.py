@@ -18,7 +18,7 @@ def title_text(fig: go.Figure) -> str:
 def test_setup_notebook_rendering_embeds_plotlyjs():
     old = pio.renderers.default
     try:
-        assert plots.setup_notebook_rendering() == "plotly_mimetype+notebook"
+        assert plots.setup_notebook_rendering() is None
         assert pio.renderers.default == "plotly_mimetype+notebook"
     finally:
         pio.renderers.default = old

@@ -30,14 +30,13 @@ TERM_COLORS = {"pg": "#0072B2", "kl": "#D55E00", "entropy": "#009E73", "total": 
 TERM_NAMES = {"pg": "PG", "kl": "KL (β·KL)", "entropy": "entropy", "total": "total"}
 
 
-def setup_notebook_rendering(renderer: str = "plotly_mimetype+notebook") -> str:
+def setup_notebook_rendering(renderer: str = "plotly_mimetype+notebook") -> None:
     """Pin plotly's renderer so figures also live in exported HTML, offline.
 
     The default mimetype-only renderer leaves exported HTML blank (plotly/plotly.py#4953);
     "+notebook" adds an HTML output that embeds plotly.js once per notebook (no CDN).
     """
-    pio.renderers.default = renderer
-    return renderer
+    pio.renderers.default = renderer   # returns None so a notebook cell shows no stray Out[]
 
 
 def _wrap(text: str, width: int = 130) -> list[str]:

@@ -27,7 +27,7 @@ __all__ = ["advantage_table", "reward_components_table", "before_after_table", "
 _TABLE_STYLES = [
     {"selector": "", "props": "border-collapse:collapse;font-size:12.5px;"},
     {"selector": "caption", "props": "caption-side:top;text-align:left;font-size:12.5px;color:#222;"
-                                     "padding:4px 0 6px 0;max-width:70em;"},
+                                     "padding:4px 0 6px 0;min-width:36em;max-width:70em;"},
     {"selector": "th", "props": "background:#f3f3f3;color:#111;padding:3px 8px;border:1px solid #ddd;"
                                 "text-align:left;vertical-align:top;font-weight:600;"},
     {"selector": "td", "props": "padding:3px 8px;border:1px solid #e3e3e3;vertical-align:top;"},
@@ -181,7 +181,7 @@ def advantage_table(prompts: Sequence[str], completions: Sequence[str], rewards:
                 if (i // G) in zero and col != "advantage":
                     extra = f"background-color:{WARN_BG};color:{WARN_FG};"
                 if col == "completion":
-                    extra += f"font-family:{FONT_MONO};white-space:pre;"
+                    extra += f"font-family:{FONT_MONO};white-space:pre;text-align:left;"
                 css.iat[i, j] = base + extra      # iat: row views are copies under copy-on-write
         return css
 
@@ -259,7 +259,7 @@ def reward_components_table(completions: Sequence[str],
         na_css = "color:#888" if c in comp_cols else None
         st = st.apply(lambda col, half=half, na_css=na_css: [na_css if na_css and _isnan(v) else signed_cell_css(v, half)
                                                              for v in col], subset=[c])
-    st = st.map(lambda v: f"font-family:{FONT_MONO};white-space:pre", subset=["completion"])
+    st = st.map(lambda v: f"font-family:{FONT_MONO};white-space:pre;text-align:left", subset=["completion"])
     if "flags" in df.columns:
         st = st.map(lambda v: f"color:{WARN_FG};font-weight:600" if v else "", subset=["flags"])
     return st
@@ -290,7 +290,7 @@ def before_after_table(prompts: Sequence[str], before: Any, after: Any, *, metri
     half = finite_abs_max(df[nums[2]].tolist())
     st = st.apply(lambda col: [signed_cell_css(v, half) for v in col], subset=[nums[2]])
     text_cols = [c for c in df.columns if c == "prompt" or c.startswith("completion")]
-    st = st.map(lambda v: f"font-family:{FONT_MONO};white-space:pre", subset=text_cols)
+    st = st.map(lambda v: f"font-family:{FONT_MONO};white-space:pre;text-align:left", subset=text_cols)
     return st
 
 
