@@ -371,8 +371,10 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
     completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, lengths, scores["topk_ids"])
     warn = _dropout_warnings(policy=policy, reference=reference)
     if flagged:
+        cause = ("padding, position ids, temperature or a logits processor disagree" if policy.dtype == torch.float32
+                 else f"expected in {policy.dtype}: KV-cache and full-forward roundings differ; use float32 to check")
         warn.append(f"recomputed log-probs differ from sampling-time ones by {max_diff:.3g} > "
-                    f"{LOGP_DIFF_TOLERANCE:g}: padding, position ids, temperature or a logits processor disagree")
+                    f"{LOGP_DIFF_TOLERANCE:g}: {cause}")
     counts.update(tokens_generated=int(completion_mask.sum()), prompt_tokens=int(prompt_mask.sum()),
                   rows=n, scoring_forwards=forwards)
     return Rollout(
