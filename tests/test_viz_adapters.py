@@ -155,3 +155,14 @@ def test_trace_flags_are_merged_without_repeats(trace):
     assert any(f.message == "loss: 1 empty completion" for f in flags)
     html = viz.banner_from_trace(t).html
     assert "rw-error" in html and "update refused: NaN in loss" in html
+
+
+def test_kl_views_name_the_estimator_of_the_record(trace):
+    from dataclasses import replace
+    k1 = SimpleNamespace(**{**vars(trace), "loss": replace(trace.loss, kl_estimator="k1", use_bias_correction_kl=False)})
+    html = viz.token_strips_from_trace(k1, "kl").html
+    assert "per-token KL (k1)" in html and "k1 = logp − ref" in html and "k3 =" not in html
+    assert "per-token KL (k1)" in viz.token_heatmap_from_trace(k1, "kl").layout.title.text
+    assert "(k1)" in viz.per_sequence_kl_from_trace(k1).layout.title.text
+    assert "Loss as recorded:" in viz.token_strips_from_trace(trace, "pg").html
+    assert "Loss: " in viz.loss_waterfall_from_trace(trace).layout.title.text     # the record's own formula

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -21,7 +22,7 @@ from .htmlview import HTMLView
 from .plots import (before_after_figure, delta_logp_scatter, grad_norm_figure, loss_waterfall, per_sequence_bar,
                     reward_breakdown_figure, token_heatmap)
 from .tables import advantage_table, before_after_table, invariants_table, provenance_table, reward_components_table
-from .tokens import METRICS, TokenStrip, token_metric_stack, token_strips
+from .tokens import METRICS, Metric, TokenStrip, token_metric_stack, token_strips
 
 __all__ = ["decode_bpe_token", "completion_token_texts", "rollout_token_strips", "token_strips_from_trace",
            "completion_metrics_from_trace",
@@ -94,6 +95,28 @@ def _metric_values(metric: str, rollout: Any, loss: Any, advantages: Any, evalua
     return vals
 
 
+def _metric_for(metric: str, loss: Any) -> Metric:
+    """The preset, with the KL estimator and the loss formula of THIS record (k1/k2/k3/full, bias
+    correction), so a strip never claims k3 when the run used another estimator."""
+    m = METRICS[metric]
+    if loss is None:
+        return m
+    if metric == "kl":
+        est = str(getattr(loss, "kl_estimator", "k3"))
+        try:
+            from rookworld_debug.grpo.loss import KL_FORMULAS
+            formula = KL_FORMULAS.get(est, est)
+        except ImportError:
+            formula = est
+        bias = bool(getattr(loss, "use_bias_correction_kl", False)) and est != "full"
+        return replace(m, name=f"per-token KL ({est})",
+                       definition=f"per-token KL to the reference, {formula}{' × r (bias-corrected)' if bias else ''}, "
+                                  "raw (not β-scaled), logits / T, sampled tokens (LossBreakdown.per_token_kl).")
+    if metric in ("pg", "loss", "ratio") and getattr(loss, "definition", None):
+        return replace(m, definition=f"{m.definition} Loss as recorded: {loss.definition}.")
+    return m
+
+
 def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[int] | None = None, loss: Any = None,
                          advantages: Any = None, evaluation: Any = None, rewards: Any = None, topk: bool = True,
                          title: str | None = None) -> TokenStrip:
@@ -154,9 +177,10 @@ def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[i
     if temps is not None and temps.size:
         uniq = sorted({float(t) for t in temps.ravel()})
         note = "Sampling temperature T = " + ", ".join(f"{t:g}" for t in uniq) + " (logits ÷ T in every logp/KL/entropy)."
-    return token_strips(T_rows, V_rows, metric=metric, labels=labels, row_info=infos, masks=M_rows, outlines=O_rows,
+    m = _metric_for(metric, loss)
+    return token_strips(T_rows, V_rows, metric=m, labels=labels, row_info=infos, masks=M_rows, outlines=O_rows,
                         hovers=H_rows, topk=K_rows if K_rows else None, token_ids=I_rows,
-                        title=title if title is not None else f"{METRICS[metric].name} — rollout batch of this step",
+                        title=title if title is not None else f"{m.name} — rollout batch of this step",
                         note=note, outline_label="clipped by the loss (low: r < 1−ε_low, A<0 · high: r > 1+ε_high, A>0)")
 
 
@@ -273,8 +297,11 @@ def loss_waterfall_from_trace(trace: Any):
     share_def = "KL share = |β·KL term| / (|PG| + |β·KL| + |entropy term|) (LossBreakdown.kl_share)"
     if getattr(lb, "kl_share_undefined", False):
         share_def += "; undefined (all terms 0), shown as 0"
+    norm = str(getattr(lb, "normalizer", ""))
+    if getattr(lb, "definition", None):
+        norm += f". Loss: {lb.definition}"
     return loss_waterfall(f(lb.pg_loss), f(lb.kl_loss), f(getattr(lb, "entropy_term", 0.0)), f(lb.loss),
-                          kl_share=float(lb.kl_share), normalizer=str(getattr(lb, "normalizer", "")),
+                          kl_share=float(lb.kl_share), normalizer=norm,
                           kl_share_definition=share_def, beta=getattr(lb, "beta", None))
 
 
@@ -282,7 +309,8 @@ def token_heatmap_from_trace(trace: Any, metric: str = "kl"):
     ro = trace.rollout
     vals = _metric_values(metric, ro, getattr(trace, "loss", None), getattr(trace, "advantages", None),
                           getattr(trace, "evaluation", None))
-    return token_heatmap(vals, ro.completion_mask, metric=metric, tokens=completion_token_texts(ro),
+    return token_heatmap(vals, ro.completion_mask, metric=_metric_for(metric, getattr(trace, "loss", None)),
+                         tokens=completion_token_texts(ro),
                          num_generations=int(getattr(ro, "num_generations", 0) or 0) or None)
 
 
@@ -290,7 +318,8 @@ def per_sequence_kl_from_trace(trace: Any):
     lb = trace.loss
     if getattr(lb, "per_seq_kl", None) is None:
         raise ValueError("loss.per_seq_kl is None (no reference model / β = 0 without KL)")
-    return per_sequence_bar(lb.per_seq_kl, metric="per-sequence KL (k3)", unit="nats/token",
+    return per_sequence_bar(lb.per_seq_kl, metric=f"per-sequence KL ({getattr(lb, 'kl_estimator', 'k3')})",
+                            unit="nats/token",
                             definition=f"masked mean over tokens of the raw per-token {getattr(lb, 'kl_estimator', 'k3')} "
                                        "KL (not β-scaled), LossBreakdown.per_seq_kl",
                             num_generations=getattr(lb, "num_generations", None))
