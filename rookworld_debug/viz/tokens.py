@@ -70,7 +70,8 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
            "sequential", neutral="high", anchor=0.0, clamp_lo=-10.0, unit="nats"),
     Metric("ratio", "importance ratio",
            "r_t = exp(logp_θ − logp_old) per sampled token; coloured on log r (white at r = 1, "
-           "blue r > 1, orange r < 1). Outlined = counted as clipped by the loss (is_clipped_low/high).",
+           "blue r > 1, orange r < 1). Outlined = counted as clipped by the loss (is_clipped_low/high). "
+           "On-policy at the first inner step old = logp, so r = 1 and no clipping: all white is expected.",
            "ratio"),
     Metric("log_ratio", "log ratio",
            "log r_t = logp_θ − logp_old per sampled token (0 at the first inner step).", "signed",
