@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import re
 
-import numpy as np
 import pytest
 
 from rookworld_debug.viz.tables import (advantage_table, before_after_table, invariants_table, metrics_table,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -45,10 +45,6 @@ def to_numpy(x: Any, dtype=float) -> np.ndarray:
             x = x.float()
         x = x.numpy()
     return np.asarray(x, dtype=dtype)
-
-
-def as_list_of_str(xs: Iterable[Any]) -> list[str]:
-    return [str(x) for x in xs]
 
 
 # ----------------------------------------------------------------------------------------- numbers
@@ -224,7 +220,3 @@ def stable_id(*parts: Any) -> str:
     import hashlib
     h = hashlib.sha1(repr(parts).encode("utf-8", "replace")).hexdigest()
     return h[:10]
-
-
-def grouped(seq: Sequence[Any], group_size: int) -> list[list[Any]]:
-    return [list(seq[i:i + group_size]) for i in range(0, len(seq), group_size)]
