@@ -255,3 +255,8 @@ def test_repr_and_save(tmp_path):
 def test_contrast_text_colour():
     assert vt.text_on((84, 39, 143)) == "#ffffff" and vt.text_on((255, 255, 255)) == "#000000"
     assert math.isclose(vt.make_scale(METRICS["logp"], np.array([-30.0, -1.0])).lo, -10.0)
+
+
+def test_degenerate_scale_says_so():
+    assert "every ratio is 1" in token_strip(list("ab"), [1.0, 1.0], metric="ratio").html
+    assert "every value is 0" in token_strip(list("ab"), [0.0, 0.0], metric="delta_logp").html

@@ -165,3 +165,10 @@ def test_kl_views_name_the_estimator_of_the_record(trace):
     assert "(k1)" in viz.per_sequence_kl_from_trace(k1).layout.title.text
     assert "Loss as recorded:" in viz.token_strips_from_trace(trace, "pg").html
     assert "Loss: " in viz.loss_waterfall_from_trace(trace).layout.title.text     # the record's own formula
+
+
+def test_scatter_labels_a_view_computed_r_as_such(trace):
+    t = SimpleNamespace(**{**vars(trace), "evaluation": SimpleNamespace(**{**vars(trace.evaluation),
+                                                                          "corr_adv_delta_logp": float("nan")})})
+    title = viz.delta_logp_scatter_from_trace(t).layout.title.text
+    assert "Evaluation.corr_adv_delta_logp" not in title and "computed for display" in title

@@ -357,9 +357,13 @@ def before_after_figure_from_trace(trace: Any, which: str = "batch"):
 
 def delta_logp_scatter_from_trace(trace: Any):
     ev, ro = trace.evaluation, trace.rollout
+    r = float(ev.corr_adv_delta_logp)
+    # the record's r when it has one; otherwise the view computes one and labels it as its own
+    rec = math.isfinite(r)
     return delta_logp_scatter(trace.advantages.advantages, ev.delta_logp, ro.completion_mask,
-                              correlation=float(ev.corr_adv_delta_logp) if math.isfinite(float(ev.corr_adv_delta_logp)) else None,
-                              correlation_label="Pearson(A_i, per-sequence mean Δlogp_i) over rows, Evaluation.corr_adv_delta_logp",
+                              correlation=r if rec else None,
+                              correlation_label=("Pearson(A_i, per-sequence mean Δlogp_i) over rows, "
+                                                 "Evaluation.corr_adv_delta_logp") if rec else None,
                               num_generations=int(getattr(ro, "num_generations", 0) or 0) or None)
 
 

@@ -187,7 +187,8 @@ def advantage_table(prompts: Sequence[str], completions: Sequence[str], rewards:
 
     st = st.apply(block_css, axis=None)
     if "flags" in df.columns:
-        st = st.map(lambda v: f"color:{WARN_FG};font-weight:600" if v else "", subset=["flags"])
+        st = st.map(lambda v: f"color:{WARN_FG};font-weight:600;min-width:16em" if v else "min-width:16em",
+                    subset=["flags"])
     st = st.map_index(lambda v: (f"background-color:{WARN_BG};color:{WARN_FG};white-space:pre-line"
                                  if isinstance(v, str) and v.startswith("⚠") else "white-space:pre-line"), level=0)
     return st

@@ -321,9 +321,9 @@ def _legend(metric: Metric, scale: ColorScale, *, any_masked: bool, any_outline:
             outline_label: str, note: str = "") -> str:
     lo, mid, hi = scale.ticks()
     if scale.kind == "signed":
-        white = "white = 0"
+        white = "white = 0" + ("; every value is 0" if scale.hi == scale.lo else "")
     elif scale.kind == "ratio":
-        white = "white = ratio 1; log scale"
+        white = "white = ratio 1; log scale" + ("; every ratio is 1" if scale.hi == scale.lo else "")
     else:
         white = f"white = {fmt(scale.hi if scale.neutral == 'high' else scale.lo, 3)}"
         if metric.clamp_lo is not None and scale.lo == metric.clamp_lo:
