@@ -153,6 +153,7 @@ def play_game(args) -> list[dict]:
     heldout = rng.random() < s.heldout_frac
     split = "heldout" if heldout else "train"
     eng = _engine(s.engine_path)
+    game_key = object()  # a new key per game: python-chess sends ucinewgame (fresh hash) -> reproducible
     board = chess.Board()
     history: list[str] = []
     out: list[dict] = []
@@ -164,7 +165,7 @@ def play_game(args) -> list[dict]:
         if ply < n_random:
             move = rng.choice(legal).uci()
         else:
-            infos = eng.analyse(board, chess.engine.Limit(depth=s.depth), multipv=s.multipv, game=("g", s.seed, gid))
+            infos = eng.analyse(board, chess.engine.Limit(depth=s.depth), multipv=s.multipv, game=game_key)
             ranked = [(i["pv"][0].uci(), _score_str(i["score"])) for i in infos if i.get("pv")]
             if ranked and keep:
                 moves = [m for m, _ in ranked]
@@ -339,8 +340,11 @@ def main(argv=None) -> int:
         counts[f"{r['task']}_{r['split']}"] = counts.get(f"{r['task']}_{r['split']}", 0) + 1
     meta = settings_record(**kw)
     meta.update(counts=counts, n_records=len(recs), seconds=round(dt, 1), command="rookworld-debug generate-data "
-                + " ".join(sys.argv[1:] if argv is None else argv), policy=asdict(GenSettings()) | {"note": (
-                    "eps/ply_range/random_opening_max are per-game draws; see generate.py docstring")})
+                + " ".join(sys.argv[1:] if argv is None else argv), policy=asdict(GenSettings(
+                    depth=a.depth, seed=a.seed, b_label=a.b_label, heldout_frac=a.heldout_frac, p_illegal=a.p_illegal,
+                    engine_path=a.engine_path, ply_range=kw["ply_range"], keep=a.keep)) | {"note": (
+                    "eps (per game, in eps_range), the ply cap (per game, in ply_range) and the random opening "
+                    "length (0..random_opening_max) are per-game draws; see generate.py docstring")})
     meta_path = Path(a.meta) if a.meta else Path(str(a.out) + ".meta.json")
     meta_path.write_text(json.dumps(meta, indent=1, default=str) + "\n")
     if not a.quiet:

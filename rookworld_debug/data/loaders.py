@@ -197,21 +197,19 @@ def load_hf(name: str = "jrahn/rookworld_7m", split: str = "test", *, limit: int
 
     ``limit`` reads only the first rows (streaming) so a quick look does not download 7M lines.
     """
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        raise DataError("load_hf needs the optional 'datasets' package: pip install 'rookworld-debug[hf]' "
-                        "(or use load_bundled() / load_file())") from None
-    from rookworld_debug.models.loading import hub_offline  # fast-fail helpers shared with model loading
+    import importlib.util
 
-    if hub_offline():
-        raise DataError(f"cannot load {name!r}: HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set (offline). "
-                        "Use load_bundled() or load_file(path).")
+    if importlib.util.find_spec("datasets") is None:
+        raise DataError("load_hf needs the optional 'datasets' package: pip install 'rookworld-debug[hf]' "
+                        "(or use load_bundled() / load_file())")
+    if _hub_offline():
+        raise DataError(f"cannot load {name!r}: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE/TRANSFORMERS_OFFLINE is set "
+                        "(offline). Use load_bundled() or load_file(path).")
     try:
-        from rookworld_debug.models.loading import probe_hub
+        from rookworld_debug.models.loading import probe_hub  # the shared fast reachability probe
 
         problem = probe_hub()
-    except Exception:  # pragma: no cover - probe helper missing/changed
+    except ImportError:  # pragma: no cover - helper moved
         problem = None
     if problem:
         raise DataError(f"cannot load {name!r}: the Hugging Face hub is unreachable ({problem}). "
@@ -229,6 +227,11 @@ def load_hf(name: str = "jrahn/rookworld_7m", split: str = "test", *, limit: int
         notes = [f"added the missing 'A: ' prefix to {added} lines"] + list(notes)
     report = _report(f"hf:{name}:{split}", samples, added, skipped, notes)
     return (samples, report) if with_report else samples
+
+
+def _hub_offline() -> bool:
+    return any(os.environ.get(k, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 # ----------------------------------------------------------------------------------- selection
