@@ -1,2 +1,21 @@
-"""rookworld_debug: see one GRPO step of a RookWorld chess LM, phase by phase."""
+"""rookworld_debug: see one GRPO step of a RookWorld chess LM, phase by phase.
+
+    from rookworld_debug import StepConfig, run_step
+    trace = run_step(StepConfig(beta=0.05))
+"""
 __version__ = "0.1.0"
+
+__all__ = ["StepConfig", "run_step", "run_steps", "StepTrace", "__version__"]
+
+
+def __getattr__(name):  # lazy: `import rookworld_debug` must not import torch/transformers
+    if name == "StepConfig":
+        from rookworld_debug.config import StepConfig
+        return StepConfig
+    if name in ("run_step", "StepTrace"):
+        from rookworld_debug.grpo import step
+        return getattr(step, name)
+    if name == "run_steps":
+        from rookworld_debug.grpo.multistep import run_steps
+        return run_steps
+    raise AttributeError(name)

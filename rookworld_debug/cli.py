@@ -31,12 +31,16 @@ def _smoke(args) -> int:
     return 0
 
 
-def _delegate(module: str, func: str = "main"):
-    """Forward the remaining argv to `module.func(argv) -> int`."""
-    def run(args) -> int:
-        import importlib
-        return int(getattr(importlib.import_module(module), func)(args.rest) or 0)
-    return run
+DELEGATED = {
+    "main": ("rookworld_debug.mainjob", "the README's main job: one GRPO step report on the embedded default"),
+    "step": ("rookworld_debug.grpo.cli_step", "run ONE GRPO step, print the phase-by-phase log, save the trace"),
+    "run": ("rookworld_debug.grpo.cli_run", "run N GRPO steps with schedules, checkpoints and a per-step log"),
+    "report": ("rookworld_debug.report_cli", "papermill sweep: notebook x parameter grid -> HTML reports + index"),
+    "generate-data": ("rookworld_debug.data.generate", "generate RookWorld-format P:/A: samples"),
+    "train-tiny": ("rookworld_debug.models.train_tiny", "train the embedded tiny RookWorld model"),
+    "measure": ("rookworld_debug.models.measure", "measure format/legality metrics of any model"),
+    "bench": ("rookworld_debug.bench", "benchmark our step vs TRL GRPOTrainer vs the seeds' loop"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,23 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--depth", type=int, default=10)
     s.set_defaults(func=_smoke)
 
-    for name, module, help_ in [
-        ("main", "rookworld_debug.mainjob", "the README's main job: one GRPO step report on the embedded default"),
-        ("step", "rookworld_debug.grpo.cli_step", "run ONE GRPO step, print the phase-by-phase log, save the trace"),
-        ("run", "rookworld_debug.grpo.cli_run", "run N GRPO steps with schedules, checkpoints and a per-step log"),
-        ("report", "rookworld_debug.report_cli", "papermill sweep: notebook x parameter grid -> HTML reports + index"),
-        ("generate-data", "rookworld_debug.data.generate", "generate RookWorld-format P:/A: samples"),
-        ("train-tiny", "rookworld_debug.models.train_tiny", "train the embedded tiny RookWorld model"),
-        ("measure", "rookworld_debug.models.measure", "measure format/legality metrics of any model"),
-        ("bench", "benchmarks.step", "benchmark our step vs TRL GRPOTrainer vs the seeds' loop"),
-    ]:
-        s = sub.add_parser(name, help=help_, add_help=False)
-        s.add_argument("rest", nargs=argparse.REMAINDER)
-        s.set_defaults(func=_delegate(module))
+    for name, (_, help_) in DELEGATED.items():     # parsed by the module itself (see main)
+        sub.add_parser(name, help=help_, add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:       # forward everything (incl. --help) to the module's main(argv)
+        import importlib
+        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,119 @@
+"""Evaluation: greedy before/after on the SAME prompts, Δlogp of the sampled tokens, same-seed resample.
+
+Shape legend: B prompts, G generations, N = B·G, T completion tokens.
+
+The old tool compared "Pre" on one batch with "Post" on another; here every before/after pair is on
+identical prompts with identical (greedy) decoding, and each record says which prompts it used.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from rookworld_debug.grpo.generation import generate, per_token_logps_and_entropy
+from rookworld_debug.grpo.rewards import compute_rewards
+
+
+@dataclass(frozen=True)
+class GreedyEval:
+    name: str                   # "batch" (this step's B prompts) or "heldout" (fixed held-out prompts)
+    prompts: tuple              # n prompts
+    tasks: tuple
+    completions: tuple          # n greedy completions
+    rewards: torch.Tensor       # (n,) built-in reward of each (NaN = unscorable)
+    mean_reward: float          # nanmean over the n prompts
+    ci95: float                 # half-width of a normal 95% CI of the mean (1.96·s/√n), NaN if n < 2
+    format_valid: float         # fraction with no format problem
+    n: int
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    batch_before: GreedyEval
+    batch_after: GreedyEval
+    heldout_before: GreedyEval | None
+    heldout_after: GreedyEval | None
+    delta_reward_batch: float               # batch_after.mean − batch_before.mean (same prompts, greedy)
+    delta_reward_heldout: float             # same for the held-out prompts (NaN when disabled)
+    per_token_logps_after: torch.Tensor     # (N, T) logπ_θ'(y_t) of the SAMPLED tokens after the update
+    delta_logp: torch.Tensor                # (N, T) after − before, 0 where masked
+    per_seq_delta_logp: torch.Tensor        # (N,) masked mean Δlogp per token
+    corr_adv_delta_logp: float              # Pearson(advantage_i, per_seq_delta_logp_i) over rows; NaN if flat
+    frac_moved_with_advantage: float        # among A ≠ 0 rows: fraction with sign(ΣΔlogp) = sign(A)
+    resample_completions: tuple             # N completions resampled after the update with the SAME seed
+    resample_rewards: torch.Tensor          # (N,) their built-in rewards
+    resample_changed: tuple                 # N bools: text differs from the pre-update sample
+    seconds: float
+
+
+def greedy_completions(policy, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
+    """One batched greedy `generate` (left padding), text after the prompt up to the first EOS."""
+    enc = tokenizer(list(prompts), padding=True, padding_side="left", add_special_tokens=False,
+                    return_tensors="pt")
+    device = next(policy.parameters()).device
+    with torch.no_grad():
+        out = policy.generate(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
+                              do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=tokenizer.eos_token_id, disable_compile=True)
+    return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:].cpu(), skip_special_tokens=True)
+
+
+def greedy_eval(name: str, policy, tokenizer, prompts, tasks, labels, *, max_new_tokens: int, reward_mode: str,
+                engine=None) -> GreedyEval:
+    completions = greedy_completions(policy, tokenizer, prompts, max_new_tokens)
+    r = compute_rewards(prompts, completions, tasks, labels=labels, reward_mode=reward_mode, engine=engine)
+    vals = r.rewards[~torch.isnan(r.rewards)]                                            # (n',)
+    n = len(prompts)
+    return GreedyEval(name=name, prompts=tuple(prompts), tasks=tuple(tasks), completions=tuple(completions),
+                      rewards=r.rewards, mean_reward=float(vals.mean()) if vals.numel() else math.nan,
+                      ci95=float(1.96 * vals.std() / math.sqrt(vals.numel())) if vals.numel() > 1 else math.nan,
+                      format_valid=sum(r.format_valid) / max(n, 1), n=n)
+
+
+def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    den = float(x.norm() * y.norm())
+    return float((x * y).sum()) / den if den > 0 else math.nan
+
+
+def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_batch: GreedyEval,
+                   before_heldout: GreedyEval | None, *, labels_per_row, batch_labels, heldout_labels,
+                   reward_mode: str, engine, eval_max_new_tokens: int) -> Evaluation:
+    """Everything measured AFTER the optimizer step, paired with the `before_*` records."""
+    t0 = time.perf_counter()
+    kw = dict(max_new_tokens=eval_max_new_tokens, reward_mode=reward_mode, engine=engine)
+    batch_after = greedy_eval("batch", policy, tokenizer, before_batch.prompts, before_batch.tasks, batch_labels, **kw)
+    heldout_after = None if before_heldout is None else greedy_eval(
+        "heldout", policy, tokenizer, before_heldout.prompts, before_heldout.tasks, heldout_labels, **kw)
+
+    logps_after, _ = per_token_logps_and_entropy(policy, rollout.prompt_ids, rollout.prompt_mask,
+                                                 rollout.completion_ids, rollout.completion_mask,
+                                                 rollout.temperatures)                    # (N, T)
+    mask = rollout.completion_mask.to(logps_after.dtype)                                  # (N, T)
+    delta = (logps_after - rollout.per_token_logps) * mask                                # (N, T)
+    per_seq = delta.sum(1) / mask.sum(1).clamp(min=1)                                     # (N,)
+    adv = advantages.advantages.to(per_seq.dtype)                                         # (N,)
+    moving = adv != 0
+    frac = float(((torch.sign(delta.sum(1)) == torch.sign(adv)) & moving).sum() / moving.sum()) \
+        if moving.any() else math.nan
+
+    # Same seed, same settings, updated weights: what would the next sample look like?
+    re = generate(policy, reference, tokenizer, list(rollout.prompts[:: rollout.num_generations]),
+                  list(rollout.tasks[:: rollout.num_generations]), num_generations=rollout.num_generations,
+                  max_new_tokens=rollout.max_new_tokens, sampling=dict(rollout.sampling), seed=rollout.seed,
+                  top_k_alternatives=1, compute_ref=False)
+    re_r = compute_rewards(re.prompts, re.completions, re.tasks, labels=labels_per_row, reward_mode=reward_mode,
+                           engine=engine)
+    return Evaluation(
+        batch_before=before_batch, batch_after=batch_after, heldout_before=before_heldout, heldout_after=heldout_after,
+        delta_reward_batch=batch_after.mean_reward - before_batch.mean_reward,
+        delta_reward_heldout=(heldout_after.mean_reward - before_heldout.mean_reward) if heldout_after else math.nan,
+        per_token_logps_after=logps_after, delta_logp=delta, per_seq_delta_logp=per_seq,
+        corr_adv_delta_logp=_pearson(adv, per_seq), frac_moved_with_advantage=frac,
+        resample_completions=re.completions, resample_rewards=re_r.rewards,
+        resample_changed=tuple(a != b for a, b in zip(re.completions, rollout.completions)),
+        seconds=time.perf_counter() - t0)

@@ -1,0 +1,122 @@
+"""Rewards phase: score every completion, keep every component.
+
+Shape legend: B prompts, G generations, N = B·G completions, K reward functions.
+
+- The built-in reward "rookworld" dispatches by task: P: → rookworld-trl's best/candidates/eval
+  reward against Stockfish (reward_mode="engine", one pooled+cached `analyse_many` over the unique
+  positions of the whole batch) or against the dataset label (reward_mode="dataset", no engine);
+  A: → the arbiter's field-wise reward (python-chess only).
+- User reward functions follow TRL's signature `f(prompts, completions, **kw) -> list[float | None]`
+  (kw: tasks, completion_ids, labels); None → NaN = unscorable, exactly as TRL treats it.
+- The total is Σ_k w_k·r_k (nansum; NaN only when every function returned None), as TRL does.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+import torch
+
+from rookworld_debug.chess import rewards as chess_rewards
+from rookworld_debug.chess.formats import parse_p
+from rookworld_debug.errors import FormatError
+
+RewardFn = Callable[..., Sequence[Optional[float]]]
+
+
+@dataclass(frozen=True)
+class Rewards:
+    rewards: torch.Tensor               # (N,) Σ_k w_k·r_k (nansum); NaN = every function returned None
+    rewards_per_func: torch.Tensor      # (N, K) raw per-function rewards, NaN = None
+    func_names: tuple                   # K names ("rookworld" first when the built-in reward is used)
+    weights: tuple                      # K weights
+    breakdowns: tuple                   # N chess.rewards.RewardBreakdown of the built-in reward (None if unused)
+    components: dict                    # component name -> N floats (NaN where the component doesn't apply)
+    flags: tuple                        # N tuples of problem flags ("no_B", "illegal_move", "bad_prompt"…)
+    matches_label: tuple                # N bool|None: P: B: equals the dataset label's B:
+    matches_sf1: tuple                  # N bool|None: P: B: equals Stockfish's #1 move (engine mode)
+    format_valid: tuple                 # N bool: no format problem flagged
+    metrics: dict                       # TRL keys: reward, reward_std, rewards/<name>/mean|std
+    engine_stats: dict                  # calls, cache_hits, cache_misses, restarts, seconds (this phase)
+    reward_mode: str
+    seconds: float
+
+
+def _label(prompt: str, completion: str):
+    try:
+        return parse_p(prompt + completion)
+    except FormatError:
+        return None
+
+
+def builtin_breakdowns(prompts: Sequence[str], completions: Sequence[str], labels: Sequence[str], *,
+                       reward_mode: str, engine=None) -> list:
+    """The built-in RookWorld reward for N rows (labels = the dataset completion of each row's prompt).
+    All P: rows are scored with ONE batched engine call (engine mode) or against their label."""
+    label_samples = [_label(p, c) if p.lstrip().startswith("P:") else None
+                     for p, c in zip(prompts, labels)] if labels else None
+    return chess_rewards.score_batch(prompts, completions, engine if reward_mode == "engine" else None,
+                                     labels=label_samples)
+
+
+def _nan(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def compute_rewards(prompts: Sequence[str], completions: Sequence[str], tasks: Sequence[str], *,
+                    labels: Sequence[str] = (), reward_mode: str = "engine", engine=None,
+                    reward_funcs: Optional[Mapping[str, RewardFn]] = None,
+                    reward_weights: Optional[Mapping[str, float]] = None, use_builtin: bool = True,
+                    completion_ids=None) -> Rewards:
+    """Score N completions (prompts/tasks/labels given per row, i.e. already repeated G times)."""
+    t0 = time.perf_counter()
+    n = len(completions)
+    stats0 = engine.stats if engine is not None else None
+    names, columns = [], []
+    breakdowns = builtin_breakdowns(prompts, completions, labels, reward_mode=reward_mode, engine=engine) \
+        if use_builtin else [None] * n
+    if use_builtin:
+        names.append("rookworld")
+        columns.append([b.total if b is not None else None for b in breakdowns])
+    for name, fn in (reward_funcs or {}).items():
+        values = list(fn(prompts=list(prompts), completions=list(completions), tasks=list(tasks),
+                         labels=list(labels), completion_ids=completion_ids))
+        if len(values) != n:
+            raise ValueError(f"reward function {name!r} returned {len(values)} values for {n} completions")
+        names.append(name)
+        columns.append(values)
+    weights = tuple(float((reward_weights or {}).get(k, 1.0)) for k in names)
+    per_func = torch.tensor([[_nan(c[i]) for c in columns] for i in range(n)], dtype=torch.float64)  # (N, K)
+    weighted = per_func * torch.tensor(weights, dtype=torch.float64)                                 # (N, K)
+    all_nan = torch.isnan(per_func).all(dim=1)                                                       # (N,)
+    total = torch.nansum(weighted, dim=1).masked_fill(all_nan, float("nan"))                          # (N,)
+
+    comp_names = list(dict.fromkeys(k for b in breakdowns if b is not None for k in b.components))
+    components = {k: tuple(_nan(b.components.get(k)) if b is not None else math.nan for b in breakdowns)
+                  for k in comp_names}
+    flags = tuple(tuple(b.flags) if b is not None else () for b in breakdowns)
+    details = [b.details if b is not None else {} for b in breakdowns]
+    metrics = {"reward": float(torch.nanmean(total)) if n else math.nan,
+               "reward_std": _nanstd(total)}
+    for k, name in enumerate(names):
+        metrics[f"rewards/{name}/mean"] = float(torch.nanmean(per_func[:, k])) if n else math.nan
+        metrics[f"rewards/{name}/std"] = _nanstd(per_func[:, k])
+    est = {}
+    if engine is not None:
+        d = engine.stats - stats0
+        est = {k: getattr(d, k) for k in ("calls", "cache_hits", "cache_misses", "restarts", "seconds")}
+    return Rewards(
+        rewards=total, rewards_per_func=per_func, func_names=tuple(names), weights=weights,
+        breakdowns=tuple(breakdowns), components=components, flags=flags,
+        matches_label=tuple(d.get("best_matches_label") for d in details),
+        matches_sf1=tuple(d.get("best_matches_sf1") for d in details),
+        format_valid=tuple(b is not None and not b.details.get("problems") and "no_tags" not in b.flags
+                           for b in breakdowns),
+        metrics=metrics, engine_stats=est, reward_mode=reward_mode, seconds=time.perf_counter() - t0)
+
+
+def _nanstd(x: torch.Tensor) -> float:
+    v = x[~torch.isnan(x)]
+    return float(v.std()) if v.numel() > 1 else math.nan

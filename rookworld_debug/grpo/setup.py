@@ -1,0 +1,133 @@
+"""Setup phase: models, tokenizer, batch, engine, optimizer, provenance, and the step-0 invariants.
+
+Shape legend: B prompts, N = B rows here (one dataset completion per prompt), T completion tokens.
+
+The invariants are the check the old tools lacked (anchor_rookworld.md P1): before any update the
+policy and the reference are the same weights in eval mode, so on the same tokens their log-probs are
+bit-equal, every KL estimator is 0, the PPO ratio is 1, and no dropout is active. If any of these
+fails, every later KL/ratio number would be an artefact, so the views show this table first.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rookworld_debug.config import StepConfig
+from rookworld_debug.data.loaders import Batch, load_bundled, load_file, load_heldout, load_hf, select_batch
+from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo.generation import per_token_logps_and_entropy
+
+
+@dataclass(frozen=True)
+class Invariants:
+    max_abs_logp_diff: float        # max |logπ − logπ_ref| over the dataset completions' tokens (must be 0)
+    max_k3_kl: float                # max per-token k3 KL(π‖π_ref) on those tokens (must be 0)
+    max_ratio_dev: float            # max |exp(logπ − logπ_old) − 1| between two forwards (must be 0)
+    dropout_active: tuple           # names of modules with p > 0 that are in training mode (must be empty)
+    dropout_config: dict            # the ORIGINAL config dropout values (reported, then zeroed)
+    policy_training_mode: bool      # must be False: train() would re-enable dropout
+    n_tokens: int                   # tokens the check ran on
+    ok: bool
+    failures: tuple                 # human-readable reasons when not ok
+
+
+@dataclass(frozen=True)
+class Setup:
+    __transient__ = ("policy", "reference", "tokenizer", "engine", "optimizer")
+    config: StepConfig
+    policy: object                  # PreTrainedModel (trainable, eval mode, dropout 0)
+    reference: object               # frozen copy
+    tokenizer: object
+    engine: object                  # chess.engine.Engine or None (reward_mode='dataset' or A:-only)
+    optimizer: object               # torch.optim.AdamW over the policy
+    provenance: dict                # model provenance + engine version/settings + dataset source
+    batch: Batch                    # the B prompts of this step (explicit indices + hash)
+    heldout: tuple                  # held-out Samples for before/after greedy eval
+    invariants: Invariants
+    seconds: float
+
+
+def load_samples(dataset: str, task: str) -> tuple[list, list]:
+    """(train samples, held-out samples) for 'bundled' | a local .txt/.jsonl path | 'hf:<name>'.
+    Batch indices are positions in the train list; held-out prompts never enter a batch."""
+    if dataset == "bundled":
+        return load_bundled(split="train"), load_heldout(task)
+    samples = load_hf(dataset[3:]) if dataset.startswith("hf:") else load_file(dataset)
+    train = [s for s in samples if s.split != "heldout"]
+    heldout = [s for s in samples if s.split == "heldout" and (task == "mixed" or s.task == task)]
+    return train, heldout
+
+
+def _dropout_active(model) -> tuple:
+    return tuple(name for name, m in model.named_modules()
+                 if isinstance(m, torch.nn.Dropout) and m.p > 0 and m.training)
+
+
+def check_invariants(policy, reference, tokenizer, prompts, completions, temperatures, dropout_config) -> Invariants:
+    """Teacher-force the dataset completions through policy and reference; compare."""
+    eos = tokenizer.eos_token or ""
+    p = tokenizer(list(prompts), padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
+    c = tokenizer([x + eos for x in completions], padding=True, padding_side="right", add_special_tokens=False,
+                  return_tensors="pt")
+    args = (p["input_ids"], p["attention_mask"], c["input_ids"], c["attention_mask"], temperatures)
+    logp, _ = per_token_logps_and_entropy(policy, *args)                 # (N, T)
+    logp_again, _ = per_token_logps_and_entropy(policy, *args)           # (N, T) "old" = a second forward
+    ref, _ = per_token_logps_and_entropy(reference, *args)               # (N, T)
+    mask = c["attention_mask"].bool()                                    # (N, T)
+    d = (ref - logp)[mask]
+    k3 = torch.exp(d) - d - 1
+    ratio = torch.exp((logp - logp_again)[mask])
+    inv = dict(max_abs_logp_diff=float(d.abs().max()) if d.numel() else 0.0,
+               max_k3_kl=float(k3.max()) if k3.numel() else 0.0,
+               max_ratio_dev=float((ratio - 1).abs().max()) if ratio.numel() else 0.0,
+               dropout_active=_dropout_active(policy) + _dropout_active(reference),
+               dropout_config=dict(dropout_config), policy_training_mode=bool(policy.training),
+               n_tokens=int(mask.sum()))
+    failures = []
+    if inv["max_abs_logp_diff"] != 0.0:
+        failures.append(f"policy and reference log-probs differ by up to {inv['max_abs_logp_diff']:.3g}")
+    if inv["max_k3_kl"] != 0.0:
+        failures.append(f"KL at step 0 is {inv['max_k3_kl']:.3g}, not 0")
+    if inv["max_ratio_dev"] != 0.0:
+        failures.append(f"ratio deviates from 1 by {inv['max_ratio_dev']:.3g} between two identical forwards")
+    if inv["dropout_active"]:
+        failures.append(f"dropout active in {len(inv['dropout_active'])} modules")
+    if inv["policy_training_mode"]:
+        failures.append("policy is in training mode")
+    return Invariants(**inv, ok=not failures, failures=tuple(failures))
+
+
+def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None = None, engine=None) -> Setup:
+    """Load (or reuse) models, data and engine; pick the batch; check the step-0 invariants."""
+    from rookworld_debug.models import load_policy_and_reference
+    t0 = time.perf_counter()
+    torch.manual_seed(config.seed)
+    loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device)
+    policy, reference, tokenizer, prov = loaded
+    train, heldout_all = samples if samples is not None else load_samples(config.dataset, config.task)
+    batch = select_batch(train, task=config.task, batch_size=config.batch_size, seed=config.seed,
+                         indices=config.prompt_indices)
+    heldout = tuple(heldout_all[: config.heldout_n])
+
+    needs_engine = config.reward_mode == "engine" and any(t == "P" for t in batch.tasks)
+    if engine is None and needs_engine:
+        from rookworld_debug.chess.engine import Engine
+        engine = Engine(depth=config.engine_depth, multipv=config.engine_multipv, workers=config.engine_workers)
+    if config.reward_mode not in ("engine", "dataset"):
+        raise ConfigError("reward_mode", f"unknown {config.reward_mode!r}")
+
+    from rookworld_debug.grpo.update import make_optimizer
+    optimizer = make_optimizer(policy, config)
+    temps = torch.tensor([config.sampling_for(t)[0] for t in batch.tasks])          # (B,)
+    invariants = check_invariants(policy, reference, tokenizer, batch.prompts, batch.completions, temps,
+                                  prov.dropout_original)
+    provenance = {**(prov.to_dict() if hasattr(prov, "to_dict") else dict(prov)),
+                  "dataset": config.dataset, "batch": batch.describe(),
+                  "engine": None if engine is None else {"version": getattr(engine, "version", None),
+                                                         "depth": config.engine_depth,
+                                                         "multipv": config.engine_multipv, "threads": 1}}
+    return Setup(config=config, policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
+                 optimizer=optimizer, provenance=provenance, batch=batch, heldout=heldout,
+                 invariants=invariants, seconds=time.perf_counter() - t0)

@@ -1,0 +1,196 @@
+"""ONE GRPO step, phase by phase. Read `run_step` top to bottom: it is the algorithm.
+
+setup → baseline eval (greedy, before) → generation → rewards → advantages → loss → update → evaluation
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Optional
+
+import torch
+
+from rookworld_debug.config import StepConfig
+from rookworld_debug.errors import NumericalError
+from rookworld_debug.grpo import serialize
+from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
+from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_eval
+from rookworld_debug.grpo.generation import Rollout, generate
+from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
+from rookworld_debug.grpo.rewards import Rewards, compute_rewards
+from rookworld_debug.grpo.setup import Setup, setup as setup_phase
+from rookworld_debug.grpo.update import UpdateResult, update
+
+TRACE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """Every record of one step. `save`/`load` round-trip it without a model (views re-render from it)."""
+    config: StepConfig
+    setup: Setup
+    before: GreedyEval                      # greedy on this step's B prompts, BEFORE the update
+    before_heldout: Optional[GreedyEval]    # greedy on the fixed held-out prompts, BEFORE the update
+    rollout: Rollout
+    rewards: Rewards
+    advantages: Advantages
+    loss: LossBreakdown
+    update: Optional[UpdateResult]          # None when the step refused to update (see flags)
+    evaluation: Optional[Evaluation]
+    timings: dict                           # phase -> seconds
+    counts: dict                            # tokens, forwards, engine calls, cache hits...
+    flags: tuple                            # every warning raised by any phase, in order
+    version: int = TRACE_VERSION
+
+    def save(self, path) -> Path:
+        """Write `<path>/trace.safetensors` (tensors) + `<path>/trace.json` (everything else)."""
+        from rookworld_debug.report import atomic_write_json
+        from safetensors.torch import save_file
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        payload, tensors = serialize.encode(self)
+        tmp = path / ".trace.safetensors.tmp"
+        save_file(tensors, str(tmp))
+        tmp.replace(path / "trace.safetensors")
+        atomic_write_json(path / "trace.json", payload)      # written last: its presence means complete
+        return path
+
+    @staticmethod
+    def load(path) -> "StepTrace":
+        from safetensors.torch import load_file
+        path = Path(path)
+        payload = json.loads((path / "trace.json").read_text())
+        return serialize.decode(payload, load_file(str(path / "trace.safetensors")))
+
+    def summary(self) -> dict:
+        """Headline numbers (what reports and the per-step table show), each defined in `metrics.md`."""
+        u, e, lo, r = self.update, self.evaluation, self.loss, self.rollout
+        lengths = r.completion_mask.sum(1).float()
+        return {
+            "reward_before": self.before.mean_reward,
+            "reward_after": e.batch_after.mean_reward if e else math.nan,
+            "delta_reward": e.delta_reward_batch if e else math.nan,
+            "heldout_reward_before": self.before_heldout.mean_reward if self.before_heldout else math.nan,
+            "heldout_reward_after": e.heldout_after.mean_reward if e and e.heldout_after else math.nan,
+            "heldout_n": self.before_heldout.n if self.before_heldout else 0,
+            "rollout_reward": self.rewards.metrics["reward"],
+            "reward_std": self.rewards.metrics["reward_std"],
+            "loss": float(lo.loss), "pg_loss": float(lo.pg_loss), "kl_loss": float(lo.kl_loss),
+            "kl": lo.kl, "kl_share": lo.kl_share, "entropy": float(r.per_token_entropy[r.completion_mask.bool()].mean()),
+            "grad_norm_pre_clip": u.grad_norm_pre_clip if u else math.nan,
+            "grad_norm_post_clip": u.grad_norm_post_clip if u else math.nan,
+            "frac_reward_zero_std": self.advantages.frac_reward_zero_std,
+            "advantage_min": float(self.advantages.advantages.min()),
+            "advantage_max": float(self.advantages.advantages.max()),
+            **{k: v for k, v in lo.metrics.items() if k.startswith("clip_ratio/")},
+            "completions/mean_length": float(lengths.mean()),
+            "completions/clipped_ratio": float(r.is_truncated.float().mean()),
+            "format_valid": sum(self.rewards.format_valid) / max(len(self.rewards.format_valid), 1),
+            "corr_adv_delta_logp": e.corr_adv_delta_logp if e else math.nan,
+            "step0_invariants_ok": self.setup.invariants.ok,
+            "max_abs_logp_diff_recompute": r.max_abs_logp_diff,
+        }
+
+
+class PhaseTimer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+
+def rows(values, g: int) -> list:
+    """Per-prompt values → per-row values (each repeated G times, TRL order)."""
+    return [v for v in values for _ in range(g)]
+
+
+def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig) -> LossBreakdown:
+    """The loss record from the rollout's tensors — no forward pass (widgets recompute it per slider move).
+    On-policy (μ = 1) the old log-probs ARE the rollout's, so ratio = 1 exactly as in TRL."""
+    mask = rollout.completion_mask
+    if config.mask_truncated_completions:
+        mask = mask * (~rollout.is_truncated)[:, None]                                   # (N, T)
+    return compute_loss(rollout.per_token_logps, rollout.per_token_logps, rollout.ref_per_token_logps,
+                        advantages.advantages, mask, entropy=rollout.per_token_entropy,
+                        per_token_full_kl=rollout.per_token_full_kl, num_generations=config.num_generations,
+                        **loss_kwargs(config))
+
+
+def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_weights=None,
+                     timer: Optional[PhaseTimer] = None):
+    """generation → rewards → advantages → loss on the setup's (current) policy; no update."""
+    timer = timer or PhaseTimer()
+    b, g = s.batch, config.num_generations
+    with timer("generation"):
+        rollout = generate(s.policy, s.reference, s.tokenizer, list(b.prompts), list(b.tasks), num_generations=g,
+                           max_new_tokens=config.max_new_tokens,
+                           sampling={t: config.sampling_for(t) for t in set(b.tasks)}, seed=config.seed,
+                           top_k_alternatives=config.top_k_alternatives)
+    with timer("rewards"):
+        rewards = compute_rewards(rollout.prompts, rollout.completions, rollout.tasks, labels=rows(b.completions, g),
+                                  reward_mode=config.reward_mode, engine=s.engine, reward_funcs=reward_funcs,
+                                  reward_weights=reward_weights, completion_ids=rollout.completion_ids)
+    with timer("advantages"):
+        advantages = advantages_from_config(rewards.rewards, config)
+    with timer("loss"):
+        loss = loss_for(rollout, advantages, config)
+    return rollout, rewards, advantages, loss
+
+
+def run_step(config: StepConfig, *, session: Optional[Setup] = None,
+             reward_funcs: Optional[Mapping] = None, reward_weights: Optional[Mapping] = None) -> StepTrace:
+    """One fully instrumented GRPO step. Pass `session` (a Setup) to reuse loaded models/engine."""
+    timer = PhaseTimer()
+    with timer("setup"):
+        s = replace(session, config=config) if session is not None else setup_phase(config)
+    ev_kw = dict(max_new_tokens=config.eval_max_new_tokens, reward_mode=config.reward_mode, engine=s.engine)
+    heldout_labels = [x.completion for x in s.heldout]
+    with timer("baseline_eval"):
+        before = greedy_eval("batch", s.policy, s.tokenizer, s.batch.prompts, s.batch.tasks, s.batch.completions,
+                             **ev_kw)
+        before_heldout = greedy_eval("heldout", s.policy, s.tokenizer, [x.prompt for x in s.heldout],
+                                     [x.task for x in s.heldout], heldout_labels, **ev_kw) if s.heldout else None
+
+    rollout, rewards, advantages, loss = sample_and_score(s, config, reward_funcs=reward_funcs,
+                                                          reward_weights=reward_weights, timer=timer)
+    flags = list(s.invariants.failures) + list(rollout.warnings) + list(loss.flags) + advantage_flags(advantages)
+
+    upd, evaluation = None, None
+    with timer("update"):
+        try:
+            upd = update(s.policy, s.optimizer, rollout, advantages, loss, config)
+        except NumericalError as err:          # refuse to step on NaN/inf; the trace says why
+            flags.append(f"update refused: {err}")
+    if upd is not None:
+        with timer("evaluation"):
+            evaluation = evaluate_after(
+                s.policy, s.reference, s.tokenizer, rollout, advantages, before, before_heldout,
+                labels_per_row=rows(s.batch.completions, config.num_generations), batch_labels=s.batch.completions,
+                heldout_labels=heldout_labels, reward_mode=config.reward_mode, engine=s.engine,
+                eval_max_new_tokens=config.eval_max_new_tokens)
+    counts = {**{f"generation/{k}": v for k, v in rollout.counts.items()},
+              **{f"engine/{k}": v for k, v in rewards.engine_stats.items()},
+              **{f"update/{k}": v for k, v in (upd.counts if upd else {}).items()}}
+    return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
+                     rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
+                     timings=dict(timer.seconds), counts=counts, flags=tuple(flags))
+
+
+def advantage_flags(adv: Advantages) -> list[str]:
+    out = []
+    if adv.zero_std_groups:
+        out.append(f"{len(adv.zero_std_groups)} of {adv.group_mean.numel()} groups have zero reward std "
+                   f"(groups {list(adv.zero_std_groups)}): their advantages are 0, no policy-gradient signal")
+    if adv.zero_std_groups and len(adv.zero_std_groups) == adv.group_mean.numel():
+        out.append("ALL groups zero-std: the policy-gradient term is exactly 0 this step")
+    return out

@@ -1,0 +1,159 @@
+"""Update phase: backward of the GRPO loss on the SAMPLED ids, grad norms, clip, optimizer step.
+
+Shape legend: B prompts, G generations, N = B·G rows, T completion tokens, P prompt tokens.
+
+Why it looks like this:
+- The loss is recomputed with grad from a fresh teacher-forced forward over the rollout's own token
+  ids (never re-tokenized text) with the sampling temperature, exactly as TRL does.
+- Micro-batches give true gradient accumulation: each micro-batch's loss is weighted so that the
+  summed gradient equals the full-batch gradient for every loss_type (the normalizers are global).
+- Per-term gradients (PG / KL / entropy) come from one backward per term (`torch.autograd.grad`);
+  by linearity their sum IS the total gradient, so we write that sum into `.grad` and need no
+  extra backward for the step itself.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from rookworld_debug.errors import NumericalError
+from rookworld_debug.grpo.generation import per_token_logps_and_entropy
+from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
+
+TERMS = ("pg", "kl", "entropy")
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    loss: float                         # total loss value from the grad path (must equal LossBreakdown.loss)
+    loss_record_diff: float             # |loss(grad path) − loss(record)|: consistency of the two paths
+    grad_norm_pre_clip: float           # global L2 norm of the total gradient before clipping
+    grad_norm_post_clip: float          # after clip_grad_norm_(max_grad_norm)
+    clip_coef: float                    # min(1, max_norm / (pre + 1e-6)), as torch applies it
+    per_layer: dict                     # {layer: {"total": n, "pg": n, "kl": n, "entropy": n}} L2 norms
+    per_term_global: dict               # {"pg": n, "kl": n, "entropy": n} global L2 norm of each term's grad
+    lr: float
+    micro_batches: int
+    param_delta_norm: float             # ||θ_after − θ_before||_2
+    seconds: float
+    counts: dict = field(default_factory=dict)
+
+
+def layer_name(param_name: str) -> str:
+    """Group parameters by block: 'transformer.h.3.attn.c_attn.weight' -> 'h.3'."""
+    parts = param_name.split(".")
+    if "h" in parts:
+        i = parts.index("h")
+        return f"h.{parts[i + 1]}"
+    for key in ("wte", "wpe", "ln_f", "lm_head"):
+        if key in parts:
+            return key
+    return parts[0]
+
+
+def _micro_slices(n: int, size: int | None) -> list[slice]:
+    size = n if not size or size >= n else size
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _mb_weight(loss_type: str, rows: slice, n: int, mask: torch.Tensor) -> float:
+    """Weight that turns a micro-batch loss into its share of the full-batch loss."""
+    n_mb = rows.stop - rows.start
+    if loss_type in ("grpo", "dr_grpo", "manual"):       # means over sequences → weight by rows
+        return n_mb / n
+    if loss_type == "bnpo":                               # token mean → weight by tokens
+        return float(mask[rows].sum().clamp(min=1)) / float(mask.sum().clamp(min=1))
+    return 1.0                                            # dapo: global token count passed in
+
+
+def make_optimizer(policy: torch.nn.Module, config) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(policy.parameters(), lr=config.lr, betas=tuple(config.adam_betas),
+                             eps=config.adam_eps, weight_decay=config.weight_decay)
+
+
+def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool = True
+           ) -> UpdateResult:
+    """One optimizer step on `rollout` with `advantages`. Refuses (NumericalError) on a non-finite
+    loss or gradient instead of stepping the optimizer."""
+    t0 = time.perf_counter()
+    policy.train(False)                      # dropout stays off: train() would re-enable it
+    params = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    n = rollout.completion_ids.shape[0]
+    adv = advantages.advantages.to(rollout.per_token_logps.dtype)          # (N,)
+    mask = rollout.completion_mask                                         # (N, T)
+    num_items = float(mask.sum())
+    term_grads = {t: [torch.zeros_like(p) for _, p in params] for t in TERMS}
+    loss_total = 0.0
+    forwards = 0
+    slices = _micro_slices(n, config.micro_batch_size)
+    for rows in slices:
+        logps, entropy = per_token_logps_and_entropy(
+            policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.completion_ids[rows],
+            mask[rows], rollout.temperatures[rows], with_grad=True)       # (n_mb, T), (n_mb, T)
+        forwards += 1
+        rec = compute_loss(
+            logps, None, rollout.ref_per_token_logps[rows], adv[rows], mask[rows],
+            entropy=entropy if config.entropy_coef else None,
+            per_token_full_kl=None if rollout.per_token_full_kl is None else rollout.per_token_full_kl[rows],
+            num_items_in_batch=num_items, **loss_kwargs(config))
+        w = _mb_weight(config.loss_type, rows, n, mask)
+        # TRL's entropy bonus is a token mean of the micro-batch for every loss type → weight by token share
+        w_ent = w if config.loss_type == "manual" else _mb_weight("bnpo", rows, n, mask)
+        terms = {"pg": rec.pg_loss * w, "kl": rec.kl_loss * w, "entropy": rec.entropy_term * w_ent}
+        total = terms["pg"] + terms["kl"] + terms["entropy"]
+        if not torch.isfinite(total):
+            raise NumericalError(f"non-finite loss {float(total)} in micro-batch rows {rows.start}:{rows.stop}; "
+                                 "optimizer step refused")
+        loss_total += float(total.detach())
+        if per_term_grads:
+            live = [t for t in TERMS if terms[t].requires_grad]
+            for i, t in enumerate(live):
+                gs = torch.autograd.grad(terms[t], [p for _, p in params], retain_graph=i < len(live) - 1,
+                                         allow_unused=True)
+                for acc, g in zip(term_grads[t], gs):
+                    if g is not None:
+                        acc.add_(g)
+        else:
+            gs = torch.autograd.grad(total, [p for _, p in params], allow_unused=True)
+            for acc, g in zip(term_grads["pg"], gs):       # single bucket when terms aren't split
+                if g is not None:
+                    acc.add_(g)
+
+    # total grad = Σ term grads (linearity) → write into .grad for the optimizer
+    for j, (_, p) in enumerate(params):
+        p.grad = term_grads["pg"][j] + term_grads["kl"][j] + term_grads["entropy"][j]
+    grads = [p.grad for _, p in params]
+    pre = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    if not math.isfinite(pre):
+        optimizer.zero_grad(set_to_none=True)
+        raise NumericalError(f"non-finite gradient norm ({pre}); optimizer step refused")
+
+    per_layer: dict[str, dict[str, float]] = {}
+    sq: dict[str, dict[str, float]] = {}
+    for j, (name, p) in enumerate(params):
+        layer = sq.setdefault(layer_name(name), {k: 0.0 for k in ("total", *TERMS)})
+        layer["total"] += float(p.grad.pow(2).sum())
+        if per_term_grads:
+            for t in TERMS:
+                layer[t] += float(term_grads[t][j].pow(2).sum())
+    for layer, d in sq.items():
+        per_layer[layer] = {k: math.sqrt(v) for k, v in d.items()}
+    per_term_global = {t: math.sqrt(sum(float(g.pow(2).sum()) for g in term_grads[t])) for t in TERMS} \
+        if per_term_grads else {}
+
+    before = [p.detach().clone() for _, p in params]
+    torch.nn.utils.clip_grad_norm_([p for _, p in params], config.max_grad_norm)
+    post = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for _, p in params])))
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    delta = math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for (_, p), b in zip(params, before)))
+    return UpdateResult(
+        loss=loss_total, loss_record_diff=abs(loss_total - float(loss_record.loss)),
+        grad_norm_pre_clip=pre, grad_norm_post_clip=post,
+        clip_coef=min(1.0, config.max_grad_norm / (pre + 1e-6)), per_layer=per_layer,
+        per_term_global=per_term_global, lr=lr, micro_batches=len(slices), param_delta_norm=delta,
+        seconds=time.perf_counter() - t0, counts={"forwards": forwards, "backwards": forwards * (3 if per_term_grads else 1)})

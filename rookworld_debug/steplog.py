@@ -1,0 +1,110 @@
+"""The seeds' phase-by-phase text log, rendered from a StepTrace (a view: no GRPO math here)."""
+from __future__ import annotations
+
+import math
+
+
+def _f(x, nd=4) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def _clip(text: str, n: int = 72) -> str:
+    text = text.replace("\n", "⏎")
+    stripped = text.lstrip(" ")
+    pad = len(text) - len(stripped)
+    shown = (f"␣×{pad} " if pad > 2 else " " * pad) + stripped
+    return shown if len(shown) <= n else shown[: n - 1] + "…"
+
+
+def format_step_log(trace) -> str:
+    c, s, r, rw, a, lo, u, e = (trace.config, trace.setup, trace.rollout, trace.rewards, trace.advantages,
+                                trace.loss, trace.update, trace.evaluation)
+    g = c.num_generations
+    out = []
+    w = out.append
+    w("=" * 78)
+    w("SETUP")
+    p = s.provenance
+    w(f"  model: {p.get('model')} ({p.get('source')}, {p.get('num_parameters'):,} params, {p.get('dtype')})"
+      + ("  [RANDOM INIT]" if p.get("is_random_init") else ""))
+    w(f"  dropout (config, zeroed): {p.get('dropout_original')}")
+    w(f"  batch: {s.batch.describe()}")
+    w(f"  B={c.batch_size} G={g} β={c.beta} lr={c.lr} loss_type={c.loss_type} kl={c.kl_estimator} "
+      f"scale_rewards={c.scale_rewards} reward_mode={c.reward_mode}")
+    inv = s.invariants
+    w(f"  step-0 invariants: {'OK' if inv.ok else 'FAILED'}  max|logπ−logπ_ref|={inv.max_abs_logp_diff:.3g} "
+      f"max k3 KL={inv.max_k3_kl:.3g} max|ratio−1|={inv.max_ratio_dev:.3g} dropout_active={len(inv.dropout_active)} "
+      f"({inv.n_tokens} dataset tokens)")
+    for f in inv.failures:
+        w(f"  !! {f}")
+    w("INITIAL PERFORMANCE (greedy, this step's B prompts)")
+    w(f"  mean reward {_f(trace.before.mean_reward)} ± {_f(trace.before.ci95)} (95% CI, n={trace.before.n}), "
+      f"format valid {trace.before.format_valid:.0%}")
+    if trace.before_heldout:
+        h = trace.before_heldout
+        w(f"  held-out: mean reward {_f(h.mean_reward)} ± {_f(h.ci95)} (n={h.n})")
+    w("GENERATIONS (sampled; Train_LP / Ref_LP = Σ_t log-prob of the sampled tokens, logits/T)")
+    mask = r.completion_mask.bool()
+    lp = (r.per_token_logps * mask).sum(1)
+    ref = (r.ref_per_token_logps * mask).sum(1) if r.ref_per_token_logps is not None else None
+    for i in range(len(r.completions)):
+        if i % g == 0:
+            w(f"  prompt {i // g}: {r.prompts[i]}  (T={float(r.temperatures[i]):g}, unique={int(r.unique_per_group[i // g])}/{g})")
+        w(f"    [{i % g}] Train_LP={float(lp[i]):8.2f} Ref_LP={_f(float(ref[i]) if ref is not None else None, 2):>8} "
+          f"len={int(mask[i].sum()):3d}{' TRUNC' if bool(r.is_truncated[i]) else ''}  {_clip(r.completions[i])}")
+    w(f"  recompute check: max|logp(sampling) − logp(forward)| = {r.max_abs_logp_diff:.2e}"
+      + ("  !! FLAGGED" if r.logp_diff_flagged else ""))
+    w("REWARDS")
+    for i in range(len(r.completions)):
+        comps = " ".join(f"{k}={_f(v[i], 2)}" for k, v in rw.components.items() if not math.isnan(v[i]))
+        extra = []
+        if rw.matches_label[i] is not None:
+            extra.append(f"B=label:{'Y' if rw.matches_label[i] else 'n'}")
+        if rw.matches_sf1[i] is not None:
+            extra.append(f"B=SF#1:{'Y' if rw.matches_sf1[i] else 'n'}")
+        w(f"  [{i // g}.{i % g}] reward={_f(float(rw.rewards[i]), 3)} {comps} {' '.join(extra)}"
+          + (f"  flags={','.join(rw.flags[i])}" if rw.flags[i] else ""))
+    w(f"  engine: {rw.engine_stats}")
+    w(f"ADVANTAGES ({a.normalization})")
+    for b in range(a.group_mean.numel()):
+        vals = " ".join(f"{float(x):+.3f}" for x in a.advantages[b * g:(b + 1) * g])
+        w(f"  group {b}: mean={float(a.group_mean[b]):.3f} std={float(a.group_std[b]):.3f}  A=[{vals}]"
+          + ("  ZERO-STD" if b in a.zero_std_groups else ""))
+    w(f"  frac_reward_zero_std={a.frac_reward_zero_std:.2f}")
+    w(f"LOSS ({lo.normalizer.description})")
+    w(f"  loss={float(lo.loss):.6f} = PG {float(lo.pg_loss):.6f} + β·KL {float(lo.kl_loss):.6f} "
+      f"+ entropy term {float(lo.entropy_term):.6f}")
+    w(f"  raw KL (token mean, {lo.kl_estimator})={_f(lo.kl, 6)}  KL share={lo.kl_share:.1%}  "
+      f"clip_ratio/region_mean={_f(lo.metrics.get('clip_ratio/region_mean'))}")
+    w("UPDATE")
+    if u is None:
+        w("  REFUSED (see warnings)")
+    else:
+        w(f"  grad norm pre-clip={u.grad_norm_pre_clip:.4g} post-clip={u.grad_norm_post_clip:.4g} "
+          f"(max_grad_norm={c.max_grad_norm}); per term: " +
+          " ".join(f"{k}={v:.3g}" for k, v in u.per_term_global.items()))
+        w(f"  lr={u.lr:g} micro_batches={u.micro_batches} ||Δθ||={u.param_delta_norm:.3g} "
+          f"loss(grad path) − loss(record) = {u.loss_record_diff:.2e}")
+    w("POST-UPDATE PERFORMANCE (greedy, SAME prompts as before)")
+    if e is not None:
+        w(f"  mean reward {_f(e.batch_before.mean_reward)} → {_f(e.batch_after.mean_reward)} "
+          f"(Δ={_f(e.delta_reward_batch)}, n={e.batch_after.n})")
+        if e.heldout_after:
+            w(f"  held-out {_f(e.heldout_before.mean_reward)} → {_f(e.heldout_after.mean_reward)} "
+              f"(Δ={_f(e.delta_reward_heldout)}, n={e.heldout_after.n})")
+        w("ANALYSIS")
+        w(f"  corr(advantage, mean Δlogp per sequence) = {_f(e.corr_adv_delta_logp, 3)}; "
+          f"rows moved with their advantage: {_f(e.frac_moved_with_advantage, 2)}")
+        w(f"  same-seed resample: {sum(e.resample_changed)}/{len(e.resample_changed)} completions changed, "
+          f"mean reward {_f(float(rw.rewards.nanmean()), 3)} → {_f(float(e.resample_rewards.nanmean()), 3)}")
+    w("TIMING " + " ".join(f"{k}={v:.2f}s" for k, v in trace.timings.items())
+      + f" total={sum(trace.timings.values()):.2f}s")
+    if trace.flags:
+        w("WARNINGS")
+        for f in trace.flags:
+            w(f"  !! {f}")
+    return "\n".join(out)
