@@ -15,3 +15,9 @@ def fixtures_dir() -> Path:
         if (path / "rook_p_lines.txt").exists():
             return path
     pytest.skip(f"RookWorld fixtures not found (looked in {', '.join(map(str, candidates))})")
+
+
+# tests/tinymodels.py is imported as a plain module by the tests
+import sys as _sys
+
+_sys.path.insert(0, str(Path(__file__).parent))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -390,3 +390,49 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
         seconds=time.perf_counter() - t_start, timings={"generate": t_generate, "score": t_score},
         warnings=tuple(warn),
     )
+
+
+def inject_completions(rollout: Rollout, texts: Mapping[int, str], policy, reference, tokenizer) -> Rollout:
+    """Replace rows of a rollout with chosen completion texts ("what if the model had said X?").
+
+    Each text is tokenized, EOS appended, and EVERY per-token tensor is recomputed by the same
+    teacher-forced scoring as sampled rows, so the loss/update treat it exactly like a sample. The
+    injected rows' sampling log-probs are set to the recomputed ones (nothing was sampled) and a
+    warning names the rows, so no view mistakes them for samples.
+    """
+    if not texts:
+        return rollout
+    n, t_old = rollout.completion_ids.shape
+    bad = [r for r in texts if not 0 <= r < n]
+    if bad:
+        raise ConfigError("inject", f"rows {bad} out of range 0..{n - 1}")
+    eos_id, pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
+    new_ids = {r: tokenizer(t, add_special_tokens=False)["input_ids"] + [eos_id] for r, t in texts.items()}
+    t_len = max([t_old, *(len(v) for v in new_ids.values())])
+    ids = torch.full((n, t_len), pad_id, dtype=torch.long)                              # (N, T')
+    mask = torch.zeros((n, t_len), dtype=rollout.completion_mask.dtype)                # (N, T')
+    ids[:, :t_old], mask[:, :t_old] = rollout.completion_ids, rollout.completion_mask
+    truncated = rollout.is_truncated.clone()                                            # (N,)
+    for r, row in new_ids.items():                    # a handful of user-chosen rows, not a hot path
+        ids[r], mask[r] = pad_id, 0
+        ids[r, :len(row)], mask[r, :len(row)] = torch.tensor(row), 1
+        truncated[r] = False
+    k = rollout.topk_ids.shape[-1]
+    scores, _ = _score(policy, reference if rollout.ref_per_token_logps is not None else None, rollout.prompt_ids,
+                       rollout.prompt_mask, ids, mask, rollout.temperatures, k, None)
+    sampling = torch.zeros((n, t_len))                                                  # (N, T')
+    sampling[:, :t_old] = rollout.sampling_per_token_logps
+    for r in new_ids:
+        sampling[r] = scores["logps"][r]
+    lengths = mask.sum(1).tolist()
+    completions = tuple(tokenizer.batch_decode([row[:L] for row, L in zip(ids.tolist(), lengths)],
+                                               skip_special_tokens=True))
+    completion_tokens, topk_tokens = _token_strings(tokenizer, ids, lengths, scores["topk_ids"])
+    return replace(
+        rollout, completion_ids=ids, completion_mask=mask, per_token_logps=scores["logps"],
+        ref_per_token_logps=scores.get("ref"), per_token_entropy=scores["entropy"],
+        per_token_full_kl=scores.get("kl"), topk_ids=scores["topk_ids"], topk_logps=scores["topk_logps"],
+        sampling_per_token_logps=sampling, is_truncated=truncated,
+        unique_per_group=_unique_per_group(ids, mask, rollout.num_generations), completions=completions,
+        completion_tokens=completion_tokens, topk_tokens=topk_tokens,
+        warnings=rollout.warnings + (f"rows {sorted(texts)} are INJECTED completions, not samples",))

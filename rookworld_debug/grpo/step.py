@@ -19,7 +19,7 @@ from rookworld_debug.errors import NumericalError
 from rookworld_debug.grpo import serialize
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
 from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_eval
-from rookworld_debug.grpo.generation import Rollout, generate
+from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import Rewards, compute_rewards
 from rookworld_debug.grpo.setup import Setup, setup as setup_phase
@@ -127,8 +127,9 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig) -> Lo
 
 
 def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_weights=None,
-                     timer: Optional[PhaseTimer] = None):
-    """generation → rewards → advantages → loss on the setup's (current) policy; no update."""
+                     inject: Optional[Mapping[int, str]] = None, timer: Optional[PhaseTimer] = None):
+    """generation → rewards → advantages → loss on the setup's (current) policy; no update.
+    `inject` = {row: completion text} replaces sampled rows (see `inject_completions`)."""
     timer = timer or PhaseTimer()
     b, g = s.batch, config.num_generations
     with timer("generation"):
@@ -136,6 +137,8 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
                            max_new_tokens=config.max_new_tokens,
                            sampling={t: config.sampling_for(t) for t in set(b.tasks)}, seed=config.seed,
                            top_k_alternatives=config.top_k_alternatives)
+        if inject:
+            rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
     with timer("rewards"):
         rewards = compute_rewards(rollout.prompts, rollout.completions, rollout.tasks, labels=rows(b.completions, g),
                                   reward_mode=config.reward_mode, engine=s.engine, reward_funcs=reward_funcs,
@@ -147,9 +150,10 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
     return rollout, rewards, advantages, loss
 
 
-def run_step(config: StepConfig, *, session: Optional[Setup] = None,
-             reward_funcs: Optional[Mapping] = None, reward_weights: Optional[Mapping] = None) -> StepTrace:
-    """One fully instrumented GRPO step. Pass `session` (a Setup) to reuse loaded models/engine."""
+def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_funcs: Optional[Mapping] = None,
+             reward_weights: Optional[Mapping] = None, inject: Optional[Mapping[int, str]] = None) -> StepTrace:
+    """One fully instrumented GRPO step. Pass `session` (a Setup) to reuse loaded models/engine;
+    `inject` = {row: text} to put chosen completions into the rollout (debugging "what if")."""
     timer = PhaseTimer()
     with timer("setup"):
         s = replace(session, config=config) if session is not None else setup_phase(config)
@@ -162,7 +166,7 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None,
                                      [x.task for x in s.heldout], heldout_labels, **ev_kw) if s.heldout else None
 
     rollout, rewards, advantages, loss = sample_and_score(s, config, reward_funcs=reward_funcs,
-                                                          reward_weights=reward_weights, timer=timer)
+                                                          reward_weights=reward_weights, inject=inject, timer=timer)
     flags = list(s.invariants.failures) + list(rollout.warnings) + list(loss.flags) + advantage_flags(advantages)
 
     upd, evaluation = None, None
