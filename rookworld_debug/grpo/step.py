@@ -67,7 +67,7 @@ class StepTrace:
         return serialize.decode(payload, load_file(str(path / "trace.safetensors")))
 
     def summary(self) -> dict:
-        """Headline numbers (what reports and the per-step table show), each defined in `metrics.md`."""
+        """Headline numbers (what reports and the per-step table show), each defined in `rookworld_debug.metrics.GLOSSARY`."""
         u, e, lo, r = self.update, self.evaluation, self.loss, self.rollout
         lengths = r.completion_mask.sum(1).float()
         return {
