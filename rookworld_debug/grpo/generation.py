@@ -139,6 +139,26 @@ def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: to
     return torch.cat(logps).masked_fill(~mask, 0.0), torch.cat(entropies).masked_fill(~mask, 0.0)
 
 
+def per_token_logps_entropy_full_kl(policy, reference, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                    temperatures: torch.Tensor, *, chunk: int | None = None):
+    """Like `per_token_logps_and_entropy(..., with_grad=True)` plus the exact full-vocabulary
+    KL(π_θ‖π_ref) per token WITH its gradient (the 'full' estimator needs both distributions; the
+    reference side carries no grad). Returns (logps, entropy, full_kl), each (N, T), 0 where masked."""
+    args = (prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk)
+    logps, ents, kls = [], [], []
+    ref_iter = _iter_tempered_logits(reference, *args)
+    for rows, logits in _iter_tempered_logits(policy, *args):                          # (n, T, V) with grad
+        with torch.no_grad():
+            _, ref_logits = next(ref_iter)                                              # (n, T, V)
+            ref_all = torch.log_softmax(ref_logits, dim=-1)                             # (n, T, V)
+        lp, ent, logp_all, p_all = _token_stats(logits, completion_ids[rows].to(logits.device))
+        logps.append(lp)
+        ents.append(ent)
+        kls.append((p_all * (logp_all - ref_all)).sum(-1))                             # (n, T)
+    mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
+    return tuple(torch.cat(x).masked_fill(~mask, 0.0) for x in (logps, ents, kls))
+
+
 # ---------------------------------------------------------------------------------- sampling
 class _SampledLogpCapture:
     """A logits processor that records log softmax(logits / T) of each SAMPLED token, streaming.

@@ -172,7 +172,7 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     upd, evaluation = None, None
     with timer("update"):
         try:
-            upd = update(s.policy, s.optimizer, rollout, advantages, loss, config)
+            upd = update(s.policy, s.optimizer, rollout, advantages, loss, config, reference=s.reference)
         except NumericalError as err:          # refuse to step on NaN/inf; the trace says why
             flags.append(f"update refused: {err}")
     if upd is not None:

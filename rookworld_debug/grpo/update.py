@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rookworld_debug.errors import NumericalError
-from rookworld_debug.grpo.generation import per_token_logps_and_entropy
+from rookworld_debug.errors import ConfigError, NumericalError
+from rookworld_debug.grpo.generation import per_token_logps_and_entropy, per_token_logps_entropy_full_kl
 from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
 
 TERMS = ("pg", "kl", "entropy")
@@ -74,10 +74,13 @@ def make_optimizer(policy: torch.nn.Module, config) -> torch.optim.Optimizer:
                              eps=config.adam_eps, weight_decay=config.weight_decay)
 
 
-def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool = True
-           ) -> UpdateResult:
+def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool = True,
+           reference=None) -> UpdateResult:
     """One optimizer step on `rollout` with `advantages`. Refuses (NumericalError) on a non-finite
-    loss or gradient instead of stepping the optimizer."""
+    loss or gradient instead of stepping the optimizer. `reference` is needed for kl_estimator='full'
+    (its exact KL needs the reference distribution again, with the policy side carrying grad)."""
+    if config.kl_estimator == "full" and config.beta and reference is None:
+        raise ConfigError("kl_estimator", "'full' needs the reference model in update() for its gradient")
     t0 = time.perf_counter()
     policy.train(False)                      # dropout stays off: train() would re-enable it
     params = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
@@ -85,19 +88,25 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     adv = advantages.advantages.to(rollout.per_token_logps.dtype)          # (N,)
     mask = rollout.completion_mask                                         # (N, T)
     num_items = float(mask.sum())
-    term_grads = {t: [torch.zeros_like(p) for _, p in params] for t in TERMS}
+    buckets = TERMS if per_term_grads else ("pg",)     # one bucket = the plain total gradient (less memory)
+    term_grads = {t: [torch.zeros_like(p) for _, p in params] for t in buckets}
     loss_total = 0.0
     forwards = 0
     slices = _micro_slices(n, config.micro_batch_size)
     for rows in slices:
-        logps, entropy = per_token_logps_and_entropy(
-            policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.completion_ids[rows],
-            mask[rows], rollout.temperatures[rows], with_grad=True)       # (n_mb, T), (n_mb, T)
-        forwards += 1
+        ids = (rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.completion_ids[rows], mask[rows],
+               rollout.temperatures[rows])
+        full_kl = None
+        if config.kl_estimator == "full" and config.beta:
+            logps, entropy, full_kl = per_token_logps_entropy_full_kl(policy, reference, *ids)   # (n_mb, T) each
+            forwards += 2
+        else:
+            logps, entropy = per_token_logps_and_entropy(policy, *ids, with_grad=True)  # (n_mb, T), (n_mb, T)
+            forwards += 1
         rec = compute_loss(
             logps, None, rollout.ref_per_token_logps[rows], adv[rows], mask[rows],
             entropy=entropy if config.entropy_coef else None,
-            per_token_full_kl=None if rollout.per_token_full_kl is None else rollout.per_token_full_kl[rows],
+            per_token_full_kl=full_kl,
             num_items_in_batch=num_items, **loss_kwargs(config))
         w = _mb_weight(config.loss_type, rows, n, mask)
         # TRL's entropy bonus is a token mean of the micro-batch for every loss type → weight by token share
@@ -105,7 +114,7 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
         terms = {"pg": rec.pg_loss * w, "kl": rec.kl_loss * w, "entropy": rec.entropy_term * w_ent}
         total = terms["pg"] + terms["kl"] + terms["entropy"]
         if not torch.isfinite(total):
-            raise NumericalError(f"non-finite loss {float(total)} in micro-batch rows {rows.start}:{rows.stop}; "
+            raise NumericalError(f"non-finite loss {float(total.detach())} in micro-batch rows {rows.start}:{rows.stop}; "
                                  "optimizer step refused")
         loss_total += float(total.detach())
         if per_term_grads:
@@ -118,13 +127,13 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
                         acc.add_(g)
         else:
             gs = torch.autograd.grad(total, [p for _, p in params], allow_unused=True)
-            for acc, g in zip(term_grads["pg"], gs):       # single bucket when terms aren't split
+            for acc, g in zip(term_grads["pg"], gs):       # the single bucket holds the total
                 if g is not None:
                     acc.add_(g)
 
     # total grad = Σ term grads (linearity) → write into .grad for the optimizer
     for j, (_, p) in enumerate(params):
-        p.grad = term_grads["pg"][j] + term_grads["kl"][j] + term_grads["entropy"][j]
+        p.grad = sum(term_grads[t][j] for t in buckets)
     grads = [p.grad for _, p in params]
     pre = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
     if not math.isfinite(pre):
@@ -145,7 +154,8 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
         if per_term_grads else {}
 
     before = [p.detach().clone() for _, p in params]
-    torch.nn.utils.clip_grad_norm_([p for _, p in params], config.max_grad_norm)
+    if config.max_grad_norm is not None:                 # None = no clipping (documented in StepConfig)
+        torch.nn.utils.clip_grad_norm_([p for _, p in params], config.max_grad_norm)
     post = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for _, p in params])))
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
@@ -154,6 +164,7 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     return UpdateResult(
         loss=loss_total, loss_record_diff=abs(loss_total - float(loss_record.loss)),
         grad_norm_pre_clip=pre, grad_norm_post_clip=post,
-        clip_coef=min(1.0, config.max_grad_norm / (pre + 1e-6)), per_layer=per_layer,
+        clip_coef=1.0 if config.max_grad_norm is None else min(1.0, config.max_grad_norm / (pre + 1e-6)),
+        per_layer=per_layer,
         per_term_global=per_term_global, lr=lr, micro_batches=len(slices), param_delta_norm=delta,
         seconds=time.perf_counter() - t0, counts={"forwards": forwards, "backwards": forwards * (3 if per_term_grads else 1)})
