@@ -1,0 +1,593 @@
+"""N GRPO steps with the SAME phase functions as `run_step`: batch cursor, β/LR schedules, checkpoints.
+
+Shape legend: B prompts, G generations/prompt, N = B·G rows, T completion tokens.
+
+Read `run_steps` top to bottom. Step k (0-based) does, in this order:
+
+1. β_k  = `BetaController.beta_for(k)`   — computed BEFORE step k's loss, from steps < k only;
+2. lr_k = `LRSchedule.lr_at(k)`           — written into the optimizer BEFORE step k's optimizer step;
+3. batch_k = `BatchCursor.at(k)`          — explicit dataset indices (reported with epoch, cursor, hash);
+4. seed_k  = `step_seed(config.seed, k)`  — sampling seed, a pure function of (seed, k);
+5. `run_step(config.replace(beta=β_k, lr=lr_k, seed=seed_k), session=<one Setup, batch_k>)`;
+6. the adaptive controller observes step k's RAW KL (`trace.loss.kl`, never β·KL) → β_{k+1}.
+
+The optimizer (AdamW moments) and the policy persist across steps; the reference never changes.
+Everything a step depends on is either in the checkpoint (weights, optimizer, controller value, RNG
+states) or a pure function of (config, k), so resuming from a checkpoint reproduces the
+uninterrupted run bit for bit on CPU.
+
+The old tool's multi-step bugs this module is written against (anchor_rookworld.md §3.5–§3.12):
+β updated one step late, LR schedule off by one (step k trained with lr(k−2)), adaptive β fed β·KL,
+a batch cursor that reused prompts [0:B] once `start ≥ N`, Pre/Post measured on different batches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+import torch
+
+from rookworld_debug.config import StepConfig
+from rookworld_debug.data.loaders import select_batch
+from rookworld_debug.errors import ConfigError, DataError
+from rookworld_debug.grpo.rewards import compute_rewards
+from rookworld_debug.grpo.setup import Setup, load_samples, setup as setup_phase
+from rookworld_debug.grpo.step import StepTrace, run_step
+
+MODES = ("overfit_single_batch", "fresh")
+BETA_KINDS = ("constant", "warmup", "adaptive")
+LR_KINDS = ("constant", "linear", "cosine", "warmup_cosine")
+CHECKPOINT_VERSION = 1
+
+
+# ==================================================================================== seeds
+def step_seed(seed: int, step: int) -> int:
+    """Sampling seed of step `step`: first 31 bits of sha256(f"{seed}/{step}"). A pure function of
+    (config.seed, step), so a resumed run samples exactly what the uninterrupted one did."""
+    return int(hashlib.sha256(f"{seed}/{step}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+# ==================================================================================== β schedule
+@dataclass(frozen=True)
+class BetaSchedule:
+    """β per step (0-based step k; β_k is fixed BEFORE step k's loss is computed).
+
+    - 'constant': β_k = target for every k.
+    - 'warmup':   β_k = 0 for k < warmup_steps, β_k = target for k ≥ warmup_steps. With
+                  warmup_steps = 3, steps 0, 1, 2 have β = 0 and step 3 is the first KL-penalised step.
+    - 'adaptive': TRL/PPO `AdaptiveKLController` on the RAW KL (nats/token, `trace.loss.kl`), after an
+                  optional warmup as above (β = 0, controller idle). β_K = target, then after each step
+                  k ≥ K:  e = clip(KL_k / target_kl − 1, −clip, +clip);  β_{k+1} = β_k · (1 + e / horizon).
+                  (TRL multiplies e by n_steps/horizon with n_steps = samples seen; here n_steps = 1
+                  optimizer step, so `horizon` is in steps: with clip 0.2 and horizon 10, β moves at most
+                  ±2 % per step.) KL > target → β rises; KL < target → β falls. A step without a
+                  finite KL (update refused, no reference) leaves β unchanged.
+    `target=None` takes `config.beta`.
+    """
+    kind: str = "constant"
+    target: Optional[float] = None
+    warmup_steps: int = 0
+    target_kl: float = 0.1
+    horizon: float = 10.0
+    clip: float = 0.2
+
+    def __post_init__(self):
+        if self.kind not in BETA_KINDS:
+            raise ConfigError("beta_schedule", f"unknown kind {self.kind!r}; expected one of {list(BETA_KINDS)}")
+        if self.target is not None and not (math.isfinite(self.target) and self.target >= 0):
+            raise ConfigError("beta_schedule.target", f"must be ≥ 0, got {self.target!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ConfigError("beta_schedule.warmup_steps", f"must be an integer ≥ 0, got {self.warmup_steps!r}")
+        if not self.target_kl > 0:
+            raise ConfigError("beta_schedule.target_kl", f"must be > 0, got {self.target_kl!r}")
+        if not self.horizon > 0:
+            raise ConfigError("beta_schedule.horizon", f"must be > 0, got {self.horizon!r}")
+        if not 0 < self.clip < 1:
+            raise ConfigError("beta_schedule.clip", f"must be in (0, 1), got {self.clip!r}")
+
+    def resolved(self, config: StepConfig) -> "BetaSchedule":
+        out = self if self.target is not None else dataclasses.replace(self, target=float(config.beta))
+        if out.kind == "adaptive" and out.target <= 0:
+            raise ConfigError("beta_schedule.target", "the adaptive controller is multiplicative: its initial β "
+                              "(target, default config.beta) must be > 0")
+        return out
+
+
+class BetaController:
+    """Holds the schedule's state (the adaptive controller's current value) and answers β_k."""
+
+    def __init__(self, schedule: BetaSchedule):
+        if schedule.target is None:
+            raise ConfigError("beta_schedule.target", "resolve the schedule first (BetaSchedule.resolved(config))")
+        self.schedule = schedule
+        self.value = float(schedule.target)       # adaptive: β for the next step ≥ warmup
+        self.history: list[dict] = []             # one entry per observe(): step, kl, error, β before/after
+
+    def beta_for(self, step: int) -> float:
+        s = self.schedule
+        if s.kind in ("warmup", "adaptive") and step < s.warmup_steps:
+            return 0.0
+        return float(s.target) if s.kind in ("constant", "warmup") else self.value
+
+    def observe(self, step: int, kl: float) -> None:
+        """Feed step `step`'s RAW KL (not β·KL). Only the adaptive kind, after warmup, changes β."""
+        s = self.schedule
+        if s.kind != "adaptive" or step < s.warmup_steps or kl is None or not math.isfinite(kl):
+            return
+        error = min(max(kl / s.target_kl - 1.0, -s.clip), s.clip)
+        before = self.value
+        self.value = before * (1.0 + error / s.horizon)
+        self.history.append({"step": step, "kl": kl, "error": error, "beta_before": before, "beta_after": self.value})
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "history": list(self.history)}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.value = float(d["value"])
+        self.history = list(d.get("history", []))
+
+
+# ==================================================================================== LR schedule
+@dataclass(frozen=True)
+class LRSchedule:
+    """Learning rate per step; `lr_at(k)` is written into the optimizer BEFORE step k's optimizer step
+    (step 0 uses lr_at(0)). With w = warmup_steps, n = total_steps, base = `base` (None → config.lr):
+
+    - k < w (every kind):  lr = base·(k+1)/w           (linear warmup; step 0 is not a zero-lr step)
+    - k ≥ w, p = (k − w)/(n − w) ∈ [0, 1):
+        'constant':      lr = base
+        'linear':        lr = min_lr + (base − min_lr)·(1 − p)
+        'cosine':        lr = min_lr + (base − min_lr)·½(1 + cos πp)
+        'warmup_cosine': 'cosine' with w defaulting to max(1, n // 10) when warmup_steps = 0.
+    The decay reaches min_lr at k = n, one past the last step, so the last step still trains (as HF's
+    schedulers). `total_steps=None` takes the run's `steps`.
+    """
+    kind: str = "constant"
+    base: Optional[float] = None
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    total_steps: Optional[int] = None
+
+    def __post_init__(self):
+        if self.kind not in LR_KINDS:
+            raise ConfigError("lr_schedule", f"unknown kind {self.kind!r}; expected one of {list(LR_KINDS)}")
+        if self.base is not None and not (math.isfinite(self.base) and self.base >= 0):
+            raise ConfigError("lr_schedule.base", f"must be ≥ 0, got {self.base!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ConfigError("lr_schedule.warmup_steps", f"must be an integer ≥ 0, got {self.warmup_steps!r}")
+        if not self.min_lr >= 0:
+            raise ConfigError("lr_schedule.min_lr", f"must be ≥ 0, got {self.min_lr!r}")
+        if self.total_steps is not None and self.total_steps < 1:
+            raise ConfigError("lr_schedule.total_steps", f"must be ≥ 1, got {self.total_steps!r}")
+
+    def resolved(self, config: StepConfig, steps: int) -> "LRSchedule":
+        out = dataclasses.replace(self, base=float(config.lr) if self.base is None else self.base,
+                                  total_steps=steps if self.total_steps is None else self.total_steps)
+        if out.kind == "warmup_cosine" and out.warmup_steps == 0:
+            out = dataclasses.replace(out, warmup_steps=max(1, out.total_steps // 10))
+        if out.warmup_steps >= out.total_steps and out.kind != "constant":
+            raise ConfigError("lr_schedule.warmup_steps", f"{out.warmup_steps} warmup steps leave no decay phase in "
+                              f"{out.total_steps} steps")
+        return out
+
+    def lr_at(self, step: int) -> float:
+        if self.base is None or self.total_steps is None:
+            raise ConfigError("lr_schedule", "resolve the schedule first (LRSchedule.resolved(config, steps))")
+        base, w, n = self.base, self.warmup_steps, self.total_steps
+        if step < w:
+            return base * (step + 1) / w
+        if self.kind == "constant":
+            return base
+        p = (step - w) / max(1, n - w)
+        if self.kind == "linear":
+            return self.min_lr + (base - self.min_lr) * (1.0 - p)
+        return self.min_lr + (base - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
+
+
+def _as_beta(x, config) -> BetaSchedule:
+    x = BetaSchedule() if x is None else BetaSchedule(kind=x) if isinstance(x, str) else \
+        BetaSchedule(**x) if isinstance(x, Mapping) else x
+    return x.resolved(config)
+
+
+def _as_lr(x, config, steps) -> LRSchedule:
+    x = LRSchedule() if x is None else LRSchedule(kind=x) if isinstance(x, str) else \
+        LRSchedule(**x) if isinstance(x, Mapping) else x
+    return x.resolved(config, steps)
+
+
+# ==================================================================================== batch cursor
+@dataclass(frozen=True)
+class BatchCursor:
+    """Which dataset positions step k trains on. No hidden state: `at(k)` is pure.
+
+    - 'overfit_single_batch': `order` IS the batch (the setup's B indices); every step returns it;
+      epoch = k (each step is one pass over the batch), cursor = 0.
+    - 'fresh': `order` = a fixed permutation (random.Random(seed).sample) of the M task-matching
+      positions. Step k starts at c = (k·B) mod M and takes order[(c + j) mod M] for j < B — always
+      exactly B prompts, wrapping inside the step if needed; epoch = ⌊k·B / M⌋ (passes started).
+    """
+    mode: str
+    order: tuple
+    batch_size: int
+
+    def at(self, step: int) -> tuple[tuple, int, int]:
+        """(indices, epoch, cursor) of step `step`."""
+        if self.mode == "overfit_single_batch":
+            return tuple(self.order), step, 0
+        m, b = len(self.order), self.batch_size
+        start = step * b
+        c = start % m
+        return tuple(self.order[(c + j) % m] for j in range(b)), start // m, c
+
+    @staticmethod
+    def fresh(samples: Sequence, task: str, batch_size: int, seed: int) -> "BatchCursor":
+        cand = [i for i, s in enumerate(samples) if task == "mixed" or s.task == task]
+        if len(cand) < batch_size:
+            raise DataError(f"fresh batches need at least batch_size={batch_size} {task} samples, have {len(cand)}")
+        return BatchCursor("fresh", tuple(random.Random(seed).sample(cand, len(cand))), batch_size)
+
+
+# ==================================================================================== result
+@dataclass(frozen=True)
+class MultiStepResult:
+    """`table`: one row per step (columns defined in `TABLE_COLUMNS`); `per_prompt`: one row per
+    (step, prompt) with the greedy reward before/after and the mean sampled reward of its group."""
+    config: StepConfig
+    steps: int
+    mode: str
+    beta_schedule: BetaSchedule
+    lr_schedule: LRSchedule
+    table: object                       # pandas.DataFrame
+    per_prompt: object                  # pandas.DataFrame
+    traces: tuple                       # StepTrace per step run in THIS call (empty if keep_traces=False)
+    checkpoints: tuple                  # folders written, in order
+    resumed_from: Optional[str]
+    session: Setup = field(repr=False, default=None)
+
+    def summary(self) -> dict:
+        return summary_stats(self.table)
+
+    def save(self, out) -> Path:
+        """`table.csv`, `per_prompt.csv`, `summary.json` (summary stats, config, schedules)."""
+        from rookworld_debug.report import atomic_write_json
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.table.to_csv(out / "table.csv", index=False)
+        self.per_prompt.to_csv(out / "per_prompt.csv", index=False)
+        atomic_write_json(out / "summary.json", {
+            "metrics": self.summary(), "steps": self.steps, "mode": self.mode,
+            "beta_schedule": dataclasses.asdict(self.beta_schedule),
+            "lr_schedule": dataclasses.asdict(self.lr_schedule), "config": self.config.to_dict(),
+            "checkpoints": [str(p) for p in self.checkpoints], "resumed_from": self.resumed_from})
+        return out
+
+
+#: Definitions of the per-step table's columns (views and docs use these).
+TABLE_COLUMNS = {
+    "step": "0-based step index k",
+    "epoch": "fresh: passes over the shuffled order started (⌊k·B/M⌋); overfit: = step",
+    "cursor": "fresh: position in the shuffled order where this batch starts; overfit: 0",
+    "batch_indices": "dataset positions of the B prompts (JSON list)",
+    "batch_hash": "hash of the batch's prompts + labels (same hash = same prompts)",
+    "n_prompts": "B of this step (always batch_size)",
+    "seed": "sampling seed of this step = step_seed(config.seed, step)",
+    "beta": "β used in THIS step's loss", "lr": "learning rate used by THIS step's optimizer step",
+    "reward_before": "mean training reward of greedy completions on this batch BEFORE the update",
+    "reward_after": "same prompts, greedy, AFTER the update",
+    "delta_reward": "reward_after − reward_before (same batch, same decoding)",
+    "reward_before_ci95": "95% CI half-width of reward_before over the B prompts (t·s/√B)",
+    "reward_after_ci95": "95% CI half-width of reward_after over the B prompts (t·s/√B)",
+    "builtin_reward_before": "built-in RookWorld reward of the greedy completions before (trace.before)",
+    "builtin_reward_after": "built-in RookWorld reward of the greedy completions after",
+    "heldout_reward_before": "greedy built-in reward on the held-out prompts before (NaN: not evaluated this step)",
+    "heldout_reward_after": "same, after", "heldout_n": "number of held-out prompts evaluated",
+    "rollout_reward": "mean training reward of the N sampled completions (what the advantages see)",
+    "reward_std": "std of the N sampled rewards",
+    "loss": "total loss", "pg_loss": "policy-gradient term", "kl": "raw KL(π‖π_ref), nats/token (TRL `kl`)",
+    "kl_loss": "β·KL as it enters the loss", "kl_share": "|β·KL| / (|PG| + |β·KL| + |entropy term|)",
+    "entropy": "mean token entropy of the tempered policy",
+    "advantage_min": "min advantage over the N rows", "advantage_max": "max advantage over the N rows",
+    "frac_reward_zero_std": "fraction of groups whose G rewards are all equal (no PG signal)",
+    "grad_norm_pre_clip": "global L2 grad norm before clipping", "grad_norm_post_clip": "after clipping",
+    "param_delta_norm": "‖θ_after − θ_before‖₂", "updated": "False when the step refused to update (NaN/inf)",
+    "n_flags": "number of warnings raised by the step's phases",
+}
+
+
+# ==================================================================================== the loop
+def run_steps(config: Optional[StepConfig], steps: int, *, mode: Optional[str] = None,
+              beta_schedule=None, lr_schedule=None, checkpoint_every: Optional[int] = None,
+              checkpoint_dir=None, resume_from=None, reward_funcs: Optional[Mapping] = None,
+              reward_weights: Optional[Mapping] = None, on_step: Optional[Callable] = None,
+              session: Optional[Setup] = None, samples: Optional[tuple] = None, loaded=None, engine=None,
+              heldout_every: int = 1, keep_traces: bool = True) -> MultiStepResult:
+    """Run steps 0..steps−1 (or resume at a checkpoint's next step) and return the per-step table.
+
+    `mode`: 'overfit_single_batch' (default) or 'fresh' (see `BatchCursor`). When resuming, None
+    for mode/schedules takes the checkpoint's; anything given must match it.
+    `beta_schedule` / `lr_schedule`: a kind name, a dict of fields, or a `BetaSchedule`/`LRSchedule`.
+    `reward_funcs` / `reward_weights`: as `run_step` (TRL signature); the table's reward_before/after is
+    the same weighted training reward on the greedy completions. `samples` = (train, heldout) lists
+    (default: `load_samples(config.dataset, config.task)`); `loaded` = a `LoadedModels` to reuse.
+    `heldout_every`: evaluate the held-out prompts on steps k with k % heldout_every == 0 (and the last).
+    `on_step(row: dict, trace: StepTrace)` is called after each step (CLI log, progress bars).
+    """
+    state = _read_checkpoint(resume_from) if resume_from is not None else None
+    if state is not None:
+        saved = StepConfig.from_dict(state["config"])
+        if config is None:
+            config = saved
+        elif config != saved:
+            diff = sorted(k for k in saved.field_names() if getattr(saved, k) != getattr(config, k))
+            raise ConfigError(", ".join(diff), f"the checkpoint in {resume_from} was written for another config "
+                              f"(fields {diff} differ); pass config=None to take the checkpoint's")
+        mode = state["mode"] if mode is None else mode
+        if beta_schedule is None:
+            beta_schedule = state["beta_schedule"]
+        if lr_schedule is None:
+            lr_schedule = state["lr_schedule"]
+    if config is None:
+        raise ConfigError("config", "a StepConfig is required (or resume_from a checkpoint)")
+    mode = "overfit_single_batch" if mode is None else mode
+    if mode not in MODES:
+        raise ConfigError("mode", f"unknown mode {mode!r}; expected one of {list(MODES)}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigError("steps", f"must be an integer ≥ 1, got {steps!r}")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ConfigError("checkpoint_every", f"must be ≥ 1 or None, got {checkpoint_every!r}")
+    if checkpoint_every and checkpoint_dir is None:
+        raise ConfigError("checkpoint_dir", "checkpoint_every needs a checkpoint_dir")
+    if heldout_every < 1:
+        raise ConfigError("heldout_every", f"must be ≥ 1, got {heldout_every!r}")
+    beta_s, lr_s = _as_beta(beta_schedule, config), _as_lr(lr_schedule, config, steps)
+    if state is not None:
+        _check_same(state, steps=steps, mode=mode, beta=beta_s, lr=lr_s, where=resume_from)
+
+    # ---- one Setup for every step (models, engine, optimizer); the batch is replaced per step
+    if samples is None and (session is None or mode == "fresh"):
+        samples = load_samples(config.dataset, config.task)
+    s0 = session if session is not None else setup_phase(config, loaded=loaded, samples=samples, engine=engine)
+    cursor = BatchCursor.fresh(samples[0], config.task, config.batch_size, config.seed) if mode == "fresh" else \
+        BatchCursor("overfit_single_batch", tuple(s0.batch.indices), config.batch_size)
+    beta = BetaController(beta_s)
+    rows, prompt_rows, start = [], [], 0
+    if state is not None:
+        _restore(state, Path(resume_from), s0, beta)
+        rows, prompt_rows, start = list(state["rows"]), list(state["per_prompt"]), int(state["next_step"])
+        if tuple(state["cursor_order"]) != cursor.order:
+            raise DataError(f"the checkpoint's batch order differs from this dataset's ({resume_from})")
+
+    traces, written = [], []
+    for k in range(start, steps):
+        beta_k, lr_k = beta.beta_for(k), lr_s.lr_at(k)                    # both fixed BEFORE step k
+        indices, epoch, cur = cursor.at(k)
+        batch = s0.batch if mode == "overfit_single_batch" else \
+            select_batch(samples[0], task=config.task, batch_size=config.batch_size, indices=indices)
+        eval_heldout = k % heldout_every == 0 or k == steps - 1
+        session_k = dataclasses.replace(s0, batch=batch, heldout=s0.heldout if eval_heldout else ())
+        step_config = config.replace(beta=beta_k, lr=lr_k, seed=step_seed(config.seed, k))
+        for group in s0.optimizer.param_groups:
+            group["lr"] = lr_k
+        trace = run_step(step_config, session=session_k, reward_funcs=reward_funcs, reward_weights=reward_weights)
+        beta.observe(k, trace.loss.kl)                                     # RAW KL → β_{k+1}
+        row, prows = _rows(k, trace, batch, epoch, cur, reward_funcs, reward_weights)
+        rows.append(row)
+        prompt_rows.extend(prows)
+        if keep_traces:
+            traces.append(trace)
+        if on_step is not None:
+            on_step(row, trace)
+        if checkpoint_every and (k + 1) % checkpoint_every == 0:
+            written.append(save_checkpoint(
+                Path(checkpoint_dir) / f"step_{k + 1:05d}", s0, beta, config=config, steps=steps, mode=mode,
+                beta_schedule=beta_s, lr_schedule=lr_s, next_step=k + 1, cursor=cursor, rows=rows,
+                per_prompt=prompt_rows))
+
+    import pandas as pd
+    return MultiStepResult(config=config, steps=steps, mode=mode, beta_schedule=beta_s, lr_schedule=lr_s,
+                           table=pd.DataFrame(rows), per_prompt=pd.DataFrame(prompt_rows), traces=tuple(traces),
+                           checkpoints=tuple(written), resumed_from=None if resume_from is None else str(resume_from),
+                           session=s0)
+
+
+def _greedy_training_reward(ge, labels, config, engine, reward_funcs, reward_weights) -> list:
+    """Per-prompt training reward (built-in + user functions, weighted) of a GreedyEval's completions."""
+    if not reward_funcs and not reward_weights:
+        return [float(x) for x in ge.rewards]
+    r = compute_rewards(ge.prompts, ge.completions, ge.tasks, labels=labels, reward_mode=config.reward_mode,
+                        engine=engine, reward_funcs=reward_funcs, reward_weights=reward_weights)
+    return [float(x) for x in r.rewards]
+
+
+def _rows(k, trace: StepTrace, batch, epoch, cur, reward_funcs, reward_weights) -> tuple[dict, list]:
+    cfg, s, ev = trace.config, trace.setup, trace.evaluation
+    labels = list(batch.completions)
+    before = _greedy_training_reward(trace.before, labels, cfg, s.engine, reward_funcs, reward_weights)
+    after = _greedy_training_reward(ev.batch_after, labels, cfg, s.engine, reward_funcs, reward_weights) \
+        if ev is not None else [math.nan] * len(before)
+    summ = trace.summary()
+    rb, ra = _mean_ci(before), _mean_ci(after)
+    row = {
+        "step": k, "epoch": epoch, "cursor": cur, "batch_indices": json.dumps(list(batch.indices)),
+        "batch_hash": batch.batch_hash, "n_prompts": len(batch), "seed": cfg.seed,
+        "beta": cfg.beta, "lr": trace.update.lr if trace.update else cfg.lr,
+        "reward_before": rb[0], "reward_after": ra[0], "delta_reward": ra[0] - rb[0],
+        "reward_before_ci95": rb[1], "reward_after_ci95": ra[1],
+        "builtin_reward_before": summ["reward_before"], "builtin_reward_after": summ["reward_after"],
+        "heldout_reward_before": summ["heldout_reward_before"], "heldout_reward_after": summ["heldout_reward_after"],
+        "heldout_n": summ["heldout_n"], "rollout_reward": summ["rollout_reward"], "reward_std": summ["reward_std"],
+        "loss": summ["loss"], "pg_loss": summ["pg_loss"], "kl": summ["kl"], "kl_loss": summ["kl_loss"],
+        "kl_share": summ["kl_share"], "entropy": summ["entropy"],
+        "advantage_min": summ["advantage_min"], "advantage_max": summ["advantage_max"],
+        "frac_reward_zero_std": summ["frac_reward_zero_std"],
+        "grad_norm_pre_clip": summ["grad_norm_pre_clip"], "grad_norm_post_clip": summ["grad_norm_post_clip"],
+        "param_delta_norm": trace.update.param_delta_norm if trace.update else math.nan,
+        "updated": trace.update is not None, "n_flags": len(trace.flags),
+    }
+    row.update({f"sec/{phase}": v for phase, v in trace.timings.items()})
+    row["sec/total"] = sum(trace.timings.values())
+    g = cfg.num_generations
+    sampled = trace.rewards.rewards.reshape(len(batch), g)                 # (B, G)
+    prows = [{"step": k, "slot": j, "dataset_index": int(idx), "prompt": p, "reward_before": before[j],
+              "reward_after": after[j], "rollout_reward_mean": float(torch.nanmean(sampled[j]))}
+             for j, (idx, p) in enumerate(zip(batch.indices, batch.prompts))]
+    return row, prows
+
+
+# ==================================================================================== statistics
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+         29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t975(df: int) -> float:
+    """Two-sided 95% Student-t quantile t_{0.975, df} (table; between entries the next smaller df's
+    value, i.e. conservative; 1.96 beyond 120)."""
+    if df < 1:
+        return math.nan
+    if df in _T975:
+        return _T975[df]
+    smaller = [d for d in _T975 if d < df]
+    return _T975[max(smaller)] if df <= 120 else 1.96
+
+
+def _mean_ci(values) -> tuple[float, float]:
+    """(mean, t_{0.975,n−1}·s/√n) over the finite values; CI NaN when n < 2."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    n = len(v)
+    if n == 0:
+        return math.nan, math.nan
+    m = sum(v) / n
+    if n < 2:
+        return m, math.nan
+    s = math.sqrt(sum((x - m) ** 2 for x in v) / (n - 1))
+    return m, t975(n - 1) * s / math.sqrt(n)
+
+
+def _ols(x, y) -> tuple[float, float]:
+    """Least-squares slope of y on x and its 95% CI half-width (t_{n−2}·SE)."""
+    pts = [(a, b) for a, b in zip(x, y) if math.isfinite(b)]
+    n = len(pts)
+    if n < 2:
+        return math.nan, math.nan
+    mx, my = sum(a for a, _ in pts) / n, sum(b for _, b in pts) / n
+    sxx = sum((a - mx) ** 2 for a, _ in pts)
+    if sxx == 0:
+        return math.nan, math.nan
+    slope = sum((a - mx) * (b - my) for a, b in pts) / sxx
+    if n < 3:
+        return slope, math.nan
+    resid = sum((b - my - slope * (a - mx)) ** 2 for a, b in pts)
+    return slope, t975(n - 2) * math.sqrt(resid / (n - 2) / sxx)
+
+
+def summary_stats(table) -> dict:
+    """Headline numbers of a per-step table. Definitions (r_b/r_a = reward_before/after, Δ = r_a − r_b):
+
+    - start_reward = r_b at the first step (± its CI over the B prompts); end_reward = r_a at the last step;
+    - pos_steps / neg_steps / zero_steps = #steps with Δ > 0 / Δ < 0 / Δ = 0 (NaN steps not counted);
+    - mean_delta ± mean_delta_ci95 = mean Δ over steps, t_{n−1}·s/√n;
+    - ma{w}_first / ma{w}_last = mean r_a over the first / last w steps (± t·s/√w), ma{w}_slope =
+      (ma_last − ma_first)/(n − w) in reward per step (the two window centres are n − w steps apart;
+      NaN when n ≤ w);
+    - slope ± slope_ci95 = least-squares slope of r_a on step (t_{n−2}·SE);
+    - best/worst_step = argmax/argmin r_a (first on ties) with its value and CI over the B prompts;
+    - mean_kl, mean_kl_share, mean_grad_norm_pre_clip, final β/lr, seconds_per_step (mean of sec/total).
+    """
+    n = len(table)
+    out: dict = {"n_steps": n}
+    if n == 0:
+        return out
+    ra = [float(x) for x in table["reward_after"]]
+    d = [float(x) for x in table["delta_reward"]]
+    first, last = table.iloc[0], table.iloc[-1]
+    out.update(start_reward=float(first["reward_before"]), start_reward_ci95=float(first["reward_before_ci95"]),
+               end_reward=float(last["reward_after"]), end_reward_ci95=float(last["reward_after_ci95"]))
+    out["end_minus_start"] = out["end_reward"] - out["start_reward"]
+    out["pos_steps"] = sum(x > 0 for x in d if math.isfinite(x))
+    out["neg_steps"] = sum(x < 0 for x in d if math.isfinite(x))
+    out["zero_steps"] = sum(x == 0 for x in d if math.isfinite(x))
+    out["mean_delta"], out["mean_delta_ci95"] = _mean_ci(d)
+    for w in (10, 20):
+        f, fc = _mean_ci(ra[:w])
+        l, lc = _mean_ci(ra[-w:])
+        out.update({f"ma{w}_first": f, f"ma{w}_first_ci95": fc, f"ma{w}_last": l, f"ma{w}_last_ci95": lc,
+                    f"ma{w}_slope": (l - f) / (n - w) if n > w else math.nan})
+    out["slope"], out["slope_ci95"] = _ols([float(s) for s in table["step"]], ra)
+    finite = [(v, i) for i, v in enumerate(ra) if math.isfinite(v)]
+    if finite:
+        best = max(finite, key=lambda t: (t[0], -t[1]))[1]
+        worst = min(finite, key=lambda t: (t[0], t[1]))[1]
+        for name, i in (("best", best), ("worst", worst)):
+            r = table.iloc[i]
+            out.update({f"{name}_step": int(r["step"]), f"{name}_reward": float(r["reward_after"]),
+                        f"{name}_reward_ci95": float(r["reward_after_ci95"])})
+    for col, key in (("kl", "mean_kl"), ("kl_share", "mean_kl_share"), ("grad_norm_pre_clip", "mean_grad_norm_pre_clip")):
+        out[key], out[key + "_ci95"] = _mean_ci(table[col])
+    out["final_beta"], out["final_lr"] = float(last["beta"]), float(last["lr"])
+    if "sec/total" in table:
+        out["seconds_per_step"] = float(table["sec/total"].mean())
+    return out
+
+
+# ==================================================================================== checkpoints
+def save_checkpoint(path, s: Setup, beta: BetaController, *, config, steps, mode, beta_schedule, lr_schedule,
+                    next_step, cursor: BatchCursor, rows, per_prompt) -> Path:
+    """Folder with policy.pt (state_dict), optimizer.pt, rng.pt (torch/python/numpy) and state.json
+    (config, schedules, controller value, cursor order, step index, the table so far). state.json is
+    written last: its presence marks a complete checkpoint."""
+    import numpy as np
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.detach().clone() for k, v in s.policy.state_dict().items()}, path / "policy.pt")
+    torch.save(s.optimizer.state_dict(), path / "optimizer.pt")
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+               path / "rng.pt")
+    state = {"version": CHECKPOINT_VERSION, "next_step": next_step, "completed_steps": next_step, "steps": steps,
+             "mode": mode, "config": config.to_dict(), "beta_schedule": dataclasses.asdict(beta_schedule),
+             "lr_schedule": dataclasses.asdict(lr_schedule), "beta_state": beta.state_dict(),
+             "cursor_order": list(cursor.order), "cursor_next": list(cursor.at(next_step)[1:]),
+             "rows": rows, "per_prompt": per_prompt, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    tmp = path / ".state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=1))         # NaN kept as NaN: floats round-trip exactly
+    os.replace(tmp, path / "state.json")
+    return path
+
+
+def _read_checkpoint(path) -> dict:
+    f = Path(path) / "state.json"
+    if not f.exists():
+        raise DataError(f"{path} is not a complete checkpoint (no state.json)")
+    state = json.loads(f.read_text())
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise DataError(f"checkpoint {path} has version {state.get('version')}, expected {CHECKPOINT_VERSION}")
+    return state
+
+
+def _check_same(state, *, steps, mode, beta, lr, where):
+    for name, mine, theirs in (("steps", steps, state["steps"]), ("mode", mode, state["mode"]),
+                               ("beta_schedule", dataclasses.asdict(beta), state["beta_schedule"]),
+                               ("lr_schedule", dataclasses.asdict(lr), state["lr_schedule"])):
+        if mine != theirs:
+            raise ConfigError(name, f"resuming {where}: {mine!r} differs from the checkpoint's {theirs!r}")
+
+
+def _restore(state, path: Path, s: Setup, beta: BetaController) -> None:
+    import numpy as np
+    s.policy.load_state_dict(torch.load(path / "policy.pt", weights_only=True))
+    s.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    beta.load_state_dict(state["beta_state"])

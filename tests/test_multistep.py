@@ -1,0 +1,227 @@
+"""grpo.multistep: β/LR schedules at the step they name, adaptive β on RAW KL, cursor wrap, bit-identical
+resume, and an overfit run that learns a deliberately rewarded behaviour. Tiny byte-level GPT-2 built here."""
+import json
+import math
+
+import pytest
+import torch
+
+from rookworld_debug.config import StepConfig
+from rookworld_debug.data.loaders import Sample
+from rookworld_debug.errors import ConfigError, DataError
+from rookworld_debug.grpo.multistep import (BatchCursor, BetaController, BetaSchedule, LRSchedule, run_steps,
+                                            step_seed, summary_stats, t975)
+from rookworld_debug.models import load_policy_and_reference
+
+EOS = "<|endoftext|>"
+FENS = ["rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", "8/8/8/8/8/8/8/K6k w - - 0 1",
+        "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3", "8/3R4/p6k/b2N4/8/7P/6K1/3q4 b - - 1 55",
+        "5rkb/4np1p/1Nr1b1p1/2P1p3/Q3P3/3qB1P1/5PBP/1R3RK1 w - - 2 30"]
+LABEL = "M: e2e4 d2d4 g1f3 c2c4 b1c3 E: 0.3 0.35 0.28 0.32 0.29 B: e2e4"
+
+
+def _byte_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import GPT2TokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab[EOS] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    return GPT2TokenizerFast(tokenizer_object=tk, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    tok = _byte_tokenizer()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=192, n_layer=2, n_head=2, n_embd=32,
+                                       bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id))
+    folder = tmp_path_factory.mktemp("tiny_multistep")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def _samples(n):
+    train = [Sample(text=f"P: {FENS[i % 5]} " + LABEL, task="P", prompt=f"P: {FENS[i % 5]}" + " " * (i // 5),
+                    completion=LABEL, index=i) for i in range(n)]
+    return train, []
+
+
+def _config(model_dir, **kw):
+    base = dict(model=model_dir, batch_size=2, num_generations=2, max_new_tokens=12, eval_max_new_tokens=12,
+                reward_mode="dataset", heldout_n=0, top_k_alternatives=0, lr=1e-3, beta=0.05, seed=3)
+    return StepConfig(**{**base, **kw})
+
+
+def lowercase(prompts, completions, **kw):
+    """The deliberately rewarded behaviour: fraction of completion characters in a-z (≈10 % of the byte
+    vocabulary, so a random policy already samples some and the groups have reward variance)."""
+    return [sum("a" <= ch <= "z" for ch in c) / max(len(c), 1) for c in completions]
+
+
+ONLY_E = dict(reward_funcs={"az": lowercase}, reward_weights={"rookworld": 0.0, "az": 1.0})
+
+
+# ---------------------------------------------------------------------------- pure schedules
+def test_warmup_beta_is_effective_at_the_step_it_names():
+    c = BetaController(BetaSchedule("warmup", target=0.2, warmup_steps=3))
+    assert [c.beta_for(k) for k in range(6)] == [0.0, 0.0, 0.0, 0.2, 0.2, 0.2]
+    c = BetaController(BetaSchedule("constant", target=0.1))
+    assert {c.beta_for(k) for k in range(5)} == {0.1}
+
+
+def test_adaptive_controller_tracks_raw_kl_ppo_formula():
+    c = BetaController(BetaSchedule("adaptive", target=0.1, target_kl=0.05, horizon=10, warmup_steps=1))
+    assert c.beta_for(0) == 0.0 and c.beta_for(1) == 0.1
+    c.observe(0, 99.0)                                  # warmup: controller idle
+    assert c.beta_for(1) == 0.1
+    c.observe(1, 0.06)                                  # KL > target: error 0.2 → ×(1 + 0.2/10)
+    assert c.beta_for(2) == pytest.approx(0.1 * (1 + 0.2 / 10))
+    c.observe(2, 0.0625)                                # error 0.25 clipped to 0.2
+    assert c.beta_for(3) == pytest.approx(0.1 * 1.02 * 1.02)
+    b = c.beta_for(3)
+    c.observe(3, 0.045)                                 # below target: error −0.1 → falls
+    assert c.beta_for(4) == pytest.approx(b * (1 - 0.1 / 10)) and c.beta_for(4) < b
+    c.observe(4, float("nan"))                          # no KL → unchanged
+    assert c.beta_for(5) == c.beta_for(4)
+    # β·KL would be 0.1·0.06 = 0.006 < target → β would FALL; the controller must rise on raw KL
+    c2 = BetaController(BetaSchedule("adaptive", target=0.1, target_kl=0.05))
+    c2.observe(0, 0.06)
+    assert c2.beta_for(1) > 0.1
+
+
+def test_lr_schedules_documented_values():
+    cfg = StepConfig(lr=1e-3)
+    const = LRSchedule("constant").resolved(cfg, 10)
+    assert [const.lr_at(k) for k in range(10)] == [1e-3] * 10
+    lin = LRSchedule("linear").resolved(cfg, 10)
+    assert [lin.lr_at(k) for k in range(10)] == pytest.approx([1e-3 * (1 - k / 10) for k in range(10)])
+    cos = LRSchedule("cosine", min_lr=1e-4).resolved(cfg, 8)
+    assert [cos.lr_at(k) for k in range(8)] == pytest.approx(
+        [1e-4 + 9e-4 * 0.5 * (1 + math.cos(math.pi * k / 8)) for k in range(8)])
+    assert cos.lr_at(0) == pytest.approx(1e-3)         # step 0 uses lr_at(0) = base (no off-by-one)
+    wc = LRSchedule("warmup_cosine", warmup_steps=2).resolved(cfg, 6)
+    assert [wc.lr_at(k) for k in range(6)] == pytest.approx(
+        [5e-4, 1e-3] + [1e-3 * 0.5 * (1 + math.cos(math.pi * (k - 2) / 4)) for k in range(2, 6)])
+    assert LRSchedule("warmup_cosine").resolved(cfg, 30).warmup_steps == 3
+    with pytest.raises(ConfigError):
+        LRSchedule("bogus")
+    with pytest.raises(ConfigError):
+        BetaSchedule("adaptive", target=0.0).resolved(cfg)
+
+
+def test_cursor_wraps_over_small_dataset():
+    train, _ = _samples(5)
+    cur = BatchCursor.fresh(train, "P", 2, seed=1)
+    order = cur.order
+    assert sorted(order) == list(range(5))
+    seen = []
+    for k in range(7):                                  # 14 prompts > 5 samples
+        idx, epoch, c = cur.at(k)
+        assert len(idx) == 2 and c == (2 * k) % 5 and epoch == (2 * k) // 5
+        seen.extend(idx)
+    assert seen == [order[i % 5] for i in range(14)]    # the order follows the cursor, wrapping mid-batch
+    with pytest.raises(DataError):
+        BatchCursor.fresh(train, "P", 6, seed=1)
+
+
+def test_summary_stats_definitions():
+    import pandas as pd
+    ra = [0.1, 0.3, 0.2, 0.5]
+    rb = [0.0, 0.1, 0.3, 0.2]
+    t = pd.DataFrame({"step": range(4), "reward_before": rb, "reward_after": ra,
+                      "delta_reward": [a - b for a, b in zip(ra, rb)], "reward_before_ci95": [0.01] * 4,
+                      "reward_after_ci95": [0.02] * 4, "kl": [0.0] * 4, "kl_share": [0.0] * 4,
+                      "grad_norm_pre_clip": [1.0] * 4, "beta": [0.1] * 4, "lr": [1e-3] * 4})
+    s = summary_stats(t)
+    assert (s["pos_steps"], s["neg_steps"], s["zero_steps"]) == (3, 1, 0)
+    assert s["start_reward"] == 0.0 and s["end_reward"] == 0.5 and s["best_step"] == 3 and s["worst_step"] == 0
+    d = [0.1, 0.2, -0.1, 0.3]
+    sd = (sum((x - 0.125) ** 2 for x in d) / 3) ** 0.5
+    assert s["mean_delta"] == pytest.approx(0.125) and s["mean_delta_ci95"] == pytest.approx(t975(3) * sd / 2)
+    assert s["slope"] == pytest.approx(0.11) and math.isnan(s["ma10_slope"])
+
+
+# ---------------------------------------------------------------------------- integration (tiny model)
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return load_policy_and_reference(model_dir)
+
+
+def _fresh_loaded(model_dir):
+    return load_policy_and_reference(model_dir)
+
+
+def test_fresh_run_cursor_beta_lr_recorded(model_dir):
+    cfg = _config(model_dir)
+    seen = []
+    res = run_steps(cfg, 4, mode="fresh", samples=_samples(3), loaded=_fresh_loaded(model_dir), **ONLY_E,
+                    beta_schedule=BetaSchedule("warmup", target=0.05, warmup_steps=2),
+                    lr_schedule=LRSchedule("linear"), on_step=lambda row, tr: seen.append(row["step"]))
+    t = res.table
+    assert seen == [0, 1, 2, 3] and len(t) == 4 and len(res.traces) == 4
+    assert list(t["beta"]) == [0.0, 0.0, 0.05, 0.05]
+    assert list(t["lr"]) == pytest.approx([1e-3 * (1 - k / 4) for k in range(4)])
+    assert [tr.config.beta for tr in res.traces] == [0.0, 0.0, 0.05, 0.05]
+    assert [tr.update.lr for tr in res.traces] == pytest.approx(list(t["lr"]))
+    order = BatchCursor.fresh(_samples(3)[0], "P", 2, cfg.seed).order
+    assert [json.loads(x) for x in t["batch_indices"]] == [[order[(2 * k + j) % 3] for j in range(2)]
+                                                          for k in range(4)]
+    assert list(t["epoch"]) == [0, 0, 1, 2] and list(t["cursor"]) == [0, 2, 1, 0] and set(t["n_prompts"]) == {2}
+    assert [tr.setup.batch.indices for tr in res.traces] == [tuple(json.loads(x)) for x in t["batch_indices"]]
+    assert list(t["seed"]) == [step_seed(cfg.seed, k) for k in range(4)]
+    assert t["kl"].iloc[0] == pytest.approx(0.0, abs=1e-6)          # step 0: policy = reference
+    assert t["kl"].iloc[1] > 0 and t["kl_share"].iloc[1] == 0.0      # β = 0 during warmup: no KL share
+    assert len(res.per_prompt) == 8
+    s = res.summary()
+    assert s["n_steps"] == 4 and s["pos_steps"] + s["neg_steps"] + s["zero_steps"] == 4
+
+
+def test_adaptive_beta_rises_when_raw_kl_exceeds_target(model_dir):
+    cfg = _config(model_dir, lr=1e-2)
+    res = run_steps(cfg, 3, samples=_samples(4), loaded=_fresh_loaded(model_dir), **ONLY_E,
+                    beta_schedule=BetaSchedule("adaptive", target=0.05, target_kl=1e-6, horizon=5))
+    t = res.table
+    b, kl = list(t["beta"]), list(t["kl"])
+    assert b[0] == 0.05
+    assert kl[0] < 1e-6 and b[1] == pytest.approx(0.05 * (1 - 0.2 / 5))   # step 0 KL = 0 < target → falls
+    assert kl[1] > 1e-6 and b[2] == pytest.approx(b[1] * (1 + 0.2 / 5))   # raw KL above target → rises
+    assert b[2] > b[1]
+
+
+def test_resume_is_bit_identical(model_dir, tmp_path):
+    cfg = _config(model_dir, lr=3e-3)
+    kw = dict(mode="fresh", samples=_samples(5), beta_schedule=BetaSchedule("adaptive", target=0.05, target_kl=0.01),
+              lr_schedule=LRSchedule("cosine"), **ONLY_E)
+    full = run_steps(cfg, 4, loaded=_fresh_loaded(model_dir), checkpoint_every=2, checkpoint_dir=tmp_path / "ck",
+                     **kw)
+    assert [p.name for p in full.checkpoints] == ["step_00002", "step_00004"]
+    resumed = run_steps(cfg, 4, loaded=_fresh_loaded(model_dir), resume_from=tmp_path / "ck" / "step_00002", **kw)
+    assert len(resumed.traces) == 2 and resumed.resumed_from.endswith("step_00002")
+    cols = [c for c in full.table.columns if not c.startswith("sec/")]
+    a, b = full.table[cols], resumed.table[cols]
+    assert a.equals(b), a.compare(b)
+    assert full.per_prompt.equals(resumed.per_prompt)
+    sa, sb = full.session.policy.state_dict(), resumed.session.policy.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    # another config cannot silently resume this checkpoint
+    with pytest.raises(ConfigError):
+        run_steps(cfg.replace(lr=1e-4), 4, loaded=_fresh_loaded(model_dir),
+                  resume_from=tmp_path / "ck" / "step_00002", **kw)
+
+
+def test_overfit_run_raises_rewarded_behaviour(model_dir):
+    cfg = _config(model_dir, lr=1e-2, beta=0.0, num_generations=4, max_new_tokens=16, eval_max_new_tokens=16)
+    res = run_steps(cfg, 12, samples=_samples(4), loaded=_fresh_loaded(model_dir), **ONLY_E)
+    t = res.table
+    assert t["batch_hash"].nunique() == 1                               # the same prompts every step
+    assert (t["reward_before"].iloc[1:].values == t["reward_after"].iloc[:-1].values).all()  # greedy, same weights
+    roll = list(t["rollout_reward"])
+    assert sum(roll[-3:]) / 3 > sum(roll[:3]) / 3 + 0.15, roll
+    assert t["reward_after"].iloc[-1] > t["reward_before"].iloc[0] + 0.2, list(t["reward_after"])
+    s = res.summary()
+    assert s["slope"] > 0 and s["end_minus_start"] > 0.2
