@@ -167,7 +167,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
 
     rollout, rewards, advantages, loss = sample_and_score(s, config, reward_funcs=reward_funcs,
                                                           reward_weights=reward_weights, inject=inject, timer=timer)
-    flags = list(s.invariants.failures) + list(rollout.warnings) + list(loss.flags) + advantage_flags(advantages)
+    flags = [*s.invariants.failures, *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
+             *zero_std_flags(advantages, rollout.prompts, rewards), *loss.flags]
 
     upd, evaluation = None, None
     with timer("update"):
@@ -190,11 +191,23 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                      timings=dict(timer.seconds), counts=counts, flags=tuple(flags))
 
 
-def advantage_flags(adv: Advantages) -> list[str]:
+def rewards_flags(rewards: Rewards) -> list[str]:
+    n = len(rewards.format_valid)
+    bad = n - sum(rewards.format_valid)
+    out = [f"{bad}/{n} completions malformed (format flags in the reward table)"] if bad else []
+    unscorable = int(torch.isnan(rewards.rewards).sum())
+    if unscorable:
+        out.append(f"{unscorable}/{n} completions unscorable (every reward function returned None/NaN)")
+    return out
+
+
+def zero_std_flags(adv: Advantages, prompts, rewards: Rewards) -> list[str]:
+    """Name every zero-std group with its prompt and reward vector (the advantage record has the indices)."""
+    g = adv.num_generations
     out = []
-    if adv.zero_std_groups:
-        out.append(f"{len(adv.zero_std_groups)} of {adv.group_mean.numel()} groups have zero reward std "
-                   f"(groups {list(adv.zero_std_groups)}): their advantages are 0, no policy-gradient signal")
+    for b in adv.zero_std_groups:
+        vec = ", ".join(f"{float(x):.3g}" for x in rewards.rewards[b * g:(b + 1) * g])
+        out.append(f"zero-std group {b}: {prompts[b * g]!r} rewards [{vec}] → advantages 0, no PG signal")
     if adv.zero_std_groups and len(adv.zero_std_groups) == adv.group_mean.numel():
         out.append("ALL groups zero-std: the policy-gradient term is exactly 0 this step")
     return out
