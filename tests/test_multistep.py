@@ -215,13 +215,15 @@ def test_resume_is_bit_identical(model_dir, tmp_path):
 
 
 def test_overfit_run_raises_rewarded_behaviour(model_dir):
-    cfg = _config(model_dir, lr=1e-2, beta=0.0, num_generations=4, max_new_tokens=16, eval_max_new_tokens=16)
-    res = run_steps(cfg, 12, samples=_samples(4), loaded=_fresh_loaded(model_dir), **ONLY_E)
+    cfg = _config(model_dir, lr=3e-2, beta=0.0, num_generations=4)
+    res = run_steps(cfg, 10, samples=_samples(4), loaded=_fresh_loaded(model_dir), **ONLY_E)
     t = res.table
     assert t["batch_hash"].nunique() == 1                               # the same prompts every step
     assert (t["reward_before"].iloc[1:].values == t["reward_after"].iloc[:-1].values).all()  # greedy, same weights
     roll = list(t["rollout_reward"])
-    assert sum(roll[-3:]) / 3 > sum(roll[:3]) / 3 + 0.15, roll
+    assert sum(roll[-3:]) / 3 > sum(roll[:3]) / 3 + 0.3, roll                # sampled reward climbs
+    ma = [sum(roll[i:i + 3]) / 3 for i in range(len(roll) - 2)]
+    assert ma[-1] == max(ma) and ma[-1] > ma[0] and ma[len(ma) // 2] > ma[0], ma    # rolling mean trend
     assert t["reward_after"].iloc[-1] > t["reward_before"].iloc[0] + 0.2, list(t["reward_after"])
     s = res.summary()
     assert s["slope"] > 0 and s["end_minus_start"] > 0.2
