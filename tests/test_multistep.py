@@ -179,6 +179,16 @@ def test_fresh_run_cursor_beta_lr_recorded(model_dir):
     assert len(res.per_prompt) == 8
     s = res.summary()
     assert s["n_steps"] == 4 and s["pos_steps"] + s["neg_steps"] + s["zero_steps"] == 4
+    # views render the records (no GRPO math): every figure carries the table's numbers
+    from rookworld_debug.viz import steps as vsteps
+    fig = vsteps.reward_curves_figure(t)
+    assert list(fig.data[1].y) == pytest.approx(list(t["reward_after"])) and "same" in fig.layout.title.text.lower()
+    assert list(vsteps.kl_share_figure(t).data[0].y) == pytest.approx([100 * x for x in t["kl_share"]])
+    assert list(vsteps.schedule_figure(t).data[0].y) == [0.0, 0.0, 0.05, 0.05]
+    hm = vsteps.per_prompt_heatmap(res.per_prompt)
+    assert len(hm.data[0].y) == 3 and len(hm.data[0].x) == 4          # 3 dataset prompts × 4 steps, gaps blank
+    assert sum(v is None for row in hm.data[0].z for v in row) == 3 * 4 - 8
+    assert "PosSteps (#Δ > 0)" in vsteps.summary_table(s).index
 
 
 def test_adaptive_beta_rises_when_raw_kl_exceeds_target(model_dir):
@@ -227,3 +237,23 @@ def test_overfit_run_raises_rewarded_behaviour(model_dir):
     assert t["reward_after"].iloc[-1] > t["reward_before"].iloc[0] + 0.2, list(t["reward_after"])
     s = res.summary()
     assert s["slope"] > 0 and s["end_minus_start"] > 0.2
+
+
+def test_cli_run_and_resume(model_dir, tmp_path, capsys):
+    from rookworld_debug.grpo.cli_run import main
+    args = ["--steps", "2", "--no-progress", "--mode", "fresh", "--lr-schedule", "linear",
+            "--set", f"model={model_dir}", "--set", "reward_mode=dataset", "--set", "batch_size=2",
+            "--set", "num_generations=2", "--set", "max_new_tokens=6", "--set", "eval_max_new_tokens=6",
+            "--set", "heldout_n=0", "--set", "top_k_alternatives=0", "--set", "lr=1e-3"]
+    assert main(args + ["--checkpoint-every", "1", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "step 1/2 batch " in out and "step 2/2 batch " in out and "PosSteps=" in out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["metrics"]["n_steps"] == 2 and summary["lr_schedule"]["kind"] == "linear"
+    assert main(["--steps", "2", "--no-progress", "--out", str(tmp_path / "b"),
+                 "--resume", str(tmp_path / "a" / "checkpoints" / "step_00001")]) == 0
+    import pandas as pd
+    a, b = (pd.read_csv(tmp_path / x / "table.csv") for x in "ab")
+    cols = [c for c in a.columns if not c.startswith("sec/")]
+    assert a[cols].equals(b[cols])
+    assert main(["--steps", "2", "--set", "bogus=1"]) == 2
