@@ -21,3 +21,21 @@ def fixtures_dir() -> Path:
 import sys as _sys
 
 _sys.path.insert(0, str(Path(__file__).parent))
+
+
+# --------------------------------------------------------------------- fuzz-case counts (issue 9)
+_FUZZ_COUNTS = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="session")
+def fuzz_counts(request) -> dict:
+    """{label: number of generated cases}; tests add to it, the terminal summary prints it."""
+    return request.config.stash.setdefault(_FUZZ_COUNTS, {})
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    counts = config.stash.get(_FUZZ_COUNTS, None)
+    if counts:
+        terminalreporter.write_sep("-", "reliability fuzz cases (hypothesis-generated inputs checked)")
+        for label, n in sorted(counts.items()):
+            terminalreporter.write_line(f"{label:<58} {n:>8,d}")

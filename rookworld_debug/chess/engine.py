@@ -23,6 +23,7 @@ import queue
 import shutil
 import threading
 import time
+import weakref
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Sequence
@@ -37,6 +38,24 @@ from .formats import check_fen
 MATE_SCORE = 100_000     # centipawns, as the P: data generator
 SEARCH_PATHS = ("/usr/games/stockfish", "/usr/local/bin/stockfish", "/opt/homebrew/bin/stockfish")
 MAX_RESTARTS_PER_SEARCH = 2
+
+# python-chess runs each SimpleEngine's event loop on a NON-daemon thread, so a process that forgot
+# ``Engine.close()`` (e.g. ``rookworld-debug step`` after ``run_step``) would hang forever at exit
+# waiting for it. ``atexit`` is too late (CPython joins non-daemon threads first); threading's own
+# pre-join hook (what concurrent.futures uses) closes every still-open Engine instead.
+_OPEN_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+def _close_open_engines() -> None:
+    for engine in list(_OPEN_ENGINES):
+        try:
+            engine.close()
+        except Exception:  # best effort at interpreter exit
+            pass
+
+
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_close_open_engines)
 
 
 def find_stockfish(path: str | os.PathLike | None = None) -> str:
@@ -159,6 +178,7 @@ class Engine:
         self._idle.put(self._workers[0])
         self._pool: ThreadPoolExecutor | None = None
         self.version: str = self._workers[0].engine.id.get("name", "unknown engine")
+        _OPEN_ENGINES.add(self)
 
     # -- lifecycle
     def __enter__(self) -> Engine:
@@ -175,6 +195,7 @@ class Engine:
         for worker in self._workers:
             worker.close()
         self._workers = []
+        _OPEN_ENGINES.discard(self)
 
     def pids(self) -> list[int]:
         """Process ids of the running engines (diagnostics, and the crash test)."""
