@@ -340,6 +340,9 @@ def run_steps(config: Optional[StepConfig], steps: int, *, mode: Optional[str] =
     mode = "overfit_single_batch" if mode is None else mode
     if mode not in MODES:
         raise ConfigError("mode", f"unknown mode {mode!r}; expected one of {list(MODES)}")
+    if mode == "fresh" and config.prompt_indices is not None:
+        raise ConfigError("prompt_indices", "fresh mode draws every batch from the cursor over the whole task "
+                          "subset; prompt_indices only pins the overfit_single_batch batch")
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError("steps", f"must be an integer ≥ 1, got {steps!r}")
     if checkpoint_every is not None and checkpoint_every < 1:
