@@ -257,3 +257,24 @@ def test_cli_run_and_resume(model_dir, tmp_path, capsys):
     cols = [c for c in a.columns if not c.startswith("sec/")]
     assert a[cols].equals(b[cols])
     assert main(["--steps", "2", "--set", "bogus=1"]) == 2
+
+
+def test_notebook_runs_under_papermill_and_writes_summary(model_dir, tmp_path):
+    """notebooks/03_multi_step.ipynb: parameters cell first, committed without outputs, papermill-runnable,
+    writes summary.json with headline metrics for `rookworld-debug report`."""
+    from pathlib import Path
+
+    import nbformat
+    import papermill as pm
+    nb_path = Path(__file__).parents[1] / "notebooks" / "03_multi_step.ipynb"
+    nb = nbformat.read(nb_path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert "parameters" in code[0].metadata.get("tags", []) and "run_dir = None" in code[0].source
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code)
+    pm.execute_notebook(str(nb_path), str(tmp_path / "out.ipynb"), kernel_name="python3", progress_bar=False,
+                        parameters=dict(model=model_dir, steps=2, max_new_tokens=6, eval_max_new_tokens=6,
+                                        heldout_n=0, beta_schedule="warmup", beta_warmup_steps=1,
+                                        run_dir=str(tmp_path)))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {"start_reward", "end_reward", "pos_steps", "neg_steps", "mean_kl_share"} <= set(summary["metrics"])
+    assert (tmp_path / "table.csv").exists()
