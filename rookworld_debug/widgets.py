@@ -1,0 +1,359 @@
+"""ipywidgets panels over the SAME pure phase functions the step uses. No GRPO math lives here: a
+slider move calls `grpo.advantages.advantages_from_config` + `grpo.step.loss_for` on the rollout's
+recorded tensors (no forward pass) and re-renders the library's views; "Regenerate" calls
+`grpo.step.sample_and_score` (generation → rewards → advantages → loss, no update).
+
+    panel = TunePanel(setup, config)          # samples + scores one rollout (or pass rollout=...)
+    panel                                     # displays itself in Jupyter
+
+Two kinds of controls:
+- loss knobs (β, ε_low, ε_high, loss_type, kl_estimator): recompute the loss record from the SAME rollout,
+  in milliseconds; the panel shows the measured recompute time;
+- sampling knobs (temperature, top_p, G): they change which tokens are sampled, so they mark the rollout
+  stale until you press "Regenerate" (a full generation + reward pass, with a per-phase progress bar).
+
+Stable CSS classes for tests and users: `rwd-tune-panel` (the panel), `rwd-loss-summary` (the loss/KL
+share summary; `data-loss`, `data-kl-share`, `data-beta` attributes carry the exact numbers),
+`rwd-status` (status line), `rwd-strip` (token strip), `rwd-figure` (plotly output).
+"""
+from __future__ import annotations
+
+import html
+import math
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from rookworld_debug.config import KL_ESTIMATORS, LOSS_TYPES, StepConfig
+
+__all__ = ["TunePanel", "tune_panel", "BETA_CHOICES", "loss_summary_html", "LOSS_KNOBS", "SAMPLING_KNOBS"]
+
+#: β values offered by the slider (0 = no KL term; the config's own β is inserted if missing)
+BETA_CHOICES = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.05, 0.1, 0.2, 0.5, 1.0)
+#: config fields a loss-knob change may touch (recomputed without a forward pass)
+LOSS_KNOBS = ("beta", "epsilon_low", "epsilon_high", "loss_type", "kl_estimator")
+#: config fields that need a new rollout (generation + rewards)
+SAMPLING_KNOBS = ("temperature", "top_p", "num_generations")
+_METRICS = ("kl", "logp", "ref_logp", "entropy", "ratio", "pg", "loss", "adv_x_logp")
+
+
+def _f(x: Any) -> float:
+    try:
+        return float(x.detach().reshape(()).item()) if hasattr(x, "detach") else float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _num(x: float, signed: bool = False) -> str:
+    if not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("+∞" if x > 0 else "−∞")
+    return f"{x:+.6g}" if signed else f"{x:.6g}"
+
+
+def loss_summary_html(loss, *, recompute_ms: Optional[float] = None, stale: str = "") -> str:
+    """The panel's summary block: total loss, PG term, β·KL term, entropy term, KL share, mean KL,
+    each with its definition (all numbers read from the LossBreakdown record)."""
+    total, pg, kl_term, ent = _f(loss.loss), _f(loss.pg_loss), _f(loss.kl_loss), _f(loss.entropy_term)
+    share = float(loss.kl_share)
+    share_txt = "undefined (all terms 0)" if getattr(loss, "kl_share_undefined", False) else f"{100 * share:.3f}%"
+    rows = [
+        ("loss", _num(total, True), f"total = PG + β·KL + entropy term ({html.escape(str(loss.normalizer))})"),
+        ("PG term", _num(pg, True), "policy-gradient term: agg(−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A))"),
+        ("β·KL term", _num(kl_term, True), f"agg(β·KL_it), β = {loss.beta:g}, estimator {html.escape(loss.kl_estimator)}"),
+        ("entropy term", _num(ent, True), "−c_H·H̄ (0 unless entropy_coef > 0)"),
+        ("KL share", share_txt, "|β·KL| / (|PG| + |β·KL| + |entropy term|)"),
+        ("mean KL", _num(float(loss.kl)), "Σ m·KL_it / Σ m, raw (not β-scaled) nats/token"),
+    ]
+    clip = {k: v for k, v in (loss.metrics or {}).items() if k.startswith("clip_ratio/")}
+    if clip:
+        rows.append(("clip ratio", ", ".join(f"{k.split('/')[-1]} {_num(float(v))}" for k, v in clip.items()),
+                     "fraction of tokens clipped (0 at the first inner step: r = 1 on-policy)"))
+    body = "".join(f'<tr><th style="text-align:left;padding:1px 8px 1px 0">{a}</th>'
+                   f'<td class="rwd-{a.split()[0].replace("β·", "").lower()}" style="font-family:monospace;'
+                   f'padding:1px 8px">{b}</td><td style="color:#555">{c}</td></tr>' for a, b, c in rows)
+    timing = "" if recompute_ms is None else (f'<div class="rwd-recompute" style="color:#555">recomputed in '
+                                              f'{recompute_ms:.1f} ms (advantages + loss_for + views, no forward pass)</div>')
+    warn = f'<div style="color:#a15c00">⚠ {html.escape(stale)}</div>' if stale else ""
+    return (f'<div class="rwd-loss-summary" data-loss="{total!r}" data-kl-share="{share!r}" '
+            f'data-beta="{loss.beta!r}" data-loss-type="{html.escape(loss.loss_type)}" '
+            f'data-kl-estimator="{html.escape(loss.kl_estimator)}">'
+            f'<div style="font-weight:600">loss {_num(total, True)} · KL share {share_txt} · '
+            f'loss_type {html.escape(loss.loss_type)} · β {loss.beta:g}</div>'
+            f'<table style="border-collapse:collapse;font-size:12px">{body}</table>{timing}{warn}'
+            f'<div style="color:#555;font-size:11px">{html.escape(getattr(loss, "definition", "") or "")}</div></div>')
+
+
+@dataclass
+class _State:
+    config: StepConfig
+    rollout: Any
+    rewards: Any
+    advantages: Any
+    loss: Any
+
+
+_PHASES = ("generation", "rewards", "advantages", "loss")
+
+
+class _ProgressTimer:
+    """A `grpo.step.PhaseTimer` that also moves the panel's progress bar and status line per phase."""
+
+    def __init__(self, panel: "TunePanel"):
+        from rookworld_debug.grpo.step import PhaseTimer
+        self._timer, self._panel = PhaseTimer(), panel
+        self.seconds = self._timer.seconds
+
+    def __call__(self, phase: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def cm():
+            i = _PHASES.index(phase) + 1 if phase in _PHASES else 0
+            self._panel._status(f"{i}/{len(_PHASES)} {phase} …")
+            with self._timer(phase):
+                yield
+            self._panel.w_progress.value = max(self._panel.w_progress.value, i)
+        return cm()
+
+
+class TunePanel:
+    """β / ε / loss_type / KL-estimator sliders over ONE rollout, plus temperature / top_p / G with a
+    Regenerate button. Use `.widget` (an ipywidgets.VBox) or display the panel itself.
+
+    `set_loss_params(**kw)` and `regenerate(**kw)` are the same code paths the controls call (for
+    scripts and tests); `last_recompute_s` is the measured wall time of the last loss recompute."""
+
+    def __init__(self, setup, config: Optional[StepConfig] = None, *, scored=None, row: int = 0,
+                 metric: str = "kl", reward_funcs=None, reward_weights=None):
+        import ipywidgets as W
+        self.setup = setup
+        self.reward_funcs, self.reward_weights = reward_funcs, reward_weights
+        config = config or setup.config
+        self.task = setup.batch.tasks[0] if setup.batch.tasks else "P"
+        if scored is None:
+            from rookworld_debug.grpo.step import sample_and_score
+            scored = sample_and_score(setup, config, reward_funcs=reward_funcs, reward_weights=reward_weights)
+        rollout, rewards, advantages, loss = scored
+        self.state = _State(config, rollout, rewards, advantages, loss)
+        self.sampled_with = self._sampling_of(config)
+        self.last_recompute_s: float = math.nan
+        self.last_loss_for_s: float = math.nan
+        self.history: list[dict] = []
+        self._busy = False
+
+        temp, top_p, _ = config.sampling_for(self.task)
+        betas = sorted(set(BETA_CHOICES) | {float(config.beta)})
+        lay = W.Layout(width="420px")
+        st = {"description_width": "110px"}
+        self.w_beta = W.SelectionSlider(options=[(f"{b:g}", b) for b in betas], value=float(config.beta),
+                                        description="β (KL coef)", continuous_update=False, layout=lay, style=st)
+        self.w_eps_low = W.FloatSlider(value=config.epsilon_low, min=0.0, max=0.5, step=0.01, description="ε_low",
+                                       continuous_update=False, layout=lay, style=st)
+        self.w_eps_high = W.FloatSlider(value=config.epsilon_high, min=0.0, max=0.5, step=0.01,
+                                        description="ε_high", continuous_update=False, layout=lay, style=st)
+        self.w_loss_type = W.Dropdown(options=list(LOSS_TYPES), value=config.loss_type, description="loss_type",
+                                      layout=lay, style=st)
+        self.w_kl = W.Dropdown(options=list(KL_ESTIMATORS), value=config.kl_estimator, description="kl_estimator",
+                               layout=lay, style=st)
+        n = len(rollout.completions)
+        self.w_row = W.BoundedIntText(value=min(row, n - 1), min=0, max=n - 1, description="completion row",
+                                      layout=W.Layout(width="220px"), style=st)
+        self.w_metric = W.Dropdown(options=list(_METRICS), value=metric if metric in _METRICS else "kl",
+                                   description="strip metric", layout=W.Layout(width="260px"), style=st)
+        self.w_temp = W.FloatSlider(value=temp, min=0.1, max=2.0, step=0.05, description=f"{self.task}: temperature",
+                                    continuous_update=False, layout=lay, style=st)
+        self.w_top_p = W.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description=f"{self.task}: top_p",
+                                     continuous_update=False, layout=lay, style=st)
+        self.w_g = W.BoundedIntText(value=config.num_generations, min=2, max=64, description="G",
+                                    layout=W.Layout(width="220px"), style=st)
+        self.w_regen = W.Button(description="Regenerate", icon="refresh", button_style="primary",
+                                tooltip="sample + score a new rollout with these sampling settings (no update)")
+        self.w_progress = W.IntProgress(value=0, min=0, max=4, description="", layout=W.Layout(width="300px"))
+        self.w_status = W.HTML()
+        self.w_status.add_class("rwd-status")
+        self.w_summary = W.HTML()
+        self.w_summary.add_class("rwd-summary-box")
+        self.w_strip = W.HTML()
+        self.w_strip.add_class("rwd-strip")
+        self.w_fig = W.Output(layout=W.Layout(min_height="300px"))
+        self.w_fig.add_class("rwd-figure")
+
+        for w in (self.w_beta, self.w_eps_low, self.w_eps_high, self.w_loss_type, self.w_kl):
+            w.observe(self._on_loss_knob, names="value")
+        for w in (self.w_row, self.w_metric):
+            w.observe(self._on_view_knob, names="value")
+        for w in (self.w_temp, self.w_top_p, self.w_g):
+            w.observe(self._on_sampling_knob, names="value")
+        self.w_regen.on_click(lambda _b: self.regenerate())
+
+        loss_box = W.VBox([W.HTML("<b>Loss knobs</b> — recomputed from this rollout, no forward pass"),
+                           self.w_beta, self.w_eps_low, self.w_eps_high, self.w_loss_type, self.w_kl])
+        samp_box = W.VBox([W.HTML("<b>Sampling knobs</b> — need a new rollout"), self.w_temp, self.w_top_p,
+                           self.w_g, W.HBox([self.w_regen, self.w_progress]), self.w_status])
+        view_box = W.HBox([self.w_row, self.w_metric])
+        self.widget = W.VBox([W.HBox([loss_box, samp_box]), self.w_summary, self.w_fig, view_box, self.w_strip])
+        self.widget.add_class("rwd-tune-panel")
+        self._status("ready: rollout sampled with " + self._sampling_text(self.sampled_with))
+        self.refresh(recompute=True)
+
+    # ------------------------------------------------------------------ state → config
+    def _sampling_of(self, cfg: StepConfig) -> tuple:
+        t, p, _ = cfg.sampling_for(self.task)
+        return (t, p, cfg.num_generations)
+
+    @staticmethod
+    def _sampling_text(s: tuple) -> str:
+        return f"T={s[0]:g}, top_p={s[1]:g}, G={s[2]}"
+
+    def _loss_changes(self) -> dict:
+        return dict(beta=float(self.w_beta.value), epsilon_low=float(self.w_eps_low.value),
+                    epsilon_high=float(self.w_eps_high.value), loss_type=self.w_loss_type.value,
+                    kl_estimator=self.w_kl.value)
+
+    def _sampling_changes(self) -> dict:
+        pre = self.task.lower()
+        return {f"{pre}_temperature": float(self.w_temp.value), f"{pre}_top_p": float(self.w_top_p.value),
+                "num_generations": int(self.w_g.value)}
+
+    @property
+    def config(self) -> StepConfig:
+        return self.state.config
+
+    @property
+    def loss(self):
+        return self.state.loss
+
+    def trace_like(self) -> SimpleNamespace:
+        """The panel's records in the shape the `viz.*_from_trace` adapters read."""
+        s = self.state
+        return SimpleNamespace(config=s.config, setup=self.setup, rollout=s.rollout, rewards=s.rewards,
+                               advantages=s.advantages, loss=s.loss, update=None, evaluation=None)
+
+    # ------------------------------------------------------------------ recompute + render
+    def set_loss_params(self, **changes) -> Any:
+        """Recompute advantages + loss for new loss knobs (any of LOSS_KNOBS) on the current rollout;
+        returns the new LossBreakdown. Bad values raise ConfigError (from StepConfig)."""
+        from rookworld_debug.grpo.advantages import advantages_from_config
+        from rookworld_debug.grpo.step import loss_for
+        bad = sorted(set(changes) - set(LOSS_KNOBS))
+        if bad:
+            from rookworld_debug.errors import ConfigError
+            raise ConfigError(bad[0], f"not a loss knob (those are {LOSS_KNOBS}); use regenerate() for sampling")
+        t0 = time.perf_counter()
+        cfg = self.state.config.replace(**changes)
+        adv = advantages_from_config(self.state.rewards.rewards, cfg)
+        t1 = time.perf_counter()
+        loss = loss_for(self.state.rollout, adv, cfg)
+        self.last_loss_for_s = time.perf_counter() - t1
+        self.state = _State(cfg, self.state.rollout, self.state.rewards, adv, loss)
+        self._render(t0)
+        return loss
+
+    def refresh(self, recompute: bool = False) -> None:
+        """Re-render the views; with `recompute`, first re-apply the widgets' loss knobs."""
+        if recompute:
+            self.set_loss_params(**self._loss_changes())
+        else:
+            self._render(time.perf_counter())
+
+    def _render(self, t0: float) -> None:
+        from rookworld_debug import viz
+        tr = self.trace_like()
+        fig = viz.loss_waterfall_from_trace(tr)
+        row = int(self.w_row.value)
+        strip = viz.token_strips_from_trace(tr, self.w_metric.value, rows=[row])
+        self.last_recompute_s = time.perf_counter() - t0
+        stale = ""
+        if self._sampling_of(self._pending_config()) != self.sampled_with:
+            stale = ("sampling knobs changed: the views still show the rollout sampled with "
+                     f"{self._sampling_text(self.sampled_with)} — press Regenerate")
+        self.w_summary.value = loss_summary_html(self.state.loss, recompute_ms=1e3 * self.last_recompute_s,
+                                                 stale=stale)
+        self.w_strip.value = strip.html
+        with self.w_fig:
+            from IPython.display import display
+            self.w_fig.clear_output(wait=True)
+            display(fig)
+        self.history.append({"t": time.time(), "recompute_s": self.last_recompute_s,
+                             "loss_for_s": self.last_loss_for_s, "loss": _f(self.state.loss.loss),
+                             "kl_share": float(self.state.loss.kl_share), **self._loss_changes()})
+
+    def _pending_config(self) -> StepConfig:
+        return self.state.config.replace(**self._sampling_changes())
+
+    def _status(self, text: str, color: str = "#333") -> None:
+        self.w_status.value = f'<span style="color:{color}">{html.escape(text)}</span>'
+
+    # ------------------------------------------------------------------ callbacks
+    def _on_loss_knob(self, _change) -> None:
+        if self._busy:
+            return
+        try:
+            self.refresh(recompute=True)
+        except Exception as exc:  # noqa: BLE001 — shown in the panel, the kernel keeps going
+            self._status(f"recompute failed: {type(exc).__name__}: {exc}", "#b00020")
+
+    def _on_view_knob(self, _change) -> None:
+        try:
+            self.refresh()
+        except Exception as exc:  # noqa: BLE001
+            self._status(f"view failed: {type(exc).__name__}: {exc}", "#b00020")
+
+    def _on_sampling_knob(self, _change) -> None:
+        if self._busy:
+            return
+        self._status("sampling knobs changed — press Regenerate (the views show the old rollout)", "#a15c00")
+        self.refresh()
+
+    # ------------------------------------------------------------------ regenerate
+    def regenerate(self, **changes) -> None:
+        """Sample + score a new rollout (generation → rewards → advantages → loss, no update) with the
+        widgets' sampling knobs, or with `changes` (`temperature`, `top_p`, `num_generations`)."""
+        from rookworld_debug.grpo.step import sample_and_score
+        key = {"temperature": self.w_temp, "top_p": self.w_top_p, "num_generations": self.w_g}
+        bad = sorted(set(changes) - set(key))
+        if bad:
+            from rookworld_debug.errors import ConfigError
+            raise ConfigError(bad[0], f"not a sampling knob (those are {SAMPLING_KNOBS})")
+        self._busy = True
+        try:
+            for k, v in changes.items():
+                key[k].value = v
+            cfg = self.state.config.replace(**self._sampling_changes(), **self._loss_changes())
+            self.w_regen.disabled = True
+            self.w_progress.max, self.w_progress.value = len(_PHASES), 0
+            timer = _ProgressTimer(self)
+            self._status(f"generating {len(self.setup.batch.prompts)}×{cfg.num_generations} completions "
+                         f"({self._sampling_text(self._sampling_of(cfg))}) …")
+            rollout, rewards, adv, loss = sample_and_score(self.setup, cfg, reward_funcs=self.reward_funcs,
+                                                           reward_weights=self.reward_weights, timer=timer)
+            self.state = _State(cfg, rollout, rewards, adv, loss)
+            self.sampled_with = self._sampling_of(cfg)
+            n = len(rollout.completions)
+            self.w_row.max = n - 1
+            if self.w_row.value > n - 1:
+                self.w_row.value = n - 1
+            self.last_timings = dict(timer.seconds)
+            self._status("regenerated in " + ", ".join(f"{k} {v:.1f}s" for k, v in timer.seconds.items())
+                         + f" — {self._sampling_text(self.sampled_with)}", "#1b5e20")
+        except Exception as exc:  # noqa: BLE001
+            self._status(f"regenerate failed: {type(exc).__name__}: {exc}", "#b00020")
+            raise
+        finally:
+            self._busy = False
+            self.w_regen.disabled = False
+        self.refresh()
+
+    # ------------------------------------------------------------------ display
+    def _repr_mimebundle_(self, **kw):
+        return self.widget._repr_mimebundle_(**kw)
+
+    def _ipython_display_(self):
+        from IPython.display import display
+        display(self.widget)
+
+
+def tune_panel(setup, config: Optional[StepConfig] = None, **kw) -> TunePanel:
+    """Factory for :class:`TunePanel` (samples and scores one rollout unless `scored=` is given)."""
+    return TunePanel(setup, config, **kw)
