@@ -147,12 +147,8 @@ def test_summary_stats_definitions():
 
 
 # ---------------------------------------------------------------------------- integration (tiny model)
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    return load_policy_and_reference(model_dir)
-
-
 def _fresh_loaded(model_dir):
+    """A fresh policy/reference pair per run: runs update the policy in place."""
     return load_policy_and_reference(model_dir)
 
 

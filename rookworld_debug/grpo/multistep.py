@@ -535,7 +535,8 @@ def summary_stats(table) -> dict:
             r = table.iloc[i]
             out.update({f"{name}_step": int(r["step"]), f"{name}_reward": float(r["reward_after"]),
                         f"{name}_reward_ci95": float(r["reward_after_ci95"])})
-    for col, key in (("kl", "mean_kl"), ("kl_share", "mean_kl_share"), ("grad_norm_pre_clip", "mean_grad_norm_pre_clip")):
+    for col, key in (("kl", "mean_kl"), ("kl_share", "mean_kl_share"),
+                     ("grad_norm_pre_clip", "mean_grad_norm_pre_clip")):
         out[key], out[key + "_ci95"] = _mean_ci(table[col])
     out["final_beta"], out["final_lr"] = float(last["beta"]), float(last["lr"])
     if "sec/total" in table:
