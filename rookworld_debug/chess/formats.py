@@ -35,9 +35,7 @@ A_FLAGS = ("0", "1")
 _UCI_RE = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?\Z")
 # Plain decimal numbers only: float() would also accept "nan", "inf", "1_0".
 _NUMBER_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")
-_P_LINE_RE = re.compile(
-    r"\s*P:\s*(?P<fen>.*?)\s*M:\s*(?P<moves>.*?)\s*E:\s*(?P<evals>.*?)\s*B:\s*(?P<best>\S*)\s*\Z",
-    re.DOTALL)
+_P_TAGS = ("M:", "E:", "B:")
 
 
 def is_uci(token: str) -> bool:
@@ -92,11 +90,33 @@ class PSample:
     best: str
 
 
+def _split_p_line(text: str) -> dict[str, str] | None:
+    """``P: <fen> M: <moves> E: <evals> B: <best>`` → the four field texts, or None; linear time.
+
+    Each tag must occur exactly once, in order (a valid line cannot hold a second one: FENs, UCI moves
+    and numbers contain no ':'). A regex with lazy groups did this before and backtracked cubically on
+    repetitive garbage such as ``"P: " + "M: E: " * 100`` (over a second per line).
+    """
+    body = text.lstrip()
+    if not body.startswith("P:"):
+        return None
+    body = body[2:]
+    pos = [body.find(tag) for tag in _P_TAGS]
+    if min(pos) < 0 or pos != sorted(pos) or any(body.count(tag) != 1 for tag in _P_TAGS):
+        return None
+    (m, e, b), w = pos, 2
+    best = body[b + w:].split()
+    if len(best) > 1:
+        return None
+    return {"fen": body[:m].strip(), "moves": body[m + w:e].strip(), "evals": body[e + w:b].strip(),
+            "best": best[0] if best else ""}
+
+
 def parse_p(text: str) -> PSample:
     """Strictly parse a full P: line (any padding); FormatError says which part is wrong."""
     if not isinstance(text, str):
         raise FormatError(f"P: line must be a string, got {type(text).__name__}")
-    m = _P_LINE_RE.match(text)
+    m = _split_p_line(text)
     if m is None:
         raise FormatError(f"not a P: line (need 'P: <fen> M: ... E: ... B: <uci>'): {text[:120]!r}")
     fen = m["fen"]
