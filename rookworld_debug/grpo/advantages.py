@@ -14,6 +14,12 @@ TRL (`GRPOTrainer._generate_and_score_completions`, `multi_objective_aggregation
     frac_reward_zero_std = mean(isclose(std, 0))   # per sample, with the std that scaled it
 
 `nanstd` ignores NaNs and applies Bessel's correction (n−1); it is NaN when fewer than 2 values are valid.
+
+±inf rewards (deliberate deviation from TRL): TRL would let one inf poison its whole group (group scaling:
+mean inf → every advantage NaN → 0), the whole batch (scale_rewards="batch") or turn the group's other
+advantages into ∓3.4e38 (scale_rewards="none": nan_to_num maps −inf to −max float). Here an infinite reward
+is treated as unscorable, exactly like NaN/None: excluded from mean/std, advantage 0, row flagged. The
+record's `rewards` keeps the inf so views show what the reward function returned.
 `std_ddof=0` (population std) and `clip` are our extensions; the defaults reproduce TRL exactly.
 
 The seeds' variant (`manual_advantages`, jorahn/rookworld-trl manual_grpo_debug.py):
@@ -50,7 +56,7 @@ class Advantages:
     clip: Optional[float]               # ±clip applied after normalisation (None = no clip)
     n_clipped_low: int                  # advantages clipped at −clip
     n_clipped_high: int                 # advantages clipped at +clip
-    nan_reward_indices: tuple           # rows whose reward is NaN (advantage forced to 0)
+    nan_reward_indices: tuple           # rows whose reward is NaN or ±inf (unscorable: advantage forced to 0)
     n_nonfinite_rewards: int            # NaN or ±inf rewards
     n_nan_advantages_zeroed: int        # advantages that were NaN before nan_to_num (→ 0)
     degenerate_groups: tuple            # groups with < 2 valid rewards (std undefined → advantages 0)
@@ -102,8 +108,15 @@ def _as_rewards(rewards, num_generations: int) -> torch.Tensor:
     return r
 
 
+def _unscorable_inf(r: torch.Tensor) -> torch.Tensor:
+    """±inf → NaN (unscorable), so one inf cannot poison its group/batch; see the module docstring."""
+    return r.masked_fill(torch.isinf(r), float("nan"))                     # (N,)
+
+
 def _finish(r, G, adv, group_mean, group_std, denom, is_std_zero, *, normalization, method, scale, eps, ddof,
-            clip) -> Advantages:
+            clip, raw=None) -> Advantages:
+    """`r`: rewards as used (inf already → NaN); `raw`: the rewards as given (kept in the record)."""
+    raw = r if raw is None else raw
     nan_before = torch.isnan(adv)                                           # (N,)
     adv = torch.nan_to_num(adv, nan=0.0)                                    # (N,) TRL: unscorable → 0
     n_lo = n_hi = 0
@@ -116,15 +129,18 @@ def _finish(r, G, adv, group_mean, group_std, denom, is_std_zero, *, normalizati
     zero_std = torch.isclose(group_std, torch.zeros_like(group_std))        # (B,)
     zero_std_groups = tuple(int(g) for g in torch.nonzero(zero_std).flatten())
     degenerate = tuple(int(g) for g in torch.nonzero(n_valid <= ddof).flatten()) if G > 1 else ()
-    nan_idx = tuple(int(i) for i in torch.nonzero(~valid).flatten())
-    n_nonfinite = int((~torch.isfinite(r)).sum())
+    inf_idx = tuple(int(i) for i in torch.nonzero(torch.isinf(raw)).flatten())
+    nan_idx = tuple(int(i) for i in torch.nonzero(~valid).flatten())      # NaN, None and inf rows
+    n_nonfinite = int((~torch.isfinite(raw)).sum())
     batch_std = float(nanstd(r, ddof=ddof)) if r.numel() > 1 else float("nan")
     B = group_mean.shape[0]
     flags = []
-    if nan_idx:
-        flags.append(f"{len(nan_idx)} NaN reward(s) at rows {list(nan_idx)}: advantage forced to 0")
-    if n_nonfinite > len(nan_idx):
-        flags.append(f"{n_nonfinite - len(nan_idx)} infinite reward(s): their group's advantages are NaN → 0")
+    nan_only = [i for i in nan_idx if i not in inf_idx]
+    if nan_only:
+        flags.append(f"{len(nan_only)} NaN reward(s) at rows {nan_only}: advantage forced to 0")
+    if inf_idx:
+        flags.append(f"{len(inf_idx)} infinite reward(s) at rows {list(inf_idx)}: treated as unscorable "
+                     "(excluded from mean/std, advantage 0)")
     if degenerate:
         flags.append(f"groups {list(degenerate)} have < {ddof + 1} valid rewards: std undefined, advantages 0")
     if zero_std_groups:
@@ -133,7 +149,7 @@ def _finish(r, G, adv, group_mean, group_std, denom, is_std_zero, *, normalizati
     if n_lo or n_hi:
         flags.append(f"{n_lo + n_hi} advantage(s) clipped at ±{clip:g}")
     return Advantages(
-        advantages=adv, rewards=r, group_mean=group_mean, group_std=group_std, denominator=denom,
+        advantages=adv, rewards=raw, group_mean=group_mean, group_std=group_std, denominator=denom,
         zero_std_groups=zero_std_groups, frac_reward_zero_std=float(is_std_zero.float().mean()) if r.numel() else 0.0,
         normalization=normalization, method=method, num_generations=G, scale_rewards=scale, eps=float(eps),
         std_ddof=ddof, clip=clip, n_clipped_low=n_lo, n_clipped_high=n_hi, nan_reward_indices=nan_idx,
@@ -163,7 +179,8 @@ def compute_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_genera
     if clip is not None and not clip > 0:
         raise ConfigError("adv_clip", f"must be > 0 or None, got {clip!r}")
     G = num_generations
-    r = _as_rewards(rewards, G)                                             # (N,)
+    raw = _as_rewards(rewards, G)                                           # (N,)
+    r = _unscorable_inf(raw)                                                # (N,)
     grouped = r.view(-1, G)                                                 # (B, G)
     group_mean = torch.nanmean(grouped, dim=1)                              # (B,)
     mean_rep = group_mean.repeat_interleave(G, dim=0)                       # (N,)
@@ -187,7 +204,7 @@ def compute_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_genera
         formula += f", clipped to ±{clip:g}"
     is_std_zero = torch.isclose(std, torch.zeros_like(std))                 # (N,) TRL's logging rule
     return _finish(r, G, adv, group_mean, group_std, denom, is_std_zero, normalization=formula, method="trl",
-                   scale=scale_rewards, eps=eps, ddof=std_ddof, clip=clip)
+                   scale=scale_rewards, eps=eps, ddof=std_ddof, clip=clip, raw=raw)
 
 
 def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generations: int, *,
@@ -203,7 +220,8 @@ def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generat
     if clip is not None and not clip > 0:
         raise ConfigError("manual_adv_clip", f"must be > 0 or None, got {clip!r}")
     G = num_generations
-    r = _as_rewards(rewards, G)                                             # (N,)
+    raw = _as_rewards(rewards, G)                                           # (N,)
+    r = _unscorable_inf(raw)                                                # (N,)
     if G < 2:
         raise ConfigError("num_generations", "manual advantages need G ≥ 2 (group std)")
     grouped = r.view(-1, G)                                                 # (B, G)
@@ -217,7 +235,7 @@ def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generat
     formula += " [seeds' manual variant], NaN→0"
     is_std_zero = torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G)  # (N,)
     return _finish(r, G, adv, group_mean, group_std, denom, is_std_zero, normalization=formula, method="manual",
-                   scale="group", eps=std_clamp, ddof=std_ddof, clip=clip)
+                   scale="group", eps=std_clamp, ddof=std_ddof, clip=clip, raw=raw)
 
 
 def advantages_from_config(rewards, config) -> Advantages:

@@ -9,6 +9,9 @@ Shape legend: B prompts, G generations, N = B·G completions, K reward functions
 - User reward functions follow TRL's signature `f(prompts, completions, **kw) -> list[float | None]`
   (kw: tasks, completion_ids, labels); None → NaN = unscorable, exactly as TRL treats it.
 - The total is Σ_k w_k·r_k (nansum; NaN only when every function returned None), as TRL does.
+- ±inf from any function (deliberate deviation from TRL, which would propagate it) makes the row's total
+  NaN = unscorable (advantage 0), with a per-row flag and a record-level warning; the raw inf stays in
+  `rewards_per_func`. A value that is not a number/None raises ValueError naming the function and row.
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ class Rewards:
     engine_stats: dict                  # calls, cache_hits, cache_misses, restarts, seconds (this phase)
     reward_mode: str
     seconds: float
+    warnings: tuple = ()                # record-level problems (e.g. a function returned ±inf → rows unscorable)
 
 
 def _label(prompt: str, completion: str):
@@ -65,6 +69,15 @@ def _nan(x) -> float:
     return float("nan") if x is None else float(x)
 
 
+def _value(name: str, row: int, x) -> float:
+    """A reward function's value as float (None → NaN); anything else is a clear error, not a crash deep in torch."""
+    try:
+        return _nan(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"reward function {name!r} returned {x!r} for row {row}: expected a number or None") \
+            from None
+
+
 def compute_rewards(prompts: Sequence[str], completions: Sequence[str], tasks: Sequence[str], *,
                     labels: Sequence[str] = (), reward_mode: str = "engine", engine=None,
                     reward_funcs: Optional[Mapping[str, RewardFn]] = None,
@@ -86,23 +99,34 @@ def compute_rewards(prompts: Sequence[str], completions: Sequence[str], tasks: S
         if len(values) != n:
             raise ValueError(f"reward function {name!r} returned {len(values)} values for {n} completions")
         names.append(name)
-        columns.append(values)
+        columns.append([_value(name, i, v) for i, v in enumerate(values)])
     weights = tuple(float((reward_weights or {}).get(k, 1.0)) for k in names)
     per_func = torch.tensor([[_nan(c[i]) for c in columns] for i in range(n)], dtype=torch.float64)  # (N, K)
-    weighted = per_func * torch.tensor(weights, dtype=torch.float64)                                 # (N, K)
-    all_nan = torch.isnan(per_func).all(dim=1)                                                       # (N,)
-    total = torch.nansum(weighted, dim=1).masked_fill(all_nan, float("nan"))                          # (N,)
+    is_inf = torch.isinf(per_func)                                                                   # (N, K)
+    finite_or_nan = per_func.masked_fill(is_inf, float("nan"))                                       # (N, K)
+    weighted = finite_or_nan * torch.tensor(weights, dtype=torch.float64)                            # (N, K)
+    unscorable = torch.isnan(finite_or_nan).all(dim=1) | is_inf.any(dim=1)                           # (N,)
+    total = torch.nansum(weighted, dim=1).masked_fill(unscorable, float("nan"))                       # (N,)
+    inf_rows = [int(i) for i in torch.nonzero(is_inf.any(dim=1)).flatten()]
+    warnings = ()
+    if inf_rows:
+        bad_funcs = [names[k] for k in range(len(names)) if bool(is_inf[:, k].any())]
+        warnings = (f"{len(inf_rows)} completion(s) got an infinite reward from {bad_funcs} (rows {inf_rows}): "
+                    "treated as unscorable (reward NaN, advantage 0)",)
 
     comp_names = list(dict.fromkeys(k for b in breakdowns if b is not None for k in b.components))
     components = {k: tuple(_nan(b.components.get(k)) if b is not None else math.nan for b in breakdowns)
                   for k in comp_names}
-    flags = tuple(tuple(b.flags) if b is not None else () for b in breakdowns)
+    flags = tuple((tuple(b.flags) if b is not None else ())
+                  + tuple(f"reward_fn:{names[k]} returned {float(per_func[i, k])}" for k in range(len(names))
+                          if bool(is_inf[i, k]))
+                  for i, b in enumerate(breakdowns))
     details = [b.details if b is not None else {} for b in breakdowns]
     metrics = {"reward": float(torch.nanmean(total)) if n else math.nan,
                "reward_std": _nanstd(total)}
     for k, name in enumerate(names):
-        metrics[f"rewards/{name}/mean"] = float(torch.nanmean(per_func[:, k])) if n else math.nan
-        metrics[f"rewards/{name}/std"] = _nanstd(per_func[:, k])
+        metrics[f"rewards/{name}/mean"] = float(torch.nanmean(finite_or_nan[:, k])) if n else math.nan
+        metrics[f"rewards/{name}/std"] = _nanstd(finite_or_nan[:, k])
     est = {}
     if engine is not None:
         d = engine.stats - stats0
@@ -114,7 +138,8 @@ def compute_rewards(prompts: Sequence[str], completions: Sequence[str], tasks: S
         matches_sf1=tuple(d.get("best_matches_sf1") for d in details),
         format_valid=tuple(b is not None and not b.details.get("problems") and "no_tags" not in b.flags
                            for b in breakdowns),
-        metrics=metrics, engine_stats=est, reward_mode=reward_mode, seconds=time.perf_counter() - t0)
+        metrics=metrics, engine_stats=est, reward_mode=reward_mode, seconds=time.perf_counter() - t0,
+        warnings=warnings)
 
 
 def _nanstd(x: torch.Tensor) -> float:

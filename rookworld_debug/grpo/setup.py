@@ -104,19 +104,22 @@ def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None 
     from rookworld_debug.models import load_policy_and_reference
     t0 = time.perf_counter()
     torch.manual_seed(config.seed)
-    loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device)
-    policy, reference, tokenizer, prov = loaded
+    # data and engine first: a bad dataset or a missing Stockfish (EngineNotFound) fails in seconds,
+    # before a possibly large model is loaded
     train, heldout_all = samples if samples is not None else load_samples(config.dataset, config.task)
     batch = select_batch(train, task=config.task, batch_size=config.batch_size, seed=config.seed,
                          indices=config.prompt_indices)
     heldout = tuple(heldout_all[: config.heldout_n])
 
+    if config.reward_mode not in ("engine", "dataset"):
+        raise ConfigError("reward_mode", f"unknown {config.reward_mode!r}")
     needs_engine = config.reward_mode == "engine" and any(t == "P" for t in batch.tasks)
     if engine is None and needs_engine:
         from rookworld_debug.chess.engine import Engine
         engine = Engine(depth=config.engine_depth, multipv=config.engine_multipv, workers=config.engine_workers)
-    if config.reward_mode not in ("engine", "dataset"):
-        raise ConfigError("reward_mode", f"unknown {config.reward_mode!r}")
+    torch.manual_seed(config.seed)
+    loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device)
+    policy, reference, tokenizer, prov = loaded
 
     from rookworld_debug.grpo.update import make_optimizer
     optimizer = make_optimizer(policy, config)

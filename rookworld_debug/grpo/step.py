@@ -195,6 +195,7 @@ def rewards_flags(rewards: Rewards) -> list[str]:
     n = len(rewards.format_valid)
     bad = n - sum(rewards.format_valid)
     out = [f"{bad}/{n} completions malformed (format flags in the reward table)"] if bad else []
+    out += list(getattr(rewards, "warnings", ()))     # e.g. a reward function returned ±inf (rows unscorable)
     unscorable = int(torch.isnan(rewards.rewards).sum())
     if unscorable:
         out.append(f"{unscorable}/{n} completions unscorable (every reward function returned None/NaN)")
