@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NumericalError
 
 LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
 LOGITS_BUDGET_BYTES = 128 * 2**20  # one fp32 (rows, T, V) tensor per chunk; scoring peaks at a few of these
@@ -263,9 +263,15 @@ def _sample_group(policy, prompt_ids, prompt_mask, setting, max_new_tokens, eos_
         return_dict_in_generate=True, output_scores=False, output_logits=False, disable_compile=True)
     capture = _SampledLogpCapture(temp)
     device = next(policy.parameters()).device
-    with torch.no_grad():
-        out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg,
-                              logits_processor=LogitsProcessorList([capture]))
+    try:
+        with torch.no_grad():
+            out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                  generation_config=gen_cfg, logits_processor=LogitsProcessorList([capture]))
+    except RuntimeError as exc:  # torch.multinomial on NaN/inf probabilities: name the cause, not torch's internals
+        if "probability tensor" not in str(exc):
+            raise
+        raise NumericalError("cannot sample: the policy's next-token logits are NaN/inf (see the step-0 "
+                             f"invariants; check the weights and dtype) [{exc}]") from exc
     generated = out.sequences[:, ids.shape[1]:].cpu()                                   # (n, L)
     return generated, capture.finish(generated).cpu()
 
@@ -390,6 +396,11 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
                                                skip_special_tokens=True))
     completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, lengths, scores["topk_ids"])
     warn = _dropout_warnings(policy=policy, reference=reference)
+    if bool(is_truncated.all()):
+        warn.append(f"all {n} completions truncated: none emitted EOS within max_new_tokens={max_new_tokens}")
+    empty = [int(i) for i in torch.nonzero(completion_mask.sum(1) <= has_eos.long()).flatten()]
+    if empty:
+        warn.append(f"{len(empty)} empty completion(s) (EOS as the first token) at rows {empty[:16]}")
     if flagged:
         cause = ("padding, position ids, temperature or a logits processor disagree" if policy.dtype == torch.float32
                  else f"expected in {policy.dtype}: KV-cache and full-forward roundings differ; use float32 to check")
