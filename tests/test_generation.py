@@ -95,7 +95,8 @@ def test_eos_kept_in_mask_and_everything_after_cut(models, rollout):
 
 
 def test_recompute_consistency(rollout):
-    assert rollout.max_abs_logp_diff < 1e-4 and not rollout.logp_diff_flagged and rollout.warnings == ()
+    assert rollout.max_abs_logp_diff < 1e-4 and not rollout.logp_diff_flagged
+    assert not [w for w in rollout.warnings if "recomputed" in w or "dropout" in w]  # empty rows are flagged too
     m = rollout.completion_mask.bool()
     assert (rollout.per_token_logps[m] < 0).all() and (rollout.per_token_logps[~m] == 0).all()
 
