@@ -1,0 +1,94 @@
+"""Smoke test of `rookworld-debug bench`: runs every variant once on a tiny model and checks the JSON
+schema (keys for every variant, ratios present, numbers finite). No timing assertions."""
+import json
+import math
+import shutil
+import warnings
+
+import pytest
+
+from rookworld_debug import bench
+
+pytestmark = pytest.mark.skipif(shutil.which("stockfish") is None and not any(
+    __import__("os").path.exists(p) for p in ("/usr/games/stockfish", "/usr/local/bin/stockfish")),
+    reason="Stockfish not installed")
+
+SMALL = ["-B", "2", "-G", "2", "--max-new-tokens", "6", "--engine-depth", "1", "--heldout-n", "1",
+         "--eval-max-new-tokens", "6", "--reps", "1", "--warmup", "0", "--threads", "1",
+         "--widget-n", "8", "--widget-t", "16"]
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc = bench.main(SMALL + ["--isolate", "none", "--out", str(out), "--json-only"])
+    assert rc == 0
+    files = sorted(out.glob("bench-*.json"))
+    assert len(files) == 1 and (out / "latest-tiny.json").is_file()
+    return json.loads(files[0].read_text())
+
+
+def test_schema_top_level(result):
+    assert result["schema"] == bench.SCHEMA
+    for key in ("started", "command", "machine", "model_info", "settings", "variants", "ratios", "targets",
+                "engine", "engine_sets", "widget", "runs", "total_seconds"):
+        assert key in result, key
+    assert result["settings"]["variants"] == list("abcd")
+    assert result["settings"]["step_config"]["num_generations"] == 2
+
+
+def test_every_variant_measured(result):
+    for v in "abcd":
+        s = result["variants"][v]
+        assert s["runs"] == 1 and s["errors"] == [], (v, s["errors"])
+        for key in ("median_seconds", "peak_rss_mb", "peak_rss_delta_mb", "maxrss_process_mb"):
+            assert _finite(s[key]), (v, key, s[key])
+        assert s["median_phases"] and all(_finite(x) for x in s["median_phases"].values()), v
+        assert s["median_tokens_generated"] > 0, v
+    assert _finite(result["variants"]["d"]["median_seconds_core"])
+    assert set(result["variants"]["a"]["median_phases"]) == {"generation", "rewards", "advantages", "loss", "update"}
+    assert {"baseline_eval", "evaluation", "update"} <= set(result["variants"]["b"]["median_phases"])
+
+
+def test_ratios_and_targets(result):
+    for name in ("a/c", "b/c", "d/a", "d_full/b", "b_without_eval/c"):
+        assert _finite(result["ratios"][name]) and result["ratios"][name] > 0, name
+    assert set(result["targets"]) == set(bench.TARGETS)
+    for name in ("a/c", "b/c", "d/a", "widget_ms"):
+        t = result["targets"][name]
+        assert _finite(t["value"]) and t["met"] in (True, False), name
+    assert result["targets"]["peak_rss_gb_124m"]["value"] is None      # only measured with --model gpt2-124m
+
+
+def test_engine_and_widget(result):
+    e = result["engine"]
+    assert e["identical_rewards"] is True                       # cache/pool never changes a reward
+    assert _finite(e["cached_pool_seconds"]) and _finite(e["uncached_sequential_seconds"])
+    assert e["uncached_sequential"]["searches"] >= e["cached_pool"]["searches"] > 0
+    assert _finite(e["speedup"])
+    w = result["widget"]
+    assert w["n"] == 8 and w["t"] == 16 and _finite(w["median_ms"])
+
+
+def test_markdown_renders(result):
+    text = bench.markdown(result)
+    assert "| (a) ours, core step |" in text and "a/c" in text and "Widget" in text
+
+
+def test_trl_settings_cover_equivalence():
+    """The TRL config of (c) pins every setting that differs from TRL's defaults or matters for equivalence."""
+    spec = bench.BenchSpec(model_dir="x", batch_size=4, num_generations=8)
+    kw = bench.trl_config_kwargs(spec.step_config(), spec, "/tmp/x")
+    assert kw["per_device_train_batch_size"] == 32 and kw["gradient_accumulation_steps"] == 1
+    assert kw["num_generations"] == 8 and kw["num_iterations"] == 1 and kw["max_steps"] == 1
+    assert kw["top_k"] == 0 and kw["bf16"] is False and kw["disable_dropout"] is True
+    assert kw["gradient_checkpointing"] is False and kw["beta"] == 0.1 and kw["loss_type"] == "dapo"
+    from trl import GRPOConfig
+    cfg = GRPOConfig(**kw)                                      # every key is a real GRPOConfig field
+    assert cfg.generation_batch_size == 32
