@@ -87,6 +87,8 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     n = rollout.completion_ids.shape[0]
     adv = advantages.advantages.to(rollout.per_token_logps.dtype)          # (N,)
     mask = rollout.completion_mask                                         # (N, T)
+    if config.mask_truncated_completions:              # as step.loss_for: the record and the step agree
+        mask = mask * (~rollout.is_truncated)[:, None]                     # (N, T)
     num_items = float(mask.sum())
     buckets = TERMS if per_term_grads else ("pg",)     # one bucket = the plain total gradient (less memory)
     term_grads = {t: [torch.zeros_like(p) for _, p in params] for t in buckets}
