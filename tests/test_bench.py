@@ -92,3 +92,17 @@ def test_trl_settings_cover_equivalence():
     from trl import GRPOConfig
     cfg = GRPOConfig(**kw)                                      # every key is a real GRPOConfig field
     assert cfg.generation_batch_size == 32
+
+
+@pytest.mark.slow
+def test_process_isolation_path(tmp_path):
+    """The default path: one worker process per variant, answers over the line protocol."""
+    rc = bench.main(SMALL + ["--variants", "ac", "--isolate", "process", "--engine-reps", "0", "--no-widget",
+                             "--out", str(tmp_path), "--json-only"])
+    assert rc == 0
+    data = json.loads((tmp_path / "latest-tiny.json").read_text())
+    assert data["settings"]["isolate"] == "process"
+    for v in "ac":
+        s = data["variants"][v]
+        assert s["errors"] == [] and _finite(s["median_seconds"]) and _finite(s["peak_rss_mb"])
+    assert _finite(data["ratios"]["a/c"]) and "engine" not in data and "widget" not in data
