@@ -272,9 +272,11 @@ class TunePanel:
                                                  stale=stale)
         self.w_strip.value = strip.html
         with self.w_fig:
-            from IPython.display import display
             self.w_fig.clear_output(wait=True)
-            display(fig)
+            # mimetype only: JupyterLab renders it with the bundled plotly extension. The "+notebook"
+            # renderer's HTML/JS output inside an Output widget stalls nbclient/papermill until the
+            # cell timeout, and widget outputs never reach exported HTML anyway.
+            fig.show(renderer="plotly_mimetype")
         self.history.append({"t": time.time(), "recompute_s": self.last_recompute_s,
                              "loss_for_s": self.last_loss_for_s, "loss": _f(self.state.loss.loss),
                              "kl_share": float(self.state.loss.kl_share), **self._loss_changes()})
