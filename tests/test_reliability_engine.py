@@ -153,3 +153,25 @@ def test_unclosed_engine_does_not_hang_interpreter_exit():
             continue
         status = Path(f"/proc/{pid}/status")
         assert not status.exists() or "zombie" in status.read_text(), f"stockfish {pid} still alive"
+
+
+def test_closed_engine_refuses_new_searches_instead_of_leaking_processes():
+    from rookworld_debug.errors import EngineError
+    start = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+    e = Engine(depth=1, multipv=2, workers=1)
+    first = e.analyse(start)
+    e.close()
+    assert e.analyse(start) == first                               # cached answers still served
+    with pytest.raises(EngineError, match="closed"):
+        e.analyse("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1")
+    assert e.pids() == []
+
+
+def test_step_cli_reports_a_missing_engine_and_exits_2(monkeypatch, capsys, tmp_path):
+    from rookworld_debug.grpo.cli_step import main
+
+    monkeypatch.setenv("ROOKWORLD_STOCKFISH", str(tmp_path / "missing-sf"))
+    assert main(["--set", "reward_mode=engine", "--set", "task=P", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "EngineNotFound" in err and "missing-sf" in err
+    assert not (tmp_path / "out").exists()

@@ -197,7 +197,7 @@ def strict_only_format_error(fn, text: str) -> None:
 def _p_dataset_cases(p_split, counts, seed, randoms):
     bases = [c for _, c, _ in p_split]
     rng = random.Random(seed)
-    texts = near_misses(bases, seed, 175) + randoms + [""]
+    texts = near_misses(bases, seed, 190) + randoms + [""]
     for text in texts:
         _, _, label = p_split[rng.randrange(len(p_split))]
         check_p_parse(text)
@@ -232,7 +232,7 @@ def engine():
 def _p_engine_cases(p_split, engine, counts, seed, randoms, bad_prompts):
     bases = [c for _, c, _ in p_split]
     rng = random.Random(seed)
-    texts = near_misses(bases, seed, 220) + randoms + [""]
+    texts = near_misses(bases, seed, 250) + randoms + [""]
     rows = [p_split[rng.randrange(len(p_split))] for _ in texts]
     prompts = [p for p, _, _ in rows]
     labels = [lab for _, _, lab in rows]
@@ -267,7 +267,7 @@ def _a_cases(a_items, counts, seed, randoms):
     rng = random.Random(seed)
     items = [a_items[rng.randrange(len(a_items))] for _ in range(12)]
     truths = [(it["prompt"], expected_a_completion(it["prompt"])) for it in items]
-    texts = near_misses([t for _, t in truths], seed, 200) + randoms + [""]
+    texts = near_misses([t for _, t in truths], seed, 230) + randoms + [""]
     for text in texts:
         prompt, _ = truths[rng.randrange(len(truths))]
         check_a_parse(text)

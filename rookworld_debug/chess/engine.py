@@ -177,6 +177,7 @@ class Engine:
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._idle.put(self._workers[0])
         self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
         self.version: str = self._workers[0].engine.id.get("name", "unknown engine")
         _OPEN_ENGINES.add(self)
 
@@ -195,6 +196,7 @@ class Engine:
         for worker in self._workers:
             worker.close()
         self._workers = []
+        self._closed = True
         _OPEN_ENGINES.discard(self)
 
     def pids(self) -> list[int]:
@@ -254,6 +256,8 @@ class Engine:
         return [None if f is None else next(values) for f in after]
 
     def _search_all(self, keys: list[tuple[str, int, int]]) -> list[Analysis]:
+        if keys and self._closed:  # a closed worker would be silently "restarted" into an untracked process
+            raise EngineError("this Engine is closed (cached positions still answer); create a new Engine")
         if len(keys) <= 1 or self.workers == 1:
             return [self._search(k) for k in keys]
         if self._pool is None:
