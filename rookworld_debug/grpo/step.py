@@ -26,6 +26,7 @@ from rookworld_debug.grpo.setup import Setup, setup as setup_phase
 from rookworld_debug.grpo.update import UpdateResult, update
 
 TRACE_VERSION = 1
+LOSS_PATH_TOLERANCE = 1e-5   # |loss(grad path) − loss(record)|, fp32 recompute noise is ~1e-7
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,10 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
             upd = update(s.policy, s.optimizer, rollout, advantages, loss, config, reference=s.reference)
         except NumericalError as err:          # refuse to step on NaN/inf; the trace says why
             flags.append(f"update refused: {err}")
+    if upd is not None and not upd.loss_record_diff <= LOSS_PATH_TOLERANCE:
+        # the optimizer's loss (fresh grad forward) must equal the displayed record (rollout tensors)
+        flags.append(f"loss used by the update differs from the displayed loss record by "
+                     f"{upd.loss_record_diff:.3g} (> {LOSS_PATH_TOLERANCE:g}): the views would not describe the step")
     if upd is not None:
         with timer("evaluation"):
             evaluation = evaluate_after(
