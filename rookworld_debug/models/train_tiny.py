@@ -183,7 +183,7 @@ def parse_args(argv):
     ap.add_argument("--n-positions", type=int, default=320)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--weight-decay", type=float, default=0.05)
@@ -195,7 +195,13 @@ def parse_args(argv):
     ap.add_argument("--checkpoint-every", type=int, default=250)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--max-minutes", type=float, default=None, help="safety stop (shortens the run)")
+    ap.add_argument("--stop-after", type=int, default=None,
+                    help="stop after this step index (the LR schedule still spans --steps): a reproducible cut")
     ap.add_argument("--log-file", default=None)
+    ap.add_argument("--init-from", default=None,
+                    help="continue from a saved folder (weights + tokenizer; fresh optimizer), e.g. a cool-down phase")
+    ap.add_argument("--schedule", default="cosine", choices=["cosine", "linear"],
+                    help="cosine: warm-up then cosine to min-lr-frac; linear: warm-up then linear to min-lr-frac")
     return ap.parse_args(argv)
 
 
@@ -203,6 +209,8 @@ def lr_at(step, args):
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
     prog = (step - args.warmup) / max(1, args.steps - args.warmup)
+    if args.schedule == "linear":
+        return args.lr * (1 - (1 - args.min_lr_frac) * min(1.0, prog))
     return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
 
 
@@ -249,7 +257,12 @@ def main(argv=None) -> int:
     a_recs = [r for r in records if r["task"] == "A"]
     log(f"data: {len(p_recs)} P + {len(a_recs)} A train records ({time.time() - t0:.1f}s)")
 
-    tok = build_tokenizer(args.tokenizer, texts=[r["text"] for r in records[:20000]])
+    if args.init_from:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.init_from)
+    else:
+        tok = build_tokenizer(args.tokenizer, texts=[r["text"] for r in records[:20000]])
     p_docs = encode_docs(p_recs, tok, prompt_weight=args.prompt_weight, seed=args.seed, max_len=args.n_positions)
     a_docs = encode_docs(a_recs, tok, prompt_weight=args.prompt_weight, seed=args.seed + 1, max_len=args.n_positions)
     log(f"tokenizer {args.tokenizer} vocab {len(tok)}; docs P {len(p_docs)} A {len(a_docs)}; "
@@ -260,7 +273,12 @@ def main(argv=None) -> int:
                         n_layer=args.n_layer, n_head=args.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
                         attn_pdrop=0.0, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
                         pad_token_id=tok.eos_token_id, tie_word_embeddings=True)
-    model = GPT2LMHeadModel(config)
+    if args.init_from:
+        model = GPT2LMHeadModel.from_pretrained(args.init_from, dtype=torch.float32)
+        config = model.config
+        log(f"initialised from {args.init_from} (step {json.loads((Path(args.init_from) / 'training_args.json').read_text()).get('step', '?')})")
+    else:
+        model = GPT2LMHeadModel(config)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model L{args.n_layer} d{args.n_embd} h{args.n_head} params {n_params}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -293,6 +311,10 @@ def main(argv=None) -> int:
     t_train = time.time()
     step = 0
     for step in range(args.steps):
+        if args.stop_after is not None and step > args.stop_after:
+            stopped_early = True
+            log(f"stop-after {args.stop_after} reached; stopping")
+            break
         if args.max_minutes is not None and (time.time() - t_train) / 60 > args.max_minutes:
             stopped_early = True
             log(f"max-minutes reached at step {step}; stopping")
