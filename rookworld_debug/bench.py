@@ -810,6 +810,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _progress(label: str, variant: str, res: dict) -> dict:
+    msg = res.get("error") or f"{res['seconds']:.2f} s, peak RSS {res['peak_rss_mb']:.0f} MB"
+    print(f"[bench] {label} ({variant}): {msg}", file=sys.stderr, flush=True)
+    return res
+
+
 def run_bench(args) -> tuple[dict, Path]:
     import torch
     from rookworld_debug.report import atomic_write_json
@@ -835,13 +841,13 @@ def run_bench(args) -> tuple[dict, Path]:
                 workers[v] = (_ProcessWorker(v, str(spec_path)) if args.isolate == "process"
                               else _InProcessWorker(v, spec))
             warm = {v: [] for v in variants}
-            for _ in range(args.warmup):
+            for i in range(args.warmup):
                 for v in variants:
-                    warm[v].append(workers[v].run())
+                    warm[v].append(_progress(f"warm-up {i + 1}", v, workers[v].run()))
             runs = {v: [] for v in variants}
-            for _ in range(args.reps):
+            for i in range(args.reps):
                 for v in variants:   # alternating a, b, c, d, a, b, ...
-                    runs[v].append(workers[v].run())
+                    runs[v].append(_progress(f"rep {i + 1}", v, workers[v].run()))
         finally:
             for w in workers.values():
                 w.close()
