@@ -122,7 +122,7 @@ def _default_p_reward(engine_depth: int = 10):
 
 def measure(model_or_path="tiny", *, tokenizer=None, n_prompts: int = 50, seed: int = 0, group_size: int = 8,
             a_samples: int = 1, max_new_tokens: int = 160, engine_depth: int = 10, reward_fn=None,
-            with_rewards: bool = True, progress=None) -> dict:
+            with_rewards: bool = True, batch_size: int = 96, progress=None) -> dict:
     """Sample on held-out prompts and compute the issue-3 metrics (see module doc)."""
     import torch
 
@@ -137,7 +137,7 @@ def measure(model_or_path="tiny", *, tokenizer=None, n_prompts: int = 50, seed: 
     torch.manual_seed(seed)
     p_prompts = [s.prompt for s in p_held]
     p_out = sample_completions(model, tok, p_prompts, n=group_size, max_new_tokens=max_new_tokens, seed=seed,
-                               **P_SAMPLING)
+                               batch_size=batch_size, **P_SAMPLING)
     t_p = time.time()
     rows = []
     for s, comps in zip(p_held, p_out):
@@ -151,7 +151,7 @@ def measure(model_or_path="tiny", *, tokenizer=None, n_prompts: int = 50, seed: 
         progress(f"P sampled in {t_p - t0:.1f}s")
     a_prompts = [s.prompt for s in a_held]
     a_out = sample_completions(model, tok, a_prompts, n=a_samples, max_new_tokens=max_new_tokens, seed=seed + 1,
-                               **A_SAMPLING)
+                               batch_size=batch_size, **A_SAMPLING)
     exact_fen, exact_all, wf = [], [], []
     for s, comps in zip(a_held, a_out):
         want = expected_a_completion(s.prompt)
@@ -169,10 +169,14 @@ def measure(model_or_path="tiny", *, tokenizer=None, n_prompts: int = 50, seed: 
     if with_rewards:
         fn = reward_fn or _default_p_reward(engine_depth)
         stds, means = [], []
-        for s, comps in zip(p_held, p_out):
-            r = [float(x) for x in fn([s.prompt] * len(comps), comps)]
-            stds.append(statistics.pstdev(r))
-            means.append(statistics.fmean(r))
+        try:
+            for s, comps in zip(p_held, p_out):
+                r = [float(x) for x in fn([s.prompt] * len(comps), comps)]
+                stds.append(statistics.pstdev(r))
+                means.append(statistics.fmean(r))
+        finally:
+            if reward_fn is None and hasattr(fn, "close"):
+                fn.close()
         res.update(p_group_nonzero_std=_rate(sd > 1e-9 for sd in stds), p_reward_mean=round(statistics.fmean(means), 4),
                    p_reward_std_mean=round(statistics.fmean(stds), 4))
         if progress:
