@@ -641,7 +641,8 @@ def materialize_model(model: str, folder: Path) -> tuple[str, dict]:
         tok = gpt2_tokenizer()
         m.save_pretrained(folder)
         tok.save_pretrained(folder)
-        return str(folder), {"source": "random GPT2Config() (124M)", "parameters": sum(p.numel() for p in m.parameters())}
+        n_params = sum(p.numel() for p in m.parameters())
+        return str(folder), {"source": "random GPT2Config() (124M)", "parameters": n_params}
     if model == "tiny" and (TINY_DIR / "config.json").is_file():
         return str(TINY_DIR), {"source": "bundled rookworld_debug/models/tiny"}
     import warnings
@@ -732,7 +733,8 @@ def markdown(result: dict) -> str:
         phases = ", ".join(f"{p} {_fmt(x)}" for p, x in d["median_phases"].items())
         extra = f" (core {_fmt(d['median_seconds_core'])})" if "median_seconds_core" in d else ""
         lines.append(f"| ({k}) {LABELS[k]} | "
-                     f"{_fmt(d['median_seconds'])}{extra} | {_fmt(d.get('min_seconds'))} | {phases} | {_fmt(d['median_tokens_generated'], 0)} | "
+                     f"{_fmt(d['median_seconds'])}{extra} | {_fmt(d.get('min_seconds'))} | {phases} | "
+                     f"{_fmt(d['median_tokens_generated'], 0)} | "
                      f"{_fmt(d['peak_rss_mb'], 0)} ({_fmt(d['peak_rss_delta_mb'], 0)}) |")
     lines += ["", "| ratio / measure | value (medians) | of min times | target | met |",
               "| --- | ---: | ---: | --- | --- |"]
@@ -788,7 +790,8 @@ def machine_info(spec: BenchSpec) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rookworld-debug bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", help=f"'tiny' (default), '{GPT2_124M}' (random GPT2Config()), or a folder")
+    p.add_argument("--model", default="tiny",
+                   help=f"'tiny' (default), '{GPT2_124M}' (random GPT2Config()), or a folder")
     p.add_argument("--batch-size", "-B", type=int, default=4)
     p.add_argument("--num-generations", "-G", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)

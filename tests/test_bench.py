@@ -36,8 +36,8 @@ def result(tmp_path_factory):
 
 def test_schema_top_level(result):
     assert result["schema"] == bench.SCHEMA
-    for key in ("started", "command", "machine", "model_info", "settings", "variants", "ratios", "ratios_min", "targets",
-                "engine", "engine_sets", "widget", "runs", "total_seconds"):
+    for key in ("started", "command", "machine", "model_info", "settings", "variants", "ratios", "ratios_min",
+                "targets", "engine", "engine_sets", "widget", "runs", "total_seconds"):
         assert key in result, key
     assert result["settings"]["variants"] == list("abcd")
     assert result["settings"]["step_config"]["num_generations"] == 2
