@@ -6,24 +6,12 @@ from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo import generation as gen
 from rookworld_debug.grpo.generation import Rollout, generate, per_token_logps_and_entropy
 from rookworld_debug.models import load_policy_and_reference
+from tinymodels import save_tiny_gpt2
 
 EOS = "<|endoftext|>"
 P_PROMPT = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
 A_PROMPT = "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+"
 SAMPLING = {"P": (0.5, 0.9, None), "A": (0.95, 0.95, 20)}
-
-
-def _byte_tokenizer():
-    """One token per byte + <|endoftext|> (257 ids): tiny LM head, so tests stay fast."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import GPT2TokenizerFast
-
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    vocab[EOS] = len(vocab)
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    return GPT2TokenizerFast(tokenizer_object=tk, bos_token=EOS, eos_token=EOS, unk_token=EOS)
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +20,7 @@ def models(tmp_path_factory):
 
     EOS is made likely (~12 % per token at T=0.5, ~2.5 % at T=0.95) so rollouts hold both ended and
     truncated completions."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    tok = _byte_tokenizer()
-    eos = tok.eos_token_id
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=256, n_layer=2, n_head=2, n_embd=32,
-                                       bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False))
-    with torch.no_grad():  # feature 0 after ln_f is a constant; only EOS reads it -> EOS logit +1.8
-        model.transformer.ln_f.weight[0], model.transformer.ln_f.bias[0] = 0.0, 1.8
-        model.lm_head.weight[:, 0] = 0.0
-        model.lm_head.weight[eos, 0] = 1.0
-    folder = tmp_path_factory.mktemp("tiny_gen")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
+    folder = save_tiny_gpt2(tmp_path_factory.mktemp("tiny_gen"), n_positions=256)
     return load_policy_and_reference(folder)
 
 

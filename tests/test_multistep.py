@@ -20,16 +20,7 @@ FENS = ["rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", "8/8/8/8/8
 LABEL = "M: e2e4 d2d4 g1f3 c2c4 b1c3 E: 0.3 0.35 0.28 0.32 0.29 B: e2e4"
 
 
-def _byte_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import GPT2TokenizerFast
-
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    vocab[EOS] = len(vocab)
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    return GPT2TokenizerFast(tokenizer_object=tk, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+from tinymodels import byte_tokenizer as _byte_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -21,16 +21,19 @@ def byte_tokenizer():
     return GPT2TokenizerFast(tokenizer_object=tk, bos_token=EOS, eos_token=EOS, unk_token=EOS)
 
 
-def save_tiny_gpt2(folder: Path, *, seed: int = 0, n_embd: int = 32, eos_logit: float = 1.8) -> Path:
+def save_tiny_gpt2(folder: Path, *, seed: int = 0, n_embd: int = 32, n_positions: int = 512,
+                   eos_logit: float = 1.8) -> Path:
     """A random 2-layer GPT-2 + byte tokenizer saved like a user's model folder. `eos_logit` makes
     EOS likely so rollouts hold both finished and truncated completions."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tok = byte_tokenizer()
     eos = tok.eos_token_id
-    torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=512, n_layer=2, n_head=2, n_embd=n_embd,
-                                       bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False))
+    with torch.random.fork_rng():                    # the caller's RNG state is untouched
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=n_positions, n_layer=2, n_head=2,
+                                           n_embd=n_embd, bos_token_id=eos, eos_token_id=eos,
+                                           tie_word_embeddings=False))
     with torch.no_grad():  # feature 0 after ln_f is a constant; only EOS reads it
         model.transformer.ln_f.weight[0], model.transformer.ln_f.bias[0] = 0.0, eos_logit
         model.lm_head.weight[:, 0] = 0.0
