@@ -93,6 +93,34 @@ class _State:
     loss: Any
 
 
+def _figure_widget():
+    """A plotly FigureWidget (updated in place; needs anywidget), else an ipywidgets.Output.
+
+    Why not always an Output: displaying a figure into an Output widget from a later cell/callback
+    can leave nbclient (papermill) waiting for the cell until its timeout, as its Output-widget
+    emulation sends comm messages back to an idle kernel; a FigureWidget is plain widget state."""
+    import ipywidgets as W
+    try:
+        import plotly.graph_objects as go
+        return go.FigureWidget()
+    except ImportError:          # no anywidget: re-render into an Output (mimetype only)
+        return W.Output(layout=W.Layout(min_height="300px"))
+
+
+def _show_figure(target, fig) -> None:
+    """Put `fig` (a static go.Figure from rookworld_debug.viz) into the panel's figure widget."""
+    if hasattr(target, "batch_update"):                       # FigureWidget: in place
+        if len(target.data) != len(fig.data) or any(a.type != b.type for a, b in zip(target.data, fig.data)):
+            target.data = ()
+            target.add_traces(list(fig.data))
+        with target.batch_update():
+            target.update(fig.to_dict(), overwrite=True)
+        return
+    with target:                                              # Output fallback
+        target.clear_output(wait=True)
+        fig.show(renderer="plotly_mimetype")
+
+
 _PHASES = ("generation", "rewards", "advantages", "loss")
 
 
@@ -176,7 +204,7 @@ class TunePanel:
         self.w_summary.add_class("rwd-summary-box")
         self.w_strip = W.HTML()
         self.w_strip.add_class("rwd-strip")
-        self.w_fig = W.Output(layout=W.Layout(min_height="300px"))
+        self.w_fig = _figure_widget()
         self.w_fig.add_class("rwd-figure")
 
         for w in (self.w_beta, self.w_eps_low, self.w_eps_high, self.w_loss_type, self.w_kl):
@@ -271,12 +299,7 @@ class TunePanel:
         self.w_summary.value = loss_summary_html(self.state.loss, recompute_ms=1e3 * self.last_recompute_s,
                                                  stale=stale)
         self.w_strip.value = strip.html
-        with self.w_fig:
-            self.w_fig.clear_output(wait=True)
-            # mimetype only: JupyterLab renders it with the bundled plotly extension. The "+notebook"
-            # renderer's HTML/JS output inside an Output widget stalls nbclient/papermill until the
-            # cell timeout, and widget outputs never reach exported HTML anyway.
-            fig.show(renderer="plotly_mimetype")
+        _show_figure(self.w_fig, fig)
         self.history.append({"t": time.time(), "recompute_s": self.last_recompute_s,
                              "loss_for_s": self.last_loss_for_s, "loss": _f(self.state.loss.loss),
                              "kl_share": float(self.state.loss.kl_share), **self._loss_changes()})

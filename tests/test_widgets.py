@@ -75,6 +75,9 @@ def test_views_follow_metric_and_row(panel):
     before = panel.w_strip.value
     panel.w_row.value = 3
     assert panel.w_strip.value != before and panel.w_strip.value.count('class="rw-row"') == 1
+    fig = panel.w_fig                                   # a FigureWidget, updated in place
+    assert fig.data[0].type == "waterfall" and "KL share" in fig.layout.title.text
+    assert fig.data[0].y[-1] == pytest.approx(float(panel.loss.loss))
 
 
 def test_bad_knobs_are_named_errors(panel):

@@ -1,0 +1,171 @@
+"""The tune panel in a real JupyterLab, in headless Chromium (Playwright): open
+02_tune_beta_temperature.ipynb, run all cells, move the β slider with the keyboard, and check that the
+displayed loss changed and that a plotly figure and a token strip rendered. A screenshot goes to
+reports/jupyterlab_tune_panel.png (git-ignored).
+
+The notebook is copied into a temp root with small parameters (short completions, B=2, G=4, depth 6, a
+synthetic drift so that KL > 0 and β matters on the random-init model).
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NB = "02_tune_beta_temperature.ipynb"
+SMALL = {"max_new_tokens": "24", "batch_size": "2", "num_generations": "4", "engine_depth": "6",
+         "drift_steps": "0", "drift_noise": "0.05", "beta": "0.1"}
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _small_copy(dst: Path) -> Path:
+    """The shipped notebook with its parameters cell rewritten to small values."""
+    nb = nbformat.read(ROOT / "notebooks" / NB, as_version=4)
+    cell = nb.cells[0]
+    assert "parameters" in cell.metadata.get("tags", [])
+    src = cell.source
+    for name, value in SMALL.items():
+        src, n = re.subn(rf"^{name} = [^#\n]*", f"{name} = {value}   ", src, flags=re.M)
+        assert n == 1, f"parameter {name} not found in {NB}"
+    cell.source = src
+    out = dst / NB
+    nbformat.write(nb, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on 127.0.0.1 (free port, token, no port retries); killed in the finalizer."""
+    pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no {CHROMIUM} (scripts/setup.sh --browser installs it)")
+    jupyter = Path(sys.executable).parent / "jupyter"
+    if not jupyter.exists():
+        pytest.skip("jupyter is not installed in this environment")
+    root = tmp_path_factory.mktemp("lab")
+    nbdir = root / "notebooks"
+    nbdir.mkdir()
+    _small_copy(nbdir)
+    state = root / "state"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "JUPYTER_RUNTIME_DIR": str(state / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(state / "workspaces"),
+           "JUPYTER_CONFIG_DIR": str(state / "config")}
+    port, token = _free_port(), secrets.token_hex(16)
+    log = open(root / "jupyterlab.log", "wb")
+    proc = subprocess.Popen(
+        [str(jupyter), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
+         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={nbdir}",
+         "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(nbdir), start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"jupyter lab exited ({proc.returncode}):\n{(root / 'jupyterlab.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("jupyter lab did not answer within 90 s")
+            time.sleep(0.5)
+        yield {"base": base, "token": token, "root": root, "log": root / "jupyterlab.log"}
+    finally:
+        try:                                    # the server's own process group: kernels included
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+        log.close()
+
+
+def _loss(page) -> str:
+    return page.eval_on_selector(".rwd-loss-summary", "e => e.dataset.loss + '|' + e.dataset.klShare + '|' + e.dataset.beta")
+
+
+@pytest.mark.browser
+def test_tune_panel_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+    shot = ROOT / "reports" / "jupyterlab_tune_panel.png"
+    t0 = time.monotonic()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            page.goto(f"{lab['base']}/lab/tree/{NB}?token={lab['token']}")
+            page.wait_for_selector(".jp-Notebook", timeout=60_000)
+            page.get_by_text("| Idle").first.wait_for(timeout=90_000)
+            page.wait_for_timeout(3000)        # brand-new server: let the kernel websocket settle
+            for attempt in range(2):
+                page.get_by_role("menuitem", name="Run", exact=True).click()
+                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+                try:
+                    page.wait_for_selector(".rwd-loss-summary", timeout=240_000 if attempt == 0 else 120_000)
+                    break
+                except Exception:
+                    if attempt == 1:
+                        raise
+            panel = page.locator(".rwd-tune-panel")
+            panel.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
+            assert panel.locator(".rw-strips .rw-tok").count() > 0, "no token strip rendered in the panel"
+            before = _loss(page)
+            assert "0.1" in before.split("|")[2]
+
+            beta = panel.locator(".widget-slider").filter(has_text="β (KL coef)")
+            handle = beta.locator(".noUi-handle").first
+            handle.scroll_into_view_if_needed()
+            handle.focus()
+            page.keyboard.press("ArrowRight")
+            page.wait_for_function(
+                "prev => { const e = document.querySelector('.rwd-loss-summary');"
+                " return e && (e.dataset.loss + '|' + e.dataset.klShare + '|' + e.dataset.beta) !== prev; }",
+                arg=before, timeout=60_000)
+            after = _loss(page)
+            page.locator(".rwd-loss-summary").scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            if shot.parent.is_dir():
+                page.screenshot(path=str(shot), full_page=False)
+            b_loss, b_share, b_beta = before.split("|")
+            a_loss, a_share, a_beta = after.split("|")
+            assert float(a_beta) > float(b_beta), (before, after)
+            assert (a_loss, a_share) != (b_loss, b_share), (before, after)
+            assert float(a_loss) != float(b_loss)       # KL > 0 after the drift: loss = PG + β·KL moves with β
+            assert page.locator(".rwd-recompute").first.inner_text().startswith("recomputed in")
+            assert page.locator(".js-plotly-plot").count() >= 1
+            assert not [e for e in errors if "plotly" in e.lower() or "widget" in e.lower()], errors
+        except Exception:
+            if shot.parent.is_dir():
+                page.screenshot(path=str(shot.with_name("jupyterlab_tune_panel_FAILED.png")), full_page=True)
+            raise
+        finally:
+            browser.close()
+    assert time.monotonic() - t0 < 420
