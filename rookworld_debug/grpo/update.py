@@ -134,8 +134,8 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
                     acc.add_(g)
 
     # total grad = Σ term grads (linearity) → write into .grad for the optimizer
-    for j, (_, p) in enumerate(params):
-        p.grad = sum(term_grads[t][j] for t in buckets)
+    for j, (_, p) in enumerate(params):   # one bucket: alias it (a sum would copy every gradient once more)
+        p.grad = term_grads[buckets[0]][j] if len(buckets) == 1 else sum(term_grads[t][j] for t in buckets)
     grads = [p.grad for _, p in params]
     pre = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
     if not math.isfinite(pre):
