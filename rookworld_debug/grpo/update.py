@@ -37,7 +37,7 @@ class UpdateResult:
     per_term_global: dict               # {"pg": n, "kl": n, "entropy": n} global L2 norm of each term's grad
     lr: float
     micro_batches: int
-    param_delta_norm: float             # ||θ_after − θ_before||_2
+    param_delta_norm: float             # ||θ_after − θ_before||_2 (NaN on the lean path: no snapshot kept)
     seconds: float
     counts: dict = field(default_factory=dict)
 
@@ -155,14 +155,16 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     per_term_global = {t: math.sqrt(sum(float(g.pow(2).sum()) for g in term_grads[t])) for t in TERMS} \
         if per_term_grads else {}
 
-    before = [p.detach().clone() for _, p in params]
+    # the snapshot costs one more copy of the weights (0.5 GB at 124M): only the instrumented path keeps it
+    before = [p.detach().clone() for _, p in params] if per_term_grads else None
     if config.max_grad_norm is not None:                 # None = no clipping (documented in StepConfig)
         torch.nn.utils.clip_grad_norm_([p for _, p in params], config.max_grad_norm)
     post = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for _, p in params])))
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    delta = math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for (_, p), b in zip(params, before)))
+    delta = math.nan if before is None else \
+        math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for (_, p), b in zip(params, before)))
     return UpdateResult(
         loss=loss_total, loss_record_diff=abs(loss_total - float(loss_record.loss)),
         grad_norm_pre_clip=pre, grad_norm_post_clip=post,
