@@ -25,7 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = "02_tune_beta_temperature.ipynb"
-SMALL = {"max_new_tokens": "24", "batch_size": "2", "num_generations": "4", "engine_depth": "6",
+SMALL = {"max_new_tokens": "56", "batch_size": "2", "num_generations": "4", "engine_depth": "6",
          "drift_steps": "0", "drift_noise": "0.05", "beta": "0.1"}
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -151,6 +151,9 @@ def test_tune_panel_in_jupyterlab(lab):
                 arg=before, timeout=60_000)
             after = _loss(page)
             page.locator(".rwd-loss-summary").scroll_into_view_if_needed()
+            news = page.get_by_role("button", name="No", exact=True)    # the "Jupyter news?" toast
+            if news.count():
+                news.first.click()
             page.wait_for_timeout(500)
             if shot.parent.is_dir():
                 page.screenshot(path=str(shot), full_page=False)

@@ -19,7 +19,7 @@ def panel():
     from rookworld_debug.notebook import drift_policy
     from rookworld_debug.widgets import TunePanel
     torch.set_num_threads(1)
-    cfg = StepConfig(max_new_tokens=16, heldout_n=0, engine_depth=6, batch_size=2, num_generations=4, beta=0.1)
+    cfg = StepConfig(max_new_tokens=56, heldout_n=0, engine_depth=6, batch_size=2, num_generations=4, beta=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         s = setup(cfg)
