@@ -96,7 +96,22 @@ def _engine(path):
 
         _ENGINE = chess.engine.SimpleEngine.popen_uci(str(_stockfish(path)))
         _ENGINE.configure({"Threads": 1})
+        # python-chess runs the engine on a non-daemon thread: an engine left open (generation in the
+        # main process) would block interpreter exit, so close it from threading's pre-exit hook
+        import threading
+        if hasattr(threading, "_register_atexit"):
+            threading._register_atexit(_close_engine)
     return _ENGINE
+
+
+def _close_engine():
+    global _ENGINE
+    if _ENGINE is not None:
+        try:
+            _ENGINE.quit()
+        except Exception:  # the process may already be gone; exit must not fail
+            pass
+        _ENGINE = None
 
 
 def _stockfish(path):
