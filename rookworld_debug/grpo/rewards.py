@@ -136,8 +136,7 @@ def compute_rewards(prompts: Sequence[str], completions: Sequence[str], tasks: S
         breakdowns=tuple(breakdowns), components=components, flags=flags,
         matches_label=tuple(d.get("best_matches_label") for d in details),
         matches_sf1=tuple(d.get("best_matches_sf1") for d in details),
-        format_valid=tuple(b is not None and not b.details.get("problems") and "no_tags" not in b.flags
-                           for b in breakdowns),
+        format_valid=tuple(b is not None and b.format_ok for b in breakdowns),
         metrics=metrics, engine_stats=est, reward_mode=reward_mode, seconds=time.perf_counter() - t0,
         warnings=warnings)
 

@@ -27,6 +27,16 @@ GPT2_EOS_ID = 50256
 GPT2_VOCAB_SIZE = 50257
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable character table: the alphabet of byte-level BPE ('Ġ' = space)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    for n, b in enumerate(b for b in range(256) if b not in bs):
+        bs.append(b)
+        cs.append(256 + n)
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
 def cache_dir() -> Path:
     """`$ROOKWORLD_DEBUG_CACHE`, else `$XDG_CACHE_HOME/rookworld_debug`, else `~/.cache/rookworld_debug`."""
     if env := os.environ.get("ROOKWORLD_DEBUG_CACHE"):

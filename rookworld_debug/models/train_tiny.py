@@ -48,7 +48,9 @@ def build_char_tokenizer():
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     # Stable id order: GPT-2's byte->unicode table order, then <|endoftext|> last (like GPT-2).
-    byte_chars = _bytes_to_unicode_order()
+    from rookworld_debug.models.tokenizer import bytes_to_unicode
+    table = bytes_to_unicode()
+    byte_chars = [table[b] for b in range(256)]
     assert set(byte_chars) == set(alphabet)
     vocab = {ch: i for i, ch in enumerate(byte_chars)}
     vocab[EOT] = len(vocab)
@@ -97,19 +99,6 @@ def _wrap(tk):
     tok = GPT2TokenizerFast(tokenizer_object=tk, bos_token=EOT, eos_token=EOT, unk_token=EOT, pad_token=EOT)
     tok.model_max_length = 1024
     return tok
-
-
-def _bytes_to_unicode_order():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    order = sorted(zip(bs, cs))
-    return [chr(c) for _, c in order]
 
 
 def build_tokenizer(kind: str, texts=None):

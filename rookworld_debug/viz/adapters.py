@@ -37,15 +37,8 @@ __all__ = ["decode_bpe_token", "completion_token_texts", "rollout_token_strips",
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode: byte-level BPE token chars → raw bytes."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    from rookworld_debug.models.tokenizer import bytes_to_unicode
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def decode_bpe_token(tok: str) -> str:
