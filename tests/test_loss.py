@@ -43,20 +43,27 @@ class _Accelerator:
     def reduce(self, x, reduction="sum"):
         return x
 
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        return x
+
 
 def trl_loss(logps, old, ref, adv, mask, entropy, *, beta, loss_type, epsilon_low=0.2, epsilon_high=0.28,
-             delta=None, level="token", entropy_coef=0.0, bias=True, g=1, num_items=None):
+             delta=None, level="token", entropy_coef=0.0, bias=True, g=1, num_items=None, spg=None, opsm=None,
+             rho=1.0, sampling=None, loss_params=None):
     """TRL's real _compute_loss on our tensors. Returns (loss, metrics dict of the last logged values)."""
     t = object.__new__(GRPOTrainer)
-    t.args = types.SimpleNamespace(delta=delta, use_bias_correction_kl=bias, steps_per_generation=g,
-                                   entropy_target=0.2)
+    t.args = types.SimpleNamespace(delta=delta, use_bias_correction_kl=bias, steps_per_generation=spg or g,
+                                   entropy_target=0.2, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
+                                   vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)
+    for k, v in (loss_params or {}).items():
+        setattr(t.args, k, v)
     t.beta = beta
     t.loss_type = loss_type
     t.epsilon_low = epsilon_low
     t.epsilon_high = epsilon_high
     t.importance_sampling_level = level
-    t.top_entropy_quantile = 1.0
-    t.off_policy_mask_threshold = None
+    t.top_entropy_quantile = rho
+    t.off_policy_mask_threshold = opsm
     t.use_vllm = False
     t.vllm_importance_sampling_correction = False
     t.aux_loss_enabled = False
@@ -76,6 +83,8 @@ def trl_loss(logps, old, ref, adv, mask, entropy, *, beta, loss_type, epsilon_lo
               "num_items_in_batch": mask.sum() if num_items is None else torch.tensor(num_items)}
     if old is not None:
         inputs["old_per_token_logps"] = old
+    if sampling is not None:
+        inputs["sampling_per_token_logps"] = sampling
     loss = t._compute_loss(None, inputs)
     return loss, {k: v[-1] for k, v in t._metrics["train"].items()}
 
@@ -103,6 +112,7 @@ def run_both(data, **kw):
     logps, old, ref, adv, mask, entropy = data
     g, num_items = kw.pop("g", 1), kw.pop("num_items", None)
     bias = kw.pop("bias", True)
+    opts = {k: kw.pop(k) for k in ("spg", "opsm", "rho", "sampling", "loss_params") if k in kw}
     ours_lp, ours_h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
     trl_lp, trl_h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
     rec = compute_loss(ours_lp, old, ref, adv, mask, beta=kw["beta"], epsilon_low=kw.get("epsilon_low", 0.2),
@@ -110,8 +120,11 @@ def run_both(data, **kw):
                        max_completion_length=L_MAX, importance_sampling_level=kw.get("level", "token"),
                        delta=kw.get("delta"), entropy=ours_h, entropy_coef=kw.get("entropy_coef", 0.0),
                        use_bias_correction_kl=bias, gradient_accumulation_steps=g, num_items_in_batch=num_items,
-                       num_generations=4)
-    loss_trl, metrics = trl_loss(trl_lp, old, ref, adv, mask, trl_h, bias=bias, g=g, num_items=num_items, **kw)
+                       num_generations=4, steps_per_generation=opts.get("spg"),
+                       off_policy_mask_threshold=opts.get("opsm"), top_entropy_quantile=opts.get("rho", 1.0),
+                       sampling_per_token_logps=opts.get("sampling"), **(opts.get("loss_params") or {}))
+    loss_trl, metrics = trl_loss(trl_lp, old, ref, adv, mask, trl_h, bias=bias, g=g, num_items=num_items, **opts,
+                                 **kw)
     ours_grads = torch.autograd.grad(rec.loss, [ours_lp, ours_h], allow_unused=True)
     trl_grads = torch.autograd.grad(loss_trl, [trl_lp, trl_h], allow_unused=True)
     return rec, ours_grads, loss_trl, trl_grads, metrics
@@ -428,3 +441,92 @@ def test_bad_arguments_name_the_field(change, field):
     with pytest.raises(ConfigError) as e:
         compute_loss(logps, old, ref, adv, mask, **kw)
     assert e.value.field == field
+
+
+# ------------------------------------------------------------------ every TRL 1.16 loss type and option
+ALL_TRL = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+
+
+def _small_drift(data, scale=0.15):
+    """Old log-probs a short PPO iteration away (|log r| ~ 0.15): VESPO's φ(Π_t r) is not flat 0."""
+    logps, old, ref, adv, mask, entropy = data
+    g = torch.Generator().manual_seed(99)
+    return logps, logps + torch.randn(logps.shape, generator=g, dtype=logps.dtype) * scale, ref, adv, mask, entropy
+
+
+def _eps(loss_type):
+    return dict(epsilon_low=0.2, epsilon_high=5.0 if loss_type == "cispo" else 0.28)
+
+
+@pytest.mark.parametrize("loss_type", ALL_TRL)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("delta", [None, 1.5])
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+@pytest.mark.parametrize("opsm", [None, 0.05])
+@pytest.mark.parametrize("rho", [1.0, 0.4])
+def test_every_trl_loss_type_fp32(loss_type, level, delta, beta, opsm, rho):
+    """Loss, gradients (w.r.t. log-probs and entropy) and logged metrics equal TRL 1.16's `_compute_loss`
+    to 1e-6 in float32, for every loss type × IS level × δ × β × OPSM × entropy mask (entropy bonus on)."""
+    seed = zlib.crc32(repr((loss_type, level, delta, beta, opsm, rho)).encode()) % 1000
+    data = _small_drift(make_inputs(seed=seed, N=16, T=20, dtype=torch.float32), 0.15 if level == "token" else 0.6)
+    eps = _eps(loss_type)
+    if loss_type == "cispo":
+        eps["epsilon_high"] = 1.1                                    # the IS cap binds on some tokens
+    rec, *rest = run_both(data, beta=beta, loss_type=loss_type, level=level, delta=delta, opsm=opsm, rho=rho,
+                          entropy_coef=0.01, **eps)
+    assert_matches(rec, *rest, tol=1e-6)
+    if opsm is not None:
+        assert rec.off_policy_mask is not None and rec.off_policy_mask.shape == (16,)
+    if rho < 1:
+        assert rec.entropy_mask.shape == (16, 20) and rec.entropy_mask.sum() < data[4].sum()
+    torch.testing.assert_close(rec.per_seq_loss.sum(), rec.loss.detach())      # decomposition still sums
+    assert loss_type in rec.definition or loss_type in str(rec.normalizer)
+
+
+@pytest.mark.parametrize("loss_type", ALL_TRL)
+def test_every_trl_loss_type_fp64_options_bind(loss_type):
+    """fp64 at 1e-9, with OPSM and the entropy mask actually dropping rows/tokens and clips binding."""
+    data = _small_drift(make_inputs(seed=31, N=16, T=20), 0.3)
+    eps = _eps(loss_type)
+    if loss_type == "cispo":
+        eps["epsilon_high"] = 1.2
+    rec, *rest = run_both(data, beta=0.05, loss_type=loss_type, opsm=0.01, rho=0.5, entropy_coef=0.02, **eps)
+    assert_matches(rec, *rest, tol=1e-9)
+    assert not bool(rec.off_policy_mask.all()), "OPSM drops no row: the case does not exercise it"
+    assert bool(rec.entropy_mask.any()) and not bool(rec.entropy_mask[data[4].bool()].all())
+    dropped = ~rec.off_policy_mask
+    assert torch.all(rec.per_token_pg[dropped] == 0)
+    if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
+        assert rec.metrics["clip_ratio/region_mean"] > 0
+    if loss_type == "cispo":
+        assert rec.metrics["cispo_clip_ratio"] > 0
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "cispo", "vespo", "grpo", "luspo"])
+def test_steps_per_generation_normaliser(loss_type):
+    """steps_per_generation ≠ g: TRL rescales num_items_in_batch by g/steps_per_generation (dapo family)."""
+    data = _small_drift(make_inputs(seed=5, N=16, T=20), 0.2)
+    total = int(data[4].sum()) * 4
+    assert_matches(*run_both(data, beta=0.1, loss_type=loss_type, g=2, spg=4, num_items=total, entropy_coef=0.01,
+                             **_eps(loss_type)), tol=1e-9)
+
+
+@pytest.mark.parametrize("loss_type,params", [
+    ("sapo", {"sapo_temperature_pos": 0.5, "sapo_temperature_neg": 2.0}),
+    ("vespo", {"vespo_k_pos": 1.5, "vespo_lambda_pos": 2.0, "vespo_k_neg": 2.5, "vespo_lambda_neg": 1.0}),
+])
+def test_loss_specific_parameters(loss_type, params):
+    data = _small_drift(make_inputs(seed=8, N=16, T=20), 0.1)
+    rec, *rest = run_both(data, beta=0.1, loss_type=loss_type, loss_params=params)
+    assert_matches(rec, *rest, tol=1e-9)
+    assert rec.loss_params == params
+
+
+def test_opsm_uses_sampling_logps_when_given():
+    """OPSM compares the SAMPLING log-probs when given (TRL: vLLM's), else the old ones."""
+    logps, old, ref, adv, mask, entropy = _small_drift(make_inputs(seed=17, N=16, T=20), 0.05)
+    sampling = old + 0.5                                             # far off-policy at sampling time
+    rec, *rest = run_both((logps, old, ref, adv, mask, entropy), beta=0.0, loss_type="dapo", opsm=0.1,
+                          sampling=sampling)
+    assert_matches(rec, *rest, tol=1e-9)
+    assert bool((~rec.off_policy_mask).any())

@@ -5,7 +5,7 @@ tokens. m = completion_mask (N, T); A = advantages (N,); ℓ = per_token_logps (
 
 This is `trl.GRPOTrainer._compute_loss` (installed TRL 1.16) for ONE micro-batch, num_processes = 1,
 g = gradient_accumulation_steps (steps_per_generation = g, TRL's default), without the options we do not
-expose (top_entropy_quantile, off-policy mask, vLLM IS ratio, cispo/sapo/vespo/luspo):
+have no counterpart for (vLLM importance-sampling correction, aux loss). Every loss_type of TRL 1.16:
 
     ℓ_old      = ℓ.detach() if old_per_token_logps is None                  (TRL: num_iterations = 1)
     log w      = ℓ − ℓ_old                              importance_sampling_level = "token"   (N, T)
@@ -16,15 +16,26 @@ expose (top_entropy_quantile, off-policy mask, vLLM IS ratio, cispo/sapo/vespo/l
     KL_it     ← KL_it · r   if use_bias_correction_kl (TRL default; sampled-token estimators only)
     c          = clamp(r, 1 − ε_low, 1 + ε_high)         (from the UNclamped r)
     r'         = min(r, δ) if δ else r                    (two-sided clipping)
-    PG_it      = −min(r'·A_i, c·A_i)
-    L_it       = PG_it + β·KL_it                          (KL added AFTER the PG term; not clipped)
+    PG_it      = −min(r'·A_i, c·A_i)                      grpo, bnpo, dr_grpo, dapo, luspo
+               = −sg(min(r, ε_high))·A_i·ℓ_it             cispo (ε_high is ε_max, an absolute cap; TRL suggests 5)
+               = −σ(τ_A·(r − 1))·4/τ_A · A_i              sapo  (τ_A = τ_pos if A > 0 else τ_neg)
+               = −sg(φ_i)·A_i·ℓ_it                        vespo: log w_i = clamp(Σ_t m·clamp(ℓ − ℓ_old, ±20),
+                                                          log 1e-8, 20), φ = exp(λ + k·log w − λ·w) with
+                                                          (k, λ) = (k_pos, λ_pos) if A ≥ 0 else (k_neg, λ_neg)
+    PG_it     ← PG_it · M_i    OPSM (off_policy_mask_threshold τ): M_i = 0 iff A_i < 0 and
+                               Σ_t m(ℓ_sampling − ℓ)/|o_i| > τ  (ℓ_sampling = old log-probs here)
+    PG_it     ← PG_it · E_it   entropy mask (top_entropy_quantile ρ < 1): E_it = m_it·[H_it ≥ quantile_{1−ρ}(H)]
+    L_it       = PG_it + β·KL_it                          (KL added AFTER the PG term and the masks)
     loss       = agg(L) − c_H · H̄
       agg: grpo     mean_i( Σ_t m L / max(Σ_t m, 1) ) / g
            bnpo     Σ m L / max(Σ m, 1) / g
            dr_grpo  Σ m L / (N_rows · max_completion_length) / g
-           dapo     Σ m L / max(num_items_in_batch, 1)        (num_items_in_batch = Σ m over the whole batch)
-      H̄ = Σ m H / max(Σ m, 1) / g    (installed TRL 1.16: a micro-batch token mean for every loss_type;
-                                       TRL 1.10 divided dapo's by num_items_in_batch instead)
+           sapo     as grpo
+           dapo     Σ m L / (max(num_items_in_batch, 1) · g / steps_per_generation)   (also cispo, vespo;
+                    num_items_in_batch = Σ m over the whole generation batch)
+           luspo    mean_i( Σ_t m L ) / g                      (each sequence weighted by its length)
+      H̄ = Σ m' H / max(Σ m', 1) / g  with m' = m·E (the entropy mask, if any)   (installed TRL 1.16: a
+                                       micro-batch token mean for every loss_type; TRL 1.10 differed for dapo)
 
 `loss_type="manual"` is the seeds' sequence-level REINFORCE (jorahn/rookworld-trl manual_grpo_debug.py),
 no ratio and no clip:
@@ -46,15 +57,19 @@ loss_type recomputes the whole record without any forward pass (median ≈ 1 ms 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import torch
 
 from rookworld_debug.errors import ConfigError
 
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "manual")
-PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual")
+PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")      # hard PPO clip (TRL's clip_ratio/* metrics)
+TRL_LOSS_TYPES = LOSS_TYPES[:-1]
+# TRL 1.16 GRPOConfig defaults of the loss-specific parameters
+SAPO_DEFAULTS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
+VESPO_DEFAULTS = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
 KL_ESTIMATORS = ("k3", "k1", "k2", "full")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
@@ -134,6 +149,13 @@ class LossBreakdown:
     num_generations: Optional[int]
     definition: str                     # the formula, with this record's settings
     flags: tuple                        # human-readable warnings (non-finite values, empty completions…)
+    # ---- TRL 1.16 options (defaults keep older saved traces loadable)
+    off_policy_mask: Optional[torch.Tensor] = None  # (N,) bool: row kept by OPSM; None when OPSM is off
+    entropy_mask: Optional[torch.Tensor] = None     # (N, T) bool: token kept by the entropy mask; None when off
+    off_policy_mask_threshold: Optional[float] = None
+    top_entropy_quantile: float = 1.0
+    loss_params: dict = field(default_factory=dict)  # sapo temperatures / vespo (k, λ) used
+    steps_per_generation: Optional[int] = None       # dapo/cispo/vespo normaliser rescale (None = g)
 
     # aliases used by the update phase
     @property
@@ -194,7 +216,12 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
                  kl_estimator: str = "k3", per_token_full_kl: Optional[torch.Tensor] = None,
                  num_items_in_batch: Union[int, float, torch.Tensor, None] = None,
                  use_bias_correction_kl: bool = True, num_generations: Optional[int] = None,
-                 gradient_accumulation_steps: int = 1) -> LossBreakdown:
+                 gradient_accumulation_steps: int = 1, steps_per_generation: Optional[int] = None,
+                 off_policy_mask_threshold: Optional[float] = None,
+                 sampling_per_token_logps: Optional[torch.Tensor] = None, top_entropy_quantile: float = 1.0,
+                 sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05,
+                 vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
+                 vespo_lambda_neg: float = 2.0) -> LossBreakdown:
     """TRL's GRPO loss for one micro-batch, decomposed. See the module docstring for every formula.
 
     per_token_logps (N, T) carries the gradient; old/ref logps (N, T) or None (old None → ℓ.detach(), TRL's
@@ -202,25 +229,29 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
     completion_mask (N, T) (bool/int/float); entropy (N, T) or None; per_token_full_kl (N, T) for "full";
     num_items_in_batch = Σ mask over the whole batch (dapo; None → this micro-batch's Σ mask);
     num_generations enables per-group values; gradient_accumulation_steps = TRL's g (÷ g for
-    grpo/bnpo/dr_grpo/manual and H̄; dapo is normalised by num_items_in_batch instead).
+    grpo/bnpo/dr_grpo/luspo/sapo/manual and H̄); steps_per_generation = TRL's (micro-batches per generation
+    batch; None = g): dapo/cispo/vespo divide by num_items_in_batch·g/steps_per_generation.
+    off_policy_mask_threshold (OPSM) compares `sampling_per_token_logps` (None → the old log-probs, as TRL
+    without vLLM) with ℓ; top_entropy_quantile < 1 needs `entropy`. sapo_*/vespo_* as TRL's GRPOConfig.
     """
     if isinstance(per_token_logps, torch.Tensor):
+        kw = dict(locals())
+        for k in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "advantages",
+                  "completion_mask"):
+            kw.pop(k)
         with _SmallCpuOps(per_token_logps):
             return _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
-                                 completion_mask, beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
-                                 loss_type=loss_type, max_completion_length=max_completion_length,
-                                 importance_sampling_level=importance_sampling_level, delta=delta, entropy=entropy,
-                                 entropy_coef=entropy_coef, kl_estimator=kl_estimator,
-                                 per_token_full_kl=per_token_full_kl, num_items_in_batch=num_items_in_batch,
-                                 use_bias_correction_kl=use_bias_correction_kl, num_generations=num_generations,
-                                 gradient_accumulation_steps=gradient_accumulation_steps)
+                                 completion_mask, **kw)
     raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
 
 
 def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, *,
                   beta, epsilon_low, epsilon_high, loss_type, max_completion_length, importance_sampling_level,
                   delta, entropy, entropy_coef, kl_estimator, per_token_full_kl, num_items_in_batch,
-                  use_bias_correction_kl, num_generations, gradient_accumulation_steps) -> LossBreakdown:
+                  use_bias_correction_kl, num_generations, gradient_accumulation_steps, steps_per_generation,
+                  off_policy_mask_threshold, sampling_per_token_logps, top_entropy_quantile,
+                  sapo_temperature_pos, sapo_temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg,
+                  vespo_lambda_neg) -> LossBreakdown:
     # ------------------------------------------------------------------ validation
     if not isinstance(per_token_logps, torch.Tensor) or per_token_logps.dim() != 2:
         raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
@@ -229,7 +260,7 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
     N, T = per_token_logps.shape
     for name, x in (("old_per_token_logps", old_per_token_logps), ("ref_per_token_logps", ref_per_token_logps),
                     ("completion_mask", completion_mask), ("entropy", entropy),
-                    ("per_token_full_kl", per_token_full_kl)):
+                    ("per_token_full_kl", per_token_full_kl), ("sampling_per_token_logps", sampling_per_token_logps)):
         _check_2d(name, x, (N, T))
     if completion_mask is None:
         raise ConfigError("completion_mask", "is required")
@@ -261,6 +292,17 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
         raise ConfigError("num_generations", f"{num_generations!r} does not divide N = {N}")
     if entropy_coef != 0 and entropy is None:
         raise ConfigError("entropy", f"entropy_coef={entropy_coef} needs the per-token entropy tensor")
+    if not 0.0 <= top_entropy_quantile <= 1.0:
+        raise ConfigError("top_entropy_quantile", f"must be in [0, 1], got {top_entropy_quantile!r}")
+    if top_entropy_quantile < 1.0 and entropy is None:
+        raise ConfigError("entropy", f"top_entropy_quantile={top_entropy_quantile} needs the per-token entropy")
+    if off_policy_mask_threshold is not None and not off_policy_mask_threshold >= 0:
+        raise ConfigError("off_policy_mask_threshold", f"must be ≥ 0 or None, got {off_policy_mask_threshold!r}")
+    if steps_per_generation is not None and steps_per_generation < 1:
+        raise ConfigError("steps_per_generation", f"must be ≥ 1 or None, got {steps_per_generation!r}")
+    if loss_type == "sapo" and not (sapo_temperature_pos > 0 and sapo_temperature_neg > 0):
+        raise ConfigError("sapo_temperature_pos" if not sapo_temperature_pos > 0 else "sapo_temperature_neg",
+                          "sapo temperatures must be > 0")
     if kl_estimator == "full":
         if per_token_full_kl is None and (beta != 0 or ref_per_token_logps is not None):
             raise ConfigError("per_token_full_kl", "kl_estimator='full' needs the exact per-token full-vocab KL")
@@ -302,27 +344,53 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
             per_token_kl = per_token_kl * coef_1                                # (N, T)
 
     # ------------------------------------------------------------------ per-token PG
+    is_low = is_high = torch.zeros((N, 1), dtype=torch.bool, device=logps.device)  # (N, 1) no hard clip
+    phi_seq, loss_params = None, {}
     if loss_type == "manual":
         per_token_pg = -adv * logps                                             # (N, T)
-        is_low = torch.zeros((N, T), dtype=torch.bool, device=logps.device)     # (N, T) no clipping
-        is_high = is_low
-    else:
+    elif loss_type in PPO_LOSS_TYPES:
         coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)       # from the unclamped ratio
         c1 = torch.clamp(coef_1, max=delta) if delta is not None else coef_1    # two-sided clipping
         per_token_pg = -torch.min(c1 * adv, coef_2 * adv)                       # (N, T) | (N, 1)
         is_low = (coef_1 < 1 - epsilon_low) & (adv < 0)                         # (N, T) | (N, 1)
         is_high = (coef_1 > 1 + epsilon_high) & (adv > 0)                       # (N, T) | (N, 1)
+    elif loss_type == "cispo":                                                  # clip the IS weight, not r·A
+        per_token_pg = -torch.clamp(coef_1, max=epsilon_high).detach() * adv * logps  # (N, T)
+        is_high = (coef_1 > epsilon_high) & (adv > 0)                           # TRL's cispo_clip_ratio
+    elif loss_type == "sapo":                                                   # soft gate instead of a clip
+        tau = torch.where(adv > 0, sapo_temperature_pos, sapo_temperature_neg)  # (N, 1) (TRL: default dtype)
+        per_token_pg = -(torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau) * adv     # (N, T) | (N, 1)
+        loss_params = {"sapo_temperature_pos": float(sapo_temperature_pos),
+                       "sapo_temperature_neg": float(sapo_temperature_neg)}
+    else:                                                                       # vespo: gamma weight φ(w_i)
+        loss_params = {"vespo_k_pos": float(vespo_k_pos), "vespo_lambda_pos": float(vespo_lambda_pos),
+                       "vespo_k_neg": float(vespo_k_neg), "vespo_lambda_neg": float(vespo_lambda_neg)}
+        phi_seq = vespo_phi(adv, log_ratio, mask, **loss_params)               # (N, 1) no grad
+        per_token_pg = -phi_seq * adv * logps                                   # (N, T)
+
+    # ------------------------------------------------------------------ OPSM and entropy masks (PG only)
+    opsm = None
+    if off_policy_mask_threshold is not None:
+        sampling = old if sampling_per_token_logps is None else sampling_per_token_logps.to(dtype)  # (N, T)
+        fwd_kl = torch.nan_to_num(sampling - logps.detach(), nan=0.0)           # (N, T) log π_old − log π
+        seq_kl = (fwd_kl * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)  # (N, 1)
+        opsm = ((adv >= 0) | (seq_kl <= off_policy_mask_threshold)).to(dtype)   # (N, 1) 1 = keep
+        per_token_pg = per_token_pg * opsm                                      # (N, T) | (N, 1)
+    ent_mask = None
+    if top_entropy_quantile < 1.0:
+        ent_mask = high_entropy_mask(entropy, mask, 1 - top_entropy_quantile)  # (N, T) bool
+        per_token_pg = per_token_pg * ent_mask                                  # (N, T)
     kl_active = beta != 0.0 and per_token_kl is not None
     per_token_kl_scaled = beta * per_token_kl if kl_active else None            # (N, T)
 
     # ------------------------------------------------------------------ aggregation
-    if loss_type in ("grpo", "manual"):
+    if loss_type in ("grpo", "sapo", "manual"):
         def seq_weights() -> torch.Tensor:
             return 1.0 / (seq_len_c * N * g)                                    # (N,)
 
         def agg(x):
             return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / g
-        label = "manual (seeds)" if loss_type == "manual" else "grpo"
+        label = "manual (seeds)" if loss_type == "manual" else loss_type
         norm = Normalizer(loss_type, float(N), f"{label}: mean over {N} sequences of per-sequence token means "
                           f"(÷ |o_i|, then ÷ {N})" + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
     elif loss_type == "bnpo":
@@ -345,12 +413,22 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
             return (x * mask).sum() / (N * max_completion_length) / g
         norm = Normalizer("dr_grpo", den, f"dr_grpo: N·L_max = {N}·{max_completion_length} = {int(den)}"
                           + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
-    else:  # dapo
+    elif loss_type == "luspo":
+        def seq_weights() -> torch.Tensor:
+            return torch.full((N,), 1.0 / (N * g), dtype=dtype, device=logps.device)
+
+        def agg(x):
+            return (x * mask).sum(-1).mean() / g
+        norm = Normalizer("luspo", float(N), f"luspo: mean over {N} sequences of per-sequence token SUMS "
+                          "(each weighted by its length |o_i|)" + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
+    else:  # dapo, cispo, vespo: the generation batch's token count, rescaled to one accumulation window
         if num_items_in_batch is None:
             items = total_tokens.detach()
         else:
             items = torch.as_tensor(num_items_in_batch, dtype=dtype, device=logps.device)
         den_t = items.clamp(min=1.0)                                            # TRL: / num_processes (1)
+        if steps_per_generation is not None and steps_per_generation != gradient_accumulation_steps:
+            den_t = den_t * g / steps_per_generation
 
         def seq_weights() -> torch.Tensor:
             return (1.0 / den_t).expand(N)
@@ -358,7 +436,10 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
         def agg(x):
             return (x * mask).sum() / den_t
         src = "this batch" if num_items_in_batch is None else "num_items_in_batch"
-        norm = Normalizer("dapo", float(den_t), f"dapo: Σ mask = {_fmt_count(float(den_t))} tokens ({src})")
+        norm = Normalizer(loss_type, float(den_t), f"{loss_type}: Σ mask = {_fmt_count(float(den_t))} tokens ({src}"
+                          + (f" · g/steps_per_generation = {gradient_accumulation_steps}/{steps_per_generation}"
+                             if steps_per_generation is not None and steps_per_generation != gradient_accumulation_steps
+                             else "") + ")")
 
     zero = torch.zeros((), dtype=dtype, device=logps.device)
     pg_loss = agg(per_token_pg)                                                 # ()
@@ -369,12 +450,13 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
     if entropy is not None:
         H = entropy.to(dtype)                                                   # (N, T)
         per_token_entropy = (H * mask).detach()                                 # (N, T)
+        eff = mask if ent_mask is None else mask * ent_mask                     # (N, T) TRL: same tokens as PG
         if loss_type == "manual":
             entropy_loss = ((H * mask).sum(-1) / seq_len_c).mean() / g          # ()
             ent_w = 1.0 / (seq_len_c * N * g)                                   # (N,)
         else:
-            entropy_loss = (H * mask).sum() / mask.sum().clamp(min=1.0) / g     # ()
-            ent_w = (1.0 / (total_tokens.clamp(min=1.0) * g)).expand(N)         # (N,)
+            entropy_loss = (H * eff).sum() / eff.sum().clamp(min=1.0) / g       # ()
+            ent_w = (1.0 / (eff.sum().clamp(min=1.0) * g)).expand(N)            # (N,)
         entropy_term = -entropy_coef * entropy_loss if entropy_coef != 0 else zero  # ()
     else:
         entropy_loss = zero
@@ -395,7 +477,8 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
         per_seq_kl_loss = (beta * pt_kl.sum(-1) * w if kl_active
                            else torch.zeros(N, dtype=dtype, device=logps.device))  # (N,)
         if entropy is not None and entropy_coef != 0:
-            per_seq_ent = -entropy_coef * per_token_entropy.sum(-1) * ent_w     # (N,)
+            ent_tok = per_token_entropy if ent_mask is None or loss_type == "manual" else per_token_entropy * ent_mask
+            per_seq_ent = -entropy_coef * ent_tok.sum(-1) * ent_w               # (N,)
         else:
             per_seq_ent = torch.zeros(N, dtype=dtype, device=logps.device)      # (N,)
         per_seq_loss = per_seq_pg + per_seq_kl_loss + per_seq_ent              # (N,)
@@ -419,8 +502,12 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
             metrics["entropy"] = ent_metric
         if loss_type in PPO_LOSS_TYPES:
             metrics.update(_clip_metrics(is_low, is_high, mask))
+        elif loss_type == "cispo":
+            metrics["cispo_clip_ratio"] = _global_masked_mean(is_high.float(), mask.float())  # TRL: .float()
+        elif loss_type == "vespo":
+            metrics["vespo/phi_seq_mean"] = _global_masked_mean(phi_seq, mask)
         if entropy is not None and entropy_coef != 0:
-            metrics["policy_loss"] = float((pg_loss + kl_loss) * (1.0 if loss_type == "dapo" else g))
+            metrics["policy_loss"] = float((pg_loss + kl_loss) * (1.0 if loss_type in ("dapo", "cispo", "vespo") else g))
 
         a_kl, a_pg, a_ent = abs(float(kl_loss)), abs(float(pg_loss)), abs(float(entropy_term))
         share_den = a_pg + a_kl + a_ent
@@ -461,12 +548,48 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
         entropy_coef=float(entropy_coef), gradient_accumulation_steps=int(gradient_accumulation_steps),
         num_generations=num_generations,
         definition=_definition(loss_type, beta, epsilon_low, epsilon_high, delta, importance_sampling_level,
-                               kl_estimator, use_bias_correction_kl, entropy_coef, norm),
-        flags=tuple(flags))
+                               kl_estimator, use_bias_correction_kl, entropy_coef, norm, loss_params,
+                               off_policy_mask_threshold, top_entropy_quantile),
+        flags=tuple(flags),
+        off_policy_mask=None if opsm is None else (opsm.squeeze(1) > 0).detach(),
+        entropy_mask=None if ent_mask is None else ent_mask.detach(),
+        off_policy_mask_threshold=_scalar(off_policy_mask_threshold), top_entropy_quantile=float(top_entropy_quantile),
+        loss_params=loss_params, steps_per_generation=steps_per_generation)
 
 
 def _fmt_count(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _global_masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """TRL's global_masked_mean (one process): a (N, 1) tensor counts sequences, (N, T) masked tokens."""
+    if x.shape[1] == 1:
+        return float(x.sum() / max(float(x.shape[0]), 1.0))
+    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+@torch.no_grad()
+def vespo_phi(adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, *, vespo_k_pos: float,
+              vespo_lambda_pos: float, vespo_k_neg: float, vespo_lambda_neg: float) -> torch.Tensor:
+    """VESPO's gamma weight φ(w) = exp(λ + k·log w − λ·w) (φ(1) = 1) on the SEQUENCE ratio w = Π_t r_it
+    (a sum of token log-ratios, not a mean), in log space and detached: adv (N, 1), log_ratio (N, T) → (N, 1)."""
+    lower = math.log(1e-8)
+    seq_log_ratio = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)   # (N, 1)
+    log_w = torch.clamp(seq_log_ratio, lower, 20.0)                                       # (N, 1)
+    nonneg = adv >= 0
+    k = torch.where(nonneg, vespo_k_pos, vespo_k_neg)
+    lam = torch.where(nonneg, vespo_lambda_pos, vespo_lambda_neg).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """TRL's get_high_entropy_mask (one process): tokens whose entropy ≥ the `threshold` quantile of the
+    unmasked entropies (fp32 quantile). (N, T) → (N, T) bool, False at masked positions."""
+    local = entropy.detach()[mask.bool()].float()
+    if local.numel() == 0:
+        return torch.zeros_like(entropy, dtype=torch.bool)
+    cut = torch.quantile(local, threshold)
+    return ((entropy.detach() * mask.float()) >= cut) & mask.bool()
 
 
 def _clip_metrics(is_low: torch.Tensor, is_high: torch.Tensor, mask: torch.Tensor) -> dict:
@@ -497,16 +620,30 @@ def _clip_metrics(is_low: torch.Tensor, is_high: torch.Tensor, mask: torch.Tenso
     }
 
 
-def _definition(loss_type, beta, el, eh, delta, level, est, bias, coef, norm) -> str:
+def _definition(loss_type, beta, el, eh, delta, level, est, bias, coef, norm, params=None, opsm=None,
+                rho=1.0) -> str:
+    params = params or {}
+    r = "r_it = exp(logp − old)" if level == "token" else "r_i = exp(mean_t(logp − old))"
     if loss_type == "manual":
         pg = "PG_it = −A_i·logπ_it (no ratio, no clip)"
+    elif loss_type == "cispo":
+        pg = f"{r}; PG = −sg(min(r, {eh:g}))·A·logπ (IS weight clipped, no trust region)"
+    elif loss_type == "sapo":
+        pg = (f"{r}; PG = −σ(τ·(r−1))·4/τ·A, τ = {params.get('sapo_temperature_pos', 1.0):g} if A > 0 "
+              f"else {params.get('sapo_temperature_neg', 1.05):g} (soft gate)")
+    elif loss_type == "vespo":
+        pg = (f"w_i = exp(Σ_t(logp − old)); PG = −sg(φ(w_i))·A·logπ, φ = e^(λ + k·log w − λw), (k, λ) = "
+              f"({params.get('vespo_k_pos', 2):g}, {params.get('vespo_lambda_pos', 3):g}) if A ≥ 0 else "
+              f"({params.get('vespo_k_neg', 3):g}, {params.get('vespo_lambda_neg', 2):g})")
     else:
         r = "r_it = exp(logp − old)" if level == "token" else "r_i = exp(mean_t(logp − old))"
         dl = f", r' = min(r, {delta:g})" if delta is not None else ""
         pg = f"{r}; PG = −min(r'·A, clip(r, {1 - el:g}, {1 + eh:g})·A){dl}"
     kl = f"KL_it = {KL_FORMULAS[est]}" + (" × r" if bias and est != "full" and loss_type != "manual" else "")
     ent = f"; − {coef:g}·H̄" if coef else ""
-    return f"{pg}; L = PG + {beta:g}·KL, {kl}; aggregated by {norm}{ent}"
+    masks = (f"; PG × OPSM (drop A < 0 rows with mean(old − logp) > {opsm:g})" if opsm is not None else "") + \
+        (f"; PG × entropy mask (top {rho:g} of tokens by entropy)" if rho < 1 else "")
+    return f"{pg}{masks}; L = PG + {beta:g}·KL, {kl}; aggregated by {norm}{ent}"
 
 
 def loss_kwargs(config) -> dict:
