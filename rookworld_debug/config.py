@@ -44,7 +44,7 @@ class StepConfig:
     """All knobs of one GRPO step. Frozen: derive variants with `replace(**changes)`."""
 
     # ---------------------------------------------------------------- run / data
-    model: str = _f("tiny", "Policy to load: 'tiny' (bundled random-init GPT-2 on the RookWorld tokenizer), a local "
+    model: str = _f("tiny", "Policy to load: 'tiny' (the embedded small GPT-2, trained on RookWorld P:/A: text; see models/tiny/MODEL_CARD.md), a local "
                     "directory, or an HF id (e.g. 'jrahn/RookWorld-LM-124M'). The reference is a second, frozen "
                     "copy loaded the same way (eval mode, no grad).", group="run")
     dataset: str = _f("bundled", "Prompt source: 'bundled' (sample shipped with the package, generated with "
@@ -121,6 +121,11 @@ class StepConfig:
                                  "(the seeds used 0.05 at step 1, 1e-6 later).", group="objective")
     manual_adv_clip: Optional[float] = _f(2.0, "loss_type='manual' only: advantages clipped to ±this (the seeds: "
                                           "2.0). None = no clip.", group="objective")
+    tiny_std_fraction: float = _f(0.5, "Flag a group whose reward std σ_g is > 0 but below this fraction of the "
+                                  "batch reward std: dividing by a tiny σ_g turns a small reward gap into "
+                                  "advantages of ±1 or more (0.5 = the group's gaps are amplified more than 2× "
+                                  "compared with batch scaling). 0 = never flag. Display only (no effect on the "
+                                  "math).", group="objective")
 
     # ---------------------------------------------------------------- optimizer
     lr: float = _f(1e-6, "AdamW learning rate for the single step (TRL default 1e-6).", group="optimizer")
@@ -234,6 +239,7 @@ class StepConfig:
         need(self.manual_std_clamp >= 0, "manual_std_clamp", "must be ≥ 0")
         if self.manual_adv_clip is not None:
             need(self.manual_adv_clip > 0, "manual_adv_clip", "must be > 0 or None")
+        need(0 <= self.tiny_std_fraction < 1, "tiny_std_fraction", "must be in [0, 1)")
         need(self.lr >= 0, "lr", "must be ≥ 0")
         b = self.adam_betas
         if not (isinstance(b, tuple) and len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
@@ -331,7 +337,7 @@ class StepConfig:
 
 _OPTIONAL = {"prompt_indices", "delta", "adv_clip", "manual_adv_clip", "max_grad_norm", "micro_batch_size"}
 _FLOAT_FIELDS = ("p_temperature", "p_top_p", "a_temperature", "a_top_p", "beta", "epsilon_low", "epsilon_high",
-                 "delta", "adv_eps", "adv_clip", "entropy_coef", "manual_std_clamp", "manual_adv_clip", "lr",
+                 "delta", "adv_eps", "adv_clip", "entropy_coef", "manual_std_clamp", "manual_adv_clip", "lr", "tiny_std_fraction",
                  "adam_eps", "weight_decay", "max_grad_norm")
 _INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k", "std_ddof", "micro_batch_size",
                "engine_depth", "engine_multipv", "engine_workers", "heldout_n", "eval_max_new_tokens",

@@ -10,6 +10,9 @@ SAME prompts and the same decoding.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 GLOSSARY: dict[str, str] = {
     "reward_before": "Mean built-in reward of GREEDY completions of this step's B prompts, before the update (batch).",
     "reward_after": "Same B prompts, greedy, after the update (batch). Same prompts as reward_before.",
@@ -24,8 +27,26 @@ GLOSSARY: dict[str, str] = {
     "kl_loss": "β·agg(KL_it): the KL penalty as it enters the loss (same aggregation as pg_loss).",
     "kl": "TRL `kl`: raw (NOT β-scaled) token mean Σ m·KL_it / Σ m of the chosen estimator "
           "(k3: exp(ℓ^ref−ℓ) − (ℓ^ref−ℓ) − 1 ≥ 0; k1: ℓ − ℓ^ref; k2: ½(ℓ − ℓ^ref)²; full: exact KL over the vocabulary).",
-    "kl_share": "|kl_loss| / (|pg_loss| + |kl_loss| + |entropy term|): how much of the loss VALUE is the KL penalty "
-                "(0 when all three are 0, flagged).",
+    "kl_share": "Loss-VALUE share |kl_loss| / (|pg_loss| + |kl_loss| + |entropy term|), reported only off-policy "
+                "(some ratio ≠ 1). On-policy the PG value is −agg(A), fixed by group-centred advantages (0 for "
+                "grpo, ~0 otherwise) whatever the policy, so the value share would read ~100%: n/a there; use "
+                "kl_grad_share.",
+    "kl_grad_share": "Gradient share of the KL penalty: ‖∇(β·KL)‖ / (‖∇PG‖ + ‖∇(β·KL)‖ + ‖∇entropy term‖), global L2 "
+                     "norms of each term's gradient before clipping (update phase; n/a on the lean path).",
+    "pg_grad_share": "Gradient share of the PG term: ‖∇PG‖ / (‖∇PG‖ + ‖∇(β·KL)‖ + ‖∇entropy term‖).",
+    "grad_cos_pg_kl": "Cosine between the PG and β·KL gradients (all parameters): −1 = the KL penalty pulls straight "
+                      "against the policy gradient, 0 = orthogonal, +1 = same direction.",
+    "num_tokens": "TRL `num_tokens`: prompt + completion tokens (attention-mask sum) processed so far; here this step's "
+                  "B·G prompt+completion tokens (rollout).",
+    "completions/min_length": "TRL: shortest sampled completion Σ_t m_it (tokens, EOS included; rollout).",
+    "completions/max_length": "TRL: longest sampled completion (rollout).",
+    "completions/mean_terminated_length": "TRL: mean length of the sampled completions that ended with EOS "
+                                          "(NaN if none did; rollout).",
+    "completions/min_terminated_length": "TRL: shortest EOS-terminated sampled completion (rollout).",
+    "completions/max_terminated_length": "TRL: longest EOS-terminated sampled completion (rollout).",
+    "learning_rate": "TRL/HF `learning_rate`: the optimizer's lr used for this step's update.",
+    "tiny_std_groups": "Number of groups whose reward std σ_g > 0 is below tiny_std_fraction × the batch reward std: "
+                       "their advantages (r − μ_g)/σ_g blow small reward gaps up to ±1 or more (rollout).",
     "entropy": "TRL `entropy`: token mean over masked tokens of the entropy (nats) of the tempered policy distribution.",
     "grad_norm_pre_clip": "Global L2 norm of the total gradient before clip_grad_norm_ (TRL/HF `grad_norm`).",
     "grad_norm_post_clip": "Global L2 norm after clipping to max_grad_norm.",
@@ -49,6 +70,75 @@ GLOSSARY: dict[str, str] = {
                                    "(> 1e-4 flags padding / position-id / temperature bugs).",
     "heldout_n": "Number of held-out prompts in heldout_reward_before/after.",
 }
+
+
+#: definitions of keys with a variable part (TRL logs one pair per reward function)
+PATTERNS: dict[str, str] = {
+    "rewards/{func}/mean": "TRL: nanmean over the N sampled completions of reward component {func} (unweighted; rollout).",
+    "rewards/{func}/std": "TRL: nanstd (n−1) over the N sampled completions of reward component {func} (rollout).",
+}
+
+
+def definition(key: str) -> str:
+    """The definition of a metric key: GLOSSARY, then the per-reward-function patterns; '' if unknown."""
+    if key in GLOSSARY:
+        return GLOSSARY[key]
+    parts = key.split("/")
+    if len(parts) == 3 and parts[0] == "rewards" and parts[2] in ("mean", "std"):
+        return PATTERNS[f"rewards/{{func}}/{parts[2]}"].format(func=parts[1])
+    return ""
+
+
+@dataclass(frozen=True)
+class TermBalance:
+    """How the loss terms weigh against each other, in words a reader can trust (see GLOSSARY kl_share)."""
+    on_policy: bool                 # every masked ratio is exactly 1 (PG value = −agg(A), policy-independent)
+    kl_value_share: float           # NaN when on_policy (not meaningful) or undefined (all terms 0)
+    grad_norms: dict                # {"pg", "kl", "entropy"} global L2 norms of each term's gradient (may be {})
+    kl_grad_share: float            # NaN without per-term gradients
+    pg_grad_share: float
+    grad_cos_pg_kl: float           # NaN when unavailable or a term's gradient is 0
+    headline: str                   # one sentence for banners and summaries
+
+    @property
+    def value_share_meaningful(self) -> bool:
+        return not math.isnan(self.kl_value_share)
+
+
+def term_balance(loss, update=None) -> TermBalance:
+    """Balance of PG vs β·KL vs entropy from the loss record and (optionally) the update record.
+    Never reports a loss-value share on-policy, where the PG value is fixed by construction."""
+    mask = loss.completion_mask.bool()
+    ratio = loss.per_token_ratio[mask]
+    on_policy = bool(ratio.numel() == 0 or (ratio == 1).all())
+    value_share = math.nan if (on_policy or loss.kl_share_undefined) else float(loss.kl_share)
+    norms = dict(getattr(update, "per_term_global", None) or {})
+    den = sum(norms.values()) if norms else 0.0
+    kl_gs = norms.get("kl", 0.0) / den if den > 0 else math.nan
+    pg_gs = norms.get("pg", 0.0) / den if den > 0 else math.nan
+    cos = float((getattr(update, "grad_cosine", None) or {}).get("pg_kl", math.nan))
+    if float(loss.beta) == 0.0:
+        head = "β = 0: no KL penalty; the gradient is the policy gradient (plus any entropy term)."
+    elif not math.isnan(kl_gs):
+        head = (f"KL penalty = {kl_gs:.0%} of the gradient (‖∇β·KL‖ {norms.get('kl', 0):.3g} vs ‖∇PG‖ "
+                f"{norms.get('pg', 0):.3g}" + ("" if math.isnan(cos) else f", cos {cos:+.2f}") + ").")
+    else:
+        head = "per-term gradients not recorded (lean update path): gradient share n/a."
+    if on_policy:
+        head += (" On-policy (ratio ≡ 1) the PG loss VALUE is −agg(A), fixed by group-centred advantages, "
+                 "so a loss-value share is not reported.")
+    elif not math.isnan(value_share):
+        head += f" Loss-value share of β·KL: {value_share:.0%}."
+    return TermBalance(on_policy, value_share, norms, kl_gs, pg_gs, cos, head)
+
+
+def tiny_std_groups(group_std, batch_std: float, fraction: float) -> tuple:
+    """Groups with 0 < σ_g < fraction·σ_batch (σ_g NaN or 0 are the zero-std/degenerate cases, flagged
+    elsewhere). `group_std` is the (B,) per-group reward std the advantages were scaled by."""
+    if not fraction or not batch_std or not math.isfinite(batch_std):
+        return ()
+    return tuple(b for b, sd in enumerate(float(x) for x in group_std)
+                 if math.isfinite(sd) and 0 < sd < fraction * batch_std and not math.isclose(sd, 0.0, abs_tol=1e-8))
 
 
 def glossary_markdown(keys=None) -> str:

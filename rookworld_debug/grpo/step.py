@@ -24,6 +24,7 @@ from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import Rewards, compute_rewards
 from rookworld_debug.grpo.setup import Setup, setup as setup_phase
 from rookworld_debug.grpo.update import UpdateResult, update
+from rookworld_debug.metrics import term_balance, tiny_std_groups
 
 TRACE_VERSION = 1
 LOSS_PATH_TOLERANCE = 1e-5   # |loss(grad path) − loss(record)|, fp32 recompute noise is ~1e-7
@@ -71,6 +72,9 @@ class StepTrace:
         """Headline numbers (what reports and the per-step table show), each defined in `rookworld_debug.metrics.GLOSSARY`."""
         u, e, lo, r = self.update, self.evaluation, self.loss, self.rollout
         lengths = r.completion_mask.sum(1).float()
+        term = lengths[~r.is_truncated]                  # EOS-terminated completions (TRL *_terminated_length)
+        bal = term_balance(lo, u)
+        adv = self.advantages
         return {
             "reward_before": self.before.mean_reward,
             "reward_after": e.batch_after.mean_reward if e else math.nan,
@@ -81,7 +85,8 @@ class StepTrace:
             "rollout_reward": self.rewards.metrics["reward"],
             "reward_std": self.rewards.metrics["reward_std"],
             "loss": float(lo.loss), "pg_loss": float(lo.pg_loss), "kl_loss": float(lo.kl_loss),
-            "kl": lo.kl, "kl_share": lo.kl_share, "entropy": float(r.per_token_entropy[r.completion_mask.bool()].mean()),
+            "kl": lo.kl, "kl_share": bal.kl_value_share, "kl_grad_share": bal.kl_grad_share,
+            "pg_grad_share": bal.pg_grad_share, "grad_cos_pg_kl": bal.grad_cos_pg_kl, "entropy": float(r.per_token_entropy[r.completion_mask.bool()].mean()),
             "grad_norm_pre_clip": u.grad_norm_pre_clip if u else math.nan,
             "grad_norm_post_clip": u.grad_norm_post_clip if u else math.nan,
             "frac_reward_zero_std": self.advantages.frac_reward_zero_std,
@@ -90,6 +95,14 @@ class StepTrace:
             **{k: v for k, v in lo.metrics.items() if k.startswith("clip_ratio/")},
             "completions/mean_length": float(lengths.mean()),
             "completions/clipped_ratio": float(r.is_truncated.float().mean()),
+            "completions/min_length": float(lengths.min()), "completions/max_length": float(lengths.max()),
+            "completions/mean_terminated_length": float(term.mean()) if term.numel() else math.nan,
+            "completions/min_terminated_length": float(term.min()) if term.numel() else math.nan,
+            "completions/max_terminated_length": float(term.max()) if term.numel() else math.nan,
+            "num_tokens": float(r.prompt_mask.sum() + r.completion_mask.sum()),
+            "learning_rate": u.lr if u else math.nan,
+            **{k: v for k, v in self.rewards.metrics.items() if k.startswith("rewards/")},
+            "tiny_std_groups": len(tiny_std_groups(adv.group_std, adv.batch_std, self.config.tiny_std_fraction)),
             "format_valid": sum(self.rewards.format_valid) / max(len(self.rewards.format_valid), 1),
             "corr_adv_delta_logp": e.corr_adv_delta_logp if e else math.nan,
             "step0_invariants_ok": self.setup.invariants.ok,
@@ -169,7 +182,7 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     rollout, rewards, advantages, loss = sample_and_score(s, config, reward_funcs=reward_funcs,
                                                           reward_weights=reward_weights, inject=inject, timer=timer)
     flags = [*s.invariants.failures, *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
-             *zero_std_flags(advantages, rollout.prompts, rewards), *loss.flags]
+             *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]
 
     upd, evaluation = None, None
     with timer("update"):
@@ -204,6 +217,18 @@ def rewards_flags(rewards: Rewards) -> list[str]:
     unscorable = int(torch.isnan(rewards.rewards).sum())
     if unscorable:
         out.append(f"{unscorable}/{n} completions unscorable (every reward function returned None/NaN)")
+    return out
+
+
+def tiny_std_flags(adv: Advantages, config: StepConfig) -> list[str]:
+    """Groups whose σ_g is tiny next to the batch's reward std: their advantages amplify small reward gaps."""
+    g = adv.num_generations
+    out = []
+    for b in tiny_std_groups(adv.group_std, adv.batch_std, config.tiny_std_fraction):
+        a = adv.advantages[b * g:(b + 1) * g]
+        out.append(f"tiny-σ group p{b}: σ = {float(adv.group_std[b]):.3g} < {config.tiny_std_fraction:g} × batch σ "
+                   f"{adv.batch_std:.3g}; advantages span {float(a.min()):+.2f}…{float(a.max()):+.2f} from a reward "
+                   f"gap of {float(adv.rewards[b * g:(b + 1) * g].max() - adv.rewards[b * g:(b + 1) * g].min()):.3g}")
     return out
 
 

@@ -40,6 +40,7 @@ class UpdateResult:
     param_delta_norm: float             # ||θ_after − θ_before||_2 (NaN on the lean path: no snapshot kept)
     seconds: float
     counts: dict = field(default_factory=dict)
+    grad_cosine: dict = field(default_factory=dict)  # {"pg_kl", "pg_entropy"}: cosine of the terms' gradients ({} lean)
 
 
 def layer_name(param_name: str) -> str:
@@ -154,6 +155,7 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
         per_layer[layer] = {k: math.sqrt(v) for k, v in d.items()}
     per_term_global = {t: math.sqrt(sum(float(g.pow(2).sum()) for g in term_grads[t])) for t in TERMS} \
         if per_term_grads else {}
+    grad_cosine = _term_cosines(term_grads, per_term_global) if per_term_grads else {}
 
     # the snapshot costs one more copy of the weights (0.5 GB at 124M): only the instrumented path keeps it
     before = [p.detach().clone() for _, p in params] if per_term_grads else None
@@ -171,4 +173,15 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
         clip_coef=1.0 if config.max_grad_norm is None else min(1.0, config.max_grad_norm / (pre + 1e-6)),
         per_layer=per_layer,
         per_term_global=per_term_global, lr=lr, micro_batches=len(slices), param_delta_norm=delta,
-        seconds=time.perf_counter() - t0, counts={"forwards": forwards, "backwards": forwards * (3 if per_term_grads else 1)})
+        seconds=time.perf_counter() - t0, counts={"forwards": forwards, "backwards": forwards * (3 if per_term_grads else 1)},
+        grad_cosine=grad_cosine)
+
+
+def _term_cosines(term_grads: dict, norms: dict) -> dict:
+    """cos(∇PG, ∇other) over all parameters; NaN when either gradient is 0 (direction undefined)."""
+    out = {}
+    for other in ("kl", "entropy"):
+        den = norms["pg"] * norms[other]
+        dot = sum(float((a * b).sum()) for a, b in zip(term_grads["pg"], term_grads[other]))
+        out[f"pg_{other}"] = dot / den if den > 0 else math.nan
+    return out
