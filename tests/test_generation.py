@@ -88,7 +88,9 @@ def test_topk_alternatives(rollout, models):
     # the sampled token can never be more likely than the top-1 alternative
     assert (rollout.per_token_logps[m] <= rollout.topk_logps[..., 0][m] + 1e-6).all()
     i, t = 0, 0
-    assert rollout.topk_tokens[i][t][0] == models.tokenizer.decode([int(rollout.topk_ids[i, t, 0])])
+    # byte-level strings (the tokenizer's own vocab strings), not decoded text: views render them by bytes
+    assert rollout.topk_tokens[i][t][0] == models.tokenizer.convert_ids_to_tokens(int(rollout.topk_ids[i, t, 0]))
+    assert rollout.completion_tokens[i][t] == models.tokenizer.convert_ids_to_tokens(int(rollout.completion_ids[i, t]))
 
 
 def test_matches_trl_selective_log_softmax_and_entropy(models, rollout):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..errors import ConfigError, NumericalError
+from ..models.tokenizer import token_strings
 
 LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
 LOGITS_BUDGET_BYTES = 128 * 2**20  # one fp32 (rows, T, V) tensor per chunk; scoring peaks at a few of these
@@ -50,8 +51,8 @@ class Rollout:
     prompts: tuple[str, ...]                      # N prompt strings (repeated G times)
     tasks: tuple[str, ...]                        # N task names, e.g. "P" / "A"
     completions: tuple[str, ...]                  # N decoded completions, special tokens skipped
-    completion_tokens: tuple[tuple[str, ...], ...]  # N × len_i raw token strings (e.g. "ĠM"), EOS included
-    topk_tokens: tuple[tuple[tuple[str, ...], ...], ...]  # N × len_i × K decoded alternative strings
+    completion_tokens: tuple[tuple[str, ...], ...]  # N × len_i byte-level token strings ("ĠM"), EOS included
+    topk_tokens: tuple[tuple[tuple[str, ...], ...], ...]  # N × len_i × K byte-level strings of topk_ids
     sampling: Mapping[str, tuple[float, float | None, int | None]]  # task -> (temperature, top_p, top_k)
     num_generations: int
     max_new_tokens: int
@@ -277,13 +278,14 @@ def _sample_group(policy, prompt_ids, prompt_mask, setting, max_new_tokens, eos_
 
 
 def _token_strings(tokenizer, ids: torch.Tensor, lengths: list[int], topk_ids: torch.Tensor):
-    """Raw token strings of each completion and decoded strings of its top-k alternatives (per unique id)."""
+    """Byte-level token strings (models.tokenizer.token_strings: exact bytes, specials verbatim) of each
+    completion and of its top-k alternatives, one tokenizer call per unique id. Not decoded text: a
+    token can hold half a UTF-8 character, which only its bytes show."""
     uniq = torch.unique(torch.cat([ids.flatten(), topk_ids.flatten()])).tolist()
-    decoded = dict(zip(uniq, tokenizer.batch_decode([[i] for i in uniq])))
-    raw = dict(zip(uniq, tokenizer.convert_ids_to_tokens(uniq)))
+    raw = token_strings(tokenizer, uniq)
     id_rows, topk_rows = ids.tolist(), topk_ids.tolist()
     completion_tokens = tuple(tuple(raw[i] for i in row[:n]) for row, n in zip(id_rows, lengths))
-    topk_tokens = tuple(tuple(tuple(decoded[i] for i in alts) for alts in row[:n])
+    topk_tokens = tuple(tuple(tuple(raw[i] for i in alts) for alts in row[:n])
                         for row, n in zip(topk_rows, lengths))
     return completion_tokens, topk_tokens
 

@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -35,6 +36,63 @@ def bytes_to_unicode() -> dict[int, str]:
         bs.append(b)
         cs.append(256 + n)
     return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def byte_level_bytes(raw: str) -> bytes | None:
+    """A byte-level token string ('ĠM', 'Ã©') → its raw bytes (b' M', b'\\xc3\\xa9'); None when `raw` is not
+    written in GPT-2's byte alphabet (a special token such as '<|endoftext|>' is not: '<|' and '|>' are,
+    but the whole string is an added token, so callers check for specials first)."""
+    dec = _byte_decoder()
+    try:
+        return bytes(dec[ch] for ch in raw)
+    except KeyError:
+        return None
+
+
+def bytes_to_byte_level(data: bytes) -> str:
+    """Inverse of `byte_level_bytes`: raw bytes → the byte-level string GPT-2 stores in its vocab."""
+    table = bytes_to_unicode()
+    return "".join(table[b] for b in data)
+
+
+def _special_ids(tokenizer) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    ids.update(int(i) for i in (getattr(tokenizer, "added_tokens_decoder", None) or {}))
+    return ids
+
+
+def is_byte_level(tokenizer) -> bool:
+    """True when token strings are GPT-2 byte-level (GPT-2 BPE, the char-level tiny tokenizer)."""
+    if hasattr(tokenizer, "byte_decoder"):                      # slow GPT2Tokenizer
+        return True
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and type(backend.decoder).__name__ == "ByteLevel"
+
+
+def token_strings(tokenizer, ids) -> dict[int, str]:
+    """id → a canonical token string: special tokens verbatim ('<|endoftext|>'), every other token as the
+    byte-level string of its exact bytes (GPT-2's own vocab string for byte-level tokenizers). Views turn
+    these back into bytes (`byte_level_bytes`), so a saved trace renders every token exactly without the
+    tokenizer. For a non-byte-level tokenizer the bytes are the UTF-8 of `decode([id])` (exact for whole
+    characters; SentencePiece byte-fallback pieces decode to U+FFFD there)."""
+    ids = [int(i) for i in ids]
+    raw = tokenizer.convert_ids_to_tokens(ids)
+    special = _special_ids(tokenizer)
+    byte_level = is_byte_level(tokenizer)
+    out: dict[int, str] = {}
+    for i, r in zip(ids, raw):
+        if i in special or r is None:
+            out[i] = str(r)
+        elif byte_level and byte_level_bytes(r) is not None:
+            out[i] = r
+        else:
+            out[i] = bytes_to_byte_level(tokenizer.decode([i]).encode("utf-8"))
+    return out
 
 
 def cache_dir() -> Path:

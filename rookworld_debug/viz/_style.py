@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+import unicodedata
 from typing import Any, Iterable
 
 import numpy as np
@@ -159,23 +160,50 @@ def finite_abs_max(values: Iterable[Any]) -> float:
 # ----------------------------------------------------------------------------------------- whitespace
 EOS_STRINGS = ("<|endoftext|>",)
 _WS_GLYPHS = {" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"}
+# invisible / format characters, named so nothing renders empty (a soft hyphen used to)
+_NAMED = {0x00AD: "SHY", 0x034F: "CGJ", 0x061C: "ALM", 0x180E: "MVS", 0x200B: "ZWSP", 0x200C: "ZWNJ",
+          0x200D: "ZWJ", 0x200E: "LRM", 0x200F: "RLM", 0x2028: "LSEP", 0x2029: "PSEP", 0x202A: "LRE",
+          0x202B: "RLE", 0x202C: "PDF", 0x202D: "LRO", 0x202E: "RLO", 0x2060: "WJ", 0x2066: "LRI",
+          0x2067: "RLI", 0x2068: "FSI", 0x2069: "PDI", 0xFEFF: "BOM"}
+# characters used as glyphs: a literal one in the text is escaped, so every label reads one way
+_GLYPH_CHARS = set(_WS_GLYPHS.values()) | set("␡⟨⟩◌∅") | {chr(0x2400 + c) for c in range(32)}
+
+
+def visible_char(ch: str) -> tuple[str, str]:
+    """(kind, shown) for one character: kind "ws" = `shown` is a glyph standing for whitespace, a
+    control or an invisible character ('␣', '⏎', '␀', '⟨SHY⟩', '⟨U+2003⟩'); "text" = the character
+    itself (a lone combining mark gets a dotted-circle base '◌́'). Literal glyph characters are escaped
+    ('⟨U+2423⟩'), so a shown string maps back to one text."""
+    cp = ord(ch)
+    if ch in _WS_GLYPHS:
+        return "ws", _WS_GLYPHS[ch]
+    if cp < 32:
+        return "ws", chr(0x2400 + cp)                               # Unicode control pictures
+    if cp == 127:
+        return "ws", "␡"
+    if ch in _GLYPH_CHARS:
+        return "ws", f"⟨U+{cp:04X}⟩"
+    cat = unicodedata.category(ch)
+    if cp in _NAMED or cat in ("Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cn", "Cs"):
+        return "ws", f"⟨{_NAMED.get(cp, f'U+{cp:04X}')}⟩"
+    if cat in ("Mn", "Me"):
+        return "text", "◌" + ch
+    return "text", ch
 
 
 def visible_ws_html(text: str, *, break_lines: bool = False) -> str:
-    """Escape text for HTML and make every whitespace/control character visible.
+    """Escape text for HTML and make every whitespace/control/invisible character visible.
 
     The glyphs sit in a faded `rw-ws` span so a visible-space glyph cannot be confused with a real
     '␣' character in the text. With break_lines, a newline also breaks the line after its glyph.
     """
     out: list[str] = []
     for ch in text:
-        glyph = _WS_GLYPHS.get(ch)
-        if glyph is None and (ord(ch) < 32 or ord(ch) == 127):
-            glyph = chr(0x2400 + ord(ch)) if ord(ch) < 32 else "␡"  # Unicode control pictures
-        if glyph is None:
-            out.append(html.escape(ch))
+        kind, shown = visible_char(ch)
+        if kind == "text":
+            out.append(html.escape(shown))
         else:
-            out.append(f'<span class="rw-ws" style="opacity:.55">{glyph}</span>')
+            out.append(f'<span class="rw-ws" style="opacity:.55">{html.escape(shown)}</span>')
             if ch == "\n" and break_lines:
                 out.append("<br>")
     return "".join(out)
@@ -198,10 +226,7 @@ def visible_ws_text(text: str, *, collapse_runs: int = 4) -> str:
             out.append(f"␣×{n}" if n >= collapse_runs else "␣" * n)
             i = j
             continue
-        glyph = _WS_GLYPHS.get(ch)
-        if glyph is None and (ord(ch) < 32 or ord(ch) == 127):
-            glyph = chr(0x2400 + ord(ch)) if ord(ch) < 32 else "␡"
-        out.append(glyph if glyph is not None else ch)
+        out.append(visible_char(ch)[1])
         i += 1
     return "".join(out)
 

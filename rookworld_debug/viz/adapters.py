@@ -9,7 +9,6 @@ adapters also work on partial traces and on types.SimpleNamespace fakes.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
@@ -22,7 +21,7 @@ from .htmlview import HTMLView
 from .plots import (before_after_figure, delta_logp_scatter, grad_norm_figure, loss_waterfall, per_sequence_bar,
                     reward_breakdown_figure, token_heatmap)
 from .tables import advantage_table, before_after_table, invariants_table, provenance_table, reward_components_table
-from .tokens import METRICS, Metric, TokenStrip, token_metric_stack, token_strips
+from .tokens import METRICS, Metric, TokenStrip, TokenText, token_metric_stack, token_strips, token_text_from_raw
 
 __all__ = ["decode_bpe_token", "completion_token_texts", "rollout_token_strips", "token_strips_from_trace",
            "completion_metrics_from_trace",
@@ -34,29 +33,30 @@ __all__ = ["decode_bpe_token", "completion_token_texts", "rollout_token_strips",
 
 
 # ----------------------------------------------------------------------------------------- tokens
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode: byte-level BPE token chars → raw bytes."""
-    from rookworld_debug.models.tokenizer import bytes_to_unicode
-    return {c: b for b, c in bytes_to_unicode().items()}
-
-
 def decode_bpe_token(tok: str) -> str:
-    """'ĠM' → ' M', 'Ċ' → '\\n'. Only strings holding a remapped byte char (U+0100–U+0143, e.g. Ġ Ċ ĉ) are
-    treated as raw byte-level tokens, so already-decoded text passes through unchanged."""
-    if tok.startswith("<|") and tok.endswith("|>"):
-        return tok
-    if not any(0x100 <= ord(ch) <= 0x143 for ch in tok):
-        return tok
-    dec = _byte_decoder()
-    if not all(ch in dec for ch in tok):
-        return tok
-    return bytes(dec[ch] for ch in tok).decode("utf-8", errors="replace")
+    """A recorded token string ('ĠM', 'Ã©', '<|endoftext|>') → its decoded text (' M', 'é'); bytes of an
+    incomplete UTF-8 character decode to U+FFFD. For display use `token_text_from_raw(tok).label`."""
+    return token_text_from_raw(tok).text
 
 
-def completion_token_texts(rollout: Any) -> list[list[str]]:
-    """Per completion, its tokens as text (visible in strips): Rollout.completion_tokens decoded."""
-    return [[decode_bpe_token(str(t)) for t in row] for row in rollout.completion_tokens]
+def completion_token_texts(rollout: Any) -> list[list[TokenText]]:
+    """Per completion, its tokens rendered from their bytes (Rollout.completion_tokens, byte-level)."""
+    return [[token_text_from_raw(t) for t in row] for row in rollout.completion_tokens]
+
+
+def _topk_rows(rollout: Any, row: int, n: int) -> list[list[tuple[TokenText, float, int]]]:
+    """Per position, the top-k alternatives as (token, logp, id): the id lets the view mark the sampled one."""
+    toks, lp = rollout.topk_tokens[row], _opt(rollout, "topk_logps")
+    ids = getattr(rollout, "topk_ids", None)
+    ids = to_numpy(ids, dtype=np.int64) if ids is not None else None
+    out = []
+    for t in range(n):
+        if t >= len(toks):
+            out.append([])
+            continue
+        out.append([(token_text_from_raw(a), float(lp[row, t, k])) + ((int(ids[row, t, k]),) if ids is not None else ())
+                    for k, a in enumerate(toks[t])])
+    return out
 
 
 def _opt(record: Any, name: str) -> np.ndarray | None:
@@ -131,7 +131,7 @@ def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[i
         v = _opt(rec, field)
         if v is not None:
             extra[name] = v
-    topk_ids = getattr(rollout, "topk_tokens", None) if topk else None
+    topk_toks = getattr(rollout, "topk_tokens", None) if topk else None
     topk_lp = _opt(rollout, "topk_logps") if topk else None
     lo = _opt(loss, "is_clipped_low")
     hi = _opt(loss, "is_clipped_high")
@@ -152,9 +152,8 @@ def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[i
             O_rows.append(["low" if lo[i, t] else "high" if hi[i, t] else False for t in range(n)])
         else:
             O_rows.append([False] * n)
-        if topk_ids is not None and topk_lp is not None:
-            K_rows.append([[(decode_bpe_token(str(a)), float(topk_lp[i, t, k])) for k, a in enumerate(topk_ids[i][t])]
-                           for t in range(min(n, len(topk_ids[i])))] + [[]] * max(0, n - len(topk_ids[i])))
+        if topk_toks is not None and topk_lp is not None:
+            K_rows.append(_topk_rows(rollout, i, n))
         task = f" {tasks[i]}:" if tasks is not None else ""
         labels.append(f"p{i // G}·g{i % G}{task}")
         info: dict[str, Any] = {}
@@ -198,8 +197,7 @@ def completion_metrics_from_trace(trace: Any, row: int = 0,
     topk_tok, topk_lp = getattr(ro, "topk_tokens", None), _opt(ro, "topk_logps")
     topk = None
     if topk_tok is not None and topk_lp is not None:
-        topk = [[(decode_bpe_token(str(a)), float(topk_lp[row, t, k])) for k, a in enumerate(topk_tok[row][t])]
-                if t < len(topk_tok[row]) else [] for t in range(n)]
+        topk = _topk_rows(ro, row, n)
     G = int(getattr(ro, "num_generations", 1) or 1)
     a = _opt(adv, "advantages")
     label = f"p{row // G}·g{row % G}: {truncate(visible_ws_text(str(ro.prompts[row]).strip()), 60)}"

@@ -173,8 +173,8 @@ def token_heatmap(values: Any, mask: Any = None, *, metric: str | Metric = "kl",
     finite = z[np.isfinite(z)]
     text = None
     if tokens is not None:
-        from ._style import visible_ws_text
-        text = [[visible_ws_text(str(tokens[i][j]), collapse_runs=10**9) if j < len(tokens[i]) else ""
+        from .tokens import token_text     # the one token renderer (by bytes), as in the strips
+        text = [[token_text(tokens[i][j]).label if j < len(tokens[i]) else ""
                  for j in range(t)] for i in range(n)]
     kw: dict[str, Any] = {}
     if m.scale in ("signed", "ratio"):

@@ -5,9 +5,11 @@ nbconvert/papermill HTML export and in a saved file. Hover uses the `title` attr
 JavaScript and survives JupyterLab's HTML sanitizer).
 
 What a strip shows, per token:
-- the token text with visible whitespace (`␣` space, `⏎` newline, `⇥` tab, control pictures for
-  other control bytes). The P: padding is ~30–40 real single-space tokens the model generates and
-  is trained on, so it must be seen;
+- the token rendered from its bytes by `token_text` (the one renderer: strips, tooltips, top-k lists,
+  tables and plot hovers): whole UTF-8 characters as themselves, visible whitespace (`␣` space, `⏎`
+  newline, `⇥` tab, control pictures), invisible characters named (`⟨SHY⟩`), bytes of an incomplete
+  UTF-8 character as `⟨C3⟩`. The P: padding is ~30–40 real single-space tokens the model generates
+  and is trained on, so it must be seen;
 - `<|endoftext|>` as a `⟂ EOS` chip (EOS is part of the completion mask);
 - background colour by the chosen metric: diverging (orange < 0 < blue) for signed metrics, the ratio
   on log scale centred at r = 1, sequential (white → purple) for logp/KL/entropy;
@@ -22,6 +24,9 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
+from functools import lru_cache
+from html import escape as html_escape
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -29,11 +34,11 @@ import numpy as np
 
 from ._style import (EOS_STRINGS, FONT_MONO, FONT_SANS, MASKED_BG, MASKED_FG, NAN_BG, OUTLINE, attr,
                      diverging_rgb, fmt, fmt_exact, fmt_signed, hex_rgb, sequential_rgb, text_on,
-                     visible_ws_html, visible_ws_text, NEG_RGB, POS_RGB, SEQ_RGB, NEUTRAL_RGB)
+                     visible_char, visible_ws_html, visible_ws_text, NEG_RGB, POS_RGB, SEQ_RGB, NEUTRAL_RGB)
 from .htmlview import HTMLView
 
 __all__ = ["Metric", "METRICS", "TokenStrip", "token_strip", "token_strips", "token_metric_stack",
-           "ColorScale", "make_scale", "display_token"]
+           "ColorScale", "make_scale", "display_token", "TokenText", "token_text", "token_text_from_raw"]
 
 
 # ----------------------------------------------------------------------------------------- metrics
@@ -201,25 +206,122 @@ def make_scale(metric: Metric, values: np.ndarray, vmin: float | None = None,
 _SPECIAL_RE = re.compile(r"<\|[^|<>]{1,40}\|>\Z")
 
 
-def display_token(tok: str) -> str:
-    """HTML for one token's text: visible whitespace, special tokens as chips."""
-    if tok in EOS_STRINGS:
-        return ('<span class="rw-chip" style="font-size:10px;font-weight:600;padding:0 3px;'
-                'border-radius:3px;border:1px solid #555;background:#fafafa;color:#222">⟂ EOS</span>')
-    if _SPECIAL_RE.match(tok):
-        name = tok[2:-2]
-        return ('<span class="rw-chip" style="font-size:10px;font-weight:600;padding:0 3px;'
-                f'border-radius:3px;border:1px solid #555;background:#fafafa;color:#222">{visible_ws_html(name)}</span>')
-    if tok == "":
-        return '<span class="rw-ws" style="opacity:.55">∅</span>'
-    return visible_ws_html(tok)
+@dataclass(frozen=True)
+class TokenText:
+    """One token as every view shows it, rendered from its BYTES (the one renderer of the package).
+
+    label: plain text, visible and unambiguous: 'é', '␣M' (space), '⏎', '⟨C3⟩' (a byte that is only part
+    of a UTF-8 character), '⟨SHY⟩' (an invisible character, named), '<|endoftext|>' (special).
+    parts: (kind, text) pieces of the label; kind "text", "ws" (a glyph standing for whitespace or an
+    invisible character), "byte" (an incomplete UTF-8 byte) or "special".
+    data: the token's bytes (None for a special token); note: tooltip remark (incomplete UTF-8, names).
+    """
+    label: str
+    parts: tuple[tuple[str, str], ...]
+    data: bytes | None
+    note: str = ""
+
+    @property
+    def special(self) -> bool:
+        return self.data is None
+
+    @property
+    def complete(self) -> bool:
+        """Valid UTF-8 on its own (a special token counts as complete)."""
+        return not any(k == "byte" for k, _ in self.parts)
+
+    @property
+    def text(self) -> str:
+        """Decoded text (special: its name; incomplete bytes: U+FFFD), for search and comparisons."""
+        return self.label if self.data is None else self.data.decode("utf-8", errors="replace")
+
+    def html(self) -> str:
+        """Escaped HTML: glyphs faded (so '␣' for a space differs from text), bytes boxed, EOS as a chip."""
+        if self.special:
+            name = "⟂ EOS" if self.label in EOS_STRINGS else self.label[2:-2]
+            return ('<span class="rw-chip" style="font-size:10px;font-weight:600;padding:0 3px;'
+                    f'border-radius:3px;border:1px solid #555;background:#fafafa;color:#222">{html_escape(name)}</span>')
+        out = []
+        for kind, txt in self.parts:
+            if kind == "ws":
+                out.append(f'<span class="rw-ws" style="opacity:.55">{html_escape(txt)}</span>')
+            elif kind == "byte":
+                out.append(f'<span class="rw-byte" style="font-size:85%;border:1px dotted currentColor;'
+                           f'border-radius:2px;padding:0 1px">{html_escape(txt)}</span>')
+            else:
+                out.append(html_escape(txt))
+        return "".join(out)
+
+    def __str__(self) -> str:
+        return self.label
 
 
-def _quote_tok(tok: str) -> str:
-    """Token text for a tooltip (plain text): visible whitespace, quoted."""
-    if tok in EOS_STRINGS:
-        return "⟂ EOS <|endoftext|>"
-    return "'" + visible_ws_text(tok, collapse_runs=10**9) + "'"
+@lru_cache(maxsize=1 << 17)
+def _render_bytes(data: bytes) -> TokenText:
+    # surrogateescape: each byte that is not part of a complete UTF-8 character becomes U+DC80..U+DCFF
+    decoded = data.decode("utf-8", errors="surrogateescape")
+    parts: list[tuple[str, str]] = []
+    n_bytes, named = 0, []
+    for ch in decoded:
+        if 0xDC80 <= ord(ch) <= 0xDCFF:
+            parts.append(("byte", f"⟨{ord(ch) - 0xDC00:02X}⟩"))
+            n_bytes += 1
+            continue
+        kind, txt = visible_char(ch)
+        if txt.startswith("⟨"):
+            named.append(f"{txt} = U+{ord(ch):04X} {unicodedata.name(ch, '(unnamed)')}")
+        parts.append((kind, txt))
+    merged: list[tuple[str, str]] = []
+    for kind, txt in parts:                                          # adjacent same-kind pieces → one span
+        if merged and merged[-1][0] == kind:
+            merged[-1] = (kind, merged[-1][1] + txt)
+        else:
+            merged.append((kind, txt))
+    notes = []
+    if n_bytes:
+        notes.append(f"incomplete UTF-8: {n_bytes} byte(s) shown as ⟨XX⟩ are part of a character that "
+                     "continues in a neighbouring token")
+    notes.extend(named)
+    label = "".join(t for _, t in merged) or "∅"
+    return TokenText(label, tuple(merged) or (("ws", "∅"),), data, "; ".join(notes) if not data == b"" else "empty token")
+
+
+def token_text(tok: "TokenText | bytes | str") -> TokenText:
+    """The renderer. bytes: a token's exact bytes; str: decoded text (its UTF-8), or a special token
+    '<|…|>'; a TokenText is returned unchanged. Byte-level vocab strings ('ĠM') go through
+    `token_text_from_raw` instead."""
+    if isinstance(tok, TokenText):
+        return tok
+    if isinstance(tok, (bytes, bytearray)):
+        return _render_bytes(bytes(tok))
+    tok = str(tok)
+    if tok in EOS_STRINGS or _SPECIAL_RE.match(tok):
+        return TokenText(tok, (("special", tok),), None, "special token")
+    return _render_bytes(tok.encode("utf-8", errors="surrogatepass"))
+
+
+def token_text_from_raw(raw: str) -> TokenText:
+    """A token string as recorded in a Rollout (models.tokenizer.token_strings): byte-level ('ĠM', 'Ã©'),
+    special ('<|endoftext|>') or, for records made by other code, plain text (' M')."""
+    raw = str(raw)
+    if raw in EOS_STRINGS or _SPECIAL_RE.match(raw):
+        return token_text(raw)
+    from rookworld_debug.models.tokenizer import byte_level_bytes
+    data = byte_level_bytes(raw)
+    return token_text(raw if data is None else data)
+
+
+def display_token(tok: "TokenText | bytes | str") -> str:
+    """HTML for one token (see TokenText.html)."""
+    return token_text(tok).html()
+
+
+def _quote_tok(tok: "TokenText | bytes | str") -> str:
+    """Token label for a tooltip (plain text), quoted; specials unquoted."""
+    tt = token_text(tok)
+    if tt.special:
+        return ("⟂ EOS " if tt.label in EOS_STRINGS else "special ") + tt.label
+    return "'" + tt.label + "'"
 
 
 _CSS = (
@@ -253,14 +355,14 @@ class TokenStrip(HTMLView):
 
 @dataclass
 class _Row:
-    tokens: list[str]
+    tokens: list[TokenText]
     values: np.ndarray
     label: str = ""
     info: Mapping[str, Any] = field(default_factory=dict)
     mask: list[bool] | None = None
     outline: list[Any] | None = None
     hover: list[Mapping[str, Any]] | None = None
-    topk: list[Sequence[tuple[str, float]]] | None = None
+    topk: list[Sequence[tuple]] | None = None   # per token [(token, logp) or (token, logp, id), …]
     token_ids: list[int] | None = None
 
 
@@ -277,10 +379,12 @@ def _values(values: Any) -> np.ndarray:
 
 def _tooltip(row: _Row, t: int, metric: Metric, outline_label: str) -> str:
     tok = row.tokens[t]
-    head = f"t={t} · {_quote_tok(tok)}"
-    if row.token_ids is not None:
-        head += f" (id {int(row.token_ids[t])})"
-    lines = [head, f"{metric.name} = {fmt_exact(row.values[t])}" + (f" {metric.unit}" if metric.unit else "")]
+    tid = int(row.token_ids[t]) if row.token_ids is not None else None
+    head = f"t={t} · {_quote_tok(tok)}" + (f" (id {tid})" if tid is not None else "")
+    lines = [head]
+    if tok.data is not None and (not tok.data.isascii() or tok.note):
+        lines.append("bytes " + tok.data.hex(" ").upper() + (f" · {tok.note}" if tok.note else ""))
+    lines.append(f"{metric.name} = {fmt_exact(row.values[t])}" + (f" {metric.unit}" if metric.unit else ""))
     if row.hover is not None:
         for k, v in row.hover[t].items():
             if k == metric.key or k == metric.name:
@@ -293,9 +397,11 @@ def _tooltip(row: _Row, t: int, metric: Metric, outline_label: str) -> str:
         lines.append(f"{outline_label}: {o}" if isinstance(o, str) else outline_label)
     if row.topk is not None and row.topk[t]:
         lines.append("top-k alternatives (token, logp):")
-        for r, (alt, lp) in enumerate(row.topk[t], 1):
-            mark = "  ← sampled" if alt == tok else ""
-            lines.append(f"  {r}. {_quote_tok(str(alt))}  {fmt(lp, 4)}{mark}")
+        for r, (alt, lp, *alt_id) in enumerate(row.topk[t], 1):
+            # the same token is the same id; labels only when a caller gave no ids
+            same = (int(alt_id[0]) == tid) if alt_id and tid is not None else token_text(alt).label == tok.label
+            lines.append(f"  {r}. {_quote_tok(alt)}{f' (id {int(alt_id[0])})' if alt_id else ''}  {fmt(lp, 4)}"
+                         + ("  ← sampled" if same else ""))
     return "\n".join(lines)
 
 
@@ -313,8 +419,8 @@ def _token_span(row: _Row, t: int, metric: Metric, scale: ColorScale, outline_la
         styles.append(f"outline:2px solid {OUTLINE};outline-offset:0")
     cls = "rw-tok" + (" rw-masked" if masked else "") + (" rw-out" if row.outline is not None and row.outline[t] else "")
     return (f'<span class="{cls}" data-t="{t}" style="{";".join(styles)}" '
-            f'title="{attr(_tooltip(row, t, metric, outline_label))}">{display_token(row.tokens[t])}</span>'
-            + ("<br>" if row.tokens[t].endswith("\n") else ""))  # keep the text's line structure
+            f'title="{attr(_tooltip(row, t, metric, outline_label))}">{row.tokens[t].html()}</span>'
+            + ("<br>" if (row.tokens[t].data or b"").endswith(b"\n") else ""))  # keep the text's line structure
 
 
 def _legend(metric: Metric, scale: ColorScale, *, any_masked: bool, any_outline: bool, any_nan: bool,
@@ -399,15 +505,17 @@ def token_strip(tokens: Sequence[str], values: Any, *, metric: str | Metric = "l
                 title: str = "") -> TokenStrip:
     """One completion's tokens coloured by one metric.
 
-    tokens: decoded token strings (one per sampled id, e.g. `tokenizer.decode([id])`);
+    tokens: one per sampled id: its bytes (exact), a TokenText, or decoded text (`tokenizer.decode([id])`,
+    exact only for whole characters); rendered by `token_text`;
     values: one float per token (list, numpy or torch); metric: a key of `METRICS` (logp, ref_logp,
     ratio, kl, full_kl, entropy, delta_logp, adv_x_logp, pg, loss…) or any name with `signed`;
     outline: truthy per token = clipped (a string is shown in the hover, e.g. "low"/"high");
-    hover: per token {name: value} of extra metrics; topk: per token [(token, logp), …];
+    hover: per token {name: value} of extra metrics; topk: per token [(token, logp) or (token, logp, id), …]
+    (with ids and token_ids the "← sampled" mark compares ids);
     mask: False = not in the loss (greyed; excluded from the automatic colour range);
     vmin/vmax: pin the colour range (signed metrics stay symmetric around 0, ratio around 1).
     """
-    tokens = [str(t) for t in tokens]
+    tokens = [token_text(t) for t in tokens]
     vals = _values(values)
     n = len(tokens)
     _check_len("values", vals, n)
@@ -448,7 +556,7 @@ def token_strips(tokens: Sequence[Sequence[str]], values: Sequence[Any], *, metr
             raise ValueError(f"{name} has {len(seq)} rows but tokens has {n_rows}")
     rows: list[_Row] = []
     for i in range(n_rows):
-        toks = [str(t) for t in tokens[i]]
+        toks = [token_text(t) for t in tokens[i]]
         vals = _values(values[i])
         # (N, T) arrays are padded to T: cut each row to its own token count
         if len(vals) > len(toks):
@@ -480,7 +588,7 @@ def token_metric_stack(tokens: Sequence[str], metrics: Mapping[str, Any], *, lab
     Every strip's hover lists all metrics at that token, so any row gives the full picture.
     The outline (clip state) is drawn on the `outline_metric` row only.
     """
-    tokens = [str(t) for t in tokens]
+    tokens = [token_text(t) for t in tokens]
     arrays = {k: _values(v) for k, v in metrics.items()}
     for k, v in arrays.items():
         _check_len(f"metrics[{k!r}]", v, len(tokens))
