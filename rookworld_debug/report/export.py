@@ -33,6 +33,7 @@ class HtmlCheck:
     converted_figures: int         # JSON-only figures the exporter had to render itself
     removed_external_scripts: int  # <script src=http...> tags stripped (e.g. plotly's MathJax CDN tag)
     external_refs: int             # <script|link src|href=http...> left (must be 0)
+    math_formulas: int = 0         # LaTeX formulas converted to MathML
 
     @property
     def offline_ok(self) -> bool:
@@ -78,17 +79,72 @@ def _fill_plotly_html(nb) -> tuple[int, int]:
     return figures, converted
 
 
+# Math: LaTeX → MathML at export time (latex2mathml, pure Python). Chromium ≥ 109, Firefox and Safari render
+# MathML Core natively, so the page needs no script, no font files and no network; bundling KaTeX instead
+# would add ~300 kB of JS + fonts to every report and only render when scripts run.
+_CODE_RE = re.compile(r"(```.*?```|~~~.*?~~~|`[^`\n]*`)", re.S)
+_DISPLAY_RE = re.compile(r"\$\$(.+?)\$\$", re.S)
+_INLINE_RE = re.compile(r"(?<![\\$\w])\$(?=\S)([^$\n]+?)(?<=\S)\$(?![\w$])")
+
+
+def latex_to_mathml(tex: str, *, display: bool) -> str:
+    """One formula → MathML; a formula latex2mathml cannot parse stays visible as code, flagged."""
+    from latex2mathml.converter import convert
+    try:
+        return convert(tex.strip(), display="block" if display else "inline")
+    except Exception:  # noqa: BLE001 - keep the page; show the source instead of a broken formula
+        return f"<code class='rw-math-error' title='formula not rendered'>{html.escape(tex.strip())}</code>"
+
+
+def markdown_math_to_mathml(text: str) -> tuple[str, int]:
+    """Replace $$…$$ and $…$ outside code spans/blocks by MathML. Returns (text, formulas converted)."""
+    n = 0
+
+    def one(seg: str) -> str:
+        nonlocal n
+        def disp(m):
+            nonlocal n
+            n += 1
+            return "\n\n<div class='rw-math' style='overflow-x:auto'>" + latex_to_mathml(m.group(1), display=True) + "</div>\n\n"
+
+        def inl(m):
+            nonlocal n
+            n += 1
+            return latex_to_mathml(m.group(1), display=False)
+        return _INLINE_RE.sub(inl, _DISPLAY_RE.sub(disp, seg))
+
+    parts = _CODE_RE.split(text)
+    return "".join(p if i % 2 else one(p) for i, p in enumerate(parts)), n
+
+
+def _render_math(nb) -> int:
+    """Markdown cells and text/markdown outputs: LaTeX → MathML in place. Returns formulas converted."""
+    total = 0
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source, k = markdown_math_to_mathml(cell.source)
+            total += k
+        for out in cell.get("outputs", []):
+            md = (out.get("data") or {}).get("text/markdown")
+            if md:
+                md = "".join(md) if isinstance(md, list) else md
+                out["data"]["text/markdown"], k = markdown_math_to_mathml(md)
+                total += k
+    return total
+
+
 def export_html(notebook, *, banner: str | None = None) -> tuple[str, HtmlCheck]:
     """Executed notebook (path or NotebookNode) → self-contained HTML with code hidden: nbconvert's lab
     template without the require.js/MathJax/mermaid/widget CDN tags, plotly.js inline, any remaining
-    ``<script src=http...>`` (plotly adds a MathJax CDN tag per figure) stripped. Markdown LaTeX is shown
-    as source (no MathJax offline). ``banner`` (HTML) is put at the top of the page."""
+    ``<script src=http...>`` (plotly adds a MathJax CDN tag per figure) stripped. Markdown LaTeX ($$…$$,
+    $…$) is converted to MathML (rendered natively, offline). ``banner`` (HTML) is put at the top."""
     import jinja2
     import nbformat
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(notebook), as_version=4) if not hasattr(notebook, "cells") else notebook
     figures, converted = _fill_plotly_html(nb)
+    formulas = _render_math(nb)
     exporter = HTMLExporter(template_name="lab", exclude_input=True, exclude_input_prompt=True,
                             exclude_output_prompt=True,
                             extra_loaders=[jinja2.DictLoader({"rookworld_offline.html.j2": _OFFLINE_TEMPLATE})],
@@ -99,7 +155,8 @@ def export_html(notebook, *, banner: str | None = None) -> tuple[str, HtmlCheck]
         body = body.replace("<main>", "<main>\n" + banner, 1)
     check = HtmlCheck(bytes=len(body.encode("utf-8")), plotly_figures=figures,
                       plotly_js_inline=bool(_PLOTLYJS_RE.search(body)), converted_figures=converted,
-                      removed_external_scripts=removed, external_refs=len(_ANY_EXTERNAL_SRC_RE.findall(body)))
+                      removed_external_scripts=removed, external_refs=len(_ANY_EXTERNAL_SRC_RE.findall(body)),
+                      math_formulas=formulas)
     return body, check
 
 

@@ -46,12 +46,18 @@ def _run_lock(run_dir: Path):
 
 
 def _run_banner(task: Mapping[str, Any]) -> str:
+    """The report's header: which notebook, which sweep and run, with which parameters, and links."""
     esc = html.escape
     params = " ".join(f"<code>{esc(k)}={esc(_fmt_value(v))}</code>" for k, v in task["params"].items())
-    return ("<div class='rookworld-run-banner' style='font:13px system-ui,sans-serif;color:#57606a;"
+    nb = Path(str(task.get("notebook") or "")).stem
+    return ("<header class='rookworld-run-banner' style='font:13px system-ui,sans-serif;color:#57606a;"
             "border-bottom:1px solid #d0d7de;padding:.4rem 0 .5rem;margin-bottom:.5rem'>"
-            f"run <b>{esc(task['run_id'])}</b> of sweep <b>{esc(str(task.get('sweep')))}</b> · {params} · "
-            f"<a href='../index.html'>sweep index</a> · <a href='summary.json'>summary.json</a></div>")
+            f"<div style='font-size:15px;color:#1f2328'><b>rookworld_debug report</b>"
+            f"{f' · notebook <code>{esc(nb)}</code>' if nb else ''}</div>"
+            f"<div>sweep <b>{esc(str(task.get('sweep') or '—'))}</b> · run <b>{esc(task['run_id'])}</b> · "
+            f"parameters: {params or 'the notebook defaults'}</div>"
+            f"<div><a href='../index.html'>← sweep index</a> · <a href='summary.json'>summary.json</a> · "
+            f"<a href='report.ipynb'>executed notebook</a></div></header>")
 
 
 def _error_from_exception(exc: BaseException, output_nb: Path | None) -> dict:

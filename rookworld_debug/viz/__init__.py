@@ -18,6 +18,8 @@ from .adapters import (advantage_table_from_trace, banner_from_trace, before_aft
 from .banners import Flag, flags_from_records, warning_banner
 from .board import BoardView, board_from_a, board_from_p, board_from_prompt, board_view
 from .htmlview import HTMLView
+from .completions import completion_name, completions_rows, completions_table, completions_table_from_trace
+from .summary import details_view, executive_summary_from_trace
 from .plots import (before_after_figure, delta_logp_scatter, grad_norm_figure, loss_waterfall, per_sequence_bar,
                     reward_breakdown_figure, setup_notebook_rendering, steps_figure, token_heatmap)
 from .tables import (advantage_table, before_after_table, invariants_table, metrics_table, provenance_table,
@@ -44,4 +46,7 @@ __all__ = [
     "before_after_table_from_trace", "before_after_figure_from_trace", "delta_logp_scatter_from_trace",
     "board_from_trace", "flags_from_trace", "banner_from_trace", "invariants_table_from_trace",
     "provenance_table_from_trace",
+    # the step at a glance
+    "completion_name", "completions_rows", "completions_table", "completions_table_from_trace",
+    "executive_summary_from_trace", "details_view",
 ]

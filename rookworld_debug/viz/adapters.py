@@ -283,17 +283,16 @@ def reward_breakdown_from_trace(trace: Any):
 
 # ----------------------------------------------------------------------------------------- loss
 def loss_waterfall_from_trace(trace: Any):
+    from rookworld_debug.metrics import GLOSSARY, term_balance
     lb = trace.loss
     f = lambda x: float(to_numpy(x).reshape(()))  # noqa: E731
-    share_def = "KL share = |β·KL term| / (|PG| + |β·KL| + |entropy term|) (LossBreakdown.kl_share)"
-    if getattr(lb, "kl_share_undefined", False):
-        share_def += "; undefined (all terms 0), shown as 0"
+    bal = term_balance(lb, getattr(trace, "update", None))
     norm = str(getattr(lb, "normalizer", ""))
     if getattr(lb, "definition", None):
         norm += f". Loss: {lb.definition}"
     return loss_waterfall(f(lb.pg_loss), f(lb.kl_loss), f(getattr(lb, "entropy_term", 0.0)), f(lb.loss),
-                          kl_share=float(lb.kl_share), normalizer=norm,
-                          kl_share_definition=share_def, beta=getattr(lb, "beta", None))
+                          kl_share=bal.kl_value_share, normalizer=norm, headline=bal.headline,
+                          kl_share_definition="kl_share: " + GLOSSARY["kl_share"], beta=getattr(lb, "beta", None))
 
 
 def token_heatmap_from_trace(trace: Any, metric: str = "kl"):

@@ -118,11 +118,14 @@ def reward_breakdown_figure(contributions: Mapping[str, Any], totals: Any, *, la
 # ----------------------------------------------------------------------------------------- loss
 def loss_waterfall(pg_loss: float, kl_loss: float, entropy_loss: float, total: float, *, kl_share: float | None,
                    normalizer: str = "", kl_share_definition: str = "kl_share as recorded by LossBreakdown",
-                   beta: float | None = None, batch_label: str = "rollout batch of this step") -> go.Figure:
+                   beta: float | None = None, batch_label: str = "rollout batch of this step",
+                   headline: str | None = None) -> go.Figure:
     """Waterfall PG → +β·KL → +entropy term → total (the recorded total, drawn as an absolute bar).
 
     If the recorded total differs from the sum of the three bars, the title says so (a decomposition
-    bug must be visible)."""
+    bug must be visible). `headline` (e.g. `metrics.term_balance(...).headline`) replaces the KL-share
+    title: on-policy the loss-value share is not meaningful. Tiny totals are drawn in a power-of-ten
+    unit (no SI "p"/"n" ticks), with headroom so bar labels never reach the title."""
     pg, kl, ent, tot = (float(to_numpy(v).reshape(())) for v in (pg_loss, kl_loss, entropy_loss, total))
     beta_txt = f"β={fmt(beta)}·" if beta is not None else "β·"
     names = ["PG term", f"{beta_txt}KL term", "entropy term (−c·H)", "total loss"]
@@ -132,16 +135,37 @@ def loss_waterfall(pg_loss: float, kl_loss: float, entropy_loss: float, total: f
         increasing={"marker": {"color": TERM_COLORS["kl"]}}, decreasing={"marker": {"color": TERM_COLORS["pg"]}},
         totals={"marker": {"color": TERM_COLORS["total"]}}, connector={"line": {"color": "#999", "width": 1}},
         hovertemplate="%{x}: %{y:.6g}<extra></extra>"))
-    share = "n/a" if kl_share is None or not math.isfinite(kl_share) else f"{100 * kl_share:.1f}%"
-    title = f"Loss decomposition — KL share {share}"
+    scale_exp = _unit_exponent(pg, kl, ent, tot)
+    if scale_exp:
+        k = 10.0 ** -scale_exp
+        fig.data[0].y = [pg * k, kl * k, ent * k, tot * k]
+    cum = np.cumsum([pg, kl, ent]) * 10.0 ** -scale_exp
+    lo, hi = min(0.0, float(cum.min()), tot * 10.0 ** -scale_exp), max(0.0, float(cum.max()), tot * 10.0 ** -scale_exp)
+    pad = 0.3 * (hi - lo) or 1.0
+    fig.update_yaxes(range=[lo - (pad if lo < 0 else 0.05 * pad), hi + pad], exponentformat="power",
+                     tickformat=".3~g")
+    if headline:
+        title = "Loss decomposition (value)"
+    else:
+        share = "n/a" if kl_share is None or not math.isfinite(kl_share) else f"{100 * kl_share:.1f}%"
+        title = f"Loss decomposition — KL value share {share}"
     gap = tot - (pg + kl + ent)
     if math.isfinite(gap) and abs(gap) > 1e-6 * max(1.0, abs(tot)):
         title += f" — ⚠ recorded total ≠ sum of terms (gap {fmt_signed(gap)})"
-    definition = (f"{kl_share_definition}; aggregation: {normalizer or 'as recorded'}; orange = raises the loss, "
-                  f"blue = lowers it; {batch_label}")
-    _layout(fig, title, definition, yaxis_title="loss contribution", showlegend=False)
+    definition = (f"{headline + ' ' if headline else ''}{kl_share_definition}; aggregation: "
+                  f"{normalizer or 'as recorded'}; blue = lowers the loss, orange = raises it; {batch_label}")
+    unit = f" (×1e{scale_exp})" if scale_exp else ""
+    _layout(fig, title, definition, yaxis_title=f"loss contribution{unit}", showlegend=False)
     fig.add_hline(y=0, line_color="#999", line_width=1)
     return fig
+
+
+def _unit_exponent(*values: float) -> int:
+    """Power of ten (a multiple of 3) to divide tiny/huge values by for display; 0 when not needed."""
+    m = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    if m == 0 or 1e-3 <= m < 1e5:
+        return 0
+    return int(3 * math.floor(math.log10(m) / 3))
 
 
 def _metric(metric: str | Metric) -> Metric:

@@ -369,10 +369,17 @@ def provenance_table(provenance: Any, *, title: str = "Provenance") -> Styler:
 
 
 def metrics_table(metrics: Mapping[str, Any], *, definitions: Mapping[str, str] | None = None,
-                  title: str = "Metrics (TRL keys)", batch_label: str = "rollout batch of this step") -> Styler:
-    """Scalar metrics with their definitions (a glossary mapping key -> formula text)."""
+                  title: str = "Metrics (TRL keys)",
+                  batch_label: str = "each definition names its batch: rollout (sampled), greedy batch "
+                                     "before/after, or held-out") -> Styler:
+    """Scalar metrics with their definitions: `definitions` overrides, else `metrics.definition(key)`
+    (GLOSSARY and the rewards/<func>/* patterns); a key with no definition anywhere reads 'undefined'."""
+    from rookworld_debug.metrics import definition as glossary_definition
+
     defs = definitions or {}
     df = pd.DataFrame({"value": [metrics[k] for k in metrics],
-                       "definition": [defs.get(k, "") for k in metrics]}, index=pd.Index(list(metrics), name="metric"))
+                       "definition": [defs.get(k) or glossary_definition(k) or "(no definition in GLOSSARY)"
+                                      for k in metrics]}, index=pd.Index(list(metrics), name="metric"))
     st = _styler(df, f"{title} — {batch_label}.")
-    return st.format(_num_format, subset=["value"], escape="html").map(lambda v: f"font-family:{FONT_MONO}", subset=["value"])
+    na = lambda v: "n/a" if isinstance(v, float) and math.isnan(v) else _num_format(v)  # noqa: E731 (see definition)
+    return st.format(na, subset=["value"], escape="html").map(lambda v: f"font-family:{FONT_MONO}", subset=["value"])
