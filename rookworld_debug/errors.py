@@ -48,3 +48,11 @@ class DataError(RookWorldError, ValueError):
 
 class NumericalError(RookWorldError, FloatingPointError):
     """A NaN/inf would have flowed into a loss or an optimizer step; the step refuses instead."""
+
+
+class TraceError(RookWorldError, ValueError):
+    """A folder given as a step trace / TRL capture is not one (no or unreadable trace.json/.safetensors)."""
+
+
+class IncompatibleTraceError(TraceError):
+    """A trace or TRL capture was written by a version (TRL, capture format) this package cannot read."""

@@ -76,3 +76,45 @@ def encode(record: Any) -> tuple[Any, dict[str, torch.Tensor]]:
 
 def decode(payload: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return _decode(payload, tensors)
+
+
+def _not_a_trace(path, why: str):
+    from rookworld_debug.errors import TraceError
+    steps = sorted(p.name for p in path.glob("step-*") if (p / "trace.json").is_file()) if path.is_dir() else []
+    hint = (f"; it holds captured steps {steps}: open one of them, e.g. {path / steps[0]}" if steps else
+            "; a trace folder holds trace.json + trace.safetensors (StepTrace.save, rookworld-debug step, or a TRL "
+            "capture's step-NNNNNN folder)")
+    return TraceError(f"{path} is not a step trace or TRL capture: {why}{hint}")
+
+
+def read_trace(path, record: str) -> Any:
+    """Decode the `record` ("module:Class") saved in folder `path`, refusing anything else with a named error:
+    TraceError (not a trace: missing/corrupt files, another record) or IncompatibleTraceError (a TRL capture
+    from a TRL version this package does not read)."""
+    import json
+    from pathlib import Path
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / "trace.json").is_file():
+        raise _not_a_trace(path, "no trace.json" if path.is_dir() else "no such folder")
+    try:
+        payload = json.loads((path / "trace.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise _not_a_trace(path, f"trace.json is not valid JSON ({err})") from None
+    if not isinstance(payload, dict) or payload.get("__record__") != record:
+        found = payload.get("__record__") if isinstance(payload, dict) else type(payload).__name__
+        raise _not_a_trace(path, f"trace.json holds {found!r}, not {record!r}")
+    capture = payload.get("fields", {}).get("capture")
+    if capture is not None:
+        from rookworld_debug.trl.record import check_compatible
+        check_compatible(capture, path)
+    if not (path / "trace.safetensors").is_file():
+        raise _not_a_trace(path, "trace.json without its trace.safetensors (incomplete copy?)")
+    try:
+        tensors = load_file(str(path / "trace.safetensors"))
+    except (SafetensorError, OSError) as err:
+        raise _not_a_trace(path, f"trace.safetensors is unreadable ({err})") from None
+    return decode(payload, tensors)

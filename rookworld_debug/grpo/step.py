@@ -47,6 +47,7 @@ class StepTrace:
     counts: dict                            # tokens, forwards, engine calls, cache hits...
     flags: tuple                            # every warning raised by any phase, in order
     version: int = TRACE_VERSION
+    capture: Optional[object] = None        # rookworld_debug.trl.TRLCapture when the step was taken by TRL's GRPOTrainer
 
     def save(self, path) -> Path:
         """Write `<path>/trace.safetensors` (tensors) + `<path>/trace.json` (everything else)."""
@@ -63,10 +64,9 @@ class StepTrace:
 
     @staticmethod
     def load(path) -> "StepTrace":
-        from safetensors.torch import load_file
-        path = Path(path)
-        payload = json.loads((path / "trace.json").read_text())
-        return serialize.decode(payload, load_file(str(path / "trace.safetensors")))
+        """A saved step or TRL capture; TraceError names what is wrong with a folder that is neither,
+        IncompatibleTraceError a capture from an unsupported TRL version."""
+        return serialize.read_trace(path, f"{__name__}:StepTrace")
 
     def summary(self) -> dict:
         """Headline numbers (what reports and the per-step table show), each defined in `rookworld_debug.metrics.GLOSSARY`."""

@@ -1,0 +1,218 @@
+"""Captured TRL tensors → a `StepTrace` whose records are built from what TRL computed.
+
+Shape legend: N rows of the generation batch (B prompts × G, generation order), T completion tokens,
+P prompt tokens, K reward functions. TRL's values are kept as they are (advantages, log-probs, mask,
+rewards); the project's functions recompute what TRL does not record (group statistics, the loss
+decomposition) and each recompute is checked against TRL's number in the record.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import math
+from typing import Optional
+
+import torch
+
+from rookworld_debug.data.loaders import Batch
+from rookworld_debug.errors import FormatError
+from rookworld_debug.grpo.advantages import advantages_from_config
+from rookworld_debug.grpo.generation import Rollout, _unique_per_group
+from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
+from rookworld_debug.grpo.rewards import compute_rewards
+from rookworld_debug.grpo.setup import Setup
+from rookworld_debug.grpo.step import StepTrace, rewards_flags, zero_std_flags
+from rookworld_debug.grpo.update import UpdateResult
+from rookworld_debug.trl.config_map import grpo_config_to_step_config, model_name, task_of
+from rookworld_debug.trl.record import CAPTURE_FORMAT, TRLCapture
+
+LOSS_TOLERANCE = 1e-5          # |recomputed − TRL| of the step loss
+ADVANTAGE_TOLERANCE = 1e-5     # max |A(ours) − A(TRL)|; TRL works in float32
+
+NO_EVAL_FLAG = ("TRL capture: no greedy before/after evaluation and no step-0 invariants (GRPOTrainer computes "
+                "neither); every number here is the step TRL took")
+
+
+def _in_generation_order(micro_batches: list, n: int, key: str) -> Optional[torch.Tensor]:
+    """Scatter the micro-batches' (rows, T) tensors back to (N, T) generation order."""
+    parts = [(mb["rows"], mb[key]) for mb in micro_batches if mb.get(key) is not None]
+    if not parts:
+        return None
+    t = parts[0][1]
+    out = torch.full((n, *t.shape[1:]), float("nan"), dtype=t.dtype)                  # (N, T)
+    seen = torch.zeros(n, dtype=torch.long)                                              # (N,)
+    for rows, x in parts:
+        out[rows] = x
+        seen[rows] += 1
+    if not bool((seen == 1).all()):
+        raise RuntimeError(f"{key}: rows seen {seen.tolist()} times by the step's micro-batches (expected once each)")
+    return out
+
+
+def _texts(prompts) -> list[str]:
+    bad = next((p for p in prompts if not isinstance(p, str)), None)
+    if bad is not None:
+        raise FormatError(f"conversational prompts are not supported by the capture views (got {bad!r:.80})")
+    return list(prompts)
+
+
+def _rollout(tok, gen: dict, logps, entropy, temperature, top_p, top_k, g: int, max_new: int, seed: int) -> Rollout:
+    ids, mask = gen["completion_ids"], gen["completion_mask"]                            # (N, T)
+    n, t = ids.shape
+    prompts, completions = _texts(gen["prompts"]), list(gen["completions"])
+    tasks = tuple("A" if p.lstrip().startswith("A:") else "P" for p in prompts)
+    lengths = mask.sum(1).tolist()
+    eos = tok.eos_token_id
+    is_truncated = ~((ids == eos) & mask.bool()).any(1)                                  # (N,) no EOS kept
+    tokens = tuple(tuple(tok.convert_ids_to_tokens(ids[i, :int(lengths[i])].tolist())) for i in range(n))
+    sampling = gen.get("sampling_per_token_logps")
+    return Rollout(
+        prompt_ids=gen["prompt_ids"], prompt_mask=gen["prompt_mask"], completion_ids=ids, completion_mask=mask,
+        per_token_logps=torch.nan_to_num(logps) * mask, ref_per_token_logps=(
+            gen["ref_per_token_logps"] * mask if "ref_per_token_logps" in gen else None),
+        per_token_entropy=torch.nan_to_num(entropy) * mask, per_token_full_kl=None,
+        topk_ids=torch.zeros((n, t, 0), dtype=torch.long), topk_logps=torch.zeros((n, t, 0)),
+        sampling_per_token_logps=sampling if sampling is not None else torch.full((n, t), float("nan")),
+        is_truncated=is_truncated, temperatures=torch.full((n,), float(temperature)),
+        unique_per_group=_unique_per_group(ids, mask, g), prompts=tuple(prompts), tasks=tasks,
+        completions=tuple(completions), completion_tokens=tokens, topk_tokens=tuple(() for _ in range(n)),
+        sampling={task: (float(temperature), top_p, top_k) for task in set(tasks)}, num_generations=g,
+        max_new_tokens=max_new, seed=seed, max_abs_logp_diff=math.nan, logp_diff_flagged=False,
+        counts={"tokens": int(mask.sum())}, seconds=math.nan, timings={},
+        warnings=("log-probs and entropies are TRL's loss forward (fused LM head, logits ÷ T); TRL keeps no "
+                  "sampling-time log-probs without vLLM and no top-k alternatives",))
+
+
+def _rewards(gen: dict, names, weights, prompts, completions, tasks, config):
+    per_func = gen["rewards_per_func"].double()                                          # (N, K)
+    funcs = {name: (lambda k: (lambda **_: [None if math.isnan(v) else v for v in per_func[:, k].tolist()]))(k)
+             for k, name in enumerate(names)}
+    labels = gen.get("columns", {}).get("label") or ()
+    rw = compute_rewards(prompts, completions, tasks, labels=list(labels) if labels else (),
+                         reward_mode=config.reward_mode, engine=None, reward_funcs=funcs,
+                         reward_weights=dict(zip(names, weights)), use_builtin=False)
+    # the components behind each value, from the project's reward functions (None: another function's row)
+    per_row = [None] * len(prompts)
+    for bds in gen.get("breakdowns") or ():
+        if bds is not None and len(bds) == len(prompts):
+            per_row = [a if a is not None else b for a, b in zip(per_row, bds)]
+    if not any(b is not None for b in per_row):
+        return rw
+    comp_names = list(dict.fromkeys(k for b in per_row if b is not None for k in b.components))
+    details = [b.details if b is not None else {} for b in per_row]
+    return dataclasses.replace(
+        rw, breakdowns=tuple(per_row),
+        components={k: tuple(float(b.components.get(k, math.nan)) if b is not None else math.nan for b in per_row)
+                    for k in comp_names},
+        flags=tuple(tuple(b.flags) if b is not None else () for b in per_row),
+        matches_label=tuple(d.get("best_matches_label") for d in details),
+        matches_sf1=tuple(d.get("best_matches_sf1") for d in details),
+        format_valid=tuple(b is not None and b.format_ok for b in per_row))
+
+
+def _loss(logps, old, ref, adv, mask, entropy, config, num_items, ga: int = 1, num_generations=None):
+    """grpo.loss.compute_loss with the config's objective (TRL options the installed version knows)."""
+    kw = loss_kwargs(config)
+    accepted = inspect.signature(compute_loss).parameters
+    for name in ("top_entropy_quantile", "off_policy_mask_threshold", "num_iterations"):
+        if name in accepted and hasattr(config, name):
+            kw[name] = getattr(config, name)
+    return compute_loss(logps, old, ref, adv, mask, entropy=entropy, num_items_in_batch=num_items,
+                        gradient_accumulation_steps=ga, num_generations=num_generations, **kw)
+
+
+def _update(trl_loss, record_loss, grad_norm, per_layer_post, max_grad_norm, lr, n_mb) -> UpdateResult:
+    coef = min(1.0, max_grad_norm / (grad_norm + 1e-6)) if max_grad_norm and math.isfinite(grad_norm) else 1.0
+    return UpdateResult(loss=trl_loss, loss_record_diff=abs(trl_loss - record_loss), grad_norm_pre_clip=grad_norm,
+                        grad_norm_post_clip=grad_norm * coef, clip_coef=coef,
+                        per_layer={k: {"total": v / coef} for k, v in per_layer_post.items()}, per_term_global={},
+                        lr=lr, micro_batches=n_mb, param_delta_norm=math.nan, seconds=math.nan,
+                        counts={"backward": n_mb})
+
+
+def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optional[dict], step: int,
+                         grad_norm: float, per_layer_post_clip: dict, step_metrics: dict, learning_rate: float,
+                         weights_sha256: Optional[str], cost: dict) -> StepTrace:
+    import transformers
+    import trl
+
+    args = trainer.args
+    n = gen["completion_ids"].shape[0]
+    g = int(trainer.num_generations)
+    logps = _in_generation_order(micro_batches, n, "per_token_logps")                  # (N, T)
+    entropy = _in_generation_order(micro_batches, n, "entropy")                         # (N, T)
+    old = _in_generation_order(micro_batches, n, "old_per_token_logps")                 # (N, T) | None
+    prompts = _texts(gen["prompts"])
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    config, unmapped, notes = grpo_config_to_step_config(
+        args, batch_size=n // g, task=task_of(prompts), model=str(model_name(trainer)),
+        reward_funcs=trainer.reward_funcs, device=str(trainer.accelerator.device.type),
+        dtype=str(next(policy.parameters()).dtype).removeprefix("torch."))
+    tok = trainer.processing_class
+    rollout = _rollout(tok, gen, logps, entropy, args.temperature, args.top_p, args.top_k, g,
+                       int(args.max_completion_length), int(args.seed))
+    names, weights = tuple(trainer.reward_func_names), tuple(float(w) for w in trainer.reward_weights.tolist())
+    rewards = _rewards(gen, names, weights, prompts, list(rollout.completions), list(rollout.tasks), config)
+    ours = advantages_from_config(rewards.rewards, config)
+    trl_adv = gen["advantages"]                                                         # (N,) as TRL computed it
+    adv_diff = float((ours.advantages.double() - trl_adv.double()).abs().max())
+    advantages = dataclasses.replace(ours, advantages=trl_adv)
+
+    mask = rollout.completion_mask
+    num_items = gen["num_items_in_batch"]
+    loss = _loss(rollout.per_token_logps, old, rollout.ref_per_token_logps, trl_adv, mask, rollout.per_token_entropy,
+                 config, num_items, num_generations=g)
+    recomputed = 0.0
+    for mb in micro_batches:                        # TRL's own per-micro-batch scaling, summed like its log
+        r = mb["rows"]
+        recomputed += float(_loss(rollout.per_token_logps[r], None if old is None else old[r],
+                                  None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[r],
+                                  trl_adv[r], mask[r], rollout.per_token_entropy[r], config, num_items,
+                                  ga=mb["gradient_accumulation_steps"]).loss)
+    trl_loss = float(sum(mb["loss"] for mb in micro_batches))
+    update = _update(trl_loss, float(loss.loss), grad_norm, per_layer_post_clip, config.max_grad_norm,
+                     learning_rate, len(micro_batches))
+
+    flags = [NO_EVAL_FLAG, *notes, *rollout.warnings, *rewards_flags(rewards), *ours.flags,
+             *zero_std_flags(advantages, rollout.prompts, rewards), *loss.flags]
+    if abs(recomputed - trl_loss) > LOSS_TOLERANCE:
+        flags.append(f"recomputed loss {recomputed:.8g} differs from TRL's {trl_loss:.8g} by "
+                     f"{abs(recomputed - trl_loss):.3g} (> {LOSS_TOLERANCE:g}): views may not describe TRL's step")
+    if not adv_diff <= ADVANTAGE_TOLERANCE:
+        flags.append(f"grpo.advantages differs from TRL's advantages by up to {adv_diff:.3g}; the record shows TRL's")
+    if logs is not None and "loss" in logs and abs(float(logs["loss"]) - trl_loss) > LOSS_TOLERANCE:
+        flags.append(f"TRL logged loss {logs['loss']} ≠ this step's loss {trl_loss:.8g}: logging_steps > 1 averages "
+                     "several steps")
+
+    provenance = {"source": "trl.GRPOTrainer capture", "model": config.model, "weights_sha256": weights_sha256,
+                  "weights_sha256_at": f"start of step {step} (before its update)",
+                  "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
+                               "torch": torch.__version__}, "global_step": step,
+                  "output_dir": str(args.output_dir), "reward_funcs": list(names), "reward_weights": list(weights)}
+    batch_prompts = tuple(prompts[::g])
+    batch = Batch(prompts=batch_prompts, completions=tuple(gen.get("columns", {}).get("label", [""] * n)[::g]),
+                  tasks=tuple(rollout.tasks[::g]), indices=tuple(range(len(batch_prompts))), task_filter=config.task,
+                  seed=int(args.seed), batch_hash=hashlib.sha256("\n".join(batch_prompts).encode()).hexdigest(),
+                  source=f"TRL train_dataset, step {step}")
+    setup = Setup(config=config, policy=None, reference=None, tokenizer=None, engine=None, optimizer=None,
+                  provenance=provenance, batch=batch, heldout=(), invariants=None, seconds=math.nan)
+    capture = TRLCapture(
+        global_step=step, trl_version=trl.__version__, transformers_version=transformers.__version__,
+        format=CAPTURE_FORMAT, trl_loss=trl_loss, micro_batch_losses=tuple(mb["loss"] for mb in micro_batches),
+        micro_batch_rows=tuple(tuple(mb["rows"].tolist()) for mb in micro_batches), recomputed_loss=recomputed,
+        loss_recompute_diff=abs(recomputed - trl_loss), advantages_recompute_diff=adv_diff, logged_metrics=logs,
+        step_metrics=step_metrics, grad_norm=grad_norm, learning_rate=learning_rate,
+        num_items_in_batch=float(num_items), gradient_accumulation_steps=int(args.gradient_accumulation_steps),
+        steps_per_generation=int(args.steps_per_generation), num_iterations=int(trainer.num_iterations),
+        generation_step=int(gen["generation_step"]), grpo_config={k: getattr(v, "value", v)
+                                                                  for k, v in args.to_dict().items()},
+        unmapped=unmapped, mapping_notes=notes, reward_func_names=names, reward_weights=weights,
+        old_per_token_logps=old, sampling_per_token_logps=gen.get("sampling_per_token_logps"),
+        capture_seconds=float(cost.get("seconds", math.nan)), capture_bytes=int(cost.get("bytes", 0)),
+        dataset_columns={k: list(v) for k, v in gen.get("columns", {}).items()})
+    return StepTrace(config=config, setup=setup, before=None, before_heldout=None, rollout=rollout, rewards=rewards,
+                     advantages=advantages, loss=loss, update=update, evaluation=None,
+                     timings={"capture": float(cost.get("seconds", math.nan))},
+                     counts={"generation/tokens": int(mask.sum()), "update/micro_batches": len(micro_batches)},
+                     flags=tuple(flags), capture=capture)

@@ -1,0 +1,266 @@
+"""Capture chosen optimizer steps of a live TRL `GRPOTrainer` as `StepTrace` folders.
+
+    trainer = GRPOTrainer(model=..., reward_funcs=rookworld_reward_funcs("dataset"), args=args, ...)
+    cap = capture_steps(trainer, steps=[2, 3], out_dir="captures")   # one call, before train()
+    trainer.train()
+    StepTrace.load(cap.paths[2])                                      # the step TRL took, token by token
+
+How it attaches (TRL 1.16 has no public hook that exposes per-token tensors):
+- a `TrainerCallback` (public surface) for step boundaries, TRL's logged metrics (`on_log`) and the
+  per-layer gradient norms (`on_pre_optimizer_step`);
+- instance-level wrappers of the trainer's own methods, each calling the original unchanged:
+  `_generate_and_score_completions` (batch, advantages, ref/old log-probs), `_calculate_rewards`
+  (rewards per function), `compute_loss` + `_get_per_token_logps_and_entropies` (the log-probs and
+  entropies of the loss forward, and the returned loss), `_get_grad_norm` (the pre-clip norm).
+  The generation batch gets one extra index column (`_rookworld_row`) so rows can be put back in
+  generation order after TRL's shuffle; nothing else is added, no random number is drawn.
+
+Capturing never changes training: only detached CPU copies are taken (tested: bit-identical weights
+with and without the capture). Steps that are not captured skip every copy: their cost is 0 by
+construction; `cost` reports the seconds and bytes spent per step.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+from transformers import TrainerCallback
+
+from rookworld_debug.errors import ConfigError, IncompatibleTraceError
+from rookworld_debug.trl.record import SUPPORTED_TRL, trl_minor
+
+ROW_KEY = "_rookworld_row"
+
+__all__ = ["StepCapture", "capture_steps", "ROW_KEY", "step_dir"]
+
+
+def step_dir(out_dir, step: int) -> Path:
+    return Path(out_dir) / f"step-{int(step):06d}"
+
+
+def _cpu(x):
+    return x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x
+
+
+def _nbytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+class StepCapture(TrainerCallback):
+    """Attached to one GRPOTrainer; `paths[step]` = saved StepTrace folder, `cost[step]` = what it cost."""
+
+    def __init__(self, trainer, steps: Iterable[int], out_dir):
+        import trl
+        if trl_minor(trl.__version__) not in SUPPORTED_TRL:
+            raise IncompatibleTraceError(f"installed TRL {trl.__version__}: the capture hooks GRPOTrainer internals "
+                                         f"of TRL {', '.join(s + '.x' for s in SUPPORTED_TRL)} only")
+        args = trainer.args
+        if trainer.accelerator.num_processes != 1:
+            raise ConfigError("num_processes", "the capture supports single-process training only")
+        if args.steps_per_generation != args.gradient_accumulation_steps:
+            raise ConfigError("steps_per_generation", f"the capture needs steps_per_generation == "
+                              f"gradient_accumulation_steps (TRL's default); got {args.steps_per_generation} vs "
+                              f"{args.gradient_accumulation_steps}")
+        self.steps = frozenset(int(s) for s in steps)
+        if not self.steps or min(self.steps) < 1:
+            raise ConfigError("steps", f"name optimizer steps ≥ 1 to capture, got {sorted(self.steps)}")
+        self.trainer, self.out_dir = trainer, Path(out_dir)
+        self.paths: dict[int, Path] = {}
+        self.cost: dict[int, dict] = {}          # step -> {"seconds", "bytes", "captured"}
+        self.errors: dict[int, str] = {}
+        self._gen: Optional[dict] = None         # the captured generation batch (generation order)
+        self._rewards: Optional[dict] = None
+        self._mb: list = []                      # micro-batches of the running captured step
+        self._logps = None
+        self._in_loss = False
+        self._grad_norm = float("nan")
+        self._per_layer: dict = {}
+        self._weights_hash: Optional[str] = None
+        self._pending: Optional[dict] = None
+        self._wrap()
+        trainer.add_callback(self)
+
+    # ---------------------------------------------------------------------------------- bookkeeping
+    @property
+    def _running(self) -> int:
+        """The optimizer step being computed (TRL logs it as state.global_step once it is done)."""
+        return self.trainer.state.global_step + 1
+
+    def _spend(self, step: int, t0: float, nbytes: int = 0) -> None:
+        c = self.cost.setdefault(step, {"seconds": 0.0, "bytes": 0, "captured": step in self.steps})
+        c["seconds"] += time.perf_counter() - t0
+        c["bytes"] += nbytes
+
+    def _feeds_capture(self) -> bool:
+        """Does the generation batch made now feed a captured step (it is reused num_iterations times)?"""
+        t = self.trainer
+        ga = t.args.gradient_accumulation_steps
+        every = t.args.steps_per_generation * t.num_iterations
+        first, last = t._step // ga + 1, (t._step + every - 1) // ga + 1
+        return any(first <= s <= last for s in self.steps)
+
+    # ---------------------------------------------------------------------------------- wrappers
+    def _wrap(self) -> None:
+        t = self.trainer
+        gen, rew, loss, logps, gnorm = (t._generate_and_score_completions, t._calculate_rewards, t.compute_loss,
+                                        t._get_per_token_logps_and_entropies, t._get_grad_norm)
+
+        def generate_and_score(inputs, *a, **kw):
+            if not (t.model.training and self._feeds_capture()):
+                self._gen = None
+                return gen(inputs, *a, **kw)
+            self._rewards = {}
+            out = gen(inputs, *a, **kw)
+            t0 = time.perf_counter()
+            rec = {k: _cpu(v) for k, v in out.items() if isinstance(v, torch.Tensor)}
+            rec["prompts"] = [x.get("prompt") for x in inputs]
+            rec["columns"] = {k: [x.get(k) for x in inputs] for k in inputs[0] if k != "prompt"} if inputs else {}
+            rec.update(self._rewards)
+            rec["generation_step"] = self._running
+            self._rewards, self._gen = None, rec
+            out[ROW_KEY] = torch.arange(out["advantages"].shape[0], device=out["advantages"].device)
+            self._spend(self._running, t0, _nbytes(rec))
+            return out
+
+        def calculate_rewards(inputs, prompts, completions, completion_ids_list, *a, **kw):
+            out = rew(inputs, prompts, completions, completion_ids_list, *a, **kw)
+            if self._rewards is not None:
+                t0 = time.perf_counter()
+                self._rewards.update(
+                    rewards_per_func=_cpu(out), completions=list(completions),
+                    breakdowns=[getattr(getattr(f, "last_call", None), "breakdowns", None) for f in t.reward_funcs])
+                self._spend(self._running, t0, _nbytes(out))
+            return out
+
+        def compute_loss(model, inputs, *a, **kw):
+            if not (t.model.training and self._running in self.steps and ROW_KEY in inputs):
+                return loss(model, inputs, *a, **kw)
+            self._in_loss, self._logps = True, None
+            try:
+                value = loss(model, inputs, *a, **kw)
+            finally:
+                self._in_loss = False
+            t0 = time.perf_counter()
+            mb = {"rows": _cpu(inputs[ROW_KEY]), "loss": float(value.detach()),
+                  "per_token_logps": self._logps[0], "entropy": self._logps[1],
+                  "old_per_token_logps": _cpu(inputs.get("old_per_token_logps")),
+                  "gradient_accumulation_steps": int(t.current_gradient_accumulation_steps)}
+            self._mb.append(mb)
+            self._spend(self._running, t0, _nbytes(mb))
+            return value
+
+        def per_token_logps_and_entropies(*a, **kw):
+            out = logps(*a, **kw)
+            if self._in_loss and kw.get("compute_entropy"):
+                t0 = time.perf_counter()
+                self._logps = (_cpu(out[0]), _cpu(out[1]))
+                self._spend(self._running, t0)
+            return out
+
+        def get_grad_norm(*a, **kw):
+            out = gnorm(*a, **kw)
+            if self._running in self.steps:
+                self._grad_norm = float(out) if out is not None else float("nan")
+            return out
+
+        t._generate_and_score_completions = generate_and_score
+        t._calculate_rewards = calculate_rewards
+        t.compute_loss = compute_loss
+        t._get_per_token_logps_and_entropies = per_token_logps_and_entropies
+        t._get_grad_norm = get_grad_norm
+
+    # ---------------------------------------------------------------------------------- callback
+    def on_step_begin(self, args, state, control, **kw):
+        step = state.global_step + 1
+        self.cost.setdefault(step, {"seconds": 0.0, "bytes": 0, "captured": step in self.steps})
+        if step in self.steps:
+            from rookworld_debug.models.provenance import weights_sha256
+            t0 = time.perf_counter()
+            self._mb, self._grad_norm, self._per_layer = [], float("nan"), {}
+            self._weights_hash = weights_sha256(self.trainer.accelerator.unwrap_model(self.trainer.model))
+            self._spend(step, t0)
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):
+        step = state.global_step + 1
+        if step not in self.steps:
+            return
+        from rookworld_debug.grpo.update import layer_name
+        t0 = time.perf_counter()
+        sq: dict[str, float] = {}
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                sq[layer_name(name)] = sq.get(layer_name(name), 0.0) + float(p.grad.detach().float().pow(2).sum())
+        self._per_layer = {k: v ** 0.5 for k, v in sq.items()}     # AFTER clipping (grads as the optimizer sees them)
+        self._spend(step, t0)
+
+    def on_step_end(self, args, state, control, **kw):
+        step = state.global_step
+        if step not in self.steps:
+            return
+        t0 = time.perf_counter()
+        self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
+                         "learning_rate": float(self.trainer._get_learning_rate())}
+        self._spend(step, t0)
+        if not control.should_log:              # no log at this step: finalize now, without logged metrics
+            self._finalize(None)
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if self._pending is not None and self._pending["step"] == state.global_step:
+            self._finalize(dict(logs or {}))
+
+    def on_train_end(self, args, state, control, **kw):
+        if self._pending is not None:
+            self._finalize(None)
+
+    def _finalize(self, logs: Optional[dict]) -> None:
+        from rookworld_debug.trl.build import build_captured_trace
+        pending, self._pending = self._pending, None
+        step = pending["step"]
+        t0 = time.perf_counter()
+        try:
+            if self._gen is None or not self._mb:
+                raise RuntimeError("the step's generation batch or loss micro-batches were not seen "
+                                   "(was the capture attached after train() started?)")
+            trace = build_captured_trace(self.trainer, gen=self._gen, micro_batches=self._mb, logs=logs,
+                                         step=step, grad_norm=self._grad_norm, per_layer_post_clip=self._per_layer,
+                                         step_metrics=pending["step_metrics"], learning_rate=pending["learning_rate"],
+                                         weights_sha256=self._weights_hash, cost=dict(self.cost.get(step, {})))
+            self.paths[step] = trace.save(step_dir(self.out_dir, step))
+        except Exception as err:                 # never kill the user's training run; say what was lost
+            self.errors[step] = f"{type(err).__name__}: {err}"
+            warnings.warn(f"rookworld_debug capture of step {step} failed: {self.errors[step]}", stacklevel=2)
+        finally:
+            self._mb = []
+            self._spend(step, t0)
+            if step in self.paths:               # the saved record's cost misses the save itself: add it
+                _patch_cost(self.paths[step], self.cost[step])
+
+    def cost_table(self) -> list[dict]:
+        """One row per step seen: captured?, seconds and bytes the capture spent (0 for uncaptured steps)."""
+        return [{"step": s, **c} for s, c in sorted(self.cost.items())]
+
+
+def _patch_cost(path: Path, cost: dict) -> None:
+    import json
+
+    from rookworld_debug.report import atomic_write_json
+    p = Path(path) / "trace.json"
+    payload = json.loads(p.read_text())
+    fields = payload["fields"]["capture"]["fields"]
+    fields["capture_seconds"], fields["capture_bytes"] = float(cost["seconds"]), int(cost["bytes"])
+    atomic_write_json(p, payload)
+
+
+def capture_steps(trainer, steps: Iterable[int], out_dir) -> StepCapture:
+    """Attach a capture of `steps` (optimizer steps as TRL logs them, 1-based) to `trainer`; call before train()."""
+    return StepCapture(trainer, steps, out_dir)
