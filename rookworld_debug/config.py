@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from rookworld_debug.errors import ConfigError
 
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "manual")
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual")
 KL_ESTIMATORS = ("k3", "k1", "k2", "full")
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -80,7 +80,11 @@ class StepConfig:
                         "Σ m·L / num_items_in_batch (token mean over the whole batch); 'grpo' mean_i(Σ_t m·L / |o_i|); "
                         "'bnpo' Σ m·L / Σ m (micro-batch token mean); 'dr_grpo' Σ m·L / (N·max_new_tokens); "
                         "'manual' = the seeds' sequence-level REINFORCE mean_i(−A_i·mean_t logπ + β·mean_t KL "
-                        "− c_H·mean_t H), no ratio, no clip.", choices=LOSS_TYPES, group="objective")
+                        "− c_H·mean_t H), no ratio, no clip. TRL 1.16's other types: 'cispo' (IS weight clipped at "
+                        "epsilon_high, dapo normaliser), 'sapo' (soft sigmoid gate, grpo normaliser), 'luspo' "
+                        "(per-sequence token sums, meant for importance_sampling_level='sequence'), 'vespo' (gamma "
+                        "weight of the sequence ratio, dapo normaliser). Formulas: grpo/loss.py.",
+                        choices=LOSS_TYPES, group="objective")
     beta: float = _f(0.1, "β: KL coefficient; loss adds β·KL(π‖π_ref) per token. TRL's default is 0.0 (no "
                      "reference loaded); 0.1 is the seeds' debug-run value.", group="objective")
     kl_estimator: str = _f("k3", "Per-token KL(π‖π_ref) estimator on the sampled token, with d = ref − logp: "
@@ -121,11 +125,56 @@ class StepConfig:
                                  "(the seeds used 0.05 at step 1, 1e-6 later).", group="objective")
     manual_adv_clip: Optional[float] = _f(2.0, "loss_type='manual' only: advantages clipped to ±this (the seeds: "
                                           "2.0). None = no clip.", group="objective")
+    sapo_temperature_pos: float = _f(1.0, "sapo: gate temperature τ for A > 0 (TRL default 1.0).", group="objective")
+    sapo_temperature_neg: float = _f(1.05, "sapo: gate temperature τ for A ≤ 0 (TRL default 1.05).", group="objective")
+    vespo_k_pos: float = _f(2.0, "vespo: power k of φ(w) = e^(λ + k·log w − λw) for A ≥ 0 (TRL 2.0).", group="objective")
+    vespo_lambda_pos: float = _f(3.0, "vespo: decay λ for A ≥ 0 (TRL 3.0).", group="objective")
+    vespo_k_neg: float = _f(3.0, "vespo: power k for A < 0 (TRL 3.0).", group="objective")
+    vespo_lambda_neg: float = _f(2.0, "vespo: decay λ for A < 0 (TRL 2.0).", group="objective")
+    off_policy_mask_threshold: Optional[float] = _f(None, "OPSM (DeepSeek-V3.2, TRL): drop the PG term of a "
+                                                    "completion with A < 0 whose mean log(π_old/π) over its tokens "
+                                                    "exceeds this. None disables (TRL default); e.g. 0.5.",
+                                                    group="objective")
+    top_entropy_quantile: float = _f(1.0, "ρ (Beyond the 80/20 rule, TRL): keep the PG term (and the entropy "
+                                     "bonus) only on the top-ρ fraction of tokens by entropy; 1.0 keeps all (TRL "
+                                     "default), 0.2 is the paper's value.", group="objective")
+    use_adaptive_entropy: bool = _f(False, "Skywork-OR1 adaptive entropy coefficient (TRL): the bonus c_H is applied "
+                                    "only while the last optimizer step's entropy ≤ entropy_target (never at the "
+                                    "first, as TRL starts from +inf); after each optimizer step c_H moves by "
+                                    "±entropy_coef_delta within [entropy_coef_min, entropy_coef_max].",
+                                    group="objective")
+    entropy_target: float = _f(0.2, "Adaptive entropy: target mean token entropy (nats), TRL default 0.2.",
+                               group="objective")
+    entropy_coef_delta: float = _f(0.005, "Adaptive entropy: step of c_H per optimizer step (TRL 0.005).",
+                                   group="objective")
+    entropy_coef_min: float = _f(0.0, "Adaptive entropy: lower bound of c_H (TRL 0.0).", group="objective")
+    entropy_coef_max: float = _f(1.0, "Adaptive entropy: upper bound of c_H (TRL 1.0).", group="objective")
     tiny_std_fraction: float = _f(0.5, "Flag a group whose reward std σ_g is > 0 but below this fraction of the "
                                   "batch reward std: dividing by a tiny σ_g turns a small reward gap into "
                                   "advantages of ±1 or more (0.5 = the group's gaps are amplified more than 2× "
                                   "compared with batch scaling). 0 = never flag. Display only (no effect on the "
                                   "math).", group="objective")
+
+    # ---------------------------------------------------------------- start policy and inner iterations
+    init_policy: Optional[str] = _f(None, "Start the step from these policy weights instead of `model`: a "
+                                    "`run_steps` checkpoint folder (policy.pt) or an HF model folder. The reference "
+                                    "stays `model` (the base), so KL > 0 and ratios drift. None = π = π_ref.",
+                                    group="drift")
+    init_optimizer: Optional[str] = _f(None, "AdamW state to start from: a path to an optimizer.pt (e.g. the "
+                                       "checkpoint's) or 'checkpoint' = init_policy's own optimizer.pt. None = "
+                                       "fresh AdamW moments.", group="drift")
+    warmup_steps: int = _f(0, "k short GRPO warm-up steps on this same batch (same config, seeds derived from "
+                           "`seed`) run BEFORE the debugged step, from `init_policy` or the base; the debugged step "
+                           "then starts from the drifted policy and its AdamW state. Cached on disk by config "
+                           "(rookworld_debug.grpo.drift). 0 = none.", group="drift")
+    num_iterations: int = _f(1, "μ (TRL num_iterations): passes of the optimizer over the same rollout. Old "
+                             "log-probs are frozen at sampling; from the 2nd optimizer step on the ratio r ≠ 1 and "
+                             "clipping acts. Each pass is recorded in trace.iterations.", group="drift")
+    steps_per_generation: Optional[int] = _f(None, "Optimizer steps per pass over the rollout: its N rows are split "
+                                             "into this many equal parts, one optimizer step each (micro-batched by "
+                                             "micro_batch_size). None = 1. TRL's steps_per_generation = this × "
+                                             "gradient_accumulation_steps (identical with TRL's default "
+                                             "gradient_accumulation_steps = 1).", group="drift")
 
     # ---------------------------------------------------------------- optimizer
     lr: float = _f(1e-6, "AdamW learning rate for the single step (TRL default 1e-6).", group="optimizer")
@@ -148,6 +197,10 @@ class StepConfig:
     engine_multipv: int = _f(5, "Stockfish MultiPV: number of candidate lines (P: has 5 M:/E: slots).",
                              group="rewards")
     engine_workers: int = _f(2, "Number of Stockfish processes in the pool.", group="rewards")
+    engine_timeout: float = _f(30.0, "Deadline of ONE Stockfish search, seconds (depth 10 takes well under 1 s). "
+                               "A search that misses it, or an unparsable/illegal engine answer, restarts the "
+                               "process and retries; after 2 restarts the step raises EngineError naming the "
+                               "position and what the engine said.", group="rewards")
 
     # ---------------------------------------------------------------- evaluation
     heldout_n: int = _f(8, "Number of held-out prompts for greedy before/after evaluation (0 disables). Its 95% CI "
@@ -239,6 +292,22 @@ class StepConfig:
         need(self.manual_std_clamp >= 0, "manual_std_clamp", "must be ≥ 0")
         if self.manual_adv_clip is not None:
             need(self.manual_adv_clip > 0, "manual_adv_clip", "must be > 0 or None")
+        need(self.sapo_temperature_pos > 0, "sapo_temperature_pos", "must be > 0")
+        need(self.sapo_temperature_neg > 0, "sapo_temperature_neg", "must be > 0")
+        if self.off_policy_mask_threshold is not None:
+            need(self.off_policy_mask_threshold >= 0, "off_policy_mask_threshold", "must be ≥ 0 or None")
+        need(0 <= self.top_entropy_quantile <= 1, "top_entropy_quantile", "must be in [0, 1]")
+        need(0 <= self.entropy_coef_min <= self.entropy_coef_max, "entropy_coef_min",
+             "must be in [0, entropy_coef_max]")
+        need(self.entropy_coef_delta >= 0, "entropy_coef_delta", "must be ≥ 0")
+        need(self.num_iterations >= 1, "num_iterations", "must be ≥ 1")
+        need(self.warmup_steps >= 0, "warmup_steps", "must be ≥ 0")
+        for name in ("init_policy", "init_optimizer"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                raise ConfigError(name, f"must be a non-empty path string or None, got {v!r}")
+        if self.init_optimizer is not None and self.init_policy is None and self.init_optimizer == "checkpoint":
+            raise ConfigError("init_optimizer", "'checkpoint' needs init_policy (a run_steps checkpoint folder)")
         need(0 <= self.tiny_std_fraction < 1, "tiny_std_fraction", "must be in [0, 1)")
         need(self.lr >= 0, "lr", "must be ≥ 0")
         b = self.adam_betas
@@ -251,13 +320,19 @@ class StepConfig:
         need(self.weight_decay >= 0, "weight_decay", "must be ≥ 0")
         if self.max_grad_norm is not None:
             need(self.max_grad_norm > 0, "max_grad_norm", "must be > 0 or None")
+        n = self.batch_size * self.num_generations
+        if self.steps_per_generation is not None:
+            need(1 <= self.steps_per_generation <= n and n % self.steps_per_generation == 0, "steps_per_generation",
+                 f"must divide N = B·G = {n}")
+            n //= self.steps_per_generation                  # rows per optimizer step
         if self.micro_batch_size is not None:
-            n = self.batch_size * self.num_generations
-            need(1 <= self.micro_batch_size <= n, "micro_batch_size", f"must be in [1, N={n}] or None")
-            need(n % self.micro_batch_size == 0, "micro_batch_size", f"must divide N = B·G = {n}")
+            need(1 <= self.micro_batch_size <= n, "micro_batch_size", f"must be in [1, {n}] (rows per optimizer "
+                 "step) or None")
+            need(n % self.micro_batch_size == 0, "micro_batch_size", f"must divide the {n} rows of an optimizer step")
         need(self.engine_depth >= 1, "engine_depth", "must be ≥ 1")
         need(self.engine_multipv >= 1, "engine_multipv", "must be ≥ 1")
         need(self.engine_workers >= 1, "engine_workers", "must be ≥ 1")
+        need(self.engine_timeout > 0, "engine_timeout", "must be > 0 seconds")
         need(self.heldout_n >= 0, "heldout_n", "must be ≥ 0")
         need(self.eval_max_new_tokens > 0, "eval_max_new_tokens", "must be > 0")
         need(self.top_k_alternatives >= 0, "top_k_alternatives", "must be ≥ 0")
@@ -273,8 +348,24 @@ class StepConfig:
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        """Number of micro-batches (1 when micro_batch_size is None)."""
-        return 1 if self.micro_batch_size is None else self.num_completions // self.micro_batch_size
+        """Micro-batches per optimizer step (1 when micro_batch_size is None)."""
+        return 1 if self.micro_batch_size is None else self.rows_per_optimizer_step // self.micro_batch_size
+
+    @property
+    def rows_per_optimizer_step(self) -> int:
+        """N / steps_per_generation."""
+        return self.num_completions // (self.steps_per_generation or 1)
+
+    @property
+    def trl_steps_per_generation(self) -> int:
+        """TRL's steps_per_generation (micro-batches per generation batch) = steps_per_generation × g."""
+        return (self.steps_per_generation or 1) * self.gradient_accumulation_steps
+
+    @property
+    def freezes_old_logps(self) -> bool:
+        """True when some optimizer step runs after the policy moved (μ > 1 or several steps per generation):
+        TRL then keeps the sampling-time log-probs as old_per_token_logps."""
+        return self.num_iterations > 1 or (self.steps_per_generation or 1) > 1
 
     def sampling_for(self, task: str) -> tuple:
         """(temperature, top_p, top_k) used to sample completions of a `task` ('P' or 'A') prompt."""
@@ -335,14 +426,18 @@ class StepConfig:
         return "\n".join(rows)
 
 
-_OPTIONAL = {"prompt_indices", "delta", "adv_clip", "manual_adv_clip", "max_grad_norm", "micro_batch_size"}
+_OPTIONAL = {"prompt_indices", "delta", "adv_clip", "manual_adv_clip", "max_grad_norm", "micro_batch_size",
+             "off_policy_mask_threshold", "steps_per_generation", "init_policy", "init_optimizer"}
 _FLOAT_FIELDS = ("p_temperature", "p_top_p", "a_temperature", "a_top_p", "beta", "epsilon_low", "epsilon_high",
                  "delta", "adv_eps", "adv_clip", "entropy_coef", "manual_std_clamp", "manual_adv_clip", "lr", "tiny_std_fraction",
-                 "adam_eps", "weight_decay", "max_grad_norm")
+                 "adam_eps", "weight_decay", "max_grad_norm", "sapo_temperature_pos", "sapo_temperature_neg",
+                 "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "off_policy_mask_threshold",
+                 "top_entropy_quantile", "entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max",
+                 "engine_timeout")
 _INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k", "std_ddof", "micro_batch_size",
                "engine_depth", "engine_multipv", "engine_workers", "heldout_n", "eval_max_new_tokens",
-               "top_k_alternatives")
-_BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions")
+               "top_k_alternatives", "num_iterations", "steps_per_generation", "warmup_steps")
+_BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy")
 _STR_FIELDS = ("model", "dataset", "device")
 _CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
             "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES}

@@ -23,7 +23,8 @@ from rookworld_debug.grpo.generation import Rollout, generate, inject_completion
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import Rewards, compute_rewards
 from rookworld_debug.grpo.setup import Setup, setup as setup_phase
-from rookworld_debug.grpo.update import UpdateResult, update
+from rookworld_debug.grpo.iterations import run_iterations
+from rookworld_debug.grpo.update import UpdateResult
 from rookworld_debug.metrics import term_balance, tiny_std_groups
 
 TRACE_VERSION = 1
@@ -48,6 +49,7 @@ class StepTrace:
     flags: tuple                            # every warning raised by any phase, in order
     version: int = TRACE_VERSION
     capture: Optional[object] = None        # rookworld_debug.trl.TRLCapture when the step was taken by TRL's GRPOTrainer
+    iterations: tuple = ()                  # IterationRecord per PPO pass (μ = num_iterations); () = no update
 
     def save(self, path) -> Path:
         """Write `<path>/trace.safetensors` (tensors) + `<path>/trace.json` (everything else)."""
@@ -71,12 +73,14 @@ class StepTrace:
     def summary(self) -> dict:
         """Headline numbers (what reports and the per-step table show), each defined in `rookworld_debug.metrics.GLOSSARY`."""
         u, e, lo, r = self.update, self.evaluation, self.loss, self.rollout
+        if self.config.freezes_old_logps and self.iterations:
+            lo = self.iterations[-1].loss        # TRL logs the LAST optimizer step's metrics; μ = 1: the record
         lengths = r.completion_mask.sum(1).float()
         term = lengths[~r.is_truncated]                  # EOS-terminated completions (TRL *_terminated_length)
         bal = term_balance(lo, u)
         adv = self.advantages
         return {
-            "reward_before": self.before.mean_reward,
+            "reward_before": self.before.mean_reward if self.before else math.nan,   # None: TRL capture
             "reward_after": e.batch_after.mean_reward if e else math.nan,
             "delta_reward": e.delta_reward_batch if e else math.nan,
             "heldout_reward_before": self.before_heldout.mean_reward if self.before_heldout else math.nan,
@@ -105,7 +109,7 @@ class StepTrace:
             "tiny_std_groups": len(tiny_std_groups(adv.group_std, adv.batch_std, self.config.tiny_std_fraction)),
             "format_valid": sum(self.rewards.format_valid) / max(len(self.rewards.format_valid), 1),
             "corr_adv_delta_logp": e.corr_adv_delta_logp if e else math.nan,
-            "step0_invariants_ok": self.setup.invariants.ok,
+            "step0_invariants_ok": self.setup.invariants.ok if self.setup.invariants is not None else math.nan,
             "max_abs_logp_diff_recompute": r.max_abs_logp_diff,
         }
 
@@ -184,16 +188,21 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     flags = [*s.invariants.failures, *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
              *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]
 
-    upd, evaluation = None, None
-    with timer("update"):
+    upd, evaluation, iterations = None, None, ()
+    with timer("update"):                      # μ passes × steps_per_generation optimizer steps (μ = 1: one)
         try:
-            upd = update(s.policy, s.optimizer, rollout, advantages, loss, config, reference=s.reference)
+            iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, config, reference=s.reference,
+                                        loss_record=loss, flags=flags)
+            upd = iterations[0].updates[0] if len(iterations) == 1 and len(iterations[0].updates) == 1 \
+                else iterations[-1].updates[-1]  # the optimizer step whose metrics TRL logs last
         except NumericalError as err:          # refuse to step on NaN/inf; the trace says why
             flags.append(f"update refused: {err}")
-    if upd is not None and not upd.loss_record_diff <= LOSS_PATH_TOLERANCE:
+    first = iterations[0].updates[0] if iterations else None    # the only step compared with the record
+    if first is not None and not math.isnan(first.loss_record_diff) and \
+            not first.loss_record_diff <= LOSS_PATH_TOLERANCE:
         # the optimizer's loss (fresh grad forward) must equal the displayed record (rollout tensors)
         flags.append(f"loss used by the update differs from the displayed loss record by "
-                     f"{upd.loss_record_diff:.3g} (> {LOSS_PATH_TOLERANCE:g}): the views would not describe the step")
+                     f"{first.loss_record_diff:.3g} (> {LOSS_PATH_TOLERANCE:g}): the views would not describe the step")
     if upd is not None:
         with timer("evaluation"):
             evaluation = evaluate_after(
@@ -203,10 +212,12 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                 eval_max_new_tokens=config.eval_max_new_tokens)
     counts = {**{f"generation/{k}": v for k, v in rollout.counts.items()},
               **{f"engine/{k}": v for k, v in rewards.engine_stats.items()},
-              **{f"update/{k}": v for k, v in (upd.counts if upd else {}).items()}}
+              **{f"update/{k}": sum(u.counts.get(k, 0) for it in iterations for u in it.updates)
+                 for k in (upd.counts if upd else {})},
+              "update/optimizer_steps": sum(len(it.updates) for it in iterations)}
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
-                     timings=dict(timer.seconds), counts=counts, flags=tuple(flags))
+                     timings=dict(timer.seconds), counts=counts, flags=tuple(flags), iterations=iterations)
 
 
 def rewards_flags(rewards: Rewards) -> list[str]:

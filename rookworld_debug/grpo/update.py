@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -41,6 +42,11 @@ class UpdateResult:
     seconds: float
     counts: dict = field(default_factory=dict)
     grad_cosine: dict = field(default_factory=dict)  # {"pg_kl", "pg_entropy"}: cosine of the terms' gradients ({} lean)
+    rows: tuple = ()                    # (start, stop) of the rollout rows this optimizer step trained on
+    per_token_logps: Optional[torch.Tensor] = None   # (n_rows, T) log-probs of the grad forward, detached
+    per_token_entropy: Optional[torch.Tensor] = None  # (n_rows, T) entropy of the same forward, detached
+    per_token_full_kl: Optional[torch.Tensor] = None  # (n_rows, T) exact KL (kl_estimator='full' with β > 0)
+    entropy_coef: float = math.nan      # c_H applied in this step (adaptive entropy: 0 while gated off)
 
 
 def layer_name(param_name: str) -> str:
@@ -63,11 +69,11 @@ def _micro_slices(n: int, size: int | None) -> list[slice]:
 def _mb_weight(loss_type: str, rows: slice, n: int, mask: torch.Tensor) -> float:
     """Weight that turns a micro-batch loss into its share of the full-batch loss."""
     n_mb = rows.stop - rows.start
-    if loss_type in ("grpo", "dr_grpo", "manual"):       # means over sequences → weight by rows
+    if loss_type in ("grpo", "dr_grpo", "sapo", "luspo", "manual"):  # means over sequences → weight by rows
         return n_mb / n
     if loss_type == "bnpo":                               # token mean → weight by tokens
         return float(mask[rows].sum().clamp(min=1)) / float(mask.sum().clamp(min=1))
-    return 1.0                                            # dapo: global token count passed in
+    return 1.0                                            # dapo/cispo/vespo: global token count passed in
 
 
 def make_optimizer(policy: torch.nn.Module, config) -> torch.optim.Optimizer:
@@ -76,29 +82,45 @@ def make_optimizer(policy: torch.nn.Module, config) -> torch.optim.Optimizer:
 
 
 def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool = True,
-           reference=None) -> UpdateResult:
+           reference=None, rows: Optional[slice] = None, old_per_token_logps: Optional[torch.Tensor] = None,
+           num_items_in_batch: Optional[float] = None, entropy_coef: Optional[float] = None) -> UpdateResult:
     """One optimizer step on `rollout` with `advantages`. Refuses (NumericalError) on a non-finite
     loss or gradient instead of stepping the optimizer. `reference` is needed for kl_estimator='full'
-    (its exact KL needs the reference distribution again, with the policy side carrying grad)."""
+    (its exact KL needs the reference distribution again, with the policy side carrying grad).
+
+    Inner iterations (grpo.iterations) call it once per optimizer step with `rows` (the step's slice of the
+    rollout, default all), `old_per_token_logps` (N, T) frozen at sampling (None → ℓ.detach(), ratio 1, TRL's
+    on-policy case), `num_items_in_batch` (dapo family: TRL's generation-batch token count ÷ steps per
+    generation; default Σ mask of `rows`) and `entropy_coef` (the adaptive controller's applied c_H)."""
     if config.kl_estimator == "full" and config.beta and reference is None:
         raise ConfigError("kl_estimator", "'full' needs the reference model in update() for its gradient")
     t0 = time.perf_counter()
     policy.train(False)                      # dropout stays off: train() would re-enable it
     params = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
-    n = rollout.completion_ids.shape[0]
-    adv = advantages.advantages.to(rollout.per_token_logps.dtype)          # (N,)
+    step_rows = rows if rows is not None else slice(0, rollout.completion_ids.shape[0])
+    n = step_rows.stop - step_rows.start
+    adv = advantages.advantages.to(rollout.per_token_logps.dtype)[step_rows]  # (n,)
     mask = rollout.completion_mask                                         # (N, T)
     if config.mask_truncated_completions:              # as step.loss_for: the record and the step agree
         mask = mask * (~rollout.is_truncated)[:, None]                     # (N, T)
-    num_items = float(mask.sum())
+    mask = mask[step_rows]                                                 # (n, T)
+    ref_all = None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[step_rows]  # (n, T)
+    old_all = None if old_per_token_logps is None else old_per_token_logps[step_rows]                # (n, T)
+    num_items = float(mask.sum()) if num_items_in_batch is None else float(num_items_in_batch)
+    kw = loss_kwargs(config)
+    if entropy_coef is not None:
+        kw["entropy_coef"] = float(entropy_coef)
+    need_entropy = kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1 or config.use_adaptive_entropy
+    kept_logps, kept_entropy, kept_full_kl = [], [], []
     buckets = TERMS if per_term_grads else ("pg",)     # one bucket = the plain total gradient (less memory)
     term_grads = {t: [torch.zeros_like(p) for _, p in params] for t in buckets}
     loss_total = 0.0
     forwards = 0
     slices = _micro_slices(n, config.micro_batch_size)
     for rows in slices:
-        ids = (rollout.prompt_ids[rows], rollout.prompt_mask[rows], rollout.completion_ids[rows], mask[rows],
-               rollout.temperatures[rows])
+        g_rows = slice(step_rows.start + rows.start, step_rows.start + rows.stop)   # rows of the rollout
+        ids = (rollout.prompt_ids[g_rows], rollout.prompt_mask[g_rows], rollout.completion_ids[g_rows], mask[rows],
+               rollout.temperatures[g_rows])
         full_kl = None
         if config.kl_estimator == "full" and config.beta:
             logps, entropy, full_kl = per_token_logps_entropy_full_kl(policy, reference, *ids)   # (n_mb, T) each
@@ -106,11 +128,14 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
         else:
             logps, entropy = per_token_logps_and_entropy(policy, *ids, with_grad=True)  # (n_mb, T), (n_mb, T)
             forwards += 1
+        kept_logps.append(logps.detach())
+        kept_entropy.append(entropy.detach())
+        if full_kl is not None:
+            kept_full_kl.append(full_kl.detach())
         rec = compute_loss(
-            logps, None, rollout.ref_per_token_logps[rows], adv[rows], mask[rows],
-            entropy=entropy if config.entropy_coef else None,
-            per_token_full_kl=full_kl,
-            num_items_in_batch=num_items, **loss_kwargs(config))
+            logps, None if old_all is None else old_all[rows], None if ref_all is None else ref_all[rows],
+            adv[rows], mask[rows], entropy=entropy if need_entropy else None,
+            per_token_full_kl=full_kl, num_items_in_batch=num_items, **kw)
         w = _mb_weight(config.loss_type, rows, n, mask)
         # TRL's entropy bonus is a token mean of the micro-batch for every loss type → weight by token share
         w_ent = w if config.loss_type == "manual" else _mb_weight("bnpo", rows, n, mask)
@@ -168,13 +193,15 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     delta = math.nan if before is None else \
         math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for (_, p), b in zip(params, before)))
     return UpdateResult(
-        loss=loss_total, loss_record_diff=abs(loss_total - float(loss_record.loss)),
+        loss=loss_total, loss_record_diff=abs(loss_total - float(loss_record.loss)) if loss_record is not None else math.nan,
         grad_norm_pre_clip=pre, grad_norm_post_clip=post,
         clip_coef=1.0 if config.max_grad_norm is None else min(1.0, config.max_grad_norm / (pre + 1e-6)),
         per_layer=per_layer,
         per_term_global=per_term_global, lr=lr, micro_batches=len(slices), param_delta_norm=delta,
         seconds=time.perf_counter() - t0, counts={"forwards": forwards, "backwards": forwards * (3 if per_term_grads else 1)},
-        grad_cosine=grad_cosine)
+        grad_cosine=grad_cosine, rows=(step_rows.start, step_rows.stop),
+        per_token_logps=torch.cat(kept_logps), per_token_entropy=torch.cat(kept_entropy),
+        per_token_full_kl=torch.cat(kept_full_kl) if kept_full_kl else None, entropy_coef=kw["entropy_coef"])
 
 
 def _term_cosines(term_grads: dict, norms: dict) -> dict:

@@ -1,0 +1,83 @@
+"""Inner PPO iterations (issue 14): μ passes over one rollout with old log-probs frozen at sampling,
+steps_per_generation optimizer steps per pass, per-iteration records; a real (tiny) transformers model."""
+import math
+
+import pytest
+import torch
+
+from rookworld_debug import StepConfig, StepTrace, run_step
+from rookworld_debug.grpo.setup import setup
+from tinymodels import save_tiny_gpt2
+
+B, G = 2, 4
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    folder = save_tiny_gpt2(tmp_path_factory.mktemp("tiny_iter"))
+    return StepConfig(model=str(folder), task="P", batch_size=B, num_generations=G, max_new_tokens=16,
+                      eval_max_new_tokens=8, heldout_n=0, reward_mode="dataset", lr=3e-3, beta=0.1, seed=3)
+
+
+def _run(config, inject_dataset=True):
+    s = setup(config)
+    # row 0 of each group = the dataset completion (reward 1 in dataset mode): non-zero advantages
+    inject = {b * G: s.batch.completions[b] for b in range(B)} if inject_dataset else None
+    return run_step(config, session=s, inject=inject)
+
+
+@pytest.fixture(scope="module")
+def mu3(base):
+    return _run(base.replace(num_iterations=3, epsilon_low=0.05, epsilon_high=0.05))
+
+
+def test_mu3_ratio_moves_and_clip_binds_after_the_first_pass(mu3):
+    assert len(mu3.iterations) == 3
+    assert all(it.loss.loss_type == "dapo" for it in mu3.iterations)
+    m = mu3.rollout.completion_mask.bool()
+    first = mu3.iterations[0].loss
+    # pass 1 runs at the sampling θ: ratio = 1 up to the recompute noise of two forwards
+    assert (first.per_token_ratio[m] - 1).abs().max() < 1e-4
+    for it in mu3.iterations[1:]:
+        r = it.loss.per_token_ratio[m]
+        assert (r - 1).abs().max() > 1e-3, it.index                 # the policy moved between passes
+        assert it.loss.metrics["clip_ratio/region_mean"] > 0, it.index
+        assert (it.loss.is_clipped_low | it.loss.is_clipped_high).any()
+    # per-iteration grad norms and loss terms are recorded, and summary() reports the LAST pass (TRL)
+    assert all(math.isfinite(it.grad_norm_pre_clip) for it in mu3.iterations)
+    s = mu3.summary()
+    assert s["clip_ratio/region_mean"] == mu3.iterations[-1].loss.metrics["clip_ratio/region_mean"]
+    assert s["loss"] == float(mu3.iterations[-1].loss.loss)
+    assert mu3.counts["update/optimizer_steps"] == 3
+
+
+def test_mu1_is_todays_step(base):
+    """μ = 1: one optimizer step, ratio exactly 1, the iteration record equals the displayed loss record."""
+    tr = _run(base)
+    assert len(tr.iterations) == 1 and len(tr.iterations[0].updates) == 1
+    assert tr.update is tr.iterations[0].updates[0]
+    m = tr.rollout.completion_mask.bool()
+    assert torch.equal(tr.iterations[0].loss.per_token_ratio[m], torch.ones(int(m.sum())))
+    assert torch.equal(tr.loss.per_token_ratio[m], torch.ones(int(m.sum())))
+    assert abs(float(tr.iterations[0].loss.loss) - float(tr.loss.loss)) < 1e-5
+    assert tr.update.loss_record_diff < 1e-5
+    assert tr.summary()["loss"] == float(tr.loss.loss)
+
+
+def test_steps_per_generation_splits_the_rollout(base):
+    """steps_per_generation = 2 with μ = 1: two optimizer steps on half the rows each; the second is
+    off-policy (old log-probs frozen at sampling), as in TRL."""
+    tr = _run(base.replace(steps_per_generation=2, epsilon_low=0.05, epsilon_high=0.05))
+    (it,) = tr.iterations
+    assert [u.rows for u in it.updates] == [(0, 4), (4, 8)]
+    m = tr.rollout.completion_mask.bool()
+    r = it.loss.per_token_ratio
+    assert (r[:4][m[:4]] - 1).abs().max() < 1e-4                    # trained at the sampling θ
+    assert (r[4:][m[4:]] - 1).abs().max() > 1e-3                    # trained after the first step
+
+
+def test_iterations_round_trip(mu3, tmp_path):
+    back = StepTrace.load(mu3.save(tmp_path / "t"))
+    assert len(back.iterations) == 3
+    torch.testing.assert_close(back.iterations[2].loss.per_token_ratio, mu3.iterations[2].loss.per_token_ratio)
+    assert back.iterations[2].loss.metrics == mu3.iterations[2].loss.metrics
