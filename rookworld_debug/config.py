@@ -167,6 +167,9 @@ class StepConfig:
                            "`seed`) run BEFORE the debugged step, from `init_policy` or the base; the debugged step "
                            "then starts from the drifted policy and its AdamW state. Cached on disk by config "
                            "(rookworld_debug.grpo.drift). 0 = none.", group="drift")
+    warmup_lr: Optional[float] = _f(None, "Learning rate of the warm-up steps (None = lr). A larger value drifts "
+                                    "the policy in few steps while the debugged step keeps its own lr.",
+                                    group="drift")
     num_iterations: int = _f(1, "μ (TRL num_iterations): passes of the optimizer over the same rollout. Old "
                              "log-probs are frozen at sampling; from the 2nd optimizer step on the ratio r ≠ 1 and "
                              "clipping acts. Each pass is recorded in trace.iterations.", group="drift")
@@ -302,6 +305,8 @@ class StepConfig:
         need(self.entropy_coef_delta >= 0, "entropy_coef_delta", "must be ≥ 0")
         need(self.num_iterations >= 1, "num_iterations", "must be ≥ 1")
         need(self.warmup_steps >= 0, "warmup_steps", "must be ≥ 0")
+        if self.warmup_lr is not None:
+            need(self.warmup_lr >= 0, "warmup_lr", "must be ≥ 0 or None")
         for name in ("init_policy", "init_optimizer"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip()):
@@ -427,12 +432,12 @@ class StepConfig:
 
 
 _OPTIONAL = {"prompt_indices", "delta", "adv_clip", "manual_adv_clip", "max_grad_norm", "micro_batch_size",
-             "off_policy_mask_threshold", "steps_per_generation", "init_policy", "init_optimizer"}
+             "off_policy_mask_threshold", "steps_per_generation", "init_policy", "init_optimizer", "warmup_lr"}
 _FLOAT_FIELDS = ("p_temperature", "p_top_p", "a_temperature", "a_top_p", "beta", "epsilon_low", "epsilon_high",
                  "delta", "adv_eps", "adv_clip", "entropy_coef", "manual_std_clamp", "manual_adv_clip", "lr", "tiny_std_fraction",
                  "adam_eps", "weight_decay", "max_grad_norm", "sapo_temperature_pos", "sapo_temperature_neg",
                  "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "off_policy_mask_threshold",
-                 "top_entropy_quantile", "entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max",
+                 "top_entropy_quantile", "entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "warmup_lr",
                  "engine_timeout")
 _INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k", "std_ddof", "micro_batch_size",
                "engine_depth", "engine_multipv", "engine_workers", "heldout_n", "eval_max_new_tokens",

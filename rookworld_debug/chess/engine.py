@@ -11,13 +11,20 @@ Why each choice:
   (same prompt G times, identical completions), and the anchors' uncached post-move evals cost seconds
   per step;
 - a small pool of engine processes (one ``SimpleEngine`` per worker thread) because a batch is many
-  independent searches; a worker whose process died is restarted and the search retried.
+  independent searches; a worker whose process died is restarted and the search retried;
+- every search has a deadline (``timeout`` seconds, generous for depth 10): an engine that goes mute,
+  or answers with an unparsable/illegal ``bestmove`` or no scored line, is restarted and the search
+  retried; after ``MAX_RESTARTS_PER_SEARCH`` restarts :class:`EngineError` names the position and what
+  the engine said. Nothing waits on an engine without a deadline;
+- every engine process this module starts is tracked until it is closed, so none outlives the
+  interpreter (an ``Engine`` dropped without ``close()`` is closed when collected, and at exit).
 
 Positions without legal moves (checkmate, stalemate) are not sent to the engine: their value is known
 (−1000.0 / 0.0) and Stockfish has nothing to search.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import shutil
@@ -38,24 +45,36 @@ from .formats import check_fen
 MATE_SCORE = 100_000     # centipawns, as the P: data generator
 SEARCH_PATHS = ("/usr/games/stockfish", "/usr/local/bin/stockfish", "/opt/homebrew/bin/stockfish")
 MAX_RESTARTS_PER_SEARCH = 2
+DEFAULT_TIMEOUT = 30.0   # s per search: depth 10 takes ~0.05–0.5 s here; 30 s only trips on a stuck engine
+START_TIMEOUT = 10.0     # s for a process to answer ``uci``/``isready`` (python-chess's default)
+QUIT_TIMEOUT = 2.0       # s for a polite ``quit`` before the process is killed
 
-# python-chess runs each SimpleEngine's event loop on a NON-daemon thread, so a process that forgot
-# ``Engine.close()`` (e.g. ``rookworld-debug step`` after ``run_step``) would hang forever at exit
-# waiting for it. ``atexit`` is too late (CPython joins non-daemon threads first); threading's own
-# pre-join hook (what concurrent.futures uses) closes every still-open Engine instead.
-_OPEN_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+# python-chess runs each SimpleEngine's event loop on a NON-daemon thread, so an engine process that was
+# never closed keeps Python from exiting (``rookworld-debug step`` hung after printing its log). A
+# WeakSet of Engines is not enough: an Engine dropped without close() leaves the set while its
+# SimpleEngine threads live on. So every live process is held STRONGLY here until its worker closes it,
+# and threading's pre-join hook (``atexit`` runs too late: CPython joins non-daemon threads first)
+# kills whatever is left.
+_LIVE_WORKERS: "set[_Worker]" = set()
+_LIVE_LOCK = threading.Lock()
+_EXITING = threading.Event()     # set at exit: a search still running must not restart its killed process
 
 
-def _close_open_engines() -> None:
-    for engine in list(_OPEN_ENGINES):
-        try:
-            engine.close()
-        except Exception:  # best effort at interpreter exit
-            pass
+def _close_live_workers() -> None:
+    _EXITING.set()
+    with _LIVE_LOCK:
+        workers = list(_LIVE_WORKERS)
+    for worker in workers:
+        worker.kill()
 
 
 if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(_close_open_engines)
+    threading._register_atexit(_close_live_workers)
+
+
+def _kill_workers(workers: list) -> None:
+    for worker in list(workers):
+        worker.kill()
 
 
 def find_stockfish(path: str | os.PathLike | None = None) -> str:
@@ -124,20 +143,76 @@ def after_move_fens(fen: str, moves: Sequence[str]) -> list[str | None]:
     return [t.new_fen if t.legal else None for t in (apply_move(board, m) for m in moves)]
 
 
+class _BadAnswer(Exception):
+    """The engine answered, but not with a usable search result (garbage or illegal bestmove, no lines)."""
+
+
 class _Worker:
-    """One Stockfish process; ``restart`` replaces it after a crash."""
+    """One engine process; ``search`` has a deadline, ``restart`` replaces the process after a fault."""
 
     def __init__(self, path: str, options: dict):
         self.path, self.options = path, options
+        self._fault: asyncio.Future | None = None   # set by the loop's exception handler during a search
         self.engine = self._start()
 
     def _start(self) -> chess.engine.SimpleEngine:
+        if _EXITING.is_set():
+            raise EngineError("the interpreter is exiting: no new engine process is started")
         try:
-            engine = chess.engine.SimpleEngine.popen_uci(self.path)
+            engine = chess.engine.SimpleEngine.popen_uci(self.path, timeout=START_TIMEOUT)
+        except (chess.engine.EngineError, OSError, TimeoutError) as exc:
+            raise EngineError(f"could not start the engine at {self.path} (no answer to 'uci' within "
+                              f"{START_TIMEOUT:g} s, or it exited): {exc!r}") from exc
+        with _LIVE_LOCK:
+            _LIVE_WORKERS.add(self)
+        self.engine = engine
+        try:
             engine.configure(self.options)
         except (chess.engine.EngineError, OSError, TimeoutError) as exc:
-            raise EngineError(f"could not start Stockfish at {self.path}: {exc}") from exc
+            self.kill()
+            raise EngineError(f"could not configure the engine at {self.path} with {self.options}: {exc!r}"
+                              ) from exc
+        # python-chess only LOGS an unparsable/illegal bestmove (and the search never finishes):
+        # route it to the running search instead (this loop belongs to this one process)
+        engine.protocol.loop.call_soon_threadsafe(engine.protocol.loop.set_exception_handler, self._on_fault)
         return engine
+
+    def _on_fault(self, loop, context: dict) -> None:
+        said = context.get("exception") or context.get("message")
+        if self._fault is not None and not self._fault.done():
+            self._fault.set_result(said)
+        else:
+            loop.default_exception_handler(context)
+
+    async def _analyse(self, board: chess.Board, limit: chess.engine.Limit, multipv: int) -> list:
+        self._fault = asyncio.get_running_loop().create_future()
+        analysis = await self.engine.protocol.analysis(board, limit, multipv=multipv, game=object())
+        with analysis:
+            # not cancelled on a fault (that would cancel the analysis' own future under python-chess);
+            # it ends when the restart kills the process, and its exception is consumed then
+            finished = asyncio.ensure_future(analysis.wait())
+            finished.add_done_callback(lambda f: f.cancelled() or f.exception())
+            await asyncio.wait([finished, self._fault], return_when=asyncio.FIRST_COMPLETED)
+            if not finished.done():
+                raise _BadAnswer(str(self._fault.result()))
+            best = finished.result()        # EngineTerminatedError if the process died meanwhile
+        lines = [i for i in analysis.multipv if i.get("pv") and "score" in i]
+        if not lines:
+            raise _BadAnswer(f"bestmove {best.move} without any scored 'info ... pv' line")
+        return lines
+
+    def search(self, board: chess.Board, depth: int, multipv: int, timeout: float) -> list:
+        """The scored lines of one search; TimeoutError after ``timeout`` s, _BadAnswer, EngineError..."""
+        if self.engine.returncode.done():
+            raise chess.engine.EngineTerminatedError(f"engine process dead (exit code "
+                                                     f"{self.engine.returncode.result()})")
+        coro = asyncio.wait_for(self._analyse(board, chess.engine.Limit(depth=depth), multipv), timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self.engine.protocol.loop)
+        try:
+            return future.result(timeout + 1.0)    # the loop thread itself could be wedged
+        except TimeoutError:
+            future.cancel()
+            raise
 
     @property
     def pid(self) -> int:
@@ -148,27 +223,45 @@ class _Worker:
         self.engine = self._start()
 
     def close(self) -> None:
+        """Ask the process to quit (bounded wait), then kill it and stop its event-loop thread."""
         try:
-            self.engine.quit()
-        except Exception:  # a dead process cannot say goodbye; close the transport instead
+            future = asyncio.run_coroutine_threadsafe(
+                asyncio.wait_for(self.engine.protocol.quit(), QUIT_TIMEOUT), self.engine.protocol.loop)
+            future.result(QUIT_TIMEOUT + 1.0)
+        except Exception:  # a dead or stuck process cannot say goodbye; it is killed below
+            pass
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the process and stop the loop thread now, without waiting (safe from any thread)."""
+        try:
             self.engine.close()
+        except Exception:  # the loop is already closed: nothing left to stop
+            pass
+        with _LIVE_LOCK:
+            _LIVE_WORKERS.discard(self)
 
 
 class Engine:
     """A pool of deterministic Stockfish processes with a shared result cache.
 
-    Use as a context manager (or call ``close()``). ``cache=False`` searches every requested position
-    (no memo, no de-duplication): the anchors' behaviour, kept as a benchmark baseline.
+    Use as a context manager (or call ``close()``); one dropped without ``close()`` kills its processes
+    when it is garbage-collected. ``cache=False`` searches every requested position (no memo, no
+    de-duplication): the anchors' behaviour, kept as a benchmark baseline. ``timeout`` is the deadline
+    of ONE search in seconds (see the module docstring for what happens when it passes).
     """
 
     def __init__(self, path: str | None = None, depth: int = 10, multipv: int = 5, threads: int = 1,
-                 hash_mb: int = 16, workers: int = 2, cache: bool = True):
+                 hash_mb: int = 16, workers: int = 2, cache: bool = True, timeout: float = DEFAULT_TIMEOUT):
         for name, value in (("depth", depth), ("multipv", multipv), ("threads", threads),
                             ("hash_mb", hash_mb), ("workers", workers)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine.{name}", f"must be a positive integer, got {value!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ConfigError("engine.timeout", f"must be a positive number of seconds, got {timeout!r}")
         self.path = find_stockfish(path)
         self.depth, self.multipv, self.workers, self.cache = depth, multipv, workers, cache
+        self.timeout = float(timeout)
         self._options = {"Threads": threads, "Hash": hash_mb}
         self._memo: dict[tuple[str, int, int], Analysis] = {}
         self._lock = threading.Lock()
@@ -179,7 +272,8 @@ class Engine:
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self.version: str = self._workers[0].engine.id.get("name", "unknown engine")
-        _OPEN_ENGINES.add(self)
+        # dropped without close(): kill the processes (never blocks, so safe from the GC in any thread)
+        self._finalizer = weakref.finalize(self, _kill_workers, self._workers)
 
     # -- lifecycle
     def __enter__(self) -> Engine:
@@ -191,13 +285,13 @@ class Engine:
     def close(self) -> None:
         """Stop the pool and every engine process (idempotent)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)   # running searches end by their deadline
             self._pool = None
         for worker in self._workers:
             worker.close()
-        self._workers = []
+        self._workers.clear()
         self._closed = True
-        _OPEN_ENGINES.discard(self)
+        self._finalizer.detach()
 
     def pids(self) -> list[int]:
         """Process ids of the running engines (diagnostics, and the crash test)."""
@@ -262,7 +356,13 @@ class Engine:
             return [self._search(k) for k in keys]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="stockfish")
-        return list(self._pool.map(self._search, keys))
+        futures = [self._pool.submit(self._search, k) for k in keys]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:          # the batch failed: don't run the queued searches into a broken engine
+                f.cancel()
+            raise
 
     def _acquire(self) -> _Worker:
         try:
@@ -288,19 +388,25 @@ class Engine:
         try:
             for attempt in range(MAX_RESTARTS_PER_SEARCH + 1):
                 try:
-                    infos = worker.engine.analyse(board, chess.engine.Limit(depth=depth),
-                                                  multipv=multipv, game=object())
+                    lines = worker.search(board, depth, multipv, self.timeout)
                     break
                 # a killed process surfaces as EngineTerminatedError, BrokenPipe or a cancelled future
-                except (chess.engine.EngineError, OSError, CancelledError) as exc:
+                except (chess.engine.EngineError, OSError, CancelledError, RuntimeError, TimeoutError,
+                        _BadAnswer) as exc:
+                    said = (f"no answer within the {self.timeout:g} s search deadline" if isinstance(exc, TimeoutError)
+                            else f"unusable answer: {exc}" if isinstance(exc, _BadAnswer) else repr(exc))
                     if attempt == MAX_RESTARTS_PER_SEARCH:
-                        raise EngineError(f"Stockfish failed on {fen!r} after {attempt} restarts: "
-                                          f"{exc!r}") from exc
-                    worker.restart()
+                        raise EngineError(f"engine {self.path} failed on position {fen!r} (depth {depth}, "
+                                          f"multipv {multipv}) {attempt + 1} times, {attempt} restarts; last "
+                                          f"failure: {said}") from exc
+                    try:
+                        worker.restart()
+                    except EngineError as restart_exc:
+                        raise EngineError(f"engine {self.path} failed on position {fen!r} ({said}) and could "
+                                          f"not be restarted: {restart_exc}") from exc
                     self._count(restarts=1)
         finally:
             self._idle.put(worker)
-        lines = [i for i in infos if i.get("pv") and "score" in i]
         return Analysis(fen=fen, moves=tuple(i["pv"][0].uci() for i in lines),
                         scores=tuple(i["score"].relative.score(mate_score=MATE_SCORE) / 100 for i in lines),
                         depth=depth, multipv=multipv)

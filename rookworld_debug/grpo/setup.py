@@ -9,6 +9,7 @@ fails, every later KL/ratio number would be an artefact, so the views show this 
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -116,7 +117,8 @@ def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None 
     needs_engine = config.reward_mode == "engine" and any(t == "P" for t in batch.tasks)
     if engine is None and needs_engine:
         from rookworld_debug.chess.engine import Engine
-        engine = Engine(depth=config.engine_depth, multipv=config.engine_multipv, workers=config.engine_workers)
+        engine = Engine(depth=config.engine_depth, multipv=config.engine_multipv, workers=config.engine_workers,
+                        timeout=config.engine_timeout)
     torch.manual_seed(config.seed)
     loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device)
     policy, reference, tokenizer, prov = loaded
@@ -131,6 +133,10 @@ def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None 
                   "engine": None if engine is None else {"version": getattr(engine, "version", None),
                                                          "depth": config.engine_depth,
                                                          "multipv": config.engine_multipv, "threads": 1}}
-    return Setup(config=config, policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
-                 optimizer=optimizer, provenance=provenance, batch=batch, heldout=heldout,
-                 invariants=invariants, seconds=time.perf_counter() - t0)
+    s = Setup(config=config, policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
+              optimizer=optimizer, provenance=provenance, batch=batch, heldout=heldout,
+              invariants=invariants, seconds=time.perf_counter() - t0)
+    # invariants above check the BASE pair; then move the policy to a drifted start if configured
+    from rookworld_debug.grpo.drift import apply_start
+    s = apply_start(s)
+    return dataclasses.replace(s, seconds=time.perf_counter() - t0) if s.provenance.get("start") else s

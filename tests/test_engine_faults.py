@@ -1,0 +1,175 @@
+"""Issue 13 — nothing waits on an engine without a deadline, no engine outlives the code that made it.
+
+The misbehaving engines are REAL processes speaking UCI (``tests/fake_uci_engine.py``): one that goes
+mute on ``go``, one that never answers ``uci``, one whose ``bestmove`` is unparsable (``zzzz``), illegal
+(``a1a1``) or comes without any scored line, and one that hangs only in its first process (the restart
+must heal it). Every hang case is bounded by a subprocess/test timeout, never by luck.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import rookworld_debug.chess.engine as engine_mod
+from rookworld_debug.chess.engine import Engine
+from rookworld_debug.errors import EngineError
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE = Path(__file__).with_name("fake_uci_engine.py")
+FEN = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def fake_engine(tmp_path: Path, mode: str) -> str:
+    """An executable that runs the fake UCI engine in `mode` (Engine(path=...) wants an executable)."""
+    exe = tmp_path / f"fake-{mode}"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} {mode} {tmp_path / ('count-' + mode)}\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+def _fake_pids(tmp_path: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode,said", [
+    ("mute", "no answer within the 1 s search deadline"),
+    ("zzzz", "invalid uci: 'zzzz'"),
+    ("a1a1", "'a1a1'"),
+    ("nolines", "without any scored 'info ... pv' line"),
+])
+def test_bad_engine_gives_named_error_with_position_and_answer(tmp_path, mode, said):
+    """Restart + retry, then EngineError naming the position and what the engine said; bounded time,
+    and the faulty processes are gone afterwards."""
+    t0 = time.perf_counter()
+    with Engine(path=fake_engine(tmp_path, mode), depth=3, multipv=3, workers=1, timeout=1.0) as e:
+        with pytest.raises(EngineError) as err:
+            e.analyse(FEN)
+        assert e.stats.restarts == engine_mod.MAX_RESTARTS_PER_SEARCH
+    elapsed = time.perf_counter() - t0
+    msg = str(err.value)
+    assert FEN in msg and said in msg and f"{engine_mod.MAX_RESTARTS_PER_SEARCH} restarts" in msg
+    assert elapsed < 30, f"{mode}: {elapsed:.1f} s to the named error"
+    print(f"\n[issue13] fake engine {mode!r}: EngineError after {elapsed:.2f} s (timeout=1 s, "
+          f"{engine_mod.MAX_RESTARTS_PER_SEARCH} restarts)")
+    time.sleep(0.3)
+    assert not [p for p in _fake_pids(tmp_path) if _alive(p)], "a faulty engine process outlived the Engine"
+
+
+@pytest.mark.timeout(120)
+def test_bad_engine_in_a_pool_fails_the_batch_without_hanging(tmp_path):
+    """Two workers, several positions at once: the first failing search ends the batch with the named error."""
+    fens = [FEN, "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1",
+            "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2"]
+    t0 = time.perf_counter()
+    with Engine(path=fake_engine(tmp_path, "mute"), depth=3, multipv=2, workers=2, timeout=1.0) as e:
+        with pytest.raises(EngineError, match="search deadline"):
+            e.analyse_many(fens)
+    assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.timeout(120)
+def test_engine_that_hangs_once_is_restarted_and_answers(tmp_path):
+    """Only the first process goes mute: one restart, then the search succeeds (no error, no flag needed)."""
+    with Engine(path=fake_engine(tmp_path, "flaky"), depth=3, multipv=3, workers=1, timeout=1.0) as e:
+        a = e.analyse(FEN)
+        assert e.stats.restarts == 1
+    assert len(a.moves) == 3 and a.moves[0] in {"g8h6", "g8f6", "b8c6", "b8a6"}
+
+
+@pytest.mark.timeout(120)
+def test_engine_that_never_answers_uci_fails_to_start_with_a_deadline(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_mod, "START_TIMEOUT", 2.0)
+    t0 = time.perf_counter()
+    with pytest.raises(EngineError, match="could not start"):
+        Engine(path=fake_engine(tmp_path, "deaf"), depth=3, workers=1)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 20
+    print(f"\n[issue13] fake engine 'deaf' (never answers uci): EngineError after {elapsed:.2f} s (start timeout 2 s)")
+    time.sleep(0.3)
+    assert not [p for p in _fake_pids(tmp_path) if _alive(p)]
+
+
+def test_engine_timeout_is_validated():
+    from rookworld_debug.config import StepConfig
+    from rookworld_debug.errors import ConfigError
+    for bad in (0, -1.0, float("inf"), "soon", True):
+        with pytest.raises(ConfigError, match="engine.timeout"):
+            Engine(timeout=bad)
+    with pytest.raises(ConfigError, match="engine_timeout"):
+        StepConfig(engine_timeout=0)
+    assert StepConfig().engine_timeout >= 10          # generous for depth 10
+
+
+def _run(args, timeout=110, **kw):
+    t0 = time.perf_counter()
+    out = subprocess.run(args, cwd=kw.pop("cwd", REPO), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout=timeout, env={**ENV, **kw.pop("env", {})})
+    return out, time.perf_counter() - t0
+
+
+@pytest.mark.timeout(120)
+def test_engine_dropped_without_close_does_not_hang_exit_or_leak_processes():
+    """The root cause of the `step` and ModelLoadError exit hangs: an Engine garbage-collected without
+    close() left python-chess's non-daemon loop threads (and Stockfish) running, so Python never exited."""
+    code = textwrap.dedent(f"""
+        import gc
+        from rookworld_debug.chess.engine import Engine
+        e = Engine(depth=1, multipv=2, workers=2)
+        e.analyse_many([{FEN!r}, "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"])
+        print("pids", *e.pids(), flush=True)
+        del e
+        gc.collect()
+    """)
+    out, elapsed = _run([sys.executable, "-c", code], timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert elapsed < 30
+    time.sleep(0.2)
+    assert not [p for p in map(int, out.stdout.split()[1:]) if _alive(p)], "stockfish outlived its Engine"
+
+
+@pytest.mark.timeout(120)
+def test_step_cli_with_a_mute_engine_exits_2_naming_the_engine_error(tmp_path):
+    """`rookworld-debug step` with a Stockfish that stops answering: a named EngineError, exit 2, no hang."""
+    out, elapsed = _run([str(REPO / ".venv/bin/rookworld-debug"), "step", "--set", "engine_timeout=1",
+                         "--set", "batch_size=2", "--set", "num_generations=2", "--set", "max_new_tokens=16",
+                         "--set", "heldout_n=0", "--out", str(tmp_path / "out")],
+                        env={"ROOKWORLD_STOCKFISH": fake_engine(tmp_path, "mute")})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "EngineError" in out.stderr and "search deadline" in out.stderr and "Traceback" not in out.stderr
+    print(f"\n[issue13] step CLI with a mute engine: exit 2 after {elapsed:.1f} s")
+
+
+@pytest.mark.timeout(120)
+def test_step_cli_model_load_error_exits_2_without_hanging(tmp_path):
+    """Issue 15's exit hang: an HF id while offline → ModelLoadError printed, then Python hung at exit on the
+    engine setup() had started before the model load failed."""
+    out, elapsed = _run([str(REPO / ".venv/bin/rookworld-debug"), "step", "--set", "model=jrahn/RookWorld-LM-124M",
+                         "--out", str(tmp_path / "out")], timeout=100)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "ModelLoadError" in out.stderr and "Traceback" not in out.stderr
+    assert elapsed < 60, f"exit took {elapsed:.1f} s"
+
+
+@pytest.mark.timeout(120)
+def test_default_step_cli_exits_0_with_stdin_closed(tmp_path):
+    """THE acceptance case: the default `rookworld-debug step` printed its log, wrote trace.json and then
+    never exited (python-chess threads of the engine run_step created)."""
+    out, elapsed = _run([str(REPO / ".venv/bin/rookworld-debug"), "step", "--out", str(tmp_path / "out")],
+                        timeout=115)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "out" / "trace.json").exists()
+    print(f"\n[issue13] default `rookworld-debug step`: exit 0 after {elapsed:.1f} s (stdin closed)")
