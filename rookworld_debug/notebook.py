@@ -58,15 +58,27 @@ def summary_record(trace, *, trace_path: Optional[Path] = None, params: Optional
         # run_step(session=s) reuses a loaded setup: its own load time is the Setup's `seconds`
         "timings": {**dict(trace.timings), "setup_load": float(getattr(trace.setup, "seconds", math.nan))},
         "metrics": metrics,
-        "invariants": {"ok": bool(inv.ok), "failures": list(inv.failures),
-                       "max_abs_logp_diff": inv.max_abs_logp_diff, "max_k3_kl": inv.max_k3_kl,
-                       "max_ratio_dev": inv.max_ratio_dev, "n_tokens": inv.n_tokens},
+        "invariants": None if inv is None else {   # None: a TRL capture (GRPOTrainer checks none)
+            "ok": bool(inv.ok), "failures": list(inv.failures), "max_abs_logp_diff": inv.max_abs_logp_diff,
+            "max_k3_kl": inv.max_k3_kl, "max_ratio_dev": inv.max_ratio_dev, "n_tokens": inv.n_tokens},
+        **({"trl_capture": _capture_summary(trace.capture)} if getattr(trace, "capture", None) is not None else {}),
         "counts": dict(trace.counts),
         "flags": list(trace.flags),
         "trace_path": None if trace_path is None else str(trace_path),
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **dict(extra or {}),
     }
+
+
+def _capture_summary(cap) -> dict:
+    """Where a TRL-captured step came from and how its recompute compares with what TRL logged."""
+    logged = cap.logged_metrics or {}
+    return {"global_step": cap.global_step, "trl_version": cap.trl_version,
+            "transformers_version": cap.transformers_version, "trl_loss": cap.trl_loss,
+            "logged_loss": logged.get("loss"), "recomputed_loss": cap.recomputed_loss,
+            "loss_recompute_diff": cap.loss_recompute_diff, "advantages_recompute_diff": cap.advantages_recompute_diff,
+            "grad_norm": cap.grad_norm, "capture_seconds": cap.capture_seconds, "capture_bytes": cap.capture_bytes,
+            "mapping_notes": list(cap.mapping_notes)}
 
 
 def write_summary(trace, run_dir, *, params: Optional[Mapping] = None, save_trace: bool = True,

@@ -29,21 +29,37 @@ def format_step_log(trace) -> str:
     w("=" * 78)
     w("SETUP")
     p = s.provenance
-    w(f"  model: {p.get('model')} ({p.get('source')}, {p.get('num_parameters'):,} params, {p.get('dtype')})"
+    n_params = p.get('num_parameters')
+    w(f"  model: {p.get('model')} ({p.get('source')}, {f'{n_params:,}' if n_params else '?'} params, {p.get('dtype')})"
       + ("  [RANDOM INIT]" if p.get("is_random_init") else ""))
+    if p.get("tokenizer_class"):
+        w(f"  tokenizer: {p['tokenizer_class']} V={p.get('tokenizer_len')} sha256={str(p.get('tokenizer_sha256'))[:12]}"
+          + (" (stock GPT-2 BPE)" if p.get("tokenizer_is_stock_gpt2") else "") + f" from {p.get('tokenizer_source')}")
+    for note in p.get("notes") or ():
+        w(f"  !! {note}")            # random init, stock-tokenizer fallback, hub cache: what was really loaded
     w(f"  dropout (config, zeroed): {p.get('dropout_original')}")
+    if getattr(trace, "capture", None) is not None:
+        cap = trace.capture
+        w(f"  TRL capture: GRPOTrainer step {cap.global_step} (TRL {cap.trl_version}), weights sha256 "
+          f"{str(p.get('weights_sha256'))[:12]}…, loss as TRL returned it {cap.trl_loss:.6g}")
     w(f"  batch: {s.batch.describe()}")
     w(f"  B={c.batch_size} G={g} β={c.beta} lr={c.lr} loss_type={c.loss_type} kl={c.kl_estimator} "
       f"scale_rewards={c.scale_rewards} reward_mode={c.reward_mode}")
     inv = s.invariants
-    w(f"  step-0 invariants: {'OK' if inv.ok else 'FAILED'}  max|logπ−logπ_ref|={inv.max_abs_logp_diff:.3g} "
-      f"max k3 KL={inv.max_k3_kl:.3g} max|ratio−1|={inv.max_ratio_dev:.3g} dropout_active={len(inv.dropout_active)} "
-      f"({inv.n_tokens} dataset tokens)")
-    for f in inv.failures:
-        w(f"  !! {f}")
+    if inv is None:
+        w("  step-0 invariants: not recorded (a TRL capture: GRPOTrainer does not check them)")
+    else:
+        w(f"  step-0 invariants: {'OK' if inv.ok else 'FAILED'}  max|logπ−logπ_ref|={inv.max_abs_logp_diff:.3g} "
+          f"max k3 KL={inv.max_k3_kl:.3g} max|ratio−1|={inv.max_ratio_dev:.3g} dropout_active={len(inv.dropout_active)} "
+          f"({inv.n_tokens} dataset tokens)")
+        for f in inv.failures:
+            w(f"  !! {f}")
     w("INITIAL PERFORMANCE (greedy, this step's B prompts)")
-    w(f"  mean reward {_f(trace.before.mean_reward)} ± {_f(trace.before.ci95)} (95% CI, n={trace.before.n}), "
-      f"format valid {trace.before.format_valid:.0%}")
+    if trace.before is None:
+        w("  not recorded (a TRL capture has no greedy before/after evaluation)")
+    else:
+        w(f"  mean reward {_f(trace.before.mean_reward)} ± {_f(trace.before.ci95)} (95% CI, n={trace.before.n}), "
+          f"format valid {trace.before.format_valid:.0%}")
     if trace.before_heldout:
         h = trace.before_heldout
         w(f"  held-out: mean reward {_f(h.mean_reward)} ± {_f(h.ci95)} (n={h.n})")

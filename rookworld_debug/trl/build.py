@@ -186,6 +186,8 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
                      "several steps")
 
     provenance = {"source": "trl.GRPOTrainer capture", "model": config.model, "weights_sha256": weights_sha256,
+                  "num_parameters": sum(p.numel() for p in policy.parameters()), "dtype": config.dtype,
+                  "model_type": getattr(policy.config, "model_type", None),
                   "weights_sha256_at": f"start of step {step} (before its update)",
                   "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
                                "torch": torch.__version__}, "global_step": step,

@@ -84,6 +84,7 @@ class StepCapture(TrainerCallback):
         self._in_loss = False
         self._grad_norm = float("nan")
         self._per_layer: dict = {}
+        self._lr = float("nan")
         self._weights_hash: Optional[str] = None
         self._pending: Optional[dict] = None
         self._wrap()
@@ -201,6 +202,7 @@ class StepCapture(TrainerCallback):
             if p.grad is not None:
                 sq[layer_name(name)] = sq.get(layer_name(name), 0.0) + float(p.grad.detach().float().pow(2).sum())
         self._per_layer = {k: v ** 0.5 for k, v in sq.items()}     # AFTER clipping (grads as the optimizer sees them)
+        self._lr = float(self.trainer._get_learning_rate())          # the LR this update uses (scheduler steps after)
         self._spend(step, t0)
 
     def on_step_end(self, args, state, control, **kw):
@@ -209,7 +211,7 @@ class StepCapture(TrainerCallback):
             return
         t0 = time.perf_counter()
         self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
-                         "learning_rate": float(self.trainer._get_learning_rate())}
+                         "learning_rate": self._lr}
         self._spend(step, t0)
         if not control.should_log:              # no log at this step: finalize now, without logged metrics
             self._finalize(None)

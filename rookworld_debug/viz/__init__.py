@@ -20,6 +20,7 @@ from .board import BoardView, board_from_a, board_from_p, board_from_prompt, boa
 from .htmlview import HTMLView
 from .completions import completion_name, completions_rows, completions_table, completions_table_from_trace
 from .summary import details_view, executive_summary_from_trace
+from .capture import capture_table_from_trace
 from .plots import (before_after_figure, delta_logp_scatter, grad_norm_figure, loss_waterfall, per_sequence_bar,
                     reward_breakdown_figure, setup_notebook_rendering, steps_figure, token_heatmap)
 from .tables import (advantage_table, before_after_table, invariants_table, metrics_table, provenance_table,
@@ -49,4 +50,6 @@ __all__ = [
     # the step at a glance
     "completion_name", "completions_rows", "completions_table", "completions_table_from_trace",
     "executive_summary_from_trace", "details_view",
+    # a step captured from TRL's GRPOTrainer
+    "capture_table_from_trace",
 ]
