@@ -185,7 +185,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
 
     rollout, rewards, advantages, loss = sample_and_score(s, config, reward_funcs=reward_funcs,
                                                           reward_weights=reward_weights, inject=inject, timer=timer)
-    flags = [*s.invariants.failures, *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
+    start = s.provenance.get("start") or {}
+    flags = [*s.invariants.failures, *([start["note"]] if start.get("note") else []), *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
              *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]
 
     upd, evaluation, iterations = None, None, ()

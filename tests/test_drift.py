@@ -1,0 +1,100 @@
+"""Start the step from a drifted policy (issue 14): run_steps checkpoint, HF folder, cached warm-up steps."""
+import zlib
+
+import pytest
+import torch
+
+from rookworld_debug import StepConfig, run_step
+from rookworld_debug.errors import ConfigError, ModelLoadError
+from rookworld_debug.grpo.multistep import run_steps
+from rookworld_debug.grpo.setup import setup
+from tinymodels import save_tiny_gpt2
+
+B, G = 2, 4
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    folder = save_tiny_gpt2(tmp_path_factory.mktemp("tiny_drift"))
+    return StepConfig(model=str(folder), task="P", batch_size=B, num_generations=G, max_new_tokens=16,
+                      eval_max_new_tokens=8, heldout_n=0, reward_mode="dataset", lr=3e-3, beta=0.1, seed=5)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROOKWORLD_DEBUG_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def varied(prompts, completions, **kw):
+    """A reward with spread (the random tiny model scores 0 on every real reward): a group never has σ = 0."""
+    return [float(zlib.crc32(c.encode()) % 5) for c in completions]
+
+
+def _kl_and_ratio(trace):
+    m = trace.rollout.completion_mask.bool()
+    return trace.iterations[0].loss.kl, trace.rollout.ref_per_token_logps[m], trace.rollout.per_token_logps[m]
+
+
+def test_step_from_a_run_steps_checkpoint_has_kl(base, tmp_path):
+    res = run_steps(base, 2, checkpoint_every=2, checkpoint_dir=tmp_path / "ck", keep_traces=False,
+                    reward_funcs={"varied": varied})
+    ck = res.checkpoints[-1]
+    cfg = base.replace(init_policy=str(ck), init_optimizer="checkpoint")
+    s = setup(cfg)
+    start = s.provenance["start"]
+    assert start["init_policy_kind"] == "run_steps checkpoint" and start["init_optimizer"].endswith("optimizer.pt")
+    assert start["start_weights_sha256"] != start["base_weights_sha256"]
+    assert s.optimizer.state, "AdamW moments restored from the checkpoint"
+    tr = run_step(cfg, session=s)
+    kl, ref, logp = _kl_and_ratio(tr)
+    assert kl > 0 and tr.loss.kl > 0                      # π ≠ π_ref at the FIRST iteration
+    assert not torch.equal(ref, logp)
+    assert tr.setup.invariants.ok                         # the invariants still describe the base pair
+
+
+def test_step_from_an_hf_folder(base, tmp_path):
+    s0 = setup(base)
+    with torch.no_grad():
+        for p in s0.policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    s0.policy.save_pretrained(tmp_path / "drifted")
+    s = setup(base.replace(init_policy=str(tmp_path / "drifted")))
+    assert s.provenance["start"]["init_policy_kind"] == "HF folder"
+    tr = run_step(s.config, session=s)
+    assert tr.loss.kl > 0
+
+
+def test_warmup_is_cached_and_regenerable(base, cache):
+    # the random tiny model earns 0 on every dataset reward (zero-std groups, no PG signal): the entropy
+    # bonus is what moves it here; a trained model's reward spread does it in the main job
+    cfg = base.replace(warmup_steps=2, warmup_lr=1e-2, entropy_coef=0.05)
+    s1 = setup(cfg)
+    st1 = s1.provenance["start"]
+    assert st1["warmup_cache"].startswith("computed") and len(st1["warmup"]) == 2 and st1["moved"]
+    s2 = setup(cfg)
+    st2 = s2.provenance["start"]
+    assert st2["warmup_cache"].startswith("hit")
+    assert st2["start_weights_sha256"] == st1["start_weights_sha256"] != st1["base_weights_sha256"]
+    assert s2.optimizer.param_groups[0]["lr"] == cfg.lr          # the debugged step keeps its own lr
+    tr = run_step(cfg, session=s2)
+    assert tr.loss.kl > 0
+    # the cache is keyed by the config: another warm-up lr is another entry
+    s3 = setup(cfg.replace(warmup_lr=5e-3))
+    assert s3.provenance["start"]["warmup_cache"].startswith("computed")
+
+
+def test_bad_start_paths_are_named_errors(base, tmp_path):
+    with pytest.raises(ModelLoadError, match="neither a run_steps checkpoint"):
+        setup(base.replace(init_policy=str(tmp_path)))
+    with pytest.raises(ConfigError) as e:
+        StepConfig(init_optimizer="checkpoint")
+    assert e.value.field == "init_optimizer"
+    with pytest.raises(ConfigError) as e:
+        StepConfig(num_iterations=0)
+    assert e.value.field == "num_iterations"
+
+
+def test_warmup_without_signal_says_so(base):
+    st = setup(base.replace(warmup_steps=1, warmup_lr=1e-2)).provenance["start"]
+    assert not st["moved"] and "did not move" in st["note"]
