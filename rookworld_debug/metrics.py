@@ -122,8 +122,10 @@ def term_balance(loss, update=None) -> TermBalance:
     elif not math.isnan(kl_gs):
         head = (f"KL penalty = {kl_gs:.0%} of the gradient (‖∇β·KL‖ {norms.get('kl', 0):.3g} vs ‖∇PG‖ "
                 f"{norms.get('pg', 0):.3g}" + ("" if math.isnan(cos) else f", cos {cos:+.2f}") + ").")
+    elif norms:
+        head = "every term's gradient is 0 (no PG signal and KL 0): no share to report."
     else:
-        head = "per-term gradients not recorded (lean update path): gradient share n/a."
+        head = "per-term gradients not recorded (lean update path or no update): gradient share n/a."
     if on_policy:
         head += (" On-policy (ratio ≡ 1) the PG loss VALUE is −agg(A), fixed by group-centred advantages, "
                  "so a loss-value share is not reported.")

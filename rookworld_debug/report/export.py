@@ -171,6 +171,7 @@ tr.failed td{background:#ffebe9} tr.incomplete td,tr.pending td{background:#fff8
 .incomplete,.pending{background:#fff8c5;color:#7d4e00} .flag{color:#a40e26;font-weight:600}
 pre{background:#f6f8fa;border:1px solid #d0d7de;padding:.6rem;overflow:auto;font-size:.8rem;line-height:1.35}
 .muted{color:#656d76;font-size:.85rem} code{background:#f6f8fa;padding:0 .2rem}
+.scroll{overflow-x:auto;max-width:100%} table.runs th{white-space:normal;max-width:9em;word-break:break-word}
 .ansi-red-fg{color:#c81e1e}.ansi-green-fg{color:#116329}.ansi-yellow-fg{color:#7d4e00}
 .ansi-blue-fg{color:#0550ae}.ansi-cyan-fg{color:#1b7c83}.ansi-magenta-fg{color:#8250df}.ansi-bold{font-weight:700}
 """

@@ -165,15 +165,51 @@ document.querySelectorAll('table.runs th').forEach(function(th, col){th.addEvent
 """
 
 
+#: metrics shown as columns of the runs table when present (the rest: the "all metrics" table below), so
+#: the table fits a 1,400 px window with its report links in the first column
+INDEX_COLUMNS = ("reward_before", "reward_after", "delta_reward", "heldout_reward_after", "rollout_reward", "loss",
+                 "kl", "kl_grad_share", "grad_norm_pre_clip", "frac_reward_zero_std")
+_MAX_COLUMNS = 8
+
+
+def _run_links(e: dict) -> str:
+    esc = html.escape
+    links = []
+    if e.get("report_html") and e["status"] == "ok":
+        links.append(f"<a href='{esc(e['report_html'])}'>report</a>")
+    if e.get("error_html"):
+        links.append(f"<a href='{esc(e['error_html'])}'>error</a>")
+    if e.get("report_ipynb"):
+        links.append(f"<a href='{esc(e['report_ipynb'])}'>ipynb</a>")
+    return " · ".join(links)
+
+
+def _all_metrics_table(index: dict) -> str:
+    """Transposed: one row per metric, one column per run (scrolls sideways inside its box)."""
+    esc, runs = html.escape, index["runs"]
+    if not runs or not index["metric_keys"]:
+        return ""
+    head = "".join(f"<th>{esc(e['run_id'])}</th>" for e in runs)
+    rows = "".join(f"<tr><td><code>{esc(m)}</code></td>" + "".join(
+        f"<td class='num'>{'' if e['metrics'].get(m) is None else _fmt_cell(e['metrics'].get(m))}</td>" for e in runs)
+        + "</tr>" for m in index["metric_keys"])
+    return (f"<details><summary>All {len(index['metric_keys'])} metrics of every run</summary>"
+            f"<div class='scroll'><table><thead><tr><th>metric</th>{head}</tr></thead><tbody>{rows}</tbody></table>"
+            "</div></details>")
+
+
 def _index_html(index: dict) -> str:
     esc = html.escape
-    swept, metrics = index["swept"], index["metric_keys"]
+    swept = index["swept"]
+    metrics = [m for m in INDEX_COLUMNS if m in index["metric_keys"]] or list(index["metric_keys"])
+    metrics = metrics[:_MAX_COLUMNS]
     other_params = [k for k in index["param_keys"] if k not in swept]
-    head = ["run", "status", *swept, *metrics, "time (s)", "links"]
+    head = ["run", "status", *swept, *metrics, "time (s)"]
     body_rows = []
     for e in index["runs"]:
         status = e["status"]
-        cells = [f"<td><code>{esc(e['run_id'])}</code>{'' if e['in_current_grid'] else ' <span class=muted>(earlier grid)</span>'}</td>"]
+        cells = [f"<td><code>{esc(e['run_id'])}</code>{'' if e['in_current_grid'] else ' <span class=muted>(earlier grid)</span>'}"
+                 f"<br>{_run_links(e)}</td>"]
         note = ""
         if e.get("error"):
             note = (f"<br><span class='flag'>{esc(str(e['error'].get('ename')))}: "
@@ -192,14 +228,6 @@ def _index_html(index: dict) -> str:
             cells.append(f"<td class='num' data-v='{dv}'>{'' if v is None else _fmt_cell(v)}</td>")
         d = e.get("duration_s")
         cells.append(f"<td class='num'>{'' if d is None else f'{d:.1f}'}</td>")
-        links = []
-        if e.get("report_html") and status == "ok":
-            links.append(f"<a href='{esc(e['report_html'])}'>report</a>")
-        if e.get("error_html"):
-            links.append(f"<a href='{esc(e['error_html'])}'>error</a>")
-        if e.get("report_ipynb"):
-            links.append(f"<a href='{esc(e['report_ipynb'])}'>ipynb</a>")
-        cells.append(f"<td>{' · '.join(links)}</td>")
         body_rows.append(f"<tr class='{esc(status)}'>{''.join(cells)}</tr>")
     c = index["counts"]
     fixed_html = ""
@@ -225,9 +253,11 @@ def _index_html(index: dict) -> str:
 <a href="index.json">index.json</a></p>
 {fixed_html}
 <h2>Runs</h2>
-<table class="runs"><thead><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr></thead>
-<tbody>{''.join(body_rows)}</tbody></table>
-<p class="muted">Metrics are the numeric values under <code>summary["metrics"]</code> of each run; click a column to sort.</p>
+<div class="scroll"><table class="runs"><thead><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr></thead>
+<tbody>{''.join(body_rows)}</tbody></table></div>
+<p class="muted">Metrics are the numeric values under <code>summary["metrics"]</code> of each run (definitions:
+<code>rookworld_debug.metrics.GLOSSARY</code>); click a column to sort.</p>
+{_all_metrics_table(index)}
 <h2>Metrics vs parameters</h2>
 {plots}
 <script>{_SORT_JS}</script>

@@ -38,7 +38,7 @@ def _value(key: str, v: Any) -> str:
     return fmt(v)
 
 
-def executive_summary_from_trace(trace: Any, *, max_flags: int = 6) -> HTMLView:
+def executive_summary_from_trace(trace: Any, *, max_flags: int = 4) -> HTMLView:
     from rookworld_debug.metrics import definition, term_balance
 
     c, esc = trace.config, html.escape
