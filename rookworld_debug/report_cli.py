@@ -56,7 +56,31 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                         help="inject parameters the notebook's parameters cell does not declare")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.add_argument("--dry-run", action="store_true", help="print the run ids and parameters, run nothing")
+    parser.add_argument("--trace", dest="traces", action="append", default=[], metavar="DIR",
+                        help="render a saved step or a TRL capture folder (step-NNNNNN/) instead of running a step "
+                             "(the notebook's trace_path parameter); repeat for one report per step plus an index")
     return parser
+
+
+def _trace_grid(grid, traces, sweep_name):
+    """Add trace_path (absolute) to the grid: fixed for one folder, an axis for several. Each folder is
+    opened first, so a folder that is not a trace (TraceError) or a capture from an unsupported TRL
+    version (IncompatibleTraceError) fails here with its named error, before any kernel starts."""
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.grpo.step import StepTrace
+    from rookworld_debug.report.grid import Grid
+    if "trace_path" in grid.axes or "trace_path" in grid.fixed:
+        raise ConfigError("trace_path", "give trace folders with --trace only")
+    paths = [str(Path(t).expanduser().resolve()) for t in traces]
+    for p in paths:
+        StepTrace.load(p)
+    if len(paths) == 1:
+        grid = Grid(axes=dict(grid.axes), fixed={**grid.fixed, "trace_path": paths[0]}, name=grid.name)
+        default = f"trace-{Path(paths[0]).parent.name}-{Path(paths[0]).name}"
+    else:
+        grid = Grid(axes={**grid.axes, "trace_path": paths}, fixed=dict(grid.fixed), name=grid.name)
+        default = f"trace-{Path(paths[0]).parent.name}"
+    return grid, sweep_name or grid.name or default
 
 
 def _sigterm_as_interrupt(signum, frame):
@@ -70,6 +94,8 @@ def report_main(args: argparse.Namespace) -> int:
 
     try:
         grid = make_grid(args.params, args.grid_file)
+        if getattr(args, "traces", None):
+            grid, args.sweep_name = _trace_grid(grid, args.traces, args.sweep_name)
     except RookWorldError as exc:
         print(f"rookworld-debug report: {exc}", file=sys.stderr)
         return 2

@@ -152,6 +152,8 @@ class TunePanel:
     `set_loss_params(**kw)` and `regenerate(**kw)` are the same code paths the controls call (for
     scripts and tests); `last_recompute_s` is the measured wall time of the last loss recompute."""
 
+    fixed_advantages = None     # set for a saved step: its recorded advantages (no loss knob changes them but 'manual')
+
     def __init__(self, setup, config: Optional[StepConfig] = None, *, scored=None, row: int = 0,
                  metric: str = "kl", reward_funcs=None, reward_weights=None):
         import ipywidgets as W
@@ -270,7 +272,10 @@ class TunePanel:
             raise ConfigError(bad[0], f"not a loss knob (those are {LOSS_KNOBS}); use regenerate() for sampling")
         t0 = time.perf_counter()
         cfg = self.state.config.replace(**changes)
-        adv = advantages_from_config(self.state.rewards.rewards, cfg)
+        if self.fixed_advantages is not None and cfg.loss_type != "manual":
+            adv = self.fixed_advantages              # a saved step's own advantages (TRL's, bit for bit)
+        else:
+            adv = advantages_from_config(self.state.rewards.rewards, cfg)
         t1 = time.perf_counter()
         loss = loss_for(self.state.rollout, adv, cfg)
         self.last_loss_for_s = time.perf_counter() - t1
@@ -382,3 +387,19 @@ class TunePanel:
 def tune_panel(setup, config: Optional[StepConfig] = None, **kw) -> TunePanel:
     """Factory for :class:`TunePanel` (samples and scores one rollout unless `scored=` is given)."""
     return TunePanel(setup, config, **kw)
+
+
+def tune_panel_from_trace(trace, *, row: int = 0, metric: str = "kl") -> TunePanel:
+    """The panel over a SAVED step (e.g. a TRL capture, `StepTrace.load(path)`): the loss knobs recompute
+    the step's loss from its recorded tensors with `loss_for` (a pure recompute, no model needed); the
+    sampling knobs are disabled, since a saved step has no model to sample from."""
+    class _SavedStepPanel(TunePanel):
+        fixed_advantages = trace.advantages
+    panel = _SavedStepPanel(trace.setup, trace.config, row=row, metric=metric,
+                            scored=(trace.rollout, trace.rewards, trace.advantages, trace.loss))
+    if getattr(trace.setup, "policy", None) is None:
+        for w in (panel.w_temp, panel.w_top_p, panel.w_g, panel.w_regen):
+            w.disabled = True
+        what = "a step captured from TRL's GRPOTrainer" if getattr(trace, "capture", None) is not None else "a saved step"
+        panel._status(f"{what}: loss knobs recompute from its tensors; sampling needs a model (disabled)")
+    return panel
