@@ -41,14 +41,14 @@ def test_loss_waterfall_uses_recorded_total_and_shows_kl_share():
     wf = fig.data[0]
     assert wf.type == "waterfall" and list(wf.measure) == ["relative", "relative", "relative", "absolute"]
     assert list(wf.y) == [-0.02, 0.004, -0.001, -0.017]
-    assert "KL share 16.0%" in title_text(fig) and "grpo: per-seq mean" in title_text(fig)
+    assert "KL value share 16.0%" in title_text(fig) and "grpo: per-seq mean" in title_text(fig)
     assert "β=0.1·KL term" in list(wf.x)
     assert "≠" not in title_text(fig)
 
 
 def test_loss_waterfall_flags_inconsistent_total():
     fig = plots.loss_waterfall(-0.02, 0.004, 0.0, 0.5, kl_share=float("nan"))
-    assert "recorded total ≠ sum of terms" in title_text(fig) and "KL share n/a" in title_text(fig)
+    assert "recorded total ≠ sum of terms" in title_text(fig) and "KL value share n/a" in title_text(fig)
 
 
 def test_token_heatmap_masked_is_blank_and_signed_centres():
@@ -140,4 +140,5 @@ def test_all_zero_kl_heatmap_stays_white():
     assert fig.data[0].zmin == 0.0 and fig.data[0].zmax > 0.0
     assert fig.data[0].colorscale[0][1] == "#ffffff"
     lp = plots.token_heatmap(np.array([[-30.0, -1.0]]), None, metric="logp")
-    assert lp.data[0].zmax == 0.0 and lp.data[0].zmin == -10.0 and lp.data[0].colorscale[-1][1] == "#ffffff"
+    assert lp.data[0].zmax == 0.0 and lp.data[0].colorscale[-1][1] == "#ffffff"
+    assert lp.data[0].zmin == pytest.approx(np.percentile([-30.0, -1.0], 1))     # same range as the strips
