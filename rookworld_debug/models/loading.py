@@ -21,7 +21,7 @@ import torch
 
 from ..errors import ModelLoadError
 from . import provenance as prov
-from .tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, gpt2_tokenizer
+from .tokenizer import GPT2_EOS_ID, GPT2_TOKENIZER_SHA256, GPT2_VOCAB_SIZE, gpt2_tokenizer
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"  # the bundled model (trained by models/train_tiny.py)
 # Architecture of the random stand-in used while no bundled model exists.
@@ -159,6 +159,13 @@ def _load_hub(model_id: str, dtype: torch.dtype, notes: list[str]):
                              f"(the bundled model), or go online.") from e
 
 
+def _tokenizer_provenance(tok) -> dict[str, Any]:
+    sha = prov.tokenizer_sha256(tok)
+    stock = sha == GPT2_TOKENIZER_SHA256
+    return dict(tokenizer_class=type(tok).__name__, tokenizer_source=prov.tokenizer_source(tok),
+                tokenizer_sha256=sha, tokenizer_is_stock_gpt2=stock)
+
+
 def _resolve(name_or_path: str | os.PathLike) -> tuple[str, str]:
     """(source kind, resolved location) without loading anything."""
     s = str(name_or_path)
@@ -186,7 +193,8 @@ def load_policy_and_reference(name_or_path: str | os.PathLike = "tiny", dtype: t
     while it does not exist), a local folder with `config.json`, or an HF id such as
     `jrahn/RookWorld-LM-124M`. An unreachable hub raises `ModelLoadError` within ~2 s.
     """
-    dtype, device = _as_dtype(dtype), torch.device(device)
+    from rookworld_debug.models.devices import check_device
+    dtype, device = _as_dtype(dtype), check_device(device)   # ConfigError, not torch's bare errors
     source, resolved = _resolve(name_or_path)
     notes: list[str] = []
     if source == "random":
@@ -232,6 +240,6 @@ def load_policy_and_reference(name_or_path: str | os.PathLike = "tiny", dtype: t
         embedding_rows=int(policy.get_input_embeddings().num_embeddings),
         pad_token_id=int(tok.pad_token_id), eos_token_id=int(tok.eos_token_id), pad_was_missing=pad_was_missing,
         padding_side=tok.padding_side, versions=prov.package_versions(), git_sha=sha, git_dirty=dirty,
-        timestamp=prov.utc_now(), notes=tuple(notes),
+        timestamp=prov.utc_now(), notes=tuple(notes), **_tokenizer_provenance(tok),
     )
     return LoadedModels(policy, reference, tok, provenance)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import hashlib
+import json
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ class Provenance:
     git_dirty: bool | None
     timestamp: str                      # ISO-8601 UTC, load time
     notes: tuple[str, ...] = ()         # human-readable caveats (random init, tokenizer fallback, ...)
+    tokenizer_class: str = ""           # e.g. "GPT2TokenizerFast"
+    tokenizer_source: str = ""          # folder / HF id the tokenizer was loaded from, and its files
+    tokenizer_sha256: str = ""          # over vocab + merges + added tokens (tokenizer_sha256), not padding
+    tokenizer_is_stock_gpt2: bool | None = None  # same hash as OpenAI's GPT-2 vocab.json/merges.txt
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -68,6 +73,40 @@ def weights_sha256(model: torch.nn.Module) -> str:
         flat = t.cpu().contiguous().reshape(-1)
         h.update(flat.view(torch.uint8).numpy().data if flat.numel() else b"")
     return h.hexdigest()
+
+
+def tokenizer_sha256(tok) -> str:
+    """sha256 of what maps text to ids, in one canonical form for fast and slow tokenizers: the vocabulary
+    in id order, the BPE merges as "a b" lines, the added tokens (id, content, special). Padding side and
+    pad token are left out: the loader changes those, the vocabulary stays."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        d = json.loads(backend.to_str())
+        model = d.get("model") or {}
+        vocab, merges = model.get("vocab") or {}, model.get("merges") or []
+        added = [(a["id"], a["content"], bool(a.get("special"))) for a in d.get("added_tokens") or ()]
+    else:
+        vocab = tok.get_vocab()
+        ranks = getattr(tok, "bpe_ranks", None) or {}
+        merges = [k for k, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
+        added = [(int(i), str(a), bool(getattr(a, "special", False)))
+                 for i, a in (getattr(tok, "added_tokens_decoder", None) or {}).items()]
+    if isinstance(vocab, list):                       # Unigram: [[piece, score], ...] in id order
+        vocab = {str(p[0]): i for i, p in enumerate(vocab)}
+    core = {"vocab": [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])],
+            "merges": [m if isinstance(m, str) else " ".join(m) for m in merges],
+            "added_tokens": sorted(added)}
+    return hashlib.sha256(json.dumps(core, ensure_ascii=False).encode()).hexdigest()
+
+
+def tokenizer_source(tok) -> str:
+    """Where the tokenizer came from: its folder (with the files that define it) or HF id."""
+    where = str(getattr(tok, "name_or_path", "") or "")
+    p = Path(where)
+    if where and p.is_dir():
+        files = [f for f in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json") if (p / f).is_file()]
+        return f"{p.resolve()} ({', '.join(files) or 'no tokenizer files'})"
+    return where or "(in memory)"
 
 
 def num_parameters(model: torch.nn.Module) -> int:

@@ -26,6 +26,9 @@ _GPT2_FILES = (
 )
 GPT2_EOS_ID = 50256
 GPT2_VOCAB_SIZE = 50257
+# models.provenance.tokenizer_sha256 of the stock GPT-2 tokenizer (vocab + merges + <|endoftext|>), pinned;
+# tests/test_token_render.py recomputes it from the files above
+GPT2_TOKENIZER_SHA256 = "06c5c0f0fdc8ec8de7b2bed26e33847567fc38d073893cf94c6bde659c6ddf67"
 
 
 def bytes_to_unicode() -> dict[int, str]:

@@ -112,7 +112,7 @@ def _metric_for(metric: str, loss: Any) -> Metric:
 
 def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[int] | None = None, loss: Any = None,
                          advantages: Any = None, evaluation: Any = None, rewards: Any = None, topk: bool = True,
-                         title: str | None = None) -> TokenStrip:
+                         title: str | None = None, vocab_size: int | None = None) -> TokenStrip:
     """Token strips of the rollout's completions coloured by `metric`, with every other available
     per-token metric and the top-k alternatives in the hover; rows labelled p·g, reward, advantage.
     ratio strips outline the tokens the loss counted as clipped (low/high)."""
@@ -173,7 +173,8 @@ def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[i
     return token_strips(T_rows, V_rows, metric=m, labels=labels, row_info=infos, masks=M_rows, outlines=O_rows,
                         hovers=H_rows, topk=K_rows if K_rows else None, token_ids=I_rows,
                         title=title if title is not None else f"{m.name} — rollout batch of this step",
-                        note=note, outline_label="clipped by the loss (low: r < 1−ε_low, A<0 · high: r > 1+ε_high, A>0)")
+                        note=note, outline_label="clipped by the loss (low: r < 1−ε_low, A<0 · high: r > 1+ε_high, A>0)",
+                        vocab_size=vocab_size)
 
 
 def completion_metrics_from_trace(trace: Any, row: int = 0,
@@ -204,10 +205,19 @@ def completion_metrics_from_trace(trace: Any, row: int = 0,
     if a is not None:
         label += f" · advantage {float(a[row]):+.4g}"
     return token_metric_stack(toks, arrays, label=label, mask=to_numpy(ro.completion_mask, dtype=bool)[row, :n].tolist(),
-                              outline=outline, topk=topk, token_ids=to_numpy(ro.completion_ids, dtype=np.int64)[row, :n].tolist())
+                              outline=outline, topk=topk, token_ids=to_numpy(ro.completion_ids, dtype=np.int64)[row, :n].tolist(),
+                              vocab_size=vocab_size_from_trace(trace))
+
+
+def vocab_size_from_trace(trace: Any) -> int | None:
+    """V of the model (its output rows, what the softmax runs over), from the setup's provenance."""
+    prov = getattr(getattr(trace, "setup", None), "provenance", None) or getattr(trace, "provenance", None) or {}
+    v = prov.get("embedding_rows") if isinstance(prov, Mapping) else getattr(prov, "embedding_rows", None)
+    return int(v) if v else None
 
 
 def token_strips_from_trace(trace: Any, metric: str = "logp", *, rows: Sequence[int] | None = None, **kw: Any) -> TokenStrip:
+    kw.setdefault("vocab_size", vocab_size_from_trace(trace))
     return rollout_token_strips(trace.rollout, metric, rows=rows, loss=getattr(trace, "loss", None),
                                 advantages=getattr(trace, "advantages", None),
                                 evaluation=getattr(trace, "evaluation", None), rewards=getattr(trace, "rewards", None), **kw)
@@ -378,6 +388,9 @@ def flags_from_trace(trace: Any) -> list[Flag]:
             if msg in covered or "zero reward std" in msg or "zero-std" in msg:
                 continue
             refused = msg.startswith("update refused")
+            if msg.startswith("policy looks untrained"):       # grpo.generation.untrained_warning
+                flags.append(Flag("looks_untrained", msg, "warning", "rollout.per_token_entropy vs ln V"))
+                continue
             flags.append(Flag("update_refused" if refused else "step", msg, "error" if refused else "warning",
                               "trace.flags"))
     if getattr(trace, "update", "absent") is None:

@@ -170,6 +170,10 @@ def flags_from_records(*, rollout: Any = None, advantages: Any = None, loss: Any
         if record_flags:
             flags += _record_flags("loss", loss, "flags")
     if setup is not None:
+        prov = getattr(setup, "provenance", None)
+        # what was loaded, when it is not what the user may think (random init, stock-tokenizer fallback)
+        for note in (prov.get("notes", ()) if isinstance(prov, Mapping) else getattr(prov, "notes", ())) or ():
+            flags.append(Flag("provenance", str(note), "warning", "setup.provenance.notes"))
         inv = getattr(setup, "invariants", None)
         if inv is not None and not getattr(inv, "ok", True):
             for reason in getattr(inv, "failures", ()) or ("step-0 invariants failed",):

@@ -209,15 +209,12 @@ def token_heatmap(values: Any, mask: Any = None, *, metric: str | Metric = "kl",
         # Both ends explicit: plotly's autoscale of an all-zero KL map puts 0 mid-scale (purple),
         # but the neutral end must stay white whatever the data.
         reverse = m.neutral == "high"
-        lo = float(finite.min()) if finite.size else 0.0
-        hi = float(finite.max()) if finite.size else 0.0
+        from .tokens import make_scale      # the strips' range (anchor, clamps, robust percentiles)
+        sc = make_scale(m, finite, None, None if reverse else zmax)
+        lo, hi = sc.lo, sc.hi
         if reverse:
-            hi = m.anchor if m.anchor is not None else hi
-            lo = max(lo, m.clamp_lo) if m.clamp_lo is not None else lo
             lo = lo if lo < hi else hi - 1.0
         else:
-            lo = m.anchor if m.anchor is not None else lo
-            hi = zmax if zmax is not None else (min(hi, m.clamp_hi) if m.clamp_hi is not None else hi)
             hi = hi if hi > lo else lo + 1.0
         kw = {"colorscale": plotly_sequential(reverse=reverse), "zmin": lo, "zmax": hi}
     fig = go.Figure(go.Heatmap(

@@ -49,7 +49,10 @@ class Metric:
     scale: "signed" (diverging, centred on 0), "ratio" (diverging on log r, centred on r = 1) or
     "sequential". neutral (sequential only): which end is white: "low" (e.g. KL: 0 = unremarkable)
     or "high" (e.g. logp: 0 = certain). anchor pins the neutral end's value (0 for logp/KL/entropy)
-    so "white" means the same in every strip; clamp_lo/clamp_hi bound the automatic range.
+    so "white" means the same in every strip; clamp_lo/clamp_hi bound the automatic range; robust:
+    the automatic far end is the batch's 1st (low) / 99th (high) percentile, so the scale fits the model
+    (a 50k-vocab model's logps sit near −ln V ≈ −10.8, a trained char model's near 0) and one outlier
+    does not wash out the rest; the legend then quotes ln V as the uniform-guess reference.
     """
     key: str
     name: str
@@ -60,19 +63,20 @@ class Metric:
     clamp_lo: float | None = None
     clamp_hi: float | None = None
     unit: str = ""
+    robust: bool = False
 
 
 METRICS: dict[str, Metric] = {m.key: m for m in (
     Metric("logp", "policy logp",
            "log π_θ(y_t | x, y_<t): log_softmax(policy logits / T)[sampled token], fp32; "
            "T = sampling temperature. 0 = certain; more negative = more surprising.",
-           "sequential", neutral="high", anchor=0.0, clamp_lo=-10.0, unit="nats"),
+           "sequential", neutral="high", anchor=0.0, unit="nats", robust=True),
     Metric("ref_logp", "reference logp",
            "log π_ref(y_t | x, y_<t): log_softmax(reference logits / T)[sampled token], fp32.",
-           "sequential", neutral="high", anchor=0.0, clamp_lo=-10.0, unit="nats"),
+           "sequential", neutral="high", anchor=0.0, unit="nats", robust=True),
     Metric("old_logp", "old-policy logp",
            "log π_old(y_t | x, y_<t) at sampling time (the behaviour policy), logits / T, fp32.",
-           "sequential", neutral="high", anchor=0.0, clamp_lo=-10.0, unit="nats"),
+           "sequential", neutral="high", anchor=0.0, unit="nats", robust=True),
     Metric("ratio", "importance ratio",
            "r_t = exp(logp_θ − logp_old) per sampled token; coloured on log r (white at r = 1, "
            "blue r > 1, orange r < 1). Outlined = counted as clipped by the loss (is_clipped_low/high). "
@@ -90,7 +94,7 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
            unit="nats"),
     Metric("entropy", "per-token entropy",
            "H_t = −Σ_v p_θ(v) log p_θ(v) of the full policy distribution at position t, logits / T.",
-           "sequential", anchor=0.0, unit="nats"),
+           "sequential", anchor=0.0, unit="nats", robust=True),
     Metric("delta_logp", "Δlogp after update",
            "Δlogp_t = logp_after − logp_before of the same sampled token, after the optimizer step, "
            "same batch, logits / T. Blue = became more likely.", "signed", unit="nats"),
@@ -135,6 +139,7 @@ class ColorScale:
     lo: float
     hi: float
     neutral: str = "low"
+    basis: str = ""     # what set the automatic range, for the legend (e.g. "1st percentile of this batch")
 
     def rgb(self, v: float) -> tuple[int, int, int] | None:
         """None for NaN/inf (drawn striped), else the colour."""
@@ -172,11 +177,12 @@ class ColorScale:
 
 
 def make_scale(metric: Metric, values: np.ndarray, vmin: float | None = None,
-               vmax: float | None = None) -> ColorScale:
+               vmax: float | None = None, *, vocab_size: int | None = None) -> ColorScale:
     """Colour range from the (unmasked, finite) values, unless vmin/vmax pin it.
 
     Signed metrics are symmetric around 0 (ratio: around 1 on log scale) so white always means
-    exactly zero (r = 1). The automatic range is clamped by the metric (logp at −10, as Levanter).
+    exactly zero (r = 1). Sequential metrics with `robust` (logp, entropy) end at the batch's 1st/99th
+    percentile; with `vocab_size` the legend also gives ln V (a uniform guess: logp −ln V, entropy ln V).
     """
     v = np.asarray(values, dtype=float).ravel()
     v = v[np.isfinite(v)]
@@ -193,13 +199,23 @@ def make_scale(metric: Metric, values: np.ndarray, vmin: float | None = None,
         return ColorScale("ratio", math.exp(-half), math.exp(half))
     vlo = float(v.min()) if v.size else 0.0
     vhi = float(v.max()) if v.size else 0.0
+    basis = ""
+    if metric.robust and v.size:
+        vlo, vhi = (float(x) for x in np.percentile(v, [1, 99]))
+        basis = (f"colour range ends at the {'1st' if metric.neutral == 'high' else '99th'} percentile of these "
+                 f"{v.size} tokens ({fmt(vlo if metric.neutral == 'high' else vhi, 4)}); beyond it drawn as it")
+        if vocab_size and vocab_size > 1:
+            ln_v = math.log(vocab_size)
+            basis += (f". Uniform guess over V = {vocab_size}: " + (f"logp = −ln V = {fmt(-ln_v, 4)}"
+                      if metric.neutral == "high" else f"entropy = ln V = {fmt(ln_v, 4)} (the maximum)"))
     if metric.neutral == "high":
         hi = vmax if vmax is not None else (metric.anchor if metric.anchor is not None else vhi)
         lo = vmin if vmin is not None else max(vlo, metric.clamp_lo) if metric.clamp_lo is not None else vlo
     else:
         lo = vmin if vmin is not None else (metric.anchor if metric.anchor is not None else vlo)
         hi = vmax if vmax is not None else min(vhi, metric.clamp_hi) if metric.clamp_hi is not None else vhi
-    return ColorScale("sequential", lo, max(hi, lo), metric.neutral)
+    pinned = (vmin is not None) if metric.neutral == "high" else (vmax is not None)
+    return ColorScale("sequential", lo, max(hi, lo), metric.neutral, "" if pinned else basis)
 
 
 # ----------------------------------------------------------------------------------------- tokens
@@ -447,6 +463,8 @@ def _legend(metric: Metric, scale: ColorScale, *, any_masked: bool, any_outline:
                      f'{attr(outline_label)}</span>')
     if any_nan:
         parts.append(f'<span><span class="rw-tok" style="background:{NAN_BG}">tok</span> NaN/inf</span>')
+    if scale.basis:
+        parts.append(f'<span class="rw-basis" style="color:#444">{attr(scale.basis)}</span>')
     parts.append('<span style="color:#666">hover a token for exact values and top-k</span>')
     parts.append(f'<span class="rw-def">{attr(metric.definition)}{(" " + attr(note)) if note else ""}</span>')
     return '<div class="rw-legend">' + "".join(parts) + "</div>"
@@ -502,7 +520,7 @@ def token_strip(tokens: Sequence[str], values: Any, *, metric: str | Metric = "l
                 topk: Sequence[Sequence[tuple[str, float]]] | None = None,
                 token_ids: Sequence[int] | None = None, outline_label: str = "clipped by the loss",
                 definition: str | None = None, info: Mapping[str, Any] | None = None,
-                title: str = "") -> TokenStrip:
+                title: str = "", vocab_size: int | None = None) -> TokenStrip:
     """One completion's tokens coloured by one metric.
 
     tokens: one per sampled id: its bytes (exact), a TokenText, or decoded text (`tokenizer.decode([id])`,
@@ -513,7 +531,8 @@ def token_strip(tokens: Sequence[str], values: Any, *, metric: str | Metric = "l
     hover: per token {name: value} of extra metrics; topk: per token [(token, logp) or (token, logp, id), …]
     (with ids and token_ids the "← sampled" mark compares ids);
     mask: False = not in the loss (greyed; excluded from the automatic colour range);
-    vmin/vmax: pin the colour range (signed metrics stay symmetric around 0, ratio around 1).
+    vmin/vmax: pin the colour range (signed metrics stay symmetric around 0, ratio around 1);
+    vocab_size: V of the model, quoted in logp/entropy legends as the uniform-guess reference ln V.
     """
     tokens = [token_text(t) for t in tokens]
     vals = _values(values)
@@ -526,7 +545,7 @@ def token_strip(tokens: Sequence[str], values: Any, *, metric: str | Metric = "l
     row = _Row(tokens, vals, label=label, info=dict(info or {}), mask=None if mask is None else [bool(x) for x in mask],
                outline=None if outline is None else list(outline), hover=None if hover is None else list(hover),
                topk=None if topk is None else list(topk), token_ids=None if token_ids is None else list(token_ids))
-    scale = make_scale(m, _scale_values([row]), vmin, vmax)
+    scale = make_scale(m, _scale_values([row]), vmin, vmax, vocab_size=vocab_size)
     html = _render([row], m, scale, title=title, outline_label=outline_label,
                    show_labels=bool(label or info))
     return TokenStrip(html=html, metric=m.key, n_tokens=n, n_rows=1)
@@ -540,7 +559,7 @@ def token_strips(tokens: Sequence[Sequence[str]], values: Sequence[Any], *, metr
                  token_ids: Sequence[Sequence[int]] | None = None, signed: bool | None = None,
                  vmin: float | None = None, vmax: float | None = None, title: str = "",
                  outline_label: str = "clipped by the loss", definition: str | None = None,
-                 note: str = "") -> TokenStrip:
+                 note: str = "", vocab_size: int | None = None) -> TokenStrip:
     """Several completions stacked, one row each, on ONE shared colour scale (so rows compare).
 
     labels: a row label each (e.g. "prompt 0 · g 2"); row_info: {name: value} chips under the label
@@ -574,7 +593,7 @@ def token_strips(tokens: Sequence[Sequence[str]], values: Sequence[Any], *, metr
         rows.append(row)
     all_vals = _scale_values(rows)
     m = _resolve_metric(metric, signed, all_vals, definition)
-    scale = make_scale(m, all_vals, vmin, vmax)
+    scale = make_scale(m, all_vals, vmin, vmax, vocab_size=vocab_size)
     html = _render(rows, m, scale, title=title, outline_label=outline_label, note=note)
     return TokenStrip(html=html, metric=m.key, n_tokens=sum(len(r.tokens) for r in rows), n_rows=n_rows)
 
@@ -582,7 +601,8 @@ def token_strips(tokens: Sequence[Sequence[str]], values: Sequence[Any], *, metr
 def token_metric_stack(tokens: Sequence[str], metrics: Mapping[str, Any], *, label: str = "",
                        mask: Sequence[bool] | None = None, outline: Sequence[Any] | None = None,
                        outline_metric: str = "ratio", topk: Sequence[Sequence[tuple[str, float]]] | None = None,
-                       token_ids: Sequence[int] | None = None, title: str = "") -> HTMLView:
+                       token_ids: Sequence[int] | None = None, title: str = "",
+                       vocab_size: int | None = None) -> HTMLView:
     """One completion, one strip per metric (CircuitsVis' multi-metric idea without a JS toggle).
 
     Every strip's hover lists all metrics at that token, so any row gives the full picture.
@@ -596,6 +616,7 @@ def token_metric_stack(tokens: Sequence[str], metrics: Mapping[str, Any], *, lab
     parts = [f'<div class="rw-view"><div class="rw-title">{attr(title or label)}</div>'] if (title or label) else []
     for k, v in arrays.items():
         strip = token_strip(tokens, v, metric=k, mask=mask, hover=hover, topk=topk, token_ids=token_ids,
+                            vocab_size=vocab_size,
                             outline=outline if k == outline_metric else None,
                             info={"metric": METRICS[k].name if k in METRICS else k})
         parts.append(strip.html)
