@@ -81,3 +81,48 @@ def test_iterations_round_trip(mu3, tmp_path):
     assert len(back.iterations) == 3
     torch.testing.assert_close(back.iterations[2].loss.per_token_ratio, mu3.iterations[2].loss.per_token_ratio)
     assert back.iterations[2].loss.metrics == mu3.iterations[2].loss.metrics
+
+
+def test_loss_for_iteration_recomputes_the_pass_and_eps_acts(mu3):
+    from rookworld_debug.grpo.iterations import loss_for_iteration
+    it = mu3.iterations[-1]
+    same = loss_for_iteration(mu3.rollout, mu3.advantages, mu3.config, it)
+    assert float(same.loss) == pytest.approx(float(it.loss.loss), abs=1e-7)
+    wide = loss_for_iteration(mu3.rollout, mu3.advantages, mu3.config.replace(epsilon_low=0.5, epsilon_high=0.5), it)
+    assert wide.metrics["clip_ratio/region_mean"] < it.loss.metrics["clip_ratio/region_mean"]
+    assert float(wide.pg_loss) != float(it.loss.pg_loss)            # ε moves the PG term of an off-policy pass
+    assert float(loss_for_iteration(mu3.rollout, mu3.advantages, mu3.config.replace(beta=0.5), it).kl_loss) \
+        != float(it.loss.kl_loss)
+
+
+def test_compare_loss_types_is_a_pure_recompute(mu3):
+    from rookworld_debug.grpo.iterations import compare_loss_types
+    from rookworld_debug.grpo.loss import LOSS_TYPES
+    rows = compare_loss_types(mu3.rollout, mu3.advantages, mu3.config, iteration=mu3.iterations[-1])
+    assert [r.loss_type for r in rows] == list(LOSS_TYPES)
+    m = mu3.rollout.completion_mask.bool()
+    by = {r.loss_type: r for r in rows}
+    assert float(by["dapo"].loss.loss) == pytest.approx(float(mu3.iterations[-1].loss.loss), abs=1e-7)
+    for r in rows:
+        assert r.token_weight.shape == m.shape and torch.all(r.token_weight[~m] == 0), r.loss_type
+        assert math.isfinite(r.grad_norm_logps) and r.grad_norm_logps > 0, r.loss_type
+        assert not r.loss.loss.requires_grad
+    # the aggregations really differ: per-token weights of grpo vs dapo are not proportional everywhere
+    assert not torch.allclose(by["grpo"].token_weight / by["grpo"].grad_norm_logps,
+                              by["dapo"].token_weight / by["dapo"].grad_norm_logps)
+    on = compare_loss_types(mu3.rollout, mu3.advantages, mu3.config, loss_types=("dapo", "cispo"))
+    assert float(on[0].loss.loss) == pytest.approx(float(mu3.loss.loss), abs=1e-7)   # sampling-time record
+
+
+def test_iteration_views_render(mu3):
+    from rookworld_debug import viz
+    tab = viz.iteration_table_from_trace(mu3).html
+    assert tab.count("<tr>") == 1 + 3 and "clip region" in tab and "sampled rollout" in tab
+    fig = viz.iteration_ratio_histogram_from_trace(mu3)
+    assert [t.name for t in fig.data] == ["pass 1", "pass 2", "pass 3"]
+    strip = viz.iteration_token_strips_from_trace(mu3, -1, "ratio", rows=list(range(8)))
+    assert "rw-out" in strip.html                                   # clipped tokens outlined
+    table, fig2 = viz.loss_type_comparison_from_trace(mu3)
+    for lt in ("dapo", "grpo", "cispo", "sapo", "luspo", "vespo", "manual"):
+        assert f"<b>{lt}</b>" in table.html
+    assert "pass 3 of μ = 3" in table.html and len(fig2.data) == 4

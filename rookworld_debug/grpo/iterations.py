@@ -136,3 +136,61 @@ def _record(i, ups, rollout, advantages, config, old, mask) -> IterationRecord:
                        num_generations=config.num_generations, **kw)
     return IterationRecord(index=i, loss=rec, updates=tuple(ups), per_token_logps=logps,
                            entropy_coef=ups[-1].entropy_coef)
+
+
+def loss_for_iteration(rollout, advantages, config, it: IterationRecord) -> LossBreakdown:
+    """Pass `it`'s loss record recomputed with (possibly new) loss knobs — no forward pass: its recorded
+    log-probs against the frozen old log-probs (widgets' β/ε sliders on a drifted, off-policy pass)."""
+    from rookworld_debug.errors import ConfigError
+    mask = effective_mask(rollout, config)                                 # (N, T)
+    old = (rollout.per_token_logps if config.freezes_old_logps else it.per_token_logps).detach()   # (N, T)
+    full_kl = None
+    if config.kl_estimator == "full":
+        if it.loss.kl_estimator != "full" or it.loss.per_token_kl is None:
+            raise ConfigError("kl_estimator", "the exact KL of this pass was not recorded (run the step with "
+                              "kl_estimator='full' and β > 0)")
+        full_kl = it.loss.per_token_kl                                      # (N, T)
+    ref = None if config.kl_estimator == "full" else rollout.ref_per_token_logps
+    return compute_loss(it.per_token_logps, old, ref, advantages.advantages.to(it.per_token_logps.dtype), mask,
+                        entropy=it.loss.per_token_entropy, per_token_full_kl=full_kl,
+                        num_generations=config.num_generations,
+                        **{**loss_kwargs(config), "entropy_coef": it.entropy_coef})
+
+
+@dataclass(frozen=True)
+class LossTypeRow:
+    """One loss type on the same tensors (see `compare_loss_types`)."""
+    loss_type: str
+    loss: LossBreakdown                 # the full record (PG / KL / entropy terms, definition)
+    token_weight: torch.Tensor          # (N, T) −∂loss/∂ℓ_it: the weight each token's ∇logπ gets (0 masked)
+    grad_norm_logps: float              # ‖∂loss/∂ℓ‖₂ over all tokens (w.r.t. log-probs, NOT the weights)
+
+
+def compare_loss_types(rollout, advantages, config, *, iteration: Optional[IterationRecord] = None,
+                       loss_types: Optional[tuple] = None) -> tuple:
+    """The same rollout (or inner pass) under each loss type: terms, per-token weights, gradient norms.
+    A pure recompute from recorded tensors (autograd on a detached copy of the log-probs, no forward pass)."""
+    from rookworld_debug.grpo.loss import LOSS_TYPES
+    out = []
+    for lt in loss_types or LOSS_TYPES:
+        cfg = config.replace(loss_type=lt)
+        base = iteration.per_token_logps if iteration is not None else rollout.per_token_logps
+        leaf = base.detach().clone().requires_grad_(True)                  # (N, T)
+        if iteration is not None:
+            it = IterationRecord(iteration.index, iteration.loss, iteration.updates, leaf, iteration.entropy_coef)
+            rec = loss_for_iteration(rollout, advantages, cfg, it)
+        else:                              # the sampling-time record (step.loss_for), old = ℓ.detach()
+            rec = compute_loss(leaf, base.detach(), rollout.ref_per_token_logps, advantages.advantages.to(base.dtype),
+                               effective_mask(rollout, cfg), entropy=rollout.per_token_entropy,
+                               per_token_full_kl=rollout.per_token_full_kl, num_generations=cfg.num_generations,
+                               **loss_kwargs(cfg))
+        grad = torch.autograd.grad(rec.loss, leaf, allow_unused=True)[0] if rec.loss.requires_grad else None
+        grad = torch.zeros_like(base) if grad is None else grad
+        out.append(LossTypeRow(lt, _detached(rec), (-grad).detach(), float(grad.norm())))
+    return tuple(out)
+
+
+def _detached(rec: LossBreakdown) -> LossBreakdown:
+    import dataclasses
+    return dataclasses.replace(rec, **{k: getattr(rec, k).detach() for k in
+                                       ("loss", "pg_loss", "kl_loss", "entropy_loss", "entropy_term")})

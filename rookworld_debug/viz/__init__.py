@@ -21,6 +21,9 @@ from .htmlview import HTMLView
 from .completions import completion_name, completions_rows, completions_table, completions_table_from_trace
 from .summary import details_view, executive_summary_from_trace
 from .capture import capture_table_from_trace
+from .iterations import (iteration_ratio_histogram_from_trace, iteration_table_from_trace,
+                         iteration_token_strips_from_trace, loss_type_comparison_from_trace,
+                         loss_type_comparison_table)
 from .plots import (before_after_figure, delta_logp_scatter, grad_norm_figure, loss_waterfall, per_sequence_bar,
                     reward_breakdown_figure, setup_notebook_rendering, steps_figure, token_heatmap)
 from .tables import (advantage_table, before_after_table, invariants_table, metrics_table, provenance_table,
@@ -52,4 +55,7 @@ __all__ = [
     "executive_summary_from_trace", "details_view",
     # a step captured from TRL's GRPOTrainer
     "capture_table_from_trace",
+    # inner PPO iterations and the loss-type comparison (issue 14)
+    "iteration_table_from_trace", "iteration_ratio_histogram_from_trace", "iteration_token_strips_from_trace",
+    "loss_type_comparison_from_trace", "loss_type_comparison_table",
 ]
