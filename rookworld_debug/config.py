@@ -49,14 +49,19 @@ class StepConfig:
                     "copy loaded the same way (eval mode, no grad).", group="run")
     dataset: str = _f("bundled", "Prompt source: 'bundled' (sample shipped with the package, generated with "
                       "python-chess + Stockfish) or a path to a RookWorld text/JSONL file.", group="run")
+    on_bad_sample: str = _f("error", "A malformed dataset record: 'error' raises DataError naming the file, the "
+                            "1-based line and why; 'skip' drops it and the step's flags list every skip.",
+                            choices=("error", "skip"), group="run")
     task: str = _f("P", "Which prompts form the batch: 'P' (ROOK policy with chain-of-thought), 'A' (ArbiterSim "
-                   "environment) or 'mixed' (both, alternating).", choices=TASKS, group="run")
+                   "environment) or 'mixed' (both tasks, alternating P, A, P, A, ...: ⌈B/2⌉ P and ⌊B/2⌋ A prompts, so B ≥ 2).",
+                   choices=TASKS, group="run")
     batch_size: int = _f(4, "B: number of distinct prompts in the step (the seeds' debug run used 4).", group="run")
     num_generations: int = _f(4, "G: completions sampled per prompt; one group = the G completions of a prompt. "
                               "N = B·G rows. TRL requires G ≥ 2 (a group std needs two samples).", group="run")
-    prompt_indices: Optional[tuple] = _f(None, "Explicit dataset indices of the B prompts (length must equal "
-                                         "batch_size). None = the first B prompts of the selected task, "
-                                         "in file order.", group="run")
+    prompt_indices: Optional[tuple] = _f(None, "Explicit dataset indices of the B prompts: distinct, length = "
+                                         "batch_size, positions in the train split of `dataset`. None = a seeded "
+                                         "draw: random.Random(seed).sample over the prompts of the selected task "
+                                         "(see task for 'mixed').", group="run")
     seed: int = _f(0, "Seed of the torch.Generator used for sampling (and of every other random choice); the "
                    "same config + seed gives a bit-identical StepTrace on CPU.", group="run")
 
@@ -276,6 +281,10 @@ class StepConfig:
                 raise ConfigError("prompt_indices", f"must be a list of integers, got {pi!r}")
             need(len(pi) == self.batch_size, "prompt_indices", f"length must equal batch_size={self.batch_size}")
             need(all(i >= 0 for i in pi), "prompt_indices", "indices must be ≥ 0")
+            need(len(set(pi)) == len(pi), "prompt_indices", "indices must be distinct (G already repeats each "
+                 "prompt num_generations times)")
+        if self.task == "mixed" and self.prompt_indices is None:
+            need(self.batch_size >= 2, "batch_size", "task='mixed' needs batch_size ≥ 2 to hold both tasks")
         need(self.seed >= 0, "seed", "must be ≥ 0")
         need(self.max_new_tokens > 0, "max_new_tokens", "must be > 0")
         need(self.p_temperature > 0, "p_temperature", "must be > 0")
@@ -445,4 +454,4 @@ _INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k
 _BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy")
 _STR_FIELDS = ("model", "dataset", "device")
 _CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
-            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES}
+            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip")}

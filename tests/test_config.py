@@ -53,10 +53,10 @@ def test_frozen_and_replace():
 
 
 def test_dict_round_trip_is_json_and_papermill_friendly():
-    c = StepConfig(prompt_indices=(3, 1, 4, 1), delta=1.5, micro_batch_size=8, task="mixed", seed=7)
+    c = StepConfig(prompt_indices=(3, 1, 4, 5), delta=1.5, micro_batch_size=8, task="mixed", seed=7)
     d = c.to_dict()
     assert list(d) == list(StepConfig.field_names())
-    assert d["prompt_indices"] == [3, 1, 4, 1] and d["adam_betas"] == [0.9, 0.999]
+    assert d["prompt_indices"] == [3, 1, 4, 5] and d["adam_betas"] == [0.9, 0.999]
     back = StepConfig.from_dict(json.loads(json.dumps(d)))
     assert back == c and back.to_dict() == d
     assert StepConfig.from_dict({}) == StepConfig()

@@ -115,9 +115,12 @@ def test_load_text_file_adds_missing_a_prefix(tmp_path):
     p = ("P: " + f"{'8/8/8/8/8/8/8/K6k w - - 0 1':90}" + f"{'M: a1a2 a1b1 a1b2':33}" + f"{'E: 0.0 0.0 0.0':43}" + "B: a1a2")
     f = tmp_path / "lines.txt"
     f.write_text(f"{a}\n{p}\nnot a sample\n")
-    samples, rep = loaders.load_file(f, with_report=True)
+    with pytest.raises(DataError, match=r"lines.txt:3: malformed"):       # the default: bad lines are errors
+        loaders.load_file(f)
+    samples, rep = loaders.load_file(f, with_report=True, on_bad_sample="skip")
     assert [s.task for s in samples] == ["A", "P"]
     assert samples[0].text.startswith("A: ") and rep.added_a_prefix == 1 and rep.skipped == 1
+    assert rep.notes[0].startswith(f"skipped {f}:3: ")
     assert samples[0].prompt.endswith("+e2e4+") and samples[0].completion.endswith("+0.001+0+0")
     assert samples[1].completion.lstrip().startswith("M: ")
 
@@ -148,7 +151,7 @@ def test_select_batch_explicit_and_deterministic():
     a_idx = next(i for i, s in enumerate(samples) if s.task == "A")
     with pytest.raises(DataError):
         loaders.select_batch(samples, task="P", indices=[a_idx])
-    with pytest.raises(DataError):
+    with pytest.raises(ConfigError, match="prompt_indices"):
         loaders.select_batch(samples, task="P", indices=[len(samples)])
     with pytest.raises(DataError):
         loaders.select_batch(samples[:3], task="P", batch_size=10, seed=0)

@@ -122,7 +122,7 @@ def _run(args, timeout=110, **kw):
 
 
 @pytest.mark.timeout(120)
-def test_engine_dropped_without_close_does_not_hang_exit_or_leak_processes():
+def test_engine_dropped_without_close_does_not_hang_exit_or_leak_processes(tmp_path):
     """The root cause of the `step` and ModelLoadError exit hangs: an Engine garbage-collected without
     close() left python-chess's non-daemon loop threads (and Stockfish) running, so Python never exited."""
     code = textwrap.dedent(f"""
@@ -134,7 +134,7 @@ def test_engine_dropped_without_close_does_not_hang_exit_or_leak_processes():
         del e
         gc.collect()
     """)
-    out, elapsed = _run([sys.executable, "-c", code], timeout=60)
+    out, elapsed = _run([sys.executable, "-c", code], timeout=60, cwd=tmp_path)   # the installed package
     assert out.returncode == 0, out.stderr
     assert elapsed < 30
     time.sleep(0.2)

@@ -26,10 +26,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from rookworld_debug.errors import DataError, FormatError
+from rookworld_debug.errors import ConfigError, DataError, FormatError
 
 BUNDLED_NAME = "rookworld_sample.jsonl"
 TASKS = ("P", "A", "mixed")
+ON_BAD_SAMPLE = ("error", "skip")
 
 
 @dataclass(frozen=True)
@@ -104,26 +105,59 @@ def _looks_like_unprefixed_a(text: str) -> bool:
     return len(parts) == 7 and len(parts[0].split()) == 6 and "/" in parts[0]
 
 
-def _from_texts(texts: Iterable[str], source: str, splits: Iterable[str] | None = None):
-    out, added, skipped, notes = [], 0, 0, []
-    splits = list(splits) if splits is not None else None
-    for i, raw in enumerate(texts):
-        text = raw.strip()
-        if not text:
-            continue
-        if not text.startswith(("P:", "A:")) and _looks_like_unprefixed_a(text):
-            text = "A: " + text
-            added += 1
+def _check_on_bad(on_bad_sample: str) -> None:
+    if on_bad_sample not in ON_BAD_SAMPLE:
+        raise ConfigError("on_bad_sample", f"must be one of {list(ON_BAD_SAMPLE)}, got {on_bad_sample!r}")
+
+
+def _from_texts(rows: Iterable[tuple], source: str, on_bad_sample: str = "error"):
+    """rows = (where, text, split) with ``where`` a 1-based line number (files) or a row label.
+
+    A malformed row raises DataError naming ``source``, the line and why; with ``on_bad_sample='skip'``
+    it is skipped instead and EVERY skip is listed in the returned notes (they become step flags).
+    """
+    _check_on_bad(on_bad_sample)
+    out, added, notes = [], 0, []
+    for where, raw, split in rows:
         try:
+            if not isinstance(raw, str):
+                raise FormatError(f"sample text must be a string, got {type(raw).__name__} {raw!r:.60}")
+            if not isinstance(split, str):
+                raise FormatError(f"'split' must be a string, got {type(split).__name__} {split!r:.60}")
+            text = raw.strip()
+            if not text:
+                if isinstance(where, int):       # a blank line in a text file is only a separator
+                    continue
+                raise FormatError("empty sample text")
+            if not text.startswith(("P:", "A:")) and _looks_like_unprefixed_a(text):
+                text = "A: " + text
+                added += 1
             task, prompt, completion = split_text(text)
         except FormatError as e:
-            skipped += 1
-            if len(notes) < 5:
-                notes.append(f"skipped line {i}: {e}")
+            if on_bad_sample == "error":
+                raise DataError(f"{source}:{where}: malformed sample: {e} (pass on_bad_sample='skip' to skip "
+                                "such lines; the skips are then flagged)") from None
+            notes.append(f"skipped {source}:{where}: {e}")
             continue
         out.append(Sample(text=prompt + completion, task=task, prompt=prompt, completion=completion,
-                          split=(splits[i] if splits else "train"), source=source, index=len(out)))
-    return out, added, skipped, notes
+                          split=split, source=source, index=len(out)))
+    return out, added, len(notes), notes
+
+
+def _read_lines(path: Path) -> list[str]:
+    """The file's lines; a UTF-8 BOM is dropped; unreadable input is a DataError naming the file."""
+    if path.is_dir():
+        raise DataError(f"data path is a directory, not a file: {path}")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read data file {path}: {e}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return text.splitlines()
 
 
 def _report(source, samples, added=0, skipped=0, notes=()):
@@ -160,31 +194,39 @@ def load_heldout(task: str = "mixed") -> list[Sample]:
     return [s for s in load_bundled(split="heldout") if task == "mixed" or s.task == task]
 
 
-def load_file(path: str | os.PathLike, with_report: bool = False):
-    """A local JSONL file (records with ``text``; optional ``split``) or a text file (one line each)."""
+def load_file(path: str | os.PathLike, with_report: bool = False, *, on_bad_sample: str = "error"):
+    """A local JSONL file (records with ``text``; optional ``split``) or a text file (one line each).
+
+    UTF-8, with or without a BOM. Any malformed record raises DataError naming the file, the 1-based
+    line and why; ``on_bad_sample='skip'`` skips malformed SAMPLES instead (each skip is in the
+    report's notes). A file that is not JSON Lines/UTF-8 at all always raises.
+    """
+    _check_on_bad(on_bad_sample)
     path = Path(path)
     if not path.exists():
         raise DataError(f"data file not found: {path}")
-    lines = path.read_text().splitlines()
+    lines = _read_lines(path)
     if not any(l.strip() for l in lines):
         raise DataError(f"data file is empty: {path}")
     first = next(l for l in lines if l.strip()).lstrip()
     if first.startswith("{"):
-        texts, splits = [], []
-        for n, l in enumerate(lines):
+        rows = []
+        for n, l in enumerate(lines, 1):
             if not l.strip():
                 continue
             try:
                 rec = json.loads(l)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n + 1}: not JSON ({e})") from None
+                raise DataError(f"{path}:{n}: not JSON ({e})") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{path}:{n}: JSONL record must be an object with a 'text' field, got "
+                                f"{type(rec).__name__} {l.strip()[:60]!r}")
             if "text" not in rec:
-                raise DataError(f"{path}:{n + 1}: JSONL record without a 'text' field")
-            texts.append(rec["text"])
-            splits.append(rec.get("split", "train"))
-        samples, added, skipped, notes = _from_texts(texts, str(path), splits)
+                raise DataError(f"{path}:{n}: JSONL record without a 'text' field")
+            rows.append((n, rec["text"], rec.get("split", "train")))
     else:
-        samples, added, skipped, notes = _from_texts(lines, str(path))
+        rows = [(n, l, "train") for n, l in enumerate(lines, 1)]
+    samples, added, skipped, notes = _from_texts(rows, str(path), on_bad_sample)
     if not samples:
         raise DataError(f"no P:/A: samples in {path} ({skipped} lines skipped: {notes[:2]})")
     report = _report(str(path), samples, added, skipped, notes)
@@ -192,7 +234,7 @@ def load_file(path: str | os.PathLike, with_report: bool = False):
 
 
 def load_hf(name: str = "jrahn/rookworld_7m", split: str = "test", *, limit: int | None = 5000,
-            text_field: str = "text", with_report: bool = False):
+            text_field: str = "text", with_report: bool = False, on_bad_sample: str = "error"):
     """A hub dataset via the optional ``datasets`` package; DataError when offline or not installed.
 
     ``limit`` reads only the first rows (streaming) so a quick look does not download 7M lines.
@@ -222,7 +264,8 @@ def load_hf(name: str = "jrahn/rookworld_7m", split: str = "test", *, limit: int
         texts = [r[text_field] for r in rows]
     except Exception as e:
         raise DataError(f"cannot load {name!r} split {split!r}: {type(e).__name__}: {e}") from None
-    samples, added, skipped, notes = _from_texts(texts, f"hf:{name}:{split}", [split] * len(texts))
+    rows = [(f"row {i}", t, split) for i, t in enumerate(texts)]
+    samples, added, skipped, notes = _from_texts(rows, f"hf:{name}:{split}", on_bad_sample)
     if added:
         notes = [f"added the missing 'A: ' prefix to {added} lines"] + list(notes)
     report = _report(f"hf:{name}:{split}", samples, added, skipped, notes)
@@ -250,35 +293,39 @@ def batch_hash(prompts: Sequence[str], completions: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def select_batch(samples: Sequence[Sample], *, task: str = "P", batch_size: int = 4, seed: int | None = 0,
-                 indices: Sequence[int] | None = None) -> Batch:
-    """Pick ``batch_size`` samples of ``task`` (``P``/``A``/``mixed``).
+def select_batch(samples: Sequence[Sample], *, task: str = "P", batch_size: int | None = None,
+                 seed: int | None = 0, indices: Sequence[int] | None = None) -> Batch:
+    """Pick a batch of ``task`` (``P``/``A``/``mixed``) prompts.
 
-    * ``indices`` given: exactly those positions of ``samples`` (their tasks must match the filter);
-      ``seed`` is ignored and reported as None.
-    * otherwise: ``random.Random(seed).sample`` over the positions whose task matches — the same
-      (samples, task, batch_size, seed) always gives the same batch. ``mixed`` draws from all.
+    * ``indices`` given: exactly those positions of ``samples``, in that order (distinct, in range, of
+      the filtered task; ``batch_size``, when given, must equal their number). ``seed`` is ignored and
+      reported as None. A bad list raises ``ConfigError('prompt_indices', ...)``.
+    * otherwise ``batch_size`` (default 4) prompts drawn by ``random.Random(seed)`` — the same
+      (samples, task, batch_size, seed) always gives the same batch. ``P``/``A``: a seeded sample of
+      that task's positions. ``mixed``: both tasks, alternating P, A, P, A, ... (⌈B/2⌉ P and ⌊B/2⌋ A,
+      each a seeded sample of its task), so B ≥ 2 is required.
     Too few candidates raise DataError (no wrap-around, no silent repeat).
     """
     _check_task(task)
     if not samples:
         raise DataError("no samples to select from")
     if indices is not None:
-        idx = [int(i) for i in indices]
-        bad = [i for i in idx if not 0 <= i < len(samples)]
-        if bad:
-            raise DataError(f"indices out of range 0..{len(samples) - 1}: {bad}")
-        wrong = [i for i in idx if task != "mixed" and samples[i].task != task]
-        if wrong:
-            raise DataError(f"indices {wrong} are not {task}: samples")
+        idx = _check_indices(samples, task, batch_size, indices)
         used_seed = None
     else:
+        batch_size = DEFAULT_BATCH_SIZE if batch_size is None else batch_size
         if batch_size < 1:
             raise DataError(f"batch_size must be >= 1, got {batch_size}")
-        cand = [i for i, s in enumerate(samples) if task == "mixed" or s.task == task]
-        if len(cand) < batch_size:
-            raise DataError(f"only {len(cand)} {task} samples, batch_size {batch_size} requested")
-        idx = random.Random(seed).sample(cand, batch_size)
+        rng = random.Random(seed)
+        if task == "mixed":
+            if batch_size < 2:
+                raise ConfigError("batch_size", "task='mixed' needs batch_size >= 2 to hold both tasks, got "
+                                  f"{batch_size}")
+            p = _draw(rng, samples, "P", (batch_size + 1) // 2)
+            a = _draw(rng, samples, "A", batch_size // 2)
+            idx = [x for pair in zip(p, a) for x in pair] + p[len(a):]
+        else:
+            idx = _draw(rng, samples, task, batch_size)
         used_seed = seed
     chosen = [samples[i] for i in idx]
     prompts = tuple(s.prompt for s in chosen)
@@ -286,3 +333,36 @@ def select_batch(samples: Sequence[Sample], *, task: str = "P", batch_size: int 
     return Batch(prompts=prompts, completions=completions, tasks=tuple(s.task for s in chosen), indices=tuple(idx),
                  task_filter=task, seed=used_seed, batch_hash=batch_hash(prompts, completions),
                  source=chosen[0].source if chosen else "")
+
+
+DEFAULT_BATCH_SIZE = 4
+
+
+def _draw(rng: random.Random, samples: Sequence[Sample], task: str, k: int) -> list[int]:
+    cand = [i for i, s in enumerate(samples) if s.task == task]
+    if len(cand) < k:
+        raise DataError(f"only {len(cand)} {task} samples, {k} requested")
+    return rng.sample(cand, k)
+
+
+def _check_indices(samples: Sequence[Sample], task: str, batch_size: int | None, indices) -> list[int]:
+    """Validated explicit ``prompt_indices`` (ConfigError naming the field for every way they can be wrong)."""
+    idx = list(indices)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in idx):
+        raise ConfigError("prompt_indices", f"must be integers, got {idx!r}")
+    if not idx:
+        raise ConfigError("prompt_indices", "is empty; give at least one index or None for a seeded batch")
+    if batch_size is not None and len(idx) != batch_size:
+        raise ConfigError("prompt_indices", f"has {len(idx)} indices but batch_size={batch_size}")
+    dups = sorted({i for i in idx if idx.count(i) > 1})
+    if dups:
+        raise ConfigError("prompt_indices", f"repeats {dups}: each prompt may appear once (G already repeats "
+                          "it num_generations times)")
+    bad = [i for i in idx if not 0 <= i < len(samples)]
+    if bad:
+        raise ConfigError("prompt_indices", f"{bad} out of range: valid indices are 0..{len(samples) - 1} "
+                          f"({len(samples)} train samples)")
+    wrong = [i for i in idx if task != "mixed" and samples[i].task != task]
+    if wrong:
+        raise DataError(f"prompt_indices {wrong} are not {task}: samples (task={task!r})")
+    return idx

@@ -48,17 +48,34 @@ class Setup:
     heldout: tuple                  # held-out Samples for before/after greedy eval
     invariants: Invariants
     seconds: float
+    data_flags: tuple = ()          # malformed dataset records skipped (on_bad_sample='skip'), one per line
 
 
-def load_samples(dataset: str, task: str) -> tuple[list, list]:
+MAX_SKIP_FLAGS = 20
+
+
+def load_samples(dataset: str, task: str, on_bad_sample: str = "error") -> tuple[list, list]:
     """(train samples, held-out samples) for 'bundled' | a local .txt/.jsonl path | 'hf:<name>'.
     Batch indices are positions in the train list; held-out prompts never enter a batch."""
+    return load_samples_reported(dataset, task, on_bad_sample)[:2]
+
+
+def load_samples_reported(dataset: str, task: str, on_bad_sample: str = "error") -> tuple[list, list, tuple]:
+    """`load_samples` + the flags of the records skipped under ``on_bad_sample='skip'`` (empty otherwise)."""
     if dataset == "bundled":
-        return load_bundled(split="train"), load_heldout(task)
-    samples = load_hf(dataset[3:]) if dataset.startswith("hf:") else load_file(dataset)
+        return load_bundled(split="train"), load_heldout(task), ()
+    if dataset.startswith("hf:"):
+        samples, report = load_hf(dataset[3:], with_report=True, on_bad_sample=on_bad_sample)
+    else:
+        samples, report = load_file(dataset, with_report=True, on_bad_sample=on_bad_sample)
     train = [s for s in samples if s.split != "heldout"]
     heldout = [s for s in samples if s.split == "heldout" and (task == "mixed" or s.task == task)]
-    return train, heldout
+    flags = ()
+    if report.skipped:
+        more = report.skipped - MAX_SKIP_FLAGS
+        flags = (f"{report.skipped} malformed dataset record(s) skipped (on_bad_sample='skip')",
+                 *report.notes[:MAX_SKIP_FLAGS], *([f"... and {more} more skipped"] if more > 0 else []))
+    return train, heldout, flags
 
 
 def _dropout_active(model) -> tuple:
@@ -100,6 +117,61 @@ def check_invariants(policy, reference, tokenizer, prompts, completions, tempera
     return Invariants(**inv, ok=not failures, failures=tuple(failures))
 
 
+def n_positions(policy) -> int | None:
+    """The model's context length (GPT-2: ``n_positions``), None when its config does not say."""
+    cfg = getattr(policy, "config", None)
+    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def _longest_prompt(tokenizer, prompts) -> int:
+    return max((len(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]), default=0)
+
+
+def check_context(config: StepConfig, policy, tokenizer, prompts, heldout_prompts=()) -> None:
+    """Every sequence the step will build must fit the model's context: ConfigError naming the field and
+    n_positions BEFORE generation (torch would fail deep inside with a bare IndexError)."""
+    ctx = n_positions(policy)
+    if ctx is None:
+        return
+    p_batch = _longest_prompt(tokenizer, prompts)
+    p_eval = max(p_batch, _longest_prompt(tokenizer, heldout_prompts))
+    for name, p_len, what in (("max_new_tokens", p_batch, "the batch"),
+                              ("eval_max_new_tokens", p_eval, "the batch and held-out")):
+        new = getattr(config, name)
+        if p_len + new > ctx:
+            raise ConfigError(name, f"{new} new tokens after the longest prompt of {what} ({p_len} tokens) need "
+                              f"{p_len + new} positions, but the model's context is n_positions={ctx}; use "
+                              f"{name} ≤ {max(ctx - p_len, 0)}")
+
+
+def check_inject(inject, s: Setup, config: StepConfig) -> None:
+    """`run_step(inject=...)` rows must be valid text that fits the context with its prompt (+ EOS)."""
+    n = len(s.batch.prompts) * config.num_generations
+    for row, text in inject.items():
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < n:
+            raise ConfigError("inject", f"row {row!r} is not a row index 0..{n - 1}")
+        if not isinstance(text, str):
+            raise ConfigError("inject", f"row {row}: completion must be a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConfigError("inject", f"row {row}: not valid Unicode text ({e.reason} at character {e.start}: "
+                              f"{text[e.start]!r})") from None
+    ctx = n_positions(s.policy)
+    if ctx is None:
+        return
+    p_len = _longest_prompt(s.tokenizer, s.batch.prompts)
+    for row, text in inject.items():
+        t_len = len(s.tokenizer(text, add_special_tokens=False)["input_ids"]) + 1      # + EOS
+        if p_len + t_len > ctx:
+            raise ConfigError("inject", f"row {row}: {t_len} completion tokens (with EOS) after a {p_len}-token "
+                              f"prompt need {p_len + t_len} positions, but the model's context is n_positions={ctx}")
+
+
 def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None = None, engine=None) -> Setup:
     """Load (or reuse) models, data and engine; pick the batch; check the step-0 invariants."""
     from rookworld_debug.models import load_policy_and_reference
@@ -107,7 +179,12 @@ def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None 
     torch.manual_seed(config.seed)
     # data and engine first: a bad dataset or a missing Stockfish (EngineNotFound) fails in seconds,
     # before a possibly large model is loaded
-    train, heldout_all = samples if samples is not None else load_samples(config.dataset, config.task)
+    from rookworld_debug.models.devices import check_device
+    check_device(config.device)       # a typo or a missing GPU: ConfigError before data, engine or model
+    if samples is None:
+        train, heldout_all, data_flags = load_samples_reported(config.dataset, config.task, config.on_bad_sample)
+    else:
+        (train, heldout_all), data_flags = samples, ()
     batch = select_batch(train, task=config.task, batch_size=config.batch_size, seed=config.seed,
                          indices=config.prompt_indices)
     heldout = tuple(heldout_all[: config.heldout_n])
@@ -115,12 +192,19 @@ def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None 
     if config.reward_mode not in ("engine", "dataset"):
         raise ConfigError("reward_mode", f"unknown {config.reward_mode!r}")
     needs_engine = config.reward_mode == "engine" and any(t == "P" for t in batch.tasks)
+    engine_arg = engine
     if engine is None and needs_engine:
         from rookworld_debug.chess.engine import Engine
         engine = Engine(depth=config.engine_depth, multipv=config.engine_multipv, workers=config.engine_workers,
                         timeout=config.engine_timeout)
     torch.manual_seed(config.seed)
-    loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device)
+    try:
+        loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device)
+        check_context(config, loaded.policy, loaded.tokenizer, batch.prompts, [x.prompt for x in heldout])
+    except BaseException:
+        if engine is not None and engine is not engine_arg:     # ours: don't leave its processes running
+            engine.close()
+        raise
     policy, reference, tokenizer, prov = loaded
 
     from rookworld_debug.grpo.update import make_optimizer
@@ -135,7 +219,7 @@ def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None 
                                                          "multipv": config.engine_multipv, "threads": 1}}
     s = Setup(config=config, policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
               optimizer=optimizer, provenance=provenance, batch=batch, heldout=heldout,
-              invariants=invariants, seconds=time.perf_counter() - t0)
+              invariants=invariants, seconds=time.perf_counter() - t0, data_flags=data_flags)
     # invariants above check the BASE pair; then move the policy to a drifted start if configured
     from rookworld_debug.grpo.drift import apply_start
     s = apply_start(s)

@@ -22,7 +22,7 @@ from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_aft
 from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import Rewards, compute_rewards
-from rookworld_debug.grpo.setup import Setup, setup as setup_phase
+from rookworld_debug.grpo.setup import Setup, check_context, check_inject, setup as setup_phase
 from rookworld_debug.grpo.iterations import run_iterations
 from rookworld_debug.grpo.update import UpdateResult
 from rookworld_debug.metrics import term_balance, tiny_std_groups
@@ -150,6 +150,8 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
     `inject` = {row: completion text} replaces sampled rows (see `inject_completions`)."""
     timer = timer or PhaseTimer()
     b, g = s.batch, config.num_generations
+    if inject:
+        check_inject(inject, s, config)        # bad text / too long for the context: ConfigError, before sampling
     with timer("generation"):
         rollout = generate(s.policy, s.reference, s.tokenizer, list(b.prompts), list(b.tasks), num_generations=g,
                            max_new_tokens=config.max_new_tokens,
@@ -175,6 +177,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     timer = PhaseTimer()
     with timer("setup"):
         s = replace(session, config=config) if session is not None else setup_phase(config)
+        if session is not None:           # a reused session may meet new token limits: same check as setup
+            check_context(config, s.policy, s.tokenizer, s.batch.prompts, [x.prompt for x in s.heldout])
     ev_kw = dict(max_new_tokens=config.eval_max_new_tokens, reward_mode=config.reward_mode, engine=s.engine)
     heldout_labels = [x.completion for x in s.heldout]
     with timer("baseline_eval"):
@@ -186,7 +190,7 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     rollout, rewards, advantages, loss = sample_and_score(s, config, reward_funcs=reward_funcs,
                                                           reward_weights=reward_weights, inject=inject, timer=timer)
     start = s.provenance.get("start") or {}
-    flags = [*s.invariants.failures, *([start["note"]] if start.get("note") else []), *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
+    flags = [*s.invariants.failures, *getattr(s, "data_flags", ()), *([start["note"]] if start.get("note") else []), *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
              *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]
 
     upd, evaluation, iterations = None, None, ()
