@@ -77,6 +77,8 @@ def loss_summary_html(loss, *, recompute_ms: Optional[float] = None, stale: str 
     warn = f'<div style="color:#a15c00">⚠ {html.escape(stale)}</div>' if stale else ""
     return (f'<div class="rwd-loss-summary" data-loss="{total!r}" data-kl-share="{share!r}" '
             f'data-beta="{loss.beta!r}" data-loss-type="{html.escape(loss.loss_type)}" '
+            f'data-pg="{pg!r}" data-clip-region="{float((loss.metrics or {}).get("clip_ratio/region_mean", math.nan))!r}" '
+            f'data-eps-low="{loss.epsilon_low!r}" '
             f'data-kl-estimator="{html.escape(loss.kl_estimator)}">'
             f'<div style="font-weight:600">loss {_num(total, True)} · KL share {share_txt} · '
             f'loss_type {html.escape(loss.loss_type)} · β {loss.beta:g}</div>'
@@ -155,9 +157,13 @@ class TunePanel:
     fixed_advantages = None     # set for a saved step: its recorded advantages (no loss knob changes them but 'manual')
 
     def __init__(self, setup, config: Optional[StepConfig] = None, *, scored=None, row: int = 0,
-                 metric: str = "kl", reward_funcs=None, reward_weights=None):
+                 metric: str = "kl", reward_funcs=None, reward_weights=None, iterations: tuple = (),
+                 iteration: Optional[int] = None):
         import ipywidgets as W
         self.setup = setup
+        # inner PPO passes of a step over this rollout (grpo.iterations): the loss knobs then recompute a pass's
+        # record (its log-probs vs the old ones frozen at sampling) — where r ≠ 1 and ε acts
+        self.iterations = tuple(iterations or ())
         self.reward_funcs, self.reward_weights = reward_funcs, reward_weights
         config = config or setup.config
         self.task = setup.batch.tasks[0] if setup.batch.tasks else "P"
@@ -186,6 +192,10 @@ class TunePanel:
                                       layout=lay, style=st)
         self.w_kl = W.Dropdown(options=list(KL_ESTIMATORS), value=config.kl_estimator, description="kl_estimator",
                                layout=lay, style=st)
+        last = len(self.iterations) - 1
+        self.w_iter = W.Dropdown(options=self._iteration_options(), layout=lay, style=st, description="inner pass",
+                                 value=last if iteration is None else (last if iteration < 0 else iteration)
+                                 if self.iterations else -1)
         n = len(rollout.completions)
         self.w_row = W.BoundedIntText(value=min(row, n - 1), min=0, max=n - 1, description="completion row",
                                       layout=W.Layout(width="220px"), style=st)
@@ -209,7 +219,7 @@ class TunePanel:
         self.w_fig = _figure_widget()
         self.w_fig.add_class("rwd-figure")
 
-        for w in (self.w_beta, self.w_eps_low, self.w_eps_high, self.w_loss_type, self.w_kl):
+        for w in (self.w_beta, self.w_eps_low, self.w_eps_high, self.w_loss_type, self.w_kl, self.w_iter):
             w.observe(self._on_loss_knob, names="value")
         for w in (self.w_row, self.w_metric):
             w.observe(self._on_view_knob, names="value")
@@ -218,7 +228,8 @@ class TunePanel:
         self.w_regen.on_click(lambda _b: self.regenerate())
 
         loss_box = W.VBox([W.HTML("<b>Loss knobs</b> — recomputed from this rollout, no forward pass"),
-                           self.w_beta, self.w_eps_low, self.w_eps_high, self.w_loss_type, self.w_kl])
+                           self.w_beta, self.w_eps_low, self.w_eps_high, self.w_loss_type, self.w_kl,
+                           self.w_iter])
         samp_box = W.VBox([W.HTML("<b>Sampling knobs</b> — need a new rollout"), self.w_temp, self.w_top_p,
                            self.w_g, W.HBox([self.w_regen, self.w_progress]), self.w_status])
         view_box = W.HBox([self.w_row, self.w_metric])
@@ -228,6 +239,15 @@ class TunePanel:
         self.refresh(recompute=True)
 
     # ------------------------------------------------------------------ state → config
+    def _iteration_options(self) -> list:
+        mu = len(self.iterations)
+        return [("sampling time (r ≡ 1)", -1)] + [(f"pass {i + 1} of μ = {mu}", i) for i in range(mu)]
+
+    @property
+    def iteration(self) -> int:
+        """The inner pass the loss record describes (−1 = the sampling-time record, ratio ≡ 1)."""
+        return int(self.w_iter.value)
+
     def _sampling_of(self, cfg: StepConfig) -> tuple:
         t, p, _ = cfg.sampling_for(self.task)
         return (t, p, cfg.num_generations)
@@ -277,7 +297,11 @@ class TunePanel:
         else:
             adv = advantages_from_config(self.state.rewards.rewards, cfg)
         t1 = time.perf_counter()
-        loss = loss_for(self.state.rollout, adv, cfg)
+        if self.iterations and self.iteration >= 0:    # an off-policy pass: its log-probs vs the frozen old ones
+            from rookworld_debug.grpo.iterations import loss_for_iteration
+            loss = loss_for_iteration(self.state.rollout, adv, cfg, self.iterations[self.iteration])
+        else:
+            loss = loss_for(self.state.rollout, adv, cfg)
         self.last_loss_for_s = time.perf_counter() - t1
         self.state = _State(cfg, self.state.rollout, self.state.rewards, adv, loss)
         self._render(t0)
@@ -307,7 +331,8 @@ class TunePanel:
         _show_figure(self.w_fig, fig)
         self.history.append({"t": time.time(), "recompute_s": self.last_recompute_s,
                              "loss_for_s": self.last_loss_for_s, "loss": _f(self.state.loss.loss),
-                             "kl_share": float(self.state.loss.kl_share), **self._loss_changes()})
+                             "kl_share": float(self.state.loss.kl_share), "iteration": self.iteration,
+                             **self._loss_changes()})
 
     def _pending_config(self) -> StepConfig:
         return self.state.config.replace(**self._sampling_changes())
@@ -360,6 +385,9 @@ class TunePanel:
                                                            reward_weights=self.reward_weights, timer=timer)
             self.state = _State(cfg, rollout, rewards, adv, loss)
             self.sampled_with = self._sampling_of(cfg)
+            if self.iterations:                  # the passes belonged to the old rollout
+                self.iterations = ()
+                self.w_iter.options, self.w_iter.value = self._iteration_options(), -1
             n = len(rollout.completions)
             self.w_row.max = n - 1
             if self.w_row.value > n - 1:
@@ -396,7 +424,8 @@ def tune_panel_from_trace(trace, *, row: int = 0, metric: str = "kl") -> TunePan
     class _SavedStepPanel(TunePanel):
         fixed_advantages = trace.advantages
     panel = _SavedStepPanel(trace.setup, trace.config, row=row, metric=metric,
-                            scored=(trace.rollout, trace.rewards, trace.advantages, trace.loss))
+                            scored=(trace.rollout, trace.rewards, trace.advantages, trace.loss),
+                            iterations=getattr(trace, "iterations", ()) or ())
     if getattr(trace.setup, "policy", None) is None:
         for w in (panel.w_temp, panel.w_top_p, panel.w_g, panel.w_regen):
             w.disabled = True
