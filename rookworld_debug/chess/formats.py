@@ -33,9 +33,22 @@ A_REWARDS = ("0.001", "1.0", "0.5", "-1.0")   # str(float) spellings used by the
 A_FLAGS = ("0", "1")
 
 _UCI_RE = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?\Z")
-# Plain decimal numbers only: float() would also accept "nan", "inf", "1_0".
-_NUMBER_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")
+# Plain ASCII decimal numbers only: float() would also accept "nan", "inf", "1_0", "１２" and "١٢.٥".
+_NUMBER_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z", re.ASCII)
 _P_TAGS = ("M:", "E:", "B:")
+
+
+def non_ascii_problem(text: str) -> str | None:
+    """RookWorld text is ASCII: name the first non-ASCII character (full-width digits, U+3000 spaces...)."""
+    if text.isascii():
+        return None
+    i, ch = next((i, c) for i, c in enumerate(text) if not c.isascii())
+    return f"non-ASCII character U+{ord(ch):04X} at {i}"
+
+
+def ascii_split(text: str) -> list[str]:
+    """``str.split()`` on ASCII whitespace only: a U+3000 "space" must not make a malformed field parse."""
+    return [t for t in re.split(r"[ \t\n\r\f\v]+", text) if t]
 
 
 def is_uci(token: str) -> bool:
@@ -116,6 +129,9 @@ def parse_p(text: str) -> PSample:
     """Strictly parse a full P: line (any padding); FormatError says which part is wrong."""
     if not isinstance(text, str):
         raise FormatError(f"P: line must be a string, got {type(text).__name__}")
+    bad = non_ascii_problem(text)
+    if bad:
+        raise FormatError(f"P: line has a {bad}: {text[:120]!r}")
     m = _split_p_line(text)
     if m is None:
         raise FormatError(f"not a P: line (need 'P: <fen> M: ... E: ... B: <uci>'): {text[:120]!r}")
@@ -201,6 +217,8 @@ def parse_p_completion(text: str) -> PCompletion:
     """Read a model's P: completion (pad spaces included or not); never raises."""
     text = text if isinstance(text, str) else ""
     fields, problems = _tag_fields(text, ("M:", "E:", "B:"))
+    if non_ascii_problem(text):        # str.split() and \d would otherwise accept U+3000 and '１２'
+        problems.append(non_ascii_problem(text))
     if not text.strip():
         problems.append("empty")
     raw_moves, raw_evals, raw_best = fields.get("M:"), fields.get("E:"), fields.get("B:")
@@ -210,7 +228,7 @@ def parse_p_completion(text: str) -> PCompletion:
     if raw_moves is None:
         problems.append("missing M:")
     else:
-        tokens = raw_moves.split()
+        tokens = ascii_split(raw_moves)
         if any(not is_uci(t) for t in tokens):
             problems.append("move not UCI")
         moves = tuple(t for t in tokens if is_uci(t))
@@ -224,7 +242,7 @@ def parse_p_completion(text: str) -> PCompletion:
     if raw_evals is None:
         problems.append("missing E:")
     else:
-        evals = tuple(parse_number(t) for t in raw_evals.split())
+        evals = tuple(parse_number(t) for t in ascii_split(raw_evals))
         if not evals:
             problems.append("no evals")
         if any(e is None for e in evals):
@@ -234,7 +252,7 @@ def parse_p_completion(text: str) -> PCompletion:
     if raw_best is None:
         problems.append("missing B:")
     else:
-        tokens = raw_best.split()
+        tokens = ascii_split(raw_best)
         if tokens and is_uci(tokens[0]):
             best = tokens[0]
         else:
@@ -288,6 +306,8 @@ def _history(text: str) -> tuple[str, ...]:
 def _a_fields(text: str, n: int, what: str) -> list[str]:
     if not isinstance(text, str):
         raise FormatError(f"{what} must be a string, got {type(text).__name__}")
+    if non_ascii_problem(text):
+        raise FormatError(f"{what} has a {non_ascii_problem(text)}: {text[:160]!r}")
     parts = strip_a_prefix(text).split("+")
     if len(parts) != n:
         raise FormatError(f"{what} needs {n} '+'-separated fields, got {len(parts)}: {text[:160]!r}")
@@ -357,6 +377,8 @@ def parse_a_completion(text: str) -> ACompletion:
         return ACompletion(None, None, None, None, ("empty",))
     if text[0].isspace():
         problems.append("leading whitespace")
+    if non_ascii_problem(text):
+        problems.append(non_ascii_problem(text))
     parts = [p.strip() for p in text.strip().split("+")]
     if len(parts) > 4:
         problems.append("extra fields")

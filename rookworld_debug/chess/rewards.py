@@ -55,8 +55,8 @@ from typing import Sequence
 from ..errors import FormatError
 from .arbiter import prompt_transition
 from .engine import Analysis, Engine, after_move_fens
-from .formats import (PCompletion, PSample, check_fen, fen_diff, parse_a_completion,
-                      parse_p_completion, strip_p_prefix)
+from .formats import (MAX_CANDIDATES, PCompletion, PSample, check_fen, fen_diff, is_uci, parse_a_completion,
+                      parse_number, parse_p_completion, strip_p_prefix)
 
 BOUNDS = {"p_stockfish": (-1.0, 1.0), "p_dataset": (-1.0, 1.0), "a": (-1.0, 1.0)}
 P_WEIGHTS = {"best": 0.5, "candidates": 0.3, "eval": 0.2}
@@ -276,11 +276,23 @@ def score_p(fen: str, completion: str, engine: Engine, label: PSample | None = N
 
 # ------------------------------------------------------------------------------ P: dataset label
 
+def _check_label(label: PSample) -> None:
+    """The dataset-reward ground truth must have 1..5 UCI moves, one ASCII number per move and a UCI best."""
+    moves, evals = tuple(label.moves), tuple(label.evals)
+    if not moves or len(moves) > MAX_CANDIDATES or not all(isinstance(m, str) and is_uci(m) for m in moves):
+        raise FormatError(f"label M: must hold 1..{MAX_CANDIDATES} UCI moves, got {moves!r}")
+    if len(evals) != len(moves) or any(parse_number(str(e)) is None for e in evals):
+        raise FormatError(f"label E: must hold one number per move, got {evals!r} for {len(moves)} moves")
+    if not isinstance(label.best, str) or not is_uci(label.best):
+        raise FormatError(f"label B: is not a UCI move: {label.best!r}")
+
+
 def score_p_dataset(completion: str, label: PSample) -> RewardBreakdown:
     """The P: reward against the dataset label alone (no engine); formulas in the module docstring."""
     try:
         check_fen(label.fen)
-    except FormatError as exc:
+        _check_label(label)
+    except FormatError as exc:        # a degenerate label is a flagged row, never a crash (e.g. moves=())
         return _bad_prompt("p_dataset", P_WEIGHTS, exc)
     ctx = _PContext.build(label.fen, completion)
     garbage = _garbage("p_dataset", ctx)
