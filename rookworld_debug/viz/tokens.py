@@ -380,6 +380,31 @@ class _Row:
     hover: list[Mapping[str, Any]] | None = None
     topk: list[Sequence[tuple]] | None = None   # per token [(token, logp) or (token, logp, id), …]
     token_ids: list[int] | None = None
+    joins: list[str] | None = None     # per token: characters its incomplete bytes spell with its neighbours
+
+
+def _joined_chars(tokens: Sequence[TokenText]) -> list[str]:
+    """Per token, the characters that its incomplete UTF-8 bytes form together with neighbouring tokens
+    (GPT-2 splits 'д' as ⟨D0⟩ + ⟨B4⟩ across two tokens): '' where a token holds whole characters only."""
+    out = [""] * len(tokens)
+    if all(t.complete for t in tokens):
+        return out
+    owner = [t for t, tok in enumerate(tokens) for _ in range(len(tok.data or b""))]   # byte → token
+    data = b"".join(tok.data or b"" for tok in tokens)
+    i = 0
+    while i < len(data):
+        b = data[i]
+        n = 2 if 0xC0 <= b < 0xE0 else 3 if 0xE0 <= b < 0xF0 else 4 if 0xF0 <= b < 0xF8 else 1
+        try:
+            ch = data[i:i + n].decode("utf-8") if n > 1 else ""
+        except UnicodeDecodeError:
+            ch, n = "", 1
+        if ch and owner[i] != owner[i + n - 1]:                 # a character split across tokens
+            name = unicodedata.name(ch, "")
+            for t in sorted(set(owner[i:i + n])):
+                out[t] += ("; " if out[t] else "") + f"'{ch}' U+{ord(ch):04X}{' ' + name if name else ''}"
+        i += n
+    return out
 
 
 def _check_len(name: str, seq: Sequence | None, n: int, row: int | None = None) -> None:
@@ -400,6 +425,8 @@ def _tooltip(row: _Row, t: int, metric: Metric, outline_label: str) -> str:
     lines = [head]
     if tok.data is not None and (not tok.data.isascii() or tok.note):
         lines.append("bytes " + tok.data.hex(" ").upper() + (f" · {tok.note}" if tok.note else ""))
+    if row.joins and row.joins[t]:
+        lines.append(f"with the neighbouring token(s) these bytes spell {row.joins[t]}")
     lines.append(f"{metric.name} = {fmt_exact(row.values[t])}" + (f" {metric.unit}" if metric.unit else ""))
     if row.hover is not None:
         for k, v in row.hover[t].items():
@@ -491,6 +518,7 @@ def _render(rows: list[_Row], metric: Metric, scale: ColorScale, *, title: str, 
     if title:
         out.append(f'<div class="rw-title">{attr(title)}</div>')
     for row in rows:
+        row.joins = _joined_chars(row.tokens)
         out.append('<div class="rw-row">')
         if show_labels:
             out.append(_row_label(row, adv_half))
