@@ -28,11 +28,13 @@ from .plots import (before_after_figure, delta_logp_scatter, grad_norm_figure, l
                     reward_breakdown_figure, setup_notebook_rendering, steps_figure, token_heatmap)
 from .tables import (advantage_table, before_after_table, invariants_table, metrics_table, provenance_table,
                      reward_components_table)
-from .tokens import METRICS, Metric, TokenStrip, token_metric_stack, token_strip, token_strips
+from .tokens import (METRICS, Metric, TokenStrip, TokenText, token_metric_stack, token_strip, token_strips, token_text,
+                     token_text_from_raw)
 
 __all__ = [
     # token strips
     "METRICS", "Metric", "TokenStrip", "token_strip", "token_strips", "token_metric_stack", "HTMLView",
+    "TokenText", "token_text", "token_text_from_raw",
     # tables
     "advantage_table", "reward_components_table", "before_after_table", "invariants_table", "provenance_table",
     "metrics_table",
