@@ -128,7 +128,9 @@ def n_positions(policy) -> int | None:
 
 
 def _longest_prompt(tokenizer, prompts) -> int:
-    return max((len(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]), default=0)
+    if not len(prompts):                                  # tokenizers fail on an empty batch
+        return 0
+    return max(len(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"])
 
 
 def check_context(config: StepConfig, policy, tokenizer, prompts, heldout_prompts=()) -> None:

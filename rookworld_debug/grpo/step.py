@@ -179,6 +179,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
         s = replace(session, config=config) if session is not None else setup_phase(config)
         if session is not None:           # a reused session may meet new token limits: same check as setup
             check_context(config, s.policy, s.tokenizer, s.batch.prompts, [x.prompt for x in s.heldout])
+        if inject:                        # before the evaluations and sampling, not after
+            check_inject(inject, s, config)
     ev_kw = dict(max_new_tokens=config.eval_max_new_tokens, reward_mode=config.reward_mode, engine=s.engine)
     heldout_labels = [x.completion for x in s.heldout]
     with timer("baseline_eval"):
