@@ -127,3 +127,8 @@ def test_strip_tooltip_and_topk_marker_use_bytes_and_ids():
     assert "1. '⟨C3⟩' (id 7)  -0.1\n" in t0 + "\n" and "2. '␣⟨D0⟩' (id 12466)  -0.2  ← sampled" in t0
     assert "'⟨SHY⟩'" in t1 and "SOFT HYPHEN" in t1 and "← sampled" in t1
     assert "'î' (id 34803)" in t2 and "← sampled" in t2 and "Ã" not in html
+
+
+def test_legend_explains_split_bytes_only_when_present():
+    assert "⟨XX⟩ = one byte" in token_strip([b" \xd0", b"\xb4"], [-1.0, -2.0]).html
+    assert "⟨XX⟩" not in token_strip(["a", "é"], [-1.0, -2.0]).html

@@ -316,15 +316,19 @@ def token_text(tok: "TokenText | bytes | str") -> TokenText:
     return _render_bytes(tok.encode("utf-8", errors="surrogatepass"))
 
 
-def token_text_from_raw(raw: str) -> TokenText:
-    """A token string as recorded in a Rollout (models.tokenizer.token_strings): byte-level ('ĠM', 'Ã©'),
-    special ('<|endoftext|>') or, for records made by other code, plain text (' M')."""
-    raw = str(raw)
+@lru_cache(maxsize=1 << 17)
+def _from_raw(raw: str) -> TokenText:
     if raw in EOS_STRINGS or _SPECIAL_RE.match(raw):
         return token_text(raw)
     from rookworld_debug.models.tokenizer import byte_level_bytes
     data = byte_level_bytes(raw)
     return token_text(raw if data is None else data)
+
+
+def token_text_from_raw(raw: str) -> TokenText:
+    """A token string as recorded in a Rollout (models.tokenizer.token_strings): byte-level ('ĠM', 'Ã©'),
+    special ('<|endoftext|>') or, for records made by other code, plain text (' M')."""
+    return _from_raw(str(raw))        # cached: a strip asks for the same few thousand ids again and again
 
 
 def display_token(tok: "TokenText | bytes | str") -> str:
@@ -528,6 +532,10 @@ def _render(rows: list[_Row], metric: Metric, scale: ColorScale, *, title: str, 
     any_masked = any(r.mask is not None and not all(r.mask) for r in rows)
     any_outline = any(r.outline is not None and any(r.outline) for r in rows)
     any_nan = any(not np.all(np.isfinite(r.values)) for r in rows)
+    split = any(not t.complete for r in rows for t in r.tokens)
+    if split:       # say what ⟨XX⟩ means once, where it appears
+        note = (note + " " if note else "") + ("⟨XX⟩ = one byte (hex) of a UTF-8 character split across "
+                                               "tokens; the tooltip names the character.")
     out.append(_legend(metric, scale, any_masked=any_masked, any_outline=any_outline, any_nan=any_nan,
                        outline_label=outline_label, note=note))
     out.append("</div>")
