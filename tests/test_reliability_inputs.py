@@ -261,3 +261,22 @@ def test_degenerate_labels_give_a_flagged_row_not_an_exception():
                 PSample(label.fen, label.moves, label.evals, "")):
         b = R.score_p_dataset(completion, bad)
         assert b.flags == ("bad_prompt",) and b.total == 0.0 and "label" in b.details["error"]
+
+
+# ------------------------------------------------------------------------------------ lost trace
+def test_numerical_fault_after_the_update_still_returns_the_trace_with_the_flag(tiny_byte_model_dir):
+    """lr=1e12 wrecks the weights: the post-update greedy evaluation meets NaN logits. The step used to raise
+    NumericalError and lose the trace with every flag explaining it; now the trace comes back flagged."""
+    from rookworld_debug.grpo.step import run_step
+    from rookworld_debug.steplog import format_step_log
+
+    cfg = StepConfig(model=str(tiny_byte_model_dir), lr=1e12, max_grad_norm=None, task="A", batch_size=2,
+                     num_generations=4, max_new_tokens=24, eval_max_new_tokens=24, heldout_n=0,
+                     reward_mode="dataset", top_k_alternatives=0)
+    # the label and garbage in group 0: rewards differ whatever the model samples → a non-zero gradient
+    label = loaders.select_batch(loaders.load_bundled(split="train"), task="A", batch_size=2, seed=0).completions[0]
+    trace = run_step(cfg, inject={0: label, 1: "zz"})
+    assert trace.update is not None and trace.evaluation is None
+    fault = [f for f in trace.flags if f.startswith("post-update evaluation failed")]
+    assert fault and "NaN" in fault[0]
+    assert "post-update evaluation failed" in format_step_log(trace)

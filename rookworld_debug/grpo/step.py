@@ -212,11 +212,14 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                      f"{first.loss_record_diff:.3g} (> {LOSS_PATH_TOLERANCE:g}): the views would not describe the step")
     if upd is not None:
         with timer("evaluation"):
-            evaluation = evaluate_after(
-                s.policy, s.reference, s.tokenizer, rollout, advantages, before, before_heldout,
-                labels_per_row=rows(s.batch.completions, config.num_generations), batch_labels=s.batch.completions,
-                heldout_labels=heldout_labels, reward_mode=config.reward_mode, engine=s.engine,
-                eval_max_new_tokens=config.eval_max_new_tokens)
+            try:
+                evaluation = evaluate_after(
+                    s.policy, s.reference, s.tokenizer, rollout, advantages, before, before_heldout,
+                    labels_per_row=rows(s.batch.completions, config.num_generations),
+                    batch_labels=s.batch.completions, heldout_labels=heldout_labels, reward_mode=config.reward_mode,
+                    engine=s.engine, eval_max_new_tokens=config.eval_max_new_tokens)
+            except NumericalError as err:      # e.g. lr=1e12 broke the weights: keep the trace and its flags
+                flags.append(f"post-update evaluation failed: {err}")
     counts = {**{f"generation/{k}": v for k, v in rollout.counts.items()},
               **{f"engine/{k}": v for k, v in rewards.engine_stats.items()},
               **{f"update/{k}": sum(u.counts.get(k, 0) for it in iterations for u in it.updates)
