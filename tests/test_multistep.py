@@ -2,6 +2,7 @@
 resume, and an overfit run that learns a deliberately rewarded behaviour. Tiny byte-level GPT-2 built here."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -137,6 +138,27 @@ def test_summary_stats_definitions():
     assert s["slope"] == pytest.approx(0.11) and math.isnan(s["ma10_slope"])
 
 
+def test_summary_table_precision_and_short_runs():
+    """Counts print as integers (no '1.000000 steps'), numbers at 4 significant digits, and a moving average
+    over more steps than the run has says n/a and why instead of NaN."""
+    import pandas as pd
+    from rookworld_debug.viz import steps as vsteps
+    ra, rb = [0.1, 0.3, 0.2, 0.5, 0.4], [0.0, 0.1, 0.3, 0.2, 0.45]
+    t = pd.DataFrame({"step": range(5), "reward_before": rb, "reward_after": ra,
+                      "delta_reward": [a - b for a, b in zip(ra, rb)], "reward_before_ci95": [0.01] * 5,
+                      "reward_after_ci95": [0.02] * 5, "kl": [0.0, 1e-4, 2e-4, 3e-4, 1e-4], "kl_share": [math.nan] * 5,
+                      "kl_grad_share": [0.0, 0.1, 0.2, 0.1, 0.3], "grad_norm_pre_clip": [1.0] * 5,
+                      "beta": [0.1] * 5, "lr": [1e-5] * 5})
+    tab = vsteps.summary_table(summary_stats(t))
+    v = tab["value"]
+    assert v["PosSteps (#Δ > 0)"] == "3" and v["NegSteps (#Δ < 0)"] == "2" and v["best step (max reward after)"] == "3"
+    assert v["MA10 slope (last − first)/(n − 10)"] == "n/a: needs more than 10 steps (this run has 5)"
+    assert "fewer than 20" in v["MA20 first window"] and v["final lr"] == "1e-05"
+    assert v["mean KL share of gradient"] == "14%" and v["mean KL loss-value share (off-policy steps only)"] == "n/a"
+    text = " ".join(tab.astype(str).values.ravel())
+    assert "nan" not in text.lower().replace("n/a", "") and not re.search(r"\d\.\d{6}", text)
+
+
 # ---------------------------------------------------------------------------- integration (tiny model)
 def _fresh_loaded(model_dir):
     """A fresh policy/reference pair per run: runs update the policy in place."""
@@ -162,7 +184,8 @@ def test_fresh_run_cursor_beta_lr_recorded(model_dir):
     assert [tr.setup.batch.indices for tr in res.traces] == [tuple(json.loads(x)) for x in t["batch_indices"]]
     assert list(t["seed"]) == [step_seed(cfg.seed, k) for k in range(4)]
     assert t["kl"].iloc[0] == pytest.approx(0.0, abs=1e-6)          # step 0: policy = reference
-    assert t["kl"].iloc[1] > 0 and t["kl_share"].iloc[1] == 0.0      # β = 0 during warmup: no KL share
+    assert t["kl"].iloc[1] > 0 and t["kl_grad_share"].iloc[1] == 0.0  # β = 0 during warmup: no KL gradient
+    assert t["kl_grad_share"].iloc[2] > 0 and t["kl_share"].isna().all()   # on-policy: no loss-VALUE share
     assert len(res.per_prompt) == 8
     s = res.summary()
     assert s["n_steps"] == 4 and s["pos_steps"] + s["neg_steps"] + s["zero_steps"] == 4
@@ -170,8 +193,9 @@ def test_fresh_run_cursor_beta_lr_recorded(model_dir):
     from rookworld_debug.viz import steps as vsteps
     fig = vsteps.reward_curves_figure(t)
     assert list(fig.data[1].y) == pytest.approx(list(t["reward_after"])) and "same" in fig.layout.title.text.lower()
-    assert list(vsteps.kl_share_figure(t).data[0].y) == pytest.approx([100 * x for x in t["kl_share"]])
-    assert list(vsteps.schedule_figure(t).data[0].y) == [0.0, 0.0, 0.05, 0.05]
+    assert list(vsteps.kl_share_figure(t).data[0].y) == pytest.approx([100 * x for x in t["kl_grad_share"]])
+    sched = vsteps.schedule_figure(t)
+    assert list(sched.data[0].y) == [0.0, 0.0, 0.05, 0.05] and sched.data[0].yaxis != sched.data[1].yaxis
     hm = vsteps.per_prompt_heatmap(res.per_prompt)
     assert len(hm.data[0].y) == 3 and len(hm.data[0].x) == 4          # 3 dataset prompts × 4 steps, gaps blank
     assert sum(v is None for row in hm.data[0].z for v in row) == 3 * 4 - 8

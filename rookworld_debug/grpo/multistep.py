@@ -293,7 +293,10 @@ TABLE_COLUMNS = {
     "rollout_reward": "mean training reward of the N sampled completions (what the advantages see)",
     "reward_std": "std of the N sampled rewards",
     "loss": "total loss", "pg_loss": "policy-gradient term", "kl": "raw KL(π‖π_ref), nats/token (TRL `kl`)",
-    "kl_loss": "β·KL as it enters the loss", "kl_share": "|β·KL| / (|PG| + |β·KL| + |entropy term|)",
+    "kl_loss": "β·KL as it enters the loss",
+    "kl_share": "loss-VALUE share |β·KL| / (|PG| + |β·KL| + |entropy term|); NaN on-policy (μ = 1: the PG value "
+                "is −agg(A), fixed by group-centred advantages, so the share would read ~100%)",
+    "kl_grad_share": "gradient share ‖∇β·KL‖ / (‖∇PG‖ + ‖∇β·KL‖ + ‖∇entropy term‖) of the update (NaN on the lean path)",
     "entropy": "mean token entropy of the tempered policy",
     "advantage_min": "min advantage over the N rows", "advantage_max": "max advantage over the N rows",
     "frac_reward_zero_std": "fraction of groups whose G rewards are all equal (no PG signal)",
@@ -429,7 +432,7 @@ def _rows(k, trace: StepTrace, batch, epoch, cur, reward_funcs, reward_weights) 
         "heldout_reward_before": summ["heldout_reward_before"], "heldout_reward_after": summ["heldout_reward_after"],
         "heldout_n": summ["heldout_n"], "rollout_reward": summ["rollout_reward"], "reward_std": summ["reward_std"],
         "loss": summ["loss"], "pg_loss": summ["pg_loss"], "kl": summ["kl"], "kl_loss": summ["kl_loss"],
-        "kl_share": summ["kl_share"], "entropy": summ["entropy"],
+        "kl_share": summ["kl_share"], "kl_grad_share": summ.get("kl_grad_share", math.nan), "entropy": summ["entropy"],
         "advantage_min": summ["advantage_min"], "advantage_max": summ["advantage_max"],
         "frac_reward_zero_std": summ["frac_reward_zero_std"],
         "grad_norm_pre_clip": summ["grad_norm_pre_clip"], "grad_norm_post_clip": summ["grad_norm_post_clip"],
@@ -505,7 +508,8 @@ def summary_stats(table) -> dict:
       NaN when n ≤ w);
     - slope ± slope_ci95 = least-squares slope of r_a on step (t_{n−2}·SE);
     - best/worst_step = argmax/argmin r_a (first on ties) with its value and CI over the B prompts;
-    - mean_kl, mean_kl_share, mean_grad_norm_pre_clip, final β/lr, seconds_per_step (mean of sec/total).
+    - mean_kl, mean_kl_share (finite steps only: NaN on-policy), mean_kl_grad_share, mean_grad_norm_pre_clip,
+      final β/lr, seconds_per_step (mean of sec/total).
     """
     n = len(table)
     out: dict = {"n_steps": n}
@@ -535,9 +539,10 @@ def summary_stats(table) -> dict:
             r = table.iloc[i]
             out.update({f"{name}_step": int(r["step"]), f"{name}_reward": float(r["reward_after"]),
                         f"{name}_reward_ci95": float(r["reward_after_ci95"])})
-    for col, key in (("kl", "mean_kl"), ("kl_share", "mean_kl_share"),
+    for col, key in (("kl", "mean_kl"), ("kl_share", "mean_kl_share"), ("kl_grad_share", "mean_kl_grad_share"),
                      ("grad_norm_pre_clip", "mean_grad_norm_pre_clip")):
-        out[key], out[key + "_ci95"] = _mean_ci(table[col])
+        if col in table:                # kl_grad_share: absent from tables saved before it existed
+            out[key], out[key + "_ci95"] = _mean_ci(table[col])
     out["final_beta"], out["final_lr"] = float(last["beta"]), float(last["lr"])
     if "sec/total" in table:
         out["seconds_per_step"] = float(table["sec/total"].mean())

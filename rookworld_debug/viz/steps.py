@@ -46,38 +46,48 @@ def reward_curves_figure(table, *, title: str = "Reward per step: before vs afte
     return _layout(fig, title, definition, xaxis_title="step k (0-based)", yaxis_title="reward")
 
 
-def kl_share_figure(table, *, title: str = "KL share and raw KL per step") -> go.Figure:
-    """Top: KL share = |β·KL| / (|PG| + |β·KL| + |entropy term|) in %. Bottom: raw KL (nats/token) and β·KL."""
+def kl_share_figure(table, *, title: str = "KL penalty per step: share of the gradient and raw KL") -> go.Figure:
+    """Top: the KL penalty's share of the update's gradient, kl_grad_share = ‖∇β·KL‖ / Σ‖∇term‖ in % (and
+    the loss-VALUE share where a step was off-policy; on-policy it is NaN by design, see
+    `metrics.term_balance`). Bottom: raw KL (nats/token) and β·KL as it enters the loss."""
     steps = [int(s) for s in table["step"]]
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
-    fig.add_scatter(x=steps, y=[100 * x for x in _col(table, "kl_share")], name="KL share %", mode="lines+markers",
-                    line={"color": OKABE_ITO[3]}, row=1, col=1)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1)
+    fig.add_scatter(x=steps, y=[100 * x for x in _col(table, "kl_grad_share")], name="KL share of gradient %",
+                    mode="lines+markers", line={"color": OKABE_ITO[3]}, row=1, col=1)
+    value = _col(table, "kl_share")
+    if any(math.isfinite(x) for x in value):     # only off-policy steps (μ > 1) have a meaningful value share
+        fig.add_scatter(x=steps, y=[100 * x for x in value], name="KL loss-value share % (off-policy steps)",
+                        mode="markers", marker={"color": OKABE_ITO[5], "symbol": "x"}, row=1, col=1)
     fig.add_scatter(x=steps, y=_col(table, "kl"), name="raw KL (nats/token)", mode="lines+markers",
                     line={"color": OKABE_ITO[0]}, row=2, col=1)
     fig.add_scatter(x=steps, y=_col(table, "kl_loss"), name="β·KL (in the loss)", mode="lines",
                     line={"color": OKABE_ITO[1], "dash": "dash"}, row=2, col=1)
-    fig.update_yaxes(title_text="KL share %", row=1, col=1)
-    fig.update_yaxes(title_text="KL", row=2, col=1)
+    fig.update_yaxes(title_text="% of gradient", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="KL (nats/token)", exponentformat="power", row=2, col=1)
     fig.update_xaxes(title_text="step k (0-based)", row=2, col=1)
-    definition = ("KL share = |β·KL| / (|PG| + |β·KL| + |entropy term|) of the step's loss; raw KL = TRL `kl`, "
-                  "the masked token mean of the configured estimator on the sampled tokens, before the update "
-                  "(0 at step 0: policy = reference). β·KL is what enters the loss.")
+    definition = ("KL share of gradient = ‖∇(β·KL)‖ / (‖∇PG‖ + ‖∇(β·KL)‖ + ‖∇entropy‖), global L2 norms of each "
+                  "term's gradient in the step's update (sampled rollout, this batch). The loss-VALUE share is not "
+                  "plotted on-policy: there the PG value is −agg(A), ≈ 0 by construction, so it would read ~100%. "
+                  "Raw KL = TRL `kl`, masked token mean of the configured estimator on the sampled tokens before the "
+                  "update (0 at step 0: policy = reference); β·KL is what enters the loss.")
     return _layout(fig, title, definition, height=480)
 
 
 def schedule_figure(table, *, title: str = "β and learning rate actually used per step") -> go.Figure:
-    """β of the step's loss and lr of the step's optimizer step (as recorded, not recomputed)."""
+    """β of the step's loss (top) and lr of the step's optimizer step (bottom), each on its own axis
+    (as recorded, not recomputed)."""
     steps = [int(s) for s in table["step"]]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_scatter(x=steps, y=_col(table, "beta"), name="β", mode="lines+markers", line={"color": OKABE_ITO[3],
-                    "shape": "hv"}, secondary_y=False)
-    fig.add_scatter(x=steps, y=_col(table, "lr"), name="lr", mode="lines+markers", line={"color": OKABE_ITO[0]},
-                    secondary_y=True)
-    fig.update_yaxes(title_text="β", secondary_y=False)
-    fig.update_yaxes(title_text="learning rate", secondary_y=True, exponentformat="e")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1)
+    fig.add_scatter(x=steps, y=_col(table, "beta"), name="β (KL coefficient)", mode="lines+markers",
+                    line={"color": OKABE_ITO[3], "shape": "hv"}, row=1, col=1)
+    fig.add_scatter(x=steps, y=_col(table, "lr"), name="lr (optimizer)", mode="lines+markers",
+                    line={"color": OKABE_ITO[0]}, row=2, col=1)
+    fig.update_yaxes(title_text="β", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="learning rate", exponentformat="e", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="step k (0-based)", row=2, col=1)
     definition = ("β_k is fixed before step k's loss (warmup: 0 for k < K; adaptive: from steps < k's RAW KL); "
                   "lr_k is written into the optimizer before step k's optimizer step (step 0 uses lr_at(0)).")
-    return _layout(fig, title, definition, xaxis_title="step k (0-based)")
+    return _layout(fig, title, definition, height=440)
 
 
 def per_prompt_heatmap(per_prompt, *, value: str = "reward_after",
@@ -122,20 +132,52 @@ SUMMARY_LABELS = {
     "best_step": ("best step (max reward after)", None), "best_reward": ("best reward after", "best_reward_ci95"),
     "worst_step": ("worst step (min reward after)", None),
     "worst_reward": ("worst reward after", "worst_reward_ci95"),
-    "mean_kl": ("mean raw KL", "mean_kl_ci95"), "mean_kl_share": ("mean KL share", "mean_kl_share_ci95"),
+    "mean_kl": ("mean raw KL (nats/token)", "mean_kl_ci95"),
+    "mean_kl_grad_share": ("mean KL share of gradient", "mean_kl_grad_share_ci95"),
+    "mean_kl_share": ("mean KL loss-value share (off-policy steps only)", "mean_kl_share_ci95"),
     "mean_grad_norm_pre_clip": ("mean grad norm (pre-clip)", "mean_grad_norm_pre_clip_ci95"),
     "final_beta": ("final β", None), "final_lr": ("final lr", None), "seconds_per_step": ("seconds per step", None),
 }
 
 
+_INT_KEYS = ("pos_steps", "neg_steps", "zero_steps", "best_step", "worst_step")
+_PERCENT_KEYS = ("mean_kl_grad_share", "mean_kl_share")
+
+
+def _fmt_stat(key: str, v) -> str:
+    """A summary number with sensible precision: counts and step indices as integers, shares in %,
+    lr in scientific notation, everything else to 4 significant digits (no '1.000000 steps')."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if key in _INT_KEYS:
+        return str(int(v))
+    if key in _PERCENT_KEYS:
+        return f"{100 * float(v):.3g}%"
+    v = float(v)
+    if key in ("final_lr",) or 0 < abs(v) < 1e-3:        # small numbers: 1.415e-04, not 0.0001415
+        return f"{v:.4g}" if key == "final_lr" else f"{v:.3e}"
+    return f"{v:.4g}"
+
+
 def summary_table(summary: Mapping):
-    """`summary_stats(...)` as a two-column DataFrame (value, ± 95% CI where it is a mean over samples)."""
+    """`summary_stats(...)` as a table of strings (value, ± 95% CI where it is a mean over samples), each
+    at a sensible precision; a moving-average row over more steps than the run has says n/a and why."""
     import pandas as pd
+    n = summary.get("n_steps")
     rows = []
     for key, (label, ci) in SUMMARY_LABELS.items():
         if key not in summary:
             continue
-        v = summary[key]
-        c = summary.get(ci) if ci else None
-        rows.append({"metric": label, "value": v, "± 95% CI": c if c is not None else ""})
+        v, c = summary[key], summary.get(ci) if ci else None
+        w = int(key[2:4]) if key.startswith("ma") and key[2:4].isdigit() else None
+        if w is not None and n is not None and n <= w:
+            if key.endswith("_slope"):
+                shown, c_txt = f"n/a: needs more than {w} steps (this run has {n})", ""
+            else:                                    # the window is the whole run: say so instead of "MA10"
+                shown, c_txt = _fmt_stat(key, v) + f" (all {n} steps: fewer than {w})", _fmt_stat(ci, c)
+        else:
+            shown = _fmt_stat(key, v)
+            c_txt = "" if c is None else ("" if isinstance(c, float) and math.isnan(c) and not ci else
+                                          _fmt_stat(ci if key not in _PERCENT_KEYS else key, c))
+        rows.append({"metric": label, "value": shown, "± 95% CI": c_txt})
     return pd.DataFrame(rows).set_index("metric")
