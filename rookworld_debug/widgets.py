@@ -54,15 +54,26 @@ def _num(x: float, signed: bool = False) -> str:
 def loss_summary_html(loss, *, recompute_ms: Optional[float] = None, stale: str = "") -> str:
     """The panel's summary block: total loss, PG term, β·KL term, entropy term, KL share, mean KL,
     each with its definition (all numbers read from the LossBreakdown record)."""
+    from rookworld_debug.metrics import term_balance
     total, pg, kl_term, ent = _f(loss.loss), _f(loss.pg_loss), _f(loss.kl_loss), _f(loss.entropy_term)
-    share = float(loss.kl_share)
-    share_txt = "undefined (all terms 0)" if getattr(loss, "kl_share_undefined", False) else f"{100 * share:.3f}%"
+    bal = term_balance(loss)        # no update here: the loss-VALUE share, and only where it means something
+    share = bal.kl_value_share      # NaN on-policy (PG value fixed by construction) or when all terms are 0
+    if bal.on_policy:
+        share_txt = "n/a (on-policy)"
+        share_def = ("ratio ≡ 1, so the PG value is −agg(A), fixed by the group-centred advantages whatever the "
+                     "policy (≈ 0): a value share would read ~100% and mean nothing. β·KL vs PG in the gradient: "
+                     "see kl_grad_share after an update (notebook 01)")
+    elif math.isnan(share):
+        share_txt, share_def = "undefined (all terms 0)", "|β·KL| / (|PG| + |β·KL| + |entropy term|) = 0/0"
+    else:
+        share_txt, share_def = f"{share:.1%}", "loss-VALUE share |β·KL| / (|PG| + |β·KL| + |entropy term|) (off-policy pass)"
+    pg_def = (getattr(loss, "definition", "") or "").split("; L = ")[0] or "policy-gradient term"
     rows = [
         ("loss", _num(total, True), f"total = PG + β·KL + entropy term ({html.escape(str(loss.normalizer))})"),
-        ("PG term", _num(pg, True), "policy-gradient term: agg(−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A))"),
+        ("PG term", _num(pg, True), f"policy-gradient term, {html.escape(loss.loss_type)}: {html.escape(pg_def)}"),
         ("β·KL term", _num(kl_term, True), f"agg(β·KL_it), β = {loss.beta:g}, estimator {html.escape(loss.kl_estimator)}"),
         ("entropy term", _num(ent, True), "−c_H·H̄ (0 unless entropy_coef > 0)"),
-        ("KL share", share_txt, "|β·KL| / (|PG| + |β·KL| + |entropy term|)"),
+        ("KL value share", share_txt, share_def),
         ("mean KL", _num(float(loss.kl)), "Σ m·KL_it / Σ m, raw (not β-scaled) nats/token"),
     ]
     clip = {k: v for k, v in (loss.metrics or {}).items() if k.startswith("clip_ratio/")}
@@ -76,11 +87,12 @@ def loss_summary_html(loss, *, recompute_ms: Optional[float] = None, stale: str 
                                               f'{recompute_ms:.1f} ms (advantages + loss_for + views, no forward pass)</div>')
     warn = f'<div style="color:#a15c00">⚠ {html.escape(stale)}</div>' if stale else ""
     return (f'<div class="rwd-loss-summary" data-loss="{total!r}" data-kl-share="{share!r}" '
+            f'data-on-policy="{int(bal.on_policy)}" '
             f'data-beta="{loss.beta!r}" data-loss-type="{html.escape(loss.loss_type)}" '
             f'data-pg="{pg!r}" data-clip-region="{float((loss.metrics or {}).get("clip_ratio/region_mean", math.nan))!r}" '
             f'data-eps-low="{loss.epsilon_low!r}" '
             f'data-kl-estimator="{html.escape(loss.kl_estimator)}">'
-            f'<div style="font-weight:600">loss {_num(total, True)} · KL share {share_txt} · '
+            f'<div style="font-weight:600">loss {_num(total, True)} · KL value share {share_txt} · '
             f'loss_type {html.escape(loss.loss_type)} · β {loss.beta:g}</div>'
             f'<table style="border-collapse:collapse;font-size:12px">{body}</table>{timing}{warn}'
             f'<div style="color:#555;font-size:11px">{html.escape(getattr(loss, "definition", "") or "")}</div></div>')
@@ -155,6 +167,7 @@ class TunePanel:
     scripts and tests); `last_recompute_s` is the measured wall time of the last loss recompute."""
 
     fixed_advantages = None     # set for a saved step: its recorded advantages (no loss knob changes them but 'manual')
+    old_per_token_logps = None  # (N, T) a saved off-policy step's stored old log-probs (None: on-policy, ratio 1)
 
     def __init__(self, setup, config: Optional[StepConfig] = None, *, scored=None, row: int = 0,
                  metric: str = "kl", reward_funcs=None, reward_weights=None, iterations: tuple = (),
@@ -216,6 +229,9 @@ class TunePanel:
         self.w_summary.add_class("rwd-summary-box")
         self.w_strip = W.HTML()
         self.w_strip.add_class("rwd-strip")
+        self.w_table = W.HTML()                  # the whole rollout: G rows per group, rewards, advantages
+        self.w_table.add_class("rwd-completions")
+        self._table_key: tuple = ()
         self.w_fig = _figure_widget()
         self.w_fig.add_class("rwd-figure")
 
@@ -233,7 +249,8 @@ class TunePanel:
         samp_box = W.VBox([W.HTML("<b>Sampling knobs</b> — need a new rollout"), self.w_temp, self.w_top_p,
                            self.w_g, W.HBox([self.w_regen, self.w_progress]), self.w_status])
         view_box = W.HBox([self.w_row, self.w_metric])
-        self.widget = W.VBox([W.HBox([loss_box, samp_box]), self.w_summary, self.w_fig, view_box, self.w_strip])
+        self.widget = W.VBox([W.HBox([loss_box, samp_box]), self.w_summary, self.w_fig, view_box, self.w_strip,
+                              self.w_table])
         self.widget.add_class("rwd-tune-panel")
         self._status("ready: rollout sampled with " + self._sampling_text(self.sampled_with))
         self.refresh(recompute=True)
@@ -301,7 +318,7 @@ class TunePanel:
             from rookworld_debug.grpo.iterations import loss_for_iteration
             loss = loss_for_iteration(self.state.rollout, adv, cfg, self.iterations[self.iteration])
         else:
-            loss = loss_for(self.state.rollout, adv, cfg)
+            loss = loss_for(self.state.rollout, adv, cfg, old_per_token_logps=self.old_per_token_logps)
         self.last_loss_for_s = time.perf_counter() - t1
         self.state = _State(cfg, self.state.rollout, self.state.rewards, adv, loss)
         self._render(t0)
@@ -316,6 +333,7 @@ class TunePanel:
 
     def _render(self, t0: float) -> None:
         from rookworld_debug import viz
+        from rookworld_debug.metrics import term_balance
         tr = self.trace_like()
         fig = viz.loss_waterfall_from_trace(tr)
         row = int(self.w_row.value)
@@ -328,11 +346,28 @@ class TunePanel:
         self.w_summary.value = loss_summary_html(self.state.loss, recompute_ms=1e3 * self.last_recompute_s,
                                                  stale=stale)
         self.w_strip.value = strip.html
+        self._render_table(tr)
         _show_figure(self.w_fig, fig)
         self.history.append({"t": time.time(), "recompute_s": self.last_recompute_s,
                              "loss_for_s": self.last_loss_for_s, "loss": _f(self.state.loss.loss),
-                             "kl_share": float(self.state.loss.kl_share), "iteration": self.iteration,
+                             "kl_value_share": term_balance(self.state.loss).kl_value_share,   # NaN on-policy
+                             "iteration": self.iteration,
                              **self._loss_changes()})
+
+    def _render_table(self, tr) -> None:
+        """The completions table of the whole current rollout (re-rendered only when the rollout or its
+        advantages change: a β/ε move leaves it as it is)."""
+        from rookworld_debug import viz
+        key = (id(tr.rollout), id(tr.advantages))
+        if key == self._table_key:
+            return
+        a = tr.advantages
+        zero = ", ".join(f"p{b}" for b in a.zero_std_groups) or "none"
+        label = (f"rollout sampled with {self._sampling_text(self.sampled_with)} — {len(tr.rollout.completions)} "
+                 f"completions = B {int(a.group_mean.numel())} × G {int(a.num_generations)}, this batch, no update; "
+                 f"zero-σ groups (advantage 0, no PG signal): {zero}")
+        self.w_table.value = viz.completions_table_from_trace(tr, batch_label=label).html
+        self._table_key = key
 
     def _pending_config(self) -> StepConfig:
         return self.state.config.replace(**self._sampling_changes())
@@ -423,6 +458,7 @@ def tune_panel_from_trace(trace, *, row: int = 0, metric: str = "kl") -> TunePan
     sampling knobs are disabled, since a saved step has no model to sample from."""
     class _SavedStepPanel(TunePanel):
         fixed_advantages = trace.advantages
+        old_per_token_logps = getattr(getattr(trace, "capture", None), "old_per_token_logps", None)
     panel = _SavedStepPanel(trace.setup, trace.config, row=row, metric=metric,
                             scored=(trace.rollout, trace.rewards, trace.advantages, trace.loss),
                             iterations=getattr(trace, "iterations", ()) or ())

@@ -173,6 +173,29 @@ def test_panel_recomputes_a_capture_for_a_new_beta(traces):
     assert float(new.loss) != pytest.approx(float(tr.loss.loss), abs=1e-6)
 
 
+def test_off_policy_capture_micro_batches_and_reused_batch(tmp_path):
+    """num_iterations = 2 and 2 micro-batches: step 2 reuses step 1's (shuffled) batch, so TRL stores old
+    log-probs and the ratio moves off 1; the record, its recompute and the panel must still match TRL."""
+    from rookworld_debug import StepTrace
+    from rookworld_debug.trl.example import run
+    from rookworld_debug.widgets import tune_panel_from_trace
+    trainer, cap = run(tmp_path, steps=2, capture=(2,), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                       num_iterations=2, loss_type="grpo")
+    logged = {d["step"]: d for d in trainer.state.log_history if "loss" in d}
+    tr = StepTrace.load(cap.paths[2])
+    c = tr.capture
+    assert c.generation_step == 1 and c.old_per_token_logps is not None and len(c.micro_batch_rows) == 2
+    assert sorted(r for rows in c.micro_batch_rows for r in rows) == list(range(8))
+    assert abs(float(tr.loss.loss) - logged[2]["loss"]) <= 1e-5 and c.loss_recompute_diff <= 1e-5
+    assert not bool((tr.loss.per_token_ratio[tr.rollout.completion_mask.bool()] == 1).all())   # off-policy
+    assert tr.loss.metrics["clip_ratio/region_mean"] == pytest.approx(logged[2]["clip_ratio/region_mean"], abs=1e-7)
+    # the batch was copied during step 1 but is charged to step 2, the captured step it feeds
+    costs = {r["step"]: r for r in cap.cost_table()}
+    assert costs[1]["seconds"] == 0.0 and costs[1]["bytes"] == 0 and costs[2]["bytes"] > 0
+    panel = tune_panel_from_trace(tr)                          # recompute with the stored old log-probs
+    assert float(panel.loss.loss) == pytest.approx(logged[2]["loss"], abs=1e-5)
+
+
 # ------------------------------------------------------------------------------- bad input
 def test_not_a_capture_and_incompatible_version_are_named_errors(runs, tmp_path):
     import shutil
@@ -196,6 +219,13 @@ def test_not_a_capture_and_incompatible_version_are_named_errors(runs, tmp_path)
     with pytest.raises(IncompatibleTraceError, match=r"captured with TRL 0\.19\.1.*TRL 1\.16\.x only"):
         StepTrace.load(old)
     assert not issubclass(IncompatibleTraceError, TypeError) and issubclass(IncompatibleTraceError, TraceError)
+    # a trace saved before captures existed (no "capture" field) still loads, as an ordinary step
+    legacy = tmp_path / "legacy"
+    shutil.copytree(runs["cap"].paths[1], legacy)
+    payload = json.loads((legacy / "trace.json").read_text())
+    del payload["fields"]["capture"]
+    (legacy / "trace.json").write_text(json.dumps(payload))
+    assert StepTrace.load(legacy).capture is None
 
 
 def test_report_cli_refuses_a_non_trace_folder(tmp_path):

@@ -132,13 +132,16 @@ def rows(values, g: int) -> list:
     return [v for v in values for _ in range(g)]
 
 
-def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig) -> LossBreakdown:
+def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
+             old_per_token_logps: Optional[torch.Tensor] = None) -> LossBreakdown:
     """The loss record from the rollout's tensors — no forward pass (widgets recompute it per slider move).
-    On-policy (μ = 1) the old log-probs ARE the rollout's, so ratio = 1 exactly as in TRL."""
+    On-policy (μ = 1) the old log-probs ARE the rollout's, so ratio = 1 exactly as in TRL; a saved off-policy
+    step (e.g. a TRL capture with num_iterations > 1) passes its stored `old_per_token_logps` (N, T)."""
     mask = rollout.completion_mask
     if config.mask_truncated_completions:
         mask = mask * (~rollout.is_truncated)[:, None]                                   # (N, T)
-    return compute_loss(rollout.per_token_logps, rollout.per_token_logps, rollout.ref_per_token_logps,
+    old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
+    return compute_loss(rollout.per_token_logps, old, rollout.ref_per_token_logps,
                         advantages.advantages, mask, entropy=rollout.per_token_entropy,
                         per_token_full_kl=rollout.per_token_full_kl, num_generations=config.num_generations,
                         **loss_kwargs(config))

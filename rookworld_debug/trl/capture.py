@@ -85,6 +85,7 @@ class StepCapture(TrainerCallback):
         self._grad_norm = float("nan")
         self._per_layer: dict = {}
         self._lr = float("nan")
+        self._fed = 0
         self._weights_hash: Optional[str] = None
         self._pending: Optional[dict] = None
         self._wrap()
@@ -107,7 +108,11 @@ class StepCapture(TrainerCallback):
         ga = t.args.gradient_accumulation_steps
         every = t.args.steps_per_generation * t.num_iterations
         first, last = t._step // ga + 1, (t._step + every - 1) // ga + 1
-        return any(first <= s <= last for s in self.steps)
+        fed = [s for s in sorted(self.steps) if first <= s <= last]
+        # the copy is charged to the first captured step it feeds (with num_iterations > 1 that batch is
+        # generated during an earlier, uncaptured step), so uncaptured steps stay at 0
+        self._fed = fed[0] if fed else self._running
+        return bool(fed)
 
     # ---------------------------------------------------------------------------------- wrappers
     def _wrap(self) -> None:
@@ -129,7 +134,7 @@ class StepCapture(TrainerCallback):
             rec["generation_step"] = self._running
             self._rewards, self._gen = None, rec
             out[ROW_KEY] = torch.arange(out["advantages"].shape[0], device=out["advantages"].device)
-            self._spend(self._running, t0, _nbytes(rec))
+            self._spend(self._fed, t0, _nbytes(rec))
             return out
 
         def calculate_rewards(inputs, prompts, completions, completion_ids_list, *a, **kw):
@@ -139,7 +144,7 @@ class StepCapture(TrainerCallback):
                 self._rewards.update(
                     rewards_per_func=_cpu(out), completions=list(completions),
                     breakdowns=[getattr(getattr(f, "last_call", None), "breakdowns", None) for f in t.reward_funcs])
-                self._spend(self._running, t0, _nbytes(out))
+                self._spend(self._fed, t0, _nbytes(out))
             return out
 
         def compute_loss(model, inputs, *a, **kw):
