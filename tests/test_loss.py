@@ -530,3 +530,44 @@ def test_opsm_uses_sampling_logps_when_given():
                           sampling=sampling)
     assert_matches(rec, *rest, tol=1e-9)
     assert bool((~rec.off_policy_mask).any())
+
+
+def test_adaptive_entropy_controller_matches_trl():
+    """grpo.iterations.AdaptiveEntropy (applied c_H, then the ± delta update) against TRL's own controller
+    state across 4 optimizer steps (one micro-batch each), with the loss of every step compared too."""
+    from rookworld_debug.grpo.iterations import AdaptiveEntropy
+    cfg = StepConfig(use_adaptive_entropy=True, entropy_coef=0.02, entropy_target=1.4, entropy_coef_delta=0.005,
+                     entropy_coef_min=0.0, entropy_coef_max=0.03)
+    t = object.__new__(GRPOTrainer)
+    t.args = types.SimpleNamespace(delta=None, use_bias_correction_kl=True, steps_per_generation=1,
+                                   entropy_target=cfg.entropy_target, entropy_coef_delta=cfg.entropy_coef_delta,
+                                   entropy_coef_min=cfg.entropy_coef_min, entropy_coef_max=cfg.entropy_coef_max)
+    for k, v in dict(beta=0.0, loss_type="dapo", epsilon_low=0.2, epsilon_high=0.2, importance_sampling_level="token",
+                     top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False,
+                     vllm_importance_sampling_correction=False, aux_loss_enabled=False,
+                     current_gradient_accumulation_steps=1, max_completion_length=L_MAX, entropy_coef=0.02,
+                     _entropy_bonus_enabled=True, use_adaptive_entropy=True, _last_world_entropy=float("inf"),
+                     _entropy_window_stats=None).items():
+        setattr(t, k, v)
+    t.model = types.SimpleNamespace(training=True)
+    t.accelerator = _Accelerator()
+    t._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    ours = AdaptiveEntropy(cfg)
+    applied = []
+    for step, scale in enumerate([1.0, 0.6, 0.6, 1.2]):                 # mean entropy ≈ 1.5·scale
+        logps, old, ref, adv, mask, entropy = make_inputs(seed=40 + step)
+        entropy = entropy * scale
+        t._get_per_token_logps_and_entropies = lambda *a, _l=logps, _h=entropy, **k: (_l, _h, None)
+        N, T = logps.shape
+        inputs = {"prompt_ids": torch.zeros(N, 3, dtype=torch.long), "prompt_mask": torch.ones(N, 3, dtype=torch.long),
+                  "completion_ids": torch.zeros(N, T, dtype=torch.long), "completion_mask": mask, "advantages": adv,
+                  "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+        loss_trl = t._compute_loss(None, inputs)
+        rec = compute_loss(logps, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+                           max_completion_length=L_MAX, entropy=entropy, entropy_coef=ours.applied())
+        assert float(rec.loss) == pytest.approx(float(loss_trl), abs=1e-12), step
+        applied.append(ours.applied())
+        ours.observe(entropy, mask)
+        assert ours.coef == pytest.approx(t.entropy_coef, abs=1e-15) and ours.last_entropy == pytest.approx(
+            t._last_world_entropy, abs=1e-12), step
+    assert applied[0] == 0.0 and any(a > 0 for a in applied)          # gated at first (TRL: +inf), then on
