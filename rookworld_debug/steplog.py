@@ -12,6 +12,33 @@ def _f(x, nd=4) -> str:
     return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
+def _num(x, unit: str = "", signed: bool = False) -> str:
+    """A loss-scale number a reader can trust: exact zero (either sign) as 0, tiny or huge values in
+    scientific notation (never 'loss=-0.000000'), else 4 significant digits; `unit` appended."""
+    if x is None:
+        return "—"
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if x == 0:
+        text = "0"
+    elif 1e-3 <= abs(x) < 1e5:
+        text = f"{x:+.4g}" if signed else f"{x:.4g}"
+    else:
+        text = f"{x:+.3e}" if signed else f"{x:.3e}"
+    return text + (f" {unit}" if unit else "")
+
+
+def _engine_line(stats: dict) -> str:
+    """The reward phase's Stockfish use in words (not the raw dict)."""
+    if not stats or not stats.get("calls") and not stats.get("cache_hits"):
+        return "engine: not used (reward_mode=dataset, or nothing to score)"
+    calls, hits, misses = stats.get("calls", 0), stats.get("cache_hits", 0), stats.get("cache_misses", 0)
+    sec = float(stats.get("seconds", 0.0) or 0.0)
+    return (f"engine (Stockfish, this reward phase): {calls} searches, cache {hits} hits / {misses} misses, "
+            f"{sec * 1e3:.1f} ms searching" + (f", {stats['restarts']} restarts" if stats.get("restarts") else ""))
+
+
 def _clip(text: str, n: int = 72) -> str:
     text = text.replace("\n", "⏎")
     stripped = text.lstrip(" ")
@@ -23,6 +50,7 @@ def _clip(text: str, n: int = 72) -> str:
 def format_step_log(trace) -> str:
     c, s, r, rw, a, lo, u, e = (trace.config, trace.setup, trace.rollout, trace.rewards, trace.advantages,
                                 trace.loss, trace.update, trace.evaluation)
+    from rookworld_debug.viz.completions import completion_name      # one name everywhere: p0·g1
     g = c.num_generations
     out = []
     w = out.append
@@ -59,7 +87,7 @@ def format_step_log(trace) -> str:
         w("  not recorded (a TRL capture has no greedy before/after evaluation)")
     else:
         w(f"  mean reward {_f(trace.before.mean_reward)} ± {_f(trace.before.ci95)} (95% CI, n={trace.before.n}), "
-          f"format valid {trace.before.format_valid:.0%}")
+          f"format valid {trace.before.format_valid:.0%} (greedy, this batch, before the update)")
     if trace.before_heldout:
         h = trace.before_heldout
         w(f"  held-out: mean reward {_f(h.mean_reward)} ± {_f(h.ci95)} (n={h.n})")
@@ -69,12 +97,13 @@ def format_step_log(trace) -> str:
     ref = (r.ref_per_token_logps * mask).sum(1) if r.ref_per_token_logps is not None else None
     for i in range(len(r.completions)):
         if i % g == 0:
-            w(f"  prompt {i // g}: {r.prompts[i]}  (T={float(r.temperatures[i]):g}, unique={int(r.unique_per_group[i // g])}/{g})")
-        w(f"    [{i % g}] Train_LP={float(lp[i]):8.2f} Ref_LP={_f(float(ref[i]) if ref is not None else None, 2):>8} "
+            w(f"  prompt p{i // g}: {r.prompts[i]}  (T={float(r.temperatures[i]):g}, unique={int(r.unique_per_group[i // g])}/{g})")
+        w(f"    {completion_name(i, g)} Train_LP={float(lp[i]):8.2f} Ref_LP={_f(float(ref[i]) if ref is not None else None, 2):>8} "
           f"len={int(mask[i].sum()):3d}{' TRUNC' if bool(r.is_truncated[i]) else ''}  {_clip(r.completions[i])}")
     w(f"  recompute check: max|logp(sampling) − logp(forward)| = {r.max_abs_logp_diff:.2e}"
       + ("  !! FLAGGED" if r.logp_diff_flagged else ""))
-    w("REWARDS")
+    w("REWARDS (sampled rollout; B=label:Y/n = the completion's B: best move equals the dataset label, "
+      "B=SF#1:Y/n = it equals Stockfish's top move)")
     for i in range(len(r.completions)):
         comps = " ".join(f"{k}={_f(v[i], 2)}" for k, v in rw.components.items() if not math.isnan(v[i]))
         extra = []
@@ -82,20 +111,24 @@ def format_step_log(trace) -> str:
             extra.append(f"B=label:{'Y' if rw.matches_label[i] else 'n'}")
         if rw.matches_sf1[i] is not None:
             extra.append(f"B=SF#1:{'Y' if rw.matches_sf1[i] else 'n'}")
-        w(f"  [{i // g}.{i % g}] reward={_f(float(rw.rewards[i]), 3)} {comps} {' '.join(extra)}"
+        w(f"  {completion_name(i, g)} reward={_f(float(rw.rewards[i]), 3)} {comps} {' '.join(extra)}"
           + (f"  flags={','.join(rw.flags[i])}" if rw.flags[i] else ""))
-    w(f"  engine: {rw.engine_stats}")
+    w("  " + _engine_line(rw.engine_stats))
     w(f"ADVANTAGES ({a.normalization})")
     for b in range(a.group_mean.numel()):
         vals = " ".join(f"{float(x):+.3f}" for x in a.advantages[b * g:(b + 1) * g])
-        w(f"  group {b}: mean={float(a.group_mean[b]):.3f} std={float(a.group_std[b]):.3f}  A=[{vals}]"
+        w(f"  group p{b}: mean={float(a.group_mean[b]):.3f} std={float(a.group_std[b]):.3f}  A=[{vals}]"
           + ("  ZERO-STD" if b in a.zero_std_groups else ""))
     w(f"  frac_reward_zero_std={a.frac_reward_zero_std:.2f}")
-    w(f"LOSS ({lo.normalizer.description})")
-    w(f"  loss={float(lo.loss):.6f} = PG {float(lo.pg_loss):.6f} + β·KL {float(lo.kl_loss):.6f} "
-      f"+ entropy term {float(lo.entropy_term):.6f}")
-    w(f"  raw KL (token mean, {lo.kl_estimator})={_f(lo.kl, 6)}  KL share={lo.kl_share:.1%}  "
-      f"clip_ratio/region_mean={_f(lo.metrics.get('clip_ratio/region_mean'))}")
+    from rookworld_debug.metrics import term_balance
+    w(f"LOSS (sampled rollout, loss_type={lo.loss_type}; {lo.normalizer.description})")
+    w(f"  PG: {(lo.definition or '').split('; L = ')[0]}")          # the formula of THIS loss type (clip or not)
+    w(f"  loss = {_num(lo.loss)} = PG {_num(lo.pg_loss, signed=True)} + β·KL {_num(lo.kl_loss, signed=True)} "
+      f"+ entropy term {_num(lo.entropy_term, signed=True)}")
+    clip = ("" if lo.loss_type in ("manual",) or "clip_ratio/region_mean" not in lo.metrics else
+            f"  clip_ratio/region_mean={_f(lo.metrics.get('clip_ratio/region_mean'))}")
+    w(f"  raw KL (token mean, {lo.kl_estimator}) = {_num(lo.kl, 'nats/token')}{clip}")
+    w(f"  balance: {term_balance(lo, u).headline}")
     w("UPDATE")
     if u is None:
         w("  REFUSED (see warnings)")

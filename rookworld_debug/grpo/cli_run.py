@@ -23,14 +23,15 @@ def format_step_line(row: dict, steps: int) -> str:
             f"ep {row['epoch']} cur {row['cursor']} β={f(row['beta'], '.4g')} lr={f(row['lr'], '.3g')} "
             f"reward {f(row['reward_before'], '.3f')}→{f(row['reward_after'], '.3f')} "
             f"(Δ{f(row['delta_reward'], '+.3f')}) roll={f(row['rollout_reward'], '.3f')} "
-            f"KL={f(row['kl'], '.4g')} KL%={f(100 * row['kl_share'], '.1f')} "
+            f"KL={f(row['kl'], '.4g')} KL%grad={f(100 * row.get('kl_grad_share', math.nan), '.1f')} "
             f"|g|={f(row['grad_norm_pre_clip'], '.3g')}→{f(row['grad_norm_post_clip'], '.3g')} "
             f"{f(row.get('sec/total', math.nan), '.1f')}s" + ("" if row["updated"] else "  [UPDATE REFUSED]"))
 
 
 def build_parser() -> argparse.ArgumentParser:
     from rookworld_debug.grpo.multistep import BETA_KINDS, LR_KINDS, MODES
-    p = argparse.ArgumentParser(prog="rookworld-debug run", description=__doc__,
+    from rookworld_debug.grpo.cli_step import config_keys_help
+    p = argparse.ArgumentParser(prog="rookworld-debug run", description=__doc__, epilog=config_keys_help(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, required=True, help="total number of steps N (also the LR schedule length)")
     p.add_argument("--config", help="YAML or JSON file with StepConfig fields")
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"summary: start {g('start_reward')} → end {g('end_reward')} (Δ {g('end_minus_start')}); "
           f"PosSteps={g('pos_steps')} NegSteps={g('neg_steps')}; mean Δ {g('mean_delta')} ± {g('mean_delta_ci95')}; "
           f"slope {g('slope')} ± {g('slope_ci95')}/step; best step {g('best_step')} ({g('best_reward')}), worst "
-          f"{g('worst_step')} ({g('worst_reward')}); mean KL% {g('mean_kl_share')}; {g('seconds_per_step')} s/step")
+          f"{g('worst_step')} ({g('worst_reward')}); mean KL share of gradient {g('mean_kl_grad_share')}; "
+          f"{g('seconds_per_step')} s/step")
     print(f"written: {out}/table.csv, {out}/per_prompt.csv, {out}/summary.json"
           + (f"; checkpoints: {', '.join(str(c) for c in result.checkpoints)}" if result.checkpoints else ""))
     return 0 if bool(result.table["updated"].all()) else 1

@@ -1,10 +1,46 @@
-"""`rookworld-debug step`: run ONE GRPO step, print the phase-by-phase log, write the trace."""
+"""`rookworld-debug step`: run ONE GRPO step, print the phase-by-phase log, write the trace.
+
+Output: the phase-by-phase log goes to stdout; the trace to OUT/trace.json + OUT/trace.safetensors (reload
+with `StepTrace.load(OUT)`, view with notebook 01 or `rookworld-debug report --trace OUT`). Errors go to
+stderr as `error: <NamedError>: …` with exit code 2; exit code 1 when the update was refused (NaN/inf).
+
+Examples:
+  rookworld-debug step --set beta=0.05 --set reward_mode=dataset --out reports/step1
+  rookworld-debug step --config my.yaml --set loss_type=grpo
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
+
+_FIRST_SENTENCE = re.compile(r"(?<!e\.g)(?<!i\.e)(?<!vs)(?<!etc)\.(\s|$)")
+
+
+def config_keys_help(width: int = 118) -> str:
+    """Every StepConfig key, grouped, with its default and one line of help: the first sentence of the
+    field's `metadata["help"]` (cut at a word boundary to fit `width`). Generated, so it never drifts."""
+    from rookworld_debug.config import StepConfig
+    lines = ["StepConfig keys: set with --set KEY=VALUE (repeatable) or --config FILE; shown as KEY=default.",
+             "Full help text: python -c 'from rookworld_debug.config import StepConfig as C; "
+             "print(C.glossary_markdown())'"]
+    group = None
+    for name, e in StepConfig.glossary().items():
+        if e["group"] != group:
+            group = e["group"]
+            lines.append(f"  [{group}]")
+        m = _FIRST_SENTENCE.search(e["help"])
+        text = e["help"][:m.start() + 1] if m else e["help"]
+        if "choices" in e:
+            text = "{" + "|".join(map(str, e["choices"])) + "} " + text
+        key = f"    {name}={e['default']!r}".ljust(38) + " "
+        room = max(20, width - len(key))
+        if len(text) > room:
+            text = text[:room - 1].rsplit(" ", 1)[0] + "…"
+        lines.append(key + text)
+    return "\n".join(lines)
 
 
 def parse_value(text: str):
@@ -40,11 +76,13 @@ def config_from_args(config_path: str | None, overrides: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rookworld-debug step", description=__doc__)
+    p = argparse.ArgumentParser(prog="rookworld-debug step", description=__doc__, epilog=config_keys_help(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML or JSON file with StepConfig fields")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one StepConfig field (repeatable), e.g. --set beta=0.05")
-    p.add_argument("--out", default="reports/step", help="folder for trace.json + trace.safetensors")
+    p.add_argument("--out", default="reports/step", help="folder for trace.json + trace.safetensors (created; "
+                   "default reports/step); the log itself goes to stdout")
     args = p.parse_args(argv)
     from rookworld_debug.errors import RookWorldError
     from rookworld_debug.grpo.step import run_step
