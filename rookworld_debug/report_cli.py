@@ -90,7 +90,7 @@ def _sigterm_as_interrupt(signum, frame):
 def report_main(args: argparse.Namespace) -> int:
     """Run the sweep described by parsed ``args``; print where the index is; return the exit status."""
     from rookworld_debug.errors import RookWorldError
-    from rookworld_debug.report import expand_grid, make_grid, run_id, run_sweep
+    from rookworld_debug.report import make_grid, run_sweep
 
     try:
         grid = make_grid(args.params, args.grid_file)
@@ -100,9 +100,17 @@ def report_main(args: argparse.Namespace) -> int:
         print(f"rookworld-debug report: {exc}", file=sys.stderr)
         return 2
     notebook = _default_notebook(args.notebook)
-    if args.dry_run:
-        for params in expand_grid(grid.axes, grid.fixed):
-            print(run_id(params, grid.swept), params)
+    if args.dry_run:                  # the same checks as a real run, then the plan; nothing executes
+        from rookworld_debug.report.runner import plan_sweep
+        try:
+            _, sweep_dir, runs, _ = plan_sweep(notebook, grid, sweep_name=args.sweep_name, out_root=args.out_root,
+                                               workers=args.workers, strict_params=not args.allow_unknown_params)
+        except RookWorldError as exc:
+            print(f"rookworld-debug report: {exc}", file=sys.stderr)
+            return 2
+        for run in runs:
+            print(run["run_id"], run["params"])
+        print(f"(dry run: {len(runs)} runs into {sweep_dir}; nothing executed)")
         return 0
     old = None
     try:

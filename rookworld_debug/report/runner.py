@@ -440,21 +440,12 @@ def _outcome_from_disk(run: dict, status: str, wall_s: float | None, returned: d
                       metrics=dict((summary or {}).get("metrics") or {}))
 
 
-def run_sweep(notebook, grid, *, sweep_name: str | None = None, out_root="reports", workers: int = 1,
-              cluster=None, resume: bool = True, timeout_per_cell: float | None = 1800,
-              kernel_name: str = "python3", progress: bool = True, start_timeout: float = 120,
-              strict_params: bool = True, require_summary: bool = True) -> SweepResult:
-    """Execute ``notebook`` once per parameter set of ``grid`` (a :class:`Grid`, a mapping name → list
-    of values, or a list of parameter dicts) into ``out_root/<sweep_name>/<run-id>/`` and write the
-    sweep's ``index.html``/``index.json``. See the module docstring for the layout and guarantees.
+def plan_sweep(notebook, grid, *, sweep_name: str | None = None, out_root="reports", workers: int = 1,
+               strict_params: bool = True) -> tuple[Path, Path, list[dict], dict]:
+    """Every check a sweep makes before it runs anything → (notebook, sweep_dir, runs, grid record).
 
-    ``workers`` bounds concurrent local runs (each is a process with its own kernel); ``cluster`` (a
-    Dask scheduler address like ``"tcp://host:8786"``, a ``distributed.Client`` or a cluster object)
-    sends each run to Dask instead. ``resume`` skips complete runs. ``timeout_per_cell`` (seconds, None
-    = no limit) is papermill's per-cell execution timeout. ``strict_params`` refuses grid names the
-    notebook's parameters cell does not declare. A KeyboardInterrupt stops the sweep cleanly (finished
-    runs are kept, running ones are stopped) and returns ``interrupted=True``."""
-    t_start = time.perf_counter()
+    ``rookworld-debug report --dry-run`` calls this too, so a dry run rejects exactly what a real run
+    rejects (an unknown parameter name, a missing notebook, colliding run ids, workers < 1)."""
     notebook = Path(notebook).expanduser().resolve()
     if not notebook.is_file():
         raise SweepError(f"notebook not found: {notebook}")
@@ -478,6 +469,26 @@ def run_sweep(notebook, grid, *, sweep_name: str | None = None, out_root="report
         seen[rid] = params
         runs.append({"run_id": rid, "params": to_jsonable(params), "params_hash": h,
                      "run_dir": str(sweep_dir / rid)})
+    return notebook, sweep_dir, runs, grid_record
+
+
+def run_sweep(notebook, grid, *, sweep_name: str | None = None, out_root="reports", workers: int = 1,
+              cluster=None, resume: bool = True, timeout_per_cell: float | None = 1800,
+              kernel_name: str = "python3", progress: bool = True, start_timeout: float = 120,
+              strict_params: bool = True, require_summary: bool = True) -> SweepResult:
+    """Execute ``notebook`` once per parameter set of ``grid`` (a :class:`Grid`, a mapping name → list
+    of values, or a list of parameter dicts) into ``out_root/<sweep_name>/<run-id>/`` and write the
+    sweep's ``index.html``/``index.json``. See the module docstring for the layout and guarantees.
+
+    ``workers`` bounds concurrent local runs (each is a process with its own kernel); ``cluster`` (a
+    Dask scheduler address like ``"tcp://host:8786"``, a ``distributed.Client`` or a cluster object)
+    sends each run to Dask instead. ``resume`` skips complete runs. ``timeout_per_cell`` (seconds, None
+    = no limit) is papermill's per-cell execution timeout. ``strict_params`` refuses grid names the
+    notebook's parameters cell does not declare. A KeyboardInterrupt stops the sweep cleanly (finished
+    runs are kept, running ones are stopped) and returns ``interrupted=True``."""
+    t_start = time.perf_counter()
+    notebook, sweep_dir, runs, grid_record = plan_sweep(notebook, grid, sweep_name=sweep_name, out_root=out_root,
+                                                        workers=workers, strict_params=strict_params)
     sweep_dir.mkdir(parents=True, exist_ok=True)
 
     threads = max(1, (os.cpu_count() or 1) // workers) if cluster is None else None
