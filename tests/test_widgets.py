@@ -45,7 +45,6 @@ def test_beta_knob_is_loss_for_on_the_same_rollout(panel):
     assert panel.config.beta == 0.2 and float(direct.loss) == pytest.approx(l2, abs=1e-9)
     assert panel.loss.kl > 0 and l2 != l1
     assert _summary_number(panel, "loss") == pytest.approx(l2) and _summary_number(panel, "beta") == 0.2
-    assert _summary_number(panel, "kl-share") == pytest.approx(panel.loss.kl_share)
     panel.w_beta.value = 0.0
     assert float(panel.loss.kl_loss) == 0.0 and panel.loss.kl_share == 0.0
 
@@ -76,8 +75,10 @@ def test_views_follow_metric_and_row(panel):
     panel.w_row.value = 3
     assert panel.w_strip.value != before and panel.w_strip.value.count('class="rw-row"') == 1
     fig = panel.w_fig                                   # a FigureWidget, updated in place
-    assert fig.data[0].type == "waterfall" and "KL share" in fig.layout.title.text
-    assert fig.data[0].y[-1] == pytest.approx(float(panel.loss.loss))
+    assert fig.data[0].type == "waterfall"
+    unit = re.search(r"×1e(-?\d+)", fig.layout.yaxis.title.text or "")     # tiny totals: a power-of-ten unit
+    scale = 10.0 ** int(unit.group(1)) if unit else 1.0
+    assert fig.data[0].y[-1] * scale == pytest.approx(float(panel.loss.loss), rel=1e-9, abs=1e-15)
 
 
 def test_bad_knobs_are_named_errors(panel):
@@ -99,3 +100,40 @@ def test_sampling_knobs_mark_stale_then_regenerate(panel):
     assert set(panel.last_timings) == {"generation", "rewards", "advantages", "loss"}
     assert "press Regenerate" not in panel.w_summary.value and "regenerated" in panel.w_status.value
     assert panel.w_row.max == 3 and math.isfinite(float(panel.loss.loss))
+
+
+def test_kl_share_never_100_percent_on_policy(panel):
+    """The panel's rollout is sampled from the current policy (ratio ≡ 1): the PG loss VALUE is −agg(A),
+    structurally ~0, so |β·KL|/(|PG|+|β·KL|) would read ~100%. The panel must say n/a instead, for any loss type."""
+    panel.w_beta.value = 0.1
+    for lt in ("grpo", "dapo", "dr_grpo"):
+        panel.w_loss_type.value = lt
+        assert panel.loss.kl > 0 and float(panel.loss.loss) != 0.0             # β·KL does enter the loss
+        assert math.isnan(_summary_number(panel, "kl-share")) and 'data-on-policy="1"' in panel.w_summary.value
+        assert "KL value share n/a (on-policy)" in panel.w_summary.value
+        cell = re.search(r"KL value share</th><td[^>]*>([^<]*)</td>", panel.w_summary.value).group(1)
+        assert cell == "n/a (on-policy)" and "100" not in cell
+        assert math.isnan(panel.history[-1]["kl_value_share"])
+    panel.w_loss_type.value = "dapo"
+
+
+def test_panel_shows_g_rows_after_regenerate(panel):
+    """After Regenerate the completions table shows the WHOLE new rollout: G rows per group, named p<b>·g<j>,
+    with reward, advantage and the zero-σ groups named in the batch label."""
+    panel.regenerate(num_generations=3)
+    n = len(panel.state.rollout.completions)
+    assert n == 2 * 3
+    table = panel.w_table.value
+    body = table.split("<tbody>")[1]
+    assert body.count("<tr>") == n
+    names = re.findall(r'<td data-v="\d+">(p\d·g\d)</td>', body)
+    assert names == [f"p{b}·g{j}" for b in range(2) for j in range(3)]
+    shown_adv = [float(x) for x in re.findall(r'<td data-v="([-+0-9.e]+)"[^>]*>[+-]\d\.\d{3}</td>', body)]
+    assert shown_adv == pytest.approx(panel.state.advantages.advantages.tolist(), abs=1e-6)
+    zero = ", ".join(f"p{b}" for b in panel.state.advantages.zero_std_groups) or "none"
+    assert f"zero-σ groups (advantage 0, no PG signal): {zero}" in table and "T=0.7" in table
+    assert "reward" in table.split("<tbody>")[0]
+    html_before = panel.w_table.value
+    panel.w_beta.value = 0.05 if panel.config.beta != 0.05 else 0.1         # a loss knob: same rollout, same rows
+    assert panel.w_table.value.split("<tbody>")[1].count("<tr>") == n
+    assert panel.w_table.value == html_before or "p1·g2" in panel.w_table.value
