@@ -476,6 +476,31 @@ def run_once(variant: str, spec: BenchSpec) -> dict:
     return res
 
 
+def profile_variant(variant: str, spec: BenchSpec, top: int = 25) -> dict:
+    """One untimed-prepare + one step of `variant` under torch.profiler (CPU, + CUDA when present):
+    the step's phase times and the `top` operators by self time (docs/PERFORMANCE.md § Profile)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.set_num_threads(spec.threads)
+    v = VARIANT_CLASSES[variant](spec)
+    try:
+        v.prepare()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if spec.device.startswith("cuda") else [])
+        t0 = time.perf_counter()
+        with profile(activities=acts) as prof:
+            res = v.step()
+        seconds = time.perf_counter() - t0
+    finally:
+        v.close()
+    key = "self_cuda_time_total" if spec.device.startswith("cuda") else "self_cpu_time_total"
+    ops = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    total = sum(getattr(e, key) for e in prof.key_averages()) or 1.0
+    return {"variant": variant, "seconds_profiled": seconds, "phases": res.get("phases", {}),
+            "generation_sub": res.get("generation_sub", {}),
+            "top_ops": [{"name": e.key, "calls": e.count, "self_s": getattr(e, key) / 1e6,
+                         "share": getattr(e, key) / total} for e in ops]}
+
+
 # ------------------------------------------------------------------------------------------ workers
 def _worker_main(variant: str, spec_path: str) -> int:
     """Line protocol on the ORIGINAL stdout: parent writes 'run' / 'quit'; worker answers one JSON line.
@@ -811,6 +836,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one worker process per variant (clean peak RSS) or everything in this process")
     p.add_argument("--engine-reps", type=int, default=1, help="repetitions of the engine benchmark (0 = skip)")
     p.add_argument("--no-widget", action="store_true", help="skip the widget benchmark")
+    p.add_argument("--profile", default=None, metavar="VARIANT",
+                   help="instead of the benchmark: one step of VARIANT (a|b|c|d) under torch.profiler; "
+                        "writes profile-<model>-<variant>-<stamp>.json and prints the top operators")
     p.add_argument("--widget-n", type=int, default=64)
     p.add_argument("--widget-t", type=int, default=128)
     p.add_argument("--out", default="reports/bench", help="folder for the JSON")
@@ -902,6 +930,43 @@ def run_bench(args) -> tuple[dict, Path]:
     return result, path
 
 
+def run_profile(args) -> tuple[dict, Path]:
+    """`--profile VARIANT`: the operator breakdown of one step, in this process (after one untimed warm-up
+    step unless --warmup 0), same spec as the benchmark."""
+    import torch
+    from rookworld_debug.report import atomic_write_json
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.profile not in VARIANTS:
+        raise SystemExit(f"--profile must be one of {''.join(VARIANTS)}, got {args.profile!r}")
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with tempfile.TemporaryDirectory(prefix="rookworld-bench-") as tmp:
+        model_dir, model_info = materialize_model(args.model, Path(tmp) / "model")
+        spec = BenchSpec(model=args.model, model_dir=model_dir, batch_size=args.batch_size,
+                         num_generations=args.num_generations, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                         engine_depth=args.engine_depth, engine_workers=args.engine_workers,
+                         heldout_n=args.heldout_n, eval_max_new_tokens=args.eval_max_new_tokens,
+                         threads=args.threads, device=device, micro_batch_size=args.micro_batch_size)
+        for _ in range(args.warmup):
+            run_once(args.profile, spec)
+        prof = profile_variant(args.profile, spec)
+    result = {"schema": SCHEMA + "#profile", "started": started,
+              "command": "rookworld-debug bench " + " ".join(args.argv), "machine": machine_info(spec),
+              "model_info": model_info, "settings": {**asdict(spec), "model_dir": None}, **prof}
+    stamp = started.replace(":", "").replace("-", "")
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(args.model))[-40:]
+    path = atomic_write_json(Path(args.out) / f"profile-{safe}-{args.profile}-{stamp}.json", _finite(result))
+    return result, path
+
+
+def profile_markdown(result: dict) -> str:
+    lines = [f"Profile of ({result['variant']}) {LABELS[result['variant']]}: {_fmt(result['seconds_profiled'])} s "
+             "under the profiler", "", "phases: " + ", ".join(f"{k} {_fmt(x)}" for k, x in result["phases"].items()),
+             "", "| operator | calls | self s | share |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| `{o['name']}` | {o['calls']} | {_fmt(o['self_s'], 3)} | {100 * o['share']:.1f} % |"
+              for o in result["top_ops"]]
+    return "\n".join(lines)
+
+
 def _finite(obj):
     """Strict JSON: NaN/inf → None (the schema says 'null = not measured')."""
     if isinstance(obj, float):
@@ -932,6 +997,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = build_parser().parse_args(argv)
     args.argv = argv
+    if args.profile:
+        result, path = run_profile(args)
+        print(path if args.json_only else profile_markdown(result) + f"\n\nJSON: {path}")
+        return 0
     result, path = run_bench(args)
     if args.json_only:
         print(path)

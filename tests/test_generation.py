@@ -46,8 +46,8 @@ def test_shapes_and_trl_layout(rollout):
         rollout.seed = 1  # frozen
 
 
-def test_mixed_batch_one_generate_call_per_setting(rollout):
-    assert rollout.counts["generate_calls"] == 2
+def test_mixed_batch_one_decoding_loop_per_row_settings(rollout):
+    assert rollout.counts["generate_calls"] == 1        # P: and A: rows decode together, per-row T/top-p/top-k
     assert rollout.temperatures.tolist() == pytest.approx([0.5] * 4 + [0.95] * 4 + [0.5] * 4)
     assert rollout.sampling == SAMPLING
 
@@ -156,24 +156,115 @@ def test_same_seed_same_ids_and_rng_untouched(models):
     assert a.ref_per_token_logps is None and a.per_token_full_kl is None
 
 
-def test_sampling_capture_matches_output_logits(models):
-    """The streaming capture sees the same raw logits as generate(output_logits=True)."""
-    from transformers import GenerationConfig, LogitsProcessorList
+def _rows(tok, prompts, g):
+    enc = tok([p for p in prompts for _ in range(g)], padding=True, padding_side="left", return_tensors="pt")
+    return enc, enc.input_ids[::g], enc.attention_mask[::g]
 
+
+@pytest.mark.parametrize("temp, top_p, top_k", [(0.8, 0.9, 0), (1.0, 1.0, 5), (0.6, 0.5, 12)])
+def test_decode_matches_generate_tokens_and_logits(models, temp, top_p, top_k):
+    """Our loop draws the same tokens as transformers' generate for the same seed (multinomial = argmax(p/Exp)
+    over all N rows), and its sampling-time log-probs are log_softmax(raw logits / T) of generate's logits."""
+    from transformers import GenerationConfig
+
+    from rookworld_debug.grpo.decoding import decode
     pol, _, tok, _ = models
-    enc = tok([P_PROMPT, A_PROMPT], padding=True, padding_side="left", return_tensors="pt")
-    cfg = dict(max_new_tokens=10, do_sample=True, temperature=0.8, top_p=0.9, top_k=0,
-               pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, return_dict_in_generate=True)
-    capture = gen._SampledLogpCapture(0.8)
-    torch.manual_seed(5)
-    out1 = pol.generate(**enc, generation_config=GenerationConfig(**cfg),
-                        logits_processor=LogitsProcessorList([capture]))
-    torch.manual_seed(5)
-    out2 = pol.generate(**enc, generation_config=GenerationConfig(**cfg, output_logits=True))
-    assert torch.equal(out1.sequences, out2.sequences)
-    new = out2.sequences[:, enc.input_ids.shape[1]:]
-    ref = torch.stack(out2.logits, 1).div(0.8).log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)
-    assert torch.allclose(capture.finish(new), ref, atol=1e-6)
+    g, t = 3, 16
+    enc, ids_b, mask_b = _rows(tok, [P_PROMPT, A_PROMPT], g)
+    torch.manual_seed(11)
+    out = pol.generate(**enc, generation_config=GenerationConfig(
+        max_new_tokens=t, do_sample=True, temperature=temp, top_p=top_p, top_k=top_k, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, return_dict_in_generate=True, output_logits=True, disable_compile=True))
+    new = out.sequences[:, enc.input_ids.shape[1]:]                                       # (N, L)
+    n = new.shape[0]
+    d = decode(pol, ids_b, mask_b, expand=g, max_new_tokens=t, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+               temperatures=torch.full((n,), temp), top_k=torch.full((n,), top_k), top_p=torch.full((n,), top_p),
+               generator=torch.Generator().manual_seed(11))
+    assert torch.equal(d.tokens, new)
+    ref = torch.stack(out.logits, 1).div(temp).log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)  # (N, L)
+    _, mask, _ = gen._cut_after_eos(new, tok.eos_token_id, tok.pad_token_id)
+    assert (d.logps - ref)[mask.bool()].abs().max() < 1e-5
+
+
+def test_greedy_decode_matches_generate(models):
+    from rookworld_debug.grpo.decoding import decode
+    from rookworld_debug.grpo.evaluation import greedy_completions
+    pol, _, tok, _ = models
+    prompts = [P_PROMPT, A_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"]
+    enc = tok(prompts, padding=True, padding_side="left", return_tensors="pt")
+    out = pol.generate(**enc, do_sample=False, max_new_tokens=20, pad_token_id=tok.pad_token_id,
+                       eos_token_id=tok.eos_token_id, disable_compile=True)[:, enc.input_ids.shape[1]:]
+    d = decode(pol, enc.input_ids, enc.attention_mask, expand=1, max_new_tokens=20, eos_id=tok.eos_token_id,
+               pad_id=tok.pad_token_id)
+    assert torch.equal(d.tokens, out) and d.logps is None
+    assert greedy_completions(pol, tok, prompts, 20) == tok.batch_decode(out, skip_special_tokens=True)
+
+
+def test_decode_drops_finished_rows_without_changing_tokens(models):
+    """Dropping finished rows (checked every step) and never dropping (no check before the end) decode
+    the same tokens; the dropped rows are not forwarded any more."""
+    from rookworld_debug.grpo.decoding import decode
+    pol, _, tok, _ = models
+    g, t = 6, 24
+    _, ids_b, mask_b = _rows(tok, [P_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"], g)
+    kw = dict(expand=g, max_new_tokens=t, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+              temperatures=torch.full((2 * g,), 0.5), top_p=torch.full((2 * g,), 0.9))
+    fast = decode(pol, ids_b, mask_b, generator=torch.Generator().manual_seed(3), sync_every=1, **kw)
+    full = decode(pol, ids_b, mask_b, generator=torch.Generator().manual_seed(3), sync_every=10**6, **kw)
+    assert full.steps == t and full.row_steps == 2 * g * (t - 1)
+    assert torch.equal(full.tokens[:, :fast.steps], fast.tokens)
+    assert (full.tokens[:, fast.steps:] == tok.pad_token_id).all()
+    m = gen._cut_after_eos(fast.tokens, tok.eos_token_id, tok.pad_token_id)[1].bool()
+    assert torch.allclose(full.logps[:, :fast.steps][m], fast.logps[m], atol=1e-5)
+    ended = (fast.tokens == tok.eos_token_id).any(1)
+    assert ended.sum() >= 2 * g * 0.25                      # the fixture model ends often enough to drop rows
+    assert fast.row_steps < 2 * g * (fast.steps - 1)
+
+
+def test_per_row_settings_in_one_loop(models):
+    """A top-k = 1 task decodes greedily (argmax of the tempered logits) while the other task samples, in the
+    same loop: per-row warpers, not one setting for the batch."""
+    from rookworld_debug.grpo.evaluation import greedy_completions
+    pol, ref, tok, _ = models
+    r = generate(pol, ref, tok, [P_PROMPT, A_PROMPT], ["P", "A"], num_generations=4, max_new_tokens=12,
+                 sampling={"P": (1.0, 1.0, None), "A": (0.9, 1.0, 1)}, seed=2, compute_ref=False)
+    greedy = greedy_completions(pol, tok, [A_PROMPT], 12)[0]
+    assert r.completions[4:] == (greedy,) * 4
+    assert len(set(r.completions[:4])) > 1
+
+
+def test_core_path_uses_the_sampling_loops_values(models, rollout):
+    """score_policy=False: no policy forward; log-probs/entropy/top-k from the loop agree with the
+    teacher-forced ones; the reference keeps TRL's selected log-probs; no exact KL, no recompute check."""
+    pol, ref, tok, _ = models
+    lean = generate(pol, ref, tok, [P_PROMPT, A_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"], ["P", "A", "P"],
+                    num_generations=4, max_new_tokens=24, sampling=SAMPLING, seed=7, score_policy=False)
+    assert torch.equal(lean.completion_ids, rollout.completion_ids)   # same seed → same tokens in both modes
+    m = lean.completion_mask.bool()
+    assert torch.equal(lean.per_token_logps, lean.sampling_per_token_logps)
+    assert (lean.per_token_logps - rollout.per_token_logps)[m].abs().max() < 1e-4
+    assert (lean.per_token_entropy - rollout.per_token_entropy)[m].abs().max() < 1e-4
+    assert (lean.ref_per_token_logps - rollout.ref_per_token_logps).abs().max() < 1e-6
+    assert torch.equal(lean.topk_ids[m][:, 0], rollout.topk_ids[m][:, 0])
+    assert lean.per_token_full_kl is None and not lean.logp_diff_flagged
+    assert lean.max_abs_logp_diff != lean.max_abs_logp_diff                     # NaN: not checked
+    assert lean.counts["scoring_forwards"] == 1 and lean.counts["recompute_checked"] == 0
+
+
+def test_nan_logits_raise_named_error(models):
+    from rookworld_debug.errors import NumericalError
+    pol, ref, tok, _ = models
+    w = pol.lm_head.weight if hasattr(pol, "lm_head") else pol.get_output_embeddings().weight
+    saved = w.detach().clone()
+    try:
+        with torch.no_grad():
+            w.fill_(float("nan"))
+        with pytest.raises(NumericalError, match="NaN/inf"):
+            generate(pol, ref, tok, [P_PROMPT], ["P"], num_generations=2, max_new_tokens=4, sampling=SAMPLING,
+                     seed=0, compute_ref=False)
+    finally:
+        with torch.no_grad():
+            w.copy_(saved)
 
 
 def test_wrong_position_ids_are_flagged(models, monkeypatch):

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from rookworld_debug.grpo.decoding import decode
 from rookworld_debug.grpo.generation import generate, per_token_logps_and_entropy
 from rookworld_debug.grpo.rewards import compute_rewards
 
@@ -51,15 +52,13 @@ class Evaluation:
 
 
 def greedy_completions(policy, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
-    """One batched greedy `generate` (left padding), text after the prompt up to the first EOS."""
+    """One batched greedy decode (left padding; the sampling loop in argmax mode = `generate(do_sample=False)`),
+    text after the prompt up to the first EOS."""
     enc = tokenizer(list(prompts), padding=True, padding_side="left", add_special_tokens=False,
                     return_tensors="pt")
-    device = next(policy.parameters()).device
-    with torch.no_grad():
-        out = policy.generate(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
-                              do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                              eos_token_id=tokenizer.eos_token_id, disable_compile=True)
-    return tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:].cpu(), skip_special_tokens=True)
+    out = decode(policy, enc["input_ids"], enc["attention_mask"], expand=1, max_new_tokens=max_new_tokens,
+                 eos_id=int(tokenizer.eos_token_id), pad_id=int(tokenizer.pad_token_id))
+    return tokenizer.batch_decode(out.tokens.cpu(), skip_special_tokens=True)
 
 
 def greedy_eval(name: str, policy, tokenizer, prompts, tasks, labels, *, max_new_tokens: int, reward_mode: str,
@@ -105,7 +104,7 @@ def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_bat
     re = generate(policy, reference, tokenizer, list(rollout.prompts[:: rollout.num_generations]),
                   list(rollout.tasks[:: rollout.num_generations]), num_generations=rollout.num_generations,
                   max_new_tokens=rollout.max_new_tokens, sampling=dict(rollout.sampling), seed=rollout.seed,
-                  top_k_alternatives=1, compute_ref=False)
+                  top_k_alternatives=1, compute_ref=False, score_policy=False)   # only its texts are used
     re_r = compute_rewards(re.prompts, re.completions, re.tasks, labels=labels_per_row, reward_mode=reward_mode,
                            engine=engine)
     return Evaluation(

@@ -14,6 +14,17 @@ What we add: explicit position ids for left padding (generate derives them from 
 a plain forward would not), entropy and top-k alternatives of the same tempered distribution, the
 exact full-vocabulary KL(π‖π_ref) per token, and a recompute-consistency check against the log-probs
 seen at sampling time.
+
+Sampling is our own KV-cached loop (`decoding.decode`: same tokens as `generate` for the same seed).
+Two scoring modes (`generate(score_policy=...)`):
+- True (the instrumented step, and μ > 1 where TRL freezes old log-probs with a forward at sampling
+  time): a fresh teacher-forced policy forward gives `per_token_logps`, entropy and top-k over the full
+  vocabulary, the reference forward adds the exact KL, and the two are compared with the sampling-time
+  log-probs (the recompute check);
+- False (the core step: TRL's work at μ = 1, where the old log-probs ARE the training forward's,
+  detached): no policy forward at all; `per_token_logps`, entropy and top-k are the sampling loop's own
+  (computed from the same logits it samples from), and the reference forward keeps only TRL's
+  `gathered logit − logsumexp` (no full-vocabulary KL). The recompute check is not run.
 """
 from __future__ import annotations
 
@@ -26,6 +37,8 @@ import torch
 
 from ..errors import ConfigError, NumericalError
 from ..models.tokenizer import token_strings
+
+from .decoding import decode
 
 LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
 UNTRAINED_ENTROPY_FRACTION = 0.97  # mean entropy ≥ 97 % of ln V: "looks untrained" (flag, not is_random_init)
@@ -40,10 +53,12 @@ class Rollout:
     prompt_mask: torch.Tensor                     # (N, P) 1 = real prompt token
     completion_ids: torch.Tensor                  # (N, T) sampled ids; pad after the first EOS
     completion_mask: torch.Tensor                 # (N, T) 1 up to and including the first EOS
-    per_token_logps: torch.Tensor                 # (N, T) log π(y_t) of the tempered policy, fresh forward
+    per_token_logps: torch.Tensor                 # (N, T) log π(y_t) of the tempered policy: fresh forward
+                                                  #   (score_policy) or the sampling loop's (core path)
     ref_per_token_logps: torch.Tensor | None      # (N, T) same for the reference; None if compute_ref=False
     per_token_entropy: torch.Tensor               # (N, T) entropy (nats) of the tempered policy distribution
-    per_token_full_kl: torch.Tensor | None        # (N, T) exact Σ_v π(v)(log π(v) − log π_ref(v)), tempered
+    per_token_full_kl: torch.Tensor | None        # (N, T) exact Σ_v π(v)(log π(v) − log π_ref(v)), tempered;
+                                                  #   None without a reference or without score_policy
     topk_ids: torch.Tensor                        # (N, T, K) most likely tokens under the tempered policy
     topk_logps: torch.Tensor                      # (N, T, K) their log-probs
     sampling_per_token_logps: torch.Tensor        # (N, T) log-prob of the sampled token seen inside generate
@@ -60,10 +75,11 @@ class Rollout:
     max_new_tokens: int
     seed: int
     max_abs_logp_diff: float                      # max over masked tokens |sampling − recomputed| log-prob
+                                                  #   (NaN: not checked, score_policy=False)
     logp_diff_flagged: bool                       # max_abs_logp_diff > LOGP_DIFF_TOLERANCE
     counts: Mapping[str, int]                     # tokens, generate calls/steps, scoring forwards
     seconds: float                                # wall time of the whole phase
-    timings: Mapping[str, float]                  # {"generate": s, "score": s}
+    timings: Mapping[str, float]                  # {"generate": s (sampling loop), "score": s (forwards)}
     warnings: tuple[str, ...] = field(default=())  # human-readable problems found on the way
 
     @property
@@ -92,6 +108,11 @@ def _token_stats(logits: torch.Tensor, ids: torch.Tensor, with_entropy: bool = T
     return logps, entropy, logp_all, p_all
 
 
+def _selected_logps(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """TRL's grad path: gathered logit − logsumexp only, no (n, T, V) log-probs kept. (n, T, V), (n, T) → (n, T)."""
+    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """generate's convention (`_prepare_position_ids_for_generation`): count real tokens, pads at 0."""
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)  # (n, P+T)
@@ -115,27 +136,42 @@ def _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, comple
                     logits_to_keep=t + 1, use_cache=False)  # only the T+1 last positions reach the LM head
         # position P-1+t predicts completion token t; the last position predicts nothing we sampled
         temps = temperatures[rows].to(device=device, dtype=torch.float32)
-        yield rows, out.logits[:, :-1].float() / temps[:, None, None]                  # (n, T, V)
+        logits = out.logits[:, :-1].float()                                            # (n, T, V)
+        del out
+        # no grad: divide in place (one (n, T, V) tensor less); with grad the division must stay out of place
+        yield rows, (logits.div_(temps[:, None, None]) if not torch.is_grad_enabled()
+                     else logits / temps[:, None, None])
 
 
 def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                                 completion_ids: torch.Tensor, completion_mask: torch.Tensor,
                                 temperatures: torch.Tensor | float, *, with_grad: bool = False,
-                                chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                                chunk: int | None = None, entropy_grad: bool | None = None,
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-prob of `completion_ids` and entropy, both of softmax(fp32 logits / temperature).
 
     THE place log-probs are computed (generation with no grad; the loss phase with `with_grad=True` on
     the same sampled ids). Left-padded prompts get generate-consistent position ids. `temperatures`:
     (N,) per row or one float. `chunk`: rows per forward (default: ~128 MiB of fp32 logits per chunk).
+    `entropy_grad` (default = with_grad): False keeps the entropy out of the graph, as TRL does unless
+    its entropy bonus is on — the grad path then holds only gathered logit − logsumexp, not three more
+    (n, T, V) tensors.
     Returns (per_token_logps (N, T), per_token_entropy (N, T)), 0 where completion_mask is 0.
     """
     if not torch.is_tensor(temperatures) or temperatures.ndim == 0:
         temperatures = torch.full((completion_ids.shape[0],), float(temperatures))     # (N,)
+    entropy_grad = with_grad if entropy_grad is None else entropy_grad and with_grad
     logps, entropies = [], []
     with torch.set_grad_enabled(with_grad):
         for rows, logits in _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                                   temperatures, chunk):
-            lp, ent, _, _ = _token_stats(logits, completion_ids[rows].to(logits.device))
+            ids = completion_ids[rows].to(logits.device)                                # (n, T)
+            if with_grad and not entropy_grad:
+                lp = _selected_logps(logits, ids)                                       # (n, T) grad
+                with torch.no_grad():
+                    _, ent, _, _ = _token_stats(logits.detach(), ids)                  # (n, T) no grad
+            else:
+                lp, ent, _, _ = _token_stats(logits, ids)
             logps.append(lp)
             entropies.append(ent)
     mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
@@ -163,43 +199,6 @@ def per_token_logps_entropy_full_kl(policy, reference, prompt_ids, prompt_mask, 
 
 
 # ---------------------------------------------------------------------------------- sampling
-class _SampledLogpCapture:
-    """A logits processor that records log softmax(logits / T) of each SAMPLED token, streaming.
-
-    transformers merges user processors before its sampling warpers (temperature, top-k, top-p), so
-    this sees the raw next-token logits, like `output_logits=True` — but keeps only one (n, V) row
-    instead of all (n, T, V) steps (0.4 GB for 16×128 GPT-2 tokens, 5 GB for 192×128). The token
-    sampled at step s is `input_ids[:, -1]` when step s+1 is processed; the last one is gathered in
-    `finish`. The tests check this against `output_logits`.
-    """
-
-    def __init__(self, temperature: float):
-        self.temperature = temperature
-        self.prev: torch.Tensor | None = None   # (n, V) tempered log-probs of the last step
-        self.logps: list[torch.Tensor] = []     # each (n,)
-        self.tokens: list[torch.Tensor] = []    # each (n,)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.prev is not None:
-            tok = input_ids[:, -1]                                                      # (n,)
-            self.logps.append(self.prev.gather(1, tok[:, None]).squeeze(1))
-            self.tokens.append(tok)
-        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)      # (n, V)
-        return scores
-
-    def finish(self, generated: torch.Tensor) -> torch.Tensor:
-        """(n, L) generated ids → (n, L) their sampling-time log-probs (NaN where unverifiable)."""
-        n, length = generated.shape
-        steps = self.logps[:length]
-        if len(steps) < length:  # the final token was never followed by another processor call
-            steps.append(self.prev.gather(1, generated[:, len(steps), None].to(self.prev.device)).squeeze(1))
-        out = torch.stack(steps, 1).to(generated.device) if steps else generated.new_zeros((n, 0), dtype=torch.float32)
-        seen = torch.stack(self.tokens[:length], 1).to(generated.device) if self.tokens else None
-        if seen is not None and not torch.equal(seen, generated[:, :seen.shape[1]]):
-            return torch.full_like(out, float("nan"))  # generate rewrote tokens after sampling: refuse to guess
-        return out
-
-
 def _cut_after_eos(generated: torch.Tensor, eos_id: int, pad_id: int):
     """(n, L) raw generated ids → (ids with pad after the first EOS (n, L), mask incl. EOS (n, L), has_eos (n,))."""
     is_eos = generated == eos_id                                                        # (n, L)
@@ -251,34 +250,6 @@ def _dropout_warnings(**models) -> list[str]:
     return out
 
 
-def _sample_group(policy, prompt_ids, prompt_mask, setting, max_new_tokens, eos_id, pad_id):
-    """ONE generate call for rows sharing a sampling setting → (generated (n, L), sampling logps (n, L))."""
-    from transformers import GenerationConfig, LogitsProcessorList
-
-    temp, top_p, top_k = setting
-    keep = prompt_mask.any(0)  # drop columns that are padding in every row of this call
-    ids, mask = prompt_ids[:, keep], prompt_mask[:, keep]                               # (n, P')
-    gen_cfg = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=True, temperature=temp,
-        # top_k None -> 0 = off: left unset, transformers would apply its default top_k=50
-        top_p=1.0 if top_p is None else top_p, top_k=0 if top_k is None else top_k,
-        repetition_penalty=1.0, pad_token_id=pad_id, eos_token_id=eos_id,
-        return_dict_in_generate=True, output_scores=False, output_logits=False, disable_compile=True)
-    capture = _SampledLogpCapture(temp)
-    device = next(policy.parameters()).device
-    try:
-        with torch.no_grad():
-            out = policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                  generation_config=gen_cfg, logits_processor=LogitsProcessorList([capture]))
-    except RuntimeError as exc:  # torch.multinomial on NaN/inf probabilities: name the cause, not torch's internals
-        if "probability tensor" not in str(exc):
-            raise
-        raise NumericalError("cannot sample: the policy's next-token logits are NaN/inf (see the step-0 "
-                             f"invariants; check the weights and dtype) [{exc}]") from exc
-    generated = out.sequences[:, ids.shape[1]:].cpu()                                   # (n, L)
-    return generated, capture.finish(generated).cpu()
-
-
 def untrained_warning(entropy: torch.Tensor, mask: torch.Tensor, vocab_size: int) -> list[str]:
     """["policy looks untrained: …"] when the mean per-token entropy (N, T) over the mask is within
     UNTRAINED_ENTROPY_FRACTION of ln V, the entropy of a uniform next-token distribution: the signature of
@@ -306,33 +277,37 @@ def _token_strings(tokenizer, ids: torch.Tensor, lengths: list[int], topk_ids: t
     return completion_tokens, topk_tokens
 
 
-def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed):
-    """One generate call per distinct (T, top_p, top_k), in order of first appearance, under one seed.
+def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
+            top_k_alternatives: int | None):
+    """ONE decoding loop for all N rows (per-row temperature/top-p/top-k), seeded by its own generator
+    (the caller's RNG is untouched). The prompt forward runs on the B distinct prompts (rows 0, G, 2G, …).
 
-    Returns raw generated ids (N, T) (pad beyond a call's length), sampling-time log-probs (N, T), counts.
+    Returns raw ids (N, T) (pad after EOS), sampling-time log-probs (N, T), the loop's entropy / top-k
+    (None unless `top_k_alternatives` is not None), counts.
     """
-    groups: dict[tuple, list[int]] = {}
-    for i, task in enumerate(rows_tasks):
-        groups.setdefault(settings[task], []).append(i)
-    results, counts = [], {"generate_calls": 0, "generate_steps": 0, "tokens_sampled": 0}
-    fork_devices = [policy.device] if policy.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=fork_devices):
-        torch.manual_seed(seed)  # transformers' generate has no generator argument
-        for setting, idx in groups.items():
-            rows = torch.tensor(idx)
-            generated, samp = _sample_group(policy, prompt_ids[rows], prompt_mask[rows], setting, max_new_tokens,
-                                            eos_id, pad_id)                           # (n, L), (n, L)
-            results.append((rows, generated, samp))
-            counts["generate_calls"] += 1
-            counts["generate_steps"] += generated.shape[1]
-            counts["tokens_sampled"] += generated.numel()
-    n, t_len = prompt_ids.shape[0], max(gen.shape[1] for _, gen, _ in results)
-    raw = torch.full((n, t_len), pad_id, dtype=torch.long)                              # (N, T)
-    sampling_logps = torch.zeros((n, t_len))                                            # (N, T)
-    for rows, gen, samp in results:  # one iteration per generate call, not per sample
-        raw[rows, :gen.shape[1]], sampling_logps[rows, :gen.shape[1]] = gen, samp
-    # A call shorter than t_len stopped because all its rows hit EOS, so the pad beyond it is after EOS.
-    return raw, sampling_logps, counts
+    device = next(policy.parameters()).device
+    temps = torch.tensor([float(settings[t][0]) for t in rows_tasks])                   # (N,)
+    top_p = torch.tensor([1.0 if settings[t][1] is None else float(settings[t][1]) for t in rows_tasks])  # (N,)
+    top_k = torch.tensor([int(settings[t][2] or 0) for t in rows_tasks])               # (N,) 0 = off
+    generator = torch.Generator(device=device).manual_seed(seed)
+    d = decode(policy, prompt_ids[::g], prompt_mask[::g], expand=g, max_new_tokens=max_new_tokens, eos_id=eos_id,
+               pad_id=pad_id, temperatures=temps, top_k=top_k, top_p=top_p, generator=generator,
+               stats_k=top_k_alternatives)
+    counts = {"generate_calls": 1, "generate_steps": d.steps, "tokens_sampled": d.tokens.numel(),
+              "decode_forwards": d.forwards, "decode_row_steps": d.row_steps}
+    stats = None if d.entropy is None else {"entropy": d.entropy.cpu(), "topk_ids": d.topk_ids.cpu(),
+                                            "topk_logps": d.topk_logps.cpu()}
+    return d.tokens.cpu(), d.logps.cpu(), stats, counts
+
+
+def _score_ref(reference, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk):
+    """The core path's only forward: the reference's gathered logit − logsumexp, chunked, no grad. (N, T)."""
+    out = torch.zeros(completion_ids.shape)                                              # (N, T)
+    with torch.no_grad():
+        for rows, logits in _iter_tempered_logits(reference, prompt_ids, prompt_mask, completion_ids,
+                                                  completion_mask, temperatures, chunk):
+            out[rows] = _selected_logps(logits, completion_ids[rows].to(logits.device)).cpu()
+    return out.masked_fill(~completion_mask.bool(), 0.0)
 
 
 def _score(policy, reference, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, k, chunk):
@@ -374,12 +349,14 @@ def _score(policy, reference, prompt_ids, prompt_mask, completion_ids, completio
 # ------------------------------------------------------------------------------------------ phase
 def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequence[str], *, num_generations: int,
              max_new_tokens: int, sampling: Mapping[str, tuple[float, float | None, int | None]], seed: int,
-             top_k_alternatives: int = 5, compute_ref: bool = True, chunk: int | None = None) -> Rollout:
+             top_k_alternatives: int = 5, compute_ref: bool = True, chunk: int | None = None,
+             score_policy: bool = True) -> Rollout:
     """Sample `num_generations` completions for each of the B `prompts` and score every sampled token.
 
     `sampling` maps task → (temperature, top_p, top_k); top_p None = 1.0, top_k None/0 = off. One
-    `generate` call per distinct setting (a mixed P/A batch makes two), seeded inside
-    `torch.random.fork_rng` so the caller's RNG state is untouched and the same seed gives the same ids.
+    decoding loop for all rows (per-row settings), driven by its own generator seeded with `seed`: the
+    caller's RNG state is untouched and the same seed gives the same ids. `score_policy=False` is the
+    core path (module docstring): no policy forward, no full-vocabulary KL, no recompute check.
     """
     t_start = time.perf_counter()
     _validate(prompts, tasks, sampling, num_generations, max_new_tokens, tokenizer)
@@ -393,19 +370,28 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
     settings = {t: tuple(sampling[t]) for t in dict.fromkeys(rows_tasks)}
     temperatures = torch.tensor([float(settings[t][0]) for t in rows_tasks])            # (N,)
 
-    raw, sampling_logps, counts = _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens,
-                                          eos_id, pad_id, seed)                       # (N, T), (N, T)
+    raw, sampling_logps, loop_stats, counts = _sample(
+        policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
+        None if score_policy else top_k_alternatives)                                 # (N, T), (N, T)
     completion_ids, completion_mask, has_eos = _cut_after_eos(raw, eos_id, pad_id)     # (N, T), (N, T), (N,)
     is_truncated = ~has_eos  # (N,) = TRL's 'last token neither EOS nor pad' when pad == EOS (RookWorld)
     t_generate = time.perf_counter() - t_start
 
-    scores, forwards = _score(policy, reference if compute_ref else None, prompt_ids, prompt_mask, completion_ids,
-                              completion_mask, temperatures, top_k_alternatives, chunk)
     m = completion_mask.bool()                                                          # (N, T)
     sampling_logps = sampling_logps.masked_fill(~m, 0.0)                                # (N, T)
-    diff = (sampling_logps - scores["logps"]).abs()[m]
-    max_diff = float("nan") if torch.isnan(diff).any() else float(diff.max()) if diff.numel() else 0.0
-    flagged = not max_diff <= LOGP_DIFF_TOLERANCE  # NaN counts as flagged
+    if score_policy:
+        scores, forwards = _score(policy, reference if compute_ref else None, prompt_ids, prompt_mask,
+                                  completion_ids, completion_mask, temperatures, top_k_alternatives, chunk)
+        diff = (sampling_logps - scores["logps"]).abs()[m]
+        max_diff = float("nan") if torch.isnan(diff).any() else float(diff.max()) if diff.numel() else 0.0
+        flagged = not max_diff <= LOGP_DIFF_TOLERANCE  # NaN counts as flagged
+    else:  # the core path: the sampling loop's own values, the reference's selected log-probs only
+        scores = {"logps": sampling_logps, "entropy": loop_stats["entropy"].masked_fill(~m, 0.0),
+                  "topk_ids": loop_stats["topk_ids"], "topk_logps": loop_stats["topk_logps"]}
+        if compute_ref and reference is not None:
+            scores["ref"] = _score_ref(reference, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                       temperatures, chunk)
+        forwards, max_diff, flagged = int(compute_ref and reference is not None), float("nan"), False
     t_score = time.perf_counter() - t_start - t_generate
 
     # --- texts and per-token strings for views
@@ -426,7 +412,7 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
         warn.append(f"recomputed log-probs differ from sampling-time ones by {max_diff:.3g} > "
                     f"{LOGP_DIFF_TOLERANCE:g}: {cause}")
     counts.update(tokens_generated=int(completion_mask.sum()), prompt_tokens=int(prompt_mask.sum()),
-                  rows=n, scoring_forwards=forwards)
+                  rows=n, scoring_forwards=forwards, recompute_checked=int(score_policy))
     return Rollout(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
         completion_mask=completion_mask, per_token_logps=scores["logps"], ref_per_token_logps=scores.get("ref"),

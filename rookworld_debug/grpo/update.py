@@ -126,7 +126,9 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
             logps, entropy, full_kl = per_token_logps_entropy_full_kl(policy, reference, *ids)   # (n_mb, T) each
             forwards += 2
         else:
-            logps, entropy = per_token_logps_and_entropy(policy, *ids, with_grad=True)  # (n_mb, T), (n_mb, T)
+            # entropy in the graph only when its bonus is in the loss (TRL): saves 3 (n_mb, T, V) tensors
+            logps, entropy = per_token_logps_and_entropy(policy, *ids, with_grad=True,
+                                                         entropy_grad=kw["entropy_coef"] != 0)  # (n_mb, T) each
             forwards += 1
         kept_logps.append(logps.detach())
         kept_entropy.append(entropy.detach())

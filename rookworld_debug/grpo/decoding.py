@@ -1,0 +1,237 @@
+"""Our KV-cached decoding loop (sampling and greedy): what `generate()` does for us, minus its overhead.
+
+Shape legend: B prompts, G copies per prompt, N = B·G rows (a prompt's copies consecutive, TRL's order),
+n ≤ N rows still decoding, P prompt tokens (left-padded), L ≤ max_new_tokens decoded steps, V vocabulary,
+C = P + max_new_tokens cache capacity.
+
+Why our own loop (docs/PERFORMANCE.md § Sampling):
+- the prompt forward runs on the B distinct prompts and the KV cache is expanded to N rows after it
+  (`generate` runs it on all N copies);
+- the cache is preallocated once (`_PreallocLayer`) and written in place: `DynamicCache` concatenates
+  the whole cache on every step (`aten::cat`, 12 % of the profiled step);
+- rows that emitted EOS are dropped from the batch, so later steps forward only live rows;
+- temperature, top-k and top-p are per-row tensors, so a mixed P:/A: batch decodes in ONE loop;
+- the attention mask of a decode step is built directly as (n, 1, 1, P+t) booleans.
+
+Same tokens as `generate` for the same seed, by construction: `torch.multinomial(probs, 1)` IS
+`argmax(probs / q)` with q ~ Exp(1) of shape (rows, V) drawn from the generator (torch's own fast path),
+so we draw q for ALL N rows at every step — exactly the draws `generate` makes for its N-row batch — and
+use the live rows' part. Temperature/top-k/top-p follow `TemperatureLogitsWarper`, `TopKLogitsWarper`
+and `TopPLogitsWarper` op for op. (Floats can differ in the last bit because the batch composition
+differs; a sampled token flips only on an exact near-tie.) Mixed-setting batches used one `generate`
+call per setting before; they now share one stream, so their tokens differ from the old per-call ones.
+
+The sampling-time log-prob of each sampled token is TRL's tempered `gathered logit − logsumexp` of the
+raw fp32 logits / T over the full vocabulary (top-p/top-k not renormalised) — the same formula as the
+teacher-forced recompute (`generation._token_stats`), so the recompute check compares like with like.
+
+No host sync per step on CUDA: EOS bookkeeping stays on device and the loop looks at it (stop, drop
+finished rows, NaN check) every `sync_every` steps (1 on CPU, where a "sync" is free).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import NumericalError
+
+COMPACT_FRACTION = 0.25  # drop finished rows once they are ≥ this share of the batch (a cache copy each time)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    tokens: torch.Tensor        # (N, L) decoded ids, pad after each row's first EOS
+    logps: torch.Tensor | None  # (N, L) sampling-time tempered log-prob of each token (None when greedy)
+    entropy: torch.Tensor | None     # (N, L) entropy of the tempered distribution (None unless stats_k)
+    topk_ids: torch.Tensor | None    # (N, L, K) its K most likely tokens (None unless stats_k)
+    topk_logps: torch.Tensor | None  # (N, L, K) their tempered log-probs
+    steps: int                  # L: decode steps run (the longest row; ≤ max_new_tokens)
+    forwards: int               # model forwards (1 prompt forward + decode steps)
+    row_steps: int              # Σ over decode forwards of the rows forwarded (N·(L−1) without row dropping)
+
+
+# ------------------------------------------------------------------------------------------ cache
+def _cache_layer_base():
+    from transformers.cache_utils import DynamicLayer
+    return DynamicLayer
+
+
+class _PreallocLayer(_cache_layer_base()):
+    """A KV-cache layer with a preallocated (n, heads, C, head_dim) buffer written in place; the model
+    sees views of the filled part. Row expansion/selection copy only the filled part."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        n, h, _, d = key_states.shape
+        self.buf_k = key_states.new_empty((n, h, self.capacity, d))                     # (n, H, C, D)
+        self.buf_v = value_states.new_empty((n, h, self.capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def _views(self):
+        self.keys, self.values = self.buf_k[:, :, :self.length], self.buf_v[:, :, :self.length]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, t = self.length, key_states.shape[-2]
+        self.buf_k[:, :, start:start + t].copy_(key_states)
+        self.buf_v[:, :, start:start + t].copy_(value_states)
+        self.length = start + t
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def _remap(self, rows: torch.Tensor) -> None:
+        for name in ("buf_k", "buf_v"):
+            old = getattr(self, name)
+            new = old.new_empty((rows.numel(), *old.shape[1:]))
+            new[:, :, :self.length] = old[rows, :, :self.length]
+            setattr(self, name, new)
+        self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            self._remap(torch.arange(self.buf_k.shape[0], device=self.device).repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self._remap(indices.to(self.device))
+
+
+def _new_cache(model, capacity: int):
+    from transformers.cache_utils import Cache
+    return Cache(layers=[_PreallocLayer(capacity) for _ in range(model.config.num_hidden_layers)])
+
+
+# ------------------------------------------------------------------------------------------ warpers
+def _warp(scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Per-row TopK then TopP (transformers' order and ops) on tempered scores (n, V); 0 / 1.0 = off.
+    `top_k`/`top_p` None: no row uses it (skips the sort)."""
+    if top_k is not None:
+        k = top_k.clamp(min=1, max=scores.shape[-1])                                   # (n,)
+        kth = scores.sort(-1, descending=True).values.gather(-1, (k - 1)[:, None])     # (n, 1)
+        remove = (scores < kth) & (top_k > 0)[:, None]                                 # (n, V)
+        scores = scores.masked_fill(remove, float("-inf"))
+    if top_p is not None:
+        sorted_logits, sorted_idx = torch.sort(scores, descending=False)               # (n, V)
+        cum = sorted_logits.softmax(-1).cumsum(-1)                                      # (n, V)
+        drop = (cum <= (1 - top_p)[:, None]) & (top_p < 1.0)[:, None]                  # (n, V)
+        drop[..., -1:] = False                                                          # min_tokens_to_keep = 1
+        scores = scores.masked_fill(drop.scatter(1, sorted_idx, drop), float("-inf"))
+    return scores
+
+
+def _decode_mask(prompt_mask: torch.Tensor, attn_impl: str, dtype: torch.dtype) -> torch.Tensor:
+    """(n, P) prompt mask → (n, 1, 1, C) key mask of every decode step (sliced to P+t): prompt pads off,
+    every decoded position on. Booleans for sdpa/flex; additive floats for eager attention."""
+    n, p = prompt_mask.shape
+    keys = torch.ones((n, 1, 1, p), dtype=torch.bool, device=prompt_mask.device)
+    keys[:, 0, 0] = prompt_mask.bool()
+    return keys if attn_impl != "eager" else (~keys).to(dtype) * torch.finfo(dtype).min
+
+
+# ------------------------------------------------------------------------------------------ loop
+@torch.no_grad()
+def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand: int, max_new_tokens: int,
+           eos_id: int, pad_id: int, temperatures: torch.Tensor | None = None, top_k: torch.Tensor | None = None,
+           top_p: torch.Tensor | None = None, generator: torch.Generator | None = None,
+           sync_every: int | None = None, stats_k: int | None = None) -> Decoded:
+    """Decode `expand` continuations of each of the B left-padded prompts (B, P) → N = B·expand rows.
+
+    `temperatures` (N,) > 0 → sampling with `generator` (top_k (N,) 0 = off, top_p (N,) 1.0 = off);
+    None → greedy (argmax of the raw logits, `generate(do_sample=False)`). Inputs on any device; outputs on
+    the model's device. Raises NumericalError if the logits of a sampling step are NaN/inf.
+    `stats_k` (sampling only): also record the entropy and the `stats_k` most likely tokens of each step's
+    tempered distribution (the core path's replacement for a scoring forward; one exp over (n, V) per step).
+    """
+    device = next(model.parameters()).device
+    keep = prompt_mask.any(0)                          # drop columns that are padding in every row
+    ids, pmask = prompt_ids[:, keep].to(device), prompt_mask[:, keep].to(device)   # (B, P)
+    b, p = ids.shape
+    n = b * expand
+    sample = temperatures is not None
+    sync_every = sync_every or (1 if device.type == "cpu" else 8)
+    if sample:
+        temps = temperatures.to(device=device, dtype=torch.float32)                    # (N,)
+        top_k = top_k.to(device) if top_k is not None and bool((top_k > 0).any()) else None
+        top_p = top_p.to(device=device, dtype=torch.float32) \
+            if top_p is not None and bool((top_p < 1.0).any()) else None
+
+    cache = _new_cache(model, p + max_new_tokens)
+    pos0 = pmask.long().cumsum(-1) - 1                                                  # (B, P)
+    out = model(input_ids=ids, attention_mask=pmask, position_ids=pos0.masked_fill(pmask == 0, 0),
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1].float().repeat_interleave(expand, 0)                     # (N, V)
+    del out
+    cache.batch_repeat_interleave(expand)                                               # groups expanded here
+    key_mask = _decode_mask(pmask.repeat_interleave(expand, 0), model.config._attn_implementation,
+                            model.dtype)                                                # (N, 1, 1, P)
+    key_mask = torch.cat([key_mask, key_mask.new_zeros((n, 1, 1, max_new_tokens)) if key_mask.dtype != torch.bool
+                          else key_mask.new_ones((n, 1, 1, max_new_tokens))], -1)       # (N, 1, 1, C)
+    next_pos = pmask.long().sum(1).repeat_interleave(expand)                            # (N,)
+
+    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)   # (N, T)
+    logps = torch.zeros((n, max_new_tokens), device=device) if sample else None         # (N, T)
+    stats = sample and stats_k is not None
+    if stats:
+        entropy = torch.zeros((n, max_new_tokens), device=device)                        # (N, T)
+        topk_ids = torch.zeros((n, max_new_tokens, stats_k), dtype=torch.long, device=device)  # (N, T, K)
+        topk_logps = torch.zeros((n, max_new_tokens, stats_k), device=device)            # (N, T, K)
+    live = torch.arange(n, device=device)            # original row of each batch row    (n,)
+    done = torch.zeros(n, dtype=torch.bool, device=device)                              # (n,)
+    bad = torch.zeros((), dtype=torch.bool, device=device)
+    forwards, row_steps, steps = 1, 0, 0
+    vocab = logits.shape[-1]
+    for step in range(max_new_tokens):
+        if sample:
+            tempered = logits / temps[live, None]                                       # (n, V)
+            lse = torch.logsumexp(tempered, -1)                                         # (n,)
+            bad |= ~torch.isfinite(lse).all()
+            probs = _warp(tempered, None if top_k is None else top_k[live],
+                          None if top_p is None else top_p[live]).softmax(-1)           # (n, V)
+            q = torch.empty((n, vocab), device=device).exponential_(generator=generator)  # (N, V) all rows
+            tok = (probs / q[live]).argmax(-1)                                          # (n,) = multinomial
+            logps[live, step] = (tempered.gather(-1, tok[:, None]).squeeze(1) - lse).masked_fill(done, 0.0)
+            if stats:
+                logp_all = tempered - lse[:, None]                                      # (n, V)
+                entropy[live, step] = -(logp_all.exp() * logp_all).sum(-1)
+                if stats_k:
+                    top_v, top_i = logp_all.topk(stats_k, dim=-1)                       # (n, K) each
+                    topk_logps[live, step], topk_ids[live, step] = top_v, top_i
+        else:
+            tok = logits.argmax(-1)                                                     # (n,)
+        tok = tok.masked_fill(done, pad_id)
+        tokens[live, step] = tok
+        done = done | (tok == eos_id)
+        steps = step + 1
+        if steps == max_new_tokens:
+            break
+        if steps % sync_every == 0:
+            if sample and bool(bad):
+                break
+            n_done = int(done.sum())
+            if n_done == done.numel():
+                break
+            if n_done and n_done >= COMPACT_FRACTION * done.numel():              # drop finished rows
+                alive = (~done).nonzero().squeeze(1)                                    # (n',)
+                cache.batch_select_indices(alive)
+                live, tok, done, key_mask = live[alive], tok[alive], done[alive], key_mask[alive]
+        kv = p + steps
+        out = model(input_ids=tok[:, None], attention_mask=key_mask[:, :, :, :kv],
+                    position_ids=(next_pos[live] + step)[:, None], past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1].float()                                              # (n, V)
+        forwards, row_steps = forwards + 1, row_steps + live.numel()
+    if sample and bool(bad):
+        raise NumericalError("cannot sample: the policy's next-token logits are NaN/inf (see the step-0 "
+                             "invariants; check the weights and dtype)")
+    return Decoded(tokens=tokens[:, :steps], logps=None if logps is None else logps[:, :steps],
+                   entropy=entropy[:, :steps] if stats else None, topk_ids=topk_ids[:, :steps] if stats else None,
+                   topk_logps=topk_logps[:, :steps] if stats else None, steps=steps, forwards=forwards,
+                   row_steps=row_steps)
