@@ -1,10 +1,12 @@
 """The tune panel in a real JupyterLab, in headless Chromium (Playwright): open
-02_tune_beta_temperature.ipynb, run all cells, move the β slider with the keyboard, and check that the
-displayed loss changed and that a plotly figure and a token strip rendered. A screenshot goes to
+02_tune_beta_temperature.ipynb, run all cells, move the β slider and then the ε_low slider with the keyboard,
+and check that each changed the displayed loss record of the DRIFTED step (pass 2 of μ = 2, π ≠ π_ref, r ≠ 1)
+and that a plotly figure and a token strip rendered. A screenshot goes to
 reports/jupyterlab_tune_panel.png (git-ignored).
 
-The notebook is copied into a temp root with small parameters (short completions, B=2, G=4, depth 6, a
-synthetic drift so that KL > 0 and β matters on the random-init model).
+The notebook is copied into a temp root with small parameters (short completions, B=2, G=4, depth 6, one
+warm-up step with an entropy bonus so the start moves even without reward spread, lr 1e-3 so pass 2's ratios
+reach the clip range).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NB = "02_tune_beta_temperature.ipynb"
 SMALL = {"max_new_tokens": "56", "batch_size": "2", "num_generations": "4", "engine_depth": "6",
-         "drift_steps": "0", "drift_noise": "0.05", "beta": "0.1"}
+         "warmup_steps": "1", "warmup_lr": "1e-3", "entropy_coef": "0.005", "num_iterations": "2", "lr": "1e-3",
+         "beta": "0.1"}
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -110,6 +113,10 @@ def _loss(page) -> str:
     return page.eval_on_selector(".rwd-loss-summary", "e => e.dataset.loss + '|' + e.dataset.klShare + '|' + e.dataset.beta")
 
 
+def _record(page) -> dict:
+    return page.eval_on_selector(".rwd-loss-summary", "e => ({...e.dataset})")
+
+
 @pytest.mark.browser
 def test_tune_panel_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
@@ -162,6 +169,22 @@ def test_tune_panel_in_jupyterlab(lab):
             assert float(a_beta) > float(b_beta), (before, after)
             assert (a_loss, a_share) != (b_loss, b_share), (before, after)
             assert float(a_loss) != float(b_loss)       # KL > 0 after the drift: loss = PG + β·KL moves with β
+
+            # ε on the drifted pass: r ≠ 1 there, so the clip fractions and the PG term follow ε_low
+            assert "pass 2 of μ = 2" in panel.inner_text()
+            rec_b = _record(page)
+            eps = panel.locator(".widget-slider").filter(has_text="ε_low")
+            handle = eps.locator(".noUi-handle").first
+            handle.scroll_into_view_if_needed()
+            handle.focus()
+            for _ in range(20):                          # 0.20 → 0.00 in steps of 0.01
+                page.keyboard.press("ArrowLeft")
+            page.wait_for_function("() => { const e = document.querySelector('.rwd-loss-summary');"
+                                   " return e && parseFloat(e.dataset.epsLow) === 0; }", timeout=60_000)
+            rec_a = _record(page)
+            assert float(rec_a["pg"]) != float(rec_b["pg"]), (rec_b, rec_a)
+            assert float(rec_a["clipRegion"]) > float(rec_b["clipRegion"]), (rec_b, rec_a)
+            assert rec_a["loss"] != rec_b["loss"]
             assert page.locator(".rwd-recompute").first.inner_text().startswith("recomputed in")
             assert page.locator(".js-plotly-plot").count() >= 1
             assert not [e for e in errors if "plotly" in e.lower() or "widget" in e.lower()], errors
