@@ -3,7 +3,8 @@
 Variants (see docs/PERFORMANCE.md for what each does and every setting that makes them equivalent):
 
 - a  ours, core step: generate → rewards → advantages → loss → update (the phase functions composed,
-     no top-k alternatives, no per-term gradients, no evaluation; the reference forward only if β ≠ 0);
+     no top-k alternatives, no per-term gradients, no evaluation; no policy scoring forward at μ = 1 —
+     the old log-probs are the training forward's, as in TRL; the reference forward only if β ≠ 0);
 - b  ours, the fully instrumented `run_step` (ref log-probs, entropy, exact KL, top-k, per-term
      gradients, greedy before/after evaluation on the batch and the held-out prompts);
 - c  TRL `GRPOTrainer`, one optimizer step configured to do the same work as (a);
@@ -181,7 +182,8 @@ class OursCore(_Variant):
                 rollout = generate(s.policy, s.reference, s.tokenizer, list(b.prompts), list(b.tasks),
                                    num_generations=g, max_new_tokens=cfg.max_new_tokens,
                                    sampling={t: cfg.sampling_for(t) for t in set(b.tasks)}, seed=cfg.seed,
-                                   top_k_alternatives=0, compute_ref=cfg.beta != 0)
+                                   top_k_alternatives=0, compute_ref=cfg.beta != 0,
+                                   score_policy=cfg.freezes_old_logps or cfg.kl_estimator == "full")
             with timer("rewards"):
                 rewards = compute_rewards(rollout.prompts, rollout.completions, rollout.tasks,
                                           labels=rows(b.completions, g), reward_mode=cfg.reward_mode, engine=s.engine)
