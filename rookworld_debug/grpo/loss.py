@@ -107,13 +107,13 @@ class LossBreakdown:
     # ---- per token
     completion_mask: torch.Tensor       # (N, T) float mask used (after any masking)
     advantages: torch.Tensor            # (N,)
-    per_token_pg: torch.Tensor          # (N, T) PG_it (sequence IS: broadcast over t), masked
+    per_token_pg: torch.Tensor          # (N, T) PG_it (sequence IS: broadcast over t; cispo/vespo/manual: ∝ ℓ_it), masked
     per_token_kl: Optional[torch.Tensor]  # (N, T) KL_it, raw (not β-scaled; × r if bias-corrected), masked; None without ref
     per_token_loss: torch.Tensor        # (N, T) L_it = PG_it + β·KL_it (TRL's per_token_loss), masked
     per_token_ratio: torch.Tensor       # (N, T) r = exp(log w) (sequence IS: broadcast), NOT masked
     per_token_entropy: Optional[torch.Tensor]  # (N, T) H_it masked; None without entropy
     is_clipped_low: torch.Tensor        # (N, T) bool: r < 1 − ε_low and A < 0 (masked)
-    is_clipped_high: torch.Tensor       # (N, T) bool: r > 1 + ε_high and A > 0 (masked)
+    is_clipped_high: torch.Tensor       # (N, T) bool: r > 1 + ε_high and A > 0 (cispo: r > ε_high, A > 0), masked
     # ---- per sequence
     seq_len: torch.Tensor               # (N,) Σ_t m
     per_seq_pg: torch.Tensor            # (N,) contribution of row i to pg_loss (Σ_i = pg_loss)
@@ -653,4 +653,9 @@ def loss_kwargs(config) -> dict:
                 loss_type=config.loss_type, max_completion_length=config.max_new_tokens,
                 importance_sampling_level=config.importance_sampling_level, delta=config.delta,
                 entropy_coef=config.entropy_coef, kl_estimator=config.kl_estimator,
-                use_bias_correction_kl=config.use_bias_correction_kl)
+                use_bias_correction_kl=config.use_bias_correction_kl,
+                off_policy_mask_threshold=config.off_policy_mask_threshold,
+                top_entropy_quantile=config.top_entropy_quantile,
+                sapo_temperature_pos=config.sapo_temperature_pos, sapo_temperature_neg=config.sapo_temperature_neg,
+                vespo_k_pos=config.vespo_k_pos, vespo_lambda_pos=config.vespo_lambda_pos,
+                vespo_k_neg=config.vespo_k_neg, vespo_lambda_neg=config.vespo_lambda_neg)
