@@ -220,9 +220,14 @@ class StepConfig:
                                  "position for views; 0 disables.", group="eval")
 
     # ---------------------------------------------------------------- hardware
-    device: str = _f("cpu", "torch device: 'cpu', 'cuda', 'cuda:N' or 'mps'.", group="hardware")
+    device: str = _f("auto", "torch device: 'auto' (cuda if available, else mps, else cpu), 'cpu', 'cuda', 'cuda:N' "
+                     "or 'mps'.", group="hardware")
     dtype: str = _f("float32", "Model dtype. Log-softmax, KL and entropy are always computed in float32 (or "
                     "float64) on the sampled ids.", choices=DTYPES, group="hardware")
+    autocast: str = _f("auto", "Mixed precision of the forwards: 'auto' = bf16 autocast on CUDA with float32 master "
+                       "weights (TRL's bf16=True), none on CPU; 'bf16' = also on CPU; 'off' = plain dtype (use it "
+                       "on a GPU for the exact fp32 recompute check).", choices=("auto", "bf16", "off"),
+                       group="hardware")
 
     # ================================================================= validation
     def __post_init__(self):
@@ -351,8 +356,9 @@ class StepConfig:
         need(self.eval_max_new_tokens > 0, "eval_max_new_tokens", "must be > 0")
         need(self.top_k_alternatives >= 0, "top_k_alternatives", "must be ≥ 0")
         dev = self.device
-        need(dev in ("cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit()), "device",
-             "must be 'cpu', 'cuda', 'cuda:N' or 'mps'")
+        need(dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit()), "device",
+             "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+        need(self.autocast in ("auto", "bf16", "off"), "autocast", "must be 'auto', 'bf16' or 'off'")
 
     # ================================================================= helpers
     @property

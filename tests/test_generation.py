@@ -309,3 +309,39 @@ def test_bad_config_raises_named_error(models, kw, field):
     with pytest.raises(ConfigError) as e:
         generate(pol, ref, tok, args.pop("prompts"), args.pop("tasks"), **args)
     assert e.value.field == field
+
+
+def test_bf16_autocast_path_runs_with_fp32_master_weights(models):
+    """The GPU path (bf16 autocast, fp32 weights) exercised on CPU with autocast='bf16': the loop samples,
+    the scoring and training forwards give fp32 log-probs, gradients land on the fp32 weights, and the
+    recompute check names bf16 as the expected cause of any drift."""
+    from rookworld_debug.models.precision import autocast_dtype, set_autocast
+    pol, ref, tok, _ = models
+    assert autocast_dtype(pol) is None                         # 'auto' on CPU: no autocast
+    set_autocast("bf16", pol, ref)
+    try:
+        assert autocast_dtype(pol) == torch.bfloat16
+        r = generate(pol, ref, tok, [P_PROMPT], ["P"], num_generations=2, max_new_tokens=8, sampling=SAMPLING, seed=0)
+        assert r.per_token_logps.dtype == torch.float32 and torch.isfinite(r.per_token_logps).all()
+        if r.logp_diff_flagged:
+            assert "bfloat16" in r.warnings[-1]
+        args = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, r.temperatures)
+        logps, ent = per_token_logps_and_entropy(pol, *args, with_grad=True, entropy_grad=False)
+        assert logps.dtype == torch.float32 and logps.requires_grad and not ent.requires_grad
+        (logps * r.completion_mask).sum().backward()
+        w = pol.transformer.wte.weight
+        assert w.dtype == torch.float32 and w.grad.dtype == torch.float32 and torch.isfinite(w.grad).all()
+    finally:
+        set_autocast("auto", pol, ref)
+        pol.zero_grad(set_to_none=True)
+
+
+def test_device_auto_is_the_default_and_resolves():
+    from rookworld_debug.config import StepConfig
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.models.devices import check_device
+    assert StepConfig().device == "auto" and StepConfig().autocast == "auto"
+    assert check_device("auto").type == ("cuda" if torch.cuda.is_available() else check_device("auto").type)
+    with pytest.raises(ConfigError) as e:
+        StepConfig(autocast="fp8")
+    assert e.value.field == "autocast"

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import NumericalError
+from ..models.precision import autocast_for
 
 COMPACT_FRACTION = 0.25  # drop finished rows once they are ≥ this share of the batch (a cache copy each time)
 
@@ -166,8 +167,10 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
 
     cache = _new_cache(model, p + max_new_tokens)
     pos0 = pmask.long().cumsum(-1) - 1                                                  # (B, P)
-    out = model(input_ids=ids, attention_mask=pmask, position_ids=pos0.masked_fill(pmask == 0, 0),
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    amp = autocast_for(model)                     # bf16 autocast on CUDA (fp32 weights), else a no-op
+    with amp:
+        out = model(input_ids=ids, attention_mask=pmask, position_ids=pos0.masked_fill(pmask == 0, 0),
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1].float().repeat_interleave(expand, 0)                     # (N, V)
     del out
     cache.batch_repeat_interleave(expand)                                               # groups expanded here
@@ -224,8 +227,9 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
                 cache.batch_select_indices(alive)
                 live, tok, done, key_mask = live[alive], tok[alive], done[alive], key_mask[alive]
         kv = p + steps
-        out = model(input_ids=tok[:, None], attention_mask=key_mask[:, :, :, :kv],
-                    position_ids=(next_pos[live] + step)[:, None], past_key_values=cache, use_cache=True)
+        with amp:
+            out = model(input_ids=tok[:, None], attention_mask=key_mask[:, :, :, :kv],
+                        position_ids=(next_pos[live] + step)[:, None], past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1].float()                                              # (n, V)
         forwards, row_steps = forwards + 1, row_steps + live.numel()
     if sample and bool(bad):

@@ -38,6 +38,7 @@ import torch
 from ..errors import ConfigError, NumericalError
 from ..models.tokenizer import token_strings
 
+from ..models.precision import autocast_dtype, autocast_for
 from .decoding import decode
 
 LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
@@ -132,8 +133,9 @@ def _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, comple
         rows = slice(start, min(n, start + chunk))
         input_ids = torch.cat([prompt_ids[rows], completion_ids[rows]], 1).to(device)   # (n, P+T)
         attn = torch.cat([prompt_mask[rows], completion_mask[rows]], 1).to(device)     # (n, P+T)
-        out = model(input_ids=input_ids, attention_mask=attn, position_ids=_position_ids(attn),
-                    logits_to_keep=t + 1, use_cache=False)  # only the T+1 last positions reach the LM head
+        with autocast_for(model):                     # bf16 autocast on CUDA (fp32 weights), else a no-op
+            out = model(input_ids=input_ids, attention_mask=attn, position_ids=_position_ids(attn),
+                        logits_to_keep=t + 1, use_cache=False)  # only the T+1 last positions reach the LM head
         # position P-1+t predicts completion token t; the last position predicts nothing we sampled
         temps = temperatures[rows].to(device=device, dtype=torch.float32)
         logits = out.logits[:, :-1].float()                                            # (n, T, V)
@@ -407,8 +409,10 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
         warn.append(f"{len(empty)} empty completion(s) (EOS as the first token) at rows {empty[:16]}")
     warn.extend(untrained_warning(scores["entropy"], completion_mask, policy.get_output_embeddings().weight.shape[0]))
     if flagged:
-        cause = ("padding, position ids, temperature or a logits processor disagree" if policy.dtype == torch.float32
-                 else f"expected in {policy.dtype}: KV-cache and full-forward roundings differ; use float32 to check")
+        low = autocast_dtype(policy) or (policy.dtype if policy.dtype != torch.float32 else None)
+        cause = ("padding, position ids, temperature or a logits processor disagree" if low is None
+                 else f"expected in {low}: KV-cache and full-forward roundings differ; use float32 "
+                      "(autocast='off') to check")
         warn.append(f"recomputed log-probs differ from sampling-time ones by {max_diff:.3g} > "
                     f"{LOGP_DIFF_TOLERANCE:g}: {cause}")
     counts.update(tokens_generated=int(completion_mask.sum()), prompt_tokens=int(prompt_mask.sum()),

@@ -208,6 +208,8 @@ def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None 
             engine.close()
         raise
     policy, reference, tokenizer, prov = loaded
+    from rookworld_debug.models.precision import set_autocast
+    set_autocast(config.autocast, policy, reference)   # every phase's forwards autocast the same way
 
     from rookworld_debug.grpo.update import make_optimizer
     optimizer = make_optimizer(policy, config)

@@ -1,0 +1,45 @@
+"""Mixed precision of the forwards: bf16 autocast on CUDA with fp32 master weights, as TRL's `bf16=True`.
+
+`StepConfig.autocast`: 'auto' (bf16 autocast when the model is on CUDA in float32, nothing elsewhere),
+'bf16' (also on CPU, for testing the path), 'off'. Only the forwards run under autocast; log-softmax,
+logsumexp, KL and entropy always run on `logits.float()`, and the optimizer updates the fp32 weights.
+The mode travels on the model (`set_autocast`), so every phase function that runs a forward — the
+decoding loop, the scoring and training forwards — applies the same one without a new argument.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+AUTOCAST_MODES = ("auto", "bf16", "off")
+_ATTR = "rookworld_autocast"
+
+
+def set_autocast(mode: str, *models) -> None:
+    """Record the autocast mode on each model (read by `autocast_for`)."""
+    if mode not in AUTOCAST_MODES:
+        from rookworld_debug.errors import ConfigError
+        raise ConfigError("autocast", f"unknown {mode!r}; expected one of {list(AUTOCAST_MODES)}")
+    for m in models:
+        if m is not None:
+            setattr(m, _ATTR, mode)
+
+
+def autocast_dtype(model) -> torch.dtype | None:
+    """bf16 when the model's forwards should autocast, else None."""
+    mode = getattr(model, _ATTR, "auto")
+    p = next(model.parameters())
+    if mode == "off" or p.dtype != torch.float32:
+        return None
+    if mode == "bf16" or p.device.type == "cuda":
+        return torch.bfloat16
+    return None
+
+
+def autocast_for(model):
+    """The autocast context of `model`'s forwards (a no-op context when none applies)."""
+    dtype = autocast_dtype(model)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
