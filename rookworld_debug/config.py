@@ -208,7 +208,11 @@ class StepConfig:
     engine_timeout: float = _f(30.0, "Deadline of ONE Stockfish search, seconds (depth 10 takes well under 1 s). "
                                "A search that misses it, or an unparsable/illegal engine answer, restarts the "
                                "process and retries; after 2 restarts the step raises EngineError naming the "
-                               "position and what the engine said.", group="rewards")
+                               "position and what the engine said (see engine_on_failure).", group="rewards")
+    engine_on_failure: str = _f("raise", "When an engine search still fails after its restarts: 'raise' stops the "
+                                "step with EngineError; 'flag' marks the completions that needed it unscorable "
+                                "(reward NaN, advantage 0, flag 'engine_failed' with what the engine said) and "
+                                "the step goes on.", choices=("raise", "flag"), group="rewards")
 
     # ---------------------------------------------------------------- evaluation
     heldout_n: int = _f(8, "Number of held-out prompts for greedy before/after evaluation (0 disables). Its 95% CI "
@@ -460,4 +464,5 @@ _INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k
 _BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy")
 _STR_FIELDS = ("model", "dataset", "device")
 _CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
-            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip")}
+            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip"),
+            "engine_on_failure": ("raise", "flag")}

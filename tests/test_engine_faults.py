@@ -173,3 +173,47 @@ def test_default_step_cli_exits_0_with_stdin_closed(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "out" / "trace.json").exists()
     print(f"\n[issue13] default `rookworld-debug step`: exit 0 after {elapsed:.1f} s (stdin closed)")
+
+
+@pytest.mark.timeout(120)
+def test_flag_mode_marks_rows_unscorable_instead_of_raising(tmp_path):
+    """Engine(on_failure='flag'): the failed position comes back flagged (never cached); score_p_batch makes
+    every row that needed it unscorable (NaN total, flag engine_failed naming what the engine said)."""
+    from rookworld_debug.chess import rewards as R
+
+    completion = "M: g8f6 b8c6 E: 0.1 0.2 B: g8f6"
+    with Engine(path=fake_engine(tmp_path, "zzzz"), depth=3, multipv=2, workers=1, timeout=1.0,
+                on_failure="flag") as e:
+        a = e.analyse(FEN)
+        assert a.failure and "zzzz" in a.failure and FEN in a.failure and a.moves == ()
+        assert e.analyse(FEN).failure and e.stats.cache_hits == 0                 # retried, not cached
+        rows = R.score_p_batch([FEN, "P: " + FEN], [completion, "garbage"], e)
+    assert rows[0].flags == ("engine_failed",) and rows[0].total != rows[0].total      # NaN
+    assert "zzzz" in rows[0].details["error"]
+    assert rows[1].flags[0] == "no_tags"           # a row that needs no engine keeps its reward
+    with pytest.raises(Exception, match="on_failure"):
+        Engine(on_failure="ignore")
+
+
+@pytest.mark.timeout(120)
+def test_step_with_engine_on_failure_flag_returns_a_flagged_trace(tmp_path, monkeypatch, tiny_byte_model_dir):
+    """run_step with an engine that answers an illegal bestmove and engine_on_failure='flag': the step finishes,
+    the row that needed the engine is unscorable and the trace's flags say so."""
+    from rookworld_debug.config import StepConfig
+    from rookworld_debug.data.loaders import load_bundled, select_batch
+    from rookworld_debug.grpo.step import run_step
+
+    monkeypatch.setenv("ROOKWORLD_STOCKFISH", fake_engine(tmp_path, "a1a1"))
+    cfg = StepConfig(model=str(tiny_byte_model_dir), task="P", batch_size=1, num_generations=2, max_new_tokens=8,
+                     eval_max_new_tokens=8, heldout_n=0, top_k_alternatives=0, engine_timeout=1.0,
+                     engine_on_failure="flag")
+    label = select_batch(load_bundled(split="train"), task="P", batch_size=1, seed=0).completions[0]
+    t0 = time.perf_counter()
+    trace = run_step(cfg, inject={0: label})          # a well-formed row: it needs the engine's answer
+    elapsed = time.perf_counter() - t0
+    assert "engine_failed" in trace.rewards.flags[0]
+    assert bool(trace.rewards.rewards[0] != trace.rewards.rewards[0])             # NaN: unscorable
+    assert any("unscorable" in f for f in trace.flags)
+    assert elapsed < 100
+    with pytest.raises(EngineError, match="a1a1"):
+        run_step(cfg.replace(engine_on_failure="raise"), inject={0: label})

@@ -125,7 +125,7 @@ def test_a_only_batch_needs_no_engine_even_in_engine_mode(monkeypatch, tiny_byte
 
     monkeypatch.setenv("ROOKWORLD_STOCKFISH", "/nonexistent/stockfish")
     s = setup(StepConfig(model=str(tiny_byte_model_dir), reward_mode="engine", task="A", batch_size=2,
-                         num_generations=2, max_new_tokens=8, heldout_n=0))
+                         num_generations=2, max_new_tokens=8, eval_max_new_tokens=8, heldout_n=0))
     assert s.engine is None
 
 

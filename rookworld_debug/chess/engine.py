@@ -25,6 +25,7 @@ Positions without legal moves (checkmate, stalemate) are not sent to the engine:
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import queue
 import shutil
@@ -45,6 +46,7 @@ from .formats import check_fen
 MATE_SCORE = 100_000     # centipawns, as the P: data generator
 SEARCH_PATHS = ("/usr/games/stockfish", "/usr/local/bin/stockfish", "/opt/homebrew/bin/stockfish")
 MAX_RESTARTS_PER_SEARCH = 2
+ON_FAILURE = ("raise", "flag")   # after the restarts: raise EngineError, or return a flagged Analysis
 DEFAULT_TIMEOUT = 30.0   # s per search: depth 10 takes ~0.05–0.5 s here; 30 s only trips on a stuck engine
 START_TIMEOUT = 10.0     # s for a process to answer ``uci``/``isready`` (python-chess's default)
 QUIT_TIMEOUT = 2.0       # s for a polite ``quit`` before the process is killed
@@ -104,6 +106,8 @@ class Analysis:
 
     ``fen`` is python-chess's normalised FEN (en-passant square only when capturable) that was searched.
     ``terminal`` names why there was nothing to search (``checkmate``/``stalemate``), else None.
+    ``failure`` (only with ``Engine(on_failure="flag")``) says why the engine gave no usable answer after
+    its restarts; such an analysis has no moves, a NaN value and is never cached.
     """
     fen: str
     moves: tuple[str, ...]
@@ -111,10 +115,13 @@ class Analysis:
     depth: int
     multipv: int
     terminal: str | None = None
+    failure: str | None = None
 
     @property
     def value(self) -> float:
-        """The position's score for the side to move (best line, or the terminal value)."""
+        """The position's score for the side to move (best line, or the terminal value; NaN if it failed)."""
+        if self.failure is not None:
+            return math.nan
         if self.terminal == "checkmate":
             return -MATE_SCORE / 100
         return self.scores[0] if self.scores else 0.0
@@ -252,16 +259,19 @@ class Engine:
     """
 
     def __init__(self, path: str | None = None, depth: int = 10, multipv: int = 5, threads: int = 1,
-                 hash_mb: int = 16, workers: int = 2, cache: bool = True, timeout: float = DEFAULT_TIMEOUT):
+                 hash_mb: int = 16, workers: int = 2, cache: bool = True, timeout: float = DEFAULT_TIMEOUT,
+                 on_failure: str = "raise"):
         for name, value in (("depth", depth), ("multipv", multipv), ("threads", threads),
                             ("hash_mb", hash_mb), ("workers", workers)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine.{name}", f"must be a positive integer, got {value!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
             raise ConfigError("engine.timeout", f"must be a positive number of seconds, got {timeout!r}")
+        if on_failure not in ON_FAILURE:
+            raise ConfigError("engine.on_failure", f"must be one of {list(ON_FAILURE)}, got {on_failure!r}")
         self.path = find_stockfish(path)
         self.depth, self.multipv, self.workers, self.cache = depth, multipv, workers, cache
-        self.timeout = float(timeout)
+        self.timeout, self.on_failure = float(timeout), on_failure
         self._options = {"Threads": threads, "Hash": hash_mb}
         self._memo: dict[tuple[str, int, int], Analysis] = {}
         self._lock = threading.Lock()
@@ -333,11 +343,11 @@ class Engine:
             self._count(calls=len(keys), cache_misses=len(keys), seconds=time.perf_counter() - start)
             return results
         misses = [k for k in dict.fromkeys(keys) if k not in self._memo]
-        for key, analysis in zip(misses, self._search_all(misses)):
-            self._memo[key] = analysis
+        fresh = dict(zip(misses, self._search_all(misses)))
+        self._memo.update((k, a) for k, a in fresh.items() if a.failure is None)   # a failure is retried later
         self._count(calls=len(keys), cache_hits=len(keys) - len(misses), cache_misses=len(misses),
                     seconds=time.perf_counter() - start)
-        return [self._memo[k] for k in keys]
+        return [fresh[k] if k in fresh else self._memo[k] for k in keys]
 
     def eval_after_moves(self, fen: str, moves: Sequence[str]) -> list[float | None]:
         """Score after each move from the MOVER's view (pawns); None for an illegal move.
@@ -396,14 +406,19 @@ class Engine:
                     said = (f"no answer within the {self.timeout:g} s search deadline" if isinstance(exc, TimeoutError)
                             else f"unusable answer: {exc}" if isinstance(exc, _BadAnswer) else repr(exc))
                     if attempt == MAX_RESTARTS_PER_SEARCH:
-                        raise EngineError(f"engine {self.path} failed on position {fen!r} (depth {depth}, "
-                                          f"multipv {multipv}) {attempt + 1} times, {attempt} restarts; last "
-                                          f"failure: {said}") from exc
+                        msg = (f"engine {self.path} failed on position {fen!r} (depth {depth}, multipv "
+                               f"{multipv}) {attempt + 1} times, {attempt} restarts; last failure: {said}")
+                        if self.on_failure == "flag":
+                            return Analysis(fen, (), (), depth, multipv, failure=msg)
+                        raise EngineError(msg) from exc
                     try:
                         worker.restart()
                     except EngineError as restart_exc:
-                        raise EngineError(f"engine {self.path} failed on position {fen!r} ({said}) and could "
-                                          f"not be restarted: {restart_exc}") from exc
+                        msg = (f"engine {self.path} failed on position {fen!r} ({said}) and could not be "
+                               f"restarted: {restart_exc}")
+                        if self.on_failure == "flag":
+                            return Analysis(fen, (), (), depth, multipv, failure=msg)
+                        raise EngineError(msg) from exc
                     self._count(restarts=1)
         finally:
             self._idle.put(worker)

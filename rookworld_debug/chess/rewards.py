@@ -265,8 +265,21 @@ def score_p_batch(fens: Sequence[str], completions: Sequence[str], engine: Engin
     analyses = dict(zip(keys, engine.analyse_many([f for f, _ in keys], [m for _, m in keys])))
     after_evals = {f: -a.value for (f, m), a in analyses.items() if m == 1}
     return [c if isinstance(c, RewardBreakdown)
-            else _p_stockfish(c, analyses[(c.fen, engine.multipv)], after_evals, label)
+            else _engine_failed(c, analyses, engine.multipv)
+            or _p_stockfish(c, analyses[(c.fen, engine.multipv)], after_evals, label)
             for c, label in zip(contexts, labels)]
+
+
+def _engine_failed(ctx: _PContext, analyses: dict, multipv: int) -> RewardBreakdown | None:
+    """A row whose engine searches failed (Engine(on_failure="flag")): unscorable, total NaN (advantage 0),
+    flagged ``engine_failed`` with what the engine did, instead of a made-up number."""
+    needed = [(ctx.fen, multipv), *(((f, 1) for f in ctx.after if f is not None) if ctx.needs_after_evals else ())]
+    failures = [analyses[k].failure for k in needed if k in analyses and analyses[k].failure]
+    if not failures:
+        return None
+    return RewardBreakdown(total=math.nan, components={k: math.nan for k in P_WEIGHTS}, weights=dict(P_WEIGHTS),
+                           flags=("engine_failed",), details={"error": failures[0], "problems": list(ctx.pc.problems)},
+                           kind="p_stockfish")
 
 
 def score_p(fen: str, completion: str, engine: Engine, label: PSample | None = None) -> RewardBreakdown:

@@ -198,7 +198,7 @@ def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None 
     if engine is None and needs_engine:
         from rookworld_debug.chess.engine import Engine
         engine = Engine(depth=config.engine_depth, multipv=config.engine_multipv, workers=config.engine_workers,
-                        timeout=config.engine_timeout)
+                        timeout=config.engine_timeout, on_failure=config.engine_on_failure)
     torch.manual_seed(config.seed)
     try:
         loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device)
