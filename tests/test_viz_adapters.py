@@ -120,7 +120,11 @@ def test_figures_from_trace(trace):
             viz.before_after_figure_from_trace(trace), viz.delta_logp_scatter_from_trace(trace)]
     assert all(type(f) is go.Figure for f in figs)
     wf = figs[1]
-    assert f"{100 * trace.loss.kl_share:.1f}%" in wf.layout.title.text and "≠" not in wf.layout.title.text
+    from rookworld_debug.metrics import term_balance
+    bal = term_balance(trace.loss, trace.update)        # the headline replaces a KL-share-in-the-title
+    title = wf.layout.title.text
+    assert "recorded total ≠" not in title and bal.headline.split(":")[0] in title
+    assert (f"{bal.kl_value_share:.0%}" in title) == bal.value_share_meaningful
     assert "max_grad_norm = 1" in figs[5].layout.title.text
     assert "r = +0.420" in figs[7].layout.title.text
     with pytest.raises(ValueError, match="held"):
@@ -173,3 +177,41 @@ def test_scatter_labels_a_view_computed_r_as_such(trace):
                                                                           "corr_adv_delta_logp": float("nan")})})
     title = viz.delta_logp_scatter_from_trace(t).layout.title.text
     assert "Evaluation.corr_adv_delta_logp" not in title and "computed for display" in title
+
+
+def test_one_colour_language_blue_is_more_likely_or_lower_loss(trace):
+    """Blue = the step makes this token more likely / lowers the loss, in every signed strip: a NEGATIVE
+    per-token PG loss is blue (it lowers the loss), a POSITIVE A·logp or Δlogp is blue; the legend says so."""
+    from rookworld_debug.viz._style import NEG_RGB, POS_RGB, diverging_rgb
+    from rookworld_debug.viz.tokens import METRICS, make_scale
+    pg = make_scale(METRICS["pg"], [-1.0, 1.0])
+    assert pg.rgb(-1.0) == diverging_rgb(1.0) == POS_RGB and pg.rgb(1.0) == NEG_RGB
+    for key in ("adv_x_logp", "delta_logp", "log_ratio"):
+        assert make_scale(METRICS[key], [-1.0, 1.0]).rgb(1.0) == POS_RGB, key
+    html = viz.token_strips_from_trace(trace, "pg").html
+    assert "blue = negative: lowers the loss, the step makes this token more likely · orange = raises it" in html
+    assert "blue = A &gt; 0: the step makes this token more likely" in viz.token_strips_from_trace(trace, "adv_x_logp").html
+
+
+def test_signed_strips_scale_over_the_batch_or_absolute(trace):
+    """Showing a few rows must not re-fit the colour scale to them: default = the whole batch's range;
+    'rows' fits the shown rows; a number pins an absolute ±scale (strip and advantage chips)."""
+    import re as _re
+
+    import numpy as np
+    from rookworld_debug.viz._style import diverging_rgb, hex_rgb
+    pg = trace.loss.per_token_pg.numpy()
+    m = trace.rollout.completion_mask.numpy().astype(bool)
+    batch_half, row_half = float(np.abs(pg[m]).max()), float(np.abs(pg[2][m[2]]).max())
+    assert row_half < batch_half                               # the premise: row 2 alone would saturate
+    scale_of = lambda html: float(_re.search(r"Colour scale ±([0-9.e+-]+):", html).group(1))  # noqa: E731
+    one = viz.token_strips_from_trace(trace, "pg", rows=[2]).html
+    assert scale_of(one) == pytest.approx(batch_half, rel=1e-3) and "over all 4 rows" in one
+    fitted = viz.token_strips_from_trace(trace, "pg", rows=[2], scale="rows").html
+    assert "Colour scale ±" not in fitted
+    fixed = viz.token_strips_from_trace(trace, "pg", rows=[2], scale=5.0).html
+    assert scale_of(fixed) == 5.0 and "absolute scale" in fixed
+    a = float(trace.advantages.advantages[2])
+    assert hex_rgb(diverging_rgb(a / 5.0)) in fixed            # the advantage chip on the same absolute scale
+    with pytest.raises(ValueError, match="scale must be"):
+        viz.token_strips_from_trace(trace, "pg", scale="per-row")

@@ -112,10 +112,15 @@ def _metric_for(metric: str, loss: Any) -> Metric:
 
 def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[int] | None = None, loss: Any = None,
                          advantages: Any = None, evaluation: Any = None, rewards: Any = None, topk: bool = True,
-                         title: str | None = None, vocab_size: int | None = None) -> TokenStrip:
+                         title: str | None = None, vocab_size: int | None = None,
+                         scale: "str | float" = "batch") -> TokenStrip:
     """Token strips of the rollout's completions coloured by `metric`, with every other available
     per-token metric and the top-k alternatives in the hover; rows labelled p·g, reward, advantage.
-    ratio strips outline the tokens the loss counted as clipped (low/high)."""
+    ratio strips outline the tokens the loss counted as clipped (low/high).
+
+    `scale` (signed metrics: pg, adv_x_logp, Δlogp, …, and the advantage chips): "batch" = ±the largest
+    |value| over ALL N rows even when `rows` shows a few (an advantage of −0.017 is then pale next to
+    ±1.5, not saturated); "rows" = fitted to the shown rows; a number = an absolute ±scale."""
     N = len(rollout.completions)
     rows = list(range(N)) if rows is None else [int(r) for r in rows]
     G = int(getattr(rollout, "num_generations", 0) or getattr(advantages, "num_generations", 0) or 1)
@@ -170,11 +175,27 @@ def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[i
         uniq = sorted({float(t) for t in temps.ravel()})
         note = "Sampling temperature T = " + ", ".join(f"{t:g}" for t in uniq) + " (logits ÷ T in every logp/KL/entropy)."
     m = _metric_for(metric, loss)
+    vmax = adv_half = None
+    if scale != "rows":
+        if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+            vmax, what = float(scale), "absolute scale chosen by the caller"
+        elif scale == "batch":
+            finite = values[mask & np.isfinite(values)]
+            vmax, what = (float(np.abs(finite).max()) if finite.size else 0.0), f"largest |value| over all {N} rows"
+        else:
+            raise ValueError(f"scale must be 'batch', 'rows' or a number, got {scale!r}")
+        if m.scale != "signed":
+            vmax = None                    # sequential/ratio metrics keep their own (batch-percentile) range
+        else:
+            note = (note + " " if note else "") + f"Colour scale ±{vmax:.3g}: {what}."
+        if adv is not None:
+            fin = adv[np.isfinite(adv)]
+            adv_half = float(scale) if isinstance(scale, (int, float)) else (float(np.abs(fin).max()) if fin.size else 0.0)
     return token_strips(T_rows, V_rows, metric=m, labels=labels, row_info=infos, masks=M_rows, outlines=O_rows,
                         hovers=H_rows, topk=K_rows if K_rows else None, token_ids=I_rows,
                         title=title if title is not None else f"{m.name} — rollout batch of this step",
                         note=note, outline_label="clipped by the loss (low: r < 1−ε_low, A<0 · high: r > 1+ε_high, A>0)",
-                        vocab_size=vocab_size)
+                        vocab_size=vocab_size, vmax=vmax, adv_half=adv_half)
 
 
 def completion_metrics_from_trace(trace: Any, row: int = 0,

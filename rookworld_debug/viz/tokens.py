@@ -11,8 +11,9 @@ What a strip shows, per token:
   UTF-8 character as `⟨C3⟩`. The P: padding is ~30–40 real single-space tokens the model generates
   and is trained on, so it must be seen;
 - `<|endoftext|>` as a `⟂ EOS` chip (EOS is part of the completion mask);
-- background colour by the chosen metric: diverging (orange < 0 < blue) for signed metrics, the ratio
-  on log scale centred at r = 1, sequential (white → purple) for logp/KL/entropy;
+- background colour by the chosen metric: diverging for signed metrics in ONE colour language, blue =
+  the step makes this token more likely / lowers the loss (so a negative per-token loss is blue), the
+  ratio on log scale centred at r = 1 (blue r > 1), sequential (white → purple) for logp/KL/entropy;
 - masked tokens (not in the loss) greyed with a dashed border, clipped tokens outlined in magenta,
   NaN/inf striped red;
 - hover: position, token id, the exact value of every metric passed in, and the top-k alternatives.
@@ -64,6 +65,10 @@ class Metric:
     clamp_hi: float | None = None
     unit: str = ""
     robust: bool = False
+    # which sign is drawn blue: the ONE colour language of every view is blue = makes this token more likely
+    # after the step / lowers the loss. A loss-like metric (pg, loss) lowers the loss when NEGATIVE.
+    blue_when: str = "positive"
+    meaning: str = ""                   # the legend's words for blue/orange of this metric
 
 
 METRICS: dict[str, Metric] = {m.key: m for m in (
@@ -81,10 +86,11 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
            "r_t = exp(logp_θ − logp_old) per sampled token; coloured on log r (white at r = 1, "
            "blue r > 1, orange r < 1). Outlined = counted as clipped by the loss (is_clipped_low/high). "
            "On-policy at the first inner step old = logp, so r = 1 and no clipping: all white is expected.",
-           "ratio"),
+           "ratio", meaning="blue = r > 1: the policy now makes this token more likely than at sampling · "
+                            "orange = r < 1: less likely"),
     Metric("log_ratio", "log ratio",
            "log r_t = logp_θ − logp_old per sampled token (0 at the first inner step).", "signed",
-           unit="nats"),
+           unit="nats", meaning="blue = more likely than at sampling · orange = less likely"),
     Metric("kl", "per-token KL (k3)",
            "per-token k3 KL to the reference = exp(ref − logp) − (ref − logp) − 1, logits / T, "
            "sampled tokens; ≥ 0, 0 when policy = reference.", "sequential", anchor=0.0, unit="nats"),
@@ -97,17 +103,20 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
            "sequential", anchor=0.0, unit="nats", robust=True),
     Metric("delta_logp", "Δlogp after update",
            "Δlogp_t = logp_after − logp_before of the same sampled token, after the optimizer step, "
-           "same batch, logits / T. Blue = became more likely.", "signed", unit="nats"),
+           "same batch, logits / T. Blue = became more likely.", "signed", unit="nats",
+           meaning="blue = the step made this token more likely · orange = less likely"),
     Metric("adv_x_logp", "advantage × logp",
            "A_i · logp_t: the completion's advantage times the token's policy log-prob "
            "(per-token REINFORCE surrogate, before aggregation; sign shows the push direction).",
-           "signed"),
+           "signed", meaning="blue = A > 0: the step makes this token more likely · orange = A < 0: less likely"),
     Metric("pg", "per-token PG loss",
            "per-token policy-gradient loss −min(r_t·A_i, clip(r_t, 1−ε_low, 1+ε_high)·A_i) before "
-           "aggregation (LossBreakdown.per_token_pg). Negative = this token lowers the loss.", "signed"),
+           "aggregation (LossBreakdown.per_token_pg). Negative = this token lowers the loss.", "signed",
+           blue_when="negative",
+           meaning="blue = negative: lowers the loss, the step makes this token more likely · orange = raises it"),
     Metric("loss", "per-token loss",
            "per-token total loss = pg + β·KL − c·entropy before aggregation (LossBreakdown.per_token_loss).",
-           "signed"),
+           "signed", blue_when="negative", meaning="blue = negative: lowers the loss · orange = raises it"),
 )}
 
 
@@ -140,6 +149,7 @@ class ColorScale:
     hi: float
     neutral: str = "low"
     basis: str = ""     # what set the automatic range, for the legend (e.g. "1st percentile of this batch")
+    flip: bool = False  # signed: negative values drawn blue (loss-like metrics: negative = lowers the loss)
 
     def rgb(self, v: float) -> tuple[int, int, int] | None:
         """None for NaN/inf (drawn striped), else the colour."""
@@ -147,7 +157,7 @@ class ColorScale:
             return None
         if self.kind == "signed":
             half = max(abs(self.lo), abs(self.hi))
-            return diverging_rgb(0.0 if half == 0 else v / half)
+            return diverging_rgb(0.0 if half == 0 else (-v if self.flip else v) / half)
         if self.kind == "ratio":
             if v <= 0:
                 return None
@@ -162,7 +172,7 @@ class ColorScale:
     def gradient_css(self) -> str:
         n, p, s, w = (hex_rgb(c) for c in (NEG_RGB, POS_RGB, SEQ_RGB, NEUTRAL_RGB))
         if self.kind in ("signed", "ratio"):
-            return f"linear-gradient(to right,{n},{w},{p})"
+            return f"linear-gradient(to right,{p},{w},{n})" if self.flip else f"linear-gradient(to right,{n},{w},{p})"
         return f"linear-gradient(to right,{w},{s})" if self.neutral == "low" else \
             f"linear-gradient(to right,{s},{w})"
 
@@ -189,7 +199,8 @@ def make_scale(metric: Metric, values: np.ndarray, vmin: float | None = None,
     if metric.scale == "signed":
         half = max(abs(x) for x in (vmin, vmax) if x is not None) if (vmin is not None or vmax is not None) \
             else (float(np.max(np.abs(v))) if v.size else 0.0)
-        return ColorScale("signed", -half, half)
+        pinned = "" if vmin is None and vmax is None else f"colour scale pinned at ±{fmt(half, 3)}"
+        return ColorScale("signed", -half, half, basis=pinned, flip=metric.blue_when == "negative")
     if metric.scale == "ratio":
         v = v[v > 0]
         if vmin is not None or vmax is not None:
@@ -486,6 +497,10 @@ def _legend(metric: Metric, scale: ColorScale, *, any_masked: bool, any_outline:
         f'<span>{attr(lo)} <span class="rw-bar" style="background:{scale.gradient_css()}"></span> {attr(hi)}'
         f' <span style="color:#666">({attr(white)})</span></span>',
     ]
+    if scale.kind in ("signed", "ratio"):     # the one colour language, said in words
+        words = metric.meaning or ("blue = negative · orange = positive" if scale.flip else
+                                   "blue = positive · orange = negative")
+        parts.append(f'<span class="rw-meaning">{attr(words)}</span>')
     if any_masked:
         parts.append(f'<span><span class="rw-tok" style="background:{MASKED_BG};color:{MASKED_FG};'
                      'border:1px dashed #a0a0a0">tok</span> masked (not in loss)</span>')
@@ -514,10 +529,11 @@ def _row_label(row: _Row, adv_half: float) -> str:
 
 
 def _render(rows: list[_Row], metric: Metric, scale: ColorScale, *, title: str, outline_label: str,
-            note: str = "", show_labels: bool = True) -> str:
-    adv = [float(v) for r in rows for k, v in r.info.items()
-           if "adv" in k.lower() and not isinstance(v, str) and math.isfinite(float(v))]
-    adv_half = max((abs(a) for a in adv), default=0.0)
+            note: str = "", show_labels: bool = True, adv_half: float | None = None) -> str:
+    if adv_half is None:            # the advantage chips' own scale: the shown rows (unless the caller pins it)
+        adv = [float(v) for r in rows for k, v in r.info.items()
+               if "adv" in k.lower() and not isinstance(v, str) and math.isfinite(float(v))]
+        adv_half = max((abs(a) for a in adv), default=0.0)
     out = [f'<div class="rw-view rw-strips" data-metric="{attr(metric.key)}">', _CSS]
     if title:
         out.append(f'<div class="rw-title">{attr(title)}</div>')
@@ -595,8 +611,10 @@ def token_strips(tokens: Sequence[Sequence[str]], values: Sequence[Any], *, metr
                  token_ids: Sequence[Sequence[int]] | None = None, signed: bool | None = None,
                  vmin: float | None = None, vmax: float | None = None, title: str = "",
                  outline_label: str = "clipped by the loss", definition: str | None = None,
-                 note: str = "", vocab_size: int | None = None) -> TokenStrip:
+                 note: str = "", vocab_size: int | None = None, adv_half: float | None = None) -> TokenStrip:
     """Several completions stacked, one row each, on ONE shared colour scale (so rows compare).
+    `vmin`/`vmax` pin that scale (e.g. the whole batch's range when only some rows are shown, or an
+    absolute ±value); `adv_half` pins the advantage chips' scale the same way.
 
     labels: a row label each (e.g. "prompt 0 · g 2"); row_info: {name: value} chips under the label
     (e.g. {"reward": 0.25, "advantage": 0.87}; keys containing "adv" get a diverging chip).
@@ -630,7 +648,7 @@ def token_strips(tokens: Sequence[Sequence[str]], values: Sequence[Any], *, metr
     all_vals = _scale_values(rows)
     m = _resolve_metric(metric, signed, all_vals, definition)
     scale = make_scale(m, all_vals, vmin, vmax, vocab_size=vocab_size)
-    html = _render(rows, m, scale, title=title, outline_label=outline_label, note=note)
+    html = _render(rows, m, scale, title=title, outline_label=outline_label, note=note, adv_half=adv_half)
     return TokenStrip(html=html, metric=m.key, n_tokens=sum(len(r.tokens) for r in rows), n_rows=n_rows)
 
 
