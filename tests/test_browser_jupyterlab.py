@@ -171,7 +171,8 @@ def test_tune_panel_in_jupyterlab(lab):
             assert float(a_loss) != float(b_loss)       # KL > 0 after the drift: loss = PG + β·KL moves with β
 
             # ε on the drifted pass: r ≠ 1 there, so the clip fractions and the PG term follow ε_low
-            assert "pass 2 of μ = 2" in panel.inner_text()
+            sel = panel.locator(".widget-dropdown").filter(has_text="inner pass").locator("select").first
+            assert sel.evaluate("e => e.options[e.selectedIndex].text").replace("\xa0", " ") == "pass 2 of μ = 2"
             rec_b = _record(page)
             eps = panel.locator(".widget-slider").filter(has_text="ε_low")
             handle = eps.locator(".noUi-handle").first
