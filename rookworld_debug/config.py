@@ -193,7 +193,9 @@ class StepConfig:
     max_grad_norm: Optional[float] = _f(1.0, "Global L2 grad-norm clip (torch clip_grad_norm_). None = no clip.",
                                         group="optimizer")
     micro_batch_size: Optional[int] = _f(None, "Rows per backward for true gradient accumulation (bounded "
-                                         "memory, same gradient); must divide N = B·G. None = all N at once.",
+                                         "memory, same gradient); must divide N = B·G. None = automatic: all rows at once "
+                                         "unless the estimated memory of that forward exceeds 1 GiB, then the largest "
+                                         "divisor that fits (GPT-2 124M, 128 new tokens: 4).",
                                          group="optimizer")
 
     # ---------------------------------------------------------------- rewards

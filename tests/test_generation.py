@@ -345,3 +345,15 @@ def test_device_auto_is_the_default_and_resolves():
     with pytest.raises(ConfigError) as e:
         StepConfig(autocast="fp8")
     assert e.value.field == "autocast"
+
+
+def test_auto_micro_batch_size_splits_124m_not_tiny(models):
+    """micro_batch_size=None: a GPT-2 124M grad forward over 32 rows × 170 tokens is split (estimate > 1 GiB)
+    into a divisor of N; the tiny fixture model runs all rows at once."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    with torch.device("meta"):
+        big = GPT2LMHeadModel(GPT2Config())
+    k = gen.auto_micro_batch_size(big, 32, 170)
+    assert 1 <= k < 32 and 32 % k == 0
+    assert gen.auto_micro_batch_size(big, 7, 170) in (1, 7)
+    assert gen.auto_micro_batch_size(models.policy, 32, 170) == 32

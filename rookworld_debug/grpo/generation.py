@@ -119,6 +119,25 @@ def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)  # (n, P+T)
 
 
+TRAIN_BUDGET_BYTES = 2**30  # what one micro-batch of the grad forward may hold (activations + logits), estimated
+
+
+def auto_micro_batch_size(model, n_rows: int, seq_len: int, budget: int = TRAIN_BUDGET_BYTES) -> int:
+    """Rows per grad forward when the config leaves it open: all N unless the estimated memory of the
+    forward exceeds `budget`, then the largest divisor of N that fits (true accumulation, same gradient).
+
+    Estimate per token (fp32): ~68·d_model bytes per layer of saved activations (Korthikanti et al. 2022,
+    ×2 for fp32, flash attention: no s² term) + 3 (·, V) fp32 tensors at the head (logits, tempered,
+    logsumexp's backward). GPT-2 124M, P+T ≈ 170: ≈ 0.21 GB per row → 4 rows; the tiny model: all 32.
+    """
+    cfg = model.config
+    layers, d = getattr(cfg, "num_hidden_layers", 12), getattr(cfg, "hidden_size", 768)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    per_row = seq_len * (layers * 68 * d + 3 * 4 * vocab)
+    fit = max(1, budget // max(per_row, 1))
+    return max(k for k in range(1, n_rows + 1) if n_rows % k == 0 and (k <= fit or k == 1))
+
+
 def _auto_chunk(n_rows: int, t: int, vocab: int) -> int:
     return max(1, min(n_rows, LOGITS_BUDGET_BYTES // max(1, 4 * t * vocab)))
 

@@ -21,7 +21,8 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.grpo.generation import per_token_logps_and_entropy, per_token_logps_entropy_full_kl
+from rookworld_debug.grpo.generation import (auto_micro_batch_size, per_token_logps_and_entropy,
+                                             per_token_logps_entropy_full_kl)
 from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
 
 TERMS = ("pg", "kl", "entropy")
@@ -116,7 +117,9 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     term_grads = {t: [torch.zeros_like(p) for _, p in params] for t in buckets}
     loss_total = 0.0
     forwards = 0
-    slices = _micro_slices(n, config.micro_batch_size)
+    # micro_batch_size None: all rows at once unless that would not fit the memory estimate (124M: 4 rows)
+    slices = _micro_slices(n, config.micro_batch_size or auto_micro_batch_size(
+        policy, n, rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]))
     for rows in slices:
         g_rows = slice(step_rows.start + rows.start, step_rows.start + rows.stop)   # rows of the rollout
         ids = (rollout.prompt_ids[g_rows], rollout.prompt_mask[g_rows], rollout.completion_ids[g_rows], mask[rows],
