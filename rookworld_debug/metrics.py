@@ -79,6 +79,27 @@ PATTERNS: dict[str, str] = {
 }
 
 
+#: the batch a metric is measured on (views label every number with it); keys not listed: see batch_of
+BATCH_OF: dict[str, str] = {
+    "reward_before": "greedy · this batch · before", "reward_after": "greedy · this batch · after",
+    "delta_reward": "greedy · this batch · after − before",
+    "heldout_reward_before": "greedy · held-out · before", "heldout_reward_after": "greedy · held-out · after",
+    "heldout_n": "held-out", "grad_norm_pre_clip": "update (sampled rollout)",
+    "grad_norm_post_clip": "update (sampled rollout)", "learning_rate": "update",
+    "kl_grad_share": "update (sampled rollout)", "pg_grad_share": "update (sampled rollout)",
+    "grad_cos_pg_kl": "update (sampled rollout)", "corr_adv_delta_logp": "sampled rollout · after vs before",
+    "step0_invariants_ok": "dataset tokens · before any update",
+    "max_abs_logp_diff_recompute": "sampled rollout",
+}
+
+
+def batch_of(key: str) -> str:
+    """Which batch `key` is measured on: greedy this batch before/after, greedy held-out, the sampled
+    rollout, or the update; every other TRL key (loss, kl, rewards/*, completions/*, clip_ratio/*, …)
+    is a statistic of the sampled rollout."""
+    return BATCH_OF.get(key, "sampled rollout · this batch")
+
+
 def definition(key: str) -> str:
     """The definition of a metric key: GLOSSARY, then the per-reward-function patterns; '' if unknown."""
     if key in GLOSSARY:

@@ -144,3 +144,12 @@ def test_not_applicable_components_are_dashes_not_nan():
     assert ">—<" in html and ">nan<" not in html and "repeating-linear-gradient" not in html
     html = reward_components_table(["P"], {"best_move": [1.0]}, totals=[float("nan")]).to_html()
     assert ">nan<" in html and "repeating-linear-gradient" in html      # a NaN total is a real problem
+
+
+def test_metrics_table_labels_every_number_with_its_batch():
+    from rookworld_debug.viz import metrics_table
+    html = metrics_table({"reward_before": 0.1, "heldout_reward_after": 0.2, "loss": 0.3, "format_valid": 0.5,
+                          "grad_norm_pre_clip": 1.0}).to_html()
+    for label in ("greedy · this batch · before", "greedy · held-out · after", "update (sampled rollout)"):
+        assert label in html, label
+    assert html.count("sampled rollout · this batch") == 2          # loss and format_valid: the rollout

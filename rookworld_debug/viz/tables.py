@@ -374,12 +374,13 @@ def metrics_table(metrics: Mapping[str, Any], *, definitions: Mapping[str, str] 
                                      "before/after, or held-out") -> Styler:
     """Scalar metrics with their definitions: `definitions` overrides, else `metrics.definition(key)`
     (GLOSSARY and the rewards/<func>/* patterns); a key with no definition anywhere reads 'undefined'."""
-    from rookworld_debug.metrics import definition as glossary_definition
+    from rookworld_debug.metrics import batch_of, definition as glossary_definition
 
     defs = definitions or {}
     df = pd.DataFrame({"value": [metrics[k] for k in metrics],
                        "definition": [defs.get(k) or glossary_definition(k) or "(no definition in GLOSSARY)"
-                                      for k in metrics]}, index=pd.Index(list(metrics), name="metric"))
+                                      for k in metrics],
+                       "batch": [batch_of(k) for k in metrics]}, index=pd.Index(list(metrics), name="metric"))
     st = _styler(df, f"{title} — {batch_label}.")
     na = lambda v: "n/a" if isinstance(v, float) and math.isnan(v) else _num_format(v)  # noqa: E731 (see definition)
     return st.format(na, subset=["value"], escape="html").map(lambda v: f"font-family:{FONT_MONO}", subset=["value"])
