@@ -132,3 +132,23 @@ def test_strip_tooltip_and_topk_marker_use_bytes_and_ids():
 def test_legend_explains_split_bytes_only_when_present():
     assert "⟨XX⟩ = one byte" in token_strip([b" \xd0", b"\xb4"], [-1.0, -2.0]).html
     assert "⟨XX⟩" not in token_strip(["a", "é"], [-1.0, -2.0]).html
+
+
+def test_bundled_char_tokenizer_goes_through_the_same_renderer():
+    from transformers import AutoTokenizer
+
+    from rookworld_debug.models.loading import TINY_DIR
+    from rookworld_debug.models.tokenizer import is_byte_level
+    tok = AutoTokenizer.from_pretrained(str(TINY_DIR))
+    assert is_byte_level(tok)
+    raw = token_strings(tok, range(len(tok)))
+    tts = {i: token_text_from_raw(r) for i, r in raw.items()}
+    labels = [t.label for t in tts.values()]
+    assert all(labels) and len(set(labels)) == len(labels)
+    for i, tt in tts.items():
+        if not tt.special:
+            assert label_to_bytes(tt.label) == tt.data == byte_level_bytes(raw[i])
+            if tt.complete:
+                assert tt.text == tok.decode([i])
+    ids = tok.encode("P: 8/8 w - - 0 1    M: e2e4")
+    assert [tts[i].label for i in ids][:3] == ["P", ":", "␣"]
