@@ -152,3 +152,28 @@ def test_bundled_char_tokenizer_goes_through_the_same_renderer():
                 assert tt.text == tok.decode([i])
     ids = tok.encode("P: 8/8 w - - 0 1    M: e2e4")
     assert [tts[i].label for i in ids][:3] == ["P", ":", "␣"]
+
+
+def test_non_byte_level_tokenizer_is_rendered_from_the_utf8_of_its_pieces():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from rookworld_debug.models.provenance import tokenizer_sha256
+    from rookworld_debug.models.tokenizer import is_byte_level
+    tk = Tokenizer(models.WordLevel({"é": 0, "дом": 1, "a": 2, "[UNK]": 3}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", eos_token="<|endoftext|>")
+    assert not is_byte_level(tok)
+    raw = token_strings(tok, [0, 1, 2, tok.eos_token_id])
+    assert [token_text_from_raw(raw[i]).label for i in (0, 1, 2)] == ["é", "дом", "a"]
+    assert token_text_from_raw(raw[tok.eos_token_id]).special
+    assert len(tokenizer_sha256(tok)) == 64 and tokenizer_sha256(tok) != tokenizer_sha256(gpt2_tokenizer())
+
+
+def test_pinned_stock_gpt2_tokenizer_hash(vocab):
+    from rookworld_debug.models.provenance import tokenizer_sha256
+    from rookworld_debug.models.tokenizer import GPT2_TOKENIZER_SHA256
+    tok, _, _ = vocab
+    assert tokenizer_sha256(tok) == GPT2_TOKENIZER_SHA256
+    tok.pad_token, tok.padding_side = tok.eos_token, "left"       # what the loader changes: not identity
+    assert tokenizer_sha256(tok) == GPT2_TOKENIZER_SHA256
