@@ -138,6 +138,17 @@ def format_step_log(trace) -> str:
           " ".join(f"{k}={v:.3g}" for k, v in u.per_term_global.items()))
         w(f"  lr={u.lr:g} micro_batches={u.micro_batches} ||Δθ||={u.param_delta_norm:.3g} "
           f"loss(grad path) − loss(record) = {u.loss_record_diff:.2e}")
+        its = getattr(trace, "iterations", ()) or ()
+        if len(its) > 1 or (its and len(its[0].updates) > 1):      # inner PPO passes (μ, steps_per_generation)
+            w(f"  {len(its)} inner passes over the rollout (old log-probs frozen at sampling); the lines above "
+              "are the LAST optimizer step")
+            for it in its:
+                ml = it.loss.completion_mask > 0
+                r = it.loss.per_token_ratio[ml]
+                w(f"    pass {it.index + 1}: loss={_num(it.loss.loss)} kl={_num(it.loss.kl)} ratio "
+                  f"[{float(r.min()) if r.numel() else float('nan'):.4g}, {float(r.max()) if r.numel() else float('nan'):.4g}] "
+                  f"clip_ratio/region_mean={_f(it.loss.metrics.get('clip_ratio/region_mean', float('nan')))} "
+                  f"grad_norm={it.grad_norm_pre_clip:.4g}")
     w("POST-UPDATE PERFORMANCE (greedy, SAME prompts as before)")
     if e is not None:
         w(f"  mean reward {_f(e.batch_before.mean_reward)} → {_f(e.batch_after.mean_reward)} "

@@ -126,3 +126,10 @@ def test_iteration_views_render(mu3):
     for lt in ("dapo", "grpo", "cispo", "sapo", "luspo", "vespo", "manual"):
         assert f"<b>{lt}</b>" in table.html
     assert "pass 3 of μ = 3" in table.html and len(fig2.data) == 4
+
+
+def test_step_log_lists_the_passes(mu3):
+    from rookworld_debug.steplog import format_step_log
+    log = format_step_log(mu3)
+    assert "3 inner passes over the rollout" in log
+    assert log.count("    pass ") == 3 and "clip_ratio/region_mean" in log
