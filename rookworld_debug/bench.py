@@ -474,7 +474,8 @@ def run_once(variant: str, spec: BenchSpec) -> dict:
     gc.collect()
     res.setdefault("seconds", seconds)
     res.update(wall_seconds=seconds, prepare_seconds=prep, rss_before_mb=before, peak_rss_mb=mem.peak,
-               peak_rss_delta_mb=mem.peak - before, maxrss_process_mb=maxrss_mb())
+               peak_rss_delta_mb=mem.peak - before, maxrss_process_mb=maxrss_mb(),
+               loadavg_1m=os.getloadavg()[0])   # the machine's load right after the run (shared machines)
     return res
 
 
@@ -748,12 +749,17 @@ def _fmt(x, nd=2):
     return "—" if not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.{nd}f}"
 
 
+def _load_note(result: dict) -> str:
+    loads = [x for x in result.get("machine", {}).get("loadavg_1m_runs") or [] if isinstance(x, (int, float))]
+    return f", load average (1 min) after the runs {min(loads):.1f}–{max(loads):.1f}" if loads else ""
+
+
 def markdown(result: dict) -> str:
     s, v = result["settings"], result["variants"]
     lines = [f"**{s['model']}** ({result['model_info'].get('source', '')}), B={s['batch_size']}, "
              f"G={s['num_generations']}, max_new_tokens={s['max_new_tokens']}, engine depth {s['engine_depth']}, "
              f"{s['reps']} rep(s) after {s['warmup']} warm-up, {result['machine']['cpu_count']} CPU cores, "
-             f"torch threads {s['threads']}, isolate={s['isolate']}", "",
+             f"torch threads {s['threads']}, isolate={s['isolate']}" + _load_note(result), "",
              "| variant | median s | min s | phases (median s) | tokens | peak RSS MB (Δ step) |",
              "| --- | ---: | ---: | --- | ---: | ---: |"]
     for k, d in v.items():
@@ -924,6 +930,7 @@ def run_bench(args) -> tuple[dict, Path]:
         result["widget"] = widget_bench(args.widget_n, args.widget_t)
     result["targets"] = check_targets(result)
     result["total_seconds"] = time.perf_counter() - t_all
+    result["machine"]["loadavg_1m_runs"] = [r.get("loadavg_1m") for v in variants for r in runs[v]]
     out_dir = Path(args.out)
     stamp = started.replace(":", "").replace("-", "")
     safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in str(args.model))[-40:]

@@ -106,3 +106,18 @@ def test_process_isolation_path(tmp_path):
         s = data["variants"][v]
         assert s["errors"] == [] and _finite(s["median_seconds"]) and _finite(s["peak_rss_mb"])
     assert _finite(data["ratios"]["a/c"]) and "engine" not in data and "widget" not in data
+
+
+def test_profile_mode_writes_operator_breakdown(tmp_path):
+    """`bench --profile a`: one step under torch.profiler; JSON with phases and the top operators by self time."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc = bench.main(SMALL + ["--profile", "a", "--out", str(tmp_path), "--json-only"])
+    assert rc == 0
+    files = sorted(tmp_path.glob("profile-tiny-a-*.json"))
+    assert len(files) == 1
+    prof = json.loads(files[0].read_text())
+    assert prof["variant"] == "a" and set(prof["phases"]) >= {"generation", "update"}
+    assert prof["top_ops"] and all(o["self_s"] >= 0 and 0 <= o["share"] <= 1 for o in prof["top_ops"])
+    assert any(o["name"].startswith("aten::") for o in prof["top_ops"])
+    assert "loadavg_1m_runs" not in prof["machine"]           # the profile is one step, not the benchmark
