@@ -571,3 +571,11 @@ def test_adaptive_entropy_controller_matches_trl():
         assert ours.coef == pytest.approx(t.entropy_coef, abs=1e-15) and ours.last_entropy == pytest.approx(
             t._last_world_entropy, abs=1e-12), step
     assert applied[0] == 0.0 and any(a > 0 for a in applied)          # gated at first (TRL: +inf), then on
+
+
+@pytest.mark.parametrize("loss_type", ALL_TRL)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_every_trl_loss_type_without_bias_correction(loss_type, level):
+    data = _small_drift(make_inputs(seed=23, N=16, T=20, dtype=torch.float32), 0.2)
+    assert_matches(*run_both(data, beta=0.2, loss_type=loss_type, level=level, bias=False, entropy_coef=0.01,
+                             **_eps(loss_type)), tol=1e-6)
