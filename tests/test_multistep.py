@@ -289,3 +289,15 @@ def test_notebook_runs_under_papermill_and_writes_summary(model_dir, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {"start_reward", "end_reward", "pos_steps", "neg_steps", "mean_kl_share"} <= set(summary["metrics"])
     assert (tmp_path / "table.csv").exists()
+    # what a reader sees: every column (no "…"), full definitions, completions per step, sane precision
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    html = "\n".join(o["data"]["text/html"] for c in out.cells for o in c.get("outputs", [])
+                      if "text/html" in o.get("data", {}))
+    for col in ("kl_grad_share", "grad_norm_post_clip", "sec/total", "heldout_reward_after"):
+        assert f">{col}</th>" in html, col
+    assert "…</th>" not in html and "...</th>" not in html
+    assert html.count('class="rw-completions"') == 2                    # steps 0 and 1 (first and last)
+    assert "1.000000" not in html and ">nan<" not in html.lower()
+    assert "n/a: needs more than 10 steps (this run has 2)" in html
+    from rookworld_debug.grpo.multistep import TABLE_COLUMNS
+    assert TABLE_COLUMNS["kl_share"].replace("&", "&amp;")[:60].replace("<", "&lt;").replace(">", "&gt;") in html
