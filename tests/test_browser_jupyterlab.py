@@ -127,6 +127,8 @@ def test_tune_panel_in_jupyterlab(lab):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
+        console: list[str] = []                 # e.g. "Error: widget model not found" (a stale widget view)
+        page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
         try:
             page.goto(f"{lab['base']}/lab/tree/{NB}?token={lab['token']}")
             page.wait_for_selector(".jp-Notebook", timeout=60_000)
@@ -189,6 +191,8 @@ def test_tune_panel_in_jupyterlab(lab):
             assert page.locator(".rwd-recompute").first.inner_text().startswith("recomputed in")
             assert page.locator(".js-plotly-plot").count() >= 1
             assert not [e for e in errors if "plotly" in e.lower() or "widget" in e.lower()], errors
+            print("\n[console errors]", console)
+            assert not [c for c in console if "widget model not found" in c.lower()], console
         except Exception:
             if shot.parent.is_dir():
                 page.screenshot(path=str(shot.with_name("jupyterlab_tune_panel_FAILED.png")), full_page=True)
