@@ -46,6 +46,12 @@ def test_jsonl_text_that_is_not_a_string_is_a_named_error(tmp_path, text):
         loaders.load_file(_jsonl(tmp_path / "d.jsonl", [{"text": P_LINE}, {"text": A_LINE, "split": 3}]))
 
 
+def test_non_ascii_or_lone_surrogate_text_is_a_named_error(tmp_path):
+    f = _jsonl(tmp_path / "s.jsonl", [{"text": P_LINE}, '{"text": "' + A_LINE[:20] + '\\ud800"}'])
+    with pytest.raises(DataError, match=r"s\.jsonl:2: malformed sample: non-ASCII character U\+D800"):
+        loaders.load_file(f)
+
+
 def test_non_utf8_file_and_directory_are_named_errors(tmp_path):
     f = tmp_path / "latin1.txt"
     f.write_bytes((P_LINE + "\n" + A_LINE + "\nP: caf\xe9\n").encode("latin-1"))

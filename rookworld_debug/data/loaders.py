@@ -11,7 +11,9 @@ Sources:
   prefix (``jrahn/arbiter_2m`` spelling) get it added, and the returned :class:`LoadReport` says how
   many. Offline or without ``datasets`` it fails fast with :class:`DataError`.
 
-Every loader returns a list of :class:`Sample` records. :func:`select_batch` picks a batch with an
+Every loader returns a list of :class:`Sample` records. A malformed record raises :class:`DataError` naming
+the source, the 1-based line and why (``on_bad_sample='skip'`` skips instead and reports every skip); a
+UTF-8 BOM is accepted. :func:`select_batch` picks a batch with an
 explicit task filter, seed and (optionally) explicit indices, and returns a frozen :class:`Batch`
 that carries the indices it used and a hash of its content: no hidden cursor, nothing wraps around.
 """
@@ -124,6 +126,9 @@ def _from_texts(rows: Iterable[tuple], source: str, on_bad_sample: str = "error"
                 raise FormatError(f"sample text must be a string, got {type(raw).__name__} {raw!r:.60}")
             if not isinstance(split, str):
                 raise FormatError(f"'split' must be a string, got {type(split).__name__} {split!r:.60}")
+            if not raw.isascii():          # RookWorld text is ASCII; a JSON "\ud800" escape would reach the tokenizer
+                bad = next(c for c in raw if not c.isascii())
+                raise FormatError(f"non-ASCII character U+{ord(bad):04X} in {raw.strip()[:60]!r}")
             text = raw.strip()
             if not text:
                 if isinstance(where, int):       # a blank line in a text file is only a separator
