@@ -94,7 +94,9 @@ def loss_summary_html(loss, *, recompute_ms: Optional[float] = None, stale: str 
             f'data-kl-estimator="{html.escape(loss.kl_estimator)}">'
             f'<div style="font-weight:600">loss {_num(total, True)} · KL value share {share_txt} · '
             f'loss_type {html.escape(loss.loss_type)} · β {loss.beta:g}</div>'
-            f'<table style="border-collapse:collapse;font-size:12px">{body}</table>{timing}{warn}'
+            f'<div class="rwd-batch" style="color:#555;font-size:11px">batch: the sampled rollout of this batch '
+            f'(B·G completions, no update applied; {"sampling time, r ≡ 1" if bal.on_policy else "an inner pass, r ≠ 1"})'
+            f'</div><table style="border-collapse:collapse;font-size:12px">{body}</table>{timing}{warn}'
             f'<div style="color:#555;font-size:11px">{html.escape(getattr(loss, "definition", "") or "")}</div></div>')
 
 

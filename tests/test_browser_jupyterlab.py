@@ -191,6 +191,15 @@ def test_tune_panel_in_jupyterlab(lab):
             assert page.locator(".rwd-recompute").first.inner_text().startswith("recomputed in")
             assert page.locator(".js-plotly-plot").count() >= 1
             assert not [e for e in errors if "plotly" in e.lower() or "widget" in e.lower()], errors
+            # Regenerate: the completions table follows the NEW rollout, G rows per group (B=2 × G=4)
+            panel.locator("button").filter(has_text="Regenerate").first.click()
+            page.wait_for_selector(".rwd-status:has-text('regenerated')", timeout=240_000)
+            rows = panel.locator(".rwd-completions tbody tr")
+            names = [rows.nth(i).locator("td").first.inner_text() for i in range(rows.count())]
+            assert names == [f"p{b}·g{j}" for b in range(2) for j in range(4)], names
+            panel.locator(".rwd-completions").first.scroll_into_view_if_needed()
+            if shot.parent.is_dir():
+                page.screenshot(path=str(shot.with_name("jupyterlab_tune_panel_completions.png")), full_page=False)
             print("\n[console errors]", console)
             assert not [c for c in console if "widget model not found" in c.lower()], console
         except Exception:

@@ -111,6 +111,7 @@ def test_kl_share_never_100_percent_on_policy(panel):
         assert panel.loss.kl > 0 and float(panel.loss.loss) != 0.0             # β·KL does enter the loss
         assert math.isnan(_summary_number(panel, "kl-share")) and 'data-on-policy="1"' in panel.w_summary.value
         assert "KL value share n/a (on-policy)" in panel.w_summary.value
+        assert "batch: the sampled rollout of this batch" in panel.w_summary.value     # every number's batch
         cell = re.search(r"KL value share</th><td[^>]*>([^<]*)</td>", panel.w_summary.value).group(1)
         assert cell == "n/a (on-policy)" and "100" not in cell
         assert math.isnan(panel.history[-1]["kl_value_share"])

@@ -140,12 +140,13 @@ def completions_table(rows: Sequence[dict], *, group: int | None = None, failure
                + "; len = completion tokens incl. EOS. Click a header to sort.")
     css = (f"#{uid}{{border-collapse:collapse;font-size:12px;font-family:system-ui,sans-serif}}"
            f"#{uid} th{{background:#f3f3f3;border:1px solid #ddd;padding:3px 6px;cursor:pointer;position:sticky;top:0;"
-           f"text-align:left}}#{uid} td{{border:1px solid #e3e3e3;padding:3px 6px;vertical-align:top}}"
-           f"#{uid} td.txt{{max-width:36em;min-width:18em}}#{uid} caption{{caption-side:top;text-align:left;"
-           f"padding:4px 0 6px;max-width:90em}}")
-    out = (f'<div class="rw-completions" style="overflow-x:auto;max-width:100%"><style>{css}</style>'
-           f'<table id="{uid}"><caption>{caption}</caption><thead><tr>{th}</tr></thead><tbody>{"".join(body)}'
-           f"</tbody></table></div>")
+           f"text-align:left}}#{uid} td{{border:1px solid #e3e3e3;padding:3px 6px;vertical-align:top;white-space:nowrap}}"
+           f"#{uid} td.txt{{max-width:36em;min-width:18em;white-space:normal}}")
+    # the caption sits above the scrolling box, so it wraps to the visible width (a wide table scrolls alone)
+    out = (f'<div class="rw-completions"><style>{css}</style>'
+           f'<div style="font-size:12px;font-family:system-ui,sans-serif;margin:4px 0 6px">{caption}</div>'
+           f'<div style="overflow-x:auto;max-width:100%"><table id="{uid}"><thead><tr>{th}</tr></thead>'
+           f'<tbody>{"".join(body)}</tbody></table></div></div>')
     return HTMLView(out)
 
 
