@@ -21,8 +21,8 @@ def format_step_line(row: dict, steps: int) -> str:
         return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
     return (f"step {row['step'] + 1:>{len(str(steps))}}/{steps} batch {row['batch_hash'][:10]} "
             f"ep {row['epoch']} cur {row['cursor']} β={f(row['beta'], '.4g')} lr={f(row['lr'], '.3g')} "
-            f"reward {f(row['reward_before'], '.3f')}→{f(row['reward_after'], '.3f')} "
-            f"(Δ{f(row['delta_reward'], '+.3f')}) roll={f(row['rollout_reward'], '.3f')} "
+            f"greedy reward {f(row['reward_before'], '.3f')}→{f(row['reward_after'], '.3f')} "
+            f"(Δ{f(row['delta_reward'], '+.3f')}, this batch) sampled={f(row['rollout_reward'], '.3f')} "
             f"KL={f(row['kl'], '.4g')} KL%grad={f(100 * row.get('kl_grad_share', math.nan), '.1f')} "
             f"|g|={f(row['grad_norm_pre_clip'], '.3g')}→{f(row['grad_norm_post_clip'], '.3g')} "
             f"{f(row.get('sec/total', math.nan), '.1f')}s" + ("" if row["updated"] else "  [UPDATE REFUSED]"))
