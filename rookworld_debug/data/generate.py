@@ -226,13 +226,15 @@ def _a_record(fen, move, history, split, gid, ply) -> dict:
 def generate_records(*, n_p: int | None = None, n_a: int | None = None, n_games: int | None = None,
                      depth: int = 10, seed: int = 0, workers: int = 2, b_label: str = "rookworld",
                      heldout_frac: float = 0.2, p_illegal: float = 0.04, engine_path: str | None = None,
-                     ply_range=(10, 200), keep: float = 1.0, progress=None) -> list[dict]:
+                     ply_range=(10, 200), keep: float = 1.0, eps_range=(0.05, 0.5), random_opening_max: int = 8,
+                     progress=None) -> list[dict]:
     """Play games until ``n_p`` P: and ``n_a`` A: (deduplicated) records exist, or ``n_games`` games.
 
     The result is a list in game order: P: records first then A: records, each capped to its count.
     """
     s = GenSettings(depth=depth, seed=seed, b_label=b_label, heldout_frac=heldout_frac, p_illegal=p_illegal,
-                    engine_path=engine_path, ply_range=tuple(ply_range), keep=keep)
+                    engine_path=engine_path, ply_range=tuple(ply_range), keep=keep, eps_range=tuple(eps_range),
+                    random_opening_max=random_opening_max)
     s.check()
     if n_games is None and n_p is None and n_a is None:
         raise ConfigError("n_p", "give n_p/n_a or n_games")
@@ -331,6 +333,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-path", default=None)
     ap.add_argument("--keep", type=float, default=1.0, help="probability a visited position yields records")
     ap.add_argument("--max-plies", type=int, default=200, help="upper end of the per-game ply cap")
+    ap.add_argument("--eps-range", type=float, nargs=2, default=(0.05, 0.5),
+                    help="per-game probability range of a uniformly random move (1 1 = pure random play)")
+    ap.add_argument("--random-opening-max", type=int, default=8, help="max uniformly random opening plies")
     ap.add_argument("--meta", default=None, help="settings JSON path (default: <out>.meta.json)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -344,7 +349,8 @@ def main(argv=None) -> int:
 
     kw = dict(n_p=a.n_p, n_a=a.n_a, n_games=a.n_games, depth=a.depth, seed=a.seed, workers=a.workers,
               b_label=a.b_label, heldout_frac=a.heldout_frac, p_illegal=a.p_illegal, engine_path=a.engine_path,
-              keep=a.keep, ply_range=(min(10, a.max_plies), a.max_plies))
+              keep=a.keep, ply_range=(min(10, a.max_plies), a.max_plies), eps_range=tuple(a.eps_range),
+              random_opening_max=a.random_opening_max)
     if a.n_games is not None:
         kw.update(n_p=None, n_a=None)
     recs = generate_records(**kw, progress=progress)
@@ -357,7 +363,8 @@ def main(argv=None) -> int:
     meta.update(counts=counts, n_records=len(recs), seconds=round(dt, 1), command="rookworld-debug generate-data "
                 + " ".join(sys.argv[1:] if argv is None else argv), policy=asdict(GenSettings(
                     depth=a.depth, seed=a.seed, b_label=a.b_label, heldout_frac=a.heldout_frac, p_illegal=a.p_illegal,
-                    engine_path=a.engine_path, ply_range=kw["ply_range"], keep=a.keep)) | {"note": (
+                    engine_path=a.engine_path, ply_range=kw["ply_range"], keep=a.keep, eps_range=kw["eps_range"],
+                    random_opening_max=a.random_opening_max)) | {"note": (
                     "eps (per game, in eps_range), the ply cap (per game, in ply_range) and the random opening "
                     "length (0..random_opening_max) are per-game draws; see generate.py docstring")})
     meta_path = Path(a.meta) if a.meta else Path(str(a.out) + ".meta.json")

@@ -1,21 +1,23 @@
-"""Measure a RookWorld model on held-out prompts (issue 3 targets).
+"""Measure a RookWorld model: format, legality and A: exactness (issues 3 and 12).
 
-``measure(model_or_path, n_prompts=..., seed=...)`` samples at the toolkit's default settings
-(P: T=0.5, top-p 0.9; A: T=0.95, top-p 0.95; top-k off; 160 new tokens) on the bundled held-out split
-(positions from games never used for training) and returns:
+``measure_fresh(model_or_path, n_positions=..., seed=...)`` (the default of ``rookworld-debug measure``)
+judges the model on **fresh random-play positions made at run time** (:mod:`rookworld_debug.data.positions`;
+nothing stored, the seed is not one of the training data's):
 
-* ``p_well_formed`` — P: completions that parse (M: 1–5 UCI moves, E: one number per move, B: UCI);
-* ``p_all5_legal`` — P: completions with exactly five M: moves, all legal in the position;
-* ``p_best_legal`` — P: completions whose B: move is legal;
-* ``a_fen_exact`` — A: completions whose new FEN equals the arbiter's (python-chess) FEN;
-  ``a_exact`` (whole completion incl. reward/flags) and ``a_well_formed`` alongside;
-* ``p_group_nonzero_std`` — share of P: prompts whose group of ``group_size`` (8) samples has a
-  non-zero reward std under the default P: reward (:mod:`rookworld_debug.chess.rewards`, Stockfish).
+* ``p_well_formed`` — sampled P: completions (T 0.5, top-p 0.9, top-k off; ``group_size`` per position)
+  that parse (M: 1–5 UCI moves, E: one number per move, B: UCI);
+* ``p_best_legal`` — sampled P: completions whose B: move is legal in the position;
+* ``p_all5_legal`` — sampled P: completions with exactly five distinct M: moves, all legal;
+* ``p_greedy_well_formed`` — greedy P: completions (one per position) that parse;
+* ``a_greedy_exact`` — greedy A: completions equal to the arbiter's (python-chess) whole completion
+  (new FEN + reward + terminated + truncated), over a case mix that includes illegal moves (``-1.0``,
+  truncated) and game ends (``1.0``/``0.5``, terminated); broken down by case kind.
 
-All P: rates are over every sample (``n_prompts`` × ``group_size``); A: over ``n_prompts`` × ``a_samples``.
-``model_or_path``: a loaded model (then pass ``tokenizer=``), ``"tiny"``, a local folder, or an HF id
-(fails with ModelLoadError when offline). ``main(argv)`` is the CLI (``python -m
-rookworld_debug.models.measure tiny --n-prompts 100 --json out.json``).
+Every rate comes with its n and a Wilson 95 % interval. ``measure(...)`` is the issue-3 measurement on the
+bundled held-out split (kept so the rounds compare). ``model_or_path``: a loaded model (then pass
+``tokenizer=``), ``"tiny"``, a local folder, or an HF id (fails with ModelLoadError when offline).
+CLI: ``rookworld-debug measure tiny --n-positions 200 --seed 777 --json out.json`` (``--heldout`` for the
+issue-3 measurement).
 """
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ from rookworld_debug.errors import ModelLoadError
 P_SAMPLING = dict(temperature=0.5, top_p=0.9)
 A_SAMPLING = dict(temperature=0.95, top_p=0.95)
 TARGETS = {"p_well_formed": 0.95, "p_all5_legal": 0.50, "p_best_legal": 0.80, "a_fen_exact": 0.50,
-           "p_group_nonzero_std": 0.75}
+           "p_group_nonzero_std": 0.75}  # issue 3, bundled held-out split
+FRESH_TARGETS = {"p_well_formed": 0.95, "p_best_legal": 0.80, "p_all5_legal": 0.50, "p_greedy_well_formed": 0.95,
+                 "a_greedy_exact": 0.80}  # issue 12, fresh random-play positions
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
 
 
@@ -65,9 +69,10 @@ def _load(model_or_path, tokenizer=None):
     return model, tok, name
 
 
-def sample_completions(model, tok, prompts, *, n: int, temperature: float, top_p: float, max_new_tokens: int = 160,
-                       seed: int = 0, batch_size: int = 64) -> list[list[str]]:
-    """``n`` sampled completions per prompt (left padding, eos = pad); returns a list per prompt."""
+def sample_completions(model, tok, prompts, *, n: int, temperature: float | None, top_p: float = 1.0,
+                       max_new_tokens: int = 160, seed: int = 0, batch_size: int = 64) -> list[list[str]]:
+    """``n`` sampled completions per prompt (left padding, eos = pad); returns a list per prompt.
+    ``temperature=None`` decodes greedily."""
     import torch
 
     model.eval()
@@ -83,8 +88,9 @@ def sample_completions(model, tok, prompts, *, n: int, temperature: float, top_p
             chunk = prompts[i:i + per]
             enc = tok(chunk, return_tensors="pt", padding=True)
             with torch.no_grad():
-                gen = model.generate(**enc, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                                     max_new_tokens=max_new_tokens, num_return_sequences=n,
+                decode = (dict(do_sample=False) if temperature is None
+                          else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0))
+                gen = model.generate(**enc, **decode, max_new_tokens=max_new_tokens, num_return_sequences=n,
                                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # (b*n, P+T)
             texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
             for j in range(len(chunk)):
@@ -196,6 +202,73 @@ def _rate(xs) -> float:
     return round(sum(bool(x) for x in xs) / len(xs), 4) if xs else float("nan")
 
 
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score 95 % interval of a proportion k/n (good near 0 and 1, unlike the normal one)."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / d
+    return (round(max(0.0, c - h), 4), round(min(1.0, c + h), 4))
+
+
+def _stat(flags) -> dict:
+    flags = [bool(x) for x in flags]
+    k, n = sum(flags), len(flags)
+    return dict(value=round(k / n, 4) if n else float("nan"), k=k, n=n, ci95=wilson(k, n))
+
+
+def measure_fresh(model_or_path="tiny", *, tokenizer=None, n_positions: int = 200, seed: int = 777,
+                  group_size: int = 8, max_new_tokens: int = 160, batch_size: int = 96, progress=None) -> dict:
+    """The issue-12 rates on fresh random-play positions (see module doc); each as value/k/n/ci95."""
+    from rookworld_debug.data.positions import a_cases, random_play_positions
+
+    t0 = time.time()
+    model, tok, name = _load(model_or_path, tokenizer)
+    t_load = time.time() - t0
+    fens = [f for f, _ in random_play_positions(n_positions, seed)]
+    prompts = [f"P: {f}" for f in fens]
+    sampled = sample_completions(model, tok, prompts, n=group_size, max_new_tokens=max_new_tokens, seed=seed,
+                                 batch_size=batch_size, **P_SAMPLING)
+    greedy = sample_completions(model, tok, prompts, n=1, temperature=None, max_new_tokens=max_new_tokens,
+                                batch_size=batch_size)
+    sm = [p_metrics(f, c) for f, cs in zip(fens, sampled) for c in cs]
+    gm = [p_metrics(f, cs[0]) for f, cs in zip(fens, greedy)]
+    if progress:
+        progress(f"P sampled + greedy in {time.time() - t0:.1f}s")
+    cases = a_cases(n_positions, seed)
+    a_out = sample_completions(model, tok, [c.prompt for c in cases], n=1, temperature=None,
+                               max_new_tokens=max_new_tokens, batch_size=batch_size)
+    exact = [out[0].strip() == c.expected for c, out in zip(cases, a_out)]
+    rates = dict(p_well_formed=_stat(m["well_formed"] for m in sm), p_best_legal=_stat(m["best_legal"] for m in sm),
+                 p_all5_legal=_stat(m["all5_legal"] for m in sm),
+                 p_greedy_well_formed=_stat(m["well_formed"] for m in gm), a_greedy_exact=_stat(exact))
+    by_kind = {k: _stat(e for e, c in zip(exact, cases) if c.kind == k) for k in ("legal", "illegal", "game_end")}
+    return dict(model=name, rates=rates, a_greedy_exact_by_kind=by_kind, load_seconds=round(t_load, 2),
+                targets={k: dict(target=v, value=rates[k]["value"], met=rates[k]["value"] >= v)
+                         for k, v in FRESH_TARGETS.items()},
+                settings=dict(positions="fresh random play (data.positions)", seed=seed, n_positions=n_positions,
+                              group_size=group_size, p_sampling=P_SAMPLING, top_k=0, greedy="do_sample=False",
+                              max_new_tokens=max_new_tokens, a_case_mix="10% illegal, 10% game end, 80% legal"),
+                examples=dict(p_sampled=prompts[0] + sampled[0][0], p_greedy=prompts[0] + greedy[0][0],
+                              a_greedy=cases[0].prompt + a_out[0][0]),
+                seconds=round(time.time() - t0, 1))
+
+
+def format_fresh_table(res: dict) -> str:
+    s = res["settings"]
+    lines = [f"model {res['model']} (loaded in {res['load_seconds']} s): {s['n_positions']} fresh random-play "
+             f"positions, seed {s['seed']}, {s['group_size']} samples each, {res['seconds']} s"]
+    for k, t in res["targets"].items():
+        r = res["rates"][k]
+        lines.append(f"  {k:22s} {100 * r['value']:6.1f}%  [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]"
+                     f"  n={r['n']:<5d} target >= {100 * t['target']:.0f}%  {'met' if t['met'] else 'NOT met'}")
+    for k, r in res["a_greedy_exact_by_kind"].items():
+        lines.append(f"    A exact, {k:9s} {100 * r['value']:6.1f}%  n={r['n']}")
+    return "\n".join(lines)
+
+
 def format_table(res: dict) -> str:
     lines = [f"model {res['model']}: P {res['n_p_prompts']} prompts x {res['group_size']} samples, "
              f"A {res['n_a_samples']} samples, {res['seconds']} s"]
@@ -210,10 +283,13 @@ def format_table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rookworld-debug measure", description="Re-measure the issue-3 metrics.")
+    ap = argparse.ArgumentParser(prog="rookworld-debug measure",
+                                 description="Format/legality/A:-exact rates of a model on fresh random-play positions.")
     ap.add_argument("model", nargs="?", default="tiny", help="'tiny', a local folder, or an HF id")
-    ap.add_argument("--n-prompts", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-positions", type=int, default=200, help="fresh positions (P: and A: each)")
+    ap.add_argument("--heldout", action="store_true", help="the issue-3 measurement on the bundled held-out split")
+    ap.add_argument("--n-prompts", type=int, default=50, help="--heldout: prompts of the held-out split")
+    ap.add_argument("--seed", type=int, default=777)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--engine-depth", type=int, default=10)
     ap.add_argument("--no-rewards", action="store_true")
@@ -223,14 +299,18 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
+    progress = lambda m: print(f"[measure] {m}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        res = measure(a.model, n_prompts=a.n_prompts, seed=a.seed, group_size=a.group_size,
-                      engine_depth=a.engine_depth, with_rewards=not a.no_rewards,
-                      progress=lambda m: print(f"[measure] {m}", file=sys.stderr, flush=True))
+        if a.heldout:
+            res = measure(a.model, n_prompts=a.n_prompts, seed=a.seed, group_size=a.group_size,
+                          engine_depth=a.engine_depth, with_rewards=not a.no_rewards, progress=progress)
+        else:
+            res = measure_fresh(a.model, n_positions=a.n_positions, seed=a.seed, group_size=a.group_size,
+                                progress=progress)
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_table(res))
+    print(format_table(res) if a.heldout else format_fresh_table(res))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0

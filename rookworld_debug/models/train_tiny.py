@@ -37,7 +37,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 EOT = "<|endoftext|>"
+STATE_FILE = "trainer_state.pt"  # optimizer + step + RNG + data cursors, next to a checkpoint's weights
 
 
 # ----------------------------------------------------------------------------------- tokenizers
@@ -114,38 +117,146 @@ def build_tokenizer(kind: str, texts=None):
 # ----------------------------------------------------------------------------------------- data
 @dataclass(frozen=True)
 class Doc:
-    ids: tuple  # token ids incl. eot(s)
-    weights: tuple  # per *target* position (len(ids) - 1)
+    ids: "np.ndarray"  # (L,) int32 token ids incl. eot(s)
+    weights: "np.ndarray"  # (L-1,) float32 loss weight of predicting ids[i+1]
 
 
-def encode_docs(records, tok, *, prompt_weight: float, seed: int, max_len: int):
+def _completion_weights(completion: str, n_ids: int, e_weight: float) -> list:
+    """Per-token weights of a completion: 1, except the P: ``E:`` field (``e_weight``). The split is by
+    character, so it is only applied where tokens are characters (the char tokenizer); else all 1."""
+    w = [1.0] * n_ids
+    e0, b0 = completion.find("E:"), completion.find("B:")
+    if e_weight != 1.0 and n_ids == len(completion) and 0 <= e0 < b0:
+        w[e0 + 2:b0] = [e_weight] * (b0 - e0 - 2)  # the eval numbers (and their padding), not the markers
+    return w
+
+
+def encode_docs(records, tok, *, prompt_weight: float, seed: int, max_len: int, e_weight: float = 1.0):
     """records: dicts with prompt/completion (text == prompt + completion)."""
     rng = random.Random(seed + 17)
     eot = tok.eos_token_id
     docs = []
-    for r in records:
-        p_ids = tok.encode(r["prompt"], add_special_tokens=False)
-        c_ids = tok.encode(r["completion"], add_special_tokens=False)
+    # one batched (Rust-side) encode per field: per-record encode calls took minutes for 500k records
+    all_p = tok([r["prompt"] for r in records], add_special_tokens=False)["input_ids"]
+    all_c = tok([r["completion"] for r in records], add_special_tokens=False)["input_ids"]
+    for r, p_ids, c_ids in zip(records, all_p, all_c):
         lead = [eot] if rng.random() < 0.5 else []
         ids = lead + p_ids + c_ids + [eot]
         # weight of predicting ids[i+1]
-        w = [prompt_weight] * (len(lead) + len(p_ids) - 1) + [1.0] * (len(c_ids) + 1)
+        w = ([prompt_weight] * (len(lead) + len(p_ids) - 1)
+             + _completion_weights(r["completion"], len(c_ids), e_weight) + [1.0])
         if len(ids) > max_len:
             continue
-        docs.append(Doc(tuple(ids), tuple(w)))
+        # numpy, not tuples: 500k documents as Python float tuples took ~6 GB
+        docs.append(Doc(np.asarray(ids, dtype=np.int32), np.asarray(w, dtype=np.float32)))
     return docs
 
 
-def collate(docs, pad_id):
+def collate(docs, pad_id, pad_to: int = 0):
     import torch
 
     T = max(len(d.ids) for d in docs)
+    if pad_to:
+        T = -(-T // pad_to) * pad_to
     ids = torch.full((len(docs), T), pad_id, dtype=torch.long)  # (B, T)
     w = torch.zeros((len(docs), T - 1), dtype=torch.float32)  # (B, T-1)
     for i, d in enumerate(docs):
-        ids[i, : len(d.ids)] = torch.tensor(d.ids)
-        w[i, : len(d.weights)] = torch.tensor(d.weights)
+        ids[i, : len(d.ids)] = torch.from_numpy(d.ids)
+        w[i, : len(d.weights)] = torch.from_numpy(d.weights)
     return ids, w
+
+
+def _docs_key(args, files, tok) -> str:
+    """What the encoded documents depend on (a resume re-uses them instead of re-encoding for minutes)."""
+    import hashlib
+
+    parts = [(str(f), os.path.getsize(f), os.path.getmtime(f)) for f in files]
+    parts += [args.prompt_weight, args.e_weight, args.seed, args.n_positions, sorted(tok.get_vocab().items())]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def read_records(args, log):
+    t0 = time.time()
+    if args.data:
+        records = []
+        for p in args.data:
+            records += [r for r in read_jsonl(p) if r.get("split", "train") == "train"]
+        data_src = {"files": [str(p) for p in args.data]}
+    else:
+        from rookworld_debug.data import generate as gen
+
+        records = [r for r in gen.generate_records(n_games=args.n_games, depth=args.depth, seed=args.seed)
+                   if r["split"] == "train"]
+        data_src = {"generated": {"n_games": args.n_games, "depth": args.depth, "seed": args.seed}}
+    n_before = len(records)
+    try:  # never train on the bundled held-out prompts that measure.py evaluates on
+        from rookworld_debug.data.loaders import load_heldout
+
+        held = {s.prompt for s in load_heldout()}
+    except Exception:  # no bundled sample yet (bootstrapping)
+        held = set()
+    records = [r for r in records if r["prompt"] not in held]
+    log(f"excluded {n_before - len(records)} records whose prompt is in the bundled held-out split")
+    log(f"data: {sum(r['task'] == 'P' for r in records)} P + {sum(r['task'] == 'A' for r in records)} A "
+        f"train records ({time.time() - t0:.1f}s)")
+    return records, data_src
+
+
+def prepare_docs(args, out: Path, log):
+    """(tokenizer, P: docs, A: docs, data source). Encoded documents of JSONL data are cached in
+    ``out/docs_cache.npz`` keyed by the files, the tokenizer's vocabulary and the weighting."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.init_from) if args.init_from else (
+        build_tokenizer(args.tokenizer) if args.tokenizer != "bpe" else None)
+    key = _docs_key(args, args.data, tok) if args.data and tok is not None else None
+    cache = out / "docs_cache.npz"
+    cached = load_docs(cache, key) if key else None
+    if cached is not None:
+        log(f"encoded documents from {cache} (key {key})")
+        return tok, cached[0], cached[1], {"files": [str(p) for p in args.data]}
+    records, data_src = read_records(args, log)
+    if tok is None:
+        tok = build_tokenizer(args.tokenizer, texts=[r["text"] for r in records[:20000]])
+    p_recs = [r for r in records if r["task"] == "P"]
+    a_recs = [r for r in records if r["task"] == "A"]
+    p_docs = encode_docs(p_recs, tok, prompt_weight=args.prompt_weight, seed=args.seed, max_len=args.n_positions,
+                         e_weight=args.e_weight)
+    a_docs = encode_docs(a_recs, tok, prompt_weight=args.prompt_weight, seed=args.seed + 1, max_len=args.n_positions)
+    log(f"tokenizer {args.tokenizer} vocab {len(tok)}; docs P {len(p_docs)} A {len(a_docs)}; "
+        f"mean tokens P {sum(len(d.ids) for d in p_docs) / max(1, len(p_docs)):.1f} "
+        f"A {sum(len(d.ids) for d in a_docs) / max(1, len(a_docs)):.1f}")
+    if key:
+        save_docs(cache, key, p_docs, a_docs)
+    return tok, p_docs, a_docs, data_src
+
+
+def save_docs(path: Path, key: str, p_docs, a_docs) -> None:
+    arrays = {"key": np.array(key)}
+    for name, docs in (("p", p_docs), ("a", a_docs)):
+        arrays[f"{name}_len"] = np.array([len(d.ids) for d in docs], dtype=np.int64)
+        arrays[f"{name}_ids"] = np.concatenate([d.ids for d in docs]) if docs else np.zeros(0, np.int32)
+        arrays[f"{name}_w"] = np.concatenate([d.weights for d in docs]) if docs else np.zeros(0, np.float32)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def load_docs(path: Path, key: str):
+    """(p_docs, a_docs) from a cache written by :func:`save_docs`, or None when absent or stale."""
+    if not path.exists():
+        return None
+    z = np.load(path)
+    if str(z["key"]) != key:
+        return None
+    out = []
+    for name in ("p", "a"):
+        lens, ids, w = z[f"{name}_len"], z[f"{name}_ids"], z[f"{name}_w"]
+        ends = np.cumsum(lens)
+        starts = ends - lens
+        wstarts = starts - np.arange(len(lens))  # each doc has len-1 weights
+        out.append([Doc(ids[a:b], w[c:c + (b - a) - 1]) for a, b, c in zip(starts, ends, wstarts)])
+    return out[0], out[1]
 
 
 def read_jsonl(path):
@@ -177,6 +288,8 @@ def parse_args(argv):
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--prompt-weight", type=float, default=0.25)
+    ap.add_argument("--e-weight", type=float, default=1.0,
+                    help="loss weight of the P: E: field (eval numbers: noisy labels that legality does not need)")
     ap.add_argument("--a-fraction", type=float, default=0.5, help="fraction of A: documents per batch")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
@@ -189,8 +302,17 @@ def parse_args(argv):
     ap.add_argument("--log-file", default=None)
     ap.add_argument("--init-from", default=None,
                     help="continue from a saved folder (weights + tokenizer; fresh optimizer), e.g. a cool-down phase")
-    ap.add_argument("--schedule", default="cosine", choices=["cosine", "linear"],
-                    help="cosine: warm-up then cosine to min-lr-frac; linear: warm-up then linear to min-lr-frac")
+    ap.add_argument("--resume", default=None,
+                    help="continue an interrupted run from its checkpoint folder (weights, optimizer, step, RNG and "
+                         "data-order state): the run goes on as if never stopped (modulo CPU bf16 nondeterminism)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (CPU inductor; fixed T buckets)")
+    ap.add_argument("--pad-to", type=int, default=0,
+                    help="pad every batch to a multiple of this many positions (stable shapes for --compile)")
+    ap.add_argument("--decay-start", type=int, default=None,
+                    help="wsd schedule: step where the linear decay to min-lr-frac begins (default: never)")
+    ap.add_argument("--schedule", default="cosine", choices=["cosine", "linear", "wsd"],
+                    help="cosine: warm-up then cosine to min-lr-frac; linear: warm-up then linear to min-lr-frac; "
+                         "wsd: warm-up, constant, linear decay from --decay-start")
     return ap.parse_args(argv)
 
 
@@ -198,6 +320,10 @@ def lr_at(step, args):
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
     prog = (step - args.warmup) / max(1, args.steps - args.warmup)
+    if args.schedule == "wsd":  # warm-up, stable, decay: the decay start can be chosen when resuming
+        start = args.decay_start if args.decay_start is not None else args.steps
+        prog = (step - start) / max(1, args.steps - start)
+        return args.lr * (1 - (1 - args.min_lr_frac) * min(1.0, max(0.0, prog)))
     if args.schedule == "linear":
         return args.lr * (1 - (1 - args.min_lr_frac) * min(1.0, prog))
     return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
@@ -221,42 +347,9 @@ def main(argv=None) -> int:
         logf.write(line + "\n")
         logf.flush()
 
-    t0 = time.time()
-    if args.data:
-        records = []
-        for p in args.data:
-            records += [r for r in read_jsonl(p) if r.get("split", "train") == "train"]
-        data_src = {"files": [str(p) for p in args.data]}
-    else:
-        from rookworld_debug.data import generate as gen
-
-        records = [r for r in gen.generate_records(n_games=args.n_games, depth=args.depth, seed=args.seed)
-                   if r["split"] == "train"]
-        data_src = {"generated": {"n_games": args.n_games, "depth": args.depth, "seed": args.seed}}
-    n_before = len(records)
-    try:  # never train on the bundled held-out prompts that measure.py evaluates on
-        from rookworld_debug.data.loaders import load_heldout
-
-        held = {s.prompt for s in load_heldout()}
-    except Exception:  # no bundled sample yet (bootstrapping)
-        held = set()
-    records = [r for r in records if r["prompt"] not in held]
-    log(f"excluded {n_before - len(records)} records whose prompt is in the bundled held-out split")
-    p_recs = [r for r in records if r["task"] == "P"]
-    a_recs = [r for r in records if r["task"] == "A"]
-    log(f"data: {len(p_recs)} P + {len(a_recs)} A train records ({time.time() - t0:.1f}s)")
-
-    if args.init_from:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(args.init_from)
-    else:
-        tok = build_tokenizer(args.tokenizer, texts=[r["text"] for r in records[:20000]])
-    p_docs = encode_docs(p_recs, tok, prompt_weight=args.prompt_weight, seed=args.seed, max_len=args.n_positions)
-    a_docs = encode_docs(a_recs, tok, prompt_weight=args.prompt_weight, seed=args.seed + 1, max_len=args.n_positions)
-    log(f"tokenizer {args.tokenizer} vocab {len(tok)}; docs P {len(p_docs)} A {len(a_docs)}; "
-        f"mean tokens P {sum(len(d.ids) for d in p_docs) / max(1, len(p_docs)):.1f} "
-        f"A {sum(len(d.ids) for d in a_docs) / max(1, len(a_docs)):.1f}")
+    if args.resume:
+        args.init_from = args.resume
+    tok, p_docs, a_docs, data_src = prepare_docs(args, out, log)
 
     config = GPT2Config(vocab_size=len(tok), n_positions=args.n_positions, n_embd=args.n_embd,
                         n_layer=args.n_layer, n_head=args.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -265,7 +358,9 @@ def main(argv=None) -> int:
     if args.init_from:
         model = GPT2LMHeadModel.from_pretrained(args.init_from, dtype=torch.float32)
         config = model.config
-        log(f"initialised from {args.init_from} (step {json.loads((Path(args.init_from) / 'training_args.json').read_text()).get('step', '?')})")
+        prev = Path(args.init_from) / "training_args.json"
+        prev_step = json.loads(prev.read_text()).get("step", "?") if prev.exists() else "?"
+        log(f"initialised from {args.init_from} (step {prev_step})")
     else:
         model = GPT2LMHeadModel(config)
     n_params = sum(p.numel() for p in model.parameters())
@@ -279,6 +374,16 @@ def main(argv=None) -> int:
     n_a = int(round(args.batch_size * args.a_fraction))
     n_p = args.batch_size - n_a
     p_order, a_order, pi, ai = [], [], 0, 0
+    start, history, ema, t_before = 0, [], None, 0.0
+    if args.resume:  # the optimizer, RNG and data cursors continue exactly where the checkpoint left them
+        st = torch.load(Path(args.resume) / STATE_FILE, weights_only=False)
+        opt.load_state_dict(st["optimizer"])
+        rng.setstate(st["rng"])
+        torch.set_rng_state(st["torch_rng"])
+        p_order, a_order, pi, ai = st["p_order"], st["a_order"], st["pi"], st["ai"]
+        start, history, ema, t_before = st["step"] + 1, st["history"], st["ema"], st["train_seconds"]
+        log(f"resumed from {args.resume} at step {start} ({t_before:.0f}s trained before)")
+    fwd = torch.compile(model) if args.compile else model
 
     def take(pool, order, i, n):
         res = []
@@ -294,12 +399,10 @@ def main(argv=None) -> int:
     meta = dict(vars(args), n_params=n_params, vocab_size=len(tok), data=data_src,
                 n_train_p=len(p_docs), n_train_a=len(a_docs))
     model.train()
-    ema = None
-    history = []
     stopped_early = False
-    t_train = time.time()
-    step = 0
-    for step in range(args.steps):
+    t_train = time.time() - t_before
+    step = start
+    for step in range(start, args.steps):
         if args.stop_after is not None and step > args.stop_after:
             stopped_early = True
             log(f"stop-after {args.stop_after} reached; stopping")
@@ -312,9 +415,9 @@ def main(argv=None) -> int:
             g["lr"] = lr_at(step, args)
         batch, pi = take(p_docs, p_order, pi, n_p)
         ab, ai = take(a_docs, a_order, ai, n_a)
-        ids, w = collate(batch + ab, tok.eos_token_id)  # (B, T), (B, T-1)
+        ids, w = collate(batch + ab, tok.eos_token_id, args.pad_to)  # (B, T), (B, T-1)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            logits = model(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
+            logits = fwd(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
         ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1),
                                                reduction="none").view_as(w)  # (B, T-1)
         loss = (ce * w).sum() / w.sum()
@@ -332,8 +435,13 @@ def main(argv=None) -> int:
             history.append({"step": step, "loss": round(lv, 4), "ema": round(ema, 4), "completion_ce": round(comp, 4),
                             "elapsed_s": round(el, 1)})
         if args.checkpoint_every and step > 0 and step % args.checkpoint_every == 0:
-            _save(model, tok, out / "checkpoint", dict(meta, step=step, history=history,
-                                                       train_seconds=round(time.time() - t_train, 1)))
+            secs = round(time.time() - t_train, 1)
+            _save(model, tok, out / "checkpoint", dict(meta, step=step, history=history, train_seconds=secs))
+            tmp = out / "checkpoint" / (STATE_FILE + ".tmp")
+            torch.save(dict(optimizer=opt.state_dict(), rng=rng.getstate(), torch_rng=torch.get_rng_state(),
+                            p_order=p_order, a_order=a_order, pi=pi, ai=ai, step=step, history=history, ema=ema,
+                            train_seconds=secs), tmp)
+            os.replace(tmp, out / "checkpoint" / STATE_FILE)  # atomic: a kill mid-save keeps the last state
             log(f"checkpoint saved at step {step}")
     meta.update(final_step=step, stopped_early=stopped_early, train_seconds=round(time.time() - t_train, 1),
                 history=history)
