@@ -114,7 +114,12 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     need_entropy = kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1 or config.use_adaptive_entropy
     kept_logps, kept_entropy, kept_full_kl = [], [], []
     buckets = TERMS if per_term_grads else ("pg",)     # one bucket = the plain total gradient (less memory)
-    term_grads = {t: [torch.zeros_like(p) for _, p in params] for t in buckets}
+    # lean path: .backward() accumulates into .grad in place, as TRL does — no zeros bucket, no second full
+    # gradient per micro-batch (autograd.grad returns one): ~1 GB less at the peak at 124M
+    term_grads = {t: [torch.zeros_like(p) for _, p in params] for t in buckets} if per_term_grads else {}
+    if not per_term_grads:
+        for _, p in params:
+            p.grad = None
     loss_total = 0.0
     forwards = 0
     # micro_batch_size None: all rows at once unless that would not fit the memory estimate (124M: 4 rows)
@@ -159,10 +164,9 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
                     if g is not None:
                         acc.add_(g)
         else:
-            gs = torch.autograd.grad(total, [p for _, p in params], allow_unused=True)
-            for acc, g in zip(term_grads["pg"], gs):       # the single bucket holds the total
-                if g is not None:
-                    acc.add_(g)
+            total.backward()                                # the single bucket (.grad) holds the total
+    if not per_term_grads:                                  # parameters no micro-batch reached: zero gradient
+        term_grads["pg"] = [torch.zeros_like(p) if p.grad is None else p.grad for _, p in params]
 
     # total grad = Σ term grads (linearity) → write into .grad for the optimizer
     for j, (_, p) in enumerate(params):   # one bucket: alias it (a sum would copy every gradient once more)
