@@ -303,6 +303,11 @@ class Engine:
         self._closed = True
         self._finalizer.detach()
 
+    @property
+    def uci_options(self) -> dict:
+        """The UCI options every search runs with (``Threads``, ``Hash``): part of what a result depends on."""
+        return dict(self._options)
+
     def pids(self) -> list[int]:
         """Process ids of the running engines (diagnostics, and the crash test)."""
         return [w.pid for w in self._workers]

@@ -1,11 +1,20 @@
 """Generate RookWorld-format P: and A: samples with python-chess + Stockfish (issue 2, item 3).
 
 Positions come from *mixed-policy games*: each game opens with 0..``random_opening_max`` uniformly
-random plies, then every position is analysed by Stockfish (fixed depth, multipv 5, Threads 1) and
-the next move is, with the game's own probability ``eps`` (drawn per game in ``eps_range``), a
+random plies, then every position is analysed by Stockfish (fixed depth, multipv 5, Threads 1; see
+*Labels* below) and the next move is, with the game's own probability ``eps`` (drawn per game in ``eps_range``), a
 uniformly random legal move, otherwise one of the engine's top-5 picked with weight ``0.5**rank``.
 Games stop at checkmate/stalemate/draw or at a per-game ply cap drawn in ``ply_range``. This gives
 realistic openings, middlegames and endgames (and some game ends), not only random-walk positions.
+
+**Labels = the reward's search.** Each position is searched exactly as the P: reward searches it:
+through :class:`rookworld_debug.chess.engine.Engine` (the reward engine's own code path, so the two
+cannot drift apart), from the FEN alone (no move history, so no repetition knowledge), on a fresh hash
+(``ucinewgame`` before every search), at the same depth, multipv, ``Threads`` and ``Hash``. A label is
+therefore what the engine reward computes for that FEN: on white-to-move records ``B`` is the
+reward's #1 (tests/test_data.py checks every bundled one). The game's next move is drawn from the
+same analysis. (Before this, a game was searched with its move stack on one per-game hash: 35/100
+white-to-move ``B`` labels of the old bundled sample were not the reward's #1.)
 
 **P: samples** (one per analysed position): ``moves`` = the multipv-5 first moves, ``evals`` =
 ``str(score.relative.score(mate_score=100000) / 100)`` (pawns, side to move; mate ±(100000−n)/100),
@@ -29,7 +38,7 @@ Records are dicts: ``text`` (the full line, ``text == prompt + completion``), ``
 come from unseen games), ``game``, ``ply`` and task fields. Duplicates (same P: FEN / same A: prompt)
 are dropped; a position that occurs in a train game too is kept as train, so the held-out split holds
 only positions unique to held-out games. Everything is seeded: the same arguments give the
-same file (each game is analysed on a fresh engine game/hash, ``ucinewgame``).
+same file (every search is a fresh engine game/hash, ``ucinewgame``, on the FEN alone).
 
 CLI: ``rookworld-debug generate-data --out data.jsonl --n-p 2000 --n-a 1000 --depth 10`` (see
 :func:`main`); a ``<out>.meta.json`` (or ``meta.json`` in ``--meta``) records the settings.
@@ -84,34 +93,22 @@ class GenSettings:
 
 
 # ------------------------------------------------------------------------------ per-game worker
-_ENGINE = None
+_ENGINES: dict = {}
 
 
-def _engine(path):
-    # One Stockfish per worker process: games are sequential (the next move depends on the analysis),
-    # so a per-process engine is the natural unit of parallelism here.
-    global _ENGINE
-    if _ENGINE is None:
-        import chess.engine
+def label_engine(s: GenSettings):
+    """This process's label engine for ``s``: the reward's :class:`Engine` at the same search settings.
 
-        _ENGINE = chess.engine.SimpleEngine.popen_uci(str(_stockfish(path)))
-        _ENGINE.configure({"Threads": 1})
-        # python-chess runs the engine on a non-daemon thread: an engine left open (generation in the
-        # main process) would block interpreter exit, so close it from threading's pre-exit hook
-        import threading
-        if hasattr(threading, "_register_atexit"):
-            threading._register_atexit(_close_engine)
-    return _ENGINE
+    One Stockfish per process (games are sequential: the next move depends on the analysis; the pool's
+    parallelism is across games). ``cache=False``: every search is a fresh one on the FEN alone (the
+    answer is the same either way; no memo grows over a long run). Engine closes its process at exit.
+    """
+    from rookworld_debug.chess.engine import Engine
 
-
-def _close_engine():
-    global _ENGINE
-    if _ENGINE is not None:
-        try:
-            _ENGINE.quit()
-        except Exception:  # the process may already be gone; exit must not fail
-            pass
-        _ENGINE = None
+    key = (s.engine_path, s.depth, s.multipv)
+    if key not in _ENGINES:
+        _ENGINES[key] = Engine(path=s.engine_path, depth=s.depth, multipv=s.multipv, workers=1, cache=False)
+    return _ENGINES[key]
 
 
 def _stockfish(path):
@@ -135,10 +132,6 @@ def _game_seed(seed: int, gid: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{gid}".encode()).digest()[:8], "big")
 
 
-def _score_str(score) -> str:
-    return str(score.relative.score(mate_score=100000) / 100)
-
-
 def _illegal_move(board: chess.Board, rng: random.Random) -> str:
     legal = {m.uci() for m in board.legal_moves}
     own = [sq for sq in chess.SQUARES if board.color_at(sq) == board.turn]
@@ -156,19 +149,41 @@ def _illegal_move(board: chess.Board, rng: random.Random) -> str:
     return "a1a1"
 
 
+def p_label(moves, turn: bool, b_label: str) -> str:
+    """The ``B:`` label for an engine ranking ``moves`` (best first) with ``turn`` to move (see module doc)."""
+    return moves[-1] if b_label == "rookworld" and turn == chess.BLACK else moves[0]
+
+
+def label_mismatches(records, engine) -> list[dict]:
+    """The P: records whose labels are NOT ``engine``'s search of their FEN alone (empty = reproducible).
+
+    Checks the ranking (``ranked_moves``), its evals and ``best`` (by the record's ``b_label``
+    convention), one row per differing record: ``fen``, ``game``, ``ply``, ``turn`` and the differing
+    fields as (label, engine) pairs. ``engine`` is a :class:`rookworld_debug.chess.engine.Engine`.
+    """
+    ps = [r for r in records if r["task"] == "P"]
+    out = []
+    for r, a in zip(ps, engine.analyse_many([r["fen"] for r in ps])):
+        turn = chess.Board(r["fen"]).turn
+        want = dict(ranked_moves=list(a.moves), ranked_evals=[str(v) for v in a.scores],
+                    best=p_label(a.moves, turn, r.get("b_label", "rookworld")) if a.moves else None)
+        diff = {k: (r.get(k), v) for k, v in want.items() if r.get(k) != v}
+        if diff:
+            out.append(dict(fen=r["fen"], game=r.get("game"), ply=r.get("ply"),
+                            turn="white" if turn == chess.WHITE else "black", **diff))
+    return out
+
+
 def play_game(args) -> list[dict]:
     """One mixed-policy game → its P: and A: records (in ply order). Deterministic in (settings, gid)."""
     s, gid = args
-    import chess.engine
-
     rng = random.Random(_game_seed(s.seed, gid))
     eps = rng.uniform(*s.eps_range)
     max_plies = rng.randint(*s.ply_range)
     n_random = rng.randint(0, s.random_opening_max)
     heldout = rng.random() < s.heldout_frac
     split = "heldout" if heldout else "train"
-    eng = _engine(s.engine_path)
-    game_key = object()  # a new key per game: python-chess sends ucinewgame (fresh hash) -> reproducible
+    eng = label_engine(s)
     board = chess.Board()
     history: list[str] = []
     out: list[dict] = []
@@ -180,14 +195,12 @@ def play_game(args) -> list[dict]:
         if ply < n_random:
             move = rng.choice(legal).uci()
         else:
-            infos = eng.analyse(board, chess.engine.Limit(depth=s.depth), multipv=s.multipv, game=game_key)
-            ranked = [(i["pv"][0].uci(), _score_str(i["score"])) for i in infos if i.get("pv")]
+            # the reward's search: FEN alone (not `board` with its move stack), fresh hash, same settings
+            a = eng.analyse(fen)
+            ranked = [(m, str(v)) for m, v in zip(a.moves, a.scores)]  # str(cp / 100): the P: eval format
             if ranked and keep:
                 moves = [m for m, _ in ranked]
-                if s.b_label == "rookworld":
-                    best = moves[-1] if board.turn == chess.BLACK else moves[0]
-                else:
-                    best = moves[0]
+                best = p_label(moves, board.turn, s.b_label)
                 pairs = ranked[:]
                 rng.shuffle(pairs)
                 sample = PSample(fen=fen, moves=tuple(m for m, _ in pairs), evals=tuple(e for _, e in pairs), best=best)
@@ -296,16 +309,25 @@ def settings_record(**kw) -> dict:
     import platform
 
     info = dict(kw)
+    s = GenSettings(depth=kw.get("depth", 10), engine_path=kw.get("engine_path"), b_label=kw.get("b_label", "rookworld"))
     try:
-        import chess.engine
+        from rookworld_debug.chess.engine import Engine
 
-        e = chess.engine.SimpleEngine.popen_uci(str(_stockfish(kw.get("engine_path"))))
-        info["engine"] = e.id.get("name")
-        e.quit()
+        with Engine(path=s.engine_path, depth=s.depth, multipv=s.multipv, workers=1) as e:  # as label_engine
+            info["engine"], options = e.version, e.uci_options
     except Exception as exc:  # pragma: no cover - meta only
-        info["engine"] = f"unknown ({exc})"
-    info.update(python_chess=chess.__version__, python=platform.python_version(), multipv=5, threads=1,
-                fen_width=90, layout="format_p / format_a_prompt + arbiter.transition")
+        info["engine"], options = f"unknown ({exc})", {}
+    info.update(python_chess=chess.__version__, python=platform.python_version(), multipv=s.multipv,
+                threads=options.get("Threads"), fen_width=90, layout="format_p / format_a_prompt + arbiter.transition")
+    # how every P: label was searched: exactly the P: reward's search (tests/test_data.py checks it)
+    info["labels"] = dict(
+        search="rookworld_debug.chess.engine.Engine.analyse(fen): the FEN alone (no move history), a fresh hash "
+               "(ucinewgame) before every search; the P: reward engine's code path",
+        engine=info["engine"], depth=s.depth, multipv=s.multipv, threads=options.get("Threads"),
+        hash_mb=options.get("Hash"), b_label=s.b_label,
+        white_to_move_B="the engine's #1",
+        black_to_move_B=("the engine's last multipv line (the 5th-ranked move): the RookWorld convention"
+                         if s.b_label == "rookworld" else "the engine's #1"))
     return info
 
 
