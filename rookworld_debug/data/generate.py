@@ -49,6 +49,7 @@ import argparse
 import hashlib
 import json
 import multiprocessing as mp
+import os
 import random
 import sys
 import time
@@ -105,7 +106,9 @@ def label_engine(s: GenSettings):
     """
     from rookworld_debug.chess.engine import Engine
 
-    key = (s.engine_path, s.depth, s.multipv)
+    # keyed by pid: a forked pool worker must not reuse (or collect, killing the parent's process) an
+    # Engine inherited from its parent, whose event-loop thread does not exist in the child
+    key = (os.getpid(), s.engine_path, s.depth, s.multipv)
     if key not in _ENGINES:
         _ENGINES[key] = Engine(path=s.engine_path, depth=s.depth, multipv=s.multipv, workers=1, cache=False)
     return _ENGINES[key]
