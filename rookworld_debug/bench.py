@@ -860,6 +860,14 @@ def _progress(label: str, variant: str, res: dict) -> dict:
     return res
 
 
+def _spec_from_args(args, model_dir: str, device: str) -> BenchSpec:
+    return BenchSpec(model=args.model, model_dir=model_dir, batch_size=args.batch_size,
+                     num_generations=args.num_generations, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                     engine_depth=args.engine_depth, engine_workers=args.engine_workers,
+                     heldout_n=args.heldout_n, eval_max_new_tokens=args.eval_max_new_tokens,
+                     threads=args.threads, device=device, micro_batch_size=args.micro_batch_size)
+
+
 def run_bench(args) -> tuple[dict, Path]:
     import torch
     from rookworld_debug.report import atomic_write_json
@@ -871,11 +879,7 @@ def run_bench(args) -> tuple[dict, Path]:
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rookworld-bench-") as tmp:
         model_dir, model_info = materialize_model(args.model, Path(tmp) / "model")
-        spec = BenchSpec(model=args.model, model_dir=model_dir, batch_size=args.batch_size,
-                         num_generations=args.num_generations, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                         engine_depth=args.engine_depth, engine_workers=args.engine_workers,
-                         heldout_n=args.heldout_n, eval_max_new_tokens=args.eval_max_new_tokens,
-                         threads=args.threads, device=device, micro_batch_size=args.micro_batch_size)
+        spec = _spec_from_args(args, model_dir, device)
         spec.step_config()  # validate before starting workers
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(asdict(spec)))
@@ -950,11 +954,7 @@ def run_profile(args) -> tuple[dict, Path]:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="rookworld-bench-") as tmp:
         model_dir, model_info = materialize_model(args.model, Path(tmp) / "model")
-        spec = BenchSpec(model=args.model, model_dir=model_dir, batch_size=args.batch_size,
-                         num_generations=args.num_generations, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                         engine_depth=args.engine_depth, engine_workers=args.engine_workers,
-                         heldout_n=args.heldout_n, eval_max_new_tokens=args.eval_max_new_tokens,
-                         threads=args.threads, device=device, micro_batch_size=args.micro_batch_size)
+        spec = _spec_from_args(args, model_dir, device)
         for _ in range(args.warmup):
             run_once(args.profile, spec)
         prof = profile_variant(args.profile, spec)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 
@@ -9,6 +10,7 @@ import chess
 import pytest
 
 from rookworld_debug.chess.arbiter import expected_a_completion
+from rookworld_debug.chess.engine import Engine
 from rookworld_debug.chess.formats import format_a, format_p, parse_a, parse_p
 from rookworld_debug.data import generate as gen
 from rookworld_debug.data import loaders
@@ -78,6 +80,76 @@ def test_stockfish_best_label_and_illegal_moves():
     assert illegal and all(r["truncated"] == 1 and r["completion"].endswith("+1") for r in illegal)
 
 
+@needs_sf
+def test_labels_are_the_reward_engines_search_of_the_fen_alone(small):
+    # the P: reward's engine (rewards.py: Engine(depth, multipv)) searching each FEN alone on a fresh hash
+    # must give every generated label: ranking, evals and B (RookWorld convention for black)
+    with Engine(depth=2, multipv=5, workers=1) as eng:
+        assert gen.label_mismatches(small, eng) == []
+        wrong = [dict(r, best=r["ranked_moves"][1]) if i == 0 else r
+                 for i, r in enumerate(r for r in small if r["task"] == "P")]
+        bad = gen.label_mismatches(wrong, eng)       # the check itself can fail
+    assert [b["fen"] for b in bad] == [wrong[0]["fen"]] and set(bad[0]) >= {"best"}
+
+
+@needs_sf
+def test_pool_workers_label_like_the_sequential_run(small):
+    # `small` left a label engine in this process: forked workers must start their own (an inherited
+    # one has no event-loop thread in the child and would stall to the search deadline)
+    t0 = time.perf_counter()
+    pooled = gen.generate_records(n_p=12, n_a=12, depth=2, seed=7, workers=2, ply_range=(6, 30))
+    assert pooled == small and time.perf_counter() - t0 < 25
+
+
+def _bundled_p_records():
+    recs = [json.loads(line) for line in loaders.bundled_path().read_text().splitlines()]
+    return [r for r in recs if r["task"] == "P"]
+
+
+def _label_engine():
+    lab = loaders.bundled_meta()["labels"]
+    assert "FEN alone" in lab["search"] and "fresh hash" in lab["search"]
+    eng = Engine(depth=lab["depth"], multipv=lab["multipv"], threads=lab["threads"], hash_mb=lab["hash_mb"],
+                 workers=2, cache=False)
+    assert eng.version == lab["engine"], (f"labels were searched with {lab['engine']}, this engine is "
+                                          f"{eng.version}: regenerate with the meta.json command")
+    return eng
+
+
+@needs_sf
+def test_every_bundled_white_to_move_B_is_the_reward_engines_first():
+    # issue 13 item 11: each white-to-move B == #1 of the reward's search (FEN alone, fresh hash, meta settings)
+    white = [r for r in _bundled_p_records() if chess.Board(r["fen"]).turn == chess.WHITE]
+    assert len(white) > 500
+    with _label_engine() as eng:
+        first = [a.moves[0] for a in eng.analyse_many([r["fen"] for r in white])]
+    not_first = [r["fen"] for r, m in zip(white, first) if r["best"] != m]
+    assert not not_first, f"{len(not_first)}/{len(white)} white-to-move B labels are not the engine's #1: {not_first[:3]}"
+
+
+def _check_bundled_labels(records):
+    """Every field of every record's label (ranking, evals, B incl. black's convention) == the reward's search."""
+    with _label_engine() as eng:
+        bad = gen.label_mismatches(records, eng)
+    assert not bad, f"{len(bad)}/{len(records)} P: labels differ from the reward engine's search: {bad[:3]}"
+
+
+@needs_sf
+def test_bundled_labels_match_the_reward_engine_sample():
+    # a seeded sample of every label field (quick); the slow test below checks every bundled P: record
+    recs = _bundled_p_records()
+    white = [r for r in recs if " w " in r["fen"]]
+    black = [r for r in recs if " b " in r["fen"]]
+    rng = random.Random(0)
+    _check_bundled_labels(rng.sample(white, 40) + rng.sample(black, 10))
+
+
+@needs_sf
+@pytest.mark.slow
+def test_bundled_labels_match_the_reward_engine_all():
+    _check_bundled_labels(_bundled_p_records())
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ConfigError, match="b_label"):
         gen.generate_records(n_p=1, n_a=1, depth=2, b_label="nope")
@@ -106,6 +178,8 @@ def test_bundled_sample():
     assert not train_fens & {s.prompt for s in loaders.load_heldout()}
     meta = loaders.bundled_meta()
     assert meta["depth"] == 10 and meta["b_label"] == "rookworld"
+    lab = meta["labels"]   # how P: labels were searched: the reward's search at the same settings
+    assert (lab["depth"], lab["multipv"], lab["threads"]) == (meta["depth"], meta["multipv"], 1)
     for s in samples[:50]:
         assert s.text == s.prompt + s.completion
 

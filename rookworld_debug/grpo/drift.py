@@ -80,9 +80,11 @@ def load_optimizer_state(optimizer, config) -> str | None:
     return str(path)
 
 
-def warmup_key(config, base_sha: str) -> str:
+def warmup_key(config, base_sha: str, batch_hash: str = "") -> str:
+    # batch_hash: the batch's content (prompts + labels), so regenerated data never hits a stale entry
     d = {k: v for k, v in config.to_dict().items() if k not in _KEY_IGNORES}
-    blob = json.dumps({"v": CACHE_VERSION, "config": d, "base": base_sha, "torch": torch.__version__},
+    blob = json.dumps({"v": CACHE_VERSION, "config": d, "base": base_sha, "batch": batch_hash,
+                       "torch": torch.__version__},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -99,7 +101,7 @@ def apply_start(s):
         info["init_policy_kind"] = load_policy_weights(s.policy, c.init_policy)
     info["init_optimizer"] = load_optimizer_state(s.optimizer, c)
     if c.warmup_steps:
-        info.update(_warmup_cached(s, warmup_key(c, _sha(s.policy))))
+        info.update(_warmup_cached(s, warmup_key(c, _sha(s.policy), s.batch.batch_hash)))
     info["start_weights_sha256"] = _sha(s.policy)
     info["moved"] = info["start_weights_sha256"] != base_sha
     if not info["moved"]:
