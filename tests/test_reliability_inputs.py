@@ -173,7 +173,7 @@ def no_generation(monkeypatch):
         raise AssertionError("generation started before the context check")
 
     monkeypatch.setattr(step, "generate", refuse)
-    monkeypatch.setattr(step, "greedy_eval", refuse)
+    monkeypatch.setattr(step, "greedy_evals", refuse)
     monkeypatch.setattr(ev, "greedy_completions", refuse)
 
 

@@ -61,16 +61,31 @@ def greedy_completions(policy, tokenizer, prompts: Sequence[str], max_new_tokens
     return tokenizer.batch_decode(out.tokens.cpu(), skip_special_tokens=True)
 
 
-def greedy_eval(name: str, policy, tokenizer, prompts, tasks, labels, *, max_new_tokens: int, reward_mode: str,
-                engine=None) -> GreedyEval:
-    completions = greedy_completions(policy, tokenizer, prompts, max_new_tokens)
+def greedy_evals(sets, policy, tokenizer, *, max_new_tokens: int, reward_mode: str, engine=None) -> list:
+    """[(name, prompts, tasks, labels), ...] → one GreedyEval each, from ONE batched greedy decode and ONE
+    reward call over all sets (the batch and held-out evals share the loop: per-step cost on CPU is
+    latency-bound, so two loops cost nearly twice one)."""
+    sets = [(name, list(p), list(t), list(lab)) for name, p, t, lab in sets]
+    prompts = [x for _, p, _, _ in sets for x in p]
+    tasks = [x for _, _, t, _ in sets for x in t]
+    labels = [x for _, _, _, lab in sets for x in lab]
+    completions = greedy_completions(policy, tokenizer, prompts, max_new_tokens) if prompts else []
     r = compute_rewards(prompts, completions, tasks, labels=labels, reward_mode=reward_mode, engine=engine)
-    vals = r.rewards[~torch.isnan(r.rewards)]                                            # (n',)
+    out, start = [], 0
+    for name, p, t, _ in sets:
+        rows = slice(start, start + len(p))
+        out.append(_greedy_record(name, p, t, completions[rows], r.rewards[rows], r.format_valid[rows]))
+        start = rows.stop
+    return out
+
+
+def _greedy_record(name, prompts, tasks, completions, rewards: torch.Tensor, format_valid) -> GreedyEval:
+    vals = rewards[~torch.isnan(rewards)]                                                # (n',)
     n = len(prompts)
     return GreedyEval(name=name, prompts=tuple(prompts), tasks=tuple(tasks), completions=tuple(completions),
-                      rewards=r.rewards, mean_reward=float(vals.mean()) if vals.numel() else math.nan,
+                      rewards=rewards, mean_reward=float(vals.mean()) if vals.numel() else math.nan,
                       ci95=float(1.96 * vals.std() / math.sqrt(vals.numel())) if vals.numel() > 1 else math.nan,
-                      format_valid=sum(r.format_valid) / max(n, 1), n=n)
+                      format_valid=sum(format_valid) / max(n, 1), n=n)
 
 
 def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -85,9 +100,11 @@ def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_bat
     """Everything measured AFTER the optimizer step, paired with the `before_*` records."""
     t0 = time.perf_counter()
     kw = dict(max_new_tokens=eval_max_new_tokens, reward_mode=reward_mode, engine=engine)
-    batch_after = greedy_eval("batch", policy, tokenizer, before_batch.prompts, before_batch.tasks, batch_labels, **kw)
-    heldout_after = None if before_heldout is None else greedy_eval(
-        "heldout", policy, tokenizer, before_heldout.prompts, before_heldout.tasks, heldout_labels, **kw)
+    sets = [("batch", before_batch.prompts, before_batch.tasks, batch_labels)]
+    if before_heldout is not None:
+        sets.append(("heldout", before_heldout.prompts, before_heldout.tasks, heldout_labels))
+    batch_after, *rest = greedy_evals(sets, policy, tokenizer, **kw)      # one loop, as before the update
+    heldout_after = rest[0] if rest else None
 
     logps_after, _ = per_token_logps_and_entropy(policy, rollout.prompt_ids, rollout.prompt_mask,
                                                  rollout.completion_ids, rollout.completion_mask,

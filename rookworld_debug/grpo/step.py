@@ -18,7 +18,7 @@ from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import NumericalError
 from rookworld_debug.grpo import serialize
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
-from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_eval
+from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals
 from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import Rewards, compute_rewards
@@ -187,10 +187,11 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     ev_kw = dict(max_new_tokens=config.eval_max_new_tokens, reward_mode=config.reward_mode, engine=s.engine)
     heldout_labels = [x.completion for x in s.heldout]
     with timer("baseline_eval"):
-        before = greedy_eval("batch", s.policy, s.tokenizer, s.batch.prompts, s.batch.tasks, s.batch.completions,
-                             **ev_kw)
-        before_heldout = greedy_eval("heldout", s.policy, s.tokenizer, [x.prompt for x in s.heldout],
-                                     [x.task for x in s.heldout], heldout_labels, **ev_kw) if s.heldout else None
+        sets = [("batch", s.batch.prompts, s.batch.tasks, s.batch.completions)]
+        if s.heldout:
+            sets.append(("heldout", [x.prompt for x in s.heldout], [x.task for x in s.heldout], heldout_labels))
+        before, *rest = greedy_evals(sets, s.policy, s.tokenizer, **ev_kw)   # batch + held-out in one loop
+        before_heldout = rest[0] if rest else None
 
     rollout, rewards, advantages, loss = sample_and_score(s, config, reward_funcs=reward_funcs,
                                                           reward_weights=reward_weights, inject=inject, timer=timer)
