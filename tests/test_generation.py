@@ -357,3 +357,38 @@ def test_auto_micro_batch_size_splits_124m_not_tiny(models):
     assert 1 <= k < 32 and 32 % k == 0
     assert gen.auto_micro_batch_size(big, 7, 170) in (1, 7)
     assert gen.auto_micro_batch_size(models.policy, 32, 170) == 32
+
+
+@pytest.mark.parametrize("t", [1, 7])
+def test_shared_prompt_forward_equals_the_full_forward(models, t):
+    # issue 18: a group's G rows share one prompt forward (KV cache indexed out to the rows); logits and
+    # gradients must be the full per-row forward's up to float summation order
+    from rookworld_debug.grpo.generation import _forward_completion_logits, _position_ids
+    pol = models.policy
+    g_ = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, 200, (3, 10), generator=g_).repeat_interleave(4, 0)          # (12, 10), B=3, G=4
+    pmask = torch.ones_like(prompts)
+    pmask[:4, :3] = 0                                                                      # left padding, group 0
+    comp = torch.randint(0, 200, (12, t), generator=g_)
+    cmask = torch.ones_like(comp)
+    cmask[5, t // 2 + 1:] = 0                                                              # a finished row
+    seen = []
+    hook = pol.base_model.register_forward_hook(lambda m, a, k, out: seen.append(tuple(k["input_ids"].shape)),
+                                              with_kwargs=True)
+    try:
+        shared = _forward_completion_logits(pol, prompts, pmask, comp, cmask)              # (12, t, V)
+    finally:
+        hook.remove()
+    assert seen[0] == (3, 10)                                                              # once per distinct prompt
+    attn = torch.cat([pmask, cmask], 1)
+    full = pol(input_ids=torch.cat([prompts, comp], 1), attention_mask=attn, position_ids=_position_ids(attn),
+               use_cache=False).logits[:, 9:-1]                                            # (12, t, V)
+    m = cmask.bool()
+    assert shared.shape == full.shape and (shared - full)[m].abs().max() < 1e-4
+    grads = []
+    for logits in (shared, full):
+        pol.zero_grad()
+        (logits.float().logsumexp(-1) * cmask).sum().backward(retain_graph=False)
+        grads.append(torch.cat([p.grad.flatten() for p in pol.parameters()]))
+    pol.zero_grad()
+    assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-4

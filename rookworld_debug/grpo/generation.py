@@ -142,6 +142,49 @@ def _auto_chunk(n_rows: int, t: int, vocab: int) -> int:
     return max(1, min(n_rows, LOGITS_BUDGET_BYTES // max(1, 4 * t * vocab)))
 
 
+def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """Consecutive rows with the same prompt form a group. (n, P) → (first row of each group (b,), each
+    row's group (n,)), or None when no two consecutive rows share a prompt (nothing to save)."""
+    same = ((prompt_ids[1:] == prompt_ids[:-1]) & (prompt_mask[1:] == prompt_mask[:-1])).all(1)  # (n-1,)
+    if not bool(same.any()):
+        return None
+    starts = torch.cat([same.new_ones(1), ~same])                                       # (n,) group starts
+    return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
+
+
+def _forward_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """Raw logits (n, T, V) at the positions that predict each completion token (P-1 … P+T-2).
+
+    A group's G rows share one prompt: the prompt runs once per DISTINCT prompt (with grad when enabled)
+    and its KV cache is indexed out to the group's rows, then the completions run on that cache. Same
+    math as one forward over prompt + completion for every row (exact up to float summation order; the
+    sampling loop shares the prompt the same way) at 1/G of the prompt tokens' forward and backward.
+    The last completion token is never an input: it predicts nothing that was sampled.
+    """
+    t = completion_ids.shape[1]
+    attn = torch.cat([prompt_mask, completion_mask], 1)                                 # (n, P+T)
+    pos = _position_ids(attn)                                                            # (n, P+T)
+    groups = _prompt_groups(prompt_ids, prompt_mask)
+    if groups is None:
+        out = model(input_ids=torch.cat([prompt_ids, completion_ids], 1), attention_mask=attn, position_ids=pos,
+                    logits_to_keep=t + 1, use_cache=False)  # only the T+1 last positions reach the LM head
+        return out.logits[:, :-1]
+    from transformers.cache_utils import DynamicCache
+    uniq, expand = groups                                                                # (b,), (n,)
+    p = prompt_ids.shape[1]
+    body, head = model.base_model, model.get_output_embeddings()
+    cache = DynamicCache(config=model.config)
+    first = body(input_ids=prompt_ids[uniq], attention_mask=prompt_mask[uniq], position_ids=pos[uniq, :p],
+                 past_key_values=cache, use_cache=True).last_hidden_state[:, -1:]        # (b, 1, d)
+    if t == 1:                                                                            # nothing after the prompt
+        return head(first[expand])                                                        # (n, 1, V)
+    cache.batch_select_indices(expand)                                                    # (b, ...) → (n, ...)
+    rest = body(input_ids=completion_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, p:-1],
+                past_key_values=cache, use_cache=True).last_hidden_state                 # (n, T-1, d)
+    # one LM-head matmul over all T positions, as the full forward does (a (b, 1, d) one rounds differently)
+    return head(torch.cat([first[expand], rest], 1))                                      # (n, T, V)
+
+
 def _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures,
                           chunk: int | None) -> Iterator[tuple[slice, torch.Tensor]]:
     """Yield (rows, fp32 logits / T) for each row chunk; logits (n, T, V) predict completion_ids[rows]."""
@@ -150,15 +193,12 @@ def _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, comple
     chunk = chunk or _auto_chunk(n, t, model.get_output_embeddings().weight.shape[0])
     for start in range(0, n, chunk):
         rows = slice(start, min(n, start + chunk))
-        input_ids = torch.cat([prompt_ids[rows], completion_ids[rows]], 1).to(device)   # (n, P+T)
-        attn = torch.cat([prompt_mask[rows], completion_mask[rows]], 1).to(device)     # (n, P+T)
         with autocast_for(model):                     # bf16 autocast on CUDA (fp32 weights), else a no-op
-            out = model(input_ids=input_ids, attention_mask=attn, position_ids=_position_ids(attn),
-                        logits_to_keep=t + 1, use_cache=False)  # only the T+1 last positions reach the LM head
-        # position P-1+t predicts completion token t; the last position predicts nothing we sampled
+            raw = _forward_completion_logits(model, prompt_ids[rows].to(device), prompt_mask[rows].to(device),
+                                             completion_ids[rows].to(device), completion_mask[rows].to(device))
         temps = temperatures[rows].to(device=device, dtype=torch.float32)
-        logits = out.logits[:, :-1].float()                                            # (n, T, V)
-        del out
+        logits = raw.float()                                                            # (n, T, V)
+        del raw
         # no grad: divide in place (one (n, T, V) tensor less); with grad the division must stay out of place
         yield rows, (logits.div_(temps[:, None, None]) if not torch.is_grad_enabled()
                      else logits / temps[:, None, None])
