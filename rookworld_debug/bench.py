@@ -51,9 +51,9 @@ VARIANTS = {
     "c": "TRL GRPOTrainer: one step, same work as (a)",
     "d": "seeds' manual_grpo_debug loop (per-prompt generate, per-sample fwd/bwd, uncached sequential engine)",
 }
-TARGETS = {  # name -> (comparison, bound) as in issue 8
+TARGETS = {  # name -> (comparison, bound) as in issues 8 and 18
     "a/c": ("<=", 0.8), "b/c": ("<=", 1.5), "d/a": (">=", 5.0), "engine_speedup": (">=", 5.0),
-    "widget_ms": ("<", 100.0), "peak_rss_gb_124m": ("<", 4.0),
+    "widget_ms": ("<", 100.0), "peak_rss_gb_124m": ("<", 4.0), "peak_rss_124m_ours/trl": ("<=", 1.0),
 }
 LABELS = {"a": "ours, core step", "b": "ours, run_step (instrumented)", "c": "TRL GRPOTrainer",
           "d": "seeds' manual_grpo_debug loop"}
@@ -735,8 +735,11 @@ def check_targets(result: dict) -> dict:
     vals["engine_speedup"] = result.get("engine", {}).get("speedup", math.nan)
     vals["widget_ms"] = result.get("widget", {}).get("median_ms", math.nan)
     if result["settings"]["model"] == GPT2_124M:
-        vals["peak_rss_gb_124m"] = max([v["peak_rss_mb"] for v in result["variants"].values()],
-                                       default=math.nan) / 1024
+        # the target is on OUR step (a, and b when run); TRL's peak is the yardstick, in the same run
+        ours = [v["peak_rss_mb"] for k, v in result["variants"].items() if k in ("a", "b")]
+        vals["peak_rss_gb_124m"] = max(ours, default=math.nan) / 1024
+        trl = result["variants"].get("c", {}).get("peak_rss_mb", math.nan)
+        vals["peak_rss_124m_ours/trl"] = max(ours, default=math.nan) / trl
     out = {}
     for name, (op, bound) in TARGETS.items():
         x = vals.get(name, math.nan)
