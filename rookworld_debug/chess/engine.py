@@ -231,12 +231,18 @@ class _Worker:
 
     def close(self) -> None:
         """Ask the process to quit (bounded wait), then kill it and stop its event-loop thread."""
-        try:
-            future = asyncio.run_coroutine_threadsafe(
-                asyncio.wait_for(self.engine.protocol.quit(), QUIT_TIMEOUT), self.engine.protocol.loop)
-            future.result(QUIT_TIMEOUT + 1.0)
-        except Exception:  # a dead or stuck process cannot say goodbye; it is killed below
-            pass
+        loop = self.engine.protocol.loop
+        if loop.is_running():                 # a closed loop cannot run the goodbye (and would leak its coroutine)
+            coro = asyncio.wait_for(self.engine.protocol.quit(), QUIT_TIMEOUT)
+            try:
+                future = asyncio.run_coroutine_threadsafe(coro, loop)
+            except Exception:  # the loop stopped in between: the coroutine never ran
+                coro.close()
+            else:
+                try:
+                    future.result(QUIT_TIMEOUT + 1.0)
+                except Exception:  # a dead or stuck process cannot say goodbye; it is killed below
+                    pass
         self.kill()
 
     def kill(self) -> None:
