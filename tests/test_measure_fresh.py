@@ -63,7 +63,8 @@ def test_p_metrics_and_wilson():
 def test_measure_cli_on_fresh_positions_exits_with_rates(tmp_path):
     out = tmp_path / "m.json"
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "rookworld_debug.models.measure", "tiny", "--n-positions", "3",
+    # `--model tiny` as the README writes it (the positional form is the same)
+    r = subprocess.run([sys.executable, "-m", "rookworld_debug.models.measure", "--model", "tiny", "--n-positions", "3",
                         "--group-size", "2", "--seed", "5", "--threads", "1", "--json", str(out)],
                        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -73,4 +74,4 @@ def test_measure_cli_on_fresh_positions_exits_with_rates(tmp_path):
     assert res["rates"]["p_well_formed"]["n"] == 6 and res["rates"]["a_greedy_exact"]["n"] == 3
     for r_ in res["rates"].values():
         assert 0 <= r_["ci95"][0] <= r_["value"] <= r_["ci95"][1] <= 1
-    assert "p_greedy_well_formed" in r.stdout and "n=" in r.stdout
+    assert "p_greedy_well_formed" in r.stdout and "n=" in r.stdout and "model tiny" in r.stdout

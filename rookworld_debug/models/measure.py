@@ -286,6 +286,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rookworld-debug measure",
                                  description="Format/legality/A:-exact rates of a model on fresh random-play positions.")
     ap.add_argument("model", nargs="?", default="tiny", help="'tiny', a local folder, or an HF id")
+    ap.add_argument("--model", dest="model_opt", default=None, metavar="MODEL", help="the same, as an option")
     ap.add_argument("--n-positions", type=int, default=200, help="fresh positions (P: and A: each)")
     ap.add_argument("--heldout", action="store_true", help="the issue-3 measurement on the bundled held-out split")
     ap.add_argument("--n-prompts", type=int, default=50, help="--heldout: prompts of the held-out split")
@@ -296,6 +297,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, help="write the result dict here")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    a.model = a.model_opt or a.model
     import torch
 
     torch.set_num_threads(a.threads)
