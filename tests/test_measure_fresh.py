@@ -50,7 +50,7 @@ def test_p_metrics_and_wilson():
     fen = chess.STARTING_FEN
     good = " M: e2e4 d2d4 g1f3 c2c4 b1c3 E: 0.3 0.3 0.2 0.2 0.1 B: e2e4"
     m = p_metrics(fen, good)
-    assert m == dict(well_formed=True, all5_legal=True, best_legal=True)
+    assert m == dict(well_formed=True, well_formed_distinct=True, all5_legal=True, best_legal=True)
     bad = " M: e2e5 d2d4 g1f3 c2c4 b1c3 E: 0.3 0.3 0.2 0.2 0.1 B: e7e5"
     m = p_metrics(fen, bad)
     assert m["well_formed"] and not m["all5_legal"] and not m["best_legal"]
@@ -75,3 +75,16 @@ def test_measure_cli_on_fresh_positions_exits_with_rates(tmp_path):
     for r_ in res["rates"].values():
         assert 0 <= r_["ci95"][0] <= r_["value"] <= r_["ci95"][1] <= 1
     assert "p_greedy_well_formed" in r.stdout and "n=" in r.stdout and "model tiny" in r.stdout
+
+
+def test_well_formed_is_the_grammar_and_strict_also_rejects_repeats():
+    fen = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+    pad = " " * (90 - len(fen))
+    repeated = pad + "M: e2e4 e2e4 e2e4 e2e4 e2e4      E: 0.3 0.3 0.3 0.3 0.3           B: e2e4"
+    distinct = pad + "M: e2e4 d2d4 g1f3 c2c4 b1c3      E: 0.3 0.3 0.2 0.2 0.1           B: e2e4"
+    m = p_metrics(fen, repeated)
+    assert m["well_formed"] and not m["well_formed_distinct"] and not m["all5_legal"] and m["best_legal"]
+    m = p_metrics(fen, distinct)
+    assert m["well_formed"] and m["well_formed_distinct"] and m["all5_legal"]
+    for bad in ("", "garbage", pad + "M: e2e4 E: 0.3 0.1 B: e2e4", pad + "M: e2e4      E: x      B: e2e4"):
+        assert not p_metrics(fen, bad)["well_formed"], bad

@@ -53,7 +53,9 @@ def test_loads_offline_fast_and_emits_p_format(monkeypatch):
               and "tags out of order" not in p.problems and len(p.moves) >= 1 and p.best is not None for p in parsed]
     detail = list(zip(texts, [p.problems for p in parsed]))
     assert sum(tagged) >= 6, detail  # emits M:/E:/B: with UCI moves
-    assert sum(p.ok for p in parsed) >= 2, detail  # and some fully well-formed (measured ~50 %, MODEL_CARD.md)
+    # and follows the P: grammar (repeats allowed, as `measure` defines well-formed: 100 % on fresh
+    # positions, MODEL_CARD.md); the strict no-repeat rate is a model property, not asserted here
+    assert sum(all(x == "repeated move" for x in p.problems) for p in parsed) >= 6, detail
     # the 90-column layout: M: starts right after the FEN padded to 90 columns
     for prompt, text in zip([p for p in PROMPTS for _ in range(2)], texts):
         if text.startswith(" ") and text.count("M:") == 1:

@@ -5,10 +5,13 @@ judges the model on **fresh random-play positions made at run time** (:mod:`rook
 nothing stored, the seed is not one of the training data's):
 
 * ``p_well_formed`` — sampled P: completions (T 0.5, top-p 0.9, top-k off; ``group_size`` per position)
-  that parse (M: 1–5 UCI moves, E: one number per move, B: UCI);
+  that follow the P: grammar (M: 1–5 UCI moves, E: one number per move, B: UCI). A repeated M: move is
+  grammatical (the issue's table counts greedy ``M: d7d5 d7d5 …`` as well-formed); ``strict_rates``
+  adds ``p_well_formed_distinct`` / ``p_greedy_well_formed_distinct`` (no repeats: the reward's
+  ``format_ok``), and ``p_all5_legal`` needs five distinct moves;
 * ``p_best_legal`` — sampled P: completions whose B: move is legal in the position;
 * ``p_all5_legal`` — sampled P: completions with exactly five distinct M: moves, all legal;
-* ``p_greedy_well_formed`` — greedy P: completions (one per position) that parse;
+* ``p_greedy_well_formed`` — greedy P: completions (one per position) that follow the grammar;
 * ``a_greedy_exact`` — greedy A: completions equal to the arbiter's (python-chess) whole completion
   (new FEN + reward + terminated + truncated), over a case mix that includes illegal moves (``-1.0``,
   truncated) and game ends (``1.0``/``0.5``, terminated); broken down by case kind.
@@ -115,7 +118,11 @@ def p_metrics(fen: str, completion: str) -> dict:
     c = parse_p_completion(completion)
     board = chess.Board(fen)
     legal = [_legal(board, m) for m in c.moves]
-    return dict(well_formed=c.ok, all5_legal=c.ok and len(c.moves) == 5 and all(legal) and len(set(c.moves)) == 5,
+    # well-formed = the P: grammar (the definition: a greedy "M: d7d5 d7d5 …" is well-formed);
+    # distinct moves are judged by all5_legal and by the strict well_formed_distinct (= the reward's format_ok)
+    grammar = all(p == "repeated move" for p in c.problems)
+    return dict(well_formed=grammar, well_formed_distinct=c.ok,
+                all5_legal=c.ok and len(c.moves) == 5 and all(legal) and len(set(c.moves)) == 5,
                 best_legal=_legal(board, c.best))
 
 
@@ -151,7 +158,7 @@ def measure(model_or_path="tiny", *, tokenizer=None, n_prompts: int = 50, seed: 
         rows.append([p_metrics(fen, c) for c in comps])
     flat = [m for r in rows for m in r]
     res = dict(model=name, n_p_prompts=len(p_held), n_p_samples=len(flat), group_size=group_size,
-               p_well_formed=_rate(m["well_formed"] for m in flat), p_all5_legal=_rate(m["all5_legal"] for m in flat),
+               p_well_formed=_rate(m["well_formed_distinct"] for m in flat), p_all5_legal=_rate(m["all5_legal"] for m in flat),
                p_best_legal=_rate(m["best_legal"] for m in flat))
     if progress:
         progress(f"P sampled in {t_p - t0:.1f}s")
@@ -244,8 +251,11 @@ def measure_fresh(model_or_path="tiny", *, tokenizer=None, n_positions: int = 20
     rates = dict(p_well_formed=_stat(m["well_formed"] for m in sm), p_best_legal=_stat(m["best_legal"] for m in sm),
                  p_all5_legal=_stat(m["all5_legal"] for m in sm),
                  p_greedy_well_formed=_stat(m["well_formed"] for m in gm), a_greedy_exact=_stat(exact))
+    strict = dict(p_well_formed_distinct=_stat(m["well_formed_distinct"] for m in sm),
+                  p_greedy_well_formed_distinct=_stat(m["well_formed_distinct"] for m in gm))
     by_kind = {k: _stat(e for e, c in zip(exact, cases) if c.kind == k) for k in ("legal", "illegal", "game_end")}
-    return dict(model=name, rates=rates, a_greedy_exact_by_kind=by_kind, load_seconds=round(t_load, 2),
+    return dict(model=name, rates=rates, strict_rates=strict, a_greedy_exact_by_kind=by_kind,
+                load_seconds=round(t_load, 2),
                 targets={k: dict(target=v, value=rates[k]["value"], met=rates[k]["value"] >= v)
                          for k, v in FRESH_TARGETS.items()},
                 settings=dict(positions="fresh random play (data.positions)", seed=seed, n_positions=n_positions,
@@ -264,6 +274,8 @@ def format_fresh_table(res: dict) -> str:
         r = res["rates"][k]
         lines.append(f"  {k:22s} {100 * r['value']:6.1f}%  [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]"
                      f"  n={r['n']:<5d} target >= {100 * t['target']:.0f}%  {'met' if t['met'] else 'NOT met'}")
+    for k, r in res.get("strict_rates", {}).items():
+        lines.append(f"    {k:30s} {100 * r['value']:6.1f}%  n={r['n']}  (grammar and no repeated M: move)")
     for k, r in res["a_greedy_exact_by_kind"].items():
         lines.append(f"    A exact, {k:9s} {100 * r['value']:6.1f}%  n={r['n']}")
     return "\n".join(lines)
