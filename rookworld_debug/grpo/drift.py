@@ -80,7 +80,7 @@ def load_optimizer_state(optimizer, config) -> str | None:
     return str(path)
 
 
-def warmup_key(config, base_sha: str, batch_hash: str = "") -> str:
+def warmup_key(config, base_sha: str, batch_hash: str) -> str:
     # batch_hash: the batch's content (prompts + labels), so regenerated data never hits a stale entry
     d = {k: v for k, v in config.to_dict().items() if k not in _KEY_IGNORES}
     blob = json.dumps({"v": CACHE_VERSION, "config": d, "base": base_sha, "batch": batch_hash,

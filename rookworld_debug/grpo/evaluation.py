@@ -61,22 +61,23 @@ def greedy_completions(policy, tokenizer, prompts: Sequence[str], max_new_tokens
     return tokenizer.batch_decode(out.tokens.cpu(), skip_special_tokens=True)
 
 
-def greedy_evals(sets, policy, tokenizer, *, max_new_tokens: int, reward_mode: str, engine=None) -> list:
-    """[(name, prompts, tasks, labels), ...] → one GreedyEval each, from ONE batched greedy decode and ONE
-    reward call over all sets (the batch and held-out evals share the loop: per-step cost on CPU is
-    latency-bound, so two loops cost nearly twice one)."""
-    sets = [(name, list(p), list(t), list(lab)) for name, p, t, lab in sets]
+def greedy_evals(policy, tokenizer, batch, heldout, *, max_new_tokens: int, reward_mode: str,
+                 engine=None) -> tuple[GreedyEval, GreedyEval | None]:
+    """`batch` and `heldout` = (prompts, tasks, labels) (`heldout` None: not evaluated) → their GreedyEvals,
+    from ONE batched greedy decode and ONE reward call (per-step decode cost on CPU is latency-bound, so
+    two loops cost nearly twice one)."""
+    sets = [("batch", *map(list, batch))] + ([("heldout", *map(list, heldout))] if heldout is not None else [])
     prompts = [x for _, p, _, _ in sets for x in p]
     tasks = [x for _, _, t, _ in sets for x in t]
     labels = [x for _, _, _, lab in sets for x in lab]
-    completions = greedy_completions(policy, tokenizer, prompts, max_new_tokens) if prompts else []
+    completions = greedy_completions(policy, tokenizer, prompts, max_new_tokens)
     r = compute_rewards(prompts, completions, tasks, labels=labels, reward_mode=reward_mode, engine=engine)
     out, start = [], 0
     for name, p, t, _ in sets:
         rows = slice(start, start + len(p))
         out.append(_greedy_record(name, p, t, completions[rows], r.rewards[rows], r.format_valid[rows]))
         start = rows.stop
-    return out
+    return out[0], (out[1] if heldout is not None else None)
 
 
 def _greedy_record(name, prompts, tasks, completions, rewards: torch.Tensor, format_valid) -> GreedyEval:
@@ -100,11 +101,9 @@ def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_bat
     """Everything measured AFTER the optimizer step, paired with the `before_*` records."""
     t0 = time.perf_counter()
     kw = dict(max_new_tokens=eval_max_new_tokens, reward_mode=reward_mode, engine=engine)
-    sets = [("batch", before_batch.prompts, before_batch.tasks, batch_labels)]
-    if before_heldout is not None:
-        sets.append(("heldout", before_heldout.prompts, before_heldout.tasks, heldout_labels))
-    batch_after, *rest = greedy_evals(sets, policy, tokenizer, **kw)      # one loop, as before the update
-    heldout_after = rest[0] if rest else None
+    batch_after, heldout_after = greedy_evals(      # one loop, as before the update
+        policy, tokenizer, (before_batch.prompts, before_batch.tasks, batch_labels),
+        None if before_heldout is None else (before_heldout.prompts, before_heldout.tasks, heldout_labels), **kw)
 
     logps_after, _ = per_token_logps_and_entropy(policy, rollout.prompt_ids, rollout.prompt_mask,
                                                  rollout.completion_ids, rollout.completion_mask,

@@ -187,11 +187,10 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     ev_kw = dict(max_new_tokens=config.eval_max_new_tokens, reward_mode=config.reward_mode, engine=s.engine)
     heldout_labels = [x.completion for x in s.heldout]
     with timer("baseline_eval"):
-        sets = [("batch", s.batch.prompts, s.batch.tasks, s.batch.completions)]
-        if s.heldout:
-            sets.append(("heldout", [x.prompt for x in s.heldout], [x.task for x in s.heldout], heldout_labels))
-        before, *rest = greedy_evals(sets, s.policy, s.tokenizer, **ev_kw)   # batch + held-out in one loop
-        before_heldout = rest[0] if rest else None
+        before, before_heldout = greedy_evals(      # batch + held-out in one loop
+            s.policy, s.tokenizer, (s.batch.prompts, s.batch.tasks, s.batch.completions),
+            ([x.prompt for x in s.heldout], [x.task for x in s.heldout], heldout_labels) if s.heldout else None,
+            **ev_kw)
 
     rollout, rewards, advantages, loss = sample_and_score(s, config, reward_funcs=reward_funcs,
                                                           reward_weights=reward_weights, inject=inject, timer=timer)
