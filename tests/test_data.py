@@ -153,6 +153,29 @@ def test_bundled_labels_match_the_reward_engine_all():
 def test_bad_settings_are_named():
     with pytest.raises(ConfigError, match="b_label"):
         gen.generate_records(n_p=1, n_a=1, depth=2, b_label="nope")
+    with pytest.raises(ConfigError, match="p_game_end"):
+        gen.generate_records(n_p=1, n_a=1, depth=2, p_game_end=1.5)
+
+
+@needs_sf
+def test_pure_random_play_with_game_ends():
+    # the round-3 recipe's data: measure's positions (uniformly random play from the start, no search for the
+    # moves) and games played on to their end, whose last ply is a game-end A: record
+    recs = gen.generate_records(n_games=6, depth=1, seed=11, workers=1, eps_range=(1.0, 1.0), random_opening_max=0,
+                                ply_range=(2, 12), keep=0.5, p_game_end=1.0, heldout_frac=0)
+    ends = [r for r in recs if r["task"] == "A" and r["terminated"] == 1]
+    assert len(ends) == 6  # one per game (none of these short games ended on its own)
+    for r in ends:
+        assert r["reward"] in ("1.0", "0.5") and r["truncated"] == 0
+        assert expected_a_completion(r["prompt"]) == r["completion"]
+        board = chess.Board(r["fen"])
+        board.push_uci(r["move"])
+        assert board.is_game_over()
+    plain = [r for r in recs if r not in ends]
+    assert plain and all(r["ply"] < 12 for r in plain)
+    again = gen.generate_records(n_games=6, depth=1, seed=11, workers=1, eps_range=(1.0, 1.0), random_opening_max=0,
+                                 ply_range=(2, 12), keep=0.5, p_game_end=1.0, heldout_frac=0)
+    assert again == recs
 
 
 @needs_sf

@@ -77,6 +77,7 @@ class GenSettings:
     ply_range: tuple = (10, 200)
     random_opening_max: int = 8
     keep: float = 1.0  # probability that a visited position yields records (< 1: more games, more diversity)
+    p_game_end: float = 0.0  # probability that a game is played on past its cap to its end (one game-end A: record)
     fen_width: int = 90
     engine_path: str | None = None
 
@@ -91,6 +92,8 @@ class GenSettings:
             raise ConfigError("keep", "must be in (0, 1]")
         if not 0 <= self.p_illegal <= 1:
             raise ConfigError("p_illegal", "must be in [0, 1]")
+        if not 0 <= self.p_game_end <= 1:
+            raise ConfigError("p_game_end", "must be in [0, 1]")
 
 
 # ------------------------------------------------------------------------------ per-game worker
@@ -195,7 +198,7 @@ def play_game(args) -> list[dict]:
         fen = board.fen()
         legal = list(board.legal_moves)
         keep = s.keep >= 1 or rng.random() < s.keep
-        if ply < n_random:
+        if ply < n_random or (not keep and eps >= 1):  # pure random play needs no search for an unkept ply
             move = rng.choice(legal).uci()
         else:
             # the reward's search: FEN alone (not `board` with its move stack), fresh hash, same settings
@@ -226,7 +229,28 @@ def play_game(args) -> list[dict]:
             out.append(_a_record(fen, move, history, split, gid, ply))
         board.push_uci(move)
         ply += 1
+    if not board.is_game_over() and rng.random() < s.p_game_end:
+        out.append(_game_end_record(board, history, rng, split, gid))
     return out
+
+
+def _game_end_record(board: chess.Board, history: list[str], rng: random.Random, split: str, gid: int) -> dict:
+    """Play ``board`` on to its end with the measure's policy (a game-ending move, when one exists, half the
+    time; else uniformly random) and return the final ply's A: record (``1.0``/``0.5``, terminated)."""
+    from rookworld_debug.data.positions import ending_moves
+
+    board, history = board.copy(stack=False), list(history)
+    for ply in range(1000):  # a random game ends by the 75-move rule long before this
+        moves = list(board.legal_moves)
+        ending = ending_moves(board, moves)
+        move = rng.choice(ending) if ending and rng.random() < 0.5 else rng.choice(moves)
+        uci = move.uci()
+        history = (history + [uci])[-MAX_HISTORY:]
+        fen = board.fen()
+        board.push(move)
+        if board.is_game_over():
+            return _a_record(fen, uci, history, split, gid, 10_000 + ply)
+    raise RuntimeError("random game did not end in 1000 plies")  # unreachable: the 75-move rule ends it
 
 
 def _a_record(fen, move, history, split, gid, ply) -> dict:
@@ -243,14 +267,14 @@ def generate_records(*, n_p: int | None = None, n_a: int | None = None, n_games:
                      depth: int = 10, seed: int = 0, workers: int = 2, b_label: str = "rookworld",
                      heldout_frac: float = 0.2, p_illegal: float = 0.04, engine_path: str | None = None,
                      ply_range=(10, 200), keep: float = 1.0, eps_range=(0.05, 0.5), random_opening_max: int = 8,
-                     progress=None) -> list[dict]:
+                     p_game_end: float = 0.0, progress=None) -> list[dict]:
     """Play games until ``n_p`` P: and ``n_a`` A: (deduplicated) records exist, or ``n_games`` games.
 
     The result is a list in game order: P: records first then A: records, each capped to its count.
     """
     s = GenSettings(depth=depth, seed=seed, b_label=b_label, heldout_frac=heldout_frac, p_illegal=p_illegal,
                     engine_path=engine_path, ply_range=tuple(ply_range), keep=keep, eps_range=tuple(eps_range),
-                    random_opening_max=random_opening_max)
+                    random_opening_max=random_opening_max, p_game_end=p_game_end)
     s.check()
     if n_games is None and n_p is None and n_a is None:
         raise ConfigError("n_p", "give n_p/n_a or n_games")
@@ -358,6 +382,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-path", default=None)
     ap.add_argument("--keep", type=float, default=1.0, help="probability a visited position yields records")
     ap.add_argument("--max-plies", type=int, default=200, help="upper end of the per-game ply cap")
+    ap.add_argument("--min-plies", type=int, default=10, help="lower end of the per-game ply cap")
+    ap.add_argument("--p-game-end", type=float, default=0.0,
+                    help="probability a game is played on past its cap to its end, yielding that ply's A: record")
     ap.add_argument("--eps-range", type=float, nargs=2, default=(0.05, 0.5),
                     help="per-game probability range of a uniformly random move (1 1 = pure random play)")
     ap.add_argument("--random-opening-max", type=int, default=8, help="max uniformly random opening plies")
@@ -374,8 +401,8 @@ def main(argv=None) -> int:
 
     kw = dict(n_p=a.n_p, n_a=a.n_a, n_games=a.n_games, depth=a.depth, seed=a.seed, workers=a.workers,
               b_label=a.b_label, heldout_frac=a.heldout_frac, p_illegal=a.p_illegal, engine_path=a.engine_path,
-              keep=a.keep, ply_range=(min(10, a.max_plies), a.max_plies), eps_range=tuple(a.eps_range),
-              random_opening_max=a.random_opening_max)
+              keep=a.keep, ply_range=(min(a.min_plies, a.max_plies), a.max_plies), eps_range=tuple(a.eps_range),
+              random_opening_max=a.random_opening_max, p_game_end=a.p_game_end)
     if a.n_games is not None:
         kw.update(n_p=None, n_a=None)
     recs = generate_records(**kw, progress=progress)
@@ -389,7 +416,7 @@ def main(argv=None) -> int:
                 + " ".join(sys.argv[1:] if argv is None else argv), policy=asdict(GenSettings(
                     depth=a.depth, seed=a.seed, b_label=a.b_label, heldout_frac=a.heldout_frac, p_illegal=a.p_illegal,
                     engine_path=a.engine_path, ply_range=kw["ply_range"], keep=a.keep, eps_range=kw["eps_range"],
-                    random_opening_max=a.random_opening_max)) | {"note": (
+                    random_opening_max=a.random_opening_max, p_game_end=a.p_game_end)) | {"note": (
                     "eps (per game, in eps_range), the ply cap (per game, in ply_range) and the random opening "
                     "length (0..random_opening_max) are per-game draws; see generate.py docstring")})
     meta_path = Path(a.meta) if a.meta else Path(str(a.out) + ".meta.json")

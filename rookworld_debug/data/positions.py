@@ -72,13 +72,18 @@ def _game_end_case(rng: random.Random) -> tuple[str, str, list[str]]:
         while not board.is_game_over() and len(hist) < 600:
             # prefer a game-ending move when one exists: random games otherwise end mostly by the 75-move rule
             moves = list(board.legal_moves)
-            ending = [m for m in moves if _ends(board, m)]
+            ending = ending_moves(board, moves)
             m = rng.choice(ending) if ending and rng.random() < 0.5 else rng.choice(moves)
             before = board.fen()
             board.push(m)
             hist.append(m.uci())
         if board.is_game_over():
             return before, hist[-1], hist
+
+
+def ending_moves(board: chess.Board, moves: list[chess.Move]) -> list[chess.Move]:
+    """The moves of ``moves`` after which the game is over (python-chess's default rules)."""
+    return [m for m in moves if _ends(board, m)]
 
 
 def _ends(board: chess.Board, move: chess.Move) -> bool:
