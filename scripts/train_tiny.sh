@@ -6,6 +6,9 @@
 #   3. decay DECAY_START=S DECAY_STEPS=N bash scripts/train_tiny.sh   (linear to 5 % of the LR over N steps)
 #   4. measure: rookworld-debug measure $WORK/<run> --n-positions 200 --seed 777   (compare with --model tiny)
 # Start weights: INIT (default: the shipped rookworld_debug/models/tiny).
+# Round 3 as run: constant to step 2100, then
+#   DECAY_START=2100 DECAY_STEPS=800 bash scripts/train_tiny.sh --a-fraction 0.6
+# (more A: documents in the decay: at step 2000 greedy A: exact was below round 2's, P: rates above).
 #
 # Round 3: 90k P: + 90k A: from PURE random play, plies 2-80 (the positions `measure` judges); P: labels = the
 # reward engine's search at depth 4; A: 12 % illegal attempts, and 80 % of games played on to their end (a
