@@ -31,7 +31,9 @@ The ``B:`` label follows ``b_label``:
 semantics), history = the last ≤10 half-moves including the current one. Like ArbiterSim's imperfect
 self-play policy, with probability ``p_illegal`` a ply also yields an *illegal* attempt (a move of a
 side-to-move piece to a random square, or random squares): ``-1.0`` / truncated ``1``. Game-ending
-moves give ``1.0``/``0.5`` with terminated ``1``.
+moves give ``1.0``/``0.5`` with terminated ``1``. Game ends are rare before a game's ply cap, so with
+probability ``p_game_end`` a game is played on past its cap to its end with ``measure``'s policy (a
+game-ending move half the time when one exists) and its last ply becomes an A: record.
 
 Records are dicts: ``text`` (the full line, ``text == prompt + completion``), ``task`` (``"P"``/``"A"``),
 ``prompt``, ``completion``, ``split`` (``"train"``/``"heldout"``, chosen per *game* so held-out positions
@@ -249,7 +251,7 @@ def _game_end_record(board: chess.Board, history: list[str], rng: random.Random,
         fen = board.fen()
         board.push(move)
         if board.is_game_over():
-            return _a_record(fen, uci, history, split, gid, 10_000 + ply)
+            return _a_record(fen, uci, history, split, gid, 10_000 + ply)  # sorts after the game's capped plies
     raise RuntimeError("random game did not end in 1000 plies")  # unreachable: the 75-move rule ends it
 
 
