@@ -161,8 +161,9 @@ def test_bad_settings_are_named():
 def test_pure_random_play_with_game_ends():
     # the round-3 recipe's data: measure's positions (uniformly random play from the start, no search for the
     # moves) and games played on to their end, whose last ply is a game-end A: record
-    recs = gen.generate_records(n_games=6, depth=1, seed=11, workers=1, eps_range=(1.0, 1.0), random_opening_max=0,
-                                ply_range=(2, 12), keep=0.5, p_game_end=1.0, heldout_frac=0)
+    kw = dict(n_games=6, depth=1, seed=11, workers=1, eps_range=(1.0, 1.0), random_opening_max=0, ply_range=(2, 12),
+              keep=0.5, p_game_end=1.0, heldout_frac=0)
+    recs = gen.generate_records(**kw)
     ends = [r for r in recs if r["task"] == "A" and r["terminated"] == 1]
     assert len(ends) == 6  # one per game (none of these short games ended on its own)
     for r in ends:
@@ -173,9 +174,7 @@ def test_pure_random_play_with_game_ends():
         assert board.is_game_over()
     plain = [r for r in recs if r not in ends]
     assert plain and all(r["ply"] < 12 for r in plain)
-    again = gen.generate_records(n_games=6, depth=1, seed=11, workers=1, eps_range=(1.0, 1.0), random_opening_max=0,
-                                 ply_range=(2, 12), keep=0.5, p_game_end=1.0, heldout_frac=0)
-    assert again == recs
+    assert gen.generate_records(**kw) == recs
 
 
 @needs_sf

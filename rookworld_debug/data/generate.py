@@ -239,20 +239,14 @@ def play_game(args) -> list[dict]:
 def _game_end_record(board: chess.Board, history: list[str], rng: random.Random, split: str, gid: int) -> dict:
     """Play ``board`` on to its end with the measure's policy (a game-ending move, when one exists, half the
     time; else uniformly random) and return the final ply's A: record (``1.0``/``0.5``, terminated)."""
-    from rookworld_debug.data.positions import ending_moves
+    from rookworld_debug.data.positions import play_to_end
 
-    board, history = board.copy(stack=False), list(history)
-    for ply in range(1000):  # a random game ends by the 75-move rule long before this
-        moves = list(board.legal_moves)
-        ending = ending_moves(board, moves)
-        move = rng.choice(ending) if ending and rng.random() < 0.5 else rng.choice(moves)
-        uci = move.uci()
-        history = (history + [uci])[-MAX_HISTORY:]
-        fen = board.fen()
-        board.push(move)
-        if board.is_game_over():
-            return _a_record(fen, uci, history, split, gid, 10_000 + ply)  # sorts after the game's capped plies
-    raise RuntimeError("random game did not end in 1000 plies")  # unreachable: the 75-move rule ends it
+    got = play_to_end(board.copy(stack=False), rng, max_plies=1000)
+    if got is None:  # unreachable: the 75-move rule ends a random game long before
+        raise RuntimeError("random game did not end in 1000 plies")
+    before, played = got
+    # ply offset: sorts after the game's capped plies
+    return _a_record(before, played[-1], (history + played)[-MAX_HISTORY:], split, gid, 10_000 + len(played) - 1)
 
 
 def _a_record(fen, move, history, split, gid, ply) -> dict:

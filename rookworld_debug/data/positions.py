@@ -68,22 +68,25 @@ def _illegal_uci(board: chess.Board, rng: random.Random) -> str:
 def _game_end_case(rng: random.Random) -> tuple[str, str, list[str]]:
     """Play random games to their end; return (fen before, final move, history) of the last ply."""
     while True:
-        board, hist = chess.Board(), []
-        while not board.is_game_over() and len(hist) < 600:
-            # prefer a game-ending move when one exists: random games otherwise end mostly by the 75-move rule
-            moves = list(board.legal_moves)
-            ending = ending_moves(board, moves)
-            m = rng.choice(ending) if ending and rng.random() < 0.5 else rng.choice(moves)
-            before = board.fen()
-            board.push(m)
-            hist.append(m.uci())
-        if board.is_game_over():
+        got = play_to_end(chess.Board(), rng, max_plies=600)
+        if got is not None:
+            before, hist = got
             return before, hist[-1], hist
 
 
-def ending_moves(board: chess.Board, moves: list[chess.Move]) -> list[chess.Move]:
-    """The moves of ``moves`` after which the game is over (python-chess's default rules)."""
-    return [m for m in moves if _ends(board, m)]
+def play_to_end(board: chess.Board, rng: random.Random, max_plies: int) -> tuple[str, list[str]] | None:
+    """Play ``board`` (in place) on to its end with measure's game-end policy; return (the FEN before the
+    final ply, the moves played), or None when it is not over after ``max_plies`` plies."""
+    played, before = [], None
+    while not board.is_game_over() and len(played) < max_plies:
+        # prefer a game-ending move when one exists: random games otherwise end mostly by the 75-move rule
+        moves = list(board.legal_moves)
+        ending = [m for m in moves if _ends(board, m)]
+        m = rng.choice(ending) if ending and rng.random() < 0.5 else rng.choice(moves)
+        before = board.fen()
+        board.push(m)
+        played.append(m.uci())
+    return (before, played) if played and board.is_game_over() else None
 
 
 def _ends(board: chess.Board, move: chess.Move) -> bool:
