@@ -70,3 +70,73 @@ def test_train_tiny_cli_sorted_and_fused(tmp_path):
     log = (out / "train_log.txt").read_text()
     assert "UCI order" in log and "activation -> gelu_pytorch_tanh" in log
     assert json.loads((out / "training_args.json").read_text())["m_order"] == "sorted"
+
+
+def _cli(args, timeout=110):
+    cmd = [str(REPO / ".venv/bin/rookworld-debug"), "train-tiny", *args]
+    return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.timeout(120)
+def test_train_tiny_reads_xz_data_on_the_named_device(tmp_path):
+    """Data carried to a GPU machine travels xz-compressed; --device names where the steps run."""
+    import lzma
+
+    data = tmp_path / "d.jsonl.xz"
+    with lzma.open(data, "wt") as f:
+        f.write("\n".join(json.dumps(dict(_record(LINE), prompt="", completion="", split="train")) for _ in range(4)))
+    out = tmp_path / "tt"
+    res = _cli(["--out", str(out), "--data", str(data), "--n-layer", "1", "--n-embd", "16", "--n-head", "1",
+                "--n-positions", "256", "--steps", "2", "--batch-size", "2", "--a-fraction", "0", "--threads", "1",
+                "--m-order", "sorted", "--device", "cpu"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    meta = json.loads((out / "training_args.json").read_text())
+    assert meta["device"] == "cpu" and meta["n_train_p"] == 4 and meta["final_step"] == 1
+    assert "device cpu fp32" in (out / "train_log.txt").read_text()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the error of a machine without CUDA")
+def test_train_tiny_without_the_device_is_a_named_error(tmp_path):
+    res = _cli(["--out", str(tmp_path / "tt"), "--device", "cuda", "--steps", "1"], timeout=50)
+    assert res.returncode == 2
+    assert "--device" in res.stderr and "cuda" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "tt" / "train_log.txt").exists()  # refused before any work
+
+
+@pytest.mark.timeout(240)
+def test_round4_recipe_runs_both_stages_and_resumes(tmp_path):
+    """scripts/train_tiny.sh (ROUND=4) as a user runs it, on CPU, with its data files already made and the
+    step count cut to 2 (extra arguments reach both stages): stage 2 starts from stage 1's weights, and a
+    second run finds both stages done instead of training again."""
+    a = ("A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+",
+         "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0")
+    lines = [json.dumps(dict(_record(LINE), prompt="", completion="", split="train"))] * 3
+    lines.append(json.dumps(dict(text=a[0] + a[1], prompt=a[0], completion=a[1], task="A", split="train")))
+    for seed in (5000, 6000, 7000):
+        (tmp_path / f"data_{seed}.jsonl").write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WORK": str(tmp_path), "DEVICE": "cpu"}
+    cmd = ["bash", str(REPO / "scripts" / "train_tiny.sh"), "--steps", "2", "--batch-size", "2", "--threads", "1"]
+    res = subprocess.run(cmd, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=200,
+                         env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s1 = json.loads((tmp_path / "s1" / "training_args.json").read_text())
+    s2 = json.loads((tmp_path / "s2" / "training_args.json").read_text())
+    assert s1["init_from"].endswith("rookworld_debug/models/tiny") and s1["device"] == "cpu" and not s1["bf16"]
+    assert s2["init_from"] == str(tmp_path / "s1") and s2["a_fraction"] == 0.6 and s2["decay_start"] == 4500
+    assert len(s2["data"]["files"]) == 3 and s2["final_step"] == 1
+    mtime = (tmp_path / "s2" / "model.safetensors").stat().st_mtime
+    res = subprocess.run(cmd, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0 and "done:" in res.stdout, res.stderr[-2000:]
+    assert (tmp_path / "s2" / "model.safetensors").stat().st_mtime == mtime
+
+
+@pytest.mark.timeout(120)
+def test_train_tiny_data_without_a_task_the_batch_needs_is_a_named_error(tmp_path):
+    data = tmp_path / "p_only.jsonl"
+    data.write_text("\n".join(json.dumps(dict(_record(LINE), prompt="", completion="", split="train")) for _ in range(3)))
+    res = _cli(["--out", str(tmp_path / "tt"), "--data", str(data), "--n-layer", "1", "--n-embd", "16", "--n-head", "1",
+                "--n-positions", "256", "--steps", "2", "--batch-size", "2", "--threads", "1", "--m-order", "sorted"])
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "no A: documents" in res.stderr and "--a-fraction" in res.stderr and "Traceback" not in res.stderr

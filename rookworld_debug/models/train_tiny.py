@@ -133,6 +133,8 @@ def _completion_weights(completion: str, n_ids: int, e_weight: float) -> list:
 
 def encode_docs(records, tok, *, prompt_weight: float, seed: int, max_len: int, e_weight: float = 1.0):
     """records: dicts with prompt/completion (text == prompt + completion)."""
+    if not records:  # the batched encode below fails on an empty list
+        return []
     rng = random.Random(seed + 17)
     eot = tok.eos_token_id
     docs = []
@@ -283,8 +285,13 @@ def load_docs(path: Path, key: str):
 
 
 def read_jsonl(path):
+    """Records of a JSONL file; ``.xz`` / ``.gz`` files (data carried to another machine) are read compressed."""
+    import gzip
+    import lzma
+
+    opener = {".xz": lzma.open, ".gz": gzip.open}.get(Path(path).suffix, open)
     out = []
-    with open(path) as f:
+    with opener(path, "rt") as f:
         for line in f:
             line = line.strip()
             if line:
@@ -321,7 +328,10 @@ def parse_args(argv):
     ap.add_argument("--a-fraction", type=float, default=0.5, help="fraction of A: documents per batch")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--bf16", action="store_true", help="bf16 autocast on CPU (faster on AVX512-BF16)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16 autocast (on CUDA: fast; on CPU only with AVX512-BF16, ~20x SLOWER on AVX2-only CPUs)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu (default; the recipe's reference), cuda, cuda:N or auto; a missing device is a ConfigError")
     ap.add_argument("--checkpoint-every", type=int, default=250)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--max-minutes", type=float, default=None, help="safety stop (shortens the run)")
@@ -362,7 +372,16 @@ def main(argv=None) -> int:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig
 
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.models.devices import check_device
+
+    try:  # before any data or model work: a missing GPU is a one-line error, not a traceback minutes in
+        device = check_device(args.device, "--device")
+    except ConfigError as e:
+        print(f"rookworld-debug train-tiny: {e}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = True  # CUDA only: TF32 for the fp32 parts outside autocast
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     out = Path(args.out)
@@ -394,7 +413,9 @@ def main(argv=None) -> int:
     if args.activation and args.activation != model.config.activation_function:
         set_activation(model, args.activation)
         log(f"activation -> {args.activation}")
+    model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
+    log(f"device {device}{' bf16 autocast' if args.bf16 else ' fp32'}")
     log(f"model L{args.n_layer} d{args.n_embd} h{args.n_head} params {n_params}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -404,11 +425,16 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed + 99)
     n_a = int(round(args.batch_size * args.a_fraction))
     n_p = args.batch_size - n_a
+    for task, n, docs in (("P", n_p, p_docs), ("A", n_a, a_docs)):
+        if n and not docs:  # else the batch sampler indexes an empty pool
+            print(f"rookworld-debug train-tiny: --a-fraction {args.a_fraction} puts {n} {task}: documents in each "
+                  f"batch, but the data has no {task}: documents", file=sys.stderr)
+            return 2
     p_order, a_order, pi, ai = [], [], 0, 0
     start, history, ema, t_before = 0, [], None, 0.0
     if args.resume:  # the optimizer, RNG and data cursors continue exactly where the checkpoint left them
         st = torch.load(Path(args.resume) / STATE_FILE, weights_only=False)
-        opt.load_state_dict(st["optimizer"])
+        opt.load_state_dict(st["optimizer"])  # load_state_dict casts the moments to the params' device
         rng.setstate(st["rng"])
         torch.set_rng_state(st["torch_rng"])
         p_order, a_order, pi, ai = st["p_order"], st["a_order"], st["pi"], st["ai"]
@@ -447,7 +473,8 @@ def main(argv=None) -> int:
         batch, pi = take(p_docs, p_order, pi, n_p)
         ab, ai = take(a_docs, a_order, ai, n_a)
         ids, w = collate(batch + ab, tok.eos_token_id, args.pad_to)  # (B, T), (B, T-1)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        ids, w = ids.to(device, non_blocking=True), w.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             logits = fwd(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
         ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1),
                                                reduction="none").view_as(w)  # (B, T-1)
@@ -456,9 +483,10 @@ def main(argv=None) -> int:
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        lv = loss.item()
-        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+        # the EMA stays a tensor: a .item() every step would stall the GPU queue (synced at log steps only)
+        ema = loss.detach() if ema is None else 0.95 * ema + 0.05 * loss.detach()
         if step % args.log_every == 0 or step == args.steps - 1:
+            lv, ema = loss.item(), float(ema)
             el = time.time() - t_train
             comp = (ce * (w == 1.0)).sum().item() / max(1.0, (w == 1.0).sum().item())
             log(f"step {step} loss {lv:.4f} ema {ema:.4f} completion_ce {comp:.4f} gnorm {gn:.2f} "
@@ -470,7 +498,7 @@ def main(argv=None) -> int:
             _save(model, tok, out / "checkpoint", dict(meta, step=step, history=history, train_seconds=secs))
             tmp = out / "checkpoint" / (STATE_FILE + ".tmp")
             torch.save(dict(optimizer=opt.state_dict(), rng=rng.getstate(), torch_rng=torch.get_rng_state(),
-                            p_order=p_order, a_order=a_order, pi=pi, ai=ai, step=step, history=history, ema=ema,
+                            p_order=p_order, a_order=a_order, pi=pi, ai=ai, step=step, history=history, ema=float(ema),
                             train_seconds=secs), tmp)
             os.replace(tmp, out / "checkpoint" / STATE_FILE)  # atomic: a kill mid-save keeps the last state
             log(f"checkpoint saved at step {step}")
