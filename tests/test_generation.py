@@ -392,3 +392,29 @@ def test_shared_prompt_forward_equals_the_full_forward(models, t):
         grads.append(torch.cat([p.grad.flatten() for p in pol.parameters()]))
     pol.zero_grad()
     assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-4
+
+
+def test_kv_cache_keyword_follows_the_installed_transformers(models):
+    """transformers 5.24 renamed forward's `past_key_values` to `cache`; the old name warned into every
+    report (and pushed the report's summary below the first screen). Generation uses whichever the
+    installed forward takes, and warns nothing."""
+    import inspect
+    import warnings
+
+    from rookworld_debug.grpo.decoding import cache_kw
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None):
+            return input_ids
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None):
+            return input_ids
+
+    assert cache_kw(New()) == "cache" and cache_kw(Old()) == "past_key_values"
+    pol, ref, tok, _ = models
+    assert cache_kw(pol) in inspect.signature(type(pol).forward).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        generate(pol, ref, tok, [P_PROMPT, P_PROMPT], ["P", "P"], num_generations=2, max_new_tokens=8,
+                 sampling=SAMPLING, seed=3)

@@ -30,12 +30,25 @@ finished rows, NaN check) every `sync_every` steps (1 on CPU, where a "sync" is 
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import NumericalError
 from ..models.precision import autocast_for
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kw_of(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def cache_kw(module) -> str:
+    """The KV-cache keyword of ``module.forward``: transformers 5.24 renamed
+    ``past_key_values`` to ``cache`` (the old name still works but warns into every report)."""
+    return _cache_kw_of(type(module))
 
 COMPACT_FRACTION = 0.25  # drop finished rows once they are ≥ this share of the batch (a cache copy each time)
 
@@ -165,12 +178,12 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
         top_p = top_p.to(device=device, dtype=torch.float32) \
             if top_p is not None and bool((top_p < 1.0).any()) else None
 
-    cache = _new_cache(model, p + max_new_tokens)
+    cache, ckw = _new_cache(model, p + max_new_tokens), cache_kw(model)
     pos0 = pmask.long().cumsum(-1) - 1                                                  # (B, P)
     amp = autocast_for(model)                     # bf16 autocast on CUDA (fp32 weights), else a no-op
     with amp:
         out = model(input_ids=ids, attention_mask=pmask, position_ids=pos0.masked_fill(pmask == 0, 0),
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    **{ckw: cache}, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1].float().repeat_interleave(expand, 0)                     # (N, V)
     del out
     cache.batch_repeat_interleave(expand)                                               # groups expanded here
@@ -229,7 +242,7 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
         kv = p + steps
         with amp:
             out = model(input_ids=tok[:, None], attention_mask=key_mask[:, :, :, :kv],
-                        position_ids=(next_pos[live] + step)[:, None], past_key_values=cache, use_cache=True)
+                        position_ids=(next_pos[live] + step)[:, None], **{ckw: cache}, use_cache=True)
         logits = out.logits[:, -1].float()                                              # (n, V)
         forwards, row_steps = forwards + 1, row_steps + live.numel()
     if sample and bool(bad):

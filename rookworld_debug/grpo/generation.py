@@ -39,7 +39,7 @@ from ..errors import ConfigError, NumericalError
 from ..models.tokenizer import token_strings
 
 from ..models.precision import autocast_dtype, autocast_for
-from .decoding import decode
+from .decoding import cache_kw, decode
 
 LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
 UNTRAINED_ENTROPY_FRACTION = 0.97  # mean entropy ≥ 97 % of ln V: "looks untrained" (flag, not is_random_init)
@@ -175,12 +175,12 @@ def _forward_completion_logits(model, prompt_ids, prompt_mask, completion_ids, c
     body, head = model.base_model, model.get_output_embeddings()
     cache = DynamicCache(config=model.config)
     first = body(input_ids=prompt_ids[uniq], attention_mask=prompt_mask[uniq], position_ids=pos[uniq, :p],
-                 past_key_values=cache, use_cache=True).last_hidden_state[:, -1:]        # (b, 1, d)
+                 **{cache_kw(body): cache}, use_cache=True).last_hidden_state[:, -1:]        # (b, 1, d)
     if t == 1:                                                                            # nothing after the prompt
         return head(first[expand])                                                        # (n, 1, V)
     cache.batch_select_indices(expand)                                                    # (b, ...) → (n, ...)
     rest = body(input_ids=completion_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, p:-1],
-                past_key_values=cache, use_cache=True).last_hidden_state                 # (n, T-1, d)
+                **{cache_kw(body): cache}, use_cache=True).last_hidden_state            # (n, T-1, d)
     # one LM-head matmul over all T positions, as the full forward does (a (b, 1, d) one rounds differently)
     return head(torch.cat([first[expand], rest], 1))                                      # (n, T, V)
 
