@@ -1,4 +1,4 @@
-"""Train the embedded tiny RookWorld GPT-2 on CPU (issue 3).
+"""Train the embedded tiny RookWorld GPT-2 (issue 3; CPU by default, ``--device cuda --bf16`` on a GPU).
 
 `rookworld-debug train-tiny` calls :func:`main`. The recipe (all of it is recorded in the saved
 folder's ``training_args.json`` and the model card):
@@ -18,7 +18,8 @@ folder's ``training_args.json`` and the model card):
   ``--prompt-weight`` (default 0.25: the prompt still teaches FEN/move grammar, the completion gets the
   capacity);
 * model: ``GPT2LMHeadModel`` with dropout 0 (RookWorld-LM was trained without dropout);
-* AdamW, linear warm-up then cosine decay to 10 %, gradient clipping 1.0, ``torch.set_num_threads``;
+* AdamW, linear warm-up then cosine / linear / warm-up-stable-decay (``--schedule``), gradient clipping 1.0,
+  ``torch.set_num_threads``;
 * periodic checkpoints (complete HF folders, shippable) and a plain-text log.
 
 Reproducibility: everything is seeded (torch, python ``random``, data order). ``--max-minutes`` is
