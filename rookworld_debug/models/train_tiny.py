@@ -371,8 +371,6 @@ def lr_at(step, args):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig
-
     from rookworld_debug.errors import ConfigError
     from rookworld_debug.models.devices import check_device
 
@@ -399,29 +397,8 @@ def main(argv=None) -> int:
         args.init_from = args.resume
     tok, p_docs, a_docs, data_src = prepare_docs(args, out, log)
 
-    config = GPT2Config(vocab_size=len(tok), n_positions=args.n_positions, n_embd=args.n_embd,
-                        n_layer=args.n_layer, n_head=args.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
-                        pad_token_id=tok.eos_token_id, tie_word_embeddings=True)
-    if args.init_from:
-        model = GPT2LMHeadModel.from_pretrained(args.init_from, dtype=torch.float32)
-        config = model.config
-        prev = Path(args.init_from) / "training_args.json"
-        prev_step = json.loads(prev.read_text()).get("step", "?") if prev.exists() else "?"
-        log(f"initialised from {args.init_from} (step {prev_step})")
-    else:
-        model = GPT2LMHeadModel(config)
-    if args.activation and args.activation != model.config.activation_function:
-        set_activation(model, args.activation)
-        log(f"activation -> {args.activation}")
-    model.to(device)
-    n_params = sum(p.numel() for p in model.parameters())
-    log(f"device {device}{' bf16 autocast' if args.bf16 else ' fp32'}")
-    log(f"model L{args.n_layer} d{args.n_embd} h{args.n_head} params {n_params}")
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    model, n_params = build_model(args, tok, device, log)
+    opt = build_optimizer(model, args)
 
     rng = random.Random(args.seed + 99)
     n_a = int(round(args.batch_size * args.a_fraction))
@@ -495,19 +472,61 @@ def main(argv=None) -> int:
             history.append({"step": step, "loss": round(lv, 4), "ema": round(ema, 4), "completion_ce": round(comp, 4),
                             "elapsed_s": round(el, 1)})
         if args.checkpoint_every and step > 0 and step % args.checkpoint_every == 0:
-            secs = round(time.time() - t_train, 1)
-            _save(model, tok, out / "checkpoint", dict(meta, step=step, history=history, train_seconds=secs))
-            tmp = out / "checkpoint" / (STATE_FILE + ".tmp")
-            torch.save(dict(optimizer=opt.state_dict(), rng=rng.getstate(), torch_rng=torch.get_rng_state(),
-                            p_order=p_order, a_order=a_order, pi=pi, ai=ai, step=step, history=history, ema=float(ema),
-                            train_seconds=secs), tmp)
-            os.replace(tmp, out / "checkpoint" / STATE_FILE)  # atomic: a kill mid-save keeps the last state
+            save_checkpoint(out / "checkpoint", model, tok, opt, meta, step=step, history=history, ema=ema,
+                            train_seconds=round(time.time() - t_train, 1), rng=rng,
+                            cursors=dict(p_order=p_order, a_order=a_order, pi=pi, ai=ai))
             log(f"checkpoint saved at step {step}")
     meta.update(final_step=step, stopped_early=stopped_early, train_seconds=round(time.time() - t_train, 1),
                 history=history)
     _save(model, tok, out, meta)
     log(f"done: {meta['train_seconds']}s, saved to {out}")
     return 0
+
+
+def build_model(args, tok, device, log):
+    """(GPT-2 on ``device``, parameter count): ``--init-from`` weights, else a fresh model of the CLI's shape."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if args.init_from:
+        model = GPT2LMHeadModel.from_pretrained(args.init_from, dtype=torch.float32)
+        prev = Path(args.init_from) / "training_args.json"
+        prev_step = json.loads(prev.read_text()).get("step", "?") if prev.exists() else "?"
+        log(f"initialised from {args.init_from} (step {prev_step})")
+    else:
+        model = GPT2LMHeadModel(GPT2Config(
+            vocab_size=len(tok), n_positions=args.n_positions, n_embd=args.n_embd, n_layer=args.n_layer,
+            n_head=args.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tok.eos_token_id,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, tie_word_embeddings=True))
+    if args.activation and args.activation != model.config.activation_function:
+        set_activation(model, args.activation)
+        log(f"activation -> {args.activation}")
+    model.to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"device {device}{' bf16 autocast' if args.bf16 else ' fp32'}")
+    log(f"model L{args.n_layer} d{args.n_embd} h{args.n_head} params {n_params}")
+    return model, n_params
+
+
+def build_optimizer(model, args):
+    """AdamW; no weight decay on biases and LayerNorm gains (the 1-D parameters)."""
+    import torch
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+
+
+def save_checkpoint(folder: Path, model, tok, opt, meta, *, step, history, ema, train_seconds, rng, cursors):
+    """A shippable HF folder plus STATE_FILE (optimizer, RNGs, data cursors) that ``--resume`` continues."""
+    import torch
+
+    _save(model, tok, folder, dict(meta, step=step, history=history, train_seconds=train_seconds))
+    tmp = folder / (STATE_FILE + ".tmp")
+    torch.save(dict(optimizer=opt.state_dict(), rng=rng.getstate(), torch_rng=torch.get_rng_state(), **cursors,
+                    step=step, history=history, ema=float(ema), train_seconds=train_seconds), tmp)
+    os.replace(tmp, folder / STATE_FILE)  # atomic: a kill mid-save keeps the last state
 
 
 def set_activation(model, name: str) -> None:
