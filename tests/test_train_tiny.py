@@ -19,9 +19,28 @@ LINE = format_p(PSample(fen="r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R
                         best="f1b5"))
 
 
+A_LINE = ("A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+",
+          "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0")
+
+
 def _record(text):
     s = parse_p(text)
     return dict(text=text, task="P", fen=s.fen, moves=list(s.moves), evals=list(s.evals), best=s.best)
+
+
+def _data_lines(n_p: int, with_a: bool = True) -> list[str]:
+    """JSONL lines: ``n_p`` P: records (prompt/completion are rebuilt by --m-order sorted) and one real A:."""
+    lines = [json.dumps(dict(_record(LINE), prompt="", completion="", split="train"))] * n_p
+    if with_a:
+        lines.append(json.dumps(dict(text=A_LINE[0] + A_LINE[1], prompt=A_LINE[0], completion=A_LINE[1], task="A",
+                                     split="train")))
+    return lines
+
+
+def _cli(args, timeout=110):
+    cmd = [str(REPO / ".venv/bin/rookworld-debug"), "train-tiny", *args]
+    return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def test_sort_m_field_orders_pairs_and_keeps_the_rest():
@@ -53,29 +72,16 @@ def test_fused_activation_is_the_same_function():
 @pytest.mark.timeout(120)
 def test_train_tiny_cli_sorted_and_fused(tmp_path):
     data = tmp_path / "d.jsonl"
-    data.write_text("\n".join(json.dumps(dict(_record(LINE), prompt="", completion="", split="train")) for _ in range(4)))
-    # prompt/completion are rebuilt by --m-order sorted; give the A: half one real record
-    a = ("A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+",
-         "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0")
-    with data.open("a") as f:
-        f.write("\n" + json.dumps(dict(text=a[0] + a[1], prompt=a[0], completion=a[1], task="A", split="train")))
+    data.write_text("\n".join(_data_lines(4)))
     out = tmp_path / "tt"
-    cmd = [str(REPO / ".venv/bin/rookworld-debug"), "train-tiny", "--out", str(out), "--data", str(data),
-           "--n-layer", "1", "--n-embd", "16", "--n-head", "1", "--n-positions", "256", "--steps", "2",
-           "--batch-size", "2", "--threads", "1", "--m-order", "sorted", "--activation", "gelu_pytorch_tanh"]
-    res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=110,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    res = _cli(["--out", str(out), "--data", str(data), "--n-layer", "1", "--n-embd", "16", "--n-head", "1",
+                "--n-positions", "256", "--steps", "2", "--batch-size", "2", "--threads", "1", "--m-order", "sorted",
+                "--activation", "gelu_pytorch_tanh"])
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads((out / "config.json").read_text())["activation_function"] == "gelu_pytorch_tanh"
     log = (out / "train_log.txt").read_text()
     assert "UCI order" in log and "activation -> gelu_pytorch_tanh" in log
     assert json.loads((out / "training_args.json").read_text())["m_order"] == "sorted"
-
-
-def _cli(args, timeout=110):
-    cmd = [str(REPO / ".venv/bin/rookworld-debug"), "train-tiny", *args]
-    return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 @pytest.mark.timeout(120)
@@ -85,7 +91,7 @@ def test_train_tiny_reads_xz_data_on_the_named_device(tmp_path):
 
     data = tmp_path / "d.jsonl.xz"
     with lzma.open(data, "wt") as f:
-        f.write("\n".join(json.dumps(dict(_record(LINE), prompt="", completion="", split="train")) for _ in range(4)))
+        f.write("\n".join(_data_lines(4, with_a=False)))
     out = tmp_path / "tt"
     res = _cli(["--out", str(out), "--data", str(data), "--n-layer", "1", "--n-embd", "16", "--n-head", "1",
                 "--n-positions", "256", "--steps", "2", "--batch-size", "2", "--a-fraction", "0", "--threads", "1",
@@ -110,10 +116,7 @@ def test_round4_recipe_runs_both_stages_and_resumes(tmp_path):
     """scripts/train_tiny.sh (ROUND=4) as a user runs it, on CPU, with its data files already made and the
     step count cut to 2 (extra arguments reach both stages): stage 2 starts from stage 1's weights, and a
     second run finds both stages done instead of training again."""
-    a = ("A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+",
-         "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1+0.001+0+0")
-    lines = [json.dumps(dict(_record(LINE), prompt="", completion="", split="train"))] * 3
-    lines.append(json.dumps(dict(text=a[0] + a[1], prompt=a[0], completion=a[1], task="A", split="train")))
+    lines = _data_lines(3)
     for seed in (5000, 6000, 7000):
         (tmp_path / f"data_{seed}.jsonl").write_text("\n".join(lines) + "\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WORK": str(tmp_path), "DEVICE": "cpu"}
@@ -135,7 +138,7 @@ def test_round4_recipe_runs_both_stages_and_resumes(tmp_path):
 @pytest.mark.timeout(120)
 def test_train_tiny_data_without_a_task_the_batch_needs_is_a_named_error(tmp_path):
     data = tmp_path / "p_only.jsonl"
-    data.write_text("\n".join(json.dumps(dict(_record(LINE), prompt="", completion="", split="train")) for _ in range(3)))
+    data.write_text("\n".join(_data_lines(3, with_a=False)))
     res = _cli(["--out", str(tmp_path / "tt"), "--data", str(data), "--n-layer", "1", "--n-embd", "16", "--n-head", "1",
                 "--n-positions", "256", "--steps", "2", "--batch-size", "2", "--threads", "1", "--m-order", "sorted"])
     assert res.returncode == 2, res.stderr[-2000:]

@@ -173,14 +173,14 @@ def _forward_completion_logits(model, prompt_ids, prompt_mask, completion_ids, c
     uniq, expand = groups                                                                # (b,), (n,)
     p = prompt_ids.shape[1]
     body, head = model.base_model, model.get_output_embeddings()
-    cache = DynamicCache(config=model.config)
+    cache, ckw = DynamicCache(config=model.config), cache_kw(body)
     first = body(input_ids=prompt_ids[uniq], attention_mask=prompt_mask[uniq], position_ids=pos[uniq, :p],
-                 **{cache_kw(body): cache}, use_cache=True).last_hidden_state[:, -1:]        # (b, 1, d)
+                 **{ckw: cache}, use_cache=True).last_hidden_state[:, -1:]                   # (b, 1, d)
     if t == 1:                                                                            # nothing after the prompt
         return head(first[expand])                                                        # (n, 1, V)
     cache.batch_select_indices(expand)                                                    # (b, ...) → (n, ...)
     rest = body(input_ids=completion_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, p:-1],
-                **{cache_kw(body): cache}, use_cache=True).last_hidden_state            # (n, T-1, d)
+                **{ckw: cache}, use_cache=True).last_hidden_state                          # (n, T-1, d)
     # one LM-head matmul over all T positions, as the full forward does (a (b, 1, d) one rounds differently)
     return head(torch.cat([first[expand], rest], 1))                                      # (n, T, V)
 

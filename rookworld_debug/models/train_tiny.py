@@ -396,18 +396,17 @@ def main(argv=None) -> int:
     if args.resume:
         args.init_from = args.resume
     tok, p_docs, a_docs, data_src = prepare_docs(args, out, log)
-
-    model, n_params = build_model(args, tok, device, log)
-    opt = build_optimizer(model, args)
-
-    rng = random.Random(args.seed + 99)
     n_a = int(round(args.batch_size * args.a_fraction))
     n_p = args.batch_size - n_a
     for task, n, docs in (("P", n_p, p_docs), ("A", n_a, a_docs)):
-        if n and not docs:  # else the batch sampler indexes an empty pool
+        if n and not docs:  # else the batch sampler indexes an empty pool (checked before the model loads)
             print(f"rookworld-debug train-tiny: --a-fraction {args.a_fraction} puts {n} {task}: documents in each "
                   f"batch, but the data has no {task}: documents", file=sys.stderr)
             return 2
+
+    model, n_params = build_model(args, tok, device, log)
+    opt = build_optimizer(model, args)
+    rng = random.Random(args.seed + 99)
     p_order, a_order, pi, ai = [], [], 0, 0
     start, history, ema, t_before = 0, [], None, 0.0
     if args.resume:  # the optimizer, RNG and data cursors continue exactly where the checkpoint left them
