@@ -56,3 +56,8 @@ class TraceError(RookWorldError, ValueError):
 
 class IncompatibleTraceError(TraceError):
     """A trace or TRL capture was written by a version (TRL, capture format) this package cannot read."""
+
+
+class CheckpointError(ModelLoadError):
+    """A checkpoint/cache file (policy.pt, optimizer.pt, rng.pt) is missing, damaged, of another model, or
+    holds something other than tensors and plain values (it is never unpickled)."""

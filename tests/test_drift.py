@@ -98,3 +98,68 @@ def test_bad_start_paths_are_named_errors(base, tmp_path):
 def test_warmup_without_signal_says_so(base):
     st = setup(base.replace(warmup_steps=1, warmup_lr=1e-2)).provenance["start"]
     assert not st["moved"] and "did not move" in st["note"]
+
+
+# ------------------------------------------------------------- issue 25: damaged or foreign start files
+@pytest.mark.parametrize("content", [b"", b"garbage \x00\x01 not a torch file", b"PK\x03\x04truncated-zip"])
+def test_damaged_torch_files_are_named(base, tmp_path, content):
+    from rookworld_debug.errors import CheckpointError
+
+    (tmp_path / "opt.pt").write_bytes(content)
+    with pytest.raises(CheckpointError, match="init_optimizer: .*opt.pt is not a readable torch file"):
+        setup(base.replace(init_optimizer=str(tmp_path / "opt.pt")))
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "policy.pt").write_bytes(content)
+    with pytest.raises(CheckpointError, match="init_policy: .*policy.pt is not a readable torch file"):
+        setup(base.replace(init_policy=str(tmp_path / "ck")))
+
+
+def test_a_pickle_that_needs_code_is_refused_and_never_runs(base, tmp_path):
+    import os
+    import pickle
+
+    from rookworld_debug.errors import CheckpointError
+
+    canary = tmp_path / "canary"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {canary}",))
+
+    torch.save({"x": Evil()}, tmp_path / "opt.pt", pickle_module=pickle)
+    with pytest.raises(CheckpointError):
+        setup(base.replace(init_optimizer=str(tmp_path / "opt.pt")))
+    assert not canary.exists()
+
+
+def test_state_of_another_model_is_named(base, tmp_path, tmp_path_factory):
+    from rookworld_debug.errors import CheckpointError
+
+    other = save_tiny_gpt2(tmp_path_factory.mktemp("other"), n_embd=16)
+    s_other = setup(base.replace(model=str(other)))
+    loss = sum(p.sum() for p in s_other.policy.parameters())
+    loss.backward()
+    s_other.optimizer.step()
+    torch.save(s_other.optimizer.state_dict(), tmp_path / "opt.pt")
+    torch.save(s_other.policy.state_dict(), tmp_path / "policy.pt")
+    with pytest.raises(CheckpointError, match="does not fit"):
+        setup(base.replace(init_optimizer=str(tmp_path / "opt.pt")))
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "policy.pt").rename(tmp_path / "ck" / "policy.pt")
+    with pytest.raises(CheckpointError, match="does not fit"):
+        setup(base.replace(init_policy=str(tmp_path / "ck")))
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbage", "meta"])
+def test_a_damaged_warmup_cache_entry_is_recomputed(base, cache, damage):
+    cfg = base.replace(warmup_steps=1, warmup_lr=1e-2, entropy_coef=0.05)
+    first = setup(cfg).provenance["start"]
+    entry = next(cache.glob("drift/*"))
+    if damage == "meta":
+        (entry / "meta.json").write_text("[1, 2")
+    else:
+        (entry / "policy.pt").write_bytes(b"" if damage == "empty" else b"\x80\x04garbage")
+    again = setup(cfg).provenance["start"]
+    assert again["warmup_cache"].startswith("computed")
+    assert again["start_weights_sha256"] == first["start_weights_sha256"]
+    assert setup(cfg).provenance["start"]["warmup_cache"].startswith("hit")   # and the entry is whole again

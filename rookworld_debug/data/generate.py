@@ -82,6 +82,11 @@ class GenSettings:
     p_game_end: float = 0.0  # probability that a game is played on past its cap to its end (one game-end A: record)
     fen_width: int = 90
     engine_path: str | None = None
+    full_games: bool = False  # games played to their natural end (data/games.py, issue 24)
+    p_random_game: float = 0.25  # full_games: share of pure random-play games
+    p_share_p: float = 0.15  # full_games: probability that a kept position also yields a P: record
+    p_end_branch: float = 0.3  # full_games: probability a kept position yields its game-ending move's record
+    max_game_plies: int = 600  # full_games: hard cap (the 75-move rule ends random games long before)
 
     def check(self):
         if self.b_label not in B_LABELS:
@@ -94,8 +99,9 @@ class GenSettings:
             raise ConfigError("keep", "must be in (0, 1]")
         if not 0 <= self.p_illegal <= 1:
             raise ConfigError("p_illegal", "must be in [0, 1]")
-        if not 0 <= self.p_game_end <= 1:
-            raise ConfigError("p_game_end", "must be in [0, 1]")
+        for name in ("p_game_end", "p_random_game", "p_share_p", "p_end_branch"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(name, "must be in [0, 1]")
 
 
 # ------------------------------------------------------------------------------ per-game worker
@@ -263,15 +269,18 @@ def generate_records(*, n_p: int | None = None, n_a: int | None = None, n_games:
                      depth: int = 10, seed: int = 0, workers: int = 2, b_label: str = "rookworld",
                      heldout_frac: float = 0.2, p_illegal: float = 0.04, engine_path: str | None = None,
                      ply_range=(10, 200), keep: float = 1.0, eps_range=(0.05, 0.5), random_opening_max: int = 8,
-                     p_game_end: float = 0.0, progress=None) -> list[dict]:
+                     p_game_end: float = 0.0, full_games: bool = False, progress=None, **full) -> list[dict]:
     """Play games until ``n_p`` P: and ``n_a`` A: (deduplicated) records exist, or ``n_games`` games.
 
     The result is a list in game order: P: records first then A: records, each capped to its count.
     """
     s = GenSettings(depth=depth, seed=seed, b_label=b_label, heldout_frac=heldout_frac, p_illegal=p_illegal,
                     engine_path=engine_path, ply_range=tuple(ply_range), keep=keep, eps_range=tuple(eps_range),
-                    random_opening_max=random_opening_max, p_game_end=p_game_end)
+                    random_opening_max=random_opening_max, p_game_end=p_game_end, full_games=full_games, **full)
     s.check()
+    play = play_game
+    if full_games:
+        from rookworld_debug.data.games import play_full_game as play
     if n_games is None and n_p is None and n_a is None:
         raise ConfigError("n_p", "give n_p/n_a or n_games")
     p_recs: dict[str, dict] = {}
@@ -296,13 +305,13 @@ def generate_records(*, n_p: int | None = None, n_a: int | None = None, n_games:
         for gid in range(limit):
             if enough(g):
                 break
-            add(play_game((s, gid)))
+            add(play((s, gid)))
             g += 1
             if progress:
                 progress(g, len(p_recs), len(a_recs))
     else:
         with mp.get_context("fork").Pool(workers, initializer=_init_worker) as pool:
-            for recs in pool.imap(play_game, tasks, chunksize=1):
+            for recs in pool.imap(play, tasks, chunksize=1):
                 add(recs)
                 g += 1
                 if progress:
@@ -384,6 +393,12 @@ def main(argv=None) -> int:
     ap.add_argument("--eps-range", type=float, nargs=2, default=(0.05, 0.5),
                     help="per-game probability range of a uniformly random move (1 1 = pure random play)")
     ap.add_argument("--random-opening-max", type=int, default=8, help="max uniformly random opening plies")
+    ap.add_argument("--full-games", action="store_true",
+                    help="play every game to its natural end, per-side random-move probability (data/games.py)")
+    ap.add_argument("--p-random-game", type=float, default=0.25, help="--full-games: share of pure random games")
+    ap.add_argument("--p-share-p", type=float, default=0.15, help="--full-games: kept positions that yield a P: record")
+    ap.add_argument("--p-end-branch", type=float, default=0.3,
+                    help="--full-games: kept positions that yield the record of a move that would end the game")
     ap.add_argument("--meta", default=None, help="settings JSON path (default: <out>.meta.json)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -399,6 +414,8 @@ def main(argv=None) -> int:
               b_label=a.b_label, heldout_frac=a.heldout_frac, p_illegal=a.p_illegal, engine_path=a.engine_path,
               keep=a.keep, ply_range=(min(a.min_plies, a.max_plies), a.max_plies), eps_range=tuple(a.eps_range),
               random_opening_max=a.random_opening_max, p_game_end=a.p_game_end)
+    if a.full_games:
+        kw.update(full_games=True, p_random_game=a.p_random_game, p_share_p=a.p_share_p, p_end_branch=a.p_end_branch)
     if a.n_games is not None:
         kw.update(n_p=None, n_a=None)
     recs = generate_records(**kw, progress=progress)
@@ -412,7 +429,9 @@ def main(argv=None) -> int:
                 + " ".join(sys.argv[1:] if argv is None else argv), policy=asdict(GenSettings(
                     depth=a.depth, seed=a.seed, b_label=a.b_label, heldout_frac=a.heldout_frac, p_illegal=a.p_illegal,
                     engine_path=a.engine_path, ply_range=kw["ply_range"], keep=a.keep, eps_range=kw["eps_range"],
-                    random_opening_max=a.random_opening_max, p_game_end=a.p_game_end)) | {"note": (
+                    random_opening_max=a.random_opening_max, p_game_end=a.p_game_end,
+                    **{k: kw[k] for k in ("full_games", "p_random_game", "p_share_p", "p_end_branch") if k in kw}))
+                    | {"note": (
                     "eps (per game, in eps_range), the ply cap (per game, in ply_range) and the random opening "
                     "length (0..random_opening_max) are per-game draws; see generate.py docstring")})
     meta_path = Path(a.meta) if a.meta else Path(str(a.out) + ".meta.json")

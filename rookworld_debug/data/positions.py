@@ -124,3 +124,62 @@ def overlap(prompts, training_prompts) -> float:
     train = training_prompts if isinstance(training_prompts, (set, frozenset)) else set(training_prompts)
     prompts = list(prompts)
     return sum(p in train for p in prompts) / len(prompts) if prompts else float("nan")
+
+
+# ---------------------------------------------------------------- issue 24: A: cases by band of game length
+BANDS = ((1, 20), (21, 40), (41, 60), (61, 80), (81, 150))  # fullmove ranges; "81+" is measured up to 150
+A_BAND_MIX = (("legal", 0.7), ("illegal", 0.15), ("game_end", 0.15))
+
+
+def band_label(lo: int, hi: int) -> str:
+    return f"{lo}+" if hi >= 150 else f"{lo}-{hi}"
+
+
+def _walk_to(rng: random.Random, lo_ply: int, hi_ply: int, want_end: bool):
+    """Uniformly random play from the start to a ply in [lo_ply, hi_ply]; returns (board, history, ending
+    moves) at the first position there that qualifies (any live one, or one with a game-ending move when
+    ``want_end``), or None when the game ends or passes hi_ply first."""
+    board, hist = chess.Board(), []
+    target = rng.randint(lo_ply, hi_ply)
+    while not board.is_game_over() and len(hist) <= hi_ply:
+        if len(hist) >= (lo_ply if want_end else target):
+            ending = [m for m in board.legal_moves if _ends(board, m)] if want_end else []
+            if ending or not want_end:
+                return board, hist, ending
+        m = rng.choice(list(board.legal_moves))
+        board.push(m)
+        hist.append(m.uci())
+    return None
+
+
+def band_a_cases(n_per_band: int, seed: int, bands=BANDS, mix=A_BAND_MIX) -> list[tuple[str, ACase]]:
+    """(band label, case) pairs: ``n_per_band`` A: cases per band of fullmove number, from **uniformly
+    random play** to a ply drawn in the band (this module's generator; the training data's comes from
+    :mod:`rookworld_debug.data.games`: engine-mixed games played to their end). The kinds follow ``mix``:
+    a legal random move, an illegal attempt, or a move that ends the game there (mate, stalemate,
+    insufficient material, 75-move rule). Deterministic in ``seed``."""
+    rng = random.Random(f"band-a-cases:{seed}")
+    out = []
+    for lo, hi in bands:
+        lo_ply, hi_ply = 2 * (lo - 1), 2 * hi - 1  # fullmove f covers plies 2(f-1) and 2(f-1)+1
+        counts = {k: round(n_per_band * w) for k, w in mix}
+        counts["legal"] += n_per_band - sum(counts.values())
+        for kind, n in counts.items():
+            made = 0
+            while made < n:
+                got = _walk_to(rng, lo_ply, hi_ply, kind == "game_end")
+                if got is None:
+                    continue
+                board, hist, ending = got
+                fen = board.fen()
+                if kind == "game_end":
+                    move = rng.choice(ending).uci()
+                elif kind == "illegal":
+                    move = _illegal_uci(board, rng)
+                else:
+                    move = rng.choice(list(board.legal_moves)).uci()
+                h = (hist + [move])[-MAX_HISTORY:]
+                out.append((band_label(lo, hi), ACase(format_a_prompt(fen, move, h), transition(fen, move, h).completion,
+                                                      kind)))
+                made += 1
+    return out

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from rookworld_debug.errors import ConfigError, ModelLoadError
+from rookworld_debug.errors import CheckpointError, ConfigError, ModelLoadError
+from rookworld_debug.safeio import check_fits, load_state_into, load_torch
 
 # fields that do not shape the warm-up (eval sizes, the debugged step's own iteration/loss-view knobs)
 _KEY_IGNORES = ("heldout_n", "eval_max_new_tokens", "top_k_alternatives", "num_iterations", "steps_per_generation",
@@ -50,7 +51,7 @@ def load_policy_weights(policy, path) -> str:
     optimizer keeps its parameters). Returns the kind of source."""
     path = Path(path).expanduser()
     if (path / "policy.pt").is_file():
-        state, kind = torch.load(path / "policy.pt", weights_only=True, map_location="cpu"), "run_steps checkpoint"
+        state, kind = load_torch(path / "policy.pt", "init_policy"), "run_steps checkpoint"
     elif (path / "config.json").is_file():
         from transformers import AutoModelForCausalLM
         try:
@@ -62,10 +63,10 @@ def load_policy_weights(policy, path) -> str:
         raise ModelLoadError(f"init_policy {path}: neither a run_steps checkpoint (policy.pt) nor an HF model "
                              "folder (config.json)")
     try:
-        policy.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise ModelLoadError(f"init_policy {path}: weights do not fit the model `{policy.config.model_type}` "
-                             f"loaded as base ({str(err).splitlines()[0]})") from err
+        check_fits(policy, state, "init_policy", path)
+        load_state_into(policy, state, "init_policy", path)
+    except CheckpointError as err:
+        raise CheckpointError(f"{err} (the base model is `{policy.config.model_type}`)") from None
     return kind
 
 
@@ -76,7 +77,7 @@ def load_optimizer_state(optimizer, config) -> str | None:
         else Path(config.init_optimizer).expanduser()
     if not path.is_file():
         raise ConfigError("init_optimizer", f"no optimizer state at {path}")
-    optimizer.load_state_dict(torch.load(path, weights_only=True, map_location="cpu"))
+    load_state_into(optimizer, load_torch(path, "init_optimizer"), "init_optimizer", path)
     return str(path)
 
 
@@ -114,12 +115,17 @@ def _warmup_cached(s, key: str) -> dict:
     folder = cache_root() / key
     if (folder / "meta.json").is_file():
         try:
-            s.policy.load_state_dict(torch.load(folder / "policy.pt", weights_only=True, map_location="cpu"))
-            s.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
             meta = json.loads((folder / "meta.json").read_text())
+            if not isinstance(meta, dict) or not isinstance(meta.get("warmup"), list):
+                raise CheckpointError(f"{folder / 'meta.json'}: no warm-up rows")
+            policy = load_torch(folder / "policy.pt", "drift cache")
+            optim = load_torch(folder / "optimizer.pt", "drift cache")
+            check_fits(s.policy, policy, "drift cache", folder / "policy.pt")   # before anything is loaded
+            load_state_into(s.optimizer, optim, "drift cache", folder / "optimizer.pt")  # torch checks first
+            load_state_into(s.policy, policy, "drift cache", folder / "policy.pt")
             return {"warmup": meta["warmup"], "warmup_cache": f"hit {folder}"}
-        except (OSError, RuntimeError, KeyError, ValueError):
-            pass                                      # a damaged cache entry is recomputed below
+        except (CheckpointError, OSError, ValueError):
+            pass                                      # a damaged entry is recomputed below
     rows = run_warmup(s)
     try:
         folder.mkdir(parents=True, exist_ok=True)

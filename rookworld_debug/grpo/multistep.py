@@ -560,8 +560,7 @@ def save_checkpoint(path, s: Setup, beta: BetaController, *, config, steps, mode
     path.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().clone() for k, v in s.policy.state_dict().items()}, path / "policy.pt")
     torch.save(s.optimizer.state_dict(), path / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
-               path / "rng.pt")
+    torch.save(_rng_state(), path / "rng.pt")
     state = {"version": CHECKPOINT_VERSION, "next_step": next_step, "completed_steps": next_step, "steps": steps,
              "mode": mode, "config": config.to_dict(), "beta_schedule": dataclasses.asdict(beta_schedule),
              "lr_schedule": dataclasses.asdict(lr_schedule), "beta_state": beta.state_dict(),
@@ -573,13 +572,39 @@ def save_checkpoint(path, s: Setup, beta: BetaController, *, config, steps, mode
     return path
 
 
+def _rng_state() -> dict:
+    """torch/python/numpy generator states as tensors and plain values (loadable with weights_only=True)."""
+    import numpy as np
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": [version, torch.tensor(mt, dtype=torch.int64), gauss],
+            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]}
+
+
+def _set_rng_state(rng, path) -> None:
+    import numpy as np
+    from rookworld_debug.errors import CheckpointError
+    try:
+        version, mt, gauss = rng["python"]
+        name, keys, pos, has_gauss, cached = rng["numpy"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate((version, tuple(int(x) for x in mt.tolist()), gauss))
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as err:
+        raise CheckpointError(f"resume: {path} is not a generator state this version wrote ({err})") from None
+
+
 def _read_checkpoint(path) -> dict:
     f = Path(path) / "state.json"
     if not f.exists():
         raise DataError(f"{path} is not a complete checkpoint (no state.json)")
-    state = json.loads(f.read_text())
-    if state.get("version") != CHECKPOINT_VERSION:
-        raise DataError(f"checkpoint {path} has version {state.get('version')}, expected {CHECKPOINT_VERSION}")
+    try:
+        state = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{f} is not valid JSON ({err})") from None
+    if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
+        found = state.get("version") if isinstance(state, dict) else type(state).__name__
+        raise DataError(f"checkpoint {path} has version {found}, expected {CHECKPOINT_VERSION}")
     return state
 
 
@@ -592,11 +617,10 @@ def _check_same(state, *, steps, mode, beta, lr, where):
 
 
 def _restore(state, path: Path, s: Setup, beta: BetaController) -> None:
-    import numpy as np
-    s.policy.load_state_dict(torch.load(path / "policy.pt", weights_only=True))
-    s.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
+    from rookworld_debug.safeio import check_fits, load_state_into, load_torch
+    policy = load_torch(path / "policy.pt", "resume")
+    check_fits(s.policy, policy, "resume", path / "policy.pt")
+    load_state_into(s.optimizer, load_torch(path / "optimizer.pt", "resume"), "resume", path / "optimizer.pt")
+    load_state_into(s.policy, policy, "resume", path / "policy.pt")
+    _set_rng_state(load_torch(path / "rng.pt", "resume"), path / "rng.pt")
     beta.load_state_dict(state["beta_state"])

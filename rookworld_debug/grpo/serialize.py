@@ -44,29 +44,99 @@ def _encode(obj: Any, tensors: dict, path: str) -> Any:
     return {"__repr__": repr(obj)}
 
 
-def _decode(obj: Any, tensors: dict) -> Any:
+# The only places a record type can come from. A name read from a file is looked up in the table built
+# from these modules (names written here, in code); nothing is ever imported or called by a name a file
+# supplies, so opening a trace is as safe as opening a CSV.
+RECORD_MODULES = (
+    "rookworld_debug.config", "rookworld_debug.metrics", "rookworld_debug.chess.arbiter",
+    "rookworld_debug.chess.engine", "rookworld_debug.chess.formats", "rookworld_debug.chess.rewards",
+    "rookworld_debug.data.loaders", "rookworld_debug.models.provenance", "rookworld_debug.grpo.advantages",
+    "rookworld_debug.grpo.decoding", "rookworld_debug.grpo.evaluation", "rookworld_debug.grpo.generation",
+    "rookworld_debug.grpo.iterations", "rookworld_debug.grpo.loss", "rookworld_debug.grpo.multistep",
+    "rookworld_debug.grpo.rewards", "rookworld_debug.grpo.setup", "rookworld_debug.grpo.step",
+    "rookworld_debug.grpo.update", "rookworld_debug.trl.record", "rookworld_debug.trl.rewards",
+)
+_RECORDS: dict[str, type] = {}
+_FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def record_types() -> dict[str, type]:
+    """"module:Class" → class for every dataclass defined in RECORD_MODULES (the closed allowlist)."""
+    if not _RECORDS:
+        for name in RECORD_MODULES:
+            mod = importlib.import_module(name)
+            for obj in vars(mod).values():
+                if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == name:
+                    _RECORDS[f"{name}:{obj.__qualname__}"] = obj
+    return _RECORDS
+
+
+class _Bad(Exception):
+    """A malformed payload; read_trace turns it into a TraceError naming the file."""
+
+
+def _make_record(obj: dict, tensors: dict, where: str) -> Any:
+    name = obj["__record__"]
+    cls = record_types().get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise _Bad(f"{where}: record type {name!r} is not one of this package's records")
+    fields = obj.get("fields")
+    if not isinstance(fields, dict):
+        raise _Bad(f"{where}: record {name} without a fields mapping")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise _Bad(f"{where}: unknown field(s) {unknown} in record {name} (written by another version?)")
+    missing = [n for n, f in known.items() if n not in fields and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise _Bad(f"{where}: record {name} lacks field(s) {missing}")
+    values = {k: _decode(v, tensors, f"{where}.{k}") for k, v in fields.items()}
+    try:
+        return cls(**values)
+    except Exception as err:  # noqa: BLE001 - a record's own validation refusing the file's values
+        raise _Bad(f"{where}: record {name} refused its values ({type(err).__name__}: {err})") from None
+
+
+def _decode(obj: Any, tensors: dict, where: str = "trace") -> Any:
     if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
+        return [_decode(v, tensors, f"{where}.{i}") for i, v in enumerate(obj)]
     if not isinstance(obj, dict):
         return obj
     if "__tensor__" in obj:
-        return tensors[obj["__tensor__"]]
+        key = obj["__tensor__"]
+        if not isinstance(key, str) or key not in tensors:
+            raise _Bad(f"{where}: tensor {key!r} is not in trace.safetensors")
+        return tensors[key]
     if "__record__" in obj:
-        module, _, name = obj["__record__"].partition(":")
-        cls = importlib.import_module(module)
-        for part in name.split("."):
-            cls = getattr(cls, part)
-        fields = {k: _decode(v, tensors) for k, v in obj["fields"].items()}
-        return cls(**fields)
+        return _make_record(obj, tensors, where)
     if "__dict__" in obj:
-        return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__dict__"]}
+        items = obj["__dict__"]
+        if not isinstance(items, list) or not all(isinstance(kv, list) and len(kv) == 2 for kv in items):
+            raise _Bad(f"{where}: a mapping must be a list of [key, value] pairs")
+        out = {}
+        for i, (k, v) in enumerate(items):
+            key = _decode(k, tensors, f"{where}.k{i}")
+            try:
+                hash(key)
+                ok = not isinstance(key, torch.Tensor)
+            except TypeError:
+                ok = False
+            if not ok:
+                raise _Bad(f"{where}: mapping key {i} is a {type(key).__name__}, not a plain value")
+            out[key] = _decode(v, tensors, f"{where}.{i}")
+        return out
     if "__tuple__" in obj:
-        return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+        if not isinstance(obj["__tuple__"], list):
+            raise _Bad(f"{where}: a tuple must be a list")
+        return tuple(_decode(v, tensors, f"{where}.{i}") for i, v in enumerate(obj["__tuple__"]))
     if "__float__" in obj:
-        return float(obj["__float__"])
+        if not isinstance(obj["__float__"], str) or obj["__float__"] not in _FLOATS:
+            raise _Bad(f"{where}: __float__ {obj['__float__']!r} is not nan, inf or -inf")
+        return _FLOATS[obj["__float__"]]
     if "__repr__" in obj:
-        return obj["__repr__"]
-    return {k: _decode(v, tensors) for k, v in obj.items()}
+        return str(obj["__repr__"])
+    return {k: _decode(v, tensors, f"{where}.{k}") for k, v in obj.items()}
 
 
 def encode(record: Any) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -74,8 +144,15 @@ def encode(record: Any) -> tuple[Any, dict[str, torch.Tensor]]:
     return _encode(record, tensors, ""), tensors
 
 
-def decode(payload: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    return _decode(payload, tensors)
+def decode(payload: Any, tensors: dict[str, torch.Tensor], source: str = "trace") -> Any:
+    """The record `payload` describes (record types from the allowlist only); TraceError names what is wrong."""
+    from rookworld_debug.errors import TraceError
+    try:
+        return _decode(payload, tensors, source)
+    except _Bad as err:
+        raise TraceError(str(err)) from None
+    except RecursionError:
+        raise TraceError(f"{source}: nested too deeply to be a trace") from None
 
 
 def _not_a_trace(path, why: str):
@@ -87,10 +164,11 @@ def _not_a_trace(path, why: str):
     return TraceError(f"{path} is not a step trace or TRL capture: {why}{hint}")
 
 
-def read_trace(path, record: str) -> Any:
+def read_trace(path, record: str, version: int | None = None) -> Any:
     """Decode the `record` ("module:Class") saved in folder `path`, refusing anything else with a named error:
-    TraceError (not a trace: missing/corrupt files, another record) or IncompatibleTraceError (a TRL capture
-    from a TRL version this package does not read)."""
+    TraceError (not a trace: missing/corrupt files, another record, unknown/missing fields or tensors) or
+    IncompatibleTraceError (written by a newer trace `version`, or a TRL capture from a TRL version this
+    package does not read)."""
     import json
     from pathlib import Path
 
@@ -107,7 +185,15 @@ def read_trace(path, record: str) -> Any:
     if not isinstance(payload, dict) or payload.get("__record__") != record:
         found = payload.get("__record__") if isinstance(payload, dict) else type(payload).__name__
         raise _not_a_trace(path, f"trace.json holds {found!r}, not {record!r}")
-    capture = payload.get("fields", {}).get("capture")
+    fields = payload.get("fields")
+    if not isinstance(fields, dict):
+        raise _not_a_trace(path, "trace.json has no fields mapping")
+    found = fields.get("version", 1)
+    if version is not None and (not isinstance(found, int) or isinstance(found, bool) or found > version):
+        from rookworld_debug.errors import IncompatibleTraceError
+        raise IncompatibleTraceError(f"{path}: trace version {found!r}; this rookworld_debug reads versions up to "
+                                     f"{version}: upgrade rookworld_debug to open it")
+    capture = fields.get("capture")
     if capture is not None:
         from rookworld_debug.trl.record import check_compatible
         check_compatible(capture, path)
@@ -115,6 +201,6 @@ def read_trace(path, record: str) -> Any:
         raise _not_a_trace(path, "trace.json without its trace.safetensors (incomplete copy?)")
     try:
         tensors = load_file(str(path / "trace.safetensors"))
-    except (SafetensorError, OSError) as err:
+    except (SafetensorError, OSError, ValueError) as err:
         raise _not_a_trace(path, f"trace.safetensors is unreadable ({err})") from None
-    return decode(payload, tensors)
+    return decode(payload, tensors, str(path / "trace.json"))

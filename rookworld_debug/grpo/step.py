@@ -68,7 +68,7 @@ class StepTrace:
     def load(path) -> "StepTrace":
         """A saved step or TRL capture; TraceError names what is wrong with a folder that is neither,
         IncompatibleTraceError a capture from an unsupported TRL version."""
-        return serialize.read_trace(path, f"{__name__}:StepTrace")
+        return serialize.read_trace(path, f"{__name__}:StepTrace", TRACE_VERSION)
 
     def summary(self) -> dict:
         """Headline numbers (what reports and the per-step table show), each defined in `rookworld_debug.metrics.GLOSSARY`."""

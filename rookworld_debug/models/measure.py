@@ -41,7 +41,11 @@ TARGETS = {"p_well_formed": 0.95, "p_all5_legal": 0.50, "p_best_legal": 0.80, "a
            "p_group_nonzero_std": 0.75}  # issue 3, bundled held-out split
 FRESH_TARGETS = {"p_well_formed": 0.95, "p_best_legal": 0.80, "p_all5_legal": 0.50, "p_greedy_well_formed": 0.95,
                  "a_greedy_exact": 0.80}  # issue 12, fresh random-play positions
+BAND_TARGETS = {"a_band_exact": 0.95, "a_kind_legal": 0.97, "a_kind_illegal": 0.95, "a_kind_game_end": 0.90,
+                "real_p_best_legal": 0.90, "real_p_all5_legal": 0.75}  # issue 24
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
+# 250 real P: lines of RookWorld's validation file, beside the checkout (present in the project's workspace)
+REAL_P_LINES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "rook_p_lines.txt"
 
 
 def _load(model_or_path, tokenizer=None):
@@ -227,7 +231,8 @@ def _stat(flags) -> dict:
 
 
 def measure_fresh(model_or_path="tiny", *, tokenizer=None, n_positions: int = 200, seed: int = 777,
-                  group_size: int = 8, max_new_tokens: int = 160, batch_size: int = 96, progress=None) -> dict:
+                  group_size: int = 8, max_new_tokens: int = 160, batch_size: int = 96, progress=None,
+                  n_per_band: int = 60, real_p=REAL_P_LINES) -> dict:
     """The issue-12 rates on fresh random-play positions (see module doc); each as value/k/n/ci95."""
     from rookworld_debug.data.positions import a_cases, random_play_positions
 
@@ -254,7 +259,13 @@ def measure_fresh(model_or_path="tiny", *, tokenizer=None, n_positions: int = 20
     strict = dict(p_well_formed_distinct=_stat(m["well_formed_distinct"] for m in sm),
                   p_greedy_well_formed_distinct=_stat(m["well_formed_distinct"] for m in gm))
     by_kind = {k: _stat(e for e, c in zip(exact, cases) if c.kind == k) for k in ("legal", "illegal", "game_end")}
-    return dict(model=name, rates=rates, strict_rates=strict, a_greedy_exact_by_kind=by_kind,
+    bands = measure_bands(model, tok, n_per_band=n_per_band, seed=seed, max_new_tokens=max_new_tokens,
+                          batch_size=batch_size) if n_per_band > 0 else None
+    if progress:
+        progress(f"A by band in {time.time() - t0:.1f}s")
+    real = (measure_real_p(model, tok, real_p, group_size=group_size, seed=seed, max_new_tokens=max_new_tokens,
+                           batch_size=batch_size) if real_p and Path(real_p).is_file() else None)
+    return dict(model=name, bands=bands, real_p=real, band_targets=band_targets(bands, real), rates=rates, strict_rates=strict, a_greedy_exact_by_kind=by_kind,
                 load_seconds=round(t_load, 2),
                 targets={k: dict(target=v, value=rates[k]["value"], met=rates[k]["value"] >= v)
                          for k, v in FRESH_TARGETS.items()},
@@ -264,6 +275,84 @@ def measure_fresh(model_or_path="tiny", *, tokenizer=None, n_positions: int = 20
                 examples=dict(p_sampled=prompts[0] + sampled[0][0], p_greedy=prompts[0] + greedy[0][0],
                               a_greedy=cases[0].prompt + a_out[0][0]),
                 seconds=round(time.time() - t0, 1))
+
+
+def read_real_p_lines(path) -> list[tuple[str, str]]:
+    """(fen, B: label) of each real P: line (``P: <fen padded> M: … E: … B: <move>``; parsed by tags, as the
+    fixture's README says). A line that does not parse is a FormatError naming the file and line."""
+    from rookworld_debug.chess.formats import check_fen, parse_p_completion
+    from rookworld_debug.errors import FormatError
+
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        head, sep, tail = line.partition("M: ")
+        c = parse_p_completion("M: " + tail) if sep and head.startswith("P: ") else None
+        if c is None or not c.best:
+            raise FormatError(f"{path}:{i}: not a P: line with a B: label: {line[:60]!r}")
+        fen = head[3:].strip()
+        check_fen(fen)
+        out.append((fen, c.best))
+    return out
+
+
+def measure_real_p(model, tok, path, *, group_size: int = 8, seed: int = 777, max_new_tokens: int = 160,
+                   batch_size: int = 96) -> dict:
+    """Sampled (P_SAMPLING) and greedy P: on real RookWorld positions: B: legal, all 5 M: legal, B: = label."""
+    rows = read_real_p_lines(path)
+    prompts = [f"P: {f}" for f, _ in rows]
+    sampled = sample_completions(model, tok, prompts, n=group_size, max_new_tokens=max_new_tokens, seed=seed,
+                                 batch_size=batch_size, **P_SAMPLING)
+    greedy = sample_completions(model, tok, prompts, n=1, temperature=None, max_new_tokens=max_new_tokens,
+                                batch_size=batch_size)
+    from rookworld_debug.chess.formats import parse_p_completion
+
+    def rates(outs, tag):
+        m = [(p_metrics(f, c), parse_p_completion(c).best == label) for (f, label), cs in zip(rows, outs) for c in cs]
+        return {f"{tag}_best_legal": _stat(x["best_legal"] for x, _ in m),
+                f"{tag}_all5_legal": _stat(x["all5_legal"] for x, _ in m),
+                f"{tag}_best_eq_label": _stat(eq for _, eq in m),
+                f"{tag}_well_formed": _stat(x["well_formed"] for x, _ in m)}
+
+    return dict(file=str(path), n_positions=len(rows), **rates(sampled, "real_p"), **rates(greedy, "real_p_greedy"))
+
+
+def measure_bands(model, tok, *, n_per_band: int = 60, seed: int = 777, max_new_tokens: int = 160,
+                  batch_size: int = 96) -> dict:
+    """Greedy A: exact by band of fullmove number and by case kind, on :func:`band_a_cases` (uniformly
+    random play to a ply in the band: a generator that differs from the training data's)."""
+    from rookworld_debug.data.positions import band_a_cases
+
+    cases = band_a_cases(n_per_band, seed)
+    outs = sample_completions(model, tok, [c.prompt for _, c in cases], n=1, temperature=None,
+                              max_new_tokens=max_new_tokens, batch_size=batch_size)
+    exact = [o[0].strip() == c.expected for (_, c), o in zip(cases, outs)]
+    bands = dict.fromkeys(b for b, _ in cases)
+    wrong = [dict(band=b, kind=c.kind, prompt=c.prompt, expected=c.expected, got=o[0].strip())
+             for (b, c), o, e in zip(cases, outs, exact) if not e]
+    return dict(generator="data.positions.band_a_cases: uniformly random play to a ply drawn in the band "
+                          "(training data: data.games, engine-mixed games played to their end)",
+                n_per_band=n_per_band, seed=seed,
+                by_band={b: _stat(e for e, (bb, _) in zip(exact, cases) if bb == b) for b in bands},
+                by_kind={k: _stat(e for e, (_, c) in zip(exact, cases) if c.kind == k)
+                         for k in ("legal", "illegal", "game_end")},
+                wrong_examples=wrong[:10])
+
+
+def band_targets(bands: dict | None, real: dict | None) -> dict:
+    """Issue-24 targets: each band's greedy A: exact, each kind's, and real P: sampled rates."""
+    out = {}
+    if bands:
+        for b, r in bands["by_band"].items():
+            out[f"a_band_exact[{b}]"] = (r, BAND_TARGETS["a_band_exact"])
+        for k, r in bands["by_kind"].items():
+            out[f"a_kind_{k}"] = (r, BAND_TARGETS[f"a_kind_{k}"])
+    if real:
+        for k in ("real_p_best_legal", "real_p_all5_legal"):
+            out[k] = (real[k], BAND_TARGETS[k])
+    return {k: dict(target=t, value=r["value"], n=r["n"], ci95=r["ci95"], met=r["value"] >= t)
+            for k, (r, t) in out.items()}
 
 
 def format_fresh_table(res: dict) -> str:
@@ -278,6 +367,17 @@ def format_fresh_table(res: dict) -> str:
         lines.append(f"    {k:30s} {100 * r['value']:6.1f}%  n={r['n']}  (grammar and no repeated M: move)")
     for k, r in res["a_greedy_exact_by_kind"].items():
         lines.append(f"    A exact, {k:9s} {100 * r['value']:6.1f}%  n={r['n']}")
+    if res.get("band_targets"):
+        lines.append(f"issue 24: greedy A: exact by band / kind ({res['bands']['generator']}, seed "
+                     f"{res['bands']['seed']}); real P: {res['real_p']['file'] if res.get('real_p') else 'not measured'}")
+        for k, t in res["band_targets"].items():
+            lines.append(f"  {k:24s} {100 * t['value']:6.1f}%  [{100 * t['ci95'][0]:.1f}, {100 * t['ci95'][1]:.1f}]"
+                         f"  n={t['n']:<5d} target >= {100 * t['target']:.0f}%  {'met' if t['met'] else 'NOT met'}")
+        if res.get("real_p"):
+            for k in ("real_p_best_eq_label", "real_p_well_formed", "real_p_greedy_best_legal", "real_p_greedy_all5_legal"):
+                r = res["real_p"][k]
+                lines.append(f"    {k:28s} {100 * r['value']:6.1f}%  [{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]"
+                             f"  n={r['n']}")
     return "\n".join(lines)
 
 
@@ -300,6 +400,10 @@ def main(argv=None) -> int:
     ap.add_argument("model", nargs="?", default="tiny", help="'tiny', a local folder, or an HF id")
     ap.add_argument("--model", dest="model_opt", default=None, metavar="MODEL", help="the same, as an option")
     ap.add_argument("--n-positions", type=int, default=200, help="fresh positions (P: and A: each)")
+    ap.add_argument("--n-per-band", type=int, default=60,
+                    help="A: cases per band of fullmove number (1-20 … 81+); 0 = skip the band measurement")
+    ap.add_argument("--real-p", default=str(REAL_P_LINES),
+                    help="real RookWorld P: lines to measure on when the file exists ('' = skip)")
     ap.add_argument("--heldout", action="store_true", help="the issue-3 measurement on the bundled held-out split")
     ap.add_argument("--n-prompts", type=int, default=50, help="--heldout: prompts of the held-out split")
     ap.add_argument("--seed", type=int, default=777)
@@ -320,7 +424,7 @@ def main(argv=None) -> int:
                           engine_depth=a.engine_depth, with_rewards=not a.no_rewards, progress=progress)
         else:
             res = measure_fresh(a.model, n_positions=a.n_positions, seed=a.seed, group_size=a.group_size,
-                                progress=progress)
+                                progress=progress, n_per_band=a.n_per_band, real_p=a.real_p or None)
     except ModelLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
