@@ -1008,6 +1008,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = build_parser().parse_args(argv)
     args.argv = argv
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.safeio import check_output_dir
+    check_output_dir(args.out, "--out")         # before minutes of benchmarking (cli.run_guarded: exit 2)
+    for flag, v, lo in (("--reps", args.reps, 1), ("--warmup", args.warmup, 0), ("--batch-size", args.batch_size, 1),
+                        ("--num-generations", args.num_generations, 2), ("--threads", args.threads, 1)):
+        if v is not None and v < lo:
+            raise ConfigError(flag, f"must be ≥ {lo}, got {v}")
     if args.profile:
         result, path = run_profile(args)
         print(path if args.json_only else profile_markdown(result) + f"\n\nJSON: {path}")

@@ -57,13 +57,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def fail(cmd: str, message: str) -> int:
+    """The one error line every sub-command ends with on bad input: `rookworld-debug <cmd>: error: …`, exit 2."""
+    print(f"rookworld-debug {cmd}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_guarded(cmd: str, fn, *args) -> int:
+    """``fn(*args)`` with project errors and OS errors on user-named paths turned into `fail` (no traceback)."""
+    from rookworld_debug.errors import RookWorldError
+    try:
+        return int(fn(*args) or 0)
+    except RookWorldError as err:
+        return fail(cmd, f"{type(err).__name__}: {err}")
+    except OSError as err:          # a path the user named: missing, unreadable, a folder where a file goes…
+        where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+        return fail(cmd, f"{err.strerror or type(err).__name__}{where}" if err.strerror else f"{type(err).__name__}: {err}")
+    except KeyboardInterrupt:
+        return fail(cmd, "interrupted") + 128
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:       # forward everything (incl. --help) to the module's main(argv)
         import importlib
-        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
+        return run_guarded(argv[0], importlib.import_module(DELEGATED[argv[0]][0]).main, argv[1:])
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    return run_guarded(args.command, args.func, args)
 
 
 if __name__ == "__main__":

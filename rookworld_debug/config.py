@@ -317,6 +317,9 @@ class StepConfig:
             need(self.manual_adv_clip > 0, "manual_adv_clip", "must be > 0 or None")
         need(self.sapo_temperature_pos > 0, "sapo_temperature_pos", "must be > 0")
         need(self.sapo_temperature_neg > 0, "sapo_temperature_neg", "must be > 0")
+        # the VESPO gate's λ ≤ 0 has no meaning (TRL's loss would clamp it to 1e-4 while the config said −1)
+        need(self.vespo_lambda_pos > 0, "vespo_lambda_pos", "must be > 0")
+        need(self.vespo_lambda_neg > 0, "vespo_lambda_neg", "must be > 0")
         if self.off_policy_mask_threshold is not None:
             need(self.off_policy_mask_threshold >= 0, "off_policy_mask_threshold", "must be ≥ 0 or None")
         need(0 <= self.top_entropy_quantile <= 1, "top_entropy_quantile", "must be in [0, 1]")

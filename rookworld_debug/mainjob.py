@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                            resume=args.resume, timeout_per_cell=args.timeout_per_cell or None,
                            progress=args.progress)
     except RookWorldError as exc:
-        print(f"rookworld-debug main: {exc}", file=sys.stderr)
+        print(f"rookworld-debug main: error: {exc}", file=sys.stderr)
         return 2
     for run in result.runs:
         if run.status in ("ok", "skipped") and run.report_html is not None:

@@ -97,7 +97,7 @@ def report_main(args: argparse.Namespace) -> int:
         if getattr(args, "traces", None):
             grid, args.sweep_name = _trace_grid(grid, args.traces, args.sweep_name)
     except RookWorldError as exc:
-        print(f"rookworld-debug report: {exc}", file=sys.stderr)
+        print(f"rookworld-debug report: error: {exc}", file=sys.stderr)
         return 2
     notebook = _default_notebook(args.notebook)
     if args.dry_run:                  # the same checks as a real run, then the plan; nothing executes
@@ -106,7 +106,7 @@ def report_main(args: argparse.Namespace) -> int:
             _, sweep_dir, runs, _ = plan_sweep(notebook, grid, sweep_name=args.sweep_name, out_root=args.out_root,
                                                workers=args.workers, strict_params=not args.allow_unknown_params)
         except RookWorldError as exc:
-            print(f"rookworld-debug report: {exc}", file=sys.stderr)
+            print(f"rookworld-debug report: error: {exc}", file=sys.stderr)
             return 2
         for run in runs:
             print(run["run_id"], run["params"])
@@ -123,7 +123,7 @@ def report_main(args: argparse.Namespace) -> int:
                            timeout_per_cell=args.timeout_per_cell or None, kernel_name=args.kernel_name,
                            progress=args.progress, strict_params=not args.allow_unknown_params)
     except RookWorldError as exc:
-        print(f"rookworld-debug report: {exc}", file=sys.stderr)
+        print(f"rookworld-debug report: error: {exc}", file=sys.stderr)
         return 2
     finally:
         if old is not None:

@@ -68,3 +68,51 @@ def load_state_into(module_or_optimizer, state, what: str, path) -> None:
     except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as err:
         first = (str(err).strip().splitlines() or [""])[0][:200]
         raise CheckpointError(f"{what}: {path} does not fit this model ({type(err).__name__}: {first})") from None
+
+
+def check_input_file(path, flag: str):
+    """``path`` as a Path if it is an existing readable file, else ConfigError naming ``flag`` (checked before
+    any work starts)."""
+    import os
+
+    from rookworld_debug.errors import ConfigError
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(flag, f"{p} does not exist")
+    if not p.is_file():
+        raise ConfigError(flag, f"{p} is not a file")
+    if not os.access(p, os.R_OK):
+        raise ConfigError(flag, f"{p} is not readable")
+    return p
+
+
+def check_output_dir(path, flag: str):
+    """``path`` as a Path if it is (or can be created as) a writable folder, else ConfigError naming ``flag``:
+    an existing file there, or no write permission on the nearest existing parent."""
+    import os
+
+    from rookworld_debug.errors import ConfigError
+
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(flag, f"{p} is a file, not a folder")
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(flag, f"{probe} (a parent of {p}) is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(flag, f"cannot write under {probe}")
+    return p
+
+
+def check_output_file(path, flag: str):
+    """``path`` as a Path if a file can be written there (its folder is creatable), else ConfigError."""
+    from rookworld_debug.errors import ConfigError
+
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(flag, f"{p} is a folder, not a file")
+    check_output_dir(p.parent, flag)
+    return p

@@ -273,3 +273,14 @@ def test_tune_notebook_on_a_capture(runs, tmp_path):
     m = json.loads((tmp_path / "summary.json").read_text())["metrics"]
     assert m["beta"] == 0.5 and m["captured_beta"] == 0.1
     assert m["loss"] != pytest.approx(m["captured_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("steps", [3, 1.5, [1.5], [True], ["2"], None, "12"])
+def test_step_numbers_that_would_capture_another_step_are_refused(tmp_path, steps):
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.trl.capture import capture_steps
+    from rookworld_debug.trl.example import make_trainer
+
+    trainer = make_trainer(tmp_path / "t", max_steps=1)
+    with pytest.raises(ConfigError, match="steps"):
+        capture_steps(trainer, steps, tmp_path / "c")

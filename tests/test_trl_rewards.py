@@ -8,7 +8,7 @@ import pytest
 
 from rookworld_debug.chess import rewards as chess_rewards
 from rookworld_debug.data.loaders import load_bundled
-from rookworld_debug.errors import ConfigError, FormatError
+from rookworld_debug.errors import ConfigError, DataError, FormatError
 from rookworld_debug.trl.rewards import AReward, PReward, rookworld_reward_funcs, shared_engine
 
 
@@ -70,7 +70,30 @@ def test_bad_input_is_a_named_error(rows):
         PReward("dataset")(prompts=prompts, completions=completions)
     with pytest.raises(FormatError, match="plain-text prompts"):
         AReward()(prompts=[[{"role": "user", "content": "A: x"}]], completions=["y"])
-    with pytest.raises(ValueError, match="2 prompts but 1 completions"):
+    with pytest.raises(DataError, match="2 prompts but 1 completions"):
         AReward()(prompts=prompts[:2], completions=completions[:1])
     with pytest.raises(ConfigError, match="reward_mode"):
         PReward("stockfish")
+
+
+@pytest.mark.parametrize("fn", [lambda: AReward(), lambda: PReward("dataset")])
+@pytest.mark.parametrize("bad", [None, "P: abc", 3])
+def test_missing_or_scalar_batches_are_named(rows, fn, bad):
+    prompts, completions, labels = rows
+    with pytest.raises(DataError, match="list of strings"):
+        fn()(prompts=prompts, completions=bad, **_trl_kwargs(labels))
+    with pytest.raises(DataError, match="list of strings"):
+        fn()(prompts=bad, completions=completions, **_trl_kwargs(labels))
+
+
+def test_label_column_problems(rows):
+    prompts, completions, labels = rows
+    p = PReward("dataset")
+    # a None label is a neutral row flagged no_label (score_batch's contract), not a crash
+    v = p(prompts=prompts, completions=completions, **_trl_kwargs([None] + labels[1:]))
+    assert v[0] == 0.0 and "no_label" in " ".join(p.last_call.breakdowns[0].flags)
+    assert v[2] == p(prompts=prompts, completions=completions, **_trl_kwargs(labels))[2]
+    # a column shorter (or longer) than the batch would drop rows in zip: refused by name
+    for wrong in (labels[:2], labels + labels[:1]):
+        with pytest.raises(DataError, match=r"'label' has \d+ entries for 4 prompts"):
+            p(prompts=prompts, completions=completions, **_trl_kwargs(wrong))

@@ -402,6 +402,12 @@ def main(argv=None) -> int:
     ap.add_argument("--meta", default=None, help="settings JSON path (default: <out>.meta.json)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    for flag, v in (("--n-p", a.n_p), ("--n-a", a.n_a), ("--n-games", a.n_games), ("--depth", a.depth - 1),
+                    ("--workers", a.workers - 1), ("--max-plies", a.max_plies), ("--min-plies", a.min_plies)):
+        if v is not None and v < 0:
+            ap.error(f"{flag} is out of range")
+    from rookworld_debug.safeio import check_output_file
+    check_output_file(a.out, "--out")               # before any game is played (cli.run_guarded: exit 2)
     t0 = time.time()
     last = [0.0]
 

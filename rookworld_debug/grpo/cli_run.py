@@ -66,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     from rookworld_debug.grpo.cli_step import config_from_args
     from rookworld_debug.grpo.multistep import BetaSchedule, LRSchedule, run_steps
 
-    out = Path(args.out)
+    from rookworld_debug.safeio import check_input_file, check_output_dir
+    out = check_output_dir(args.out, "--out")          # before the run: a bad --out must not cost N steps
+    if args.config:
+        check_input_file(args.config, "--config")
+    if args.steps is not None and args.steps < 1:
+        from rookworld_debug.errors import ConfigError
+        raise ConfigError("--steps", f"must be ≥ 1, got {args.steps}")
     try:
         resuming = args.resume is not None
         config = config_from_args(args.config, args.overrides) if (args.config or args.overrides or not resuming) \
@@ -96,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
                            on_step=on_step, heldout_every=args.heldout_every, keep_traces=False)
         if bar is not None:
             bar.close()
-    except RookWorldError as err:
-        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        return 2
+    except RookWorldError:
+        if bar is not None:
+            bar.close()
+        raise                                  # one error line in cli.run_guarded
     result.save(out)
     s = result.summary()
 

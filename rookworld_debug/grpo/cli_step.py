@@ -2,7 +2,7 @@
 
 Output: the phase-by-phase log goes to stdout; the trace to OUT/trace.json + OUT/trace.safetensors (reload
 with `StepTrace.load(OUT)`, view with notebook 01 or `rookworld-debug report --trace OUT`). Errors go to
-stderr as `error: <NamedError>: …` with exit code 2; exit code 1 when the update was refused (NaN/inf).
+stderr as `rookworld-debug step: error: <NamedError>: …` with exit code 2 (bad paths are checked before the step); exit code 1 when the update was refused (NaN/inf).
 
 Examples:
   rookworld-debug step --set beta=0.05 --set reward_mode=dataset --out reports/step1
@@ -84,15 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="reports/step", help="folder for trace.json + trace.safetensors (created; "
                    "default reports/step); the log itself goes to stdout")
     args = p.parse_args(argv)
-    from rookworld_debug.errors import RookWorldError
     from rookworld_debug.grpo.step import run_step
+    from rookworld_debug.safeio import check_input_file, check_output_dir
     from rookworld_debug.steplog import format_step_log
-    try:
-        config = config_from_args(args.config, args.overrides)
-        trace = run_step(config)
-    except RookWorldError as err:
-        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        return 2
+    # paths first: a bad --out must not cost a whole step (errors end in cli.run_guarded: one line, exit 2)
+    if args.config:
+        check_input_file(args.config, "--config")
+    check_output_dir(args.out, "--out")
+    config = config_from_args(args.config, args.overrides)
+    trace = run_step(config)
     print(format_step_log(trace))
     path = trace.save(args.out)
     print(f"trace written to {path}/trace.json (+ trace.safetensors)")

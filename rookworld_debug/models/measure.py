@@ -414,6 +414,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the result dict here")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     a.model = a.model_opt or a.model
+    for flag, v, lo in (("--n-positions", a.n_positions, 1), ("--group-size", a.group_size, 1),
+                        ("--n-per-band", a.n_per_band, 0), ("--n-prompts", a.n_prompts, 1), ("--threads", a.threads, 1)):
+        if v < lo:
+            ap.error(f"{flag} must be ≥ {lo}, got {v}")
     import torch
 
     torch.set_num_threads(a.threads)
@@ -426,7 +430,7 @@ def main(argv=None) -> int:
             res = measure_fresh(a.model, n_positions=a.n_positions, seed=a.seed, group_size=a.group_size,
                                 progress=progress, n_per_band=a.n_per_band, real_p=a.real_p or None)
     except ModelLoadError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"rookworld-debug measure: error: {e}", file=sys.stderr)
         return 2
     print(format_table(res) if a.heldout else format_fresh_table(res))
     if a.json:

@@ -374,10 +374,19 @@ def main(argv=None) -> int:
     from rookworld_debug.errors import ConfigError
     from rookworld_debug.models.devices import check_device
 
-    try:  # before any data or model work: a missing GPU is a one-line error, not a traceback minutes in
+    from rookworld_debug.safeio import check_input_file, check_output_dir
+    try:  # before any data or model work: a missing GPU or file is a one-line error, not a traceback minutes in
         device = check_device(args.device, "--device")
+        for p in args.data or ():
+            check_input_file(p, "--data")
+        check_output_dir(args.out, "--out")
+        if args.resume:
+            check_input_file(Path(args.resume) / STATE_FILE, "--resume")
+        for flag, v in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--threads", args.threads)):
+            if v < 1:
+                raise ConfigError(flag, f"must be ≥ 1, got {v}")
     except ConfigError as e:
-        print(f"rookworld-debug train-tiny: {e}", file=sys.stderr)
+        print(f"rookworld-debug train-tiny: error: {e}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = True  # CUDA only: TF32 for the fp32 parts outside autocast

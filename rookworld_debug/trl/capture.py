@@ -55,6 +55,19 @@ def _nbytes(obj) -> int:
     return 0
 
 
+def _step_numbers(steps) -> frozenset:
+    """The optimizer steps to capture, refusing what would silently capture another step (1.5 → 1)."""
+    if isinstance(steps, (str, bytes, int, float)) or not hasattr(steps, "__iter__"):
+        raise ConfigError("steps", f"give a list of optimizer step numbers, e.g. steps=[{steps!r}]; got "
+                                   f"{type(steps).__name__} {steps!r}")
+    out = set()
+    for s in steps:
+        if isinstance(s, bool) or not (isinstance(s, int) or (hasattr(s, "__index__") and not isinstance(s, float))):
+            raise ConfigError("steps", f"step numbers are whole numbers ≥ 1, got {s!r} ({type(s).__name__})")
+        out.add(int(s))
+    return frozenset(out)
+
+
 class StepCapture(TrainerCallback):
     """Attached to one GRPOTrainer; `paths[step]` = saved StepTrace folder, `cost[step]` = what it cost."""
 
@@ -70,7 +83,7 @@ class StepCapture(TrainerCallback):
             raise ConfigError("steps_per_generation", f"the capture needs steps_per_generation == "
                               f"gradient_accumulation_steps (TRL's default); got {args.steps_per_generation} vs "
                               f"{args.gradient_accumulation_steps}")
-        self.steps = frozenset(int(s) for s in steps)
+        self.steps = _step_numbers(steps)
         if not self.steps or min(self.steps) < 1:
             raise ConfigError("steps", f"name optimizer steps ≥ 1 to capture, got {sorted(self.steps)}")
         self.trainer, self.out_dir = trainer, Path(out_dir)

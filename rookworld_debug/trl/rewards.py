@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 from rookworld_debug.chess import rewards as chess_rewards
 from rookworld_debug.chess.engine import Engine
 from rookworld_debug.chess.formats import parse_p
-from rookworld_debug.errors import ConfigError, FormatError
+from rookworld_debug.errors import ConfigError, DataError, FormatError
 
 __all__ = ["RewardCall", "PReward", "AReward", "rookworld_reward_funcs", "shared_engine"]
 
@@ -55,9 +55,13 @@ def _is_a(prompt: str) -> bool:
     return str(prompt).lstrip().startswith("A:")
 
 
-def _check(prompts: Sequence, completions: Sequence) -> None:
+def _check(prompts, completions) -> None:
+    for name, xs in (("prompts", prompts), ("completions", completions)):
+        if xs is None or isinstance(xs, (str, bytes)) or not hasattr(xs, "__len__"):
+            raise DataError(f"RookWorld rewards take {name} as a list of strings, got {type(xs).__name__}")
     if len(prompts) != len(completions):
-        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        raise DataError(f"{len(prompts)} prompts but {len(completions)} completions: each prompt needs one "
+                        "completion (TRL passes them row for row)")
     bad = next((p for p in list(prompts) + list(completions) if not isinstance(p, str)), None)
     if bad is not None:
         raise FormatError(f"RookWorld rewards take plain-text prompts/completions (not chat messages), got "
@@ -99,10 +103,14 @@ class PReward(_Reward):
         if labels is None:
             raise ConfigError("reward_mode", f"'dataset' needs a {self.label_column!r} dataset column holding "
                               "each prompt's dataset completion (TRL passes dataset columns to reward functions)")
+        if isinstance(labels, (str, bytes)) or not hasattr(labels, "__len__") or len(labels) != len(prompts):
+            n = len(labels) if hasattr(labels, "__len__") else type(labels).__name__
+            raise DataError(f"dataset column {self.label_column!r} has {n} entries for {len(prompts)} prompts: "
+                            "every row needs its label (None is allowed and scores neutral, flagged no_label)")
         out = []
         for p, c in zip(prompts, labels):
             try:
-                out.append(parse_p(p + c) if not _is_a(p) else None)
+                out.append(parse_p(p + c) if not _is_a(p) and isinstance(c, str) else None)
             except FormatError:
                 out.append(None)         # → a neutral breakdown flagged "no_label"
         return out

@@ -130,6 +130,10 @@ def loss_type_comparison_from_trace(trace: Any, iteration: Optional[int] = -1, l
 
     from rookworld_debug.grpo.iterations import compare_loss_types
     its = tuple(getattr(trace, "iterations", ()) or ())
+    if iteration is not None and its and not (isinstance(iteration, int) and -len(its) <= iteration < len(its)):
+        from rookworld_debug.errors import ConfigError
+        raise ConfigError("iteration", f"this trace has {len(its)} pass(es): give 0..{len(its) - 1}, -1 for the "
+                                       f"last, or None for the sampling-time record (got {iteration!r})")
     it = its[iteration] if (iteration is not None and its) else None
     rows = compare_loss_types(trace.rollout, trace.advantages, trace.config, iteration=it, loss_types=loss_types)
     batch = ("the sampled rollout at sampling time (r ≡ 1)" if it is None else
