@@ -168,10 +168,48 @@ def test_closed_engine_refuses_new_searches_instead_of_leaking_processes():
 
 
 def test_step_cli_reports_a_missing_engine_and_exits_2(monkeypatch, capsys, tmp_path):
-    from rookworld_debug.grpo.cli_step import main
+    from rookworld_debug.cli import main
 
     monkeypatch.setenv("ROOKWORLD_STOCKFISH", str(tmp_path / "missing-sf"))
-    assert main(["--set", "reward_mode=engine", "--set", "task=P", "--out", str(tmp_path / "out")]) == 2
+    assert main(["step", "--set", "reward_mode=engine", "--set", "task=P", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "EngineNotFound" in err and "missing-sf" in err
     assert not (tmp_path / "out").exists()
+
+
+def _stockfish_children() -> list:
+    import psutil
+    return [p for p in psutil.Process().children(recursive=True) if "stockfish" in (p.name() or "")]
+
+
+def test_engine_under_fire_same_rewards_and_no_process_outlives_close(batch, undisturbed):
+    """Issue 25: every Stockfish child is SIGKILLed every 0.7 s (also during start-ups and restarts) while a
+    batch is scored three times; the rewards equal the undisturbed run's, and after close() no engine
+    process of ours is alive."""
+    import threading
+
+    prompts, completions, labels = batch
+    stop, kills = threading.Event(), []
+
+    def killer():
+        while not stop.wait(0.7):
+            for p in _stockfish_children():
+                try:
+                    p.kill()
+                    kills.append(p.pid)
+                except Exception:
+                    pass
+
+    t = threading.Thread(target=killer, daemon=True)
+    with Engine(depth=DEPTH, multipv=MULTIPV, workers=2, cache=False) as e:
+        t.start()
+        try:
+            deadline = time.time() + 6
+            while time.time() < deadline:          # long enough for several kills, some during start-ups
+                assert R.score_p_batch(prompts, completions, e, labels) == undisturbed
+        finally:
+            stop.set()
+            t.join()
+    assert len(kills) >= 3, "the fault was not injected"
+    time.sleep(0.3)
+    assert [p.pid for p in _stockfish_children() if p.status() != "zombie"] == []

@@ -49,6 +49,7 @@ MAX_RESTARTS_PER_SEARCH = 2
 ON_FAILURE = ("raise", "flag")   # after the restarts: raise EngineError, or return a flagged Analysis
 DEFAULT_TIMEOUT = 30.0   # s per search: depth 10 takes ~0.05–0.5 s here; 30 s only trips on a stuck engine
 START_TIMEOUT = 10.0     # s for a process to answer ``uci``/``isready`` (python-chess's default)
+START_ATTEMPTS = 3       # a process killed during its start-up is started again, like a killed search
 QUIT_TIMEOUT = 2.0       # s for a polite ``quit`` before the process is killed
 
 # python-chess runs each SimpleEngine's event loop on a NON-daemon thread, so an engine process that was
@@ -163,6 +164,18 @@ class _Worker:
         self.engine = self._start()
 
     def _start(self) -> chess.engine.SimpleEngine:
+        """A started and configured process; a start-up that dies (killed, no answer) is retried up to
+        START_ATTEMPTS times. A binary that cannot be executed at all is not retried."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except EngineError as exc:
+                permanent = isinstance(exc.__cause__, (FileNotFoundError, PermissionError))
+                if permanent or attempt == START_ATTEMPTS or _EXITING.is_set():
+                    raise EngineError(f"{exc} ({attempt} start attempt(s))") from exc.__cause__
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> chess.engine.SimpleEngine:
         if _EXITING.is_set():
             raise EngineError("the interpreter is exiting: no new engine process is started")
         try:
@@ -175,13 +188,13 @@ class _Worker:
         self.engine = engine
         try:
             engine.configure(self.options)
-        except (chess.engine.EngineError, OSError, TimeoutError) as exc:
+            # python-chess only LOGS an unparsable/illegal bestmove (and the search never finishes):
+            # route it to the running search instead (this loop belongs to this one process)
+            engine.protocol.loop.call_soon_threadsafe(engine.protocol.loop.set_exception_handler, self._on_fault)
+        except (chess.engine.EngineError, OSError, TimeoutError, RuntimeError) as exc:
             self.kill()
             raise EngineError(f"could not configure the engine at {self.path} with {self.options}: {exc!r}"
                               ) from exc
-        # python-chess only LOGS an unparsable/illegal bestmove (and the search never finishes):
-        # route it to the running search instead (this loop belongs to this one process)
-        engine.protocol.loop.call_soon_threadsafe(engine.protocol.loop.set_exception_handler, self._on_fault)
         return engine
 
     def _on_fault(self, loop, context: dict) -> None:
