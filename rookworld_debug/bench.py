@@ -872,7 +872,7 @@ def _spec_from_args(args, model_dir: str, device: str) -> BenchSpec:
 
 def run_bench(args) -> tuple[dict, Path]:
     import torch
-    from rookworld_debug.report import atomic_write_json
+    from rookworld_debug.safeio import atomic_write_json
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     variants = [v for v in args.variants if v in VARIANTS]
     if not variants or len(variants) != len(args.variants):
@@ -949,7 +949,7 @@ def run_profile(args) -> tuple[dict, Path]:
     """`--profile VARIANT`: the operator breakdown of one step, in this process (after one untimed warm-up
     step unless --warmup 0), same spec as the benchmark."""
     import torch
-    from rookworld_debug.report import atomic_write_json
+    from rookworld_debug.safeio import atomic_write_json
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if args.profile not in VARIANTS:
         raise SystemExit(f"--profile must be one of {''.join(VARIANTS)}, got {args.profile!r}")
@@ -994,7 +994,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["_worker"]:
         return _worker_main(argv[1], argv[2])
     if argv[:1] == ["--render"]:   # re-summarise a saved JSON from its runs, rewrite it, print the table
-        from rookworld_debug.report import atomic_write_json
+        from rookworld_debug.safeio import atomic_write_json
         path = Path(argv[1])
         result = json.loads(path.read_text())
         _nan = lambda x: math.nan if x is None else x  # noqa: E731

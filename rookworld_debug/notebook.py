@@ -87,7 +87,7 @@ def write_summary(trace, run_dir, *, params: Optional[Mapping] = None, save_trac
     runner's contract). ``run_dir`` None → nothing written, returns None."""
     if run_dir is None:
         return None
-    from rookworld_debug.report import atomic_write_json
+    from rookworld_debug.safeio import atomic_write_json
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     trace_path = trace.save(run_dir / "trace") if save_trace else None

@@ -7,8 +7,17 @@ naming the file and what was expected in it.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
 import pickle
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rookworld_debug.errors import CheckpointError
 
@@ -116,3 +125,76 @@ def check_output_file(path, flag: str):
         raise ConfigError(flag, f"{p} is a folder, not a file")
     check_output_dir(p.parent, flag)
     return p
+
+
+# ------------------------------------------------------------------ atomic writes (readers never see a part)
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_bytes(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part:
+    temp file in the same directory, fsync, ``os.replace``, fsync of the directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path, text: str, encoding: str = "utf-8") -> Path:
+    """:func:`atomic_write_bytes` for text."""
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON types from numpy/torch scalars and arrays, dataclasses, paths, tuples and sets.
+    Non-finite floats become the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (strict JSON has no
+    NaN, and dropping them would hide exactly the numbers a debugger is looking for)."""
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return [to_jsonable(v) for v in sorted(obj, key=repr)]
+    if isinstance(obj, Path):
+        return str(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable(dataclasses.asdict(obj))
+    if hasattr(obj, "to_dict") and callable(obj.to_dict):
+        return to_jsonable(obj.to_dict())
+    if hasattr(obj, "tolist") and callable(obj.tolist):          # numpy / torch arrays and scalars
+        return to_jsonable(obj.tolist())
+    if hasattr(obj, "item") and callable(obj.item):
+        return to_jsonable(obj.item())
+    if isinstance(obj, (_dt.datetime, _dt.date)):
+        return obj.isoformat()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def atomic_write_json(path, obj: Any, *, indent: int | None = 2) -> Path:
+    """Serialise ``obj`` (via :func:`to_jsonable`) as strict JSON and write it atomically."""
+    text = json.dumps(to_jsonable(obj), indent=indent, allow_nan=False, ensure_ascii=False)
+    return atomic_write_text(path, text + "\n")

@@ -258,7 +258,7 @@ class MultiStepResult:
 
     def save(self, out) -> Path:
         """`table.csv`, `per_prompt.csv`, `summary.json` (summary stats, config, schedules)."""
-        from rookworld_debug.report import atomic_write_json
+        from rookworld_debug.safeio import atomic_write_json
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.table.to_csv(out / "table.csv", index=False)

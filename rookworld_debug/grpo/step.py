@@ -53,7 +53,7 @@ class StepTrace:
 
     def save(self, path) -> Path:
         """Write `<path>/trace.safetensors` (tensors) + `<path>/trace.json` (everything else)."""
-        from rookworld_debug.report import atomic_write_json
+        from rookworld_debug.safeio import atomic_write_json
         from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,7 @@ def _update(trl_loss, record_loss, grad_norm, per_layer_post, max_grad_norm, lr,
 
 def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optional[dict], step: int,
                          grad_norm: float, per_layer_post_clip: dict, step_metrics: dict, learning_rate: float,
-                         weights_sha256: Optional[str], cost: dict) -> StepTrace:
+                         weights_sha256: Optional[str], cost: dict, reasons: tuple = ()) -> StepTrace:
     import transformers
     import trl
 
@@ -188,7 +188,9 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
     provenance = {"source": "trl.GRPOTrainer capture", "model": config.model, "weights_sha256": weights_sha256,
                   "num_parameters": sum(p.numel() for p in policy.parameters()), "dtype": config.dtype,
                   "model_type": getattr(policy.config, "model_type", None),
-                  "weights_sha256_at": f"start of step {step} (before its update)",
+                  "weights_sha256_at": (f"start of step {step} (before its update)" if weights_sha256 else
+                                        "not hashed: a held flight-recorder step (hashing every step costs time)"),
+                  "capture_reasons": list(reasons),
                   "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
                                "torch": torch.__version__}, "global_step": step,
                   "output_dir": str(args.output_dir), "reward_funcs": list(names), "reward_weights": list(weights)}

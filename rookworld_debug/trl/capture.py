@@ -21,8 +21,10 @@ construction; `cost` reports the seconds and bytes spent per step.
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
+from collections import deque
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -55,6 +57,23 @@ def _nbytes(obj) -> int:
     return 0
 
 
+def _triggers(triggers) -> tuple:
+    from rookworld_debug.trl.triggers import default_triggers
+    if triggers is None or triggers == ():
+        return ()
+    if isinstance(triggers, str):
+        if triggers != "default":
+            raise ConfigError("triggers", f"'default' (the built-in set) or a list of callables, got {triggers!r}")
+        return tuple(default_triggers())
+    if callable(triggers):
+        triggers = [triggers]
+    out = tuple(triggers)
+    bad = [t for t in out if not callable(t)]
+    if bad:
+        raise ConfigError("triggers", f"triggers are callables (step, metrics, record) -> Firing | None; got {bad[0]!r}")
+    return out
+
+
 def _step_numbers(steps) -> frozenset:
     """The optimizer steps to capture, refusing what would silently capture another step (1.5 → 1)."""
     if isinstance(steps, (str, bytes, int, float)) or not hasattr(steps, "__iter__"):
@@ -71,7 +90,8 @@ def _step_numbers(steps) -> frozenset:
 class StepCapture(TrainerCallback):
     """Attached to one GRPOTrainer; `paths[step]` = saved StepTrace folder, `cost[step]` = what it cost."""
 
-    def __init__(self, trainer, steps: Iterable[int], out_dir):
+    def __init__(self, trainer, steps: Optional[Iterable[int]] = None, out_dir=None, *, every: Optional[int] = None,
+                 keep_last: int = 0, triggers=()):
         import trl
         if trl_minor(trl.__version__) not in SUPPORTED_TRL:
             raise IncompatibleTraceError(f"installed TRL {trl.__version__}: the capture hooks GRPOTrainer internals "
@@ -83,9 +103,22 @@ class StepCapture(TrainerCallback):
             raise ConfigError("steps_per_generation", f"the capture needs steps_per_generation == "
                               f"gradient_accumulation_steps (TRL's default); got {args.steps_per_generation} vs "
                               f"{args.gradient_accumulation_steps}")
-        self.steps = _step_numbers(steps)
-        if not self.steps or min(self.steps) < 1:
+        self.steps = _step_numbers(steps) if steps is not None else frozenset()
+        if self.steps and min(self.steps) < 1:
             raise ConfigError("steps", f"name optimizer steps ≥ 1 to capture, got {sorted(self.steps)}")
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ConfigError("every", f"a whole number of steps ≥ 1, got {every!r}")
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+            raise ConfigError("keep_last", f"a whole number of held steps ≥ 0, got {keep_last!r}")
+        if out_dir is None:
+            raise ConfigError("out_dir", "name the folder the captured steps are written to")
+        self.triggers = _triggers(triggers)
+        if not (self.steps or every or keep_last or self.triggers):
+            raise ConfigError("steps", "nothing to capture: give steps=[…], every=N, keep_last=K or triggers=")
+        self.every, self.keep_last = every, keep_last
+        self._holding = bool(keep_last or self.triggers)   # flight recorder: every step is recorded, K held
+        self._held: deque = deque(maxlen=max(keep_last, 1))
+        self.index: list[dict] = []              # captures.json: one entry per written step, with its reasons
         self.trainer, self.out_dir = trainer, Path(out_dir)
         self.paths: dict[int, Path] = {}
         self.cost: dict[int, dict] = {}          # step -> {"seconds", "bytes", "captured"}
@@ -105,13 +138,20 @@ class StepCapture(TrainerCallback):
         trainer.add_callback(self)
 
     # ---------------------------------------------------------------------------------- bookkeeping
+    def _named(self, step: int) -> bool:
+        return step in self.steps or bool(self.every and step % self.every == 0)
+
+    def _recorded(self, step: int) -> bool:
+        """Are this step's tensors copied? Named steps, and every step while the flight recorder holds K."""
+        return self._holding or self._named(step)
+
     @property
     def _running(self) -> int:
         """The optimizer step being computed (TRL logs it as state.global_step once it is done)."""
         return self.trainer.state.global_step + 1
 
     def _spend(self, step: int, t0: float, nbytes: int = 0) -> None:
-        c = self.cost.setdefault(step, {"seconds": 0.0, "bytes": 0, "captured": step in self.steps})
+        c = self.cost.setdefault(step, {"seconds": 0.0, "bytes": 0, "captured": self._recorded(step)})
         c["seconds"] += time.perf_counter() - t0
         c["bytes"] += nbytes
 
@@ -121,7 +161,7 @@ class StepCapture(TrainerCallback):
         ga = t.args.gradient_accumulation_steps
         every = t.args.steps_per_generation * t.num_iterations
         first, last = t._step // ga + 1, (t._step + every - 1) // ga + 1
-        fed = [s for s in sorted(self.steps) if first <= s <= last]
+        fed = [s for s in range(first, last + 1) if self._recorded(s)]
         # the copy is charged to the first captured step it feeds (with num_iterations > 1 that batch is
         # generated during an earlier, uncaptured step), so uncaptured steps stay at 0
         self._fed = fed[0] if fed else self._running
@@ -161,7 +201,7 @@ class StepCapture(TrainerCallback):
             return out
 
         def compute_loss(model, inputs, *a, **kw):
-            if not (t.model.training and self._running in self.steps and ROW_KEY in inputs):
+            if not (t.model.training and self._recorded(self._running) and ROW_KEY in inputs):
                 return loss(model, inputs, *a, **kw)
             self._in_loss, self._logps = True, None
             try:
@@ -187,7 +227,7 @@ class StepCapture(TrainerCallback):
 
         def get_grad_norm(*a, **kw):
             out = gnorm(*a, **kw)
-            if self._running in self.steps:
+            if self._recorded(self._running):
                 self._grad_norm = float(out) if out is not None else float("nan")
             return out
 
@@ -200,17 +240,19 @@ class StepCapture(TrainerCallback):
     # ---------------------------------------------------------------------------------- callback
     def on_step_begin(self, args, state, control, **kw):
         step = state.global_step + 1
-        self.cost.setdefault(step, {"seconds": 0.0, "bytes": 0, "captured": step in self.steps})
-        if step in self.steps:
+        self.cost.setdefault(step, {"seconds": 0.0, "bytes": 0, "captured": self._recorded(step)})
+        if self._recorded(step):
             from rookworld_debug.models.provenance import weights_sha256
             t0 = time.perf_counter()
             self._mb, self._grad_norm, self._per_layer = [], float("nan"), {}
-            self._weights_hash = weights_sha256(self.trainer.accelerator.unwrap_model(self.trainer.model))
+            # hashing every weight costs ~1 % of a step on 124M: named steps only, not every held one
+            self._weights_hash = (weights_sha256(self.trainer.accelerator.unwrap_model(self.trainer.model))
+                                  if self._named(step) else None)
             self._spend(step, t0)
 
     def on_pre_optimizer_step(self, args, state, control, **kw):
         step = state.global_step + 1
-        if step not in self.steps:
+        if not self._recorded(step):
             return
         from rookworld_debug.grpo.update import layer_name
         t0 = time.perf_counter()
@@ -225,7 +267,7 @@ class StepCapture(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         step = state.global_step
-        if step not in self.steps:
+        if not self._recorded(step):
             return
         t0 = time.perf_counter()
         self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
@@ -243,27 +285,62 @@ class StepCapture(TrainerCallback):
             self._finalize(None)
 
     def _finalize(self, logs: Optional[dict]) -> None:
-        from rookworld_debug.trl.build import build_captured_trace
+        """The step's raw record: written now when named or a trigger fires (with the held lead-up), else held."""
         pending, self._pending = self._pending, None
         step = pending["step"]
         t0 = time.perf_counter()
+        raw = dict(gen=self._gen, micro_batches=self._mb, logs=logs, step=step, grad_norm=self._grad_norm,
+                   per_layer_post_clip=self._per_layer, step_metrics=pending["step_metrics"],
+                   learning_rate=pending["learning_rate"], weights_sha256=self._weights_hash)
+        self._mb = []
+        from rookworld_debug.trl.triggers import Firing, run_triggers
+        reasons = run_triggers(self.triggers, step, step_metrics_of(raw), raw) if self.triggers else []
+        if self._named(step):
+            reasons.insert(0, Firing("named", float(step), math.nan, "named",
+                                     "in steps=" if step in self.steps else f"every={self.every}"))
+        self._spend(step, t0)
+        fired = [r for r in reasons if r.kind != "named"]
+        if fired:                                # the lead-up: the K steps before the trigger, unless written
+            lead = Firing("lead-up", float(step), math.nan, "lead-up",
+                          f"held step before step {step}, where {', '.join(r.trigger for r in fired)} fired")
+            for old in self._held:
+                if old["step"] not in self.paths and old["step"] not in self.errors:
+                    self._write(old, [lead])
+        if reasons:
+            self._write(raw, reasons)
+        if self.keep_last:
+            self._held.append(raw)               # the last K steps, written or not (a deque drops the oldest)
+
+    def _write(self, raw: dict, reasons: list) -> None:
+        from rookworld_debug.trl.build import build_captured_trace
+        step, t0 = raw["step"], time.perf_counter()
         try:
-            if self._gen is None or not self._mb:
+            if raw["gen"] is None or not raw["micro_batches"]:
                 raise RuntimeError("the step's generation batch or loss micro-batches were not seen "
                                    "(was the capture attached after train() started?)")
-            trace = build_captured_trace(self.trainer, gen=self._gen, micro_batches=self._mb, logs=logs,
-                                         step=step, grad_norm=self._grad_norm, per_layer_post_clip=self._per_layer,
-                                         step_metrics=pending["step_metrics"], learning_rate=pending["learning_rate"],
-                                         weights_sha256=self._weights_hash, cost=dict(self.cost.get(step, {})))
+            trace = build_captured_trace(self.trainer, **raw, cost=dict(self.cost.get(step, {})),
+                                         reasons=tuple(r.to_dict() for r in reasons))
             self.paths[step] = trace.save(step_dir(self.out_dir, step))
         except Exception as err:                 # never kill the user's training run; say what was lost
             self.errors[step] = f"{type(err).__name__}: {err}"
             warnings.warn(f"rookworld_debug capture of step {step} failed: {self.errors[step]}", stacklevel=2)
         finally:
-            self._mb = []
             self._spend(step, t0)
             if step in self.paths:               # the saved record's cost misses the save itself: add it
                 _patch_cost(self.paths[step], self.cost[step])
+        self.index.append({"step": step, "path": step_dir(self.out_dir, step).name if step in self.paths else None,
+                           "reasons": [r.to_dict() for r in reasons], "error": self.errors.get(step),
+                           "written_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        self._write_index()
+
+    def _write_index(self) -> None:
+        """captures.json: the folder's index, rewritten atomically after every write (a run in progress)."""
+        from rookworld_debug.safeio import atomic_write_json
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.out_dir / "captures.json", {
+            "format": 1, "keep_last": self.keep_last, "every": self.every, "steps": sorted(self.steps),
+            "triggers": [getattr(t, "name", getattr(t, "__name__", repr(t))) for t in self.triggers],
+            "captures": sorted(self.index, key=lambda e: e["step"])})
 
     def cost_table(self) -> list[dict]:
         """One row per step seen: captured?, seconds and bytes the capture spent (0 for uncaptured steps)."""
@@ -273,7 +350,7 @@ class StepCapture(TrainerCallback):
 def _patch_cost(path: Path, cost: dict) -> None:
     import json
 
-    from rookworld_debug.report import atomic_write_json
+    from rookworld_debug.safeio import atomic_write_json
     p = Path(path) / "trace.json"
     payload = json.loads(p.read_text())
     fields = payload["fields"]["capture"]["fields"]
@@ -281,6 +358,25 @@ def _patch_cost(path: Path, cost: dict) -> None:
     atomic_write_json(p, payload)
 
 
-def capture_steps(trainer, steps: Iterable[int], out_dir) -> StepCapture:
-    """Attach a capture of `steps` (optimizer steps as TRL logs them, 1-based) to `trainer`; call before train()."""
-    return StepCapture(trainer, steps, out_dir)
+def step_metrics_of(raw: dict) -> dict:
+    """The flat metrics a trigger sees: TRL's logged dict when the step logged, else the last value of each
+    metric TRL accumulated during the step; plus the capture's own loss (Σ micro-batches) and grad norm."""
+    m = {k: v[-1] for k, v in (raw.get("step_metrics") or {}).items() if v}
+    m.update({k: v for k, v in (raw.get("logs") or {}).items() if isinstance(v, (int, float))})
+    m["loss"] = float(sum(mb["loss"] for mb in raw.get("micro_batches") or ())) if raw.get("micro_batches") else m.get("loss")
+    m["grad_norm"] = raw.get("grad_norm", m.get("grad_norm"))
+    return {k: v for k, v in m.items() if v is not None}
+
+
+def capture_steps(trainer, steps: Optional[Iterable[int]] = None, out_dir=None, *, every: Optional[int] = None,
+                  keep_last: int = 0, triggers=()) -> StepCapture:
+    """Attach a capture to `trainer`; call before train(). Writes a StepTrace folder (`step-NNNNNN`) for:
+
+    - `steps`: optimizer steps as TRL logs them (1-based), and every `every`-th step;
+    - the flight recorder: with `keep_last=K` and/or `triggers` ("default" = `triggers.default_triggers()`,
+      or callables `(step, metrics, record) -> Firing | None`), every step is recorded as a compact CPU
+      record (no weights) and the last K are held; a step where a trigger fires is written together with
+      the K held steps before it.
+
+    Every written step says why in its provenance (`capture_reasons`) and in `<out_dir>/captures.json`."""
+    return StepCapture(trainer, steps, out_dir, every=every, keep_last=keep_last, triggers=triggers)
