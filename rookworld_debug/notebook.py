@@ -25,8 +25,10 @@ def repo_root() -> Path:
 
 
 def notebook_path(name: str = "01_grpo_step.ipynb") -> Path:
-    """Absolute path of a shipped notebook (``notebooks/<name>`` next to the package)."""
-    return repo_root() / "notebooks" / name
+    """Absolute path of a shipped notebook: the package's own copy (``rookworld_debug/notebooks``: in a wheel
+    a real folder, in a checkout a link to the top-level ``notebooks/``), else ``notebooks/`` beside it."""
+    packaged = Path(__file__).resolve().parent / "notebooks" / name
+    return packaged if packaged.is_file() else repo_root() / "notebooks" / name
 
 
 def config_from_params(params: Mapping[str, Any], **overrides) -> StepConfig:

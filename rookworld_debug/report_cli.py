@@ -25,7 +25,11 @@ def _default_notebook(path: str) -> Path:
     if p.is_absolute() or p.exists():
         return p
     repo_root = Path(__file__).resolve().parent.parent
-    return repo_root / p if (repo_root / p).exists() else p
+    if (repo_root / p).exists():
+        return repo_root / p
+    from rookworld_debug.notebook import notebook_path
+    shipped = notebook_path(p.name)              # a wheel install: the package's own copy
+    return shipped if shipped.is_file() else p
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
