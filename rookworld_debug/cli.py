@@ -40,6 +40,8 @@ DELEGATED = {
     "train-tiny": ("rookworld_debug.models.train_tiny", "train the embedded tiny RookWorld model"),
     "measure": ("rookworld_debug.models.measure", "measure format/legality metrics of any model"),
     "bench": ("rookworld_debug.bench", "benchmark our step vs TRL GRPOTrainer vs the seeds' loop"),
+    "verify-capture": ("rookworld_debug.trl.verify", "replay a captured TRL step from the checkpoint before it and "
+                       "compare with the checkpoint after it"),
 }
 
 

@@ -1,0 +1,61 @@
+"""Issue 26: `rookworld-debug verify-capture` on a real TRL run with save_steps=1 (embedded tiny model): the
+captured step replayed from checkpoint N−1 reproduces checkpoint N (exit 0); paired with the wrong
+checkpoints it fails (exit 1) naming the layers. Run as a user runs it: subprocess, stdin closed, timeout."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = str(REPO / ".venv/bin/rookworld-debug")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    import torch
+    from rookworld_debug.trl.capture import capture_steps
+    from rookworld_debug.trl.example import make_trainer
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("vc")
+    trainer = make_trainer(out / "run", max_steps=3, save_steps=1, save_strategy="steps")
+    cap = capture_steps(trainer, steps=[2, 3], out_dir=out / "captures")
+    trainer.train()
+    assert cap.errors == {} and sorted(cap.paths) == [2, 3]
+    return out
+
+
+def _verify(run, step, before, after):
+    return subprocess.run([CLI, "verify-capture", str(run / "captures" / f"step-{step:06d}"), "--before",
+                           str(run / "run" / f"checkpoint-{before}"), "--after", str(run / "run" / f"checkpoint-{after}")],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240, env=ENV)
+
+
+@pytest.mark.parametrize("step", [2, 3])
+def test_the_captured_step_reproduces_its_checkpoint(run, step):
+    r = _verify(run, step, step - 1, step)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "VERIFIED" in r.stdout and "NOT VERIFIED" not in r.stdout
+    import re
+    replayed, captured = map(float, re.search(r"clipping: replayed ([\d.e+-]+), captured ([\d.e+-]+)", r.stdout).groups())
+    assert abs(replayed - captured) <= 1e-4 * captured          # the replayed gradient is TRL's
+
+
+def test_wrong_checkpoints_fail_naming_the_layers(run):
+    r = _verify(run, 3, 1, 2)
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    assert "NOT VERIFIED" in r.stdout and "worst: " in r.stdout and "FAIL" in r.stdout
+    assert "not the captured step 3" in r.stdout
+
+
+def test_bad_folders_are_one_line_exit_2(run, tmp_path):
+    r = subprocess.run([CLI, "verify-capture", str(run / "captures" / "step-000002"), "--before", str(tmp_path),
+                        "--after", str(run / "run" / "checkpoint-2")], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=120, env=ENV)
+    assert r.returncode == 2 and "rookworld-debug verify-capture: error:" in r.stderr and "Traceback" not in r.stderr
