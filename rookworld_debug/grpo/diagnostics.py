@@ -1,0 +1,154 @@
+"""Signal or noise: what one step's update is made of (issue 28).
+
+* :func:`per_group_grads` — g_b, the gradient of the step's loss restricted to group b's rows, with the
+  batch's own normalizers (so Σ_b g_b = the step's gradient). One forward with grad, then one backward per
+  group: ∂loss/∂ℓ and ∂loss/∂H are taken once, and group b's backward keeps only its rows of them (each
+  row's loss term depends on its own log-probs only; the normalizers are constants of the mask).
+* :func:`noise_scale` — the gradient noise scale of McCandlish et al. 2018 ("An Empirical Model of
+  Large-Batch Training") across the B groups, with a bootstrap interval over groups.
+* :func:`paired_bootstrap_ci` — a paired bootstrap interval of mean(after − before).
+
+Estimators (every view states them):
+
+* ḡ = (1/B) Σ_b g_b, the mean group gradient (the step's gradient is B·ḡ for the sum of groups);
+* tr Σ̂ = Σ_b |g_b − ḡ|² / (B − 1), unbiased trace of the covariance of one group's gradient;
+* |G|²_est = |ḡ|² − tr Σ̂ / B, unbiased estimate of the true mean gradient's squared norm;
+* B_simple = tr Σ̂ / |G|²_est (groups per step at which SNR = 1), SNR = |G|²_est / (tr Σ̂ / B) = B / B_simple.
+
+When |G|²_est ≤ 0 the between-group spread explains all of |ḡ|²: the step is indistinguishable from
+noise at this B. Then ``pure_noise`` is True, SNR is reported as 0 and B_simple / groups_for_snr_1 as inf.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class NoiseScale:
+    """Gradient noise scale across B groups (definitions in the module doc)."""
+    num_groups: int                     # B
+    mean_grad: torch.Tensor             # (P,) ḡ
+    mean_grad_sq: float                 # |ḡ|²
+    trace_sigma: float                  # tr Σ̂ = Σ_b |g_b − ḡ|² / (B − 1)
+    grad_sq: float                      # |G|²_est = |ḡ|² − tr Σ̂ / B
+    b_simple: float                     # tr Σ̂ / |G|²_est (inf when pure noise)
+    snr: float                          # |G|²_est / (tr Σ̂ / B) (0 when pure noise)
+    groups_for_snr_1: float             # ceil(B_simple): groups per step at which SNR reaches 1 (inf when pure noise)
+    pure_noise: bool                    # |G|²_est ≤ 0
+    snr_ci: tuple                       # (low, high) bootstrap over groups (level in ci_level), NaN when B < 3
+    ci_level: float
+    trustworthy: bool                   # B ≥ 8: tr Σ̂ has B − 1 degrees of freedom; with fewer the figure is loose
+    note: str
+
+
+def _gram_stats(gram: torch.Tensor) -> tuple[float, float, float]:
+    """(|ḡ|², tr Σ̂, |G|²_est) from the B×B Gram matrix g_a·g_b (float64)."""
+    b = gram.shape[0]
+    mean_sq = float(gram.sum()) / b ** 2                                  # |ḡ|²
+    trace_sigma = (float(torch.diagonal(gram).sum()) - b * mean_sq) / (b - 1)   # Σ|g_b|² − B|ḡ|², over B − 1
+    return mean_sq, trace_sigma, mean_sq - trace_sigma / b
+
+
+def _snr(b: int, trace_sigma: float, grad_sq: float) -> float:
+    if grad_sq <= 0:
+        return 0.0
+    return grad_sq / (trace_sigma / b) if trace_sigma > 0 else math.inf
+
+
+def noise_scale(per_group_grads: torch.Tensor, *, n_boot: int = 2000, seed: int = 0, level: float = 0.9) -> NoiseScale:
+    """The noise-scale record of a (B, P) tensor of group gradients (see module doc)."""
+    g = per_group_grads.detach().to(torch.float64)
+    b = g.shape[0]
+    if g.ndim != 2 or b < 2:
+        from rookworld_debug.errors import ConfigError
+        raise ConfigError("per_group_grads", f"need a (B, P) tensor with B ≥ 2 groups, got shape {tuple(g.shape)}")
+    gram = g @ g.T                                                         # (B, B)
+    mean_sq, trace_sigma, grad_sq = _gram_stats(gram)
+    pure = grad_sq <= 0
+    b_simple = math.inf if pure else trace_sigma / grad_sq
+    ci = _snr_bootstrap(gram, n_boot, seed, level) if b >= 3 else (math.nan, math.nan)
+    trust = b >= 8
+    note = ("pure noise at this batch: the spread between groups explains all of |ḡ|²" if pure else
+            f"B = {b} groups: tr Σ̂ has {b - 1} degrees of freedom" + ("" if trust else "; the estimate is loose, "
+                                                                                    "read the interval"))
+    return NoiseScale(num_groups=b, mean_grad=g.mean(0).to(per_group_grads.dtype), mean_grad_sq=mean_sq,
+                      trace_sigma=trace_sigma, grad_sq=grad_sq, b_simple=b_simple, snr=_snr(b, trace_sigma, grad_sq),
+                      groups_for_snr_1=math.inf if pure else float(math.ceil(b_simple)), pure_noise=pure,
+                      snr_ci=ci, ci_level=level, trustworthy=trust, note=note)
+
+
+def _snr_bootstrap(gram: torch.Tensor, n_boot: int, seed: int, level: float) -> tuple[float, float]:
+    """Percentile interval of the SNR when the B groups are resampled with replacement (on the Gram matrix:
+    no (B, P) copies). Resamples that repeat one group only (tr Σ̂ = 0) count as SNR = inf."""
+    b = gram.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, b, (n_boot, b), generator=gen)                  # (n_boot, B)
+    sub = gram[idx[:, :, None], idx[:, None, :]]                           # (n_boot, B, B)
+    mean_sq = sub.sum((1, 2)) / b ** 2
+    trace_sigma = (torch.diagonal(sub, dim1=1, dim2=2).sum(1) - b * mean_sq) / (b - 1)
+    grad_sq = mean_sq - trace_sigma / b
+    snr = torch.where(grad_sq <= 0, torch.zeros_like(grad_sq),
+                      torch.where(trace_sigma > 0, grad_sq / (trace_sigma / b).clamp_min(1e-300),
+                                  torch.full_like(grad_sq, math.inf)))
+    lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
+    q = torch.quantile(snr.clamp(max=1e300), torch.tensor([lo, hi], dtype=snr.dtype))
+    return float(q[0]), float(q[1])
+
+
+def paired_bootstrap_ci(before, after, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval (low, high) of mean(after − before), resampling the PAIRS with replacement.
+
+    ``before``/``after``: equal-length sequences (the same prompts, greedy, before and after the update).
+    Pairs with a NaN on either side are dropped (a flagged reward). Deterministic in ``seed``."""
+    import numpy as np
+    a = np.asarray(after, dtype=float)
+    b = np.asarray(before, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        from rookworld_debug.errors import DataError
+        raise DataError(f"paired_bootstrap_ci needs two equal-length 1-D sequences, got {b.shape} and {a.shape}")
+    d = (a - b)[~(np.isnan(a) | np.isnan(b))]
+    if d.size == 0:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, d.size, size=(n_boot, d.size))                  # (n_boot, n)
+    means = d[idx].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return (float(lo), float(hi))
+
+
+def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps: Optional[torch.Tensor] = None,
+                    num_generations: Optional[int] = None) -> torch.Tensor:
+    """(B, P) gradients of the step's loss, one row per group (see module doc); Σ over rows = the gradient
+    of the whole batch's loss. P = the trainable parameters of ``policy``, flattened in named order."""
+    from rookworld_debug.grpo.generation import per_token_logps_and_entropy
+    from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
+
+    g = num_generations or config.num_generations
+    params = [p for _, p in policy.named_parameters() if p.requires_grad]
+    mask = rollout.completion_mask
+    if config.mask_truncated_completions:
+        mask = mask * (~rollout.is_truncated)[:, None]
+    kw = loss_kwargs(config)
+    need_entropy = kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1
+    logps, entropy = per_token_logps_and_entropy(policy, rollout.prompt_ids, rollout.prompt_mask,
+                                                 rollout.completion_ids, mask, rollout.temperatures, with_grad=True,
+                                                 entropy_grad=kw["entropy_coef"] != 0)            # (N, T) each
+    rec = compute_loss(logps, old_per_token_logps, rollout.ref_per_token_logps,
+                       advantages.advantages.to(logps.dtype), mask, entropy=entropy if need_entropy else None,
+                       num_items_in_batch=float(mask.sum()), num_generations=g, **kw)
+    outs = [t for t in (logps, entropy) if t.requires_grad]
+    ups = torch.autograd.grad(rec.loss, outs, retain_graph=True, allow_unused=True)
+    n = logps.shape[0]
+    rows = []
+    for b in range(n // g):
+        keep = torch.zeros(n, 1, dtype=logps.dtype)
+        keep[b * g:(b + 1) * g] = 1.0
+        grads = torch.autograd.grad(outs, params, grad_outputs=[u * keep if u is not None else torch.zeros_like(o)
+                                                                for u, o in zip(ups, outs)],
+                                    retain_graph=b < n // g - 1, allow_unused=True)
+        rows.append(torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1) for x, p in zip(grads, params)]))
+    return torch.stack(rows)                                                # (B, P)
