@@ -133,7 +133,8 @@ def _update(trl_loss, record_loss, grad_norm, per_layer_post, max_grad_norm, lr,
 
 def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optional[dict], step: int,
                          grad_norm: float, per_layer_post_clip: dict, step_metrics: dict, learning_rate: float,
-                         weights_sha256: Optional[str], cost: dict, reasons: tuple = ()) -> StepTrace:
+                         weights_sha256: Optional[str], cost: dict, reasons: tuple = (),
+                         num_processes: int = 1) -> StepTrace:
     import transformers
     import trl
 
@@ -163,14 +164,16 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
     num_items = gen["num_items_in_batch"]
     loss = _loss(rollout.per_token_logps, old, rollout.ref_per_token_logps, trl_adv, mask, rollout.per_token_entropy,
                  config, num_items, num_generations=g)
+    # TRL's own per-micro-batch scaling, summed like its log; with P processes each rank normalizes by
+    # num_items / P (dapo) and the logged loss is the mean over ranks
     recomputed = 0.0
-    for mb in micro_batches:                        # TRL's own per-micro-batch scaling, summed like its log
+    for mb in micro_batches:
         r = mb["rows"]
         recomputed += float(_loss(rollout.per_token_logps[r], None if old is None else old[r],
                                   None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[r],
-                                  trl_adv[r], mask[r], rollout.per_token_entropy[r], config, num_items,
-                                  ga=mb["gradient_accumulation_steps"]).loss)
-    trl_loss = float(sum(mb["loss"] for mb in micro_batches))
+                                  trl_adv[r], mask[r], rollout.per_token_entropy[r], config, num_items / num_processes,
+                                  ga=mb["gradient_accumulation_steps"]).loss) / num_processes
+    trl_loss = float(sum(mb["loss"] for mb in micro_batches)) / num_processes
     update = _update(trl_loss, float(loss.loss), grad_norm, per_layer_post_clip, config.max_grad_norm,
                      learning_rate, len(micro_batches))
 
@@ -193,7 +196,9 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
                   "capture_reasons": list(reasons),
                   "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
                                "torch": torch.__version__}, "global_step": step,
-                  "output_dir": str(args.output_dir), "reward_funcs": list(names), "reward_weights": list(weights)}
+                  "output_dir": str(args.output_dir), "reward_funcs": list(names), "reward_weights": list(weights),
+                  "num_processes": num_processes,
+                  "rows_per_process": list(gen.get("local_rows", [n]))}
     batch_prompts = tuple(prompts[::g])
     batch = Batch(prompts=batch_prompts, completions=tuple(gen.get("columns", {}).get("label", [""] * n)[::g]),
                   tasks=tuple(rollout.tasks[::g]), indices=tuple(range(len(batch_prompts))), task_filter=config.task,

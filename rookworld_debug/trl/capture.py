@@ -97,8 +97,8 @@ class StepCapture(TrainerCallback):
             raise IncompatibleTraceError(f"installed TRL {trl.__version__}: the capture hooks GRPOTrainer internals "
                                          f"of TRL {', '.join(s + '.x' for s in SUPPORTED_TRL)} only")
         args = trainer.args
-        if trainer.accelerator.num_processes != 1:
-            raise ConfigError("num_processes", "the capture supports single-process training only")
+        self.world = int(trainer.accelerator.num_processes)      # > 1: rank 0 gathers every rank's rows and writes
+        self.rank = int(trainer.accelerator.process_index)
         if args.steps_per_generation != args.gradient_accumulation_steps:
             raise ConfigError("steps_per_generation", f"the capture needs steps_per_generation == "
                               f"gradient_accumulation_steps (TRL's default); got {args.steps_per_generation} vs "
@@ -270,11 +270,26 @@ class StepCapture(TrainerCallback):
         if not self._recorded(step):
             return
         t0 = time.perf_counter()
+        gen, mbs = self._gen, self._mb
+        self._mb = []
+        if self.world > 1:                       # every rank takes part; only rank 0 keeps the merged step
+            from rookworld_debug.trl.gather import gather_to_rank0
+            merged = gather_to_rank0({"gen": gen, "micro_batches": mbs}, self.rank, self.world,
+                                     pad_id=self._pad_id())
+            if self.rank != 0:
+                self._spend(step, t0)
+                return                           # the other ranks never write (nor wait on disk)
+            gen, mbs = merged["gen"], merged["micro_batches"]
         self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
-                         "learning_rate": self._lr}
+                         "learning_rate": self._lr, "gen": gen, "micro_batches": mbs}
         self._spend(step, t0)
         if not control.should_log:              # no log at this step: finalize now, without logged metrics
             self._finalize(None)
+
+    def _pad_id(self) -> int:
+        tok = self.trainer.processing_class
+        pad = getattr(tok, "pad_token_id", None)
+        return int(pad if pad is not None else getattr(tok, "eos_token_id", 0) or 0)
 
     def on_log(self, args, state, control, logs=None, **kw):
         if self._pending is not None and self._pending["step"] == state.global_step:
@@ -289,10 +304,10 @@ class StepCapture(TrainerCallback):
         pending, self._pending = self._pending, None
         step = pending["step"]
         t0 = time.perf_counter()
-        raw = dict(gen=self._gen, micro_batches=self._mb, logs=logs, step=step, grad_norm=self._grad_norm,
-                   per_layer_post_clip=self._per_layer, step_metrics=pending["step_metrics"],
-                   learning_rate=pending["learning_rate"], weights_sha256=self._weights_hash)
-        self._mb = []
+        raw = dict(gen=pending["gen"], micro_batches=pending["micro_batches"], logs=logs, step=step,
+                   grad_norm=self._grad_norm, per_layer_post_clip=self._per_layer, step_metrics=pending["step_metrics"],
+                   learning_rate=pending["learning_rate"], weights_sha256=self._weights_hash,
+                   num_processes=self.world)
         from rookworld_debug.trl.triggers import Firing, run_triggers
         reasons = run_triggers(self.triggers, step, step_metrics_of(raw), raw) if self.triggers else []
         if self._named(step):

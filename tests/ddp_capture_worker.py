@@ -1,0 +1,27 @@
+"""Launched by tests/test_capture_ddp.py as a user launches a run: `torchrun --nproc_per_node 2 this.py OUT MODE`.
+MODE "capture": the flight recorder (keep 1, triggers) plus steps 2 and 3; "plain": no capture. Rank 0 writes
+OUT/<mode>.json: TRL's logged losses per step and the final weights (for the bit-identity check)."""
+import json
+import os
+import sys
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+out, mode = sys.argv[1], sys.argv[2]
+torch.set_num_threads(1)
+from rookworld_debug.trl.capture import capture_steps  # noqa: E402
+from rookworld_debug.trl.example import make_trainer, tiny_dataset  # noqa: E402
+
+trainer = make_trainer(os.path.join(out, f"run-{mode}"), max_steps=3, prompts_per_step=2, num_generations=4,
+                       dataset=tiny_dataset(8))
+cap = capture_steps(trainer, steps=[2, 3], out_dir=os.path.join(out, "captures"), keep_last=1,
+                    triggers="default") if mode == "capture" else None
+trainer.train()
+if trainer.accelerator.is_main_process:
+    w = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+    torch.save(w, os.path.join(out, f"{mode}-weights.pt"))
+    json.dump({"world": trainer.accelerator.num_processes,
+               "logged": {d["step"]: d["loss"] for d in trainer.state.log_history if "loss" in d},
+               "errors": cap.errors if cap else {}, "paths": {k: str(v) for k, v in (cap.paths if cap else {}).items()}},
+              open(os.path.join(out, f"{mode}.json"), "w"))
