@@ -38,18 +38,42 @@ def _value(key: str, v: Any) -> str:
     return fmt(v)
 
 
+def start_sentence(trace: Any) -> str:
+    """Where the debugged step started: step 0, after k warm-up steps, a checkpoint, or a TRL step."""
+    cap = getattr(trace, "capture", None)
+    if cap is not None:
+        return f"a step TRL's GRPOTrainer took (global step {cap.global_step})"
+    start = (trace.setup.provenance or {}).get("start") or {}
+    parts = []
+    if start.get("init_policy"):
+        parts.append(f"from {start.get('init_policy_kind') or 'checkpoint'} {start['init_policy']}")
+    if start.get("warmup_steps"):
+        parts.append(f"after {start['warmup_steps']} warm-up GRPO step(s) on this batch")
+    return "started " + (" and ".join(parts) if parts else "at step 0 (π = π_ref)")
+
+
+def passes_sentence(trace: Any, m: dict) -> str:
+    """How many passes and optimizer steps the step took, and which one the headline numbers describe."""
+    its = tuple(getattr(trace, "iterations", ()) or ())
+    n_opt = sum(len(it.updates) for it in its) or 1
+    mu = len(its) or 1
+    which = ("the headline loss, KL and grad norm are the LAST optimizer step's (as TRL logs them)" if n_opt > 1
+             else "the headline numbers describe it")
+    return (f"{mu} pass(es) over the rollout, {n_opt} optimizer step(s) in all (grad norm of the last "
+            f"{fmt(m['grad_norm_pre_clip'])} → {fmt(m['grad_norm_post_clip'])} after clipping); {which}.")
+
+
 def executive_summary_from_trace(trace: Any, *, max_flags: int = 4) -> HTMLView:
     from rookworld_debug.metrics import definition, term_balance
 
     c, esc = trace.config, html.escape
     m = trace.summary()
     bal = term_balance(trace.loss, trace.update)
-    did = (f"One GRPO step of <b>{esc(str(c.model))}</b> on task <b>{esc(str(c.task))}</b>: "
+    did = (f"One GRPO step of <b>{esc(str(c.model))}</b> on task <b>{esc(str(c.task))}</b>, "
+           f"{esc(start_sentence(trace))}: "
            f"B = {c.batch_size} prompts × G = {c.num_generations} sampled completions, loss "
            f"<code>{esc(c.loss_type)}</code>, β = {c.beta:g} ({esc(c.kl_estimator)} KL), lr {c.lr:g}; "
-           + ("the update was <b>refused</b>." if trace.update is None else
-              f"one optimizer step (grad norm {fmt(m['grad_norm_pre_clip'])} → {fmt(m['grad_norm_post_clip'])} "
-              "after clipping)."))
+           + ("the update was <b>refused</b>." if trace.update is None else esc(passes_sentence(trace, m))))
     cards = []
     for key, label, batch in HEADLINE:
         if key not in m:
