@@ -40,6 +40,10 @@ DELEGATED = {
     "train-tiny": ("rookworld_debug.models.train_tiny", "train the embedded tiny RookWorld model"),
     "measure": ("rookworld_debug.models.measure", "measure format/legality metrics of any model"),
     "bench": ("rookworld_debug.bench", "benchmark our step vs TRL GRPOTrainer vs the seeds' loop"),
+    "triage": ("rookworld_debug.report.triage_build", "a run's curves, flagged steps and their reports: "
+               "triage.html + triage.json"),
+    "trl-demo": ("rookworld_debug.trl.demo", "a TRL GRPOTrainer run that goes wrong at a known step, recorded by "
+                 "the flight recorder (then: rookworld-debug triage OUT)"),
     "verify-capture": ("rookworld_debug.trl.verify", "replay a captured TRL step from the checkpoint before it and "
                        "compare with the checkpoint after it"),
 }

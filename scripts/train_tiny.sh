@@ -27,6 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUND=${ROUND:-4}
 if [ "$ROUND" = 4 ]; then exec bash scripts/train_tiny_round4.sh "$@"; fi
+if [ "$ROUND" = 5 ]; then exec bash scripts/train_tiny_round5.sh "$@"; fi
 INIT=${INIT:-rookworld_debug/models/tiny}
 case "$ROUND" in
   2) WORK=${WORK:-train_round2}; RUN=r3; SEED=4321; PREC=(--bf16)
@@ -34,7 +35,7 @@ case "$ROUND" in
   3) WORK=${WORK:-train_round3}; RUN=r4; SEED=5321; PREC=(--m-order sorted --activation gelu_pytorch_tanh)
      GEN=(--n-p 90000 --n-a 90000 --seed 5000 --p-illegal 0.12 --eps-range 1 1 --random-opening-max 0
           --min-plies 2 --max-plies 80 --keep 0.3 --p-game-end 0.8) ;;
-  *) echo "ROUND must be 2, 3 or 4" >&2; exit 2 ;;
+  *) echo "ROUND must be 2, 3, 4 or 5" >&2; exit 2 ;;
 esac
 OUT="$WORK/$RUN"
 DATA="$WORK/data_r3.jsonl"   # both rounds named their data file data_r3

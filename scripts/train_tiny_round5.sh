@@ -6,14 +6,14 @@
 #         illegal records in every band; about 15 % of kept positions also give a P: record)
 #         seed 8000: 20k P + 20k A with the round-3/4 generator settings (the replay)
 #   train from INIT (default: the shipped weights), batch 32, linear decay 4e-4 -> 5 %, STEPS (default
-#         3000), --a-fraction 0.65, fp32 on the CPU (2 threads: ~2 s/step)
+#         1100), --a-fraction 0.65, fp32 on the CPU (2 threads: ~2 s/step)
 #   measure: rookworld-debug measure $WORK/r5 --n-positions 200 --seed 777
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INIT=${INIT:-rookworld_debug/models/tiny}
 WORK=${WORK:-train_round5}
 WORKERS=${WORKERS:-2}
-STEPS=${STEPS:-3000}
+STEPS=${STEPS:-1100}
 DEVICE=${DEVICE:-cpu}
 mkdir -p "$WORK"
 RW=(.venv/bin/rookworld-debug)

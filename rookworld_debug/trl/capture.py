@@ -258,9 +258,11 @@ class StepCapture(TrainerCallback):
         t0 = time.perf_counter()
         sq: dict[str, float] = {}
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        for name, p in model.named_parameters():
-            if p.grad is not None:
-                sq[layer_name(name)] = sq.get(layer_name(name), 0.0) + float(p.grad.detach().float().pow(2).sum())
+        named = [(n, p.grad.detach()) for n, p in model.named_parameters() if p.grad is not None]
+        # one fused norm kernel over every gradient and one host copy (a float() per tensor was ~2x slower)
+        norms = torch.stack(torch._foreach_norm([g.float() for _, g in named])).tolist() if named else []
+        for (name, _), v in zip(named, norms):
+            sq[layer_name(name)] = sq.get(layer_name(name), 0.0) + v * v
         self._per_layer = {k: v ** 0.5 for k, v in sq.items()}     # AFTER clipping (grads as the optimizer sees them)
         self._lr = float(self.trainer._get_learning_rate())          # the LR this update uses (scheduler steps after)
         self._spend(step, t0)

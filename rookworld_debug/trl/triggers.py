@@ -11,8 +11,9 @@ held raw record (tensors on the CPU). A firing says why: trigger name, value, th
   into the region, not again while the metric stays there (a run whose completions are always
   truncated would otherwise write every step);
 * **relative** — a jump over its running median: ``direction · (value − median) > k · scale``, where the
-  median and the scale (1.4826 · MAD, floored at ``floor``) come from the previous ``window`` values
-  (at least ``min_history`` of them). Robust to the slow drift of a healthy run, fires on a jump.
+  median and the scale (1.4826 · MAD, floored at ``floor``, in the metric's units) come from the previous
+  ``window`` values (at least ``min_history`` of them). Robust to the slow drift of a healthy run, fires on
+  a jump. After a firing a trigger is quiet for ``cooldown`` steps: a metric that stays up is one event.
 
 :func:`default_triggers` is the built-in set (KL, entropy fall, reward drop, clip ratio, grad-norm spike,
 zero-std groups, truncated completions, non-finite loss/gradient).
@@ -54,8 +55,10 @@ class MetricTrigger:
     window: int = 20
     min_history: int = 5
     floor: float = 1e-6                    # lower bound of the scale, so a flat history does not fire on noise
+    cooldown: int = 10                     # after a firing, this trigger stays quiet for this many steps
     history: deque = field(default_factory=deque, repr=False)
     beyond: bool = field(default=False, repr=False)   # inside the absolute region at the previous step
+    quiet: int = field(default=0, repr=False)         # steps of cooldown left
 
     def __call__(self, step: int, metrics: dict, record=None) -> Optional[Firing]:
         value = metrics.get(self.metric)
@@ -65,6 +68,11 @@ class MetricTrigger:
         if not math.isfinite(value):
             return None                    # non-finite values are the NonFiniteTrigger's
         fired = self._check(value)
+        if self.quiet > 0:                 # one firing per episode: a metric that stays high is one event
+            self.quiet -= 1
+            fired = None
+        elif fired is not None:
+            self.quiet = self.cooldown
         self.history.append(value)
         while len(self.history) > self.window:
             self.history.popleft()
@@ -109,11 +117,11 @@ class NonFiniteTrigger:
 def default_triggers() -> list:
     """The built-in triggers; thresholds are starting points for a GRPO run (see each one's detail)."""
     return [
-        MetricTrigger("kl", "kl", above=1.0, jump=8.0),
-        MetricTrigger("entropy_fall", "entropy", jump=8.0, direction=-1),
-        MetricTrigger("reward_drop", "reward", jump=8.0, direction=-1, floor=1e-3),
-        MetricTrigger("clip_ratio", "clip_ratio/region_mean", above=0.3, jump=8.0, floor=1e-3),
-        MetricTrigger("grad_norm_spike", "grad_norm", jump=8.0),
+        MetricTrigger("kl", "kl", above=1.0, jump=8.0, floor=0.01),
+        MetricTrigger("entropy_fall", "entropy", jump=8.0, direction=-1, floor=0.02),
+        MetricTrigger("reward_drop", "reward", jump=8.0, direction=-1, floor=0.05),
+        MetricTrigger("clip_ratio", "clip_ratio/region_mean", above=0.3, jump=8.0, floor=0.02),
+        MetricTrigger("grad_norm_spike", "grad_norm", jump=8.0, floor=0.1),
         MetricTrigger("frac_reward_zero_std", "frac_reward_zero_std", above=0.95),
         MetricTrigger("completions_clipped", "completions/clipped_ratio", above=0.9),
         NonFiniteTrigger(),

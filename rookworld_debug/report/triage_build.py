@@ -1,0 +1,101 @@
+"""`rookworld-debug triage RUN_DIR`: triage.json + triage.html (notebook 04 under papermill) in RUN_DIR/triage/.
+
+Idempotent: step reports (notebook 01 on each flagged, captured step) are rendered only when missing, and the
+page only when triage.json changed (both through the sweep runner's resume, keyed by their parameters).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from rookworld_debug.report.triage import CURVES, flag_steps, read_run, trend_stats
+
+
+def build_triage(run_dir, *, window: int = 10) -> dict:
+    """Everything the page shows, as plain JSON (no step reports rendered: `report` is None)."""
+    log = read_run(run_dir)
+    flagged = flag_steps(log.rows)
+    for f in flagged:
+        f.update(captured=f["step"] in log.captures, report=None)
+    return {"format": 1, "run_dir": str(Path(run_dir).resolve()), "source": log.source, "notes": list(log.notes),
+            "rows": list(log.rows), "curves": list(CURVES), "window": window, "flagged": flagged,
+            "captured_steps": sorted(log.captures), "captures_present": bool(log.captures),
+            "capture_paths": {str(k): str(v["path"]) for k, v in log.captures.items()},
+            "trend": trend_stats(log.rows, "reward", window)}
+
+
+def _render_step_reports(t: dict, out: Path, progress: bool) -> dict:
+    """{step: report.html} for every flagged captured step (rendered only when missing)."""
+    from rookworld_debug.notebook import notebook_path
+    from rookworld_debug.report import run_sweep
+    steps = sorted({f["step"] for f in t["flagged"] if f["captured"]})
+    if not steps:
+        return {}
+    grid = [{"trace_path": t["capture_paths"][str(s)]} for s in steps]
+    res = run_sweep(notebook_path("01_grpo_step.ipynb"), grid, sweep_name="steps", out_root=out, workers=1,
+                    resume=True, progress=progress)
+    by_trace = {r.params["trace_path"]: r for r in res.runs}
+    return {s: Path(by_trace[t["capture_paths"][str(s)]].run_dir) / "report.html" for s in steps
+            if (Path(by_trace[t["capture_paths"][str(s)]].run_dir) / "report.html").is_file()}
+
+
+def _render_page(json_path: Path, out: Path, progress: bool) -> Path:
+    from rookworld_debug.notebook import notebook_path
+    from rookworld_debug.report import run_sweep
+    digest = hashlib.sha256(json_path.read_bytes()).hexdigest()[:16]
+    res = run_sweep(notebook_path("04_run_triage.ipynb"), [{"triage_json": str(json_path), "content": digest}],
+                    sweep_name="page", out_root=out, workers=1, resume=True, progress=progress,
+                    strict_params=False, require_summary=False)
+    run = res.runs[0]
+    html = Path(run.run_dir) / "report.html"
+    if not html.is_file():
+        from rookworld_debug.errors import DataError
+        raise DataError(f"the triage page did not render: {run.error or run.status} ({run.run_dir})")
+    return html
+
+
+def triage(run_dir, out=None, *, progress: bool = True, render_steps: bool = True) -> Path:
+    """Write triage.json and triage.html into `out` (default RUN_DIR/triage); return the HTML's path."""
+    from rookworld_debug.safeio import atomic_write_json, check_output_dir
+    run = Path(run_dir)
+    out = check_output_dir(Path(out) if out else run / "triage", "--out")
+    t = build_triage(run)
+    out.mkdir(parents=True, exist_ok=True)
+    if render_steps:
+        reports = _render_step_reports(t, out, progress)
+        for f in t["flagged"]:
+            r = reports.get(f["step"])
+            f["report"] = os.path.relpath(r, out) if r else None
+    json_path = atomic_write_json(out / "triage.json", t)
+    page = _render_page(json_path, out, progress)
+    dest = out / "triage.html"
+    if not dest.is_file() or dest.read_bytes() != page.read_bytes():
+        shutil.copyfile(page, dest)
+    return dest
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="rookworld-debug triage", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", help="a TRL output_dir, a captures folder, or a `rookworld-debug run` folder")
+    ap.add_argument("--out", default=None, help="output folder (default RUN_DIR/triage)")
+    ap.add_argument("--no-step-reports", action="store_true", help="do not render the flagged steps' reports")
+    ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    page = triage(a.run_dir, a.out, progress=a.progress, render_steps=not a.no_step_reports)
+    t = json.loads((page.parent / "triage.json").read_text())
+    print(f"{len(t['rows'])} logged steps, {len(t['flagged'])} firings "
+          f"({sum(f['captured'] for f in t['flagged'])} on captured steps)")
+    for n in t["notes"]:
+        print(f"note: {n}")
+    print(f"triage: {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

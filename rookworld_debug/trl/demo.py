@@ -1,0 +1,85 @@
+"""`rookworld-debug trl-demo`: a TRL run that visibly goes wrong, recorded by the flight recorder.
+
+    rookworld-debug trl-demo --out runs/demo           # 12 steps on the embedded tiny model, ~30 s on a CPU
+    rookworld-debug triage runs/demo                   # the curves, the trigger, the lead-up, the samples
+
+How it goes wrong (on purpose, and said in the run's README): TRL's GRPOTrainer trains the tiny model with the
+project's reward functions at a sane learning rate (1e-5); after step ``--jump-at`` − 2 a callback
+multiplies the learning rate by ``--lr-factor`` (10^4) for the rest of the run, as a bad schedule or a unit
+mistake would. The update of step ``--jump-at`` − 1 is huge, so at step ``--jump-at`` (whose metrics are
+measured before its own update) the policy has moved far from the reference: the KL jumps by orders of magnitude, the entropy collapses and the reward falls. The flight
+recorder (``keep_last=3``, the built-in triggers) writes the step where the triggers fire and the three held
+steps before it into OUT/captures; OUT/trainer_state.json is TRL's log history, kept up to date every step.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _callbacks(out: Path, jump_at: int, factor: float):
+    from transformers import TrainerCallback
+
+    class LRJump(TrainerCallback):
+        def on_step_end(self, args, state, control, optimizer=None, lr_scheduler=None, **kw):
+            if state.global_step == jump_at - 2 and optimizer is not None:
+                for g in optimizer.param_groups:
+                    g["lr"] *= factor
+                if lr_scheduler is not None:       # the constant schedule would reset it: scale its bases too
+                    lr_scheduler.base_lrs = [lr * factor for lr in lr_scheduler.base_lrs]
+
+    class StateWriter(TrainerCallback):
+        """trainer_state.json at the top of OUT after every log: a run in progress can be triaged."""
+        def on_log(self, args, state, control, **kw):
+            if state.is_world_process_zero:
+                state.save_to_json(str(out / "trainer_state.json"))
+
+    return [LRJump(), StateWriter()]
+
+
+def run_demo(out, *, steps: int = 12, jump_at: int = 8, lr_factor: float = 1e4, keep_last: int = 3, seed: int = 0):
+    from rookworld_debug.trl.capture import capture_steps
+    from rookworld_debug.trl.example import make_trainer, tiny_dataset
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "README.md").write_text(__doc__.split("How it goes wrong")[0] + "How it goes wrong" +
+                                   __doc__.split("How it goes wrong")[1].replace("``--jump-at``", str(jump_at))
+                                   .replace("``--lr-factor``", f"{lr_factor:g}"))
+    trainer = make_trainer(out, max_steps=steps, learning_rate=1e-5, lr_scheduler_type="constant", seed=seed,
+                           dataset=tiny_dataset(8))
+    for cb in _callbacks(out, jump_at, lr_factor):
+        trainer.add_callback(cb)
+    cap = capture_steps(trainer, out_dir=out / "captures", keep_last=keep_last, triggers="default")
+    trainer.train()
+    return trainer, cap
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="rookworld-debug trl-demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/trl-demo", help="the run folder (TRL output_dir; captures/ inside)")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--jump-at", type=int, default=8, help="the step whose metrics jump (the LR is raised after step jump-at − 2)")
+    ap.add_argument("--lr-factor", type=float, default=1e4)
+    ap.add_argument("--keep-last", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    from rookworld_debug.errors import ConfigError
+    if not 3 <= a.jump_at <= a.steps:
+        raise ConfigError("--jump-at", f"needs 3 ≤ jump-at ≤ steps, got jump-at {a.jump_at}, steps {a.steps}")
+    import torch
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    from tqdm.auto import tqdm
+    with tqdm(total=1, desc="trl-demo (GRPOTrainer)", disable=None, file=sys.stderr) as bar:
+        trainer, cap = run_demo(a.out, steps=a.steps, jump_at=a.jump_at, lr_factor=a.lr_factor,
+                                keep_last=a.keep_last, seed=a.seed)
+        bar.update(1)
+    print(f"trained {trainer.state.global_step} steps; captured {sorted(cap.paths)} "
+          f"(why: {Path(a.out) / 'captures' / 'captures.json'})")
+    print(f"next: rookworld-debug triage {a.out}")
+    return 1 if cap.errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
