@@ -29,9 +29,9 @@ def test_grad_sq_is_unbiased_at_four_groups_and_pure_noise_is_flagged():
     gen = torch.Generator().manual_seed(1)
     p, b, sigma = 16, 4, 1.0
     g_true = 0.3 * torch.ones(p, dtype=torch.float64)
-    est = [noise_scale(g_true + sigma * torch.randn(b, p, generator=gen, dtype=torch.float64), n_boot=50).grad_sq
-           for _ in range(3000)]
-    assert float(np.mean(est)) == pytest.approx(float(g_true @ g_true), abs=0.08)   # |G|² = 1.44
+    est = [noise_scale(g_true + sigma * torch.randn(b, p, generator=gen, dtype=torch.float64), n_boot=0).grad_sq
+           for _ in range(2000)]
+    assert float(np.mean(est)) == pytest.approx(float(g_true @ g_true), abs=0.1)    # |G|² = 1.44 (se ≈ 0.03)
     noise = noise_scale(torch.randn(b, p, generator=gen, dtype=torch.float64) * 0 + torch.eye(b, p, dtype=torch.float64))
     assert noise.pure_noise and noise.snr == 0 and math.isinf(noise.b_simple) and "pure noise" in noise.note
     assert not noise.trustworthy

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-STEPS, JUMP, K = 8, 6, 2
+STEPS, JUMP, K = 6, 5, 2
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning",
                                         "ignore::DeprecationWarning")
 

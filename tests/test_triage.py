@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CLI = str(REPO / ".venv/bin/rookworld-debug")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-STEPS, JUMP = 9, 7
+STEPS, JUMP = 7, 5
 
 
 def _cli(*args, cwd, timeout=600):

@@ -39,7 +39,7 @@ class NoiseScale:
     snr: float                          # |G|²_est / (tr Σ̂ / B) (0 when pure noise)
     groups_for_snr_1: float             # ceil(B_simple): groups per step at which SNR reaches 1 (inf when pure noise)
     pure_noise: bool                    # |G|²_est ≤ 0
-    snr_ci: tuple                       # (low, high) bootstrap over groups (level in ci_level), NaN when B < 3
+    snr_ci: tuple                       # (low, high) bootstrap over groups (level in ci_level); NaN when B < 3 or n_boot = 0
     ci_level: float
     trustworthy: bool                   # B ≥ 8: tr Σ̂ has B − 1 degrees of freedom; with fewer the figure is loose
     note: str
@@ -70,7 +70,7 @@ def noise_scale(per_group_grads: torch.Tensor, *, n_boot: int = 2000, seed: int 
     mean_sq, trace_sigma, grad_sq = _gram_stats(gram)
     pure = grad_sq <= 0
     b_simple = math.inf if pure else trace_sigma / grad_sq
-    ci = _snr_bootstrap(gram, n_boot, seed, level) if b >= 3 else (math.nan, math.nan)
+    ci = _snr_bootstrap(gram, n_boot, seed, level) if b >= 3 and n_boot > 0 else (math.nan, math.nan)
     trust = b >= 8
     note = ("pure noise at this batch: the spread between groups explains all of |ḡ|²" if pure else
             f"B = {b} groups: tr Σ̂ has {b - 1} degrees of freedom" + ("" if trust else "; the estimate is loose, "
@@ -87,9 +87,10 @@ def _snr_bootstrap(gram: torch.Tensor, n_boot: int, seed: int, level: float) -> 
     b = gram.shape[0]
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, b, (n_boot, b), generator=gen)                  # (n_boot, B)
-    sub = gram[idx[:, :, None], idx[:, None, :]]                           # (n_boot, B, B)
-    mean_sq = sub.sum((1, 2)) / b ** 2
-    trace_sigma = (torch.diagonal(sub, dim1=1, dim2=2).sum(1) - b * mean_sq) / (b - 1)
+    counts = torch.zeros(n_boot, b, dtype=gram.dtype).scatter_add_(1, idx, torch.ones_like(idx, dtype=gram.dtype))
+    # a resample's Gram sums through its counts c: Σ_ij G[idx_i, idx_j] = cᵀGc, Σ_i G[idx_i, idx_i] = c·diag(G)
+    mean_sq = torch.einsum("nb,bc,nc->n", counts, gram, counts) / b ** 2
+    trace_sigma = (counts @ torch.diagonal(gram) - b * mean_sq) / (b - 1)
     grad_sq = mean_sq - trace_sigma / b
     snr = torch.where(grad_sq <= 0, torch.zeros_like(grad_sq),
                       torch.where(trace_sigma > 0, grad_sq / (trace_sigma / b).clamp_min(1e-300),
