@@ -162,7 +162,7 @@ class OursCore(_Variant):
     """(a): the phase functions composed, nothing a trainer would not compute."""
 
     def prepare(self):
-        from rookworld_debug.grpo.setup import setup
+        from rookworld_debug.grpo.start import setup
         from rookworld_debug.models import load_policy_and_reference
         loaded = load_policy_and_reference(self.spec.model_dir, dtype=self.cfg.dtype, device=self.cfg.device)
         self.s = setup(self.cfg, loaded=loaded)

@@ -33,8 +33,8 @@ def _smoke(args) -> int:
 
 DELEGATED = {
     "main": ("rookworld_debug.mainjob", "the README's main job: one GRPO step report on the embedded default"),
-    "step": ("rookworld_debug.grpo.cli_step", "run ONE GRPO step, print the phase-by-phase log, save the trace"),
-    "run": ("rookworld_debug.grpo.cli_run", "run N GRPO steps with schedules, checkpoints and a per-step log"),
+    "step": ("rookworld_debug.cli_step", "run ONE GRPO step, print the phase-by-phase log, save the trace"),
+    "run": ("rookworld_debug.cli_run", "run N GRPO steps with schedules, checkpoints and a per-step log"),
     "report": ("rookworld_debug.report_cli", "papermill sweep: notebook x parameter grid -> HTML reports + index"),
     "generate-data": ("rookworld_debug.data.generate", "generate RookWorld-format P:/A: samples"),
     "train-tiny": ("rookworld_debug.models.train_tiny", "train the embedded tiny RookWorld model"),

@@ -59,7 +59,7 @@ def test_group_gradients_sum_to_the_step_gradient(fixtures_dir):
     from rookworld_debug.config import StepConfig
     from rookworld_debug.grpo.generation import per_token_logps_and_entropy
     from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
-    from rookworld_debug.grpo.setup import setup
+    from rookworld_debug.grpo.start import setup
     from rookworld_debug.grpo.step import sample_and_score
 
     torch.set_num_threads(2)

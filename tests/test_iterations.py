@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rookworld_debug import StepConfig, StepTrace, run_step
-from rookworld_debug.grpo.setup import setup
+from rookworld_debug.grpo.start import setup
 from tinymodels import save_tiny_gpt2
 
 B, G = 2, 4

@@ -251,7 +251,7 @@ def test_overfit_run_raises_rewarded_behaviour(model_dir):
 
 
 def test_cli_run_and_resume(model_dir, tmp_path, capsys):
-    from rookworld_debug.grpo.cli_run import main
+    from rookworld_debug.cli_run import main
     args = ["--steps", "2", "--no-progress", "--mode", "fresh", "--lr-schedule", "linear",
             "--set", f"model={model_dir}", "--set", "reward_mode=dataset", "--set", "batch_size=2",
             "--set", "num_generations=2", "--set", "max_new_tokens=6", "--set", "eval_max_new_tokens=6",

@@ -211,7 +211,7 @@ def test_inject_too_long_or_invalid_text_is_a_config_error(tiny_byte_model_dir, 
 
 def test_unavailable_or_invalid_device_is_a_config_error_before_any_model_loads(monkeypatch):
     import rookworld_debug.models as models
-    from rookworld_debug.grpo.setup import setup
+    from rookworld_debug.grpo.start import setup
     from rookworld_debug.models.devices import check_device
 
     def must_not_load(*a, **k):

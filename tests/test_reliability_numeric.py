@@ -25,7 +25,7 @@ from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import NumericalError
 from rookworld_debug.grpo.advantages import compute_advantages, manual_advantages
 from rookworld_debug.grpo.rewards import compute_rewards
-from rookworld_debug.grpo.setup import setup
+from rookworld_debug.grpo.start import setup
 from rookworld_debug.grpo.step import run_step
 from rookworld_debug.grpo.update import update
 from rookworld_debug.models import load_policy_and_reference

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rookworld_debug import StepConfig, StepTrace, run_step
-from rookworld_debug.grpo.setup import setup
+from rookworld_debug.grpo.start import setup
 from rookworld_debug.steplog import format_step_log
 from tinymodels import save_tiny_gpt2
 

@@ -14,7 +14,7 @@ B, G = 2, 4
 @pytest.fixture(scope="module")
 def drifted(tmp_path_factory):
     from rookworld_debug import StepConfig, run_step
-    from rookworld_debug.grpo.setup import setup
+    from rookworld_debug.grpo.start import setup
     from tinymodels import save_tiny_gpt2
     folder = save_tiny_gpt2(tmp_path_factory.mktemp("tiny_panel"))
     cfg = StepConfig(model=str(folder), task="P", batch_size=B, num_generations=G, max_new_tokens=16,

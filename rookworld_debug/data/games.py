@@ -40,7 +40,7 @@ def _p_record(s, a, fen, turn, rng, split, gid, ply) -> dict | None:
     ranked = [(m, str(v)) for m, v in zip(a.moves, a.scores)]  # str(cp / 100): the P: eval format
     if not ranked:
         return None
-    from rookworld_debug.data.generate import p_label
+    from rookworld_debug.data.records import p_label
 
     moves = [m for m, _ in ranked]
     best = p_label(moves, turn, s.b_label)
@@ -63,7 +63,7 @@ def _engine_move(a, rng) -> str | None:
 
 def play_full_game(args) -> list[dict]:
     """One game to its natural end → its P: and A: records in ply order (see module doc)."""
-    from rookworld_debug.data.generate import _a_record, _illegal_move, label_engine
+    from rookworld_debug.data.records import _a_record, _illegal_move, label_engine
 
     s, gid = args
     rng = random.Random(f"full-game:{s.seed}:{gid}")

@@ -142,8 +142,7 @@ def _warmup_cached(s, key: str) -> dict:
 
 def run_warmup(s) -> list:
     """k GRPO steps on the Setup's batch with run_step's own phases (no evals). Returns one metrics dict each."""
-    from rookworld_debug.grpo.multistep import step_seed
-    from rookworld_debug.grpo.step import sample_and_score
+    from rookworld_debug.grpo.phases import sample_and_score, step_seed
     from rookworld_debug.grpo.update import update
     c = s.config
     lr = c.lr if c.warmup_lr is None else c.warmup_lr

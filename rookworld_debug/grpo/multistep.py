@@ -39,7 +39,9 @@ from rookworld_debug.config import StepConfig
 from rookworld_debug.data.loaders import select_batch
 from rookworld_debug.errors import ConfigError, DataError
 from rookworld_debug.grpo.rewards import compute_rewards
-from rookworld_debug.grpo.setup import Setup, load_samples, setup as setup_phase
+from rookworld_debug.grpo.phases import step_seed  # noqa: F401 - re-exported (run_steps' sampling seeds)
+from rookworld_debug.grpo.setup import Setup, load_samples
+from rookworld_debug.grpo.start import setup as setup_phase
 from rookworld_debug.grpo.step import StepTrace, run_step
 
 MODES = ("overfit_single_batch", "fresh")
@@ -49,12 +51,6 @@ CHECKPOINT_VERSION = 1
 
 
 # ==================================================================================== seeds
-def step_seed(seed: int, step: int) -> int:
-    """Sampling seed of step `step`: first 31 bits of sha256(f"{seed}/{step}"). A pure function of
-    (config.seed, step), so a resumed run samples exactly what the uninterrupted one did."""
-    return int(hashlib.sha256(f"{seed}/{step}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
-
-
 # ==================================================================================== β schedule
 @dataclass(frozen=True)
 class BetaSchedule:

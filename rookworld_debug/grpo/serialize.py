@@ -54,8 +54,10 @@ RECORD_MODULES = (
     "rookworld_debug.grpo.decoding", "rookworld_debug.grpo.evaluation", "rookworld_debug.grpo.generation",
     "rookworld_debug.grpo.iterations", "rookworld_debug.grpo.loss", "rookworld_debug.grpo.multistep",
     "rookworld_debug.grpo.rewards", "rookworld_debug.grpo.setup", "rookworld_debug.grpo.step",
-    "rookworld_debug.grpo.update", "rookworld_debug.trl.record", "rookworld_debug.trl.rewards",
+    "rookworld_debug.grpo.update", "rookworld_debug.grpo.captured",
 )
+# record names older versions wrote → the module the class lives in now
+_RENAMED = {"rookworld_debug.trl.record:TRLCapture": "rookworld_debug.grpo.captured:TRLCapture"}
 _RECORDS: dict[str, type] = {}
 _FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
@@ -77,7 +79,7 @@ class _Bad(Exception):
 
 def _make_record(obj: dict, tensors: dict, where: str) -> Any:
     name = obj["__record__"]
-    cls = record_types().get(name) if isinstance(name, str) else None
+    cls = record_types().get(_RENAMED.get(name, name)) if isinstance(name, str) else None
     if cls is None:
         raise _Bad(f"{where}: record type {name!r} is not one of this package's records")
     fields = obj.get("fields")
@@ -195,7 +197,7 @@ def read_trace(path, record: str, version: int | None = None) -> Any:
                                      f"{version}: upgrade rookworld_debug to open it")
     capture = fields.get("capture")
     if capture is not None:
-        from rookworld_debug.trl.record import check_compatible
+        from rookworld_debug.grpo.captured import check_compatible
         check_compatible(capture, path)
     if not (path / "trace.safetensors").is_file():
         raise _not_a_trace(path, "trace.json without its trace.safetensors (incomplete copy?)")

@@ -174,8 +174,9 @@ def check_inject(inject, s: Setup, config: StepConfig) -> None:
                               f"prompt need {p_len + t_len} positions, but the model's context is n_positions={ctx}")
 
 
-def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None = None, engine=None) -> Setup:
-    """Load (or reuse) models, data and engine; pick the batch; check the step-0 invariants."""
+def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None = None, engine=None) -> Setup:
+    """Load (or reuse) models, data and engine; pick the batch; check the step-0 invariants. The policy is
+    the base model: a drifted start (warm-up steps, a checkpoint) is `grpo.start.setup`, one layer up."""
     from rookworld_debug.models import load_policy_and_reference
     t0 = time.perf_counter()
     torch.manual_seed(config.seed)
@@ -224,7 +225,4 @@ def setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None 
     s = Setup(config=config, policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
               optimizer=optimizer, provenance=provenance, batch=batch, heldout=heldout,
               invariants=invariants, seconds=time.perf_counter() - t0, data_flags=data_flags)
-    # invariants above check the BASE pair; then move the policy to a drifted start if configured
-    from rookworld_debug.grpo.drift import apply_start
-    s = apply_start(s)
-    return dataclasses.replace(s, seconds=time.perf_counter() - t0) if s.provenance.get("start") else s
+    return s

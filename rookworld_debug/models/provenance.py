@@ -123,7 +123,7 @@ def _version(dist: str) -> str | None:
 def package_versions() -> dict[str, str | None]:
     import transformers
 
-    from .. import __version__
+    __version__ = _version("rookworld-debug")    # the installed distribution (not the package: no import upward)
 
     return {
         "torch": torch.__version__,

@@ -30,7 +30,7 @@ def format_step_line(row: dict, steps: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from rookworld_debug.grpo.multistep import BETA_KINDS, LR_KINDS, MODES
-    from rookworld_debug.grpo.cli_step import config_keys_help
+    from rookworld_debug.cli_step import config_keys_help
     p = argparse.ArgumentParser(prog="rookworld-debug run", description=__doc__, epilog=config_keys_help(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, required=True, help="total number of steps N (also the LR schedule length)")
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     from rookworld_debug.errors import RookWorldError
-    from rookworld_debug.grpo.cli_step import config_from_args
+    from rookworld_debug.cli_step import config_from_args
     from rookworld_debug.grpo.multistep import BetaSchedule, LRSchedule, run_steps
 
     from rookworld_debug.safeio import check_input_file, check_output_dir

@@ -1,0 +1,85 @@
+"""The phases a step and a warm-up step share: generation → rewards → advantages → loss, no update.
+
+`run_step` (grpo/step.py) and the warm-up of a drifted start (grpo/drift.py) both call `sample_and_score`;
+it lives here, below both, so neither imports the other's module.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from contextlib import contextmanager
+from typing import Mapping, Optional
+
+import torch
+
+from rookworld_debug.config import StepConfig
+from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
+from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
+from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
+from rookworld_debug.grpo.rewards import compute_rewards
+from rookworld_debug.grpo.setup import Setup, check_inject
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Sampling seed of step `step`: first 31 bits of sha256(f"{seed}/{step}"). A pure function of
+    (config.seed, step), so a resumed run samples exactly what the uninterrupted one did."""
+    return int(hashlib.sha256(f"{seed}/{step}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+class PhaseTimer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+
+def rows(values, g: int) -> list:
+    """Per-prompt values → per-row values (each repeated G times, TRL order)."""
+    return [v for v in values for _ in range(g)]
+
+
+def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
+             old_per_token_logps: Optional[torch.Tensor] = None) -> LossBreakdown:
+    """The loss record from the rollout's tensors — no forward pass (widgets recompute it per slider move).
+    On-policy (μ = 1) the old log-probs ARE the rollout's, so ratio = 1 exactly as in TRL; a saved off-policy
+    step (e.g. a TRL capture with num_iterations > 1) passes its stored `old_per_token_logps` (N, T)."""
+    mask = rollout.completion_mask
+    if config.mask_truncated_completions:
+        mask = mask * (~rollout.is_truncated)[:, None]                                   # (N, T)
+    old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
+    return compute_loss(rollout.per_token_logps, old, rollout.ref_per_token_logps,
+                        advantages.advantages, mask, entropy=rollout.per_token_entropy,
+                        per_token_full_kl=rollout.per_token_full_kl, num_generations=config.num_generations,
+                        **loss_kwargs(config))
+
+
+def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_weights=None,
+                     inject: Optional[Mapping[int, str]] = None, timer: Optional[PhaseTimer] = None):
+    """generation → rewards → advantages → loss on the setup's (current) policy; no update.
+    `inject` = {row: completion text} replaces sampled rows (see `inject_completions`)."""
+    timer = timer or PhaseTimer()
+    b, g = s.batch, config.num_generations
+    if inject:
+        check_inject(inject, s, config)        # bad text / too long for the context: ConfigError, before sampling
+    with timer("generation"):
+        rollout = generate(s.policy, s.reference, s.tokenizer, list(b.prompts), list(b.tasks), num_generations=g,
+                           max_new_tokens=config.max_new_tokens,
+                           sampling={t: config.sampling_for(t) for t in set(b.tasks)}, seed=config.seed,
+                           top_k_alternatives=config.top_k_alternatives)
+        if inject:
+            rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
+    with timer("rewards"):
+        rewards = compute_rewards(rollout.prompts, rollout.completions, rollout.tasks, labels=rows(b.completions, g),
+                                  reward_mode=config.reward_mode, engine=s.engine, reward_funcs=reward_funcs,
+                                  reward_weights=reward_weights, completion_ids=rollout.completion_ids)
+    with timer("advantages"):
+        advantages = advantages_from_config(rewards.rewards, config)
+    with timer("loss"):
+        loss = loss_for(rollout, advantages, config)
+    return rollout, rewards, advantages, loss
