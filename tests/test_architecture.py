@@ -62,3 +62,13 @@ def test_no_import_circle():
     adj = {m: set(g.find_modules_directly_imported_by(m)) - {m} for m in g.modules}
     assert _cycles(adj) == []
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]      # the check can fail
+
+
+def test_the_layers_picture_in_developing_md_is_made_from_the_current_imports():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("layers_graph", REPO / "scripts" / "layers_graph.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    doc = (REPO / "docs" / "DEVELOPING.md").read_text()
+    block = doc[doc.index(mod.BEGIN) + len(mod.BEGIN):doc.index(mod.END)].strip()
+    assert block == mod.mermaid(mod.graph_edges()), "run: .venv/bin/python scripts/layers_graph.py --write"
