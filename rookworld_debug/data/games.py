@@ -26,14 +26,7 @@ import random
 import chess
 
 from rookworld_debug.chess.formats import MAX_HISTORY, PSample, format_p, split_p
-
-
-def _ends(board: chess.Board, move: chess.Move) -> bool:
-    board.push(move)
-    try:
-        return board.is_game_over()
-    finally:
-        board.pop()
+from rookworld_debug.data.positions import _ends
 
 
 def _p_record(s, a, fen, turn, rng, split, gid, ply) -> dict | None:
