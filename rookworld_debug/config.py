@@ -224,6 +224,10 @@ class StepConfig:
                                   group="eval")
     top_k_alternatives: int = _f(5, "Top-k alternative tokens (with probabilities) recorded per completion "
                                  "position for views; 0 disables.", group="eval")
+    diagnostics: bool = _f(False, "Signal or noise (grpo.diagnostics): per-group gradients (one backward per group), "
+                                  "their noise scale and SNR, and paired-bootstrap intervals of the greedy Δreward. "
+                                  "On in the notebooks and the report; off in the lean path (it costs B backwards).",
+                           group="eval")
 
     # ---------------------------------------------------------------- hardware
     device: str = _f("auto", "torch device: 'auto' (cuda if available, else mps, else cpu), 'cpu', 'cuda', 'cuda:N' "
@@ -466,7 +470,7 @@ _FLOAT_FIELDS = ("p_temperature", "p_top_p", "a_temperature", "a_top_p", "beta",
 _INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k", "std_ddof", "micro_batch_size",
                "engine_depth", "engine_multipv", "engine_workers", "heldout_n", "eval_max_new_tokens",
                "top_k_alternatives", "num_iterations", "steps_per_generation", "warmup_steps")
-_BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy")
+_BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy", "diagnostics")
 _STR_FIELDS = ("model", "dataset", "device")
 _CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
             "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip"),

@@ -31,6 +31,15 @@ GLOSSARY: dict[str, str] = {
                 "(some ratio ≠ 1). On-policy the PG value is −agg(A), fixed by group-centred advantages (0 for "
                 "grpo, ~0 otherwise) whatever the policy, so the value share would read ~100%: n/a there; use "
                 "kl_grad_share.",
+    "snr": "Gradient signal-to-noise across the B groups (McCandlish et al. 2018): |G|²_est / (tr Σ̂ / B), with "
+           "ḡ = mean of the group gradients g_b (each the loss restricted to the group's rows, the batch's own "
+           "normalizers), tr Σ̂ = Σ_b |g_b − ḡ|² / (B − 1) and |G|²_est = |ḡ|² − tr Σ̂ / B (unbiased). 0 when "
+           "|G|²_est ≤ 0 (pure noise). Batch: the sampled rollout at the step's start.",
+    "b_simple": "Noise scale B_simple = tr Σ̂ / |G|²_est: the number of groups per step at which SNR reaches 1 "
+                "(inf when |G|²_est ≤ 0). Same estimators and batch as snr.",
+    "delta_reward_ci": "Paired bootstrap 95 % interval of mean(after − before) of the greedy rewards of the same "
+                       "prompts (pairs resampled with replacement); 'within noise' when it covers 0.",
+    "group_cos_step": "cos(g_b, Σ_b g_b): how well group b's gradient points along the step's gradient.",
     "kl_grad_share": "Gradient share of the KL penalty: ‖∇(β·KL)‖ / (‖∇PG‖ + ‖∇(β·KL)‖ + ‖∇entropy term‖), global L2 "
                      "norms of each term's gradient before clipping (update phase; n/a on the lean path).",
     "pg_grad_share": "Gradient share of the PG term: ‖∇PG‖ / (‖∇PG‖ + ‖∇(β·KL)‖ + ‖∇entropy term‖).",
@@ -90,6 +99,8 @@ BATCH_OF: dict[str, str] = {
     "grad_cos_pg_kl": "update (sampled rollout)", "corr_adv_delta_logp": "sampled rollout · after vs before",
     "step0_invariants_ok": "dataset tokens · before any update",
     "max_abs_logp_diff_recompute": "sampled rollout",
+    "snr": "sampled rollout · step start · across groups", "b_simple": "sampled rollout · step start · across groups",
+    "group_cos_step": "sampled rollout · step start", "delta_reward_ci": "greedy · same prompts · after − before",
 }
 
 

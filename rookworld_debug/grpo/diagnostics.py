@@ -21,7 +21,7 @@ noise at this B. Then ``pure_noise`` is True, SNR is reported as 0 and B_simple 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -153,3 +153,53 @@ def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps:
                                     retain_graph=b < n // g - 1, allow_unused=True)
         rows.append(torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1) for x, p in zip(grads, params)]))
     return torch.stack(rows)                                                # (B, P)
+
+
+@dataclass(frozen=True)
+class SignalNoise:
+    """The step's signal-or-noise diagnostics (StepConfig.diagnostics), on the sampled rollout at the start of
+    the step (the first optimizer step's gradient; μ > 1 passes are not decomposed)."""
+    step_grad_norm: float               # ‖Σ_b g_b‖ = the first optimizer step's grad norm before clipping
+    group_grad_norms: torch.Tensor      # (B,) ‖g_b‖: each group's share of the step's gradient
+    group_cos_step: torch.Tensor        # (B,) cos(g_b, Σ_b g_b)
+    group_cos: torch.Tensor             # (B, B) cos(g_a, g_b)
+    group_weights: torch.Tensor         # (B,) Σ over the group's rows of |∂loss/∂(row's loss term)|-scaled token share
+    noise: NoiseScale                   # across the B groups (McCandlish et al. 2018)
+    delta_reward_ci: tuple              # (low, high) paired bootstrap 95 % of greedy after − before, this batch
+    delta_reward_heldout_ci: tuple      # the same on the held-out prompts ((nan, nan) without them)
+    n_boot: int
+    seconds: float
+
+
+def signal_noise(policy, rollout, advantages, loss_record, config, *, n_boot: int = 2000) -> "SignalNoise":
+    """Per-group gradients at the step's start and their noise scale (the Δreward intervals are added after
+    the evaluation, with :func:`with_delta_ci`)."""
+    import time
+    t0 = time.perf_counter()
+    g = per_group_grads(policy, rollout, advantages, config)                           # (B, P)
+    step = g.sum(0)                                                                      # (P,)
+    norms = g.norm(dim=1)                                                                # (B,)
+    unit = g / norms.clamp_min(1e-30)[:, None]
+    cos = unit @ unit.T                                                                  # (B, B)
+    cos_step = unit @ (step / step.norm().clamp_min(1e-30))                              # (B,)
+    per_seq = loss_record.per_seq_loss.detach()                                          # (N,) row terms
+    weights = per_seq.abs().reshape(-1, config.num_generations).sum(1)                   # (B,)
+    weights = weights / weights.sum().clamp_min(1e-30)
+    ns = noise_scale(g, n_boot=n_boot, seed=config.seed)
+    nan = (math.nan, math.nan)
+    return SignalNoise(step_grad_norm=float(step.norm()), group_grad_norms=norms, group_cos_step=cos_step, group_cos=cos, group_weights=weights,
+                       noise=replace(ns, mean_grad=torch.empty(0)),   # ḡ (P,) is not kept in the trace
+                       delta_reward_ci=nan,
+                       delta_reward_heldout_ci=nan, n_boot=n_boot, seconds=time.perf_counter() - t0)
+
+
+def with_delta_ci(sn: "SignalNoise", evaluation, seed: int) -> "SignalNoise":
+    """`sn` with the paired bootstrap intervals of the greedy Δreward (batch and held-out)."""
+    if evaluation is None:
+        return sn
+    batch = paired_bootstrap_ci(evaluation.batch_before.rewards.tolist(), evaluation.batch_after.rewards.tolist(),
+                                n_boot=sn.n_boot, seed=seed)
+    held = (paired_bootstrap_ci(evaluation.heldout_before.rewards.tolist(), evaluation.heldout_after.rewards.tolist(),
+                                n_boot=sn.n_boot, seed=seed)
+            if evaluation.heldout_before is not None and evaluation.heldout_after is not None else (math.nan, math.nan))
+    return replace(sn, delta_reward_ci=batch, delta_reward_heldout_ci=held)

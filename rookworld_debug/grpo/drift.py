@@ -32,7 +32,7 @@ from rookworld_debug.errors import CheckpointError, ConfigError, ModelLoadError
 from rookworld_debug.safeio import check_fits, load_state_into, load_torch
 
 # fields that do not shape the warm-up (eval sizes, the debugged step's own iteration/loss-view knobs)
-_KEY_IGNORES = ("heldout_n", "eval_max_new_tokens", "top_k_alternatives", "num_iterations", "steps_per_generation",
+_KEY_IGNORES = ("heldout_n", "eval_max_new_tokens", "top_k_alternatives", "diagnostics", "num_iterations", "steps_per_generation",
                 "warmup_steps", "tiny_std_fraction", "engine_workers", "device")
 CACHE_VERSION = 1
 

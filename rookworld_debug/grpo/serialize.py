@@ -54,7 +54,7 @@ RECORD_MODULES = (
     "rookworld_debug.grpo.decoding", "rookworld_debug.grpo.evaluation", "rookworld_debug.grpo.generation",
     "rookworld_debug.grpo.iterations", "rookworld_debug.grpo.loss", "rookworld_debug.grpo.multistep",
     "rookworld_debug.grpo.rewards", "rookworld_debug.grpo.setup", "rookworld_debug.grpo.step",
-    "rookworld_debug.grpo.update", "rookworld_debug.grpo.captured",
+    "rookworld_debug.grpo.update", "rookworld_debug.grpo.captured", "rookworld_debug.grpo.diagnostics",
 )
 # record names older versions wrote → the module the class lives in now
 _RENAMED = {"rookworld_debug.trl.record:TRLCapture": "rookworld_debug.grpo.captured:TRLCapture"}

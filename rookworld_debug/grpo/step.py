@@ -52,6 +52,7 @@ class StepTrace:
     version: int = TRACE_VERSION
     capture: Optional[object] = None        # rookworld_debug.trl.TRLCapture when the step was taken by TRL's GRPOTrainer
     iterations: tuple = ()                  # IterationRecord per PPO pass (μ = num_iterations); () = no update
+    diagnostics: Optional[object] = None    # grpo.diagnostics.SignalNoise when config.diagnostics
 
     def save(self, path) -> Path:
         """Write `<path>/trace.safetensors` (tensors) + `<path>/trace.json` (everything else)."""
@@ -141,7 +142,11 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     flags = [*s.invariants.failures, *getattr(s, "data_flags", ()), *([start["note"]] if start.get("note") else []), *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
              *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]
 
-    upd, evaluation, iterations = None, None, ()
+    upd, evaluation, iterations, diag = None, None, (), None
+    if config.diagnostics:                     # at the step's start, before the update moves the policy
+        with timer("diagnostics"):
+            from rookworld_debug.grpo.diagnostics import signal_noise
+            diag = signal_noise(s.policy, rollout, advantages, loss, config)
     with timer("update"):                      # μ passes × steps_per_generation optimizer steps (μ = 1: one)
         try:
             iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, config, reference=s.reference,
@@ -166,6 +171,9 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                     engine=s.engine, eval_max_new_tokens=config.eval_max_new_tokens)
             except NumericalError as err:      # e.g. lr=1e12 broke the weights: keep the trace and its flags
                 flags.append(f"post-update evaluation failed: {err}")
+    if diag is not None:
+        from rookworld_debug.grpo.diagnostics import with_delta_ci
+        diag = with_delta_ci(diag, evaluation, config.seed)
     counts = {**{f"generation/{k}": v for k, v in rollout.counts.items()},
               **{f"engine/{k}": v for k, v in rewards.engine_stats.items()},
               **{f"update/{k}": sum(u.counts.get(k, 0) for it in iterations for u in it.updates)
@@ -173,7 +181,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
               "update/optimizer_steps": sum(len(it.updates) for it in iterations)}
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
-                     timings=dict(timer.seconds), counts=counts, flags=tuple(flags), iterations=iterations)
+                     timings=dict(timer.seconds), counts=counts, flags=tuple(flags), iterations=iterations,
+                     diagnostics=diag)
 
 
 def rewards_flags(rewards: Rewards) -> list[str]:
