@@ -155,6 +155,15 @@ def test_report_and_index_in_chromium_offline(tmp_path):
             assert table.locator("tbody tr").count() == 2 * 4
             table.scroll_into_view_if_needed()
             page.screenshot(path=str(SHOTS / "report_completions.png"))
+            # issue 28: the signal-or-noise section, each number with its batch and estimator
+            sig = page.locator(".rw-signal")
+            assert sig.count() == 1
+            sig_text = sig.inner_text()
+            for needed in ("SNR across groups", "B_simple", "bootstrap over groups", "greedy Δreward, this batch",
+                           "paired bootstrap", "Batch: the sampled rollout"):
+                assert needed in sig_text, needed
+            sig.scroll_into_view_if_needed()
+            page.screenshot(path=str(SHOTS / "report_signal_noise.png"))
             page.screenshot(path=str(SHOTS / "report_full.png"), full_page=True)
 
             page.goto((sweep / "index.html").as_uri())
