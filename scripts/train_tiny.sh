@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Issue 12 recipe for the embedded model. ROUND=4 (default) is what the shipped weights ran (on a GPU);
+# ROUND=5 is the issue-24 CPU fine-tune on whole games (scripts/train_tiny_round5.sh; measured, not shipped);
 # ROUND=3 and ROUND=2 reproduce the earlier CPU rounds. Resumable: run it again and it resumes from
 # $WORK/<run>/checkpoint (ROUND=4: each finished stage is skipped).
 #
