@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`rookworld-debug run` (errors: one line, exit 2; see cli.run_guarded)."""
+    from rookworld_debug.cli import run_guarded
+    return run_guarded("run", _main, argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from tqdm.auto import tqdm
 
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None and args.steps < 1:
         from rookworld_debug.errors import ConfigError
         raise ConfigError("--steps", f"must be ≥ 1, got {args.steps}")
+    bar = None
     try:
         resuming = args.resume is not None
         config = config_from_args(args.config, args.overrides) if (args.config or args.overrides or not resuming) \

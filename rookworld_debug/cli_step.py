@@ -2,7 +2,8 @@
 
 Output: the phase-by-phase log goes to stdout; the trace to OUT/trace.json + OUT/trace.safetensors (reload
 with `StepTrace.load(OUT)`, view with notebook 01 or `rookworld-debug report --trace OUT`). Errors go to
-stderr as `rookworld-debug step: error: <NamedError>: …` with exit code 2 (bad paths are checked before the step); exit code 1 when the update was refused (NaN/inf).
+stderr as `rookworld-debug step: error: <NamedError>: …` with exit code 2 (bad paths are checked before
+the step); exit code 1 when the update was refused (NaN/inf).
 
 Examples:
   rookworld-debug step --set beta=0.05 --set reward_mode=dataset --out reports/step1
@@ -76,6 +77,12 @@ def config_from_args(config_path: str | None, overrides: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`rookworld-debug step` (errors: one line, exit 2; see cli.run_guarded)."""
+    from rookworld_debug.cli import run_guarded
+    return run_guarded("step", _main, argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rookworld-debug step", description=__doc__, epilog=config_keys_help(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML or JSON file with StepConfig fields")

@@ -224,9 +224,7 @@ class StepConfig:
                                   group="eval")
     top_k_alternatives: int = _f(5, "Top-k alternative tokens (with probabilities) recorded per completion "
                                  "position for views; 0 disables.", group="eval")
-    diagnostics: bool = _f(False, "Signal or noise (grpo.diagnostics): per-group gradients (one backward per group), "
-                                  "their noise scale and SNR, and paired-bootstrap intervals of the greedy Δreward. "
-                                  "On in the notebooks and the report; off in the lean path (it costs B backwards).",
+    diagnostics: bool = _f(False, "Signal or noise: per-group gradients, SNR, Δreward intervals (B backwards).",
                            group="eval")
 
     # ---------------------------------------------------------------- hardware

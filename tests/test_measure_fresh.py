@@ -65,7 +65,9 @@ def test_measure_cli_on_fresh_positions_exits_with_rates(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     # `--model tiny` as the README writes it (the positional form is the same)
     r = subprocess.run([sys.executable, "-m", "rookworld_debug.models.measure", "--model", "tiny", "--n-positions", "3",
-                        "--group-size", "2", "--seed", "5", "--threads", "1", "--json", str(out)],
+                        "--group-size", "2", "--seed", "5", "--threads", "1", "--json", str(out),
+                        "--n-per-band", "2", "--n-real-p", "3", "--real-p", str(ROOT.parent / "shared" / "fixtures" /
+                                                                                "rook_p_lines.txt")],
                        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
@@ -75,6 +77,12 @@ def test_measure_cli_on_fresh_positions_exits_with_rates(tmp_path):
     for r_ in res["rates"].values():
         assert 0 <= r_["ci95"][0] <= r_["value"] <= r_["ci95"][1] <= 1
     assert "p_greedy_well_formed" in r.stdout and "n=" in r.stdout and "model tiny" in r.stdout
+    # issue 24: by band of game length (a second generator) and by kind, each with n and an interval
+    assert set(res["bands"]["by_band"]) == {"1-20", "21-40", "41-60", "61-80", "81+"}
+    assert all(b["n"] == 2 for b in res["bands"]["by_band"].values()) and "band_a_cases" in res["bands"]["generator"]
+    assert "a_band_exact[81+]" in r.stdout
+    if (ROOT.parent / "shared" / "fixtures" / "rook_p_lines.txt").is_file():
+        assert res["real_p"]["real_p_best_legal"]["n"] == 6 and "real_p_all5_legal" in r.stdout
 
 
 def test_well_formed_is_the_grammar_and_strict_also_rejects_repeats():

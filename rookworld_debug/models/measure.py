@@ -232,7 +232,7 @@ def _stat(flags) -> dict:
 
 def measure_fresh(model_or_path="tiny", *, tokenizer=None, n_positions: int = 200, seed: int = 777,
                   group_size: int = 8, max_new_tokens: int = 160, batch_size: int = 96, progress=None,
-                  n_per_band: int = 60, real_p=REAL_P_LINES) -> dict:
+                  n_per_band: int = 60, real_p=REAL_P_LINES, n_real_p: int | None = None) -> dict:
     """The issue-12 rates on fresh random-play positions (see module doc); each as value/k/n/ci95."""
     from rookworld_debug.data.positions import a_cases, random_play_positions
 
@@ -264,7 +264,7 @@ def measure_fresh(model_or_path="tiny", *, tokenizer=None, n_positions: int = 20
     if progress:
         progress(f"A by band in {time.time() - t0:.1f}s")
     real = (measure_real_p(model, tok, real_p, group_size=group_size, seed=seed, max_new_tokens=max_new_tokens,
-                           batch_size=batch_size) if real_p and Path(real_p).is_file() else None)
+                           batch_size=batch_size, limit=n_real_p) if real_p and Path(real_p).is_file() else None)
     return dict(model=name, bands=bands, real_p=real, band_targets=band_targets(bands, real), rates=rates, strict_rates=strict, a_greedy_exact_by_kind=by_kind,
                 load_seconds=round(t_load, 2),
                 targets={k: dict(target=v, value=rates[k]["value"], met=rates[k]["value"] >= v)
@@ -298,9 +298,10 @@ def read_real_p_lines(path) -> list[tuple[str, str]]:
 
 
 def measure_real_p(model, tok, path, *, group_size: int = 8, seed: int = 777, max_new_tokens: int = 160,
-                   batch_size: int = 96) -> dict:
-    """Sampled (P_SAMPLING) and greedy P: on real RookWorld positions: B: legal, all 5 M: legal, B: = label."""
-    rows = read_real_p_lines(path)
+                   batch_size: int = 96, limit: int | None = None) -> dict:
+    """Sampled (P_SAMPLING) and greedy P: on real RookWorld positions: B: legal, all 5 M: legal, B: = label.
+    ``limit``: the first n lines only (None: all)."""
+    rows = read_real_p_lines(path)[:limit]
     prompts = [f"P: {f}" for f, _ in rows]
     sampled = sample_completions(model, tok, prompts, n=group_size, max_new_tokens=max_new_tokens, seed=seed,
                                  batch_size=batch_size, **P_SAMPLING)
@@ -402,6 +403,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-positions", type=int, default=200, help="fresh positions (P: and A: each)")
     ap.add_argument("--n-per-band", type=int, default=60,
                     help="A: cases per band of fullmove number (1-20 … 81+); 0 = skip the band measurement")
+    ap.add_argument("--n-real-p", type=int, default=None, help="measure only the first N real P: lines (default all)")
     ap.add_argument("--real-p", default=str(REAL_P_LINES),
                     help="real RookWorld P: lines to measure on when the file exists ('' = skip)")
     ap.add_argument("--heldout", action="store_true", help="the issue-3 measurement on the bundled held-out split")
@@ -415,7 +417,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     a.model = a.model_opt or a.model
     for flag, v, lo in (("--n-positions", a.n_positions, 1), ("--group-size", a.group_size, 1),
-                        ("--n-per-band", a.n_per_band, 0), ("--n-prompts", a.n_prompts, 1), ("--threads", a.threads, 1)):
+                        ("--n-per-band", a.n_per_band, 0), ("--n-prompts", a.n_prompts, 1), ("--threads", a.threads, 1),
+                        ("--n-real-p", 1 if a.n_real_p is None else a.n_real_p, 1)):
         if v < lo:
             ap.error(f"{flag} must be ≥ {lo}, got {v}")
     import torch
@@ -428,7 +431,8 @@ def main(argv=None) -> int:
                           engine_depth=a.engine_depth, with_rewards=not a.no_rewards, progress=progress)
         else:
             res = measure_fresh(a.model, n_positions=a.n_positions, seed=a.seed, group_size=a.group_size,
-                                progress=progress, n_per_band=a.n_per_band, real_p=a.real_p or None)
+                                progress=progress, n_per_band=a.n_per_band, real_p=a.real_p or None,
+                                n_real_p=a.n_real_p)
     except ModelLoadError as e:
         print(f"rookworld-debug measure: error: {e}", file=sys.stderr)
         return 2
