@@ -49,3 +49,16 @@ def tiny_byte_model_dir(tmp_path_factory) -> Path:
     Pass the folder as `StepConfig(model=str(folder))` or to `load_policy_and_reference(folder)`."""
     from tinymodels import save_tiny_gpt2
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny_byte_model"), n_positions=256)
+
+
+# --------------------------------------------------------------------- offline browser pages (issue 27)
+def block_network(page, blocked: list) -> None:
+    """Let a Playwright page load file:// URLs only; every other request is aborted and listed in `blocked`
+    (an offline report must not fetch anything)."""
+    def route(r):
+        if r.request.url.startswith("file://"):
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort()
+    page.route("**/*", route)

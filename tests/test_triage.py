@@ -82,14 +82,8 @@ def test_page_offline_in_chromium_shows_curves_marks_and_opens_the_step_report(d
                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         try:
             pg = browser.new_page(viewport={"width": 1200, "height": 900})
-
-            def route(r):
-                if r.request.url.startswith("file://"):
-                    r.continue_()
-                else:
-                    blocked.append(r.request.url)
-                    r.abort()
-            pg.route("**/*", route)
+            from conftest import block_network
+            block_network(pg, blocked)
             pg.on("pageerror", lambda e: errors.append(str(e)))
             pg.goto(page_path.as_uri())
             pg.wait_for_selector(".js-plotly-plot .main-svg", timeout=30000)
