@@ -256,15 +256,8 @@ def test_report_html_renders_plotly_offline_in_chromium(sweep):
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=_chromium_args())
         try:
             page = browser.new_page()
-
-            def route(r):
-                if r.request.url.startswith("file://"):
-                    r.continue_()
-                else:
-                    blocked.append(r.request.url)
-                    r.abort()
-
-            page.route("**/*", route)
+            from conftest import block_network
+            block_network(page, blocked)
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
             for url in (report, index):

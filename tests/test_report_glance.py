@@ -131,14 +131,8 @@ def test_report_and_index_in_chromium_offline(tmp_path):
                                           "--disable-background-networking", "--disable-component-update"])
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
-
-            def route(r):
-                if r.request.url.startswith("file://"):
-                    r.continue_()
-                else:
-                    blocked.append(r.request.url)
-                    r.abort()
-            page.route("**/*", route)
+            from conftest import block_network
+            block_network(page, blocked)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(report.as_uri())
             page.wait_for_selector(".rw-exec")

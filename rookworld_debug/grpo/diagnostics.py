@@ -163,7 +163,7 @@ class SignalNoise:
     group_grad_norms: torch.Tensor      # (B,) ‖g_b‖: each group's share of the step's gradient
     group_cos_step: torch.Tensor        # (B,) cos(g_b, Σ_b g_b)
     group_cos: torch.Tensor             # (B, B) cos(g_a, g_b)
-    group_weights: torch.Tensor         # (B,) Σ over the group's rows of |∂loss/∂(row's loss term)|-scaled token share
+    group_weights: torch.Tensor         # (B,) the group's share of Σ_i |per_seq_loss_i| (normalizers included)
     noise: NoiseScale                   # across the B groups (McCandlish et al. 2018)
     delta_reward_ci: tuple              # (low, high) paired bootstrap 95 % of greedy after − before, this batch
     delta_reward_heldout_ci: tuple      # the same on the held-out prompts ((nan, nan) without them)

@@ -126,10 +126,20 @@ def _rows_from_captures(captures: dict) -> list[dict]:
     for step, c in sorted(captures.items()):
         payload = _json(Path(c["path"]) / "trace.json")
         cap = (payload.get("fields", {}).get("capture") or {}).get("fields", {}) if isinstance(payload, dict) else {}
-        logged = cap.get("logged_metrics") or {}
-        logged = logged.get("__dict__") and {k: v for k, v in logged["__dict__"]} or logged
+        logged = _plain(cap.get("logged_metrics"), c["path"])
         rows.append({"step": step, **{k: _num(v) for k, v in logged.items() if _num(v) is not None}})
     return rows
+
+
+def _plain(encoded, path) -> dict:
+    """A trace.json sub-value decoded by the trace format's own (allowlisted) decoder; {} if it is not a dict."""
+    from rookworld_debug.errors import TraceError
+    from rookworld_debug.grpo.serialize import decode
+    try:
+        value = decode(encoded, {}, str(path))
+    except TraceError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def flag_steps(rows, triggers=None) -> list[dict]:
