@@ -1,7 +1,7 @@
 """`python -m benchmarks.step [options]` = `rookworld-debug bench [options]` (code: rookworld_debug/bench.py)."""
 import sys
 
-from rookworld_debug.bench import main
+from rookworld_debug.lab.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

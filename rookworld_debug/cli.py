@@ -36,10 +36,10 @@ DELEGATED = {
     "step": ("rookworld_debug.cli_step", "run ONE GRPO step, print the phase-by-phase log, save the trace"),
     "run": ("rookworld_debug.cli_run", "run N GRPO steps with schedules, checkpoints and a per-step log"),
     "report": ("rookworld_debug.report_cli", "papermill sweep: notebook x parameter grid -> HTML reports + index"),
-    "generate-data": ("rookworld_debug.data.generate", "generate RookWorld-format P:/A: samples"),
-    "train-tiny": ("rookworld_debug.models.train_tiny", "train the embedded tiny RookWorld model"),
-    "measure": ("rookworld_debug.models.measure", "measure format/legality metrics of any model"),
-    "bench": ("rookworld_debug.bench", "benchmark our step vs TRL GRPOTrainer vs the seeds' loop"),
+    "generate-data": ("rookworld_debug.lab.generate", "generate RookWorld-format P:/A: samples"),
+    "train-tiny": ("rookworld_debug.lab.train_tiny", "train the embedded tiny RookWorld model"),
+    "measure": ("rookworld_debug.lab.measure", "measure format/legality metrics of any model"),
+    "bench": ("rookworld_debug.lab.bench", "benchmark our step vs TRL GRPOTrainer vs the seeds' loop"),
     "triage": ("rookworld_debug.report.triage_build", "a run's curves, flagged steps and their reports: "
                "triage.html + triage.json"),
     "trl-demo": ("rookworld_debug.trl.demo", "a TRL GRPOTrainer run that goes wrong at a known step, recorded by "

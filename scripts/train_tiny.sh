@@ -29,6 +29,7 @@ cd "$(dirname "$0")/.."
 ROUND=${ROUND:-4}
 if [ "$ROUND" = 4 ]; then exec bash scripts/train_tiny_round4.sh "$@"; fi
 if [ "$ROUND" = 5 ]; then exec bash scripts/train_tiny_round5.sh "$@"; fi
+if [ "$ROUND" = 6 ]; then exec bash scripts/train_tiny_round6.sh "$@"; fi
 INIT=${INIT:-rookworld_debug/models/tiny}
 case "$ROUND" in
   2) WORK=${WORK:-train_round2}; RUN=r3; SEED=4321; PREC=(--bf16)

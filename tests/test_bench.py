@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from rookworld_debug import bench
+from rookworld_debug.lab import bench
 
 pytestmark = pytest.mark.skipif(shutil.which("stockfish") is None and not any(
     __import__("os").path.exists(p) for p in ("/usr/games/stockfish", "/usr/local/bin/stockfish")),

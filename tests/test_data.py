@@ -12,7 +12,7 @@ import pytest
 from rookworld_debug.chess.arbiter import expected_a_completion
 from rookworld_debug.chess.engine import Engine
 from rookworld_debug.chess.formats import format_a, format_p, parse_a, parse_p
-from rookworld_debug.data import generate as gen
+from rookworld_debug.lab import generate as gen
 from rookworld_debug.data import loaders
 from rookworld_debug.errors import ConfigError, DataError
 

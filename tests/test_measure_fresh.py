@@ -12,7 +12,7 @@ import chess
 
 from rookworld_debug.chess.formats import parse_a_prompt
 from rookworld_debug.data.positions import a_cases, overlap, random_play_positions
-from rookworld_debug.models.measure import p_metrics, wilson
+from rookworld_debug.lab.measure import p_metrics, wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_measure_cli_on_fresh_positions_exits_with_rates(tmp_path):
     out = tmp_path / "m.json"
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     # `--model tiny` as the README writes it (the positional form is the same)
-    r = subprocess.run([sys.executable, "-m", "rookworld_debug.models.measure", "--model", "tiny", "--n-positions", "3",
+    r = subprocess.run([sys.executable, "-m", "rookworld_debug.lab.measure", "--model", "tiny", "--n-positions", "3",
                         "--group-size", "2", "--seed", "5", "--threads", "1", "--json", str(out),
                         "--n-per-band", "2", "--n-real-p", "3", "--real-p", str(ROOT.parent / "shared" / "fixtures" /
                                                                                 "rook_p_lines.txt")],

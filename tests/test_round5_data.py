@@ -14,7 +14,7 @@ def _fullmove(fen: str) -> int:
 
 
 def test_full_games_have_live_positions_late_and_game_ends_early_and_late():
-    from rookworld_debug.data.generate import generate_records
+    from rookworld_debug.lab.generate import generate_records
     recs = generate_records(n_games=12, full_games=True, depth=1, seed=3, workers=1, keep=0.5, p_illegal=0.2,
                             heldout_frac=0.0, p_random_game=0.5, p_share_p=0.1, p_end_branch=1.0, eps_range=(0, 1))
     a = [r for r in recs if r["task"] == "A"]
@@ -46,7 +46,7 @@ def test_band_cases_sit_in_their_band_with_the_mix():
 
 def test_real_p_lines_reader(tmp_path, fixtures_dir):
     from rookworld_debug.errors import FormatError
-    from rookworld_debug.models.measure import read_real_p_lines
+    from rookworld_debug.lab.measure import read_real_p_lines
     rows = read_real_p_lines(fixtures_dir / "rook_p_lines.txt")
     assert len(rows) == 250 and all(len(b) >= 4 for _, b in rows)
     bad = tmp_path / "bad.txt"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rookworld_debug.chess.formats import PSample, format_p, parse_p
-from rookworld_debug.models.train_tiny import set_activation, sort_m_field
+from rookworld_debug.lab.train_tiny import set_activation, sort_m_field
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "rookworld_debug" / "models" / "tiny"

@@ -1,7 +1,7 @@
 """Fresh evaluation positions made at run time from uniformly random play (issue 12).
 
 Nothing here is stored: ``measure`` builds its prompts from a seed, so a model is judged on positions
-it has not seen as text (the training data comes from :mod:`rookworld_debug.data.generate` with other
+it has not seen as text (the training data comes from :mod:`rookworld_debug.lab.generate` with other
 seeds; early-opening positions can still coincide, which :func:`overlap` lets a caller count).
 
 * :func:`random_play_positions` — positions after ``U[min_plies, max_plies]`` uniformly random legal
@@ -155,7 +155,7 @@ def _walk_to(rng: random.Random, lo_ply: int, hi_ply: int, want_end: bool):
 def band_a_cases(n_per_band: int, seed: int, bands=BANDS, mix=A_BAND_MIX) -> list[tuple[str, ACase]]:
     """(band label, case) pairs: ``n_per_band`` A: cases per band of fullmove number, from **uniformly
     random play** to a ply drawn in the band (this module's generator; the training data's comes from
-    :mod:`rookworld_debug.data.games`: engine-mixed games played to their end). The kinds follow ``mix``:
+    :mod:`rookworld_debug.lab.games`: engine-mixed games played to their end). The kinds follow ``mix``:
     a legal random move, an illegal attempt, or a move that ends the game there (mate, stalemate,
     insufficient material, 75-move rule). Deterministic in ``seed``."""
     rng = random.Random(f"band-a-cases:{seed}")

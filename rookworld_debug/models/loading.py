@@ -23,7 +23,7 @@ from ..errors import ModelLoadError
 from . import provenance as prov
 from .tokenizer import GPT2_EOS_ID, GPT2_TOKENIZER_SHA256, GPT2_VOCAB_SIZE, gpt2_tokenizer
 
-TINY_DIR = Path(__file__).resolve().parent / "tiny"  # the bundled model (trained by models/train_tiny.py)
+TINY_DIR = Path(__file__).resolve().parent / "tiny"  # the bundled model (trained by lab/train_tiny.py)
 # Architecture of the random stand-in used while no bundled model exists.
 RANDOM_TINY_CONFIG = dict(n_layer=2, n_head=2, n_embd=64, n_positions=1024)
 RANDOM_TINY_SEED = 0

@@ -1,7 +1,7 @@
 """What the flight recorder costs (issue 26): measured, not assumed.
 
-    python -m rookworld_debug.trl.cost --model tiny --steps 6 --keep-last 4
-    python -m rookworld_debug.trl.cost --model gpt2-124m --steps 3 --keep-last 2 --max-completion-length 64
+    python -m rookworld_debug.lab.recorder_cost --model tiny --steps 6 --keep-last 4
+    python -m rookworld_debug.lab.recorder_cost --model gpt2-124m --steps 3 --keep-last 2 --max-completion-length 64
 
 Runs TRL's GRPOTrainer with the flight recorder holding K steps and no trigger (so nothing is written while
 training), then writes one held step. Reported, per step: the seconds the capture code itself spent
@@ -26,7 +26,7 @@ def measure(model: str = "tiny", *, steps: int = 6, keep_last: int = 4, max_comp
     import torch
     from trl import GRPOTrainer
 
-    from rookworld_debug.bench import materialize_model
+    from rookworld_debug.lab.bench import materialize_model
     from rookworld_debug.models import load_policy_and_reference
     from rookworld_debug.trl.capture import capture_steps
     from rookworld_debug.trl.example import grpo_config, tiny_dataset
@@ -72,7 +72,7 @@ def measure(model: str = "tiny", *, steps: int = 6, keep_last: int = 4, max_comp
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rookworld_debug.trl.cost", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m rookworld_debug.lab.recorder_cost", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="'tiny' or 'gpt2-124m' (random GPT2Config(), GPT-2 BPE)")
     ap.add_argument("--steps", type=int, default=6)

@@ -15,7 +15,7 @@ Here every game is played to its **natural end** (checkmate, stalemate, insuffic
 * illegal attempts come with probability ``p_illegal`` at every kept ply, so in every band.
 
 Engine-guided moves and P: labels come from the reward's search (:func:`generate.label_engine`, the
-FEN alone, fresh hash), exactly as in :mod:`rookworld_debug.data.generate`. A P: record is made at a
+FEN alone, fresh hash), exactly as in :mod:`rookworld_debug.lab.generate`. A P: record is made at a
 kept position with probability ``p_share_p`` (the search is the expensive part). Deterministic in
 (settings, game id). Used by ``generate-data --full-games``.
 """

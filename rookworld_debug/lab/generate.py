@@ -84,7 +84,7 @@ class GenSettings:
     p_game_end: float = 0.0  # probability that a game is played on past its cap to its end (one game-end A: record)
     fen_width: int = 90
     engine_path: str | None = None
-    full_games: bool = False  # games played to their natural end (data/games.py, issue 24)
+    full_games: bool = False  # games played to their natural end (lab/games.py, issue 24)
     p_random_game: float = 0.25  # full_games: share of pure random-play games
     p_share_p: float = 0.15  # full_games: probability that a kept position also yields a P: record
     p_end_branch: float = 0.3  # full_games: probability a kept position yields its game-ending move's record
@@ -226,7 +226,7 @@ def generate_records(*, n_p: int | None = None, n_a: int | None = None, n_games:
     s.check()
     play = play_game
     if full_games:
-        from rookworld_debug.data.games import play_full_game as play
+        from rookworld_debug.lab.games import play_full_game as play
     if n_games is None and n_p is None and n_a is None:
         raise ConfigError("n_p", "give n_p/n_a or n_games")
     p_recs: dict[str, dict] = {}
@@ -340,7 +340,7 @@ def main(argv=None) -> int:
                     help="per-game probability range of a uniformly random move (1 1 = pure random play)")
     ap.add_argument("--random-opening-max", type=int, default=8, help="max uniformly random opening plies")
     ap.add_argument("--full-games", action="store_true",
-                    help="play every game to its natural end, per-side random-move probability (data/games.py)")
+                    help="play every game to its natural end, per-side random-move probability (lab/games.py)")
     ap.add_argument("--p-random-game", type=float, default=0.25, help="--full-games: share of pure random games")
     ap.add_argument("--p-share-p", type=float, default=0.15, help="--full-games: kept positions that yield a P: record")
     ap.add_argument("--p-end-branch", type=float, default=0.3,

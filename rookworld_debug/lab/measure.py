@@ -34,6 +34,7 @@ from pathlib import Path
 import chess
 
 from rookworld_debug.errors import ModelLoadError
+from rookworld_debug.models.loading import TINY_DIR  # the bundled weights stay in models/
 
 P_SAMPLING = dict(temperature=0.5, top_p=0.9)
 A_SAMPLING = dict(temperature=0.95, top_p=0.95)
@@ -43,7 +44,6 @@ FRESH_TARGETS = {"p_well_formed": 0.95, "p_best_legal": 0.80, "p_all5_legal": 0.
                  "a_greedy_exact": 0.80}  # issue 12, fresh random-play positions
 BAND_TARGETS = {"a_band_exact": 0.95, "a_kind_legal": 0.97, "a_kind_illegal": 0.95, "a_kind_game_end": 0.90,
                 "real_p_best_legal": 0.90, "real_p_all5_legal": 0.75}  # issue 24
-TINY_DIR = Path(__file__).resolve().parent / "tiny"
 # 250 real P: lines of RookWorld's validation file, beside the checkout (present in the project's workspace)
 REAL_P_LINES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "rook_p_lines.txt"
 

@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-SCHEMA = "rookworld_debug.bench/1"
+SCHEMA = "rookworld_debug.lab.bench/1"
 VARIANTS = {
     "a": "ours: core step (generate → rewards → advantages → loss → update)",
     "b": "ours: run_step, fully instrumented (ref, entropy, KL, top-k, per-term grads, before/after eval)",
@@ -539,7 +539,7 @@ def _json_default(x):
 class _ProcessWorker:
     def __init__(self, variant: str, spec_path: str):
         self.variant = variant
-        self.p = subprocess.Popen([sys.executable, "-m", "rookworld_debug.bench", "_worker", variant, spec_path],
+        self.p = subprocess.Popen([sys.executable, "-m", "rookworld_debug.lab.bench", "_worker", variant, spec_path],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self._read()   # ready
 

@@ -3,7 +3,7 @@
 `rookworld-debug train-tiny` calls :func:`main`. The recipe (all of it is recorded in the saved
 folder's ``training_args.json`` and the model card):
 
-* data: RookWorld-format P: and A: samples from :mod:`rookworld_debug.data.generate` (a JSONL file
+* data: RookWorld-format P: and A: samples from :mod:`rookworld_debug.lab.generate` (a JSONL file
   given with ``--data``, or generated on the fly with ``--n-games``/``--depth``);
 * tokenizer: ``char`` (default) = a byte-level BPE with the 256-symbol byte alphabet and *no merges*
   plus ``<|endoftext|>``: every character, every pad space included, is one token (GPT-2 has no
@@ -206,7 +206,7 @@ def read_records(args, log):
             records += [r for r in read_jsonl(p) if r.get("split", "train") == "train"]
         data_src = {"files": [str(p) for p in args.data]}
     else:
-        from rookworld_debug.data import generate as gen
+        from rookworld_debug.lab import generate as gen
 
         records = [r for r in gen.generate_records(n_games=args.n_games, depth=args.depth, seed=args.seed)
                    if r["split"] == "train"]
