@@ -196,6 +196,38 @@ def test_off_policy_capture_micro_batches_and_reused_batch(tmp_path):
     assert float(panel.loss.loss) == pytest.approx(logged[2]["loss"], abs=1e-5)
 
 
+@pytest.mark.parametrize("spg, ga, loss_type", [(4, 2, "dapo"), (1, 2, "grpo")])
+def test_steps_per_generation_other_than_grad_accumulation(tmp_path, spg, ga, loss_type):
+    """steps_per_generation ≠ gradient_accumulation_steps. spg > ga: one generation batch feeds spg/ga optimizer
+    steps (each trains a shuffled slice); spg < ga: one step reads ga/spg generation batches. Every step of the
+    cycle is captured, its loss equals TRL's logged loss, and each row it trained appears exactly once."""
+    from rookworld_debug import StepTrace
+    from rookworld_debug.trl.example import run
+    trainer, cap = run(tmp_path, steps=2, capture=(1, 2), per_device_train_batch_size=4, num_generations=4,
+                       gradient_accumulation_steps=ga, steps_per_generation=spg, loss_type=loss_type,
+                       logging_steps=1)
+    logged = {d["step"]: d for d in trainer.state.log_history if "loss" in d}
+    assert not cap.errors and sorted(cap.paths) == [1, 2]
+    rows_seen = []
+    for step in (1, 2):
+        tr = StepTrace.load(cap.paths[step])
+        c = tr.capture
+        assert c.steps_per_generation == spg and c.gradient_accumulation_steps == ga
+        assert abs(c.trl_loss - logged[step]["loss"]) <= 1e-5 and c.loss_recompute_diff <= 1e-5
+        step_rows = sorted(r for rows in c.micro_batch_rows for r in rows)
+        assert len(step_rows) == len(set(step_rows)) == 4 * ga                 # ga micro-batches of 4 rows
+        n = tr.rollout.completion_ids.shape[0]
+        if spg > ga:                                  # the whole generation batch, this step's slice marked
+            assert n == 4 * spg and any("trained 8 of the generation batch's 16 rows" in f for f in tr.flags)
+            rows_seen += step_rows
+        else:                                         # ga/spg generation batches stacked: every row trained
+            assert n == 4 * ga and step_rows == list(range(n))
+            assert any("read 2 generation batches" in f for f in tr.flags)
+        assert c.advantages_recompute_diff <= 1e-5
+    if spg > ga:                                      # the two steps of one cycle split its batch
+        assert sorted(rows_seen) == list(range(16))
+
+
 # ------------------------------------------------------------------------------- bad input
 def test_not_a_capture_and_incompatible_version_are_named_errors(runs, tmp_path):
     import shutil

@@ -34,20 +34,34 @@ NO_EVAL_FLAG = ("TRL capture: no greedy before/after evaluation and no step-0 in
                 "neither); every number here is the step TRL took")
 
 
-def _in_generation_order(micro_batches: list, n: int, key: str) -> Optional[torch.Tensor]:
-    """Scatter the micro-batches' (rows, T) tensors back to (N, T) generation order."""
+def _in_generation_order(micro_batches: list, n: int, key: str, fill: Optional[torch.Tensor] = None
+                         ) -> Optional[torch.Tensor]:
+    """Scatter the micro-batches' (rows, T) tensors back to (N, T) generation order. Every row once, except
+    when the step reads a slice of its generation batch (steps_per_generation > gradient_accumulation_steps):
+    then rows this step did not train take `fill`'s values (NaN without it)."""
     parts = [(mb["rows"], mb[key]) for mb in micro_batches if mb.get(key) is not None]
     if not parts:
         return None
     t = parts[0][1]
     out = torch.full((n, *t.shape[1:]), float("nan"), dtype=t.dtype)                  # (N, T)
+    if fill is not None:
+        out[:] = fill[:, :out.shape[1]] if fill.shape[1] >= out.shape[1] else torch.nn.functional.pad(
+            fill, (0, out.shape[1] - fill.shape[1]))
     seen = torch.zeros(n, dtype=torch.long)                                              # (N,)
     for rows, x in parts:
         out[rows] = x
         seen[rows] += 1
-    if not bool((seen == 1).all()):
+    if bool((seen > 1).any()) or (fill is None and not bool((seen == 1).all())):
         raise RuntimeError(f"{key}: rows seen {seen.tolist()} times by the step's micro-batches (expected once each)")
     return out
+
+
+def _step_rows(micro_batches: list, n: int) -> torch.Tensor:
+    """(N,) bool: the rows of the generation batch this optimizer step trained on."""
+    seen = torch.zeros(n, dtype=torch.bool)
+    for mb in micro_batches:
+        seen[mb["rows"]] = True
+    return seen
 
 
 def _texts(prompts) -> list[str]:
@@ -111,7 +125,14 @@ def _rewards(gen: dict, names, weights, prompts, completions, tasks, config):
         format_valid=tuple(b is not None and b.format_ok for b in per_row))
 
 
-def _loss(logps, old, ref, adv, mask, entropy, config, num_items, ga: int = 1, num_generations=None):
+def _mb_items(mb: dict, default):
+    """The num_items_in_batch TRL passed with this micro-batch (its generation batch's), else the step's."""
+    v = mb.get("num_items_in_batch")
+    return float(v) if v is not None else default
+
+
+def _loss(logps, old, ref, adv, mask, entropy, config, num_items, ga: int = 1, num_generations=None,
+          spg: Optional[int] = None):
     """grpo.loss.compute_loss with the config's objective (TRL options the installed version knows)."""
     kw = loss_kwargs(config)
     accepted = inspect.signature(compute_loss).parameters
@@ -119,7 +140,8 @@ def _loss(logps, old, ref, adv, mask, entropy, config, num_items, ga: int = 1, n
         if name in accepted and hasattr(config, name):
             kw[name] = getattr(config, name)
     return compute_loss(logps, old, ref, adv, mask, entropy=entropy, num_items_in_batch=num_items,
-                        gradient_accumulation_steps=ga, num_generations=num_generations, **kw)
+                        gradient_accumulation_steps=ga, steps_per_generation=spg, num_generations=num_generations,
+                        **kw)
 
 
 def _update(trl_loss, record_loss, grad_norm, per_layer_post, max_grad_norm, lr, n_mb) -> UpdateResult:
@@ -141,9 +163,14 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
     args = trainer.args
     n = gen["completion_ids"].shape[0]
     g = int(trainer.num_generations)
-    logps = _in_generation_order(micro_batches, n, "per_token_logps")                  # (N, T)
-    entropy = _in_generation_order(micro_batches, n, "entropy")                         # (N, T)
-    old = _in_generation_order(micro_batches, n, "old_per_token_logps")                 # (N, T) | None
+    trained = _step_rows(micro_batches, n)                                              # (N,)
+    # a slice of the generation batch (steps_per_generation > grad. acc. steps): TRL computed the old log-probs
+    # of every row at generation; rows this step did not train show those (ratio 1) and entropy 0, flagged
+    gen_old = gen.get("old_per_token_logps") if not bool(trained.all()) else None       # (N, T) | None
+    logps = _in_generation_order(micro_batches, n, "per_token_logps", gen_old)         # (N, T)
+    entropy = _in_generation_order(micro_batches, n, "entropy",
+                                   None if gen_old is None else torch.zeros_like(gen_old))  # (N, T)
+    old = _in_generation_order(micro_batches, n, "old_per_token_logps", gen_old)        # (N, T) | None
     prompts = _texts(gen["prompts"])
     policy = trainer.accelerator.unwrap_model(trainer.model)
     config, unmapped, notes = grpo_config_to_step_config(
@@ -171,14 +198,24 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
         r = mb["rows"]
         recomputed += float(_loss(rollout.per_token_logps[r], None if old is None else old[r],
                                   None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[r],
-                                  trl_adv[r], mask[r], rollout.per_token_entropy[r], config, num_items / num_processes,
-                                  ga=mb["gradient_accumulation_steps"]).loss) / num_processes
+                                  trl_adv[r], mask[r], rollout.per_token_entropy[r], config,
+                                  _mb_items(mb, num_items) / num_processes, ga=mb["gradient_accumulation_steps"],
+                                  spg=int(args.steps_per_generation)).loss) / num_processes
     trl_loss = float(sum(mb["loss"] for mb in micro_batches)) / num_processes
     update = _update(trl_loss, float(loss.loss), grad_norm, per_layer_post_clip, config.max_grad_norm,
                      learning_rate, len(micro_batches))
 
     flags = [NO_EVAL_FLAG, *notes, *rollout.warnings, *rewards_flags(rewards), *ours.flags,
              *zero_std_flags(advantages, rollout.prompts, rewards), *loss.flags]
+    if not bool(trained.all()):
+        flags.append(f"steps_per_generation {args.steps_per_generation} > gradient_accumulation_steps "
+                     f"{args.gradient_accumulation_steps}: this step trained {int(trained.sum())} of the generation "
+                     f"batch's {n} rows (capture.micro_batch_rows); the other rows show their generation-time "
+                     "log-probs (ratio 1, entropy 0) and the loss decomposition spans the whole generation batch")
+    if len(gen.get("generation_batches", ())) > 1:
+        flags.append(f"steps_per_generation {args.steps_per_generation} < gradient_accumulation_steps "
+                     f"{args.gradient_accumulation_steps}: this step read {len(gen['generation_batches'])} generation "
+                     f"batches ({gen['generation_batches']} rows), stacked in generation order")
     if abs(recomputed - trl_loss) > LOSS_TOLERANCE:
         flags.append(f"recomputed loss {recomputed:.8g} differs from TRL's {trl_loss:.8g} by "
                      f"{abs(recomputed - trl_loss):.3g} (> {LOSS_TOLERANCE:g}): views may not describe TRL's step")

@@ -99,10 +99,6 @@ class StepCapture(TrainerCallback):
         args = trainer.args
         self.world = int(trainer.accelerator.num_processes)      # > 1: rank 0 gathers every rank's rows and writes
         self.rank = int(trainer.accelerator.process_index)
-        if args.steps_per_generation != args.gradient_accumulation_steps:
-            raise ConfigError("steps_per_generation", f"the capture needs steps_per_generation == "
-                              f"gradient_accumulation_steps (TRL's default); got {args.steps_per_generation} vs "
-                              f"{args.gradient_accumulation_steps}")
         self.steps = _step_numbers(steps) if steps is not None else frozenset()
         if self.steps and min(self.steps) < 1:
             raise ConfigError("steps", f"name optimizer steps ≥ 1 to capture, got {sorted(self.steps)}")
@@ -123,7 +119,10 @@ class StepCapture(TrainerCallback):
         self.paths: dict[int, Path] = {}
         self.cost: dict[int, dict] = {}          # step -> {"seconds", "bytes", "captured"}
         self.errors: dict[int, str] = {}
-        self._gen: Optional[dict] = None         # the captured generation batch (generation order)
+        # captured generation batches by their first row id: a step reads one (steps_per_generation ≥ grad. acc.
+        # steps, also reused num_iterations times) or several (steps_per_generation < grad. acc. steps)
+        self._gens: dict[int, dict] = {}
+        self._row_base = 0                       # row ids (ROW_KEY) are unique over the run, not per batch
         self._rewards: Optional[dict] = None
         self._mb: list = []                      # micro-batches of the running captured step
         self._logps = None
@@ -175,7 +174,6 @@ class StepCapture(TrainerCallback):
 
         def generate_and_score(inputs, *a, **kw):
             if not (t.model.training and self._feeds_capture()):
-                self._gen = None
                 return gen(inputs, *a, **kw)
             self._rewards = {}
             out = gen(inputs, *a, **kw)
@@ -185,8 +183,9 @@ class StepCapture(TrainerCallback):
             rec["columns"] = {k: [x.get(k) for x in inputs] for k in inputs[0] if k != "prompt"} if inputs else {}
             rec.update(self._rewards)
             rec["generation_step"] = self._running
-            self._rewards, self._gen = None, rec
-            out[ROW_KEY] = torch.arange(out["advantages"].shape[0], device=out["advantages"].device)
+            n, base = out["advantages"].shape[0], self._row_base
+            self._rewards, self._gens[base], self._row_base = None, rec, base + n
+            out[ROW_KEY] = torch.arange(base, base + n, device=out["advantages"].device)
             self._spend(self._fed, t0, _nbytes(rec))
             return out
 
@@ -212,6 +211,7 @@ class StepCapture(TrainerCallback):
             mb = {"rows": _cpu(inputs[ROW_KEY]), "loss": float(value.detach()),
                   "per_token_logps": self._logps[0], "entropy": self._logps[1],
                   "old_per_token_logps": _cpu(inputs.get("old_per_token_logps")),
+                  "num_items_in_batch": _cpu(inputs.get("num_items_in_batch")),
                   "gradient_accumulation_steps": int(t.current_gradient_accumulation_steps)}
             self._mb.append(mb)
             self._spend(self._running, t0, _nbytes(mb))
@@ -272,21 +272,44 @@ class StepCapture(TrainerCallback):
         if not self._recorded(step):
             return
         t0 = time.perf_counter()
-        gen, mbs = self._gen, self._mb
+        local = self._local_step(self._mb)
         self._mb = []
         if self.world > 1:                       # every rank takes part; only rank 0 keeps the merged step
             from rookworld_debug.trl.gather import gather_to_rank0
-            merged = gather_to_rank0({"gen": gen, "micro_batches": mbs}, self.rank, self.world,
-                                     pad_id=self._pad_id())
+            merged = gather_to_rank0(local, self.rank, self.world, pad_id=self._pad_id())
             if self.rank != 0:
                 self._spend(step, t0)
                 return                           # the other ranks never write (nor wait on disk)
-            gen, mbs = merged["gen"], merged["micro_batches"]
+        else:
+            from rookworld_debug.trl.gather import merge_step
+            merged = merge_step([local], pad_id=self._pad_id())
+        gen, mbs = merged["gen"], merged["micro_batches"]
         self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
                          "learning_rate": self._lr, "gen": gen, "micro_batches": mbs}
         self._spend(step, t0)
         if not control.should_log:              # no log at this step: finalize now, without logged metrics
             self._finalize(None)
+
+    def _local_step(self, mbs: list) -> dict:
+        """This rank's part of the step: the generation batches its micro-batches read, in generation order,
+        and the micro-batches with rows local to their batch (``gen`` = index into ``gens``)."""
+        bases = sorted(self._gens)
+        used: list[int] = []
+        out = []
+        for mb in mbs:
+            first = int(mb["rows"].min())
+            base = max((b for b in bases if b <= first), default=None)
+            if base is None:
+                continue
+            if base not in used:
+                used.append(base)
+            out.append(dict(mb, rows=mb["rows"] - base, gen=base))
+        used.sort()
+        for m in out:
+            m["gen"] = used.index(m["gen"])
+        if used:                                 # older batches are never read again (TRL regenerates forward)
+            self._gens = {b: g for b, g in self._gens.items() if b >= used[0]}
+        return {"gens": [self._gens[b] for b in used], "micro_batches": out}
 
     def _pad_id(self) -> int:
         tok = self.trainer.processing_class

@@ -18,11 +18,50 @@ _GLOBAL = ("num_items_in_batch",)                 # already gathered by TRL: the
 
 
 def gather_to_rank0(local: dict, rank: int, world: int, *, pad_id: int) -> dict | None:
-    """Rank 0: the merged {"gen", "micro_batches"} of all ranks; other ranks: None."""
+    """Rank 0: the merged {"gen", "micro_batches"} of all ranks (`merge_step`); other ranks: None."""
     import torch.distributed as dist
     parts = [None] * world if rank == 0 else None
     dist.gather_object(local, parts, dst=0)
-    return merge_ranks(parts, pad_id=pad_id) if rank == 0 else None
+    return merge_step(parts, pad_id=pad_id) if rank == 0 else None
+
+
+def merge_step(parts: list, *, pad_id: int) -> dict:
+    """One optimizer step's global batch from rank-ordered local records ``{"gens": [...], "micro_batches":
+    [...]}``, each micro-batch tagged with the index of the generation batch its rows come from (``gen``).
+
+    A step reads one generation batch (steps_per_generation ≥ gradient_accumulation_steps) or several
+    (steps_per_generation < gradient_accumulation_steps: one per steps_per_generation micro-batches). Each
+    generation batch is merged over ranks first (rank order = generation order), then the generation
+    batches are stacked in the order they were generated, so every group stays contiguous."""
+    n_gens = len(parts[0]["gens"])
+    if n_gens == 0 or any(len(p["gens"]) != n_gens for p in parts):
+        return {"gen": None, "micro_batches": []}
+    merged = [merge_ranks([{"gen": p["gens"][i], "micro_batches": [m for m in p["micro_batches"] if m["gen"] == i]}
+                           for p in parts], pad_id=pad_id) for i in range(n_gens)]
+    if len(merged) == 1 or any(m["gen"] is None for m in merged):
+        return merged[0] if len(merged) == 1 else {"gen": None, "micro_batches": []}
+    return _stack_generations(merged, pad_id)
+
+
+def _stack_generations(merged: list, pad_id: int) -> dict:
+    """Generation batches of one step, one after the other (rows offset); rewards are per generation."""
+    gens = [m["gen"] for m in merged]
+    gen = _merge_gen(gens, pad_id)
+    gen["rewards_per_func"] = torch.cat([g["rewards_per_func"] for g in gens])     # (ΣN, K): each is global
+    gen["num_items_in_batch"] = sum(g["num_items_in_batch"] for g in gens)
+    gen["local_rows"] = [r for g in gens for r in g.get("local_rows", [g["completion_ids"].shape[0]])]
+    gen["generation_batches"] = [g["completion_ids"].shape[0] for g in gens]
+    t_width = gen["completion_ids"].shape[1]
+    mbs, offset = [], 0
+    for m in merged:
+        for mb in m["micro_batches"]:
+            mb = dict(mb, rows=mb["rows"] + offset)
+            for key in ("per_token_logps", "entropy", "old_per_token_logps"):
+                if isinstance(mb.get(key), torch.Tensor):
+                    mb[key] = _pad(mb[key], t_width, 0.0, False)
+            mbs.append(mb)
+        offset += m["gen"]["completion_ids"].shape[0]
+    return {"gen": gen, "micro_batches": mbs}
 
 
 def _pad(x: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
