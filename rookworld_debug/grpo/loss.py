@@ -50,6 +50,11 @@ Decomposition: agg is linear, so `pg_loss = agg(PG)`, `kl_loss = agg(β·KL)`, `
 to float rounding). Per-sequence values named `per_seq_*_loss`/`per_seq_pg` are each row's CONTRIBUTION to
 the total (they sum to it); `per_seq_kl`, `per_seq_entropy`, `per_seq_ratio` are masked per-token means.
 
+Code layout: each line above is one small function — the per-token objectives, importance weights, KL and
+masks in `grpo.objectives`, the aggregations and the entropy bonus in `grpo.aggregation` — and
+`objectives.LOSS_TABLE[loss_type] = (objective, aggregation)`; `compute_loss` composes them and keeps the
+records (per token / sequence / group), TRL's metrics and the flags.
+
 The function is pure and vectorised: calling it again on the stored (detached) tensors with a new β/ε/δ/
 loss_type recomputes the whole record without any forward pass (median ≈ 1 ms for N = 64, T = 128 on a loaded
 2-core CPU; see `_SmallCpuOps`).
@@ -58,11 +63,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Optional, Union
 
 import torch
 
 from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo.aggregation import Aggregation, AggregationInputs, entropy_bonus
+from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, Masks, ObjectiveInputs, PolicyTerm,
+                                             high_entropy_mask, importance_weights, off_policy_sequence_mask,
+                                             per_token_kl, vespo_phi)
+
+__all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "VESPO_DEFAULTS", "KL_ESTIMATORS",
+           "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LOSS_TABLE", "LossBreakdown", "Normalizer",
+           "compute_loss", "high_entropy_mask", "loss_kwargs", "vespo_phi"]
 
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual")
 PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")      # hard PPO clip (TRL's clip_ratio/* metrics)
@@ -241,26 +255,81 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
             kw.pop(k)
         with _SmallCpuOps(per_token_logps):
             return _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
-                                 completion_mask, **kw)
+                                 completion_mask, SimpleNamespace(**kw))
     raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
 
 
-def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, *,
-                  beta, epsilon_low, epsilon_high, loss_type, max_completion_length, importance_sampling_level,
-                  delta, entropy, entropy_coef, kl_estimator, per_token_full_kl, num_items_in_batch,
-                  use_bias_correction_kl, num_generations, gradient_accumulation_steps, steps_per_generation,
-                  off_policy_mask_threshold, sampling_per_token_logps, top_entropy_quantile,
-                  sapo_temperature_pos, sapo_temperature_neg, vespo_k_pos, vespo_lambda_pos, vespo_k_neg,
-                  vespo_lambda_neg) -> LossBreakdown:
-    # ------------------------------------------------------------------ validation
-    if not isinstance(per_token_logps, torch.Tensor) or per_token_logps.dim() != 2:
+def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
+                  o: SimpleNamespace) -> LossBreakdown:
+    """The loss table composed: weights → KL → objective → masks → aggregation → entropy bonus → records."""
+    advantages = _validate(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, o)
+    dtype = logps.dtype
+    mask = completion_mask.to(dtype)                                            # (N, T)
+    adv = advantages.to(device=logps.device, dtype=dtype).unsqueeze(1)          # (N, 1)
+    old = logps.detach() if old_per_token_logps is None else old_per_token_logps.to(dtype)  # (N, T)
+    objective, aggregation = LOSS_TABLE[o.loss_type]
+    manual = o.loss_type == "manual"
+
+    log_ratio, coef_1 = importance_weights(logps, old, mask, o.importance_sampling_level)  # (N, T), r
+    kl = per_token_kl(logps, ref_per_token_logps, o.per_token_full_kl, coef_1, estimator=o.kl_estimator,
+                      bias_correction=o.use_bias_correction_kl and not manual)          # (N, T) | None
+    loss_params = {k: float(getattr(o, k)) for k in LOSS_PARAMS.get(o.loss_type, ())}
+    pol = objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, o.epsilon_low, o.epsilon_high, o.delta,
+                                    loss_params))
+    masks = _masks(adv, logps, old, mask, o)
+    per_token_pg = masks.apply(pol.per_token_pg)                                # (N, T) | (N, 1)
+    agg = aggregation(AggregationInputs(mask, o.loss_type, o.gradient_accumulation_steps, o.max_completion_length,
+                                        o.num_items_in_batch, o.steps_per_generation))
+
+    norm = Normalizer(o.loss_type, agg.denominator, agg.description)
+    kl_active = o.beta != 0.0 and kl is not None
+    zero = torch.zeros((), dtype=dtype, device=logps.device)
+    pg_loss = agg.reduce(per_token_pg)                                          # ()
+    kl_loss = agg.reduce(o.beta * kl) if kl_active else zero                    # ()
+    ent = None if o.entropy is None else entropy_bonus(
+        o.entropy, mask, masks.entropy, entropy_coef=o.entropy_coef, g=float(o.gradient_accumulation_steps),
+        manual=manual)
+    entropy_loss, entropy_term = (zero, zero) if ent is None else (ent.entropy_loss, ent.entropy_term)
+    loss = pg_loss + kl_loss + entropy_term                                     # ()
+
+    with torch.no_grad():
+        rec = _records(logps, mask, per_token_pg, kl, coef_1, pol, agg, ent, o, kl_active)
+        metrics = _metrics(rec, mask, pol, o, pg_loss, kl_loss)
+        kl_share, undefined = _kl_share(pg_loss, kl_loss, entropy_term)
+        flags = _flags(loss, mask, logps, old_per_token_logps, ref_per_token_logps, advantages, rec, o, undefined)
+    return LossBreakdown(
+        loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, entropy_loss=entropy_loss, entropy_term=entropy_term,
+        completion_mask=mask.detach(), advantages=advantages.detach(), **rec,
+        kl=metrics.pop("_kl"), entropy=metrics.pop("_entropy"), kl_share=kl_share, kl_share_undefined=undefined,
+        normalizer=norm, metrics=metrics, loss_type=o.loss_type, beta=float(o.beta),
+        epsilon_low=float(o.epsilon_low), epsilon_high=float(o.epsilon_high), delta=_scalar(o.delta),
+        importance_sampling_level=o.importance_sampling_level, kl_estimator=o.kl_estimator,
+        use_bias_correction_kl=bool(o.use_bias_correction_kl and not manual and o.kl_estimator != "full"),
+        entropy_coef=float(o.entropy_coef), gradient_accumulation_steps=int(o.gradient_accumulation_steps),
+        num_generations=o.num_generations,
+        definition=_definition(o.loss_type, o.beta, o.epsilon_low, o.epsilon_high, o.delta,
+                               o.importance_sampling_level, o.kl_estimator, o.use_bias_correction_kl,
+                               o.entropy_coef, norm, loss_params, o.off_policy_mask_threshold,
+                               o.top_entropy_quantile),
+        flags=flags,
+        off_policy_mask=None if masks.off_policy is None else (masks.off_policy.squeeze(1) > 0).detach(),
+        entropy_mask=None if masks.entropy is None else masks.entropy.detach(),
+        off_policy_mask_threshold=_scalar(o.off_policy_mask_threshold),
+        top_entropy_quantile=float(o.top_entropy_quantile), loss_params=loss_params,
+        steps_per_generation=o.steps_per_generation)
+
+
+def _validate(logps, old, ref, advantages, completion_mask, o: SimpleNamespace) -> torch.Tensor:
+    """Named errors for every input compute_loss cannot take; returns the advantages as an (N,) tensor."""
+    if not isinstance(logps, torch.Tensor) or logps.dim() != 2:
         raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
-    if not per_token_logps.is_floating_point():
-        raise ConfigError("per_token_logps", f"must be floating point, got {per_token_logps.dtype}")
-    N, T = per_token_logps.shape
-    for name, x in (("old_per_token_logps", old_per_token_logps), ("ref_per_token_logps", ref_per_token_logps),
-                    ("completion_mask", completion_mask), ("entropy", entropy),
-                    ("per_token_full_kl", per_token_full_kl), ("sampling_per_token_logps", sampling_per_token_logps)):
+    if not logps.is_floating_point():
+        raise ConfigError("per_token_logps", f"must be floating point, got {logps.dtype}")
+    N, T = logps.shape
+    for name, x in (("old_per_token_logps", old), ("ref_per_token_logps", ref),
+                    ("completion_mask", completion_mask), ("entropy", o.entropy),
+                    ("per_token_full_kl", o.per_token_full_kl),
+                    ("sampling_per_token_logps", o.sampling_per_token_logps)):
         _check_2d(name, x, (N, T))
     if completion_mask is None:
         raise ConfigError("completion_mask", "is required")
@@ -270,295 +339,147 @@ def _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, adv
         advantages = advantages.squeeze(1)
     if tuple(advantages.shape) != (N,):
         raise ConfigError("advantages", f"shape {tuple(advantages.shape)} must be (N,) = ({N},)")
-    if loss_type not in LOSS_TYPES:
-        raise ConfigError("loss_type", f"unknown value {loss_type!r}; expected one of {list(LOSS_TYPES)}")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ConfigError("kl_estimator", f"unknown value {kl_estimator!r}; expected one of {list(KL_ESTIMATORS)}")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ConfigError("importance_sampling_level", f"unknown value {importance_sampling_level!r}; expected "
-                          f"one of {list(IMPORTANCE_SAMPLING_LEVELS)}")
-    if beta < 0:
-        raise ConfigError("beta", f"must be ≥ 0, got {beta!r}")
-    if epsilon_low < 0 or epsilon_high < 0:
-        raise ConfigError("epsilon_low" if epsilon_low < 0 else "epsilon_high", "must be ≥ 0")
-    if delta is not None and not delta > 0:
-        raise ConfigError("delta", f"must be > 0 or None, got {delta!r}")
-    if loss_type == "dr_grpo" and not (max_completion_length and max_completion_length > 0):
-        raise ConfigError("max_completion_length", f"dr_grpo needs a positive max_completion_length, got "
-                          f"{max_completion_length!r}")
-    if gradient_accumulation_steps < 1:
-        raise ConfigError("gradient_accumulation_steps", f"must be ≥ 1, got {gradient_accumulation_steps!r}")
-    if num_generations is not None and (num_generations < 1 or N % num_generations):
-        raise ConfigError("num_generations", f"{num_generations!r} does not divide N = {N}")
-    if entropy_coef != 0 and entropy is None:
-        raise ConfigError("entropy", f"entropy_coef={entropy_coef} needs the per-token entropy tensor")
-    if not 0.0 <= top_entropy_quantile <= 1.0:
-        raise ConfigError("top_entropy_quantile", f"must be in [0, 1], got {top_entropy_quantile!r}")
-    if top_entropy_quantile < 1.0 and entropy is None:
-        raise ConfigError("entropy", f"top_entropy_quantile={top_entropy_quantile} needs the per-token entropy")
-    if off_policy_mask_threshold is not None and not off_policy_mask_threshold >= 0:
-        raise ConfigError("off_policy_mask_threshold", f"must be ≥ 0 or None, got {off_policy_mask_threshold!r}")
-    if steps_per_generation is not None and steps_per_generation < 1:
-        raise ConfigError("steps_per_generation", f"must be ≥ 1 or None, got {steps_per_generation!r}")
-    if loss_type == "sapo" and not (sapo_temperature_pos > 0 and sapo_temperature_neg > 0):
-        raise ConfigError("sapo_temperature_pos" if not sapo_temperature_pos > 0 else "sapo_temperature_neg",
-                          "sapo temperatures must be > 0")
-    if kl_estimator == "full":
-        if per_token_full_kl is None and (beta != 0 or ref_per_token_logps is not None):
-            raise ConfigError("per_token_full_kl", "kl_estimator='full' needs the exact per-token full-vocab KL")
-    elif beta != 0 and ref_per_token_logps is None:
-        raise ConfigError("ref_per_token_logps", f"beta={beta} needs the reference log-probs")
+    _validate_options(N, ref, o)
+    return advantages
 
-    dtype = per_token_logps.dtype
-    logps = per_token_logps                                                     # (N, T) grad
-    mask = completion_mask.to(dtype)                                            # (N, T)
-    adv = advantages.to(device=logps.device, dtype=dtype).unsqueeze(1)          # (N, 1)
-    g = float(gradient_accumulation_steps)
+
+def _validate_options(N: int, ref, o: SimpleNamespace) -> None:
+    for name, allowed in (("loss_type", LOSS_TYPES), ("kl_estimator", KL_ESTIMATORS),
+                          ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)):
+        if getattr(o, name) not in allowed:
+            raise ConfigError(name, f"unknown value {getattr(o, name)!r}; expected one of {list(allowed)}")
+    if o.beta < 0:
+        raise ConfigError("beta", f"must be ≥ 0, got {o.beta!r}")
+    if o.epsilon_low < 0 or o.epsilon_high < 0:
+        raise ConfigError("epsilon_low" if o.epsilon_low < 0 else "epsilon_high", "must be ≥ 0")
+    if o.delta is not None and not o.delta > 0:
+        raise ConfigError("delta", f"must be > 0 or None, got {o.delta!r}")
+    if o.loss_type == "dr_grpo" and not (o.max_completion_length and o.max_completion_length > 0):
+        raise ConfigError("max_completion_length", f"dr_grpo needs a positive max_completion_length, got "
+                          f"{o.max_completion_length!r}")
+    if o.gradient_accumulation_steps < 1:
+        raise ConfigError("gradient_accumulation_steps", f"must be ≥ 1, got {o.gradient_accumulation_steps!r}")
+    if o.num_generations is not None and (o.num_generations < 1 or N % o.num_generations):
+        raise ConfigError("num_generations", f"{o.num_generations!r} does not divide N = {N}")
+    if o.entropy_coef != 0 and o.entropy is None:
+        raise ConfigError("entropy", f"entropy_coef={o.entropy_coef} needs the per-token entropy tensor")
+    if not 0.0 <= o.top_entropy_quantile <= 1.0:
+        raise ConfigError("top_entropy_quantile", f"must be in [0, 1], got {o.top_entropy_quantile!r}")
+    if o.top_entropy_quantile < 1.0 and o.entropy is None:
+        raise ConfigError("entropy", f"top_entropy_quantile={o.top_entropy_quantile} needs the per-token entropy")
+    if o.off_policy_mask_threshold is not None and not o.off_policy_mask_threshold >= 0:
+        raise ConfigError("off_policy_mask_threshold", f"must be ≥ 0 or None, got {o.off_policy_mask_threshold!r}")
+    if o.steps_per_generation is not None and o.steps_per_generation < 1:
+        raise ConfigError("steps_per_generation", f"must be ≥ 1 or None, got {o.steps_per_generation!r}")
+    if o.loss_type == "sapo" and not (o.sapo_temperature_pos > 0 and o.sapo_temperature_neg > 0):
+        raise ConfigError("sapo_temperature_pos" if not o.sapo_temperature_pos > 0 else "sapo_temperature_neg",
+                          "sapo temperatures must be > 0")
+    if o.kl_estimator == "full":
+        if o.per_token_full_kl is None and (o.beta != 0 or ref is not None):
+            raise ConfigError("per_token_full_kl", "kl_estimator='full' needs the exact per-token full-vocab KL")
+    elif o.beta != 0 and ref is None:
+        raise ConfigError("ref_per_token_logps", f"beta={o.beta} needs the reference log-probs")
+
+
+def _masks(adv, logps, old, mask, o: SimpleNamespace) -> Masks:
+    """OPSM (against the sampling log-probs, else the old ones, as TRL without vLLM) and the entropy mask."""
+    opsm = ent_mask = None
+    if o.off_policy_mask_threshold is not None:
+        sampling = old if o.sampling_per_token_logps is None else o.sampling_per_token_logps.to(logps.dtype)
+        opsm = off_policy_sequence_mask(adv, logps, sampling, mask, o.off_policy_mask_threshold)  # (N, 1)
+    if o.top_entropy_quantile < 1.0:
+        ent_mask = high_entropy_mask(o.entropy, mask, 1 - o.top_entropy_quantile)  # (N, T) bool
+    return Masks(off_policy=opsm, entropy=ent_mask)
+
+
+def _records(logps, mask, per_token_pg, kl, coef_1, pol: PolicyTerm, agg: Aggregation, ent, o: SimpleNamespace,
+             kl_active: bool) -> dict:
+    """The detached per-token, per-sequence and per-group fields of LossBreakdown (no grad)."""
+    N, T = logps.shape
+    dtype = logps.dtype
+    m_bool = mask > 0                                                           # (N, T)
     seq_len = mask.sum(-1)                                                      # (N,)
     seq_len_c = seq_len.clamp(min=1.0)                                          # (N,)
-    total_tokens = mask.sum()                                                   # ()
-    old = logps.detach() if old_per_token_logps is None else old_per_token_logps.to(dtype)  # (N, T)
-
-    # ------------------------------------------------------------------ importance weights
-    log_ratio = logps - old                                                     # (N, T)
-    if importance_sampling_level == "token":
-        log_importance_weights = log_ratio                                      # (N, T)
+    pt_pg = (per_token_pg.expand(N, T) * mask).detach()                         # (N, T)
+    pt_kl = (kl.expand(N, T) * mask).detach() if kl is not None else None       # (N, T)
+    pt_loss = pt_pg + o.beta * pt_kl if kl_active else pt_pg.clone()            # (N, T)
+    ratio = coef_1.detach().expand(N, T).clone()                                # (N, T)
+    w = agg.row_weights.to(dtype)                                               # (N,)
+    zeros = torch.zeros(N, dtype=dtype, device=logps.device)                    # (N,)
+    per_seq_pg = pt_pg.sum(-1) * w                                              # (N,)
+    per_seq_kl_loss = o.beta * pt_kl.sum(-1) * w if kl_active else zeros        # (N,)
+    per_seq_ent = zeros if ent is None else ent.per_seq_entropy_term            # (N,)
+    per_seq_loss = per_seq_pg + per_seq_kl_loss + per_seq_ent                   # (N,)
+    per_token_entropy = None if ent is None else ent.per_token_entropy          # (N, T)
+    if o.num_generations:
+        per_group = [x.view(-1, o.num_generations).sum(1) for x in (per_seq_pg, per_seq_kl_loss, per_seq_loss)]
     else:
-        log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (N, 1)
-    coef_1 = torch.exp(log_importance_weights)                                  # (N, T) | (N, 1)
-
-    # ------------------------------------------------------------------ KL
-    per_token_kl = None                                                         # (N, T)
-    if kl_estimator == "full":
-        if per_token_full_kl is not None:
-            per_token_kl = per_token_full_kl.to(dtype)                          # (N, T)
-    elif ref_per_token_logps is not None:
-        ref = ref_per_token_logps.to(dtype)                                     # (N, T)
-        if kl_estimator == "k3":
-            per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1           # (N, T)
-        elif kl_estimator == "k1":
-            per_token_kl = logps - ref                                          # (N, T)
-        else:
-            per_token_kl = 0.5 * (logps - ref) ** 2                             # (N, T)
-        if use_bias_correction_kl and loss_type != "manual":
-            per_token_kl = per_token_kl * coef_1                                # (N, T)
-
-    # ------------------------------------------------------------------ per-token PG
-    is_low = is_high = torch.zeros((N, 1), dtype=torch.bool, device=logps.device)  # (N, 1) no hard clip
-    phi_seq, loss_params = None, {}
-    if loss_type == "manual":
-        per_token_pg = -adv * logps                                             # (N, T)
-    elif loss_type in PPO_LOSS_TYPES:
-        coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)       # from the unclamped ratio
-        c1 = torch.clamp(coef_1, max=delta) if delta is not None else coef_1    # two-sided clipping
-        per_token_pg = -torch.min(c1 * adv, coef_2 * adv)                       # (N, T) | (N, 1)
-        is_low = (coef_1 < 1 - epsilon_low) & (adv < 0)                         # (N, T) | (N, 1)
-        is_high = (coef_1 > 1 + epsilon_high) & (adv > 0)                       # (N, T) | (N, 1)
-    elif loss_type == "cispo":                                                  # clip the IS weight, not r·A
-        per_token_pg = -torch.clamp(coef_1, max=epsilon_high).detach() * adv * logps  # (N, T)
-        is_high = (coef_1 > epsilon_high) & (adv > 0)                           # TRL's cispo_clip_ratio
-    elif loss_type == "sapo":                                                   # soft gate instead of a clip
-        tau = torch.where(adv > 0, sapo_temperature_pos, sapo_temperature_neg)  # (N, 1) (TRL: default dtype)
-        per_token_pg = -(torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau) * adv     # (N, T) | (N, 1)
-        loss_params = {"sapo_temperature_pos": float(sapo_temperature_pos),
-                       "sapo_temperature_neg": float(sapo_temperature_neg)}
-    else:                                                                       # vespo: gamma weight φ(w_i)
-        loss_params = {"vespo_k_pos": float(vespo_k_pos), "vespo_lambda_pos": float(vespo_lambda_pos),
-                       "vespo_k_neg": float(vespo_k_neg), "vespo_lambda_neg": float(vespo_lambda_neg)}
-        phi_seq = vespo_phi(adv, log_ratio, mask, **loss_params)               # (N, 1) no grad
-        per_token_pg = -phi_seq * adv * logps                                   # (N, T)
-
-    # ------------------------------------------------------------------ OPSM and entropy masks (PG only)
-    opsm = None
-    if off_policy_mask_threshold is not None:
-        sampling = old if sampling_per_token_logps is None else sampling_per_token_logps.to(dtype)  # (N, T)
-        fwd_kl = torch.nan_to_num(sampling - logps.detach(), nan=0.0)           # (N, T) log π_old − log π
-        seq_kl = (fwd_kl * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)  # (N, 1)
-        opsm = ((adv >= 0) | (seq_kl <= off_policy_mask_threshold)).to(dtype)   # (N, 1) 1 = keep
-        per_token_pg = per_token_pg * opsm                                      # (N, T) | (N, 1)
-    ent_mask = None
-    if top_entropy_quantile < 1.0:
-        ent_mask = high_entropy_mask(entropy, mask, 1 - top_entropy_quantile)  # (N, T) bool
-        per_token_pg = per_token_pg * ent_mask                                  # (N, T)
-    kl_active = beta != 0.0 and per_token_kl is not None
-    per_token_kl_scaled = beta * per_token_kl if kl_active else None            # (N, T)
-
-    # ------------------------------------------------------------------ aggregation
-    if loss_type in ("grpo", "sapo", "manual"):
-        def seq_weights() -> torch.Tensor:
-            return 1.0 / (seq_len_c * N * g)                                    # (N,)
-
-        def agg(x):
-            return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / g
-        label = "manual (seeds)" if loss_type == "manual" else loss_type
-        norm = Normalizer(loss_type, float(N), f"{label}: mean over {N} sequences of per-sequence token means "
-                          f"(÷ |o_i|, then ÷ {N})" + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
-    elif loss_type == "bnpo":
-        den = total_tokens.clamp(min=1.0)
-
-        def seq_weights() -> torch.Tensor:
-            return (1.0 / (den * g)).expand(N)
-
-        def agg(x):
-            return (x * mask).sum() / mask.sum().clamp(min=1.0) / g
-        norm = Normalizer("bnpo", float(den), f"bnpo: Σ mask = {int(total_tokens)} tokens (this micro-batch)"
-                          + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
-    elif loss_type == "dr_grpo":
-        den = float(N * max_completion_length)
-
-        def seq_weights() -> torch.Tensor:
-            return torch.full((N,), 1.0 / (den * g), dtype=dtype, device=logps.device)
-
-        def agg(x):
-            return (x * mask).sum() / (N * max_completion_length) / g
-        norm = Normalizer("dr_grpo", den, f"dr_grpo: N·L_max = {N}·{max_completion_length} = {int(den)}"
-                          + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
-    elif loss_type == "luspo":
-        def seq_weights() -> torch.Tensor:
-            return torch.full((N,), 1.0 / (N * g), dtype=dtype, device=logps.device)
-
-        def agg(x):
-            return (x * mask).sum(-1).mean() / g
-        norm = Normalizer("luspo", float(N), f"luspo: mean over {N} sequences of per-sequence token SUMS "
-                          "(each weighted by its length |o_i|)" + (f", ÷ g={gradient_accumulation_steps}" if g != 1 else ""))
-    else:  # dapo, cispo, vespo: the generation batch's token count, rescaled to one accumulation window
-        if num_items_in_batch is None:
-            items = total_tokens.detach()
-        else:
-            items = torch.as_tensor(num_items_in_batch, dtype=dtype, device=logps.device)
-        den_t = items.clamp(min=1.0)                                            # TRL: / num_processes (1)
-        if steps_per_generation is not None and steps_per_generation != gradient_accumulation_steps:
-            den_t = den_t * g / steps_per_generation
-
-        def seq_weights() -> torch.Tensor:
-            return (1.0 / den_t).expand(N)
-
-        def agg(x):
-            return (x * mask).sum() / den_t
-        src = "this batch" if num_items_in_batch is None else "num_items_in_batch"
-        norm = Normalizer(loss_type, float(den_t), f"{loss_type}: Σ mask = {_fmt_count(float(den_t))} tokens ({src}"
-                          + (f" · g/steps_per_generation = {gradient_accumulation_steps}/{steps_per_generation}"
-                             if steps_per_generation is not None and steps_per_generation != gradient_accumulation_steps
-                             else "") + ")")
-
-    zero = torch.zeros((), dtype=dtype, device=logps.device)
-    pg_loss = agg(per_token_pg)                                                 # ()
-    kl_loss = agg(per_token_kl_scaled) if kl_active else zero                   # ()
-
-    # ------------------------------------------------------------------ entropy
-    per_token_entropy = None
-    if entropy is not None:
-        H = entropy.to(dtype)                                                   # (N, T)
-        per_token_entropy = (H * mask).detach()                                 # (N, T)
-        eff = mask if ent_mask is None else mask * ent_mask                     # (N, T) TRL: same tokens as PG
-        if loss_type == "manual":
-            entropy_loss = ((H * mask).sum(-1) / seq_len_c).mean() / g          # ()
-            ent_w = 1.0 / (seq_len_c * N * g)                                   # (N,)
-        else:
-            entropy_loss = (H * eff).sum() / eff.sum().clamp(min=1.0) / g       # ()
-            ent_w = (1.0 / (eff.sum().clamp(min=1.0) * g)).expand(N)            # (N,)
-        entropy_term = -entropy_coef * entropy_loss if entropy_coef != 0 else zero  # ()
-    else:
-        entropy_loss = zero
-        entropy_term = zero
-    loss = pg_loss + kl_loss + entropy_term                                     # ()
-
-    # ------------------------------------------------------------------ per-token / per-seq records
-    with torch.no_grad():
-        m_bool = mask > 0                                                       # (N, T)
-        pt_pg = (per_token_pg.expand(N, T) * mask).detach()                     # (N, T)
-        pt_kl = (per_token_kl.expand(N, T) * mask).detach() if per_token_kl is not None else None  # (N, T)
-        pt_loss = pt_pg + beta * pt_kl if kl_active else pt_pg.clone()          # (N, T)
-        ratio = coef_1.detach().expand(N, T).clone()                            # (N, T)
-        low = is_low.expand(N, T) & m_bool                                      # (N, T)
-        high = is_high.expand(N, T) & m_bool                                    # (N, T)
-        w = seq_weights().to(dtype)                                             # (N,)
-        per_seq_pg = pt_pg.sum(-1) * w                                          # (N,)
-        per_seq_kl_loss = (beta * pt_kl.sum(-1) * w if kl_active
-                           else torch.zeros(N, dtype=dtype, device=logps.device))  # (N,)
-        if entropy is not None and entropy_coef != 0:
-            ent_tok = per_token_entropy if ent_mask is None or loss_type == "manual" else per_token_entropy * ent_mask
-            per_seq_ent = -entropy_coef * ent_tok.sum(-1) * ent_w               # (N,)
-        else:
-            per_seq_ent = torch.zeros(N, dtype=dtype, device=logps.device)      # (N,)
-        per_seq_loss = per_seq_pg + per_seq_kl_loss + per_seq_ent              # (N,)
-        per_seq_kl = pt_kl.sum(-1) / seq_len_c if pt_kl is not None else None   # (N,)
-        per_seq_entropy = per_token_entropy.sum(-1) / seq_len_c if per_token_entropy is not None else None
-        per_seq_ratio = (ratio * mask).sum(-1) / seq_len_c                      # (N,)
-        per_seq_logp = (logps.detach() * mask).sum(-1) / seq_len_c              # (N,)
-        if num_generations:
-            per_group = [x.view(-1, num_generations).sum(1) for x in (per_seq_pg, per_seq_kl_loss, per_seq_loss)]
-        else:
-            per_group = [None, None, None]
-
-        # ---- metrics, exactly as TRL logs them (num_processes = 1)
-        denom_tok = total_tokens.clamp(min=1.0)
-        kl_metric = float((pt_kl.sum() / denom_tok)) if pt_kl is not None else float("nan")
-        ent_metric = float(per_token_entropy.sum() / denom_tok) if per_token_entropy is not None else float("nan")
-        metrics = {}
-        if pt_kl is not None:
-            metrics["kl"] = kl_metric                                           # TRL logs it only when β ≠ 0
-        if per_token_entropy is not None:
-            metrics["entropy"] = ent_metric
-        if loss_type in PPO_LOSS_TYPES:
-            metrics.update(_clip_metrics(is_low, is_high, mask))
-        elif loss_type == "cispo":
-            metrics["cispo_clip_ratio"] = _global_masked_mean(is_high.float(), mask.float())  # TRL: .float()
-        elif loss_type == "vespo":
-            metrics["vespo/phi_seq_mean"] = _global_masked_mean(phi_seq, mask)
-        if entropy is not None and entropy_coef != 0:
-            metrics["policy_loss"] = float((pg_loss + kl_loss) * (1.0 if loss_type in ("dapo", "cispo", "vespo") else g))
-
-        a_kl, a_pg, a_ent = abs(float(kl_loss)), abs(float(pg_loss)), abs(float(entropy_term))
-        share_den = a_pg + a_kl + a_ent
-        undefined = not share_den > 0
-        kl_share = 0.0 if undefined else a_kl / share_den
-
-        flags = []
-        if not math.isfinite(float(loss)):
-            flags.append(f"non-finite loss ({float(loss)}): the optimizer step must refuse")
-        for name, x in (("per_token_logps", logps), ("old_per_token_logps", old_per_token_logps),
-                        ("ref_per_token_logps", ref_per_token_logps), ("entropy", entropy),
-                        ("per_token_full_kl", per_token_full_kl)):
-            if x is not None:
-                bad = int((~torch.isfinite(x.detach()) & m_bool).sum())
-                if bad:
-                    flags.append(f"{bad} non-finite value(s) in {name} at unmasked positions")
-        if not bool(torch.isfinite(advantages).all()):
-            flags.append("non-finite advantages")
-        empty = tuple(int(i) for i in torch.nonzero(seq_len == 0).flatten())
-        if empty:
-            flags.append(f"{len(empty)} completion(s) fully masked (rows {list(empty)}): no loss contribution")
-        if undefined:
-            flags.append("kl_share undefined (all terms are 0): reported as 0")
-
-    return LossBreakdown(
-        loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, entropy_loss=entropy_loss, entropy_term=entropy_term,
-        completion_mask=mask.detach(), advantages=advantages.detach(), per_token_pg=pt_pg, per_token_kl=pt_kl,
-        per_token_loss=pt_loss, per_token_ratio=ratio, per_token_entropy=per_token_entropy,
-        is_clipped_low=low, is_clipped_high=high, seq_len=seq_len.detach(), per_seq_pg=per_seq_pg,
-        per_seq_kl_loss=per_seq_kl_loss, per_seq_entropy_term=per_seq_ent, per_seq_loss=per_seq_loss,
-        per_seq_kl=per_seq_kl, per_seq_entropy=per_seq_entropy, per_seq_ratio=per_seq_ratio,
-        per_seq_logp=per_seq_logp, per_group_pg=per_group[0], per_group_kl_loss=per_group[1],
-        per_group_loss=per_group[2], kl=kl_metric, entropy=ent_metric, kl_share=kl_share,
-        kl_share_undefined=undefined, normalizer=norm, metrics=metrics, loss_type=loss_type, beta=float(beta),
-        epsilon_low=float(epsilon_low), epsilon_high=float(epsilon_high), delta=_scalar(delta),
-        importance_sampling_level=importance_sampling_level, kl_estimator=kl_estimator,
-        use_bias_correction_kl=bool(use_bias_correction_kl and loss_type != "manual" and kl_estimator != "full"),
-        entropy_coef=float(entropy_coef), gradient_accumulation_steps=int(gradient_accumulation_steps),
-        num_generations=num_generations,
-        definition=_definition(loss_type, beta, epsilon_low, epsilon_high, delta, importance_sampling_level,
-                               kl_estimator, use_bias_correction_kl, entropy_coef, norm, loss_params,
-                               off_policy_mask_threshold, top_entropy_quantile),
-        flags=tuple(flags),
-        off_policy_mask=None if opsm is None else (opsm.squeeze(1) > 0).detach(),
-        entropy_mask=None if ent_mask is None else ent_mask.detach(),
-        off_policy_mask_threshold=_scalar(off_policy_mask_threshold), top_entropy_quantile=float(top_entropy_quantile),
-        loss_params=loss_params, steps_per_generation=steps_per_generation)
+        per_group = [None, None, None]
+    return dict(
+        per_token_pg=pt_pg, per_token_kl=pt_kl, per_token_loss=pt_loss, per_token_ratio=ratio,
+        per_token_entropy=per_token_entropy,
+        is_clipped_low=pol.is_low.expand(N, T) & m_bool, is_clipped_high=pol.is_high.expand(N, T) & m_bool,
+        seq_len=seq_len.detach(), per_seq_pg=per_seq_pg, per_seq_kl_loss=per_seq_kl_loss,
+        per_seq_entropy_term=per_seq_ent, per_seq_loss=per_seq_loss,
+        per_seq_kl=pt_kl.sum(-1) / seq_len_c if pt_kl is not None else None,
+        per_seq_entropy=per_token_entropy.sum(-1) / seq_len_c if per_token_entropy is not None else None,
+        per_seq_ratio=(ratio * mask).sum(-1) / seq_len_c, per_seq_logp=(logps.detach() * mask).sum(-1) / seq_len_c,
+        per_group_pg=per_group[0], per_group_kl_loss=per_group[1], per_group_loss=per_group[2])
 
 
-def _fmt_count(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+def _metrics(rec: dict, mask, pol: PolicyTerm, o: SimpleNamespace, pg_loss, kl_loss) -> dict:
+    """TRL-named metrics, exactly as TRL logs them (num_processes = 1), plus "_kl"/"_entropy" (the
+    record's always-present values, popped by the caller)."""
+    pt_kl, per_token_entropy = rec["per_token_kl"], rec["per_token_entropy"]
+    denom_tok = mask.sum().clamp(min=1.0)
+    metrics = {"_kl": float(pt_kl.sum() / denom_tok) if pt_kl is not None else float("nan"),
+               "_entropy": float(per_token_entropy.sum() / denom_tok) if per_token_entropy is not None
+               else float("nan")}
+    if pt_kl is not None:
+        metrics["kl"] = metrics["_kl"]                                          # TRL logs it only when β ≠ 0
+    if per_token_entropy is not None:
+        metrics["entropy"] = metrics["_entropy"]
+    if o.loss_type in PPO_LOSS_TYPES:
+        metrics.update(_clip_metrics(pol.is_low, pol.is_high, mask))
+    elif o.loss_type == "cispo":
+        metrics["cispo_clip_ratio"] = _global_masked_mean(pol.is_high.float(), mask.float())  # TRL: .float()
+    elif o.loss_type == "vespo":
+        metrics["vespo/phi_seq_mean"] = _global_masked_mean(pol.phi_seq, mask)
+    if o.entropy is not None and o.entropy_coef != 0:
+        per_g = 1.0 if o.loss_type in ("dapo", "cispo", "vespo") else float(o.gradient_accumulation_steps)
+        metrics["policy_loss"] = float((pg_loss + kl_loss) * per_g)
+    return metrics
+
+
+def _kl_share(pg_loss, kl_loss, entropy_term) -> tuple[float, bool]:
+    """|kl_loss| / (|pg_loss| + |kl_loss| + |entropy_term|), and whether that is 0/0 (then 0)."""
+    a_kl, a_pg, a_ent = abs(float(kl_loss)), abs(float(pg_loss)), abs(float(entropy_term))
+    share_den = a_pg + a_kl + a_ent
+    undefined = not share_den > 0
+    return (0.0 if undefined else a_kl / share_den), undefined
+
+
+def _flags(loss, mask, logps, old, ref, advantages, rec: dict, o: SimpleNamespace,
+           kl_share_undefined: bool) -> tuple:
+    """Human-readable warnings: non-finite values at unmasked positions, empty completions, 0/0 shares."""
+    flags = []
+    m_bool = mask > 0                                                           # (N, T)
+    if not math.isfinite(float(loss)):
+        flags.append(f"non-finite loss ({float(loss)}): the optimizer step must refuse")
+    for name, x in (("per_token_logps", logps), ("old_per_token_logps", old), ("ref_per_token_logps", ref),
+                    ("entropy", o.entropy), ("per_token_full_kl", o.per_token_full_kl)):
+        if x is not None:
+            bad = int((~torch.isfinite(x.detach()) & m_bool).sum())
+            if bad:
+                flags.append(f"{bad} non-finite value(s) in {name} at unmasked positions")
+    if not bool(torch.isfinite(advantages).all()):
+        flags.append("non-finite advantages")
+    empty = tuple(int(i) for i in torch.nonzero(rec["seq_len"] == 0).flatten())
+    if empty:
+        flags.append(f"{len(empty)} completion(s) fully masked (rows {list(empty)}): no loss contribution")
+    if kl_share_undefined:
+        flags.append("kl_share undefined (all terms are 0): reported as 0")
+    return tuple(flags)
 
 
 def _global_masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -566,30 +487,6 @@ def _global_masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     if x.shape[1] == 1:
         return float(x.sum() / max(float(x.shape[0]), 1.0))
     return float((x * mask).sum() / mask.sum().clamp(min=1.0))
-
-
-@torch.no_grad()
-def vespo_phi(adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, *, vespo_k_pos: float,
-              vespo_lambda_pos: float, vespo_k_neg: float, vespo_lambda_neg: float) -> torch.Tensor:
-    """VESPO's gamma weight φ(w) = exp(λ + k·log w − λ·w) (φ(1) = 1) on the SEQUENCE ratio w = Π_t r_it
-    (a sum of token log-ratios, not a mean), in log space and detached: adv (N, 1), log_ratio (N, T) → (N, 1)."""
-    lower = math.log(1e-8)
-    seq_log_ratio = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)   # (N, 1)
-    log_w = torch.clamp(seq_log_ratio, lower, 20.0)                                       # (N, 1)
-    nonneg = adv >= 0
-    k = torch.where(nonneg, vespo_k_pos, vespo_k_neg)
-    lam = torch.where(nonneg, vespo_lambda_pos, vespo_lambda_neg).clamp(min=1e-4)
-    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-
-
-def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-    """TRL's get_high_entropy_mask (one process): tokens whose entropy ≥ the `threshold` quantile of the
-    unmasked entropies (fp32 quantile). (N, T) → (N, T) bool, False at masked positions."""
-    local = entropy.detach()[mask.bool()].float()
-    if local.numel() == 0:
-        return torch.zeros_like(entropy, dtype=torch.bool)
-    cut = torch.quantile(local, threshold)
-    return ((entropy.detach() * mask.float()) >= cut) & mask.bool()
 
 
 def _clip_metrics(is_low: torch.Tensor, is_high: torch.Tensor, mask: torch.Tensor) -> dict:
