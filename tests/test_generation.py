@@ -156,6 +156,31 @@ def test_same_seed_same_ids_and_rng_untouched(models):
     assert a.ref_per_token_logps is None and a.per_token_full_kl is None
 
 
+@pytest.mark.parametrize("greedy_max", [6, 40])
+def test_greedy_rows_in_the_sampling_loop_change_nothing(models, rollout, greedy_max):
+    """Issue 30: the before-update greedy rows ride in the sampling loop. The rollout is the one a loop of
+    its own gives (same ids, masks, sampling-time log-probs to float noise), and the greedy completions are
+    `greedy_completions`' — whether the greedy rows stop before the samples (6) or go on after them (40)."""
+    from rookworld_debug.grpo.evaluation import greedy_completions
+    from rookworld_debug.grpo.generation import generate_with_greedy
+    pol, ref, tok, _ = models
+    greedy_prompts = [P_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1", A_PROMPT + "e2e4+"]   # a longer prompt too
+    merged, greedy = generate_with_greedy(
+        pol, ref, tok, [P_PROMPT, A_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"], ["P", "A", "P"], num_generations=4,
+        max_new_tokens=24, sampling=SAMPLING, seed=7, greedy_prompts=greedy_prompts, greedy_max_new_tokens=greedy_max)
+    assert torch.equal(merged.completion_ids, rollout.completion_ids)
+    assert torch.equal(merged.completion_mask, rollout.completion_mask)
+    assert merged.completions == rollout.completions
+    assert torch.allclose(merged.sampling_per_token_logps, rollout.sampling_per_token_logps, atol=1e-5)
+    assert torch.allclose(merged.per_token_logps, rollout.per_token_logps, atol=1e-6)
+    assert greedy == greedy_completions(pol, tok, greedy_prompts, greedy_max)
+    # sampling-only call through the same path: identical to generate()
+    alone, none = generate_with_greedy(pol, ref, tok, [P_PROMPT, A_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"],
+                                       ["P", "A", "P"], num_generations=4, max_new_tokens=24, sampling=SAMPLING,
+                                       seed=7)
+    assert none == [] and torch.equal(alone.sampling_per_token_logps, rollout.sampling_per_token_logps)
+
+
 def _rows(tok, prompts, g):
     enc = tok([p for p in prompts for _ in range(g)], padding=True, padding_side="left", return_tensors="pt")
     return enc, enc.input_ids[::g], enc.attention_mask[::g]

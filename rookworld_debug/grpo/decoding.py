@@ -63,6 +63,7 @@ class Decoded:
     steps: int                  # L: decode steps run (the longest row; ≤ max_new_tokens)
     forwards: int               # model forwards (1 prompt forward + decode steps)
     row_steps: int              # Σ over decode forwards of the rows forwarded (N·(L−1) without row dropping)
+    greedy_tokens: torch.Tensor | None = None   # (E, L') the extra greedy rows' ids (None without extras)
 
 
 # ------------------------------------------------------------------------------------------ cache
@@ -152,11 +153,45 @@ def _decode_mask(prompt_mask: torch.Tensor, attn_impl: str, dtype: torch.dtype) 
 
 
 # ------------------------------------------------------------------------------------------ loop
+def _left_cat(ids: torch.Tensor, mask: torch.Tensor, ids2: torch.Tensor, mask2: torch.Tensor, pad_id: int):
+    """Stack two left-padded prompt batches (B, P) and (E, P') → (B+E, max(P, P')), left-padded."""
+    width = max(ids.shape[1], ids2.shape[1])
+
+    def pad(x, value):
+        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+    return torch.cat([pad(ids, pad_id), pad(ids2, pad_id)]), torch.cat([pad(mask, 0), pad(mask2, 0)])
+
+
+@dataclass
+class _Rows:
+    """The loop's per-row bookkeeping: rows [0, n_main) are the main rows (sampled, or greedy when no
+    temperatures are given), rows [n_main, n) the extra greedy rows; `live` maps batch rows to rows."""
+    n_main: int
+    limit: torch.Tensor          # (N+E,) max new tokens of each row
+    live: torch.Tensor           # (n,) row of each batch row
+    done: torch.Tensor           # (n,)
+
+
+def _prompt_forward(model, ids, pmask, row_src, capacity: int, amp):
+    """One forward over the distinct prompts; its KV cache and last logits indexed out to every row."""
+    cache, ckw = _new_cache(model, capacity), cache_kw(model)
+    pos0 = pmask.long().cumsum(-1) - 1                                                  # (B+E, P)
+    with amp:
+        out = model(input_ids=ids, attention_mask=pmask, position_ids=pos0.masked_fill(pmask == 0, 0),
+                    **{ckw: cache}, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1].float()[row_src]                                         # (N+E, V)
+    del out
+    cache.batch_select_indices(row_src)                                                 # groups expanded here
+    return cache, ckw, logits
+
+
 @torch.no_grad()
 def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand: int, max_new_tokens: int,
            eos_id: int, pad_id: int, temperatures: torch.Tensor | None = None, top_k: torch.Tensor | None = None,
            top_p: torch.Tensor | None = None, generator: torch.Generator | None = None,
-           sync_every: int | None = None, stats_k: int | None = None) -> Decoded:
+           sync_every: int | None = None, stats_k: int | None = None,
+           greedy_prompt_ids: torch.Tensor | None = None, greedy_prompt_mask: torch.Tensor | None = None,
+           greedy_max_new_tokens: int | None = None) -> Decoded:
     """Decode `expand` continuations of each of the B left-padded prompts (B, P) → N = B·expand rows.
 
     `temperatures` (N,) > 0 → sampling with `generator` (top_k (N,) 0 = off, top_p (N,) 1.0 = off);
@@ -164,12 +199,26 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
     the model's device. Raises NumericalError if the logits of a sampling step are NaN/inf.
     `stats_k` (sampling only): also record the entropy and the `stats_k` most likely tokens of each step's
     tempered distribution (the core path's replacement for a scoring forward; one exp over (n, V) per step).
+    `greedy_prompt_ids/mask` (E, P'): E more rows decoded greedily IN THE SAME LOOP, each for up to
+    `greedy_max_new_tokens` (default max_new_tokens), returned as `greedy_tokens`. They share the prompt
+    forward and every decode forward, draw no random numbers, and leave the main rows' tokens as without
+    them (the generator's draws are the main rows' only; floats may differ in the last bit with the batch).
     """
     device = next(model.parameters()).device
-    keep = prompt_mask.any(0)                          # drop columns that are padding in every row
-    ids, pmask = prompt_ids[:, keep].to(device), prompt_mask[:, keep].to(device)   # (B, P)
-    b, p = ids.shape
-    n = b * expand
+    ids, pmask = prompt_ids, prompt_mask
+    e = 0 if greedy_prompt_ids is None else greedy_prompt_ids.shape[0]
+    if e:
+        ids, pmask = _left_cat(ids, pmask, greedy_prompt_ids, greedy_prompt_mask, pad_id)
+    keep = pmask.any(0)                                # drop columns that are padding in every row
+    ids, pmask = ids[:, keep].to(device), pmask[:, keep].to(device)                    # (B+E, P)
+    b, p = prompt_ids.shape[0], ids.shape[1]
+    n_main = b * expand
+    n = n_main + e
+    row_src = torch.cat([torch.arange(b, device=device).repeat_interleave(expand),
+                         torch.arange(b, b + e, device=device)])                       # (N+E,) prompt of each row
+    limit = torch.full((n,), max_new_tokens, device=device)                             # (N+E,)
+    limit[n_main:] = greedy_max_new_tokens or max_new_tokens
+    length = int(limit.max())
     sample = temperatures is not None
     sync_every = sync_every or (1 if device.type == "cpu" else 8)
     if sample:
@@ -178,56 +227,53 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
         top_p = top_p.to(device=device, dtype=torch.float32) \
             if top_p is not None and bool((top_p < 1.0).any()) else None
 
-    cache, ckw = _new_cache(model, p + max_new_tokens), cache_kw(model)
-    pos0 = pmask.long().cumsum(-1) - 1                                                  # (B, P)
     amp = autocast_for(model)                     # bf16 autocast on CUDA (fp32 weights), else a no-op
-    with amp:
-        out = model(input_ids=ids, attention_mask=pmask, position_ids=pos0.masked_fill(pmask == 0, 0),
-                    **{ckw: cache}, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1].float().repeat_interleave(expand, 0)                     # (N, V)
-    del out
-    cache.batch_repeat_interleave(expand)                                               # groups expanded here
-    key_mask = _decode_mask(pmask.repeat_interleave(expand, 0), model.config._attn_implementation,
-                            model.dtype)                                                # (N, 1, 1, P)
-    key_mask = torch.cat([key_mask, key_mask.new_zeros((n, 1, 1, max_new_tokens)) if key_mask.dtype != torch.bool
-                          else key_mask.new_ones((n, 1, 1, max_new_tokens))], -1)       # (N, 1, 1, C)
-    next_pos = pmask.long().sum(1).repeat_interleave(expand)                            # (N,)
+    cache, ckw, logits = _prompt_forward(model, ids, pmask, row_src, p + length, amp)  # logits (N+E, V)
+    key_mask = _decode_mask(pmask[row_src], model.config._attn_implementation, model.dtype)  # (N+E, 1, 1, P)
+    key_mask = torch.cat([key_mask, key_mask.new_zeros((n, 1, 1, length)) if key_mask.dtype != torch.bool
+                          else key_mask.new_ones((n, 1, 1, length))], -1)               # (N+E, 1, 1, C)
+    next_pos = pmask.long().sum(1)[row_src]                                             # (N+E,)
 
-    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)   # (N, T)
-    logps = torch.zeros((n, max_new_tokens), device=device) if sample else None         # (N, T)
+    tokens = torch.full((n, length), pad_id, dtype=torch.long, device=device)           # (N+E, L)
+    logps = torch.zeros((n_main, max_new_tokens), device=device) if sample else None    # (N, T)
     stats = sample and stats_k is not None
     if stats:
-        entropy = torch.zeros((n, max_new_tokens), device=device)                        # (N, T)
-        topk_ids = torch.zeros((n, max_new_tokens, stats_k), dtype=torch.long, device=device)  # (N, T, K)
-        topk_logps = torch.zeros((n, max_new_tokens, stats_k), device=device)            # (N, T, K)
+        entropy = torch.zeros((n_main, max_new_tokens), device=device)                  # (N, T)
+        topk_ids = torch.zeros((n_main, max_new_tokens, stats_k), dtype=torch.long, device=device)  # (N, T, K)
+        topk_logps = torch.zeros((n_main, max_new_tokens, stats_k), device=device)       # (N, T, K)
     live = torch.arange(n, device=device)            # original row of each batch row    (n,)
     done = torch.zeros(n, dtype=torch.bool, device=device)                              # (n,)
     bad = torch.zeros((), dtype=torch.bool, device=device)
-    forwards, row_steps, steps = 1, 0, 0
+    forwards, row_steps, steps, main_steps, main_open = 1, 0, 0, 0, True
     vocab = logits.shape[-1]
-    for step in range(max_new_tokens):
-        if sample:
-            tempered = logits / temps[live, None]                                       # (n, V)
-            lse = torch.logsumexp(tempered, -1)                                         # (n,)
+    for step in range(length):
+        tok = logits.argmax(-1)                                                         # (n,) greedy rows
+        if sample and main_open:
+            si = (live < n_main).nonzero().squeeze(1)                                   # batch rows sampled
+            ls = live[si]                                                               # (s,) their rows
+            tempered = logits[si] / temps[ls, None]                                     # (s, V)
+            lse = torch.logsumexp(tempered, -1)                                         # (s,)
             bad |= ~torch.isfinite(lse).all()
-            probs = _warp(tempered, None if top_k is None else top_k[live],
-                          None if top_p is None else top_p[live]).softmax(-1)           # (n, V)
-            q = torch.empty((n, vocab), device=device).exponential_(generator=generator)  # (N, V) all rows
-            tok = (probs / q[live]).argmax(-1)                                          # (n,) = multinomial
-            logps[live, step] = (tempered.gather(-1, tok[:, None]).squeeze(1) - lse).masked_fill(done, 0.0)
+            probs = _warp(tempered, None if top_k is None else top_k[ls],
+                          None if top_p is None else top_p[ls]).softmax(-1)             # (s, V)
+            q = torch.empty((n_main, vocab), device=device).exponential_(generator=generator)  # (N, V) all rows
+            tok_s = (probs / q[ls]).argmax(-1)                                          # (s,) = multinomial
+            tok[si] = tok_s
+            logps[ls, step] = (tempered.gather(-1, tok_s[:, None]).squeeze(1) - lse).masked_fill(done[si], 0.0)
             if stats:
-                logp_all = tempered - lse[:, None]                                      # (n, V)
-                entropy[live, step] = -(logp_all.exp() * logp_all).sum(-1)
+                logp_all = tempered - lse[:, None]                                      # (s, V)
+                entropy[ls, step] = -(logp_all.exp() * logp_all).sum(-1)
                 if stats_k:
-                    top_v, top_i = logp_all.topk(stats_k, dim=-1)                       # (n, K) each
-                    topk_logps[live, step], topk_ids[live, step] = top_v, top_i
-        else:
-            tok = logits.argmax(-1)                                                     # (n,)
+                    top_v, top_i = logp_all.topk(stats_k, dim=-1)                       # (s, K) each
+                    topk_logps[ls, step], topk_ids[ls, step] = top_v, top_i
         tok = tok.masked_fill(done, pad_id)
         tokens[live, step] = tok
-        done = done | (tok == eos_id)
         steps = step + 1
-        if steps == max_new_tokens:
+        done = done | (tok == eos_id) | (limit[live] <= steps)                          # EOS, or its own max
+        if main_open:
+            main_steps = steps
+            main_open = steps < max_new_tokens
+        if steps == length:
             break
         if steps % sync_every == 0:
             if sample and bool(bad):
@@ -235,6 +281,8 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
             n_done = int(done.sum())
             if n_done == done.numel():
                 break
+            if main_open and bool(done[live < n_main].all()):                           # as a loop of its own
+                main_open = False
             if n_done and n_done >= COMPACT_FRACTION * done.numel():              # drop finished rows
                 alive = (~done).nonzero().squeeze(1)                                    # (n',)
                 cache.batch_select_indices(alive)
@@ -248,7 +296,8 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
     if sample and bool(bad):
         raise NumericalError("cannot sample: the policy's next-token logits are NaN/inf (see the step-0 "
                              "invariants; check the weights and dtype)")
-    return Decoded(tokens=tokens[:, :steps], logps=None if logps is None else logps[:, :steps],
-                   entropy=entropy[:, :steps] if stats else None, topk_ids=topk_ids[:, :steps] if stats else None,
-                   topk_logps=topk_logps[:, :steps] if stats else None, steps=steps, forwards=forwards,
-                   row_steps=row_steps)
+    t = main_steps
+    return Decoded(tokens=tokens[:n_main, :t], logps=None if logps is None else logps[:, :t],
+                   entropy=entropy[:, :t] if stats else None, topk_ids=topk_ids[:, :t] if stats else None,
+                   topk_logps=topk_logps[:, :t] if stats else None, steps=t, forwards=forwards,
+                   row_steps=row_steps, greedy_tokens=tokens[n_main:, :steps] if e else None)

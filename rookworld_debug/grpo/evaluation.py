@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from rookworld_debug.grpo.decoding import decode
-from rookworld_debug.grpo.generation import generate, per_token_logps_and_entropy
+from rookworld_debug.grpo.generation import generate_with_greedy, per_token_logps_and_entropy
 from rookworld_debug.grpo.rewards import compute_rewards
 
 
@@ -61,16 +61,25 @@ def greedy_completions(policy, tokenizer, prompts: Sequence[str], max_new_tokens
     return tokenizer.batch_decode(out.tokens.cpu(), skip_special_tokens=True)
 
 
+def greedy_prompts(batch, heldout) -> list[str]:
+    """The prompts `greedy_evals` decodes, in its order: the batch's, then the held-out ones."""
+    return list(batch[0]) + (list(heldout[0]) if heldout is not None else [])
+
+
 def greedy_evals(policy, tokenizer, batch, heldout, *, max_new_tokens: int, reward_mode: str,
-                 engine=None) -> tuple[GreedyEval, GreedyEval | None]:
+                 engine=None, completions: Sequence[str] | None = None) -> tuple[GreedyEval, GreedyEval | None]:
     """`batch` and `heldout` = (prompts, tasks, labels) (`heldout` None: not evaluated) → their GreedyEvals,
     from ONE batched greedy decode and ONE reward call (per-step decode cost on CPU is latency-bound, so
-    two loops cost nearly twice one)."""
+    two loops cost nearly twice one). `completions`: the greedy completions of `greedy_prompts(batch,
+    heldout)` when a sampling loop already decoded them (`generation.generate_with_greedy`): no decode here."""
     sets = [("batch", *map(list, batch))] + ([("heldout", *map(list, heldout))] if heldout is not None else [])
     prompts = [x for _, p, _, _ in sets for x in p]
     tasks = [x for _, _, t, _ in sets for x in t]
     labels = [x for _, _, _, lab in sets for x in lab]
-    completions = greedy_completions(policy, tokenizer, prompts, max_new_tokens)
+    if completions is None:
+        completions = greedy_completions(policy, tokenizer, prompts, max_new_tokens)
+    elif len(completions) != len(prompts):
+        raise ValueError(f"{len(completions)} greedy completions for {len(prompts)} prompts")
     r = compute_rewards(prompts, completions, tasks, labels=labels, reward_mode=reward_mode, engine=engine)
     out, start = [], 0
     for name, p, t, _ in sets:
@@ -100,10 +109,18 @@ def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_bat
                    reward_mode: str, engine, eval_max_new_tokens: int) -> Evaluation:
     """Everything measured AFTER the optimizer step, paired with the `before_*` records."""
     t0 = time.perf_counter()
-    kw = dict(max_new_tokens=eval_max_new_tokens, reward_mode=reward_mode, engine=engine)
-    batch_after, heldout_after = greedy_evals(      # one loop, as before the update
-        policy, tokenizer, (before_batch.prompts, before_batch.tasks, batch_labels),
-        None if before_heldout is None else (before_heldout.prompts, before_heldout.tasks, heldout_labels), **kw)
+    batch = (before_batch.prompts, before_batch.tasks, batch_labels)
+    heldout = None if before_heldout is None else (before_heldout.prompts, before_heldout.tasks, heldout_labels)
+    # Same seed, same settings, updated weights: what would the next sample look like? Its loop also decodes
+    # the greedy after-update rows (one loop where there were two)
+    re, greedy = generate_with_greedy(
+        policy, reference, tokenizer, list(rollout.prompts[:: rollout.num_generations]),
+        list(rollout.tasks[:: rollout.num_generations]), num_generations=rollout.num_generations,
+        max_new_tokens=rollout.max_new_tokens, sampling=dict(rollout.sampling), seed=rollout.seed,
+        top_k_alternatives=1, compute_ref=False, score_policy=False,      # only its texts are used
+        greedy_prompts=greedy_prompts(batch, heldout), greedy_max_new_tokens=eval_max_new_tokens)
+    batch_after, heldout_after = greedy_evals(policy, tokenizer, batch, heldout, max_new_tokens=eval_max_new_tokens,
+                                              reward_mode=reward_mode, engine=engine, completions=greedy)
 
     logps_after, _ = per_token_logps_and_entropy(policy, rollout.prompt_ids, rollout.prompt_mask,
                                                  rollout.completion_ids, rollout.completion_mask,
@@ -116,11 +133,6 @@ def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_bat
     frac = float(((torch.sign(delta.sum(1)) == torch.sign(adv)) & moving).sum() / moving.sum()) \
         if moving.any() else math.nan
 
-    # Same seed, same settings, updated weights: what would the next sample look like?
-    re = generate(policy, reference, tokenizer, list(rollout.prompts[:: rollout.num_generations]),
-                  list(rollout.tasks[:: rollout.num_generations]), num_generations=rollout.num_generations,
-                  max_new_tokens=rollout.max_new_tokens, sampling=dict(rollout.sampling), seed=rollout.seed,
-                  top_k_alternatives=1, compute_ref=False, score_policy=False)   # only its texts are used
     re_r = compute_rewards(re.prompts, re.completions, re.tasks, labels=labels_per_row, reward_mode=reward_mode,
                            engine=engine)
     return Evaluation(

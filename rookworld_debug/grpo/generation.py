@@ -339,7 +339,7 @@ def _token_strings(tokenizer, ids: torch.Tensor, lengths: list[int], topk_ids: t
 
 
 def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
-            top_k_alternatives: int | None):
+            top_k_alternatives: int | None, greedy: dict | None = None):
     """ONE decoding loop for all N rows (per-row temperature/top-p/top-k), seeded by its own generator
     (the caller's RNG is untouched). The prompt forward runs on the B distinct prompts (rows 0, G, 2G, …).
 
@@ -353,11 +353,13 @@ def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_token
     generator = torch.Generator(device=device).manual_seed(seed)
     d = decode(policy, prompt_ids[::g], prompt_mask[::g], expand=g, max_new_tokens=max_new_tokens, eos_id=eos_id,
                pad_id=pad_id, temperatures=temps, top_k=top_k, top_p=top_p, generator=generator,
-               stats_k=top_k_alternatives)
+               stats_k=top_k_alternatives, **(greedy or {}))
     counts = {"generate_calls": 1, "generate_steps": d.steps, "tokens_sampled": d.tokens.numel(),
               "decode_forwards": d.forwards, "decode_row_steps": d.row_steps}
     stats = None if d.entropy is None else {"entropy": d.entropy.cpu(), "topk_ids": d.topk_ids.cpu(),
                                             "topk_logps": d.topk_logps.cpu()}
+    if d.greedy_tokens is not None:
+        stats = {**(stats or {}), "greedy_tokens": d.greedy_tokens.cpu()}
     return d.tokens.cpu(), d.logps.cpu(), stats, counts
 
 
@@ -419,6 +421,30 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
     caller's RNG state is untouched and the same seed gives the same ids. `score_policy=False` is the
     core path (module docstring): no policy forward, no full-vocabulary KL, no recompute check.
     """
+    return generate_with_greedy(policy, reference, tokenizer, prompts, tasks, num_generations=num_generations,
+                                max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                                top_k_alternatives=top_k_alternatives, compute_ref=compute_ref, chunk=chunk,
+                                score_policy=score_policy)[0]
+
+
+def _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens) -> dict | None:
+    if not greedy_prompts:
+        return None
+    enc = tokenizer(list(greedy_prompts), padding=True, padding_side="left", add_special_tokens=False,
+                    return_tensors="pt")
+    return {"greedy_prompt_ids": enc["input_ids"], "greedy_prompt_mask": enc["attention_mask"],
+            "greedy_max_new_tokens": greedy_max_new_tokens}
+
+
+def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequence[str], *,
+                         num_generations: int, max_new_tokens: int,
+                         sampling: Mapping[str, tuple[float, float | None, int | None]], seed: int,
+                         top_k_alternatives: int = 5, compute_ref: bool = True, chunk: int | None = None,
+                         score_policy: bool = True, greedy_prompts: Sequence[str] = (),
+                         greedy_max_new_tokens: int | None = None) -> tuple[Rollout, list[str]]:
+    """`generate`, plus greedy completions of `greedy_prompts` (up to `greedy_max_new_tokens` each) decoded
+    in the SAME loop as the samples (`decoding.decode`'s extra greedy rows): one decode loop where the
+    step used two (the greedy evaluation's and the sampler's). The rollout is the one `generate` gives."""
     t_start = time.perf_counter()
     _validate(prompts, tasks, sampling, num_generations, max_new_tokens, tokenizer)
     g, eos_id, pad_id = num_generations, int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
@@ -433,7 +459,11 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
 
     raw, sampling_logps, loop_stats, counts = _sample(
         policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
-        None if score_policy else top_k_alternatives)                                 # (N, T), (N, T)
+        None if score_policy else top_k_alternatives,
+        _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens))                  # (N, T), (N, T)
+    greedy_texts = [] if not greedy_prompts else tokenizer.batch_decode(loop_stats.pop("greedy_tokens"),
+                                                                        skip_special_tokens=True)
+    loop_stats = loop_stats or None
     completion_ids, completion_mask, has_eos = _cut_after_eos(raw, eos_id, pad_id)     # (N, T), (N, T), (N,)
     is_truncated = ~has_eos  # (N,) = TRL's 'last token neither EOS nor pad' when pad == EOS (RookWorld)
     t_generate = time.perf_counter() - t_start
@@ -488,7 +518,7 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
         max_abs_logp_diff=max_diff, logp_diff_flagged=flagged, counts=counts,
         seconds=time.perf_counter() - t_start, timings={"generate": t_generate, "score": t_score},
         warnings=tuple(warn),
-    )
+    ), greedy_texts
 
 
 def inject_completions(rollout: Rollout, texts: Mapping[int, str], policy, reference, tokenizer) -> Rollout:

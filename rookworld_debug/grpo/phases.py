@@ -14,7 +14,7 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
-from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
+from rookworld_debug.grpo.generation import Rollout, generate_with_greedy, inject_completions
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup, check_inject
@@ -60,18 +60,23 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
 
 
 def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_weights=None,
-                     inject: Optional[Mapping[int, str]] = None, timer: Optional[PhaseTimer] = None):
+                     inject: Optional[Mapping[int, str]] = None, timer: Optional[PhaseTimer] = None,
+                     greedy_prompts=()):
     """generation → rewards → advantages → loss on the setup's (current) policy; no update.
-    `inject` = {row: completion text} replaces sampled rows (see `inject_completions`)."""
+    `inject` = {row: completion text} replaces sampled rows (see `inject_completions`).
+    Returns (rollout, rewards, advantages, loss); with `greedy_prompts`, also their greedy completions (up to
+    `config.eval_max_new_tokens`), decoded in the sampling loop (`generate_with_greedy`): the before-update
+    evaluation without a decode loop of its own."""
     timer = timer or PhaseTimer()
     b, g = s.batch, config.num_generations
     if inject:
         check_inject(inject, s, config)        # bad text / too long for the context: ConfigError, before sampling
     with timer("generation"):
-        rollout = generate(s.policy, s.reference, s.tokenizer, list(b.prompts), list(b.tasks), num_generations=g,
-                           max_new_tokens=config.max_new_tokens,
-                           sampling={t: config.sampling_for(t) for t in set(b.tasks)}, seed=config.seed,
-                           top_k_alternatives=config.top_k_alternatives)
+        rollout, greedy = generate_with_greedy(
+            s.policy, s.reference, s.tokenizer, list(b.prompts), list(b.tasks), num_generations=g,
+            max_new_tokens=config.max_new_tokens, sampling={t: config.sampling_for(t) for t in set(b.tasks)},
+            seed=config.seed, top_k_alternatives=config.top_k_alternatives, greedy_prompts=greedy_prompts,
+            greedy_max_new_tokens=config.eval_max_new_tokens)
         if inject:
             rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
     with timer("rewards"):
@@ -82,4 +87,4 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
         advantages = advantages_from_config(rewards.rewards, config)
     with timer("loss"):
         loss = loss_for(rollout, advantages, config)
-    return rollout, rewards, advantages, loss
+    return (rollout, rewards, advantages, loss, greedy) if greedy_prompts else (rollout, rewards, advantages, loss)

@@ -18,7 +18,7 @@ from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import NumericalError
 from rookworld_debug.grpo import serialize
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
-from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals
+from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
 from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import Rewards, compute_rewards
@@ -128,16 +128,17 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
             check_context(config, s.policy, s.tokenizer, s.batch.prompts, [x.prompt for x in s.heldout])
         if inject:                        # before the evaluations and sampling, not after
             check_inject(inject, s, config)
-    ev_kw = dict(max_new_tokens=config.eval_max_new_tokens, reward_mode=config.reward_mode, engine=s.engine)
     heldout_labels = [x.completion for x in s.heldout]
-    with timer("baseline_eval"):
-        before, before_heldout = greedy_evals(      # batch + held-out in one loop
-            s.policy, s.tokenizer, (s.batch.prompts, s.batch.tasks, s.batch.completions),
-            ([x.prompt for x in s.heldout], [x.task for x in s.heldout], heldout_labels) if s.heldout else None,
-            **ev_kw)
-
-    rollout, rewards, advantages, loss = sample_and_score(s, config, reward_funcs=reward_funcs,
-                                                          reward_weights=reward_weights, inject=inject, timer=timer)
+    batch = (s.batch.prompts, s.batch.tasks, s.batch.completions)
+    heldout = ([x.prompt for x in s.heldout], [x.task for x in s.heldout], heldout_labels) if s.heldout else None
+    # the greedy before-update rows (batch + held-out) ride in the sampling loop: same policy, one decode loop
+    rollout, rewards, advantages, loss, greedy = sample_and_score(
+        s, config, reward_funcs=reward_funcs, reward_weights=reward_weights, inject=inject, timer=timer,
+        greedy_prompts=greedy_prompts(batch, heldout))
+    with timer("baseline_eval"):               # its rewards; the decoding was the generation phase's
+        before, before_heldout = greedy_evals(s.policy, s.tokenizer, batch, heldout,
+                                              max_new_tokens=config.eval_max_new_tokens,
+                                              reward_mode=config.reward_mode, engine=s.engine, completions=greedy)
     start = s.provenance.get("start") or {}
     flags = [*s.invariants.failures, *getattr(s, "data_flags", ()), *([start["note"]] if start.get("note") else []), *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
              *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]

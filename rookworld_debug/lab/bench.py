@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-SCHEMA = "rookworld_debug.lab.bench/1"
+SCHEMA = "rookworld_debug.bench/1"   # a data schema id: unchanged by the move to lab/
 VARIANTS = {
     "a": "ours: core step (generate → rewards → advantages → loss → update)",
     "b": "ours: run_step, fully instrumented (ref, entropy, KL, top-k, per-term grads, before/after eval)",
