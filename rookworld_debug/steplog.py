@@ -48,16 +48,20 @@ def _clip(text: str, n: int = 72) -> str:
 
 
 def format_step_log(trace) -> str:
-    c, s, r, rw, a, lo, u, e = (trace.config, trace.setup, trace.rollout, trace.rewards, trace.advantages,
-                                trace.loss, trace.update, trace.evaluation)
-    from rookworld_debug.viz.completions import completion_name      # one name everywhere: p0·g1
-    g = c.num_generations
+    """The seeds' text log of one step: one block per phase, in the order the step ran them."""
     out = []
-    w = out.append
-    w("=" * 78)
-    w("SETUP")
+    for phase in (_setup, _initial_performance, _generations, _rewards, _advantages, _loss, _update,
+                  _post_update, _timing):
+        out.extend(phase(trace))
+    return "\n".join(out)
+
+
+def _setup(trace) -> list:
+    c, s = trace.config, trace.setup
     p = s.provenance
     n_params = p.get('num_parameters')
+    out = ["=" * 78, "SETUP"]
+    w = out.append
     w(f"  model: {p.get('model')} ({p.get('source')}, {f'{n_params:,}' if n_params else '?'} params, {p.get('dtype')})"
       + ("  [RANDOM INIT]" if p.get("is_random_init") else ""))
     if p.get("tokenizer_class"):
@@ -71,7 +75,7 @@ def format_step_log(trace) -> str:
         w(f"  TRL capture: GRPOTrainer step {cap.global_step} (TRL {cap.trl_version}), weights sha256 "
           f"{str(p.get('weights_sha256'))[:12]}…, loss as TRL returned it {cap.trl_loss:.6g}")
     w(f"  batch: {s.batch.describe()}")
-    w(f"  B={c.batch_size} G={g} β={c.beta} lr={c.lr} loss_type={c.loss_type} kl={c.kl_estimator} "
+    w(f"  B={c.batch_size} G={c.num_generations} β={c.beta} lr={c.lr} loss_type={c.loss_type} kl={c.kl_estimator} "
       f"scale_rewards={c.scale_rewards} reward_mode={c.reward_mode}")
     inv = s.invariants
     if inv is None:
@@ -82,16 +86,27 @@ def format_step_log(trace) -> str:
           f"({inv.n_tokens} dataset tokens)")
         for f in inv.failures:
             w(f"  !! {f}")
-    w("INITIAL PERFORMANCE (greedy, this step's B prompts)")
+    return out
+
+
+def _initial_performance(trace) -> list:
+    out = ["INITIAL PERFORMANCE (greedy, this step's B prompts)"]
     if trace.before is None:
-        w("  not recorded (a TRL capture has no greedy before/after evaluation)")
+        out.append("  not recorded (a TRL capture has no greedy before/after evaluation)")
     else:
-        w(f"  mean reward {_f(trace.before.mean_reward)} ± {_f(trace.before.ci95)} (95% CI, n={trace.before.n}), "
-          f"format valid {trace.before.format_valid:.0%} (greedy, this batch, before the update)")
+        out.append(f"  mean reward {_f(trace.before.mean_reward)} ± {_f(trace.before.ci95)} (95% CI, n={trace.before.n}), "
+                   f"format valid {trace.before.format_valid:.0%} (greedy, this batch, before the update)")
     if trace.before_heldout:
         h = trace.before_heldout
-        w(f"  held-out: mean reward {_f(h.mean_reward)} ± {_f(h.ci95)} (n={h.n})")
-    w("GENERATIONS (sampled; Train_LP / Ref_LP = Σ_t log-prob of the sampled tokens, logits/T)")
+        out.append(f"  held-out: mean reward {_f(h.mean_reward)} ± {_f(h.ci95)} (n={h.n})")
+    return out
+
+
+def _generations(trace) -> list:
+    from rookworld_debug.viz.completions import completion_name      # one name everywhere: p0·g1
+    r, g = trace.rollout, trace.config.num_generations
+    out = ["GENERATIONS (sampled; Train_LP / Ref_LP = Σ_t log-prob of the sampled tokens, logits/T)"]
+    w = out.append
     mask = r.completion_mask.bool()
     lp = (r.per_token_logps * mask).sum(1)
     ref = (r.ref_per_token_logps * mask).sum(1) if r.ref_per_token_logps is not None else None
@@ -102,8 +117,14 @@ def format_step_log(trace) -> str:
           f"len={int(mask[i].sum()):3d}{' TRUNC' if bool(r.is_truncated[i]) else ''}  {_clip(r.completions[i])}")
     w(f"  recompute check: max|logp(sampling) − logp(forward)| = {r.max_abs_logp_diff:.2e}"
       + ("  !! FLAGGED" if r.logp_diff_flagged else ""))
-    w("REWARDS (sampled rollout; B=label:Y/n = the completion's B: best move equals the dataset label, "
-      "B=SF#1:Y/n = it equals Stockfish's top move)")
+    return out
+
+
+def _rewards(trace) -> list:
+    from rookworld_debug.viz.completions import completion_name
+    r, rw, g = trace.rollout, trace.rewards, trace.config.num_generations
+    out = ["REWARDS (sampled rollout; B=label:Y/n = the completion's B: best move equals the dataset label, "
+           "B=SF#1:Y/n = it equals Stockfish's top move)"]
     for i in range(len(r.completions)):
         comps = " ".join(f"{k}={_f(v[i], 2)}" for k, v in rw.components.items() if not math.isnan(v[i]))
         extra = []
@@ -111,60 +132,83 @@ def format_step_log(trace) -> str:
             extra.append(f"B=label:{'Y' if rw.matches_label[i] else 'n'}")
         if rw.matches_sf1[i] is not None:
             extra.append(f"B=SF#1:{'Y' if rw.matches_sf1[i] else 'n'}")
-        w(f"  {completion_name(i, g)} reward={_f(float(rw.rewards[i]), 3)} {comps} {' '.join(extra)}"
-          + (f"  flags={','.join(rw.flags[i])}" if rw.flags[i] else ""))
-    w("  " + _engine_line(rw.engine_stats))
-    w(f"ADVANTAGES ({a.normalization})")
+        out.append(f"  {completion_name(i, g)} reward={_f(float(rw.rewards[i]), 3)} {comps} {' '.join(extra)}"
+                   + (f"  flags={','.join(rw.flags[i])}" if rw.flags[i] else ""))
+    out.append("  " + _engine_line(rw.engine_stats))
+    return out
+
+
+def _advantages(trace) -> list:
+    a, g = trace.advantages, trace.config.num_generations
+    out = [f"ADVANTAGES ({a.normalization})"]
     for b in range(a.group_mean.numel()):
         vals = " ".join(f"{float(x):+.3f}" for x in a.advantages[b * g:(b + 1) * g])
-        w(f"  group p{b}: mean={float(a.group_mean[b]):.3f} std={float(a.group_std[b]):.3f}  A=[{vals}]"
-          + ("  ZERO-STD" if b in a.zero_std_groups else ""))
-    w(f"  frac_reward_zero_std={a.frac_reward_zero_std:.2f}")
+        out.append(f"  group p{b}: mean={float(a.group_mean[b]):.3f} std={float(a.group_std[b]):.3f}  A=[{vals}]"
+                   + ("  ZERO-STD" if b in a.zero_std_groups else ""))
+    out.append(f"  frac_reward_zero_std={a.frac_reward_zero_std:.2f}")
+    return out
+
+
+def _loss(trace) -> list:
     from rookworld_debug.metrics import term_balance
-    w(f"LOSS (sampled rollout, loss_type={lo.loss_type}; {lo.normalizer.description})")
-    w(f"  PG: {(lo.definition or '').split('; L = ')[0]}")          # the formula of THIS loss type (clip or not)
-    w(f"  loss = {_num(lo.loss)} = PG {_num(lo.pg_loss, signed=True)} + β·KL {_num(lo.kl_loss, signed=True)} "
-      f"+ entropy term {_num(lo.entropy_term, signed=True)}")
+    lo = trace.loss
     clip = ("" if lo.loss_type in ("manual",) or "clip_ratio/region_mean" not in lo.metrics else
             f"  clip_ratio/region_mean={_f(lo.metrics.get('clip_ratio/region_mean'))}")
-    w(f"  raw KL (token mean, {lo.kl_estimator}) = {_num(lo.kl, 'nats/token')}{clip}")
-    w(f"  balance: {term_balance(lo, u).headline}")
-    w("UPDATE")
+    return [f"LOSS (sampled rollout, loss_type={lo.loss_type}; {lo.normalizer.description})",
+            f"  PG: {(lo.definition or '').split('; L = ')[0]}",          # the formula of THIS loss type
+            f"  loss = {_num(lo.loss)} = PG {_num(lo.pg_loss, signed=True)} + β·KL {_num(lo.kl_loss, signed=True)} "
+            f"+ entropy term {_num(lo.entropy_term, signed=True)}",
+            f"  raw KL (token mean, {lo.kl_estimator}) = {_num(lo.kl, 'nats/token')}{clip}",
+            f"  balance: {term_balance(lo, trace.update).headline}"]
+
+
+def _update(trace) -> list:
+    u = trace.update
     if u is None:
-        w("  REFUSED (see warnings)")
-    else:
-        w(f"  grad norm pre-clip={u.grad_norm_pre_clip:.4g} post-clip={u.grad_norm_post_clip:.4g} "
-          f"(max_grad_norm={c.max_grad_norm}); per term: " +
-          " ".join(f"{k}={v:.3g}" for k, v in u.per_term_global.items()))
-        w(f"  lr={u.lr:g} micro_batches={u.micro_batches} ||Δθ||={u.param_delta_norm:.3g} "
-          f"loss(grad path) − loss(record) = {u.loss_record_diff:.2e}")
-        its = getattr(trace, "iterations", ()) or ()
-        if len(its) > 1 or (its and len(its[0].updates) > 1):      # inner PPO passes (μ, steps_per_generation)
-            w(f"  {len(its)} inner passes over the rollout (old log-probs frozen at sampling); the lines above "
-              "are the LAST optimizer step")
-            for it in its:
-                ml = it.loss.completion_mask > 0
-                r = it.loss.per_token_ratio[ml]
-                w(f"    pass {it.index + 1}: loss={_num(it.loss.loss)} kl={_num(it.loss.kl)} ratio "
-                  f"[{float(r.min()) if r.numel() else float('nan'):.4g}, {float(r.max()) if r.numel() else float('nan'):.4g}] "
-                  f"clip_ratio/region_mean={_f(it.loss.metrics.get('clip_ratio/region_mean', float('nan')))} "
-                  f"grad_norm={it.grad_norm_pre_clip:.4g}")
-    w("POST-UPDATE PERFORMANCE (greedy, SAME prompts as before)")
-    if e is not None:
-        w(f"  mean reward {_f(e.batch_before.mean_reward)} → {_f(e.batch_after.mean_reward)} "
-          f"(Δ={_f(e.delta_reward_batch)}, n={e.batch_after.n})")
-        if e.heldout_after:
-            w(f"  held-out {_f(e.heldout_before.mean_reward)} → {_f(e.heldout_after.mean_reward)} "
-              f"(Δ={_f(e.delta_reward_heldout)}, n={e.heldout_after.n})")
-        w("ANALYSIS")
-        w(f"  corr(advantage, mean Δlogp per sequence) = {_f(e.corr_adv_delta_logp, 3)}; "
-          f"rows moved with their advantage: {_f(e.frac_moved_with_advantage, 2)}")
-        w(f"  same-seed resample: {sum(e.resample_changed)}/{len(e.resample_changed)} completions changed, "
-          f"mean reward {_f(float(rw.rewards.nanmean()), 3)} → {_f(float(e.resample_rewards.nanmean()), 3)}")
-    w("TIMING " + " ".join(f"{k}={v:.2f}s" for k, v in trace.timings.items())
-      + f" total={sum(trace.timings.values()):.2f}s")
+        return ["UPDATE", "  REFUSED (see warnings)"]
+    out = ["UPDATE",
+           f"  grad norm pre-clip={u.grad_norm_pre_clip:.4g} post-clip={u.grad_norm_post_clip:.4g} "
+           f"(max_grad_norm={trace.config.max_grad_norm}); per term: " +
+           " ".join(f"{k}={v:.3g}" for k, v in u.per_term_global.items()),
+           f"  lr={u.lr:g} micro_batches={u.micro_batches} ||Δθ||={u.param_delta_norm:.3g} "
+           f"loss(grad path) − loss(record) = {u.loss_record_diff:.2e}"]
+    its = getattr(trace, "iterations", ()) or ()
+    if len(its) > 1 or (its and len(its[0].updates) > 1):          # inner PPO passes (μ, steps_per_generation)
+        out.append(f"  {len(its)} inner passes over the rollout (old log-probs frozen at sampling); the lines above "
+                   "are the LAST optimizer step")
+        for it in its:
+            ml = it.loss.completion_mask > 0
+            r = it.loss.per_token_ratio[ml]
+            out.append(f"    pass {it.index + 1}: loss={_num(it.loss.loss)} kl={_num(it.loss.kl)} ratio "
+                       f"[{float(r.min()) if r.numel() else float('nan'):.4g}, {float(r.max()) if r.numel() else float('nan'):.4g}] "
+                       f"clip_ratio/region_mean={_f(it.loss.metrics.get('clip_ratio/region_mean', float('nan')))} "
+                       f"grad_norm={it.grad_norm_pre_clip:.4g}")
+    return out
+
+
+def _post_update(trace) -> list:
+    e, rw = trace.evaluation, trace.rewards
+    out = ["POST-UPDATE PERFORMANCE (greedy, SAME prompts as before)"]
+    if e is None:
+        return out
+    w = out.append
+    w(f"  mean reward {_f(e.batch_before.mean_reward)} → {_f(e.batch_after.mean_reward)} "
+      f"(Δ={_f(e.delta_reward_batch)}, n={e.batch_after.n})")
+    if e.heldout_after:
+        w(f"  held-out {_f(e.heldout_before.mean_reward)} → {_f(e.heldout_after.mean_reward)} "
+          f"(Δ={_f(e.delta_reward_heldout)}, n={e.heldout_after.n})")
+    w("ANALYSIS")
+    w(f"  corr(advantage, mean Δlogp per sequence) = {_f(e.corr_adv_delta_logp, 3)}; "
+      f"rows moved with their advantage: {_f(e.frac_moved_with_advantage, 2)}")
+    w(f"  same-seed resample: {sum(e.resample_changed)}/{len(e.resample_changed)} completions changed, "
+      f"mean reward {_f(float(rw.rewards.nanmean()), 3)} → {_f(float(e.resample_rewards.nanmean()), 3)}")
+    return out
+
+
+def _timing(trace) -> list:
+    out = ["TIMING " + " ".join(f"{k}={v:.2f}s" for k, v in trace.timings.items())
+           + f" total={sum(trace.timings.values()):.2f}s"]
     if trace.flags:
-        w("WARNINGS")
-        for f in trace.flags:
-            w(f"  !! {f}")
-    return "\n".join(out)
+        out.append("WARNINGS")
+        out.extend(f"  !! {f}" for f in trace.flags)
+    return out
