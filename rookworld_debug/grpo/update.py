@@ -82,6 +82,99 @@ def make_optimizer(policy: torch.nn.Module, config) -> torch.optim.Optimizer:
                              eps=config.adam_eps, weight_decay=config.weight_decay)
 
 
+@dataclass
+class _Accumulated:
+    """What the micro-batch loop leaves behind: per-term gradient buckets (only terms with a gradient: a term
+    without one costs no parameter-sized buffer), the loss value, and the detached per-token tensors."""
+    term_grads: dict = field(default_factory=dict)        # term -> [grad per parameter] (per_term_grads)
+    loss_total: float = 0.0
+    forwards: int = 0
+    backwards: int = 0
+    logps: list = field(default_factory=list)
+    entropy: list = field(default_factory=list)
+    full_kl: list = field(default_factory=list)
+
+
+def _micro_batch_terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, old_rows, ref_rows, config, kw,
+                       num_items, acc: _Accumulated):
+    """Forward one micro-batch with grad and return its loss terms {pg, kl, entropy} (unweighted record)."""
+    ids = (rollout.prompt_ids[g_rows], rollout.prompt_mask[g_rows], rollout.completion_ids[g_rows], mask_rows,
+           rollout.temperatures[g_rows])
+    full_kl = None
+    if config.kl_estimator == "full" and config.beta:
+        logps, entropy, full_kl = per_token_logps_entropy_full_kl(policy, reference, *ids)   # (n_mb, T) each
+        acc.forwards += 2
+    else:
+        # entropy in the graph only when its bonus is in the loss (TRL): saves 3 (n_mb, T, V) tensors
+        logps, entropy = per_token_logps_and_entropy(policy, *ids, with_grad=True,
+                                                     entropy_grad=kw["entropy_coef"] != 0)  # (n_mb, T) each
+        acc.forwards += 1
+    acc.logps.append(logps.detach())
+    acc.entropy.append(entropy.detach())
+    if full_kl is not None:
+        acc.full_kl.append(full_kl.detach())
+    need_entropy = kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1 or config.use_adaptive_entropy
+    return compute_loss(logps, old_rows, ref_rows, adv_rows, mask_rows, entropy=entropy if need_entropy else None,
+                        per_token_full_kl=full_kl, num_items_in_batch=num_items, **kw)
+
+
+def _backward(terms: dict, params, per_term_grads: bool, acc: _Accumulated) -> None:
+    """Per-term gradients: one backward per term that has a gradient (their sum is the total, by linearity);
+    lean path: one .backward() of the total into .grad, as TRL does."""
+    if not per_term_grads:
+        (terms["pg"] + terms["kl"] + terms["entropy"]).backward()
+        acc.backwards += 1
+        return
+    live = [t for t in TERMS if terms[t].requires_grad]
+    for i, t in enumerate(live):
+        gs = torch.autograd.grad(terms[t], [p for _, p in params], retain_graph=i < len(live) - 1, allow_unused=True)
+        bucket = acc.term_grads.setdefault(t, [torch.zeros_like(p) for _, p in params])
+        for b, g in zip(bucket, gs):
+            if g is not None:
+                b.add_(g)
+    acc.backwards += len(live)
+
+
+def _term_stats(params, term_grads: dict) -> tuple[dict, dict, dict]:
+    """Per-layer and global L2 norms of each term's gradient, and the PG–KL / PG–entropy cosines (a term without
+    a bucket had no gradient: norm 0, cosine NaN)."""
+    sq: dict[str, dict[str, float]] = {}
+    for j, (name, _) in enumerate(params):
+        layer = sq.setdefault(layer_name(name), {t: 0.0 for t in TERMS})
+        for t, bucket in term_grads.items():
+            layer[t] += float(bucket[j].pow(2).sum())
+    glob = {t: math.sqrt(sum(float(g.pow(2).sum()) for g in term_grads[t])) if t in term_grads else 0.0
+            for t in TERMS}
+    per_layer = {k: {t: math.sqrt(v) for t, v in d.items()} for k, d in sq.items()}
+    return per_layer, glob, _term_cosines(term_grads, glob)
+
+
+def _set_total_grad(params, term_grads: dict) -> None:
+    """.grad = Σ term gradients, summed IN PLACE into the first bucket (no extra parameter-sized copy)."""
+    live = [t for t in TERMS if t in term_grads]
+    if not live:
+        for _, p in params:
+            p.grad = torch.zeros_like(p)
+        return
+    total = term_grads[live[0]]
+    for t in live[1:]:
+        for a, b in zip(total, term_grads[t]):
+            a.add_(b)
+    for (_, p), g in zip(params, total):
+        p.grad = g
+
+
+def _global_norm(tensors) -> float:
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in tensors])))
+
+
+def _total_per_layer(params) -> dict:
+    sq: dict[str, float] = {}
+    for name, p in params:
+        sq[layer_name(name)] = sq.get(layer_name(name), 0.0) + float(p.grad.pow(2).sum())
+    return {k: math.sqrt(v) for k, v in sq.items()}
+
+
 def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool = True,
            reference=None, rows: Optional[slice] = None, old_per_token_logps: Optional[torch.Tensor] = None,
            num_items_in_batch: Optional[float] = None, entropy_coef: Optional[float] = None) -> UpdateResult:
@@ -111,106 +204,69 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     kw = loss_kwargs(config)
     if entropy_coef is not None:
         kw["entropy_coef"] = float(entropy_coef)
-    need_entropy = kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1 or config.use_adaptive_entropy
-    kept_logps, kept_entropy, kept_full_kl = [], [], []
-    buckets = TERMS if per_term_grads else ("pg",)     # one bucket = the plain total gradient (less memory)
-    # lean path: .backward() accumulates into .grad in place, as TRL does — no zeros bucket, no second full
-    # gradient per micro-batch (autograd.grad returns one): ~1 GB less at the peak at 124M
-    term_grads = {t: [torch.zeros_like(p) for _, p in params] for t in buckets} if per_term_grads else {}
-    if not per_term_grads:
+    if not per_term_grads:                   # lean path: .backward() accumulates into .grad in place, as TRL
         for _, p in params:
             p.grad = None
-    loss_total = 0.0
-    forwards = 0
+    acc = _Accumulated()
     # micro_batch_size None: all rows at once unless that would not fit the memory estimate (124M: 4 rows)
     slices = _micro_slices(n, config.micro_batch_size or auto_micro_batch_size(
         policy, n, rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]))
-    for rows in slices:
-        g_rows = slice(step_rows.start + rows.start, step_rows.start + rows.stop)   # rows of the rollout
-        ids = (rollout.prompt_ids[g_rows], rollout.prompt_mask[g_rows], rollout.completion_ids[g_rows], mask[rows],
-               rollout.temperatures[g_rows])
-        full_kl = None
-        if config.kl_estimator == "full" and config.beta:
-            logps, entropy, full_kl = per_token_logps_entropy_full_kl(policy, reference, *ids)   # (n_mb, T) each
-            forwards += 2
-        else:
-            # entropy in the graph only when its bonus is in the loss (TRL): saves 3 (n_mb, T, V) tensors
-            logps, entropy = per_token_logps_and_entropy(policy, *ids, with_grad=True,
-                                                         entropy_grad=kw["entropy_coef"] != 0)  # (n_mb, T) each
-            forwards += 1
-        kept_logps.append(logps.detach())
-        kept_entropy.append(entropy.detach())
-        if full_kl is not None:
-            kept_full_kl.append(full_kl.detach())
-        rec = compute_loss(
-            logps, None if old_all is None else old_all[rows], None if ref_all is None else ref_all[rows],
-            adv[rows], mask[rows], entropy=entropy if need_entropy else None,
-            per_token_full_kl=full_kl, num_items_in_batch=num_items, **kw)
-        w = _mb_weight(config.loss_type, rows, n, mask)
+    for mb in slices:
+        g_rows = slice(step_rows.start + mb.start, step_rows.start + mb.stop)   # rows of the rollout
+        rec = _micro_batch_terms(policy, reference, rollout, g_rows, mask[mb], adv[mb],
+                                 None if old_all is None else old_all[mb], None if ref_all is None else ref_all[mb],
+                                 config, kw, num_items, acc)
+        w = _mb_weight(config.loss_type, mb, n, mask)
         # TRL's entropy bonus is a token mean of the micro-batch for every loss type → weight by token share
-        w_ent = w if config.loss_type == "manual" else _mb_weight("bnpo", rows, n, mask)
+        w_ent = w if config.loss_type == "manual" else _mb_weight("bnpo", mb, n, mask)
         terms = {"pg": rec.pg_loss * w, "kl": rec.kl_loss * w, "entropy": rec.entropy_term * w_ent}
         total = terms["pg"] + terms["kl"] + terms["entropy"]
         if not torch.isfinite(total):
-            raise NumericalError(f"non-finite loss {float(total.detach())} in micro-batch rows {rows.start}:{rows.stop}; "
+            raise NumericalError(f"non-finite loss {float(total.detach())} in micro-batch rows {mb.start}:{mb.stop}; "
                                  "optimizer step refused")
-        loss_total += float(total.detach())
-        if per_term_grads:
-            live = [t for t in TERMS if terms[t].requires_grad]
-            for i, t in enumerate(live):
-                gs = torch.autograd.grad(terms[t], [p for _, p in params], retain_graph=i < len(live) - 1,
-                                         allow_unused=True)
-                for acc, g in zip(term_grads[t], gs):
-                    if g is not None:
-                        acc.add_(g)
-        else:
-            total.backward()                                # the single bucket (.grad) holds the total
-    if not per_term_grads:                                  # parameters no micro-batch reached: zero gradient
-        term_grads["pg"] = [torch.zeros_like(p) if p.grad is None else p.grad for _, p in params]
+        acc.loss_total += float(total.detach())
+        _backward(terms, params, per_term_grads, acc)
+    return _step(policy, optimizer, params, acc, config, loss_record, per_term_grads, len(slices), step_rows, kw, t0)
 
-    # total grad = Σ term grads (linearity) → write into .grad for the optimizer
-    for j, (_, p) in enumerate(params):   # one bucket: alias it (a sum would copy every gradient once more)
-        p.grad = term_grads[buckets[0]][j] if len(buckets) == 1 else sum(term_grads[t][j] for t in buckets)
-    grads = [p.grad for _, p in params]
-    pre = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+def _step(policy, optimizer, params, acc: _Accumulated, config, loss_record, per_term_grads: bool, n_slices: int,
+          step_rows: slice, kw: dict, t0: float) -> UpdateResult:
+    """Norms (per term, per layer), clip, optimizer step, and the record of it."""
+    per_layer_terms, per_term_global, grad_cosine = ({}, {}, {})
+    if per_term_grads:                        # the terms' norms first: the sum below overwrites a bucket
+        per_layer_terms, per_term_global, grad_cosine = _term_stats(params, acc.term_grads)
+        _set_total_grad(params, acc.term_grads)
+        acc.term_grads = {}
+    else:                                     # parameters no micro-batch reached: zero gradient
+        for _, p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    pre = _global_norm([p.grad for _, p in params])
     if not math.isfinite(pre):
         optimizer.zero_grad(set_to_none=True)
         raise NumericalError(f"non-finite gradient norm ({pre}); optimizer step refused")
-
-    per_layer: dict[str, dict[str, float]] = {}
-    sq: dict[str, dict[str, float]] = {}
-    for j, (name, p) in enumerate(params):
-        layer = sq.setdefault(layer_name(name), {k: 0.0 for k in ("total", *TERMS)})
-        layer["total"] += float(p.grad.pow(2).sum())
-        if per_term_grads:
-            for t in TERMS:
-                layer[t] += float(term_grads[t][j].pow(2).sum())
-    for layer, d in sq.items():
-        per_layer[layer] = {k: math.sqrt(v) for k, v in d.items()}
-    per_term_global = {t: math.sqrt(sum(float(g.pow(2).sum()) for g in term_grads[t])) for t in TERMS} \
-        if per_term_grads else {}
-    grad_cosine = _term_cosines(term_grads, per_term_global) if per_term_grads else {}
-
+    zeros = {t: 0.0 for t in TERMS}           # every layer lists every term (0: no gradient, or the lean path)
+    per_layer = {k: {"total": v, **per_layer_terms.get(k, zeros)} for k, v in _total_per_layer(params).items()}
     # the snapshot costs one more copy of the weights (0.5 GB at 124M): only the instrumented path keeps it
     before = [p.detach().clone() for _, p in params] if per_term_grads else None
     if config.max_grad_norm is not None:                 # None = no clipping (documented in StepConfig)
         torch.nn.utils.clip_grad_norm_([p for _, p in params], config.max_grad_norm)
-    post = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for _, p in params])))
+    post = _global_norm([p.grad for _, p in params])
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     delta = math.nan if before is None else \
         math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for (_, p), b in zip(params, before)))
     return UpdateResult(
-        loss=loss_total, loss_record_diff=abs(loss_total - float(loss_record.loss)) if loss_record is not None else math.nan,
+        loss=acc.loss_total,
+        loss_record_diff=abs(acc.loss_total - float(loss_record.loss)) if loss_record is not None else math.nan,
         grad_norm_pre_clip=pre, grad_norm_post_clip=post,
         clip_coef=1.0 if config.max_grad_norm is None else min(1.0, config.max_grad_norm / (pre + 1e-6)),
-        per_layer=per_layer,
-        per_term_global=per_term_global, lr=lr, micro_batches=len(slices), param_delta_norm=delta,
-        seconds=time.perf_counter() - t0, counts={"forwards": forwards, "backwards": forwards * (3 if per_term_grads else 1)},
+        per_layer=per_layer, per_term_global=per_term_global, lr=lr, micro_batches=n_slices, param_delta_norm=delta,
+        seconds=time.perf_counter() - t0, counts={"forwards": acc.forwards, "backwards": acc.backwards},
         grad_cosine=grad_cosine, rows=(step_rows.start, step_rows.stop),
-        per_token_logps=torch.cat(kept_logps), per_token_entropy=torch.cat(kept_entropy),
-        per_token_full_kl=torch.cat(kept_full_kl) if kept_full_kl else None, entropy_coef=kw["entropy_coef"])
+        per_token_logps=torch.cat(acc.logps), per_token_entropy=torch.cat(acc.entropy),
+        per_token_full_kl=torch.cat(acc.full_kl) if acc.full_kl else None, entropy_coef=kw["entropy_coef"])
 
 
 def _term_cosines(term_grads: dict, norms: dict) -> dict:
@@ -218,6 +274,6 @@ def _term_cosines(term_grads: dict, norms: dict) -> dict:
     out = {}
     for other in ("kl", "entropy"):
         den = norms["pg"] * norms[other]
-        dot = sum(float((a * b).sum()) for a, b in zip(term_grads["pg"], term_grads[other]))
+        dot = sum(float((a * b).sum()) for a, b in zip(term_grads["pg"], term_grads[other])) if den > 0 else 0.0
         out[f"pg_{other}"] = dot / den if den > 0 else math.nan
     return out
