@@ -25,6 +25,7 @@ LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vesp
 KL_ESTIMATORS = ("k3", "k1", "k2", "full")
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 TASKS = ("P", "A", "mixed")
 REWARD_MODES = ("engine", "dataset")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -143,6 +144,21 @@ class StepConfig:
     top_entropy_quantile: float = _f(1.0, "ρ (Beyond the 80/20 rule, TRL): keep the PG term (and the entropy "
                                      "bonus) only on the top-ρ fraction of tokens by entropy; 1.0 keeps all (TRL "
                                      "default), 0.2 is the paper's value.", group="objective")
+    vllm_importance_sampling_correction: bool = _f(False, "TRL's sampler–trainer importance-sampling correction "
+                                                   "(vllm_importance_sampling_correction, on with vLLM in TRL): "
+                                                   "weight the PG term by ρ = exp(old − sampling log-prob), the "
+                                                   "sampling log-probs being those recorded at generation time. "
+                                                   "False (default) = no correction.", group="objective")
+    vllm_importance_sampling_mode: str = _f("sequence_mask", "How ρ is formed and bounded (TRL's default "
+                                            "'sequence_mask'): 'token_*' one ρ per token, 'sequence_*' one per "
+                                            "completion (exp of the summed token differences); '*_truncate' "
+                                            "clamps ρ to [clip_min, clip_max], '*_mask' sets ρ = 0 outside it. "
+                                            "vespo needs a token_* mode.", choices=VLLM_IS_MODES,
+                                            group="objective")
+    vllm_importance_sampling_clip_min: Optional[float] = _f(None, "C_min of the correction: lower bound of ρ "
+                                                            "(None = none, TRL default).", group="objective")
+    vllm_importance_sampling_clip_max: Optional[float] = _f(3.0, "C_max of the correction: upper bound of ρ "
+                                                            "(TRL default 3.0; None = none).", group="objective")
     use_adaptive_entropy: bool = _f(False, "Skywork-OR1 adaptive entropy coefficient (TRL): the bonus c_H is applied "
                                     "only while the last optimizer step's entropy ≤ entropy_target (never at the "
                                     "first, as TRL starts from +inf); after each optimizer step c_H moves by "
@@ -325,6 +341,17 @@ class StepConfig:
         if self.off_policy_mask_threshold is not None:
             need(self.off_policy_mask_threshold >= 0, "off_policy_mask_threshold", "must be ≥ 0 or None")
         need(0 <= self.top_entropy_quantile <= 1, "top_entropy_quantile", "must be in [0, 1]")
+        lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if lo is not None:
+            need(lo >= 0, "vllm_importance_sampling_clip_min", "must be ≥ 0 or None")
+        if hi is not None:
+            need(hi > 0 and (lo is None or hi >= lo), "vllm_importance_sampling_clip_max",
+                 "must be > 0 and ≥ vllm_importance_sampling_clip_min, or None")
+        if self.vllm_importance_sampling_correction:
+            need(not self.vllm_importance_sampling_mode.endswith("truncate") or lo is not None or hi is not None,
+                 "vllm_importance_sampling_mode", "a *_truncate mode needs clip_min or clip_max")
+            need(self.loss_type != "vespo" or self.vllm_importance_sampling_mode.startswith("token"),
+                 "vllm_importance_sampling_mode", "vespo needs a token_* mode (as TRL)")
         need(0 <= self.entropy_coef_min <= self.entropy_coef_max, "entropy_coef_min",
              "must be in [0, entropy_coef_max]")
         need(self.entropy_coef_delta >= 0, "entropy_coef_delta", "must be ≥ 0")
@@ -458,18 +485,20 @@ class StepConfig:
 
 
 _OPTIONAL = {"prompt_indices", "delta", "adv_clip", "manual_adv_clip", "max_grad_norm", "micro_batch_size",
-             "off_policy_mask_threshold", "steps_per_generation", "init_policy", "init_optimizer", "warmup_lr"}
+             "off_policy_mask_threshold", "steps_per_generation", "init_policy", "init_optimizer", "warmup_lr",
+             "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"}
 _FLOAT_FIELDS = ("p_temperature", "p_top_p", "a_temperature", "a_top_p", "beta", "epsilon_low", "epsilon_high",
                  "delta", "adv_eps", "adv_clip", "entropy_coef", "manual_std_clamp", "manual_adv_clip", "lr", "tiny_std_fraction",
                  "adam_eps", "weight_decay", "max_grad_norm", "sapo_temperature_pos", "sapo_temperature_neg",
                  "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "off_policy_mask_threshold",
                  "top_entropy_quantile", "entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "warmup_lr",
-                 "engine_timeout")
+                 "engine_timeout", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 _INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k", "std_ddof", "micro_batch_size",
                "engine_depth", "engine_multipv", "engine_workers", "heldout_n", "eval_max_new_tokens",
                "top_k_alternatives", "num_iterations", "steps_per_generation", "warmup_steps")
-_BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy", "diagnostics")
+_BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy", "diagnostics",
+                "vllm_importance_sampling_correction")
 _STR_FIELDS = ("model", "dataset", "device")
 _CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
             "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip"),
-            "engine_on_failure": ("raise", "flag")}
+            "engine_on_failure": ("raise", "flag"), "vllm_importance_sampling_mode": VLLM_IS_MODES}

@@ -8,7 +8,9 @@ bonus and metric logging all run on the same tensors. Losses, gradients and logg
 Estimators TRL does not have (k1, k2, full) and the seeds' manual variant are checked against TRL's β=0
 loss plus the documented KL term, and against a per-sample loop of the seeds' formula.
 """
+import inspect
 import statistics
+import textwrap
 import time
 import types
 import zlib
@@ -19,6 +21,7 @@ import torch
 
 trl = pytest.importorskip("trl")
 from trl import GRPOTrainer  # noqa: E402
+from trl.trainer import grpo_trainer as trl_grpo_module  # noqa: E402
 
 from rookworld_debug.config import StepConfig  # noqa: E402
 from rookworld_debug.errors import ConfigError  # noqa: E402
@@ -49,8 +52,10 @@ class _Accelerator:
 
 def trl_loss(logps, old, ref, adv, mask, entropy, *, beta, loss_type, epsilon_low=0.2, epsilon_high=0.28,
              delta=None, level="token", entropy_coef=0.0, bias=True, g=1, num_items=None, spg=None, opsm=None,
-             rho=1.0, sampling=None, loss_params=None):
-    """TRL's real _compute_loss on our tensors. Returns (loss, metrics dict of the last logged values)."""
+             rho=1.0, sampling=None, loss_params=None, is_opts=None):
+    """TRL's real _compute_loss on our tensors. Returns (loss, metrics dict of the last logged values).
+    is_opts (mode, clip_min, clip_max): TRL's vLLM importance-sampling correction, its ratio and sampling/*
+    metrics computed by TRL's own _generate_and_score_completions code (see trl_sampling_correction)."""
     t = object.__new__(GRPOTrainer)
     t.args = types.SimpleNamespace(delta=delta, use_bias_correction_kl=bias, steps_per_generation=spg or g,
                                    entropy_target=0.2, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05,
@@ -85,8 +90,46 @@ def trl_loss(logps, old, ref, adv, mask, entropy, *, beta, loss_type, epsilon_lo
         inputs["old_per_token_logps"] = old
     if sampling is not None:
         inputs["sampling_per_token_logps"] = sampling
+    if is_opts is not None:
+        inputs["importance_sampling_ratio"] = trl_sampling_correction(t, old, sampling, mask, **is_opts)
     loss = t._compute_loss(None, inputs)
     return loss, {k: v[-1] for k, v in t._metrics["train"].items()}
+
+
+def _trl_block(first_line: str, end: str):
+    """A block of TRL's OWN `_generate_and_score_completions` source (the lines from the `if` that precedes
+    `first_line` up to `end`), dedented and compiled: the sampling correction is inline there."""
+    src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    i = src.index(first_line)
+    i = src.rindex("if self.use_vllm and self.vllm_importance_sampling_correction:", 0, i)
+    i = src.rindex("\n", 0, i) + 1
+    return compile(textwrap.dedent(src[i:src.index(end, i)]), "trl/grpo_trainer.py (block)", "exec")
+
+
+TRL_IS_RATIO = _trl_block("per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask",
+                          "# Compute the per-token log probabilities for the reference model")
+TRL_IS_METRICS = _trl_block("delta = torch.abs(old_per_token_logps - sampling_per_token_logps)", "output = {")
+
+
+def trl_sampling_correction(t, old, sampling, mask, *, mode, clip_min, clip_max):
+    """TRL's importance_sampling_ratio for our tensors, run by TRL's own code (and its sampling/* metrics
+    logged into t._metrics), with use_vllm and the correction switched on the trainer."""
+    t.use_vllm = t.vllm_importance_sampling_correction = True
+    t.vllm_importance_sampling_mode = mode
+    t.vllm_importance_sampling_clip_min, t.vllm_importance_sampling_clip_max = clip_min, clip_max
+    ns = dict(vars(trl_grpo_module), self=t, completion_mask=mask, tool_mask=None, old_per_token_logps=old,
+              sampling_per_token_logps=sampling, device=torch.device("cpu"), mode="train")
+    exec(TRL_IS_RATIO, ns)
+    exec(TRL_IS_METRICS, ns)
+    return ns["vllm_importance_sampling_ratio"]
+
+
+def _is_kwargs(is_opts):
+    if is_opts is None:
+        return {}
+    return dict(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=is_opts["mode"],
+                vllm_importance_sampling_clip_min=is_opts["clip_min"],
+                vllm_importance_sampling_clip_max=is_opts["clip_max"])
 
 
 def make_inputs(seed=0, N=8, T=12, dtype=torch.float64, off_policy=True):
@@ -112,7 +155,7 @@ def run_both(data, **kw):
     logps, old, ref, adv, mask, entropy = data
     g, num_items = kw.pop("g", 1), kw.pop("num_items", None)
     bias = kw.pop("bias", True)
-    opts = {k: kw.pop(k) for k in ("spg", "opsm", "rho", "sampling", "loss_params") if k in kw}
+    opts = {k: kw.pop(k) for k in ("spg", "opsm", "rho", "sampling", "loss_params", "is_opts") if k in kw}
     ours_lp, ours_h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
     trl_lp, trl_h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
     rec = compute_loss(ours_lp, old, ref, adv, mask, beta=kw["beta"], epsilon_low=kw.get("epsilon_low", 0.2),
@@ -122,7 +165,8 @@ def run_both(data, **kw):
                        use_bias_correction_kl=bias, gradient_accumulation_steps=g, num_items_in_batch=num_items,
                        num_generations=4, steps_per_generation=opts.get("spg"),
                        off_policy_mask_threshold=opts.get("opsm"), top_entropy_quantile=opts.get("rho", 1.0),
-                       sampling_per_token_logps=opts.get("sampling"), **(opts.get("loss_params") or {}))
+                       sampling_per_token_logps=opts.get("sampling"), **(opts.get("loss_params") or {}),
+                       **_is_kwargs(opts.get("is_opts")))
     loss_trl, metrics = trl_loss(trl_lp, old, ref, adv, mask, trl_h, bias=bias, g=g, num_items=num_items, **opts,
                                  **kw)
     ours_grads = torch.autograd.grad(rec.loss, [ours_lp, ours_h], allow_unused=True)
@@ -579,3 +623,90 @@ def test_every_trl_loss_type_without_bias_correction(loss_type, level):
     data = _small_drift(make_inputs(seed=23, N=16, T=20, dtype=torch.float32), 0.2)
     assert_matches(*run_both(data, beta=0.2, loss_type=loss_type, level=level, bias=False, entropy_coef=0.01,
                              **_eps(loss_type)), tol=1e-6)
+
+
+IS_MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+
+
+def _sampling_gap(data, scale, seed=5):
+    """Sampling-time log-probs = old ± N(0, scale), with one unscored (NaN) token at an unmasked position."""
+    logps, old, ref, adv, mask, entropy = data
+    g = torch.Generator().manual_seed(seed)
+    sampling = old + torch.randn(old.shape, generator=g, dtype=old.dtype) * scale
+    sampling[1, 0] = float("nan")                                   # vLLM could not score it: ρ = 1 there
+    return sampling
+
+
+@pytest.mark.parametrize("mode", IS_MODES)
+@pytest.mark.parametrize("loss_type", ALL_TRL)
+def test_sampling_correction_matches_trl(mode, loss_type):
+    """TRL 1.16's vLLM importance-sampling correction: the ratio from TRL's own code in
+    _generate_and_score_completions, applied by TRL's _compute_loss; loss, grads and metrics (incl.
+    sampling/*) equal ours. vespo takes ρ inside φ and only token modes (TRL refuses sequence ones)."""
+    if loss_type == "vespo" and mode.startswith("sequence"):
+        with pytest.raises(ConfigError, match="vllm_importance_sampling_mode"):
+            StepConfig(loss_type="vespo", vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=mode)
+        return
+    data = _small_drift(make_inputs(seed=31, N=16, T=20), 0.15)
+    seq = mode.startswith("sequence")
+    sampling = _sampling_gap(data, 0.15 if seq else 0.4)
+    is_opts = dict(mode=mode, clip_min=0.5 if mode.endswith("mask") else None, clip_max=1.3)
+    rec, *rest = run_both(data, beta=0.1, loss_type=loss_type, sampling=sampling, is_opts=is_opts,
+                          entropy_coef=0.01, **_eps(loss_type))
+    assert_matches(rec, *rest, tol=1e-9)
+    assert any(k.startswith("sampling/importance_sampling_ratio") for k in rest[-1])   # TRL logged them
+    rho = rec.importance_sampling_ratio
+    assert rho.shape == ((16, 1) if seq else (16, 20)) and rec.vllm_importance_sampling_mode == mode
+    kept = rho[rec.completion_mask.bool()] if not seq else rho.flatten()
+    if mode.endswith("mask"):
+        assert bool((kept == 0).any()) and bool((kept > 0).any())      # the bounds really bite
+    else:
+        assert float(kept.max()) == pytest.approx(1.3) and float(kept.min()) < 1.0
+
+
+def test_sampling_correction_ratio_equals_trl_and_changes_the_loss():
+    """Our ρ tensor equals TRL's to 1e-6 (float32), and the correction really changes the loss."""
+    logps, old, ref, adv, mask, entropy = data = _small_drift(make_inputs(seed=8, N=8, T=12, dtype=torch.float32))
+    sampling = _sampling_gap(data, 0.3)
+    t = object.__new__(GRPOTrainer)
+    t._metrics = {"train": defaultdict(list)}
+    t.accelerator = _Accelerator()
+    for mode in IS_MODES:
+        bounds = dict(clip_min=0.8, clip_max=1.25)
+        theirs = trl_sampling_correction(t, old, sampling, mask, mode=mode, **bounds)
+        kw = dict(beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo", max_completion_length=L_MAX,
+                  sampling_per_token_logps=sampling)
+        on = compute_loss(logps, old, None, adv, mask, **kw, **_is_kwargs(dict(mode=mode, **bounds)))
+        off = compute_loss(logps, old, None, adv, mask, **kw)
+        torch.testing.assert_close(on.importance_sampling_ratio, theirs, rtol=1e-6, atol=1e-6)
+        assert abs(float(on.loss) - float(off.loss)) > 1e-4, mode
+        assert off.importance_sampling_ratio is None and "sampling-time IS" in on.definition
+
+
+def test_sampling_correction_without_sampling_logps_is_flagged_and_a_no_op():
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
+    kw = dict(beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo", max_completion_length=L_MAX)
+    on = compute_loss(logps, old, None, adv, mask, **kw, vllm_importance_sampling_correction=True)
+    off = compute_loss(logps, old, None, adv, mask, **kw)
+    assert float(on.loss) == float(off.loss) and on.importance_sampling_ratio is None
+    assert any("no sampling log-probs" in f for f in on.flags) and not off.flags[-1:] == on.flags[-1:]
+
+
+def test_sampling_correction_options_are_validated():
+    with pytest.raises(ConfigError, match="vllm_importance_sampling_mode"):
+        StepConfig(vllm_importance_sampling_mode="token")
+    with pytest.raises(ConfigError, match="vllm_importance_sampling_clip_max"):
+        StepConfig(vllm_importance_sampling_clip_min=2.0, vllm_importance_sampling_clip_max=1.0)
+    with pytest.raises(ConfigError, match="vllm_importance_sampling_mode"):
+        StepConfig(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate",
+                   vllm_importance_sampling_clip_max=None)
+    cfg = StepConfig(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_mask",
+                     vllm_importance_sampling_clip_min=0.5)
+    kw = loss_kwargs(cfg)
+    assert kw["vllm_importance_sampling_mode"] == "token_mask" and kw["vllm_importance_sampling_clip_min"] == 0.5
+    assert kw["vllm_importance_sampling_correction"] is True and kw["vllm_importance_sampling_clip_max"] == 3.0
+    logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
+    with pytest.raises(ConfigError, match="vllm_importance_sampling_mode"):
+        compute_loss(logps, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+                     max_completion_length=L_MAX, vllm_importance_sampling_correction=True,
+                     vllm_importance_sampling_mode="sequence")

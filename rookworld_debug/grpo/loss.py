@@ -4,8 +4,8 @@ Shape legend: B prompts, G generations per prompt, N = B·G rows (or one micro-b
 tokens. m = completion_mask (N, T); A = advantages (N,); ℓ = per_token_logps (grad); ℓ_old, ℓ_ref.
 
 This is `trl.GRPOTrainer._compute_loss` (installed TRL 1.16) for ONE micro-batch, num_processes = 1,
-g = gradient_accumulation_steps (steps_per_generation = g, TRL's default), without the options we do not
-have no counterpart for (vLLM importance-sampling correction, aux loss). Every loss_type of TRL 1.16:
+g = gradient_accumulation_steps (steps_per_generation = g, TRL's default), without the aux loss (no
+counterpart here). Every loss_type of TRL 1.16:
 
     ℓ_old      = ℓ.detach() if old_per_token_logps is None                  (TRL: num_iterations = 1)
     log w      = ℓ − ℓ_old                              importance_sampling_level = "token"   (N, T)
@@ -25,6 +25,10 @@ have no counterpart for (vLLM importance-sampling correction, aux loss). Every l
     PG_it     ← PG_it · M_i    OPSM (off_policy_mask_threshold τ): M_i = 0 iff A_i < 0 and
                                Σ_t m(ℓ_sampling − ℓ)/|o_i| > τ  (ℓ_sampling = old log-probs here)
     PG_it     ← PG_it · E_it   entropy mask (top_entropy_quantile ρ < 1): E_it = m_it·[H_it ≥ quantile_{1−ρ}(H)]
+    PG_it     ← PG_it · ρ_it   sampling-time IS correction (TRL's vllm_importance_sampling_*, off by default):
+                               d = m(ℓ_old − ℓ_sampling), ρ = exp(d) per token or exp(Σ_t d) per row, then
+                               clamped to [C_min, C_max] (*_truncate) or 0 outside it (*_mask); vespo: log ρ
+                               enters log w_i instead
     L_it       = PG_it + β·KL_it                          (KL added AFTER the PG term and the masks)
     loss       = agg(L) − c_H · H̄
       agg: grpo     mean_i( Σ_t m L / max(Σ_t m, 1) ) / g
@@ -70,13 +74,15 @@ import torch
 
 from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.aggregation import Aggregation, AggregationInputs, entropy_bonus
-from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, Masks, ObjectiveInputs, PolicyTerm,
-                                             high_entropy_mask, importance_weights, off_policy_sequence_mask,
-                                             per_token_kl, vespo_phi)
+from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, VLLM_IS_MODES, Masks, ObjectiveInputs,
+                                             PolicyTerm, high_entropy_mask, importance_weights,
+                                             off_policy_sequence_mask, per_token_kl, sampling_importance_ratio,
+                                             sampling_ratio_metrics, vespo_phi)
 
 __all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "VESPO_DEFAULTS", "KL_ESTIMATORS",
            "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LOSS_TABLE", "LossBreakdown", "Normalizer",
-           "compute_loss", "high_entropy_mask", "loss_kwargs", "vespo_phi"]
+           "compute_loss", "high_entropy_mask", "loss_kwargs", "sampling_importance_ratio", "vespo_phi",
+           "VLLM_IS_MODES"]
 
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual")
 PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")      # hard PPO clip (TRL's clip_ratio/* metrics)
@@ -170,6 +176,8 @@ class LossBreakdown:
     top_entropy_quantile: float = 1.0
     loss_params: dict = field(default_factory=dict)  # sapo temperatures / vespo (k, λ) used
     steps_per_generation: Optional[int] = None       # dapo/cispo/vespo normaliser rescale (None = g)
+    importance_sampling_ratio: Optional[torch.Tensor] = None  # (N, T) | (N, 1) sampling-time IS weight ρ; None = off
+    vllm_importance_sampling_mode: Optional[str] = None      # the correction's mode; None when off
 
     # aliases used by the update phase
     @property
@@ -235,7 +243,10 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
                  sampling_per_token_logps: Optional[torch.Tensor] = None, top_entropy_quantile: float = 1.0,
                  sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05,
                  vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
-                 vespo_lambda_neg: float = 2.0) -> LossBreakdown:
+                 vespo_lambda_neg: float = 2.0, vllm_importance_sampling_correction: bool = False,
+                 vllm_importance_sampling_mode: str = "sequence_mask",
+                 vllm_importance_sampling_clip_min: Optional[float] = None,
+                 vllm_importance_sampling_clip_max: Optional[float] = 3.0) -> LossBreakdown:
     """TRL's GRPO loss for one micro-batch, decomposed. See the module docstring for every formula.
 
     per_token_logps (N, T) carries the gradient; old/ref logps (N, T) or None (old None → ℓ.detach(), TRL's
@@ -247,6 +258,8 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
     batch; None = g): dapo/cispo/vespo divide by num_items_in_batch·g/steps_per_generation.
     off_policy_mask_threshold (OPSM) compares `sampling_per_token_logps` (None → the old log-probs, as TRL
     without vLLM) with ℓ; top_entropy_quantile < 1 needs `entropy`. sapo_*/vespo_* as TRL's GRPOConfig.
+    vllm_importance_sampling_* (TRL's names and defaults, correction off here) weight PG by ρ from
+    `sampling_per_token_logps` vs the old log-probs (without sampling log-probs: ρ = 1 and a flag).
     """
     if isinstance(per_token_logps, torch.Tensor):
         kw = dict(locals())
@@ -274,10 +287,10 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
     kl = per_token_kl(logps, ref_per_token_logps, o.per_token_full_kl, coef_1, estimator=o.kl_estimator,
                       bias_correction=o.use_bias_correction_kl and not manual)          # (N, T) | None
     loss_params = {k: float(getattr(o, k)) for k in LOSS_PARAMS.get(o.loss_type, ())}
-    pol = objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, o.epsilon_low, o.epsilon_high, o.delta,
-                                    loss_params))
     masks = _masks(adv, logps, old, mask, o)
-    per_token_pg = masks.apply(pol.per_token_pg)                                # (N, T) | (N, 1)
+    pol = objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, o.epsilon_low, o.epsilon_high, o.delta,
+                                    loss_params, masks.is_ratio))
+    per_token_pg = masks.apply(pol.per_token_pg, o.loss_type)                   # (N, T) | (N, 1)
     agg = aggregation(AggregationInputs(mask, o.loss_type, o.gradient_accumulation_steps, o.max_completion_length,
                                         o.num_items_in_batch, o.steps_per_generation))
 
@@ -295,6 +308,8 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
     with torch.no_grad():
         rec = _records(logps, mask, per_token_pg, kl, coef_1, pol, agg, ent, o, kl_active)
         metrics = _metrics(rec, mask, pol, o, pg_loss, kl_loss)
+        if masks.is_ratio is not None:
+            metrics.update(sampling_ratio_metrics(masks.is_ratio, old, o.sampling_per_token_logps.to(dtype), mask))
         kl_share, undefined = _kl_share(pg_loss, kl_loss, entropy_term)
         flags = _flags(loss, mask, logps, old_per_token_logps, ref_per_token_logps, advantages, rec, o, undefined)
     return LossBreakdown(
@@ -310,13 +325,14 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
         definition=_definition(o.loss_type, o.beta, o.epsilon_low, o.epsilon_high, o.delta,
                                o.importance_sampling_level, o.kl_estimator, o.use_bias_correction_kl,
                                o.entropy_coef, norm, loss_params, o.off_policy_mask_threshold,
-                               o.top_entropy_quantile),
+                               o.top_entropy_quantile, _is_mode(o, masks)),
         flags=flags,
         off_policy_mask=None if masks.off_policy is None else (masks.off_policy.squeeze(1) > 0).detach(),
         entropy_mask=None if masks.entropy is None else masks.entropy.detach(),
         off_policy_mask_threshold=_scalar(o.off_policy_mask_threshold),
         top_entropy_quantile=float(o.top_entropy_quantile), loss_params=loss_params,
-        steps_per_generation=o.steps_per_generation)
+        steps_per_generation=o.steps_per_generation, importance_sampling_ratio=masks.is_ratio,
+        vllm_importance_sampling_mode=_is_mode(o, masks))
 
 
 def _validate(logps, old, ref, advantages, completion_mask, o: SimpleNamespace) -> torch.Tensor:
@@ -374,6 +390,7 @@ def _validate_options(N: int, ref, o: SimpleNamespace) -> None:
     if o.loss_type == "sapo" and not (o.sapo_temperature_pos > 0 and o.sapo_temperature_neg > 0):
         raise ConfigError("sapo_temperature_pos" if not o.sapo_temperature_pos > 0 else "sapo_temperature_neg",
                           "sapo temperatures must be > 0")
+    _validate_sampling_correction(o)
     if o.kl_estimator == "full":
         if o.per_token_full_kl is None and (o.beta != 0 or ref is not None):
             raise ConfigError("per_token_full_kl", "kl_estimator='full' needs the exact per-token full-vocab KL")
@@ -381,15 +398,41 @@ def _validate_options(N: int, ref, o: SimpleNamespace) -> None:
         raise ConfigError("ref_per_token_logps", f"beta={o.beta} needs the reference log-probs")
 
 
+def _validate_sampling_correction(o: SimpleNamespace) -> None:
+    if not o.vllm_importance_sampling_correction:
+        return
+    mode = o.vllm_importance_sampling_mode
+    lo, hi = o.vllm_importance_sampling_clip_min, o.vllm_importance_sampling_clip_max
+    if mode not in VLLM_IS_MODES:
+        raise ConfigError("vllm_importance_sampling_mode", f"unknown value {mode!r}; expected one of "
+                          f"{list(VLLM_IS_MODES)}")
+    if o.loss_type == "vespo" and not mode.startswith("token"):          # TRL refuses it too
+        raise ConfigError("vllm_importance_sampling_mode", f"vespo needs a token_* mode, got {mode!r}")
+    if mode.endswith("truncate") and lo is None and hi is None:
+        raise ConfigError("vllm_importance_sampling_clip_max", f"{mode} needs a bound (clip_min or clip_max)")
+    if lo is not None and hi is not None and not lo <= hi:
+        raise ConfigError("vllm_importance_sampling_clip_min", f"must be ≤ clip_max = {hi!r}, got {lo!r}")
+
+
+def _is_mode(o: SimpleNamespace, masks: Masks) -> Optional[str]:
+    """The sampling-correction mode in effect (None when off or without sampling log-probs)."""
+    return None if masks.is_ratio is None else o.vllm_importance_sampling_mode
+
+
 def _masks(adv, logps, old, mask, o: SimpleNamespace) -> Masks:
-    """OPSM (against the sampling log-probs, else the old ones, as TRL without vLLM) and the entropy mask."""
-    opsm = ent_mask = None
+    """OPSM (against the sampling log-probs, else the old ones, as TRL without vLLM), the entropy mask and
+    the sampling-time IS weight ρ (needs the sampling log-probs)."""
+    opsm = ent_mask = is_ratio = None
     if o.off_policy_mask_threshold is not None:
         sampling = old if o.sampling_per_token_logps is None else o.sampling_per_token_logps.to(logps.dtype)
         opsm = off_policy_sequence_mask(adv, logps, sampling, mask, o.off_policy_mask_threshold)  # (N, 1)
     if o.top_entropy_quantile < 1.0:
         ent_mask = high_entropy_mask(o.entropy, mask, 1 - o.top_entropy_quantile)  # (N, T) bool
-    return Masks(off_policy=opsm, entropy=ent_mask)
+    if o.vllm_importance_sampling_correction and o.sampling_per_token_logps is not None:
+        is_ratio = sampling_importance_ratio(
+            old.detach(), o.sampling_per_token_logps.to(logps.dtype), mask, mode=o.vllm_importance_sampling_mode,
+            clip_min=o.vllm_importance_sampling_clip_min, clip_max=o.vllm_importance_sampling_clip_max)
+    return Masks(off_policy=opsm, entropy=ent_mask, is_ratio=is_ratio)
 
 
 def _records(logps, mask, per_token_pg, kl, coef_1, pol: PolicyTerm, agg: Aggregation, ent, o: SimpleNamespace,
@@ -479,6 +522,9 @@ def _flags(loss, mask, logps, old, ref, advantages, rec: dict, o: SimpleNamespac
         flags.append(f"{len(empty)} completion(s) fully masked (rows {list(empty)}): no loss contribution")
     if kl_share_undefined:
         flags.append("kl_share undefined (all terms are 0): reported as 0")
+    if o.vllm_importance_sampling_correction and o.sampling_per_token_logps is None:
+        flags.append("vllm_importance_sampling_correction is on but no sampling log-probs were given: ρ = 1 "
+                     "(no correction)")
     return tuple(flags)
 
 
@@ -518,7 +564,7 @@ def _clip_metrics(is_low: torch.Tensor, is_high: torch.Tensor, mask: torch.Tenso
 
 
 def _definition(loss_type, beta, el, eh, delta, level, est, bias, coef, norm, params=None, opsm=None,
-                rho=1.0) -> str:
+                rho=1.0, is_mode=None) -> str:
     params = params or {}
     r = "r_it = exp(logp − old)" if level == "token" else "r_i = exp(mean_t(logp − old))"
     if loss_type == "manual":
@@ -539,7 +585,8 @@ def _definition(loss_type, beta, el, eh, delta, level, est, bias, coef, norm, pa
     kl = f"KL_it = {KL_FORMULAS[est]}" + (" × r" if bias and est != "full" and loss_type != "manual" else "")
     ent = f"; − {coef:g}·H̄" if coef else ""
     masks = (f"; PG × OPSM (drop A < 0 rows with mean(old − logp) > {opsm:g})" if opsm is not None else "") + \
-        (f"; PG × entropy mask (top {rho:g} of tokens by entropy)" if rho < 1 else "")
+        (f"; PG × entropy mask (top {rho:g} of tokens by entropy)" if rho < 1 else "") + \
+        (f"; PG × ρ (sampling-time IS, {is_mode})" if is_mode else "")
     return f"{pg}{masks}; L = PG + {beta:g}·KL, {kl}; aggregated by {norm}{ent}"
 
 
@@ -555,4 +602,8 @@ def loss_kwargs(config) -> dict:
                 top_entropy_quantile=config.top_entropy_quantile,
                 sapo_temperature_pos=config.sapo_temperature_pos, sapo_temperature_neg=config.sapo_temperature_neg,
                 vespo_k_pos=config.vespo_k_pos, vespo_lambda_pos=config.vespo_lambda_pos,
-                vespo_k_neg=config.vespo_k_neg, vespo_lambda_neg=config.vespo_lambda_neg)
+                vespo_k_neg=config.vespo_k_neg, vespo_lambda_neg=config.vespo_lambda_neg,
+                vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
+                vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
+                vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
+                vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max)

@@ -4,8 +4,9 @@ Shape legend: N rows of one micro-batch, T completion tokens. m = completion_mas
 advantages (N, 1); ℓ = per_token_logps (N, T, carries the gradient); ℓ_old, ℓ_ref, ℓ_sampling (N, T).
 Sequence-level importance sampling makes r and everything derived from it (N, 1), broadcast over t.
 
-Each function is TRL 1.16's `GRPOTrainer._compute_loss` restricted to one term, with the same float
-operations in the same order: the TRL oracle tests compare the composition to 1e-9.
+Each function is TRL 1.16's `GRPOTrainer._compute_loss` (or `_generate_and_score_completions`, for the
+sampling-time importance-sampling correction) restricted to one term, with the same float operations in the
+same order: the TRL oracle tests compare the composition to 1e-9.
 
     LOSS_TABLE[loss_type] = (per-token objective, aggregation)
     grpo     clipped_surrogate   sequence_mean         bnpo     clipped_surrogate   batch_token_mean
@@ -25,6 +26,8 @@ import torch
 from rookworld_debug.grpo.aggregation import (Aggregation, AggregationInputs, batch_token_mean, fixed_length,
                                               global_token_mean, sequence_mean, sequence_sum_mean)
 
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
 @dataclass(frozen=True)
 class ObjectiveInputs:
     """What a per-token objective reads."""
@@ -37,6 +40,7 @@ class ObjectiveInputs:
     epsilon_high: float
     delta: Optional[float]
     params: dict                        # sapo temperatures / vespo (k, λ): LOSS_PARAMS[loss_type]
+    importance_sampling_ratio: Optional[torch.Tensor] = None  # (N, T) | (N, 1) sampling-time IS weight ρ
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,9 @@ def sapo_gate(x: ObjectiveInputs) -> PolicyTerm:
 
 def vespo(x: ObjectiveInputs) -> PolicyTerm:
     """VESPO: the gamma weight of the SEQUENCE ratio scales a REINFORCE term:
-        PG_it = −sg(φ_i)·A_i·ℓ_it   (φ: see vespo_phi)"""
-    phi = vespo_phi(x.adv, x.log_ratio, x.mask, **x.params)                     # (N, 1) no grad
+        PG_it = −sg(φ_i)·A_i·ℓ_it   (φ: see vespo_phi; ρ, the sampling-time IS weight, enters w_i)"""
+    phi = vespo_phi(x.adv, x.log_ratio, x.mask, importance_sampling_ratio=x.importance_sampling_ratio,
+                    **x.params)                                                  # (N, 1) no grad
     return PolicyTerm(-phi * x.adv * x.logps, _no_clip(x), _no_clip(x), phi_seq=phi)
 
 
@@ -95,13 +100,16 @@ def reinforce(x: ObjectiveInputs) -> PolicyTerm:
 
 @torch.no_grad()
 def vespo_phi(adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, *, vespo_k_pos: float,
-              vespo_lambda_pos: float, vespo_k_neg: float, vespo_lambda_neg: float) -> torch.Tensor:
+              vespo_lambda_pos: float, vespo_k_neg: float, vespo_lambda_neg: float,
+              importance_sampling_ratio: Optional[torch.Tensor] = None) -> torch.Tensor:
     """VESPO's gamma weight φ(w) = exp(λ + k·log w − λ·w) (φ(1) = 1) on the SEQUENCE ratio w = Π_t r_it
     (a sum of token log-ratios, not a mean), in log space and detached: adv (N, 1), log_ratio (N, T) → (N, 1).
-        log w_i = clamp(Σ_t m·clamp(ℓ − ℓ_old, ±20), log 1e-8, 20)
-        (k, λ) = (k_pos, λ_pos) if A ≥ 0 else (k_neg, λ_neg)"""
+        log w_i = clamp(Σ_t m·clamp(ℓ − ℓ_old, ±20) + Σ_t clamp(log ρ_it, log 1e-8, 20), log 1e-8, 20)
+        (k, λ) = (k_pos, λ_pos) if A ≥ 0 else (k_neg, λ_neg)    (ρ: the sampling-time IS weight, if any)"""
     lower = math.log(1e-8)
     seq_log_ratio = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)   # (N, 1)
+    if importance_sampling_ratio is not None:                                 # TRL: token TIS/MIS, log space
+        seq_log_ratio += torch.clamp(torch.log(importance_sampling_ratio), lower, 20.0).sum(-1, keepdim=True)
     log_w = torch.clamp(seq_log_ratio, lower, 20.0)                                       # (N, 1)
     nonneg = adv >= 0
     k = torch.where(nonneg, vespo_k_pos, vespo_k_neg)
@@ -179,16 +187,56 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, threshold: floa
     return ((entropy.detach() * mask.float()) >= cut) & mask.bool()
 
 
+def sampling_importance_ratio(old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, *, mode: str,
+                              clip_min: Optional[float], clip_max: Optional[float]) -> torch.Tensor:
+    """TRL's vLLM importance-sampling correction, for a sampler whose log-probs differ from the trainer's
+    (here: the log-probs recorded at sampling time):
+        d_it = m·(ℓ_old − ℓ_sampling)  (NaN → 0: an unscored token gets ρ = 1)
+        ρ = exp(d_it) (token_*, (N, T))  |  exp(Σ_t d_it) (sequence_*, (N, 1))
+        *_truncate: ρ ← clamp(ρ, C_min, C_max);  *_mask: ρ ← 0 where ρ < C_min or ρ > C_max
+    TRL multiplies PG_it by ρ after the masks (KL untouched); vespo adds log ρ into its w_i instead."""
+    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)                   # (N, T)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)                                   # (N, 1)
+    ratio = torch.exp(diff)                                                     # (N, T) | (N, 1)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    lo = clip_min if clip_min is not None else -math.inf
+    hi = clip_max if clip_max is not None else math.inf
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), value=0.0)
+
+
+def sampling_ratio_metrics(ratio: torch.Tensor, old: torch.Tensor, sampling: torch.Tensor,
+                           mask: torch.Tensor) -> dict:
+    """TRL's sampling/* metrics of the correction (one process): |ℓ_old − ℓ_sampling| mean/max over the
+    scored unmasked tokens, and ρ min/mean/max (token modes: over unmasked tokens; sequence modes: rows)."""
+    m = mask.bool()
+    delta = torch.abs(old - sampling)
+    delta = delta[m & ~torch.isnan(delta)]
+    flat = ratio.flatten() if ratio.shape[1] == 1 else ratio[m]
+
+    def stat(x, fn):
+        return float(fn(x)) if x.numel() > 0 else 0.0
+    return {"sampling/sampling_logp_difference/mean": stat(delta, torch.mean),
+            "sampling/sampling_logp_difference/max": stat(delta, torch.max),
+            "sampling/importance_sampling_ratio/min": stat(flat, torch.min),
+            "sampling/importance_sampling_ratio/mean": stat(flat, torch.mean),
+            "sampling/importance_sampling_ratio/max": stat(flat, torch.max)}
+
+
 @dataclass(frozen=True)
 class Masks:
     """The PG-only masks and weights applied after the objective (each None when off)."""
     off_policy: Optional[torch.Tensor] = None   # (N, 1) OPSM, 1 = keep
     entropy: Optional[torch.Tensor] = None      # (N, T) bool high-entropy tokens
+    is_ratio: Optional[torch.Tensor] = None     # (N, T) | (N, 1) sampling-time IS weight ρ
 
-    def apply(self, per_token_pg: torch.Tensor) -> torch.Tensor:
-        """PG ← PG·M (OPSM) ·E (entropy), in TRL's order."""
+    def apply(self, per_token_pg: torch.Tensor, loss_type: str) -> torch.Tensor:
+        """PG ← PG·M (OPSM) ·E (entropy) ·ρ (IS; not vespo, where ρ is inside φ), in TRL's order."""
         if self.off_policy is not None:
             per_token_pg = per_token_pg * self.off_policy                      # (N, T) | (N, 1)
         if self.entropy is not None:
             per_token_pg = per_token_pg * self.entropy                          # (N, T)
+        if self.is_ratio is not None and loss_type != "vespo":
+            per_token_pg = per_token_pg * self.is_ratio                         # (N, T) | (N, 1)
         return per_token_pg

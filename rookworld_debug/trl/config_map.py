@@ -47,6 +47,9 @@ def grpo_config_to_step_config(args, *, batch_size: int, task: str, model: str, 
     # same-name fields StepConfig gains over time (e.g. num_iterations, top_entropy_quantile) map 1:1
     same = {k: d[k] for k in StepConfig.field_names() if k in d and k not in kw and k not in DERIVED}
     kw.update(same)
+    if "vllm_importance_sampling_correction" in kw:         # TRL applies it only with vLLM (default True)
+        kw["vllm_importance_sampling_correction"] = bool(kw["vllm_importance_sampling_correction"]
+                                                         and d.get("use_vllm"))
     ga = int(d.get("gradient_accumulation_steps") or 1)
     if ga > 1:
         kw["micro_batch_size"] = int(d["per_device_train_batch_size"])
