@@ -143,12 +143,12 @@ def _warp(scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor 
     return scores
 
 
-def _decode_mask(prompt_mask: torch.Tensor, attn_impl: str, dtype: torch.dtype) -> torch.Tensor:
-    """(n, P) prompt mask → (n, 1, 1, C) key mask of every decode step (sliced to P+t): prompt pads off,
-    every decoded position on. Booleans for sdpa/flex; additive floats for eager attention."""
+def _decode_mask(prompt_mask: torch.Tensor, attn_impl: str, dtype: torch.dtype, new_tokens: int) -> torch.Tensor:
+    """(n, P) prompt mask → (n, 1, 1, C = P + new_tokens) key mask of every decode step (sliced to P+t): prompt
+    pads off, every decoded position on. Booleans for sdpa/flex; additive floats for eager attention."""
     n, p = prompt_mask.shape
-    keys = torch.ones((n, 1, 1, p), dtype=torch.bool, device=prompt_mask.device)
-    keys[:, 0, 0] = prompt_mask.bool()
+    keys = torch.ones((n, 1, 1, p + new_tokens), dtype=torch.bool, device=prompt_mask.device)
+    keys[:, 0, 0, :p] = prompt_mask.bool()
     return keys if attn_impl != "eager" else (~keys).to(dtype) * torch.finfo(dtype).min
 
 
@@ -163,13 +163,44 @@ def _left_cat(ids: torch.Tensor, mask: torch.Tensor, ids2: torch.Tensor, mask2: 
 
 
 @dataclass
-class _Rows:
-    """The loop's per-row bookkeeping: rows [0, n_main) are the main rows (sampled, or greedy when no
-    temperatures are given), rows [n_main, n) the extra greedy rows; `live` maps batch rows to rows."""
-    n_main: int
-    limit: torch.Tensor          # (N+E,) max new tokens of each row
-    live: torch.Tensor           # (n,) row of each batch row
-    done: torch.Tensor           # (n,)
+class _SampleRecord:
+    """What the loop records of the sampled rows: each token's tempered log-prob, and (stats) the entropy and
+    top-k of its distribution. Rows are the N main rows, columns the decode steps."""
+    logps: torch.Tensor                  # (N, T)
+    entropy: torch.Tensor | None         # (N, T)
+    topk_ids: torch.Tensor | None        # (N, T, K)
+    topk_logps: torch.Tensor | None      # (N, T, K)
+
+    @staticmethod
+    def empty(n: int, t: int, k: int | None, device) -> "_SampleRecord":
+        stats = k is not None
+        return _SampleRecord(
+            logps=torch.zeros((n, t), device=device), entropy=torch.zeros((n, t), device=device) if stats else None,
+            topk_ids=torch.zeros((n, t, k), dtype=torch.long, device=device) if stats else None,
+            topk_logps=torch.zeros((n, t, k), device=device) if stats else None)
+
+
+def _sample_step(logits, tok, live, done, step: int, n_main: int, temps, top_k, top_p, generator,
+                 rec: _SampleRecord, stats_k: int | None) -> torch.Tensor:
+    """Sample the live main rows' tokens into `tok` (in place; greedy rows keep their argmax) and record them.
+    Draws q for ALL N main rows (the stream `generate` draws). Returns whether any logit row was non-finite."""
+    si = (live < n_main).nonzero().squeeze(1)                                           # batch rows sampled
+    ls = live[si]                                                                       # (s,) their rows
+    tempered = logits[si] / temps[ls, None]                                             # (s, V)
+    lse = torch.logsumexp(tempered, -1)                                                 # (s,)
+    probs = _warp(tempered, None if top_k is None else top_k[ls],
+                  None if top_p is None else top_p[ls]).softmax(-1)                     # (s, V)
+    q = torch.empty((n_main, logits.shape[-1]), device=logits.device).exponential_(generator=generator)  # (N, V)
+    tok_s = (probs / q[ls]).argmax(-1)                                                  # (s,) = multinomial
+    tok[si] = tok_s
+    rec.logps[ls, step] = (tempered.gather(-1, tok_s[:, None]).squeeze(1) - lse).masked_fill(done[si], 0.0)
+    if rec.entropy is not None:
+        logp_all = tempered - lse[:, None]                                              # (s, V)
+        rec.entropy[ls, step] = -(logp_all.exp() * logp_all).sum(-1)
+        if stats_k:
+            top_v, top_i = logp_all.topk(stats_k, dim=-1)                               # (s, K) each
+            rec.topk_logps[ls, step], rec.topk_ids[ls, step] = top_v, top_i
+    return ~torch.isfinite(lse).all()
 
 
 def _prompt_forward(model, ids, pmask, row_src, capacity: int, amp):
@@ -183,6 +214,30 @@ def _prompt_forward(model, ids, pmask, row_src, capacity: int, amp):
     del out
     cache.batch_select_indices(row_src)                                                 # groups expanded here
     return cache, ckw, logits
+
+
+def _rows(prompt_ids, prompt_mask, expand: int, max_new_tokens: int, pad_id: int, device, greedy_ids, greedy_mask,
+          greedy_max: int | None):
+    """The loop's prompts (B+E, P) on `device` (columns that pad every row dropped), the prompt of each of the
+    N+E rows (the B prompts' `expand` copies, then the E greedy prompts), and each row's max new tokens."""
+    ids, pmask, e = prompt_ids, prompt_mask, 0 if greedy_ids is None else greedy_ids.shape[0]
+    if e:
+        ids, pmask = _left_cat(ids, pmask, greedy_ids, greedy_mask, pad_id)
+    keep = pmask.any(0)
+    ids, pmask = ids[:, keep].to(device), pmask[:, keep].to(device)                    # (B+E, P)
+    b = prompt_ids.shape[0]
+    row_src = torch.cat([torch.arange(b, device=device).repeat_interleave(expand),
+                         torch.arange(b, b + e, device=device)])                       # (N+E,)
+    limit = torch.full((row_src.numel(),), max_new_tokens, device=device)               # (N+E,)
+    limit[b * expand:] = greedy_max or max_new_tokens
+    return ids, pmask, row_src, limit
+
+
+def _compact(cache, done, live, tok, key_mask):
+    """Drop the finished rows from the batch and its KV cache (a copy of the filled cache each time)."""
+    alive = (~done).nonzero().squeeze(1)                                                # (n',)
+    cache.batch_select_indices(alive)
+    return live[alive], tok[alive], done[alive], key_mask[alive]
 
 
 @torch.no_grad()
@@ -199,25 +254,14 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
     the model's device. Raises NumericalError if the logits of a sampling step are NaN/inf.
     `stats_k` (sampling only): also record the entropy and the `stats_k` most likely tokens of each step's
     tempered distribution (the core path's replacement for a scoring forward; one exp over (n, V) per step).
-    `greedy_prompt_ids/mask` (E, P'): E more rows decoded greedily IN THE SAME LOOP, each for up to
-    `greedy_max_new_tokens` (default max_new_tokens), returned as `greedy_tokens`. They share the prompt
-    forward and every decode forward, draw no random numbers, and leave the main rows' tokens as without
-    them (the generator's draws are the main rows' only; floats may differ in the last bit with the batch).
+    `greedy_prompt_ids/mask` (E, P'): E more rows decoded greedily IN THE SAME LOOP (up to `greedy_max_new_tokens`
+    each), returned as `greedy_tokens`; they draw no random numbers, so the main rows' tokens are as without them.
     """
     device = next(model.parameters()).device
-    ids, pmask = prompt_ids, prompt_mask
     e = 0 if greedy_prompt_ids is None else greedy_prompt_ids.shape[0]
-    if e:
-        ids, pmask = _left_cat(ids, pmask, greedy_prompt_ids, greedy_prompt_mask, pad_id)
-    keep = pmask.any(0)                                # drop columns that are padding in every row
-    ids, pmask = ids[:, keep].to(device), pmask[:, keep].to(device)                    # (B+E, P)
-    b, p = prompt_ids.shape[0], ids.shape[1]
-    n_main = b * expand
-    n = n_main + e
-    row_src = torch.cat([torch.arange(b, device=device).repeat_interleave(expand),
-                         torch.arange(b, b + e, device=device)])                       # (N+E,) prompt of each row
-    limit = torch.full((n,), max_new_tokens, device=device)                             # (N+E,)
-    limit[n_main:] = greedy_max_new_tokens or max_new_tokens
+    ids, pmask, row_src, limit = _rows(prompt_ids, prompt_mask, expand, max_new_tokens, pad_id, device,
+                                       greedy_prompt_ids, greedy_prompt_mask, greedy_max_new_tokens)
+    p, n_main, n = ids.shape[1], prompt_ids.shape[0] * expand, row_src.numel()
     length = int(limit.max())
     sample = temperatures is not None
     sync_every = sync_every or (1 if device.type == "cpu" else 8)
@@ -229,43 +273,20 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
 
     amp = autocast_for(model)                     # bf16 autocast on CUDA (fp32 weights), else a no-op
     cache, ckw, logits = _prompt_forward(model, ids, pmask, row_src, p + length, amp)  # logits (N+E, V)
-    key_mask = _decode_mask(pmask[row_src], model.config._attn_implementation, model.dtype)  # (N+E, 1, 1, P)
-    key_mask = torch.cat([key_mask, key_mask.new_zeros((n, 1, 1, length)) if key_mask.dtype != torch.bool
-                          else key_mask.new_ones((n, 1, 1, length))], -1)               # (N+E, 1, 1, C)
+    key_mask = _decode_mask(pmask[row_src], model.config._attn_implementation, model.dtype, length)  # (N+E,1,1,C)
     next_pos = pmask.long().sum(1)[row_src]                                             # (N+E,)
 
     tokens = torch.full((n, length), pad_id, dtype=torch.long, device=device)           # (N+E, L)
-    logps = torch.zeros((n_main, max_new_tokens), device=device) if sample else None    # (N, T)
     stats = sample and stats_k is not None
-    if stats:
-        entropy = torch.zeros((n_main, max_new_tokens), device=device)                  # (N, T)
-        topk_ids = torch.zeros((n_main, max_new_tokens, stats_k), dtype=torch.long, device=device)  # (N, T, K)
-        topk_logps = torch.zeros((n_main, max_new_tokens, stats_k), device=device)       # (N, T, K)
+    rec = _SampleRecord.empty(n_main, max_new_tokens, stats_k if stats else None, device) if sample else None
     live = torch.arange(n, device=device)            # original row of each batch row    (n,)
     done = torch.zeros(n, dtype=torch.bool, device=device)                              # (n,)
     bad = torch.zeros((), dtype=torch.bool, device=device)
     forwards, row_steps, steps, main_steps, main_open = 1, 0, 0, 0, True
-    vocab = logits.shape[-1]
     for step in range(length):
         tok = logits.argmax(-1)                                                         # (n,) greedy rows
         if sample and main_open:
-            si = (live < n_main).nonzero().squeeze(1)                                   # batch rows sampled
-            ls = live[si]                                                               # (s,) their rows
-            tempered = logits[si] / temps[ls, None]                                     # (s, V)
-            lse = torch.logsumexp(tempered, -1)                                         # (s,)
-            bad |= ~torch.isfinite(lse).all()
-            probs = _warp(tempered, None if top_k is None else top_k[ls],
-                          None if top_p is None else top_p[ls]).softmax(-1)             # (s, V)
-            q = torch.empty((n_main, vocab), device=device).exponential_(generator=generator)  # (N, V) all rows
-            tok_s = (probs / q[ls]).argmax(-1)                                          # (s,) = multinomial
-            tok[si] = tok_s
-            logps[ls, step] = (tempered.gather(-1, tok_s[:, None]).squeeze(1) - lse).masked_fill(done[si], 0.0)
-            if stats:
-                logp_all = tempered - lse[:, None]                                      # (s, V)
-                entropy[ls, step] = -(logp_all.exp() * logp_all).sum(-1)
-                if stats_k:
-                    top_v, top_i = logp_all.topk(stats_k, dim=-1)                       # (s, K) each
-                    topk_logps[ls, step], topk_ids[ls, step] = top_v, top_i
+            bad |= _sample_step(logits, tok, live, done, step, n_main, temps, top_k, top_p, generator, rec, stats_k)
         tok = tok.masked_fill(done, pad_id)
         tokens[live, step] = tok
         steps = step + 1
@@ -284,9 +305,7 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
             if main_open and bool(done[live < n_main].all()):                           # as a loop of its own
                 main_open = False
             if n_done and n_done >= COMPACT_FRACTION * done.numel():              # drop finished rows
-                alive = (~done).nonzero().squeeze(1)                                    # (n',)
-                cache.batch_select_indices(alive)
-                live, tok, done, key_mask = live[alive], tok[alive], done[alive], key_mask[alive]
+                live, tok, done, key_mask = _compact(cache, done, live, tok, key_mask)
         kv = p + steps
         with amp:
             out = model(input_ids=tok[:, None], attention_mask=key_mask[:, :, :, :kv],
@@ -297,7 +316,7 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
         raise NumericalError("cannot sample: the policy's next-token logits are NaN/inf (see the step-0 "
                              "invariants; check the weights and dtype)")
     t = main_steps
-    return Decoded(tokens=tokens[:n_main, :t], logps=None if logps is None else logps[:, :t],
-                   entropy=entropy[:, :t] if stats else None, topk_ids=topk_ids[:, :t] if stats else None,
-                   topk_logps=topk_logps[:, :t] if stats else None, steps=t, forwards=forwards,
-                   row_steps=row_steps, greedy_tokens=tokens[n_main:, :steps] if e else None)
+    cut = (lambda x: None if x is None else x[:, :t])                                  # noqa: E731
+    return Decoded(tokens=tokens[:n_main, :t], logps=cut(rec and rec.logps), entropy=cut(rec and rec.entropy),
+                   topk_ids=cut(rec and rec.topk_ids), topk_logps=cut(rec and rec.topk_logps), steps=t,
+                   forwards=forwards, row_steps=row_steps, greedy_tokens=tokens[n_main:, :steps] if e else None)

@@ -427,6 +427,28 @@ def generate(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequen
                                 score_policy=score_policy)[0]
 
 
+def _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos, entropy, max_new_tokens: int,
+                      flagged_diff: float | None) -> list[str]:
+    """Human-readable problems of a rollout: dropout on, every row truncated, empty completions, an untrained-
+    looking policy, and (`flagged_diff`) recomputed log-probs that disagree with the sampling-time ones."""
+    warn = _dropout_warnings(policy=policy, reference=reference)
+    n = completion_mask.shape[0]
+    if bool(is_truncated.all()):
+        warn.append(f"all {n} completions truncated: none emitted EOS within max_new_tokens={max_new_tokens}")
+    empty = [int(i) for i in torch.nonzero(completion_mask.sum(1) <= has_eos.long()).flatten()]
+    if empty:
+        warn.append(f"{len(empty)} empty completion(s) (EOS as the first token) at rows {empty[:16]}")
+    warn.extend(untrained_warning(entropy, completion_mask, policy.get_output_embeddings().weight.shape[0]))
+    if flagged_diff is not None:
+        low = autocast_dtype(policy) or (policy.dtype if policy.dtype != torch.float32 else None)
+        cause = ("padding, position ids, temperature or a logits processor disagree" if low is None
+                 else f"expected in {low}: KV-cache and full-forward roundings differ; use float32 "
+                      "(autocast='off') to check")
+        warn.append(f"recomputed log-probs differ from sampling-time ones by {flagged_diff:.3g} > "
+                    f"{LOGP_DIFF_TOLERANCE:g}: {cause}")
+    return warn
+
+
 def _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens) -> dict | None:
     if not greedy_prompts:
         return None
@@ -490,20 +512,8 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
     completions = tuple(tokenizer.batch_decode([row[:L] for row, L in zip(completion_ids.tolist(), lengths)],
                                                skip_special_tokens=True))
     completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, lengths, scores["topk_ids"])
-    warn = _dropout_warnings(policy=policy, reference=reference)
-    if bool(is_truncated.all()):
-        warn.append(f"all {n} completions truncated: none emitted EOS within max_new_tokens={max_new_tokens}")
-    empty = [int(i) for i in torch.nonzero(completion_mask.sum(1) <= has_eos.long()).flatten()]
-    if empty:
-        warn.append(f"{len(empty)} empty completion(s) (EOS as the first token) at rows {empty[:16]}")
-    warn.extend(untrained_warning(scores["entropy"], completion_mask, policy.get_output_embeddings().weight.shape[0]))
-    if flagged:
-        low = autocast_dtype(policy) or (policy.dtype if policy.dtype != torch.float32 else None)
-        cause = ("padding, position ids, temperature or a logits processor disagree" if low is None
-                 else f"expected in {low}: KV-cache and full-forward roundings differ; use float32 "
-                      "(autocast='off') to check")
-        warn.append(f"recomputed log-probs differ from sampling-time ones by {max_diff:.3g} > "
-                    f"{LOGP_DIFF_TOLERANCE:g}: {cause}")
+    warn = _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos, scores["entropy"],
+                             max_new_tokens, max_diff if flagged else None)
     counts.update(tokens_generated=int(completion_mask.sum()), prompt_tokens=int(prompt_mask.sum()),
                   rows=n, scoring_forwards=forwards, recompute_checked=int(score_policy))
     return Rollout(

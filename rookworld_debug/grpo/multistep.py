@@ -322,34 +322,10 @@ def run_steps(config: Optional[StepConfig], steps: int, *, mode: Optional[str] =
     """
     state = _read_checkpoint(resume_from) if resume_from is not None else None
     if state is not None:
-        saved = StepConfig.from_dict(state["config"])
-        if config is None:
-            config = saved
-        elif config != saved:
-            diff = sorted(k for k in saved.field_names() if getattr(saved, k) != getattr(config, k))
-            raise ConfigError(", ".join(diff), f"the checkpoint in {resume_from} was written for another config "
-                              f"(fields {diff} differ); pass config=None to take the checkpoint's")
-        mode = state["mode"] if mode is None else mode
-        if beta_schedule is None:
-            beta_schedule = state["beta_schedule"]
-        if lr_schedule is None:
-            lr_schedule = state["lr_schedule"]
-    if config is None:
-        raise ConfigError("config", "a StepConfig is required (or resume_from a checkpoint)")
+        config, mode, beta_schedule, lr_schedule = _from_checkpoint(state, resume_from, config, mode, beta_schedule,
+                                                                    lr_schedule)
     mode = "overfit_single_batch" if mode is None else mode
-    if mode not in MODES:
-        raise ConfigError("mode", f"unknown mode {mode!r}; expected one of {list(MODES)}")
-    if mode == "fresh" and config.prompt_indices is not None:
-        raise ConfigError("prompt_indices", "fresh mode draws every batch from the cursor over the whole task "
-                          "subset; prompt_indices only pins the overfit_single_batch batch")
-    if not isinstance(steps, int) or steps < 1:
-        raise ConfigError("steps", f"must be an integer ≥ 1, got {steps!r}")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise ConfigError("checkpoint_every", f"must be ≥ 1 or None, got {checkpoint_every!r}")
-    if checkpoint_every and checkpoint_dir is None:
-        raise ConfigError("checkpoint_dir", "checkpoint_every needs a checkpoint_dir")
-    if heldout_every < 1:
-        raise ConfigError("heldout_every", f"must be ≥ 1, got {heldout_every!r}")
+    _check_run_args(config, steps, mode, checkpoint_every, checkpoint_dir, heldout_every)
     beta_s, lr_s = _as_beta(beta_schedule, config), _as_lr(lr_schedule, config, steps)
     if state is not None:
         _check_same(state, steps=steps, mode=mode, beta=beta_s, lr=lr_s, where=resume_from)
@@ -399,6 +375,38 @@ def run_steps(config: Optional[StepConfig], steps: int, *, mode: Optional[str] =
                            table=pd.DataFrame(rows), per_prompt=pd.DataFrame(prompt_rows), traces=tuple(traces),
                            checkpoints=tuple(written), resumed_from=None if resume_from is None else str(resume_from),
                            session=s0)
+
+
+def _from_checkpoint(state: dict, resume_from, config, mode, beta_schedule, lr_schedule):
+    """A resume takes the checkpoint's config, mode and schedules where none is given; a given config must match."""
+    saved = StepConfig.from_dict(state["config"])
+    if config is None:
+        config = saved
+    elif config != saved:
+        diff = sorted(k for k in saved.field_names() if getattr(saved, k) != getattr(config, k))
+        raise ConfigError(", ".join(diff), f"the checkpoint in {resume_from} was written for another config "
+                          f"(fields {diff} differ); pass config=None to take the checkpoint's")
+    return (config, state["mode"] if mode is None else mode,
+            state["beta_schedule"] if beta_schedule is None else beta_schedule,
+            state["lr_schedule"] if lr_schedule is None else lr_schedule)
+
+
+def _check_run_args(config, steps, mode, checkpoint_every, checkpoint_dir, heldout_every) -> None:
+    if config is None:
+        raise ConfigError("config", "a StepConfig is required (or resume_from a checkpoint)")
+    if mode not in MODES:
+        raise ConfigError("mode", f"unknown mode {mode!r}; expected one of {list(MODES)}")
+    if mode == "fresh" and config.prompt_indices is not None:
+        raise ConfigError("prompt_indices", "fresh mode draws every batch from the cursor over the whole task "
+                          "subset; prompt_indices only pins the overfit_single_batch batch")
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigError("steps", f"must be an integer ≥ 1, got {steps!r}")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise ConfigError("checkpoint_every", f"must be ≥ 1 or None, got {checkpoint_every!r}")
+    if checkpoint_every and checkpoint_dir is None:
+        raise ConfigError("checkpoint_dir", "checkpoint_every needs a checkpoint_dir")
+    if heldout_every < 1:
+        raise ConfigError("heldout_every", f"must be ≥ 1, got {heldout_every!r}")
 
 
 def _greedy_training_reward(ge, labels, config, engine, reward_funcs, reward_weights) -> list:
