@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 from rookworld_debug.config import KL_ESTIMATORS, LOSS_TYPES, StepConfig
 
-__all__ = ["TunePanel", "tune_panel", "BETA_CHOICES", "loss_summary_html", "LOSS_KNOBS", "SAMPLING_KNOBS"]
+__all__ = ["TunePanel", "tune_panel", "BETA_CHOICES", "loss_summary_html", "recompute", "LOSS_KNOBS",
+           "SAMPLING_KNOBS"]
 
 #: β values offered by the slider (0 = no KL term; the config's own β is inserted if missing)
 BETA_CHOICES = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -109,6 +110,89 @@ class _State:
     loss: Any
 
 
+def recompute(state: _State, changes: dict, *, fixed_advantages=None, old_per_token_logps=None,
+              iteration=None) -> tuple[_State, float]:
+    """The panel's loss recompute, pure: advantages + loss record for new loss knobs (any of LOSS_KNOBS) on
+    `state`'s rollout, no forward pass. `fixed_advantages`: a saved step's own (used unless loss_type is
+    'manual'); `iteration`: an inner pass (its log-probs vs the frozen old ones); else `old_per_token_logps`
+    (a saved off-policy step's). Returns (new state, seconds spent in the loss call). Bad values raise
+    ConfigError (from StepConfig)."""
+    from rookworld_debug.grpo.advantages import advantages_from_config
+    from rookworld_debug.grpo.step import loss_for
+    bad = sorted(set(changes) - set(LOSS_KNOBS))
+    if bad:
+        from rookworld_debug.errors import ConfigError
+        raise ConfigError(bad[0], f"not a loss knob (those are {LOSS_KNOBS}); use regenerate() for sampling")
+    cfg = state.config.replace(**changes)
+    if fixed_advantages is not None and cfg.loss_type != "manual":
+        adv = fixed_advantages                       # a saved step's own advantages (TRL's, bit for bit)
+    else:
+        adv = advantages_from_config(state.rewards.rewards, cfg)
+    t1 = time.perf_counter()
+    if iteration is not None:                        # an off-policy pass: its log-probs vs the frozen old ones
+        from rookworld_debug.grpo.iterations import loss_for_iteration
+        loss = loss_for_iteration(state.rollout, adv, cfg, iteration)
+    else:
+        loss = loss_for(state.rollout, adv, cfg, old_per_token_logps=old_per_token_logps)
+    return _State(cfg, state.rollout, state.rewards, adv, loss), time.perf_counter() - t1
+
+
+def _build_controls(config: StepConfig, task: str, *, iteration_options: list, iteration: int, row: int,
+                    n_rows: int, metric: str) -> dict:
+    """The panel's widgets, by attribute name (w_*): loss knobs, sampling knobs, view knobs, outputs."""
+    import ipywidgets as W
+    temp, top_p, _ = config.sampling_for(task)
+    betas = sorted(set(BETA_CHOICES) | {float(config.beta)})
+    lay, narrow = W.Layout(width="420px"), W.Layout(width="220px")
+    st = {"description_width": "110px"}
+    c = dict(
+        w_beta=W.SelectionSlider(options=[(f"{b:g}", b) for b in betas], value=float(config.beta),
+                                 description="β (KL coef)", continuous_update=False, layout=lay, style=st),
+        w_eps_low=W.FloatSlider(value=config.epsilon_low, min=0.0, max=0.5, step=0.01, description="ε_low",
+                                continuous_update=False, layout=lay, style=st),
+        w_eps_high=W.FloatSlider(value=config.epsilon_high, min=0.0, max=0.5, step=0.01, description="ε_high",
+                                 continuous_update=False, layout=lay, style=st),
+        w_loss_type=W.Dropdown(options=list(LOSS_TYPES), value=config.loss_type, description="loss_type",
+                               layout=lay, style=st),
+        w_kl=W.Dropdown(options=list(KL_ESTIMATORS), value=config.kl_estimator, description="kl_estimator",
+                        layout=lay, style=st),
+        w_iter=W.Dropdown(options=iteration_options, layout=lay, style=st, description="inner pass",
+                          value=iteration),
+        w_row=W.BoundedIntText(value=min(row, n_rows - 1), min=0, max=n_rows - 1, description="completion row",
+                               layout=narrow, style=st),
+        w_metric=W.Dropdown(options=list(_METRICS), value=metric if metric in _METRICS else "kl",
+                            description="strip metric", layout=W.Layout(width="260px"), style=st),
+        w_temp=W.FloatSlider(value=temp, min=0.1, max=2.0, step=0.05, description=f"{task}: temperature",
+                             continuous_update=False, layout=lay, style=st),
+        w_top_p=W.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description=f"{task}: top_p",
+                              continuous_update=False, layout=lay, style=st),
+        w_g=W.BoundedIntText(value=config.num_generations, min=2, max=64, description="G", layout=narrow,
+                             style=st),
+        w_regen=W.Button(description="Regenerate", icon="refresh", button_style="primary",
+                         tooltip="sample + score a new rollout with these sampling settings (no update)"),
+        w_progress=W.IntProgress(value=0, min=0, max=4, description="", layout=W.Layout(width="300px")),
+        w_fig=_figure_widget())
+    for name, css in (("w_status", "rwd-status"), ("w_summary", "rwd-summary-box"), ("w_strip", "rwd-strip"),
+                      ("w_table", "rwd-completions")):      # w_table: the whole rollout (G rows per group)
+        c[name] = W.HTML()
+        c[name].add_class(css)
+    c["w_fig"].add_class("rwd-figure")
+    return c
+
+
+def _layout(p) -> Any:
+    """The panel's VBox: loss knobs | sampling knobs, then summary, figure, view knobs, strip, table."""
+    import ipywidgets as W
+    loss_box = W.VBox([W.HTML("<b>Loss knobs</b> — recomputed from this rollout, no forward pass"),
+                       p.w_beta, p.w_eps_low, p.w_eps_high, p.w_loss_type, p.w_kl, p.w_iter])
+    samp_box = W.VBox([W.HTML("<b>Sampling knobs</b> — need a new rollout"), p.w_temp, p.w_top_p,
+                       p.w_g, W.HBox([p.w_regen, p.w_progress]), p.w_status])
+    box = W.VBox([W.HBox([loss_box, samp_box]), p.w_summary, p.w_fig, W.HBox([p.w_row, p.w_metric]), p.w_strip,
+                  p.w_table])
+    box.add_class("rwd-tune-panel")
+    return box
+
+
 def _figure_widget():
     """A plotly FigureWidget (updated in place; needs anywidget), else an ipywidgets.Output.
 
@@ -174,7 +258,6 @@ class TunePanel:
     def __init__(self, setup, config: Optional[StepConfig] = None, *, scored=None, row: int = 0,
                  metric: str = "kl", reward_funcs=None, reward_weights=None, iterations: tuple = (),
                  iteration: Optional[int] = None):
-        import ipywidgets as W
         self.setup = setup
         # inner PPO passes of a step over this rollout (grpo.iterations): the loss knobs then recompute a pass's
         # record (its log-probs vs the old ones frozen at sampling) — where r ≠ 1 and ε acts
@@ -193,49 +276,12 @@ class TunePanel:
         self.history: list[dict] = []
         self._busy = False
 
-        temp, top_p, _ = config.sampling_for(self.task)
-        betas = sorted(set(BETA_CHOICES) | {float(config.beta)})
-        lay = W.Layout(width="420px")
-        st = {"description_width": "110px"}
-        self.w_beta = W.SelectionSlider(options=[(f"{b:g}", b) for b in betas], value=float(config.beta),
-                                        description="β (KL coef)", continuous_update=False, layout=lay, style=st)
-        self.w_eps_low = W.FloatSlider(value=config.epsilon_low, min=0.0, max=0.5, step=0.01, description="ε_low",
-                                       continuous_update=False, layout=lay, style=st)
-        self.w_eps_high = W.FloatSlider(value=config.epsilon_high, min=0.0, max=0.5, step=0.01,
-                                        description="ε_high", continuous_update=False, layout=lay, style=st)
-        self.w_loss_type = W.Dropdown(options=list(LOSS_TYPES), value=config.loss_type, description="loss_type",
-                                      layout=lay, style=st)
-        self.w_kl = W.Dropdown(options=list(KL_ESTIMATORS), value=config.kl_estimator, description="kl_estimator",
-                               layout=lay, style=st)
         last = len(self.iterations) - 1
-        self.w_iter = W.Dropdown(options=self._iteration_options(), layout=lay, style=st, description="inner pass",
-                                 value=last if iteration is None else (last if iteration < 0 else iteration)
-                                 if self.iterations else -1)
-        n = len(rollout.completions)
-        self.w_row = W.BoundedIntText(value=min(row, n - 1), min=0, max=n - 1, description="completion row",
-                                      layout=W.Layout(width="220px"), style=st)
-        self.w_metric = W.Dropdown(options=list(_METRICS), value=metric if metric in _METRICS else "kl",
-                                   description="strip metric", layout=W.Layout(width="260px"), style=st)
-        self.w_temp = W.FloatSlider(value=temp, min=0.1, max=2.0, step=0.05, description=f"{self.task}: temperature",
-                                    continuous_update=False, layout=lay, style=st)
-        self.w_top_p = W.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description=f"{self.task}: top_p",
-                                     continuous_update=False, layout=lay, style=st)
-        self.w_g = W.BoundedIntText(value=config.num_generations, min=2, max=64, description="G",
-                                    layout=W.Layout(width="220px"), style=st)
-        self.w_regen = W.Button(description="Regenerate", icon="refresh", button_style="primary",
-                                tooltip="sample + score a new rollout with these sampling settings (no update)")
-        self.w_progress = W.IntProgress(value=0, min=0, max=4, description="", layout=W.Layout(width="300px"))
-        self.w_status = W.HTML()
-        self.w_status.add_class("rwd-status")
-        self.w_summary = W.HTML()
-        self.w_summary.add_class("rwd-summary-box")
-        self.w_strip = W.HTML()
-        self.w_strip.add_class("rwd-strip")
-        self.w_table = W.HTML()                  # the whole rollout: G rows per group, rewards, advantages
-        self.w_table.add_class("rwd-completions")
+        it = (last if iteration is None else (last if iteration < 0 else iteration)) if self.iterations else -1
+        for name, w in _build_controls(config, self.task, iteration_options=self._iteration_options(), iteration=it,
+                                       row=row, n_rows=len(rollout.completions), metric=metric).items():
+            setattr(self, name, w)
         self._table_key: tuple = ()
-        self.w_fig = _figure_widget()
-        self.w_fig.add_class("rwd-figure")
 
         for w in (self.w_beta, self.w_eps_low, self.w_eps_high, self.w_loss_type, self.w_kl, self.w_iter):
             w.observe(self._on_loss_knob, names="value")
@@ -244,16 +290,7 @@ class TunePanel:
         for w in (self.w_temp, self.w_top_p, self.w_g):
             w.observe(self._on_sampling_knob, names="value")
         self.w_regen.on_click(lambda _b: self.regenerate())
-
-        loss_box = W.VBox([W.HTML("<b>Loss knobs</b> — recomputed from this rollout, no forward pass"),
-                           self.w_beta, self.w_eps_low, self.w_eps_high, self.w_loss_type, self.w_kl,
-                           self.w_iter])
-        samp_box = W.VBox([W.HTML("<b>Sampling knobs</b> — need a new rollout"), self.w_temp, self.w_top_p,
-                           self.w_g, W.HBox([self.w_regen, self.w_progress]), self.w_status])
-        view_box = W.HBox([self.w_row, self.w_metric])
-        self.widget = W.VBox([W.HBox([loss_box, samp_box]), self.w_summary, self.w_fig, view_box, self.w_strip,
-                              self.w_table])
-        self.widget.add_class("rwd-tune-panel")
+        self.widget = _layout(self)
         self._status("ready: rollout sampled with " + self._sampling_text(self.sampled_with))
         self.refresh(recompute=True)
 
@@ -303,28 +340,12 @@ class TunePanel:
     def set_loss_params(self, **changes) -> Any:
         """Recompute advantages + loss for new loss knobs (any of LOSS_KNOBS) on the current rollout;
         returns the new LossBreakdown. Bad values raise ConfigError (from StepConfig)."""
-        from rookworld_debug.grpo.advantages import advantages_from_config
-        from rookworld_debug.grpo.step import loss_for
-        bad = sorted(set(changes) - set(LOSS_KNOBS))
-        if bad:
-            from rookworld_debug.errors import ConfigError
-            raise ConfigError(bad[0], f"not a loss knob (those are {LOSS_KNOBS}); use regenerate() for sampling")
         t0 = time.perf_counter()
-        cfg = self.state.config.replace(**changes)
-        if self.fixed_advantages is not None and cfg.loss_type != "manual":
-            adv = self.fixed_advantages              # a saved step's own advantages (TRL's, bit for bit)
-        else:
-            adv = advantages_from_config(self.state.rewards.rewards, cfg)
-        t1 = time.perf_counter()
-        if self.iterations and self.iteration >= 0:    # an off-policy pass: its log-probs vs the frozen old ones
-            from rookworld_debug.grpo.iterations import loss_for_iteration
-            loss = loss_for_iteration(self.state.rollout, adv, cfg, self.iterations[self.iteration])
-        else:
-            loss = loss_for(self.state.rollout, adv, cfg, old_per_token_logps=self.old_per_token_logps)
-        self.last_loss_for_s = time.perf_counter() - t1
-        self.state = _State(cfg, self.state.rollout, self.state.rewards, adv, loss)
+        self.state, self.last_loss_for_s = recompute(
+            self.state, changes, fixed_advantages=self.fixed_advantages, old_per_token_logps=self.old_per_token_logps,
+            iteration=self.iterations[self.iteration] if self.iterations and self.iteration >= 0 else None)
         self._render(t0)
-        return loss
+        return self.state.loss
 
     def refresh(self, recompute: bool = False) -> None:
         """Re-render the views; with `recompute`, first re-apply the widgets' loss knobs."""
