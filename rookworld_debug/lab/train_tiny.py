@@ -35,8 +35,9 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -371,22 +372,8 @@ def lr_at(step, args):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import torch
-    from rookworld_debug.errors import ConfigError
-    from rookworld_debug.models.devices import check_device
-
-    from rookworld_debug.safeio import check_input_file, check_output_dir
-    try:  # before any data or model work: a missing GPU or file is a one-line error, not a traceback minutes in
-        device = check_device(args.device, "--device")
-        for p in args.data or ():
-            check_input_file(p, "--data")
-        check_output_dir(args.out, "--out")
-        if args.resume:
-            check_input_file(Path(args.resume) / STATE_FILE, "--resume")
-        for flag, v in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--threads", args.threads)):
-            if v < 1:
-                raise ConfigError(flag, f"must be ≥ 1, got {v}")
-    except ConfigError as e:
-        print(f"rookworld-debug train-tiny: error: {e}", file=sys.stderr)
+    device = _preflight(args)
+    if device is None:
         return 2
     torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = True  # CUDA only: TF32 for the fp32 parts outside autocast
@@ -394,14 +381,7 @@ def main(argv=None) -> int:
     random.seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log_path = Path(args.log_file) if args.log_file else out / "train_log.txt"
-    logf = open(log_path, "a")
-
-    def log(msg):
-        line = f"{time.strftime('%H:%M:%S')} {msg}"
-        logf.write(line + "\n")
-        logf.flush()
-
+    log = _logger(Path(args.log_file) if args.log_file else out / "train_log.txt")
     if args.resume:
         args.init_from = args.resume
     tok, p_docs, a_docs, data_src = prepare_docs(args, out, log)
@@ -415,80 +395,153 @@ def main(argv=None) -> int:
 
     model, n_params = build_model(args, tok, device, log)
     opt = build_optimizer(model, args)
-    rng = random.Random(args.seed + 99)
-    p_order, a_order, pi, ai = [], [], 0, 0
-    start, history, ema, t_before = 0, [], None, 0.0
+    loop = _Loop(rng=random.Random(args.seed + 99))
     if args.resume:  # the optimizer, RNG and data cursors continue exactly where the checkpoint left them
-        st = torch.load(Path(args.resume) / STATE_FILE, weights_only=False)
-        opt.load_state_dict(st["optimizer"])  # load_state_dict casts the moments to the params' device
-        rng.setstate(st["rng"])
-        torch.set_rng_state(st["torch_rng"])
-        p_order, a_order, pi, ai = st["p_order"], st["a_order"], st["pi"], st["ai"]
-        start, history, ema, t_before = st["step"] + 1, st["history"], st["ema"], st["train_seconds"]
-        log(f"resumed from {args.resume} at step {start} ({t_before:.0f}s trained before)")
+        loop.resume(Path(args.resume), opt, log)
     fwd = torch.compile(model) if args.compile else model
-
-    def take(pool, order, i, n):
-        res = []
-        for _ in range(n):
-            if i >= len(order):
-                order[:] = list(range(len(pool)))
-                rng.shuffle(order)
-                i = 0
-            res.append(pool[order[i]])
-            i += 1
-        return res, i
-
     meta = dict(vars(args), n_params=n_params, vocab_size=len(tok), data=data_src,
                 n_train_p=len(p_docs), n_train_a=len(a_docs))
     model.train()
     stopped_early = False
-    t_train = time.time() - t_before
-    step = start
-    for step in range(start, args.steps):
-        if args.stop_after is not None and step > args.stop_after:
+    t_train = time.time() - loop.t_before
+    step = loop.start
+    for step in range(loop.start, args.steps):
+        why = _stop_reason(args, step, t_train)
+        if why:
             stopped_early = True
-            log(f"stop-after {args.stop_after} reached; stopping")
-            break
-        if args.max_minutes is not None and (time.time() - t_train) / 60 > args.max_minutes:
-            stopped_early = True
-            log(f"max-minutes reached at step {step}; stopping")
+            log(why)
             break
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
-        batch, pi = take(p_docs, p_order, pi, n_p)
-        ab, ai = take(a_docs, a_order, ai, n_a)
-        ids, w = collate(batch + ab, tok.eos_token_id, args.pad_to)  # (B, T), (B, T-1)
+        batch = loop.take(p_docs, "p", n_p) + loop.take(a_docs, "a", n_a)
+        ids, w = collate(batch, tok.eos_token_id, args.pad_to)  # (B, T), (B, T-1)
         ids, w = ids.to(device, non_blocking=True), w.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-            logits = fwd(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
-        ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1),
-                                               reduction="none").view_as(w)  # (B, T-1)
-        loss = (ce * w).sum() / w.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, ce, gn = _train_step(model, fwd, opt, ids, w, args.bf16)
         # the EMA stays a tensor: a .item() every step would stall the GPU queue (synced at log steps only)
-        ema = loss.detach() if ema is None else 0.95 * ema + 0.05 * loss.detach()
+        loop.ema = loss.detach() if loop.ema is None else 0.95 * loop.ema + 0.05 * loss.detach()
         if step % args.log_every == 0 or step == args.steps - 1:
-            lv, ema = loss.item(), float(ema)
-            el = time.time() - t_train
-            comp = (ce * (w == 1.0)).sum().item() / max(1.0, (w == 1.0).sum().item())
-            log(f"step {step} loss {lv:.4f} ema {ema:.4f} completion_ce {comp:.4f} gnorm {gn:.2f} "
-                f"lr {lr_at(step, args):.2e} T {ids.shape[1]} elapsed {el:.0f}s {el / (step + 1):.2f}s/step")
-            history.append({"step": step, "loss": round(lv, 4), "ema": round(ema, 4), "completion_ce": round(comp, 4),
-                            "elapsed_s": round(el, 1)})
+            loop.log_step(step, loss, ce, w, gn, ids.shape[1], args, time.time() - t_train, log)
         if args.checkpoint_every and step > 0 and step % args.checkpoint_every == 0:
-            save_checkpoint(out / "checkpoint", model, tok, opt, meta, step=step, history=history, ema=ema,
-                            train_seconds=round(time.time() - t_train, 1), rng=rng,
-                            cursors=dict(p_order=p_order, a_order=a_order, pi=pi, ai=ai))
+            save_checkpoint(out / "checkpoint", model, tok, opt, meta, step=step, history=loop.history, ema=loop.ema,
+                            train_seconds=round(time.time() - t_train, 1), rng=loop.rng, cursors=loop.cursors())
             log(f"checkpoint saved at step {step}")
     meta.update(final_step=step, stopped_early=stopped_early, train_seconds=round(time.time() - t_train, 1),
-                history=history)
+                history=loop.history)
     _save(model, tok, out, meta)
     log(f"done: {meta['train_seconds']}s, saved to {out}")
     return 0
+
+
+def _preflight(args):
+    """The device, or None after a one-line error on stderr: before any data or model work, a missing GPU or
+    file is a named error, not a traceback minutes in."""
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.models.devices import check_device
+    from rookworld_debug.safeio import check_input_file, check_output_dir
+    try:
+        device = check_device(args.device, "--device")
+        for p in args.data or ():
+            check_input_file(p, "--data")
+        check_output_dir(args.out, "--out")
+        if args.resume:
+            check_input_file(Path(args.resume) / STATE_FILE, "--resume")
+        for flag, v in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--threads", args.threads)):
+            if v < 1:
+                raise ConfigError(flag, f"must be ≥ 1, got {v}")
+    except ConfigError as e:
+        print(f"rookworld-debug train-tiny: error: {e}", file=sys.stderr)
+        return None
+    return device
+
+
+def _logger(path: Path):
+    """log(msg): one timestamped line appended to `path`, flushed at once (a killed run keeps its log)."""
+    logf = open(path, "a")
+
+    def log(msg):
+        line = f"{time.strftime('%H:%M:%S')} {msg}"
+        logf.write(line + "\n")
+        logf.flush()
+    return log
+
+
+def _stop_reason(args, step: int, t_train: float) -> str:
+    """Why the loop stops before `step` ("" = go on): --stop-after or --max-minutes."""
+    if args.stop_after is not None and step > args.stop_after:
+        return f"stop-after {args.stop_after} reached; stopping"
+    if args.max_minutes is not None and (time.time() - t_train) / 60 > args.max_minutes:
+        return f"max-minutes reached at step {step}; stopping"
+    return ""
+
+
+def _train_step(model, fwd, opt, ids, w, bf16: bool):
+    """One optimizer step on the weighted next-token cross-entropy: (loss, ce (B, T-1), grad norm)."""
+    import torch
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = fwd(input_ids=ids).logits[:, :-1]  # (B, T-1, V)
+    ce = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1),
+                                           reduction="none").view_as(w)  # (B, T-1)
+    loss = (ce * w).sum() / w.sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss, ce, gn
+
+
+@dataclass
+class _Loop:
+    """The training loop's state a checkpoint saves: the data cursors over the two shuffled pools (one RNG
+    for both), the logged history and the loss EMA."""
+    rng: random.Random
+    p_order: list = field(default_factory=list)
+    a_order: list = field(default_factory=list)
+    pi: int = 0
+    ai: int = 0
+    start: int = 0
+    history: list = field(default_factory=list)
+    ema: Any = None
+    t_before: float = 0.0
+
+    def take(self, pool: list, which: str, n: int) -> list:
+        """The next `n` documents of `pool` ("p" or "a"), reshuffling it when its order runs out."""
+        order = self.p_order if which == "p" else self.a_order
+        i = self.pi if which == "p" else self.ai
+        res = []
+        for _ in range(n):
+            if i >= len(order):
+                order[:] = list(range(len(pool)))
+                self.rng.shuffle(order)
+                i = 0
+            res.append(pool[order[i]])
+            i += 1
+        if which == "p":
+            self.pi = i
+        else:
+            self.ai = i
+        return res
+
+    def cursors(self) -> dict:
+        return dict(p_order=self.p_order, a_order=self.a_order, pi=self.pi, ai=self.ai)
+
+    def resume(self, folder: Path, opt, log) -> None:
+        import torch
+        st = torch.load(folder / STATE_FILE, weights_only=False)
+        opt.load_state_dict(st["optimizer"])  # load_state_dict casts the moments to the params' device
+        self.rng.setstate(st["rng"])
+        torch.set_rng_state(st["torch_rng"])
+        self.p_order, self.a_order, self.pi, self.ai = st["p_order"], st["a_order"], st["pi"], st["ai"]
+        self.start, self.history, self.ema, self.t_before = (st["step"] + 1, st["history"], st["ema"],
+                                                              st["train_seconds"])
+        log(f"resumed from {folder} at step {self.start} ({self.t_before:.0f}s trained before)")
+
+    def log_step(self, step, loss, ce, w, gn, n_pos: int, args, el: float, log) -> None:
+        lv, self.ema = loss.item(), float(self.ema)
+        comp = (ce * (w == 1.0)).sum().item() / max(1.0, (w == 1.0).sum().item())
+        log(f"step {step} loss {lv:.4f} ema {self.ema:.4f} completion_ce {comp:.4f} gnorm {gn:.2f} "
+            f"lr {lr_at(step, args):.2e} T {n_pos} elapsed {el:.0f}s {el / (step + 1):.2f}s/step")
+        self.history.append({"step": step, "loss": round(lv, 4), "ema": round(self.ema, 4),
+                             "completion_ce": round(comp, 4), "elapsed_s": round(el, 1)})
 
 
 def build_model(args, tok, device, log):
