@@ -25,6 +25,7 @@ import math
 import time
 import warnings
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -36,7 +37,7 @@ from rookworld_debug.trl.record import SUPPORTED_TRL, trl_minor
 
 ROW_KEY = "_rookworld_row"
 
-__all__ = ["StepCapture", "capture_steps", "ROW_KEY", "step_dir"]
+__all__ = ["StepCapture", "CapturePlan", "capture_steps", "ROW_KEY", "step_dir"]
 
 
 def step_dir(out_dir, step: int) -> Path:
@@ -87,72 +88,79 @@ def _step_numbers(steps) -> frozenset:
     return frozenset(out)
 
 
-class StepCapture(TrainerCallback):
-    """Attached to one GRPOTrainer; `paths[step]` = saved StepTrace folder, `cost[step]` = what it cost."""
+@dataclass(frozen=True)
+class CapturePlan:
+    """Triggering: which optimizer steps are recorded (tensors copied) and which are written."""
+    steps: frozenset                     # named steps (1-based, as TRL logs them)
+    every: Optional[int]                 # and every N-th step
+    keep_last: int                       # flight recorder: the last K recorded steps are held
+    triggers: tuple                      # callables (step, metrics, record) -> Firing | None
 
-    def __init__(self, trainer, steps: Optional[Iterable[int]] = None, out_dir=None, *, every: Optional[int] = None,
-                 keep_last: int = 0, triggers=()):
-        import trl
-        if trl_minor(trl.__version__) not in SUPPORTED_TRL:
-            raise IncompatibleTraceError(f"installed TRL {trl.__version__}: the capture hooks GRPOTrainer internals "
-                                         f"of TRL {', '.join(s + '.x' for s in SUPPORTED_TRL)} only")
-        args = trainer.args
-        self.world = int(trainer.accelerator.num_processes)      # > 1: rank 0 gathers every rank's rows and writes
-        self.rank = int(trainer.accelerator.process_index)
-        self.steps = _step_numbers(steps) if steps is not None else frozenset()
-        if self.steps and min(self.steps) < 1:
-            raise ConfigError("steps", f"name optimizer steps ≥ 1 to capture, got {sorted(self.steps)}")
+    @classmethod
+    def of(cls, steps, every, keep_last, triggers) -> "CapturePlan":
+        """The plan from capture_steps' arguments, refusing anything that would capture another step."""
+        steps = _step_numbers(steps) if steps is not None else frozenset()
+        if steps and min(steps) < 1:
+            raise ConfigError("steps", f"name optimizer steps ≥ 1 to capture, got {sorted(steps)}")
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ConfigError("every", f"a whole number of steps ≥ 1, got {every!r}")
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
             raise ConfigError("keep_last", f"a whole number of held steps ≥ 0, got {keep_last!r}")
-        if out_dir is None:
-            raise ConfigError("out_dir", "name the folder the captured steps are written to")
-        self.triggers = _triggers(triggers)
-        if not (self.steps or every or keep_last or self.triggers):
-            raise ConfigError("steps", "nothing to capture: give steps=[…], every=N, keep_last=K or triggers=")
-        self.every, self.keep_last = every, keep_last
-        self._holding = bool(keep_last or self.triggers)   # flight recorder: every step is recorded, K held
-        self._held: deque = deque(maxlen=max(keep_last, 1))
-        self.index: list[dict] = []              # captures.json: one entry per written step, with its reasons
-        self.trainer, self.out_dir = trainer, Path(out_dir)
-        self.paths: dict[int, Path] = {}
-        self.cost: dict[int, dict] = {}          # step -> {"seconds", "bytes", "captured"}
-        self.errors: dict[int, str] = {}
-        # captured generation batches by their first row id: a step reads one (steps_per_generation ≥ grad. acc.
-        # steps, also reused num_iterations times) or several (steps_per_generation < grad. acc. steps)
-        self._gens: dict[int, dict] = {}
-        self._row_base = 0                       # row ids (ROW_KEY) are unique over the run, not per batch
-        self._rewards: Optional[dict] = None
-        self._mb: list = []                      # micro-batches of the running captured step
-        self._logps = None
-        self._in_loss = False
-        self._grad_norm = float("nan")
-        self._per_layer: dict = {}
-        self._lr = float("nan")
-        self._fed = 0
-        self._weights_hash: Optional[str] = None
-        self._pending: Optional[dict] = None
-        self._wrap()
-        trainer.add_callback(self)
-
-    # ---------------------------------------------------------------------------------- bookkeeping
-    def _named(self, step: int) -> bool:
-        return step in self.steps or bool(self.every and step % self.every == 0)
-
-    def _recorded(self, step: int) -> bool:
-        """Are this step's tensors copied? Named steps, and every step while the flight recorder holds K."""
-        return self._holding or self._named(step)
+        return cls(steps, every, keep_last, _triggers(triggers))
 
     @property
-    def _running(self) -> int:
-        """The optimizer step being computed (TRL logs it as state.global_step once it is done)."""
-        return self.trainer.state.global_step + 1
+    def holding(self) -> bool:
+        """Flight recorder: every step is recorded, K held."""
+        return bool(self.keep_last or self.triggers)
 
-    def _spend(self, step: int, t0: float, nbytes: int = 0) -> None:
-        c = self.cost.setdefault(step, {"seconds": 0.0, "bytes": 0, "captured": self._recorded(step)})
+    def named(self, step: int) -> bool:
+        return step in self.steps or bool(self.every and step % self.every == 0)
+
+    def recorded(self, step: int) -> bool:
+        """Are this step's tensors copied? Named steps, and every step while the flight recorder holds K."""
+        return self.holding or self.named(step)
+
+
+class _Costs:
+    """What the capture spent per step: {"seconds", "bytes", "captured"} (0 for uncaptured steps)."""
+
+    def __init__(self, plan: CapturePlan):
+        self.plan, self.table = plan, {}
+
+    def open(self, step: int) -> dict:
+        return self.table.setdefault(step, {"seconds": 0.0, "bytes": 0, "captured": self.plan.recorded(step)})
+
+    def spend(self, step: int, t0: float, nbytes: int = 0) -> None:
+        c = self.open(step)
         c["seconds"] += time.perf_counter() - t0
         c["bytes"] += nbytes
+
+
+class _Recorder:
+    """Recording: instance-level wrappers of the trainer's own methods (each calls the original unchanged)
+    that keep detached CPU copies of what a recorded step reads — its generation batches, the loss
+    micro-batches with their log-probs and entropies, the pre-clip grad norm — and the per-layer norms."""
+
+    def __init__(self, trainer, plan: CapturePlan, costs: _Costs):
+        self.trainer, self.plan, self.costs = trainer, plan, costs
+        # captured generation batches by their first row id: a step reads one (steps_per_generation ≥ grad. acc.
+        # steps, also reused num_iterations times) or several (steps_per_generation < grad. acc. steps)
+        self.gens: dict[int, dict] = {}
+        self._row_base = 0                       # row ids (ROW_KEY) are unique over the run, not per batch
+        self._rewards: Optional[dict] = None
+        self.mb: list = []                       # micro-batches of the running captured step
+        self._logps = None
+        self._in_loss = False
+        self.grad_norm = float("nan")
+        self.per_layer: dict = {}
+        self.lr = float("nan")
+        self._fed = 0
+        self.weights_hash: Optional[str] = None
+
+    @property
+    def running(self) -> int:
+        """The optimizer step being computed (TRL logs it as state.global_step once it is done)."""
+        return self.trainer.state.global_step + 1
 
     def _feeds_capture(self) -> bool:
         """Does the generation batch made now feed a captured step (it is reused num_iterations times)?"""
@@ -160,15 +168,14 @@ class StepCapture(TrainerCallback):
         ga = t.args.gradient_accumulation_steps
         every = t.args.steps_per_generation * t.num_iterations
         first, last = t._step // ga + 1, (t._step + every - 1) // ga + 1
-        fed = [s for s in range(first, last + 1) if self._recorded(s)]
+        fed = [s for s in range(first, last + 1) if self.plan.recorded(s)]
         # the copy is charged to the first captured step it feeds (with num_iterations > 1 that batch is
         # generated during an earlier, uncaptured step), so uncaptured steps stay at 0
-        self._fed = fed[0] if fed else self._running
+        self._fed = fed[0] if fed else self.running
         return bool(fed)
 
-    # ---------------------------------------------------------------------------------- wrappers
-    def _wrap(self) -> None:
-        t = self.trainer
+    def install(self) -> None:
+        t, plan, spend = self.trainer, self.plan, self.costs.spend
         gen, rew, loss, logps, gnorm = (t._generate_and_score_completions, t._calculate_rewards, t.compute_loss,
                                         t._get_per_token_logps_and_entropies, t._get_grad_norm)
 
@@ -182,11 +189,11 @@ class StepCapture(TrainerCallback):
             rec["prompts"] = [x.get("prompt") for x in inputs]
             rec["columns"] = {k: [x.get(k) for x in inputs] for k in inputs[0] if k != "prompt"} if inputs else {}
             rec.update(self._rewards)
-            rec["generation_step"] = self._running
+            rec["generation_step"] = self.running
             n, base = out["advantages"].shape[0], self._row_base
-            self._rewards, self._gens[base], self._row_base = None, rec, base + n
+            self._rewards, self.gens[base], self._row_base = None, rec, base + n
             out[ROW_KEY] = torch.arange(base, base + n, device=out["advantages"].device)
-            self._spend(self._fed, t0, _nbytes(rec))
+            spend(self._fed, t0, _nbytes(rec))
             return out
 
         def calculate_rewards(inputs, prompts, completions, completion_ids_list, *a, **kw):
@@ -196,11 +203,11 @@ class StepCapture(TrainerCallback):
                 self._rewards.update(
                     rewards_per_func=_cpu(out), completions=list(completions),
                     breakdowns=[getattr(getattr(f, "last_call", None), "breakdowns", None) for f in t.reward_funcs])
-                self._spend(self._fed, t0, _nbytes(out))
+                spend(self._fed, t0, _nbytes(out))
             return out
 
         def compute_loss(model, inputs, *a, **kw):
-            if not (t.model.training and self._recorded(self._running) and ROW_KEY in inputs):
+            if not (t.model.training and plan.recorded(self.running) and ROW_KEY in inputs):
                 return loss(model, inputs, *a, **kw)
             self._in_loss, self._logps = True, None
             try:
@@ -213,8 +220,8 @@ class StepCapture(TrainerCallback):
                   "old_per_token_logps": _cpu(inputs.get("old_per_token_logps")),
                   "num_items_in_batch": _cpu(inputs.get("num_items_in_batch")),
                   "gradient_accumulation_steps": int(t.current_gradient_accumulation_steps)}
-            self._mb.append(mb)
-            self._spend(self._running, t0, _nbytes(mb))
+            self.mb.append(mb)
+            spend(self.running, t0, _nbytes(mb))
             return value
 
         def per_token_logps_and_entropies(*a, **kw):
@@ -222,13 +229,13 @@ class StepCapture(TrainerCallback):
             if self._in_loss and kw.get("compute_entropy"):
                 t0 = time.perf_counter()
                 self._logps = (_cpu(out[0]), _cpu(out[1]))
-                self._spend(self._running, t0)
+                spend(self.running, t0)
             return out
 
         def get_grad_norm(*a, **kw):
             out = gnorm(*a, **kw)
-            if self._recorded(self._running):
-                self._grad_norm = float(out) if out is not None else float("nan")
+            if plan.recorded(self.running):
+                self.grad_norm = float(out) if out is not None else float("nan")
             return out
 
         t._generate_and_score_completions = generate_and_score
@@ -237,25 +244,16 @@ class StepCapture(TrainerCallback):
         t._get_per_token_logps_and_entropies = per_token_logps_and_entropies
         t._get_grad_norm = get_grad_norm
 
-    # ---------------------------------------------------------------------------------- callback
-    def on_step_begin(self, args, state, control, **kw):
-        step = state.global_step + 1
-        self.cost.setdefault(step, {"seconds": 0.0, "bytes": 0, "captured": self._recorded(step)})
-        if self._recorded(step):
-            from rookworld_debug.models.provenance import weights_sha256
-            t0 = time.perf_counter()
-            self._mb, self._grad_norm, self._per_layer = [], float("nan"), {}
-            # hashing every weight costs ~1 % of a step on 124M: named steps only, not every held one
-            self._weights_hash = (weights_sha256(self.trainer.accelerator.unwrap_model(self.trainer.model))
-                                  if self._named(step) else None)
-            self._spend(step, t0)
+    def begin_step(self, step: int) -> None:
+        from rookworld_debug.models.provenance import weights_sha256
+        self.mb, self.grad_norm, self.per_layer = [], float("nan"), {}
+        # hashing every weight costs ~1 % of a step on 124M: named steps only, not every held one
+        self.weights_hash = (weights_sha256(self.trainer.accelerator.unwrap_model(self.trainer.model))
+                             if self.plan.named(step) else None)
 
-    def on_pre_optimizer_step(self, args, state, control, **kw):
-        step = state.global_step + 1
-        if not self._recorded(step):
-            return
+    def record_layer_norms(self) -> None:
+        """Per-layer gradient norms AFTER clipping (as the optimizer sees them), and the LR this update uses."""
         from rookworld_debug.grpo.update import layer_name
-        t0 = time.perf_counter()
         sq: dict[str, float] = {}
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         named = [(n, p.grad.detach()) for n, p in model.named_parameters() if p.grad is not None]
@@ -263,37 +261,14 @@ class StepCapture(TrainerCallback):
         norms = torch.stack(torch._foreach_norm([g.float() for _, g in named])).tolist() if named else []
         for (name, _), v in zip(named, norms):
             sq[layer_name(name)] = sq.get(layer_name(name), 0.0) + v * v
-        self._per_layer = {k: v ** 0.5 for k, v in sq.items()}     # AFTER clipping (grads as the optimizer sees them)
-        self._lr = float(self.trainer._get_learning_rate())          # the LR this update uses (scheduler steps after)
-        self._spend(step, t0)
+        self.per_layer = {k: v ** 0.5 for k, v in sq.items()}
+        self.lr = float(self.trainer._get_learning_rate())          # (the scheduler steps after)
 
-    def on_step_end(self, args, state, control, **kw):
-        step = state.global_step
-        if not self._recorded(step):
-            return
-        t0 = time.perf_counter()
-        local = self._local_step(self._mb)
-        self._mb = []
-        if self.world > 1:                       # every rank takes part; only rank 0 keeps the merged step
-            from rookworld_debug.trl.gather import gather_to_rank0
-            merged = gather_to_rank0(local, self.rank, self.world, pad_id=self._pad_id())
-            if self.rank != 0:
-                self._spend(step, t0)
-                return                           # the other ranks never write (nor wait on disk)
-        else:
-            from rookworld_debug.trl.gather import merge_step
-            merged = merge_step([local], pad_id=self._pad_id())
-        gen, mbs = merged["gen"], merged["micro_batches"]
-        self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
-                         "learning_rate": self._lr, "gen": gen, "micro_batches": mbs}
-        self._spend(step, t0)
-        if not control.should_log:              # no log at this step: finalize now, without logged metrics
-            self._finalize(None)
-
-    def _local_step(self, mbs: list) -> dict:
+    def local_step(self) -> dict:
         """This rank's part of the step: the generation batches its micro-batches read, in generation order,
         and the micro-batches with rows local to their batch (``gen`` = index into ``gens``)."""
-        bases = sorted(self._gens)
+        mbs, self.mb = self.mb, []
+        bases = sorted(self.gens)
         used: list[int] = []
         out = []
         for mb in mbs:
@@ -308,13 +283,146 @@ class StepCapture(TrainerCallback):
         for m in out:
             m["gen"] = used.index(m["gen"])
         if used:                                 # older batches are never read again (TRL regenerates forward)
-            self._gens = {b: g for b, g in self._gens.items() if b >= used[0]}
-        return {"gens": [self._gens[b] for b in used], "micro_batches": out}
+            self.gens = {b: g for b, g in self.gens.items() if b >= used[0]}
+        return {"gens": [self.gens[b] for b in used], "micro_batches": out}
 
-    def _pad_id(self) -> int:
+    def pad_id(self) -> int:
         tok = self.trainer.processing_class
         pad = getattr(tok, "pad_token_id", None)
         return int(pad if pad is not None else getattr(tok, "eos_token_id", 0) or 0)
+
+
+class _Writer:
+    """Writing: a finished step's raw record is written when named or when a trigger fires (with the held
+    lead-up), else held (the flight recorder's last K); trace folders and the captures.json index."""
+
+    def __init__(self, trainer, plan: CapturePlan, out_dir: Path, costs: _Costs):
+        self.trainer, self.plan, self.out_dir, self.costs = trainer, plan, out_dir, costs
+        self.held: deque = deque(maxlen=max(plan.keep_last, 1))
+        self.index: list[dict] = []              # captures.json: one entry per written step, with its reasons
+        self.paths: dict[int, Path] = {}
+        self.errors: dict[int, str] = {}
+
+    def finalize(self, raw: dict) -> None:
+        step, t0 = raw["step"], time.perf_counter()
+        plan = self.plan
+        from rookworld_debug.trl.triggers import Firing, run_triggers
+        reasons = run_triggers(plan.triggers, step, step_metrics_of(raw), raw) if plan.triggers else []
+        if plan.named(step):
+            reasons.insert(0, Firing("named", float(step), math.nan, "named",
+                                     "in steps=" if step in plan.steps else f"every={plan.every}"))
+        self.costs.spend(step, t0)
+        fired = [r for r in reasons if r.kind != "named"]
+        if fired:                                # the lead-up: the K steps before the trigger, unless written
+            lead = Firing("lead-up", float(step), math.nan, "lead-up",
+                          f"held step before step {step}, where {', '.join(r.trigger for r in fired)} fired")
+            for old in self.held:
+                if old["step"] not in self.paths and old["step"] not in self.errors:
+                    self.write(old, [lead])
+        if reasons:
+            self.write(raw, reasons)
+        if plan.keep_last:
+            self.held.append(raw)                # the last K steps, written or not (a deque drops the oldest)
+
+    def write(self, raw: dict, reasons: list) -> None:
+        from rookworld_debug.trl.build import build_captured_trace
+        step, t0 = raw["step"], time.perf_counter()
+        cost = self.costs.table
+        try:
+            if raw["gen"] is None or not raw["micro_batches"]:
+                raise RuntimeError("the step's generation batch or loss micro-batches were not seen "
+                                   "(was the capture attached after train() started?)")
+            trace = build_captured_trace(self.trainer, **raw, cost=dict(cost.get(step, {})),
+                                         reasons=tuple(r.to_dict() for r in reasons))
+            self.paths[step] = trace.save(step_dir(self.out_dir, step))
+        except Exception as err:                 # never kill the user's training run; say what was lost
+            self.errors[step] = f"{type(err).__name__}: {err}"
+            warnings.warn(f"rookworld_debug capture of step {step} failed: {self.errors[step]}", stacklevel=2)
+        finally:
+            self.costs.spend(step, t0)
+            if step in self.paths:               # the saved record's cost misses the save itself: add it
+                _patch_cost(self.paths[step], cost[step])
+        self.index.append({"step": step, "path": step_dir(self.out_dir, step).name if step in self.paths else None,
+                           "reasons": [r.to_dict() for r in reasons], "error": self.errors.get(step),
+                           "written_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        self.write_index()
+
+    def write_index(self) -> None:
+        """captures.json: the folder's index, rewritten atomically after every write (a run in progress)."""
+        from rookworld_debug.safeio import atomic_write_json
+        plan = self.plan
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.out_dir / "captures.json", {
+            "format": 1, "keep_last": plan.keep_last, "every": plan.every, "steps": sorted(plan.steps),
+            "triggers": [getattr(t, "name", getattr(t, "__name__", repr(t))) for t in plan.triggers],
+            "captures": sorted(self.index, key=lambda e: e["step"])})
+
+
+class StepCapture(TrainerCallback):
+    """Attached to one GRPOTrainer; `paths[step]` = saved StepTrace folder, `cost[step]` = what it cost.
+    The TrainerCallback: step boundaries drive the recorder (`_Recorder`) and the writer (`_Writer`)
+    according to the plan (`CapturePlan`)."""
+
+    def __init__(self, trainer, steps: Optional[Iterable[int]] = None, out_dir=None, *, every: Optional[int] = None,
+                 keep_last: int = 0, triggers=()):
+        import trl
+        if trl_minor(trl.__version__) not in SUPPORTED_TRL:
+            raise IncompatibleTraceError(f"installed TRL {trl.__version__}: the capture hooks GRPOTrainer internals "
+                                         f"of TRL {', '.join(s + '.x' for s in SUPPORTED_TRL)} only")
+        self.world = int(trainer.accelerator.num_processes)      # > 1: rank 0 gathers every rank's rows and writes
+        self.rank = int(trainer.accelerator.process_index)
+        self.plan = plan = CapturePlan.of(steps, every, keep_last, triggers)
+        if out_dir is None:
+            raise ConfigError("out_dir", "name the folder the captured steps are written to")
+        if not (plan.steps or every or keep_last or plan.triggers):
+            raise ConfigError("steps", "nothing to capture: give steps=[…], every=N, keep_last=K or triggers=")
+        self.steps, self.every, self.keep_last, self.triggers = plan.steps, every, keep_last, plan.triggers
+        self.trainer, self.out_dir = trainer, Path(out_dir)
+        self._costs = _Costs(plan)
+        self.cost: dict[int, dict] = self._costs.table   # step -> {"seconds", "bytes", "captured"}
+        self.recorder = _Recorder(trainer, plan, self._costs)
+        self.writer = _Writer(trainer, plan, self.out_dir, self._costs)
+        self.paths, self.errors, self.index = self.writer.paths, self.writer.errors, self.writer.index
+        self._pending: Optional[dict] = None
+        self.recorder.install()
+        trainer.add_callback(self)
+
+    def on_step_begin(self, args, state, control, **kw):
+        step = state.global_step + 1
+        self._costs.open(step)
+        if self.plan.recorded(step):
+            t0 = time.perf_counter()
+            self.recorder.begin_step(step)
+            self._costs.spend(step, t0)
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):
+        step = state.global_step + 1
+        if self.plan.recorded(step):
+            t0 = time.perf_counter()
+            self.recorder.record_layer_norms()
+            self._costs.spend(step, t0)
+
+    def on_step_end(self, args, state, control, **kw):
+        step = state.global_step
+        if not self.plan.recorded(step):
+            return
+        t0 = time.perf_counter()
+        local = self.recorder.local_step()
+        if self.world > 1:                       # every rank takes part; only rank 0 keeps the merged step
+            from rookworld_debug.trl.gather import gather_to_rank0
+            merged = gather_to_rank0(local, self.rank, self.world, pad_id=self.recorder.pad_id())
+            if self.rank != 0:
+                self._costs.spend(step, t0)
+                return                           # the other ranks never write (nor wait on disk)
+        else:
+            from rookworld_debug.trl.gather import merge_step
+            merged = merge_step([local], pad_id=self.recorder.pad_id())
+        self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
+                         "learning_rate": self.recorder.lr, "gen": merged["gen"],
+                         "micro_batches": merged["micro_batches"]}
+        self._costs.spend(step, t0)
+        if not control.should_log:              # no log at this step: finalize now, without logged metrics
+            self._finalize(None)
 
     def on_log(self, args, state, control, logs=None, **kw):
         if self._pending is not None and self._pending["step"] == state.global_step:
@@ -325,66 +433,25 @@ class StepCapture(TrainerCallback):
             self._finalize(None)
 
     def _finalize(self, logs: Optional[dict]) -> None:
-        """The step's raw record: written now when named or a trigger fires (with the held lead-up), else held."""
+        """The step's raw record (TRL's logged metrics when it logged), handed to the writer."""
         pending, self._pending = self._pending, None
-        step = pending["step"]
-        t0 = time.perf_counter()
-        raw = dict(gen=pending["gen"], micro_batches=pending["micro_batches"], logs=logs, step=step,
-                   grad_norm=self._grad_norm, per_layer_post_clip=self._per_layer, step_metrics=pending["step_metrics"],
-                   learning_rate=pending["learning_rate"], weights_sha256=self._weights_hash,
-                   num_processes=self.world)
-        from rookworld_debug.trl.triggers import Firing, run_triggers
-        reasons = run_triggers(self.triggers, step, step_metrics_of(raw), raw) if self.triggers else []
-        if self._named(step):
-            reasons.insert(0, Firing("named", float(step), math.nan, "named",
-                                     "in steps=" if step in self.steps else f"every={self.every}"))
-        self._spend(step, t0)
-        fired = [r for r in reasons if r.kind != "named"]
-        if fired:                                # the lead-up: the K steps before the trigger, unless written
-            lead = Firing("lead-up", float(step), math.nan, "lead-up",
-                          f"held step before step {step}, where {', '.join(r.trigger for r in fired)} fired")
-            for old in self._held:
-                if old["step"] not in self.paths and old["step"] not in self.errors:
-                    self._write(old, [lead])
-        if reasons:
-            self._write(raw, reasons)
-        if self.keep_last:
-            self._held.append(raw)               # the last K steps, written or not (a deque drops the oldest)
-
-    def _write(self, raw: dict, reasons: list) -> None:
-        from rookworld_debug.trl.build import build_captured_trace
-        step, t0 = raw["step"], time.perf_counter()
-        try:
-            if raw["gen"] is None or not raw["micro_batches"]:
-                raise RuntimeError("the step's generation batch or loss micro-batches were not seen "
-                                   "(was the capture attached after train() started?)")
-            trace = build_captured_trace(self.trainer, **raw, cost=dict(self.cost.get(step, {})),
-                                         reasons=tuple(r.to_dict() for r in reasons))
-            self.paths[step] = trace.save(step_dir(self.out_dir, step))
-        except Exception as err:                 # never kill the user's training run; say what was lost
-            self.errors[step] = f"{type(err).__name__}: {err}"
-            warnings.warn(f"rookworld_debug capture of step {step} failed: {self.errors[step]}", stacklevel=2)
-        finally:
-            self._spend(step, t0)
-            if step in self.paths:               # the saved record's cost misses the save itself: add it
-                _patch_cost(self.paths[step], self.cost[step])
-        self.index.append({"step": step, "path": step_dir(self.out_dir, step).name if step in self.paths else None,
-                           "reasons": [r.to_dict() for r in reasons], "error": self.errors.get(step),
-                           "written_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
-        self._write_index()
-
-    def _write_index(self) -> None:
-        """captures.json: the folder's index, rewritten atomically after every write (a run in progress)."""
-        from rookworld_debug.safeio import atomic_write_json
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.out_dir / "captures.json", {
-            "format": 1, "keep_last": self.keep_last, "every": self.every, "steps": sorted(self.steps),
-            "triggers": [getattr(t, "name", getattr(t, "__name__", repr(t))) for t in self.triggers],
-            "captures": sorted(self.index, key=lambda e: e["step"])})
+        r = self.recorder
+        self.writer.finalize(dict(
+            gen=pending["gen"], micro_batches=pending["micro_batches"], logs=logs, step=pending["step"],
+            grad_norm=r.grad_norm, per_layer_post_clip=r.per_layer, step_metrics=pending["step_metrics"],
+            learning_rate=pending["learning_rate"], weights_sha256=r.weights_hash, num_processes=self.world))
 
     def cost_table(self) -> list[dict]:
         """One row per step seen: captured?, seconds and bytes the capture spent (0 for uncaptured steps)."""
         return [{"step": s, **c} for s, c in sorted(self.cost.items())]
+
+    # the recorder-cost measurement (lab/) writes one held step as a trigger would
+    @property
+    def _held(self) -> deque:
+        return self.writer.held
+
+    def _write(self, raw: dict, reasons: list) -> None:
+        self.writer.write(raw, reasons)
 
 
 def _patch_cost(path: Path, cost: dict) -> None:
