@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 from rookworld_debug.errors import ConfigError
 
@@ -255,148 +255,14 @@ class StepConfig:
 
     # ================================================================= validation
     def __post_init__(self):
-        s = object.__setattr__
-        # normalise papermill/JSON shapes (lists → tuples, ints → floats, TRL's bool scale_rewards)
-        if isinstance(self.adam_betas, list):
-            s(self, "adam_betas", tuple(self.adam_betas))
-        if isinstance(self.prompt_indices, list):
-            s(self, "prompt_indices", tuple(self.prompt_indices))
-        if self.scale_rewards is True:
-            s(self, "scale_rewards", "group")
-        elif self.scale_rewards is False:
-            s(self, "scale_rewards", "none")
-        for name in _FLOAT_FIELDS:
-            v = getattr(self, name)
-            if v is None and name in _OPTIONAL:
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ConfigError(name, f"must be a number, got {v!r}")
-            if not math.isfinite(v):
-                raise ConfigError(name, f"must be finite, got {v!r}")
-            s(self, name, float(v))
-        for name in _INT_FIELDS:
-            v = getattr(self, name)
-            if v is None and name in _OPTIONAL:
-                continue
-            if isinstance(v, float) and v.is_integer():
-                v = int(v)
-                s(self, name, v)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ConfigError(name, f"must be an integer, got {v!r}")
-        for name in _BOOL_FIELDS:
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
-        for name in _STR_FIELDS:
-            v = getattr(self, name)
-            if not isinstance(v, str) or not v.strip():
-                raise ConfigError(name, f"must be a non-empty string, got {v!r}")
-        for name, choices in _CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise ConfigError(name, f"unknown value {getattr(self, name)!r}; expected one of {list(choices)}")
-
-        def need(ok: bool, name: str, msg: str):
-            if not ok:
-                raise ConfigError(name, f"{msg} (got {getattr(self, name)!r})")
-
-        need(self.batch_size >= 1, "batch_size", "must be ≥ 1")
-        need(self.num_generations >= 1, "num_generations", "must be ≥ 1")
-        if self.num_generations < 2 and (self.scale_rewards != "none" or self.loss_type == "manual"):
-            raise ConfigError("num_generations", f"G={self.num_generations} < 2: a group std needs at least two "
-                              f"samples (scale_rewards={self.scale_rewards!r}, loss_type={self.loss_type!r}); "
-                              "use G ≥ 2 or scale_rewards='none'")
-        if self.prompt_indices is not None:
-            pi = self.prompt_indices
-            if not isinstance(pi, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in pi):
-                raise ConfigError("prompt_indices", f"must be a list of integers, got {pi!r}")
-            need(len(pi) == self.batch_size, "prompt_indices", f"length must equal batch_size={self.batch_size}")
-            need(all(i >= 0 for i in pi), "prompt_indices", "indices must be ≥ 0")
-            need(len(set(pi)) == len(pi), "prompt_indices", "indices must be distinct (G already repeats each "
-                 "prompt num_generations times)")
-        if self.task == "mixed" and self.prompt_indices is None:
-            need(self.batch_size >= 2, "batch_size", "task='mixed' needs batch_size ≥ 2 to hold both tasks")
-        need(self.seed >= 0, "seed", "must be ≥ 0")
-        need(self.max_new_tokens > 0, "max_new_tokens", "must be > 0")
-        need(self.p_temperature > 0, "p_temperature", "must be > 0")
-        need(self.a_temperature > 0, "a_temperature", "must be > 0")
-        need(0 < self.p_top_p <= 1, "p_top_p", "must be in (0, 1]")
-        need(0 < self.a_top_p <= 1, "a_top_p", "must be in (0, 1]")
-        need(self.top_k >= 0, "top_k", "must be ≥ 0 (0 disables)")
-        need(self.beta >= 0, "beta", "must be ≥ 0")
-        need(self.epsilon_low >= 0, "epsilon_low", "must be ≥ 0")
-        need(self.epsilon_high >= 0, "epsilon_high", "must be ≥ 0")
-        if self.delta is not None:
-            need(self.delta > 0, "delta", "must be > 0 or None (recommended > 1 + epsilon_high)")
-        need(self.adv_eps >= 0, "adv_eps", "must be ≥ 0")
-        need(self.std_ddof in (0, 1), "std_ddof", "must be 0 or 1")
-        if self.adv_clip is not None:
-            need(self.adv_clip > 0, "adv_clip", "must be > 0 or None")
-        need(self.manual_std_clamp >= 0, "manual_std_clamp", "must be ≥ 0")
-        if self.manual_adv_clip is not None:
-            need(self.manual_adv_clip > 0, "manual_adv_clip", "must be > 0 or None")
-        need(self.sapo_temperature_pos > 0, "sapo_temperature_pos", "must be > 0")
-        need(self.sapo_temperature_neg > 0, "sapo_temperature_neg", "must be > 0")
-        # the VESPO gate's λ ≤ 0 has no meaning (TRL's loss would clamp it to 1e-4 while the config said −1)
-        need(self.vespo_lambda_pos > 0, "vespo_lambda_pos", "must be > 0")
-        need(self.vespo_lambda_neg > 0, "vespo_lambda_neg", "must be > 0")
-        if self.off_policy_mask_threshold is not None:
-            need(self.off_policy_mask_threshold >= 0, "off_policy_mask_threshold", "must be ≥ 0 or None")
-        need(0 <= self.top_entropy_quantile <= 1, "top_entropy_quantile", "must be in [0, 1]")
-        lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
-        if lo is not None:
-            need(lo >= 0, "vllm_importance_sampling_clip_min", "must be ≥ 0 or None")
-        if hi is not None:
-            need(hi > 0 and (lo is None or hi >= lo), "vllm_importance_sampling_clip_max",
-                 "must be > 0 and ≥ vllm_importance_sampling_clip_min, or None")
-        if self.vllm_importance_sampling_correction:
-            need(not self.vllm_importance_sampling_mode.endswith("truncate") or lo is not None or hi is not None,
-                 "vllm_importance_sampling_mode", "a *_truncate mode needs clip_min or clip_max")
-            need(self.loss_type != "vespo" or self.vllm_importance_sampling_mode.startswith("token"),
-                 "vllm_importance_sampling_mode", "vespo needs a token_* mode (as TRL)")
-        need(0 <= self.entropy_coef_min <= self.entropy_coef_max, "entropy_coef_min",
-             "must be in [0, entropy_coef_max]")
-        need(self.entropy_coef_delta >= 0, "entropy_coef_delta", "must be ≥ 0")
-        need(self.num_iterations >= 1, "num_iterations", "must be ≥ 1")
-        need(self.warmup_steps >= 0, "warmup_steps", "must be ≥ 0")
-        if self.warmup_lr is not None:
-            need(self.warmup_lr >= 0, "warmup_lr", "must be ≥ 0 or None")
-        for name in ("init_policy", "init_optimizer"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, str) or not v.strip()):
-                raise ConfigError(name, f"must be a non-empty path string or None, got {v!r}")
-        if self.init_optimizer is not None and self.init_policy is None and self.init_optimizer == "checkpoint":
-            raise ConfigError("init_optimizer", "'checkpoint' needs init_policy (a run_steps checkpoint folder)")
-        need(0 <= self.tiny_std_fraction < 1, "tiny_std_fraction", "must be in [0, 1)")
-        need(self.lr >= 0, "lr", "must be ≥ 0")
-        b = self.adam_betas
-        if not (isinstance(b, tuple) and len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                             for x in b)):
-            raise ConfigError("adam_betas", f"must be a pair of numbers, got {b!r}")
-        s(self, "adam_betas", (float(b[0]), float(b[1])))
-        need(all(0 <= x < 1 for x in self.adam_betas), "adam_betas", "each β must be in [0, 1)")
-        need(self.adam_eps > 0, "adam_eps", "must be > 0")
-        need(self.weight_decay >= 0, "weight_decay", "must be ≥ 0")
-        if self.max_grad_norm is not None:
-            need(self.max_grad_norm > 0, "max_grad_norm", "must be > 0 or None")
-        n = self.batch_size * self.num_generations
-        if self.steps_per_generation is not None:
-            need(1 <= self.steps_per_generation <= n and n % self.steps_per_generation == 0, "steps_per_generation",
-                 f"must divide N = B·G = {n}")
-            n //= self.steps_per_generation                  # rows per optimizer step
-        if self.micro_batch_size is not None:
-            need(1 <= self.micro_batch_size <= n, "micro_batch_size", f"must be in [1, {n}] (rows per optimizer "
-                 "step) or None")
-            need(n % self.micro_batch_size == 0, "micro_batch_size", f"must divide the {n} rows of an optimizer step")
-        need(self.engine_depth >= 1, "engine_depth", "must be ≥ 1")
-        need(self.engine_multipv >= 1, "engine_multipv", "must be ≥ 1")
-        need(self.engine_workers >= 1, "engine_workers", "must be ≥ 1")
-        need(self.engine_timeout > 0, "engine_timeout", "must be > 0 seconds")
-        need(self.heldout_n >= 0, "heldout_n", "must be ≥ 0")
-        need(self.eval_max_new_tokens > 0, "eval_max_new_tokens", "must be > 0")
-        need(self.top_k_alternatives >= 0, "top_k_alternatives", "must be ≥ 0")
-        dev = self.device
-        need(dev in ("auto", "cpu", "cuda", "mps") or (dev.startswith("cuda:") and dev[5:].isdigit()), "device",
-             "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
-        need(self.autocast in ("auto", "bf16", "off"), "autocast", "must be 'auto', 'bf16' or 'off'")
+        """Normalise papermill/JSON shapes and types, then apply `_RULES` in order: the first rule a value
+        breaks raises ConfigError(field, message)."""
+        _normalise(self)
+        for rule in _RULES:
+            if not rule.ok(self):
+                msg = rule.message(self) if callable(rule.message) else rule.message
+                raise ConfigError(rule.field, f"{msg} (got {getattr(self, rule.field)!r})" if rule.show_value
+                                  else msg)
 
     # ================================================================= helpers
     @property
@@ -502,3 +368,180 @@ _STR_FIELDS = ("model", "dataset", "device")
 _CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
             "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip"),
             "engine_on_failure": ("raise", "flag"), "vllm_importance_sampling_mode": VLLM_IS_MODES}
+
+
+def _normalise(c: StepConfig) -> None:
+    """Papermill/JSON shapes (lists → tuples, ints → floats, TRL's bool scale_rewards), then the type of
+    every number, bool, string and choice field."""
+    s = object.__setattr__
+    if isinstance(c.adam_betas, list):
+        s(c, "adam_betas", tuple(c.adam_betas))
+    if isinstance(c.prompt_indices, list):
+        s(c, "prompt_indices", tuple(c.prompt_indices))
+    if c.scale_rewards is True:
+        s(c, "scale_rewards", "group")
+    elif c.scale_rewards is False:
+        s(c, "scale_rewards", "none")
+    if _is_number_pair(c.adam_betas):                  # else the adam_betas rule names it, in its turn
+        s(c, "adam_betas", (float(c.adam_betas[0]), float(c.adam_betas[1])))
+    for name in _FLOAT_FIELDS:
+        v = getattr(c, name)
+        if v is None and name in _OPTIONAL:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(name, f"must be a number, got {v!r}")
+        if not math.isfinite(v):
+            raise ConfigError(name, f"must be finite, got {v!r}")
+        s(c, name, float(v))
+    for name in _INT_FIELDS:
+        v = getattr(c, name)
+        if v is None and name in _OPTIONAL:
+            continue
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+            s(c, name, v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(name, f"must be an integer, got {v!r}")
+    for name in _BOOL_FIELDS:
+        if not isinstance(getattr(c, name), bool):
+            raise ConfigError(name, f"must be True or False, got {getattr(c, name)!r}")
+    for name in _STR_FIELDS:
+        v = getattr(c, name)
+        if not isinstance(v, str) or not v.strip():
+            raise ConfigError(name, f"must be a non-empty string, got {v!r}")
+    for name, choices in _CHOICES.items():
+        if getattr(c, name) not in choices:
+            raise ConfigError(name, f"unknown value {getattr(c, name)!r}; expected one of {list(choices)}")
+
+
+class _Rule(NamedTuple):
+    """One validation rule: `ok(config)` must hold, else ConfigError(field, message + " (got value)")
+    (`show_value=False`: the message alone); `message` may be a function of the config."""
+    field: str
+    ok: Callable[[StepConfig], bool]
+    message: Union[str, Callable[[StepConfig], str]]
+    show_value: bool = True
+
+
+def _optional(name: str, pred: Callable[[Any], bool]) -> Callable[[StepConfig], bool]:
+    """A rule on an Optional field: None passes."""
+    return lambda c: getattr(c, name) is None or pred(getattr(c, name))
+
+
+def _path_or_none(name: str) -> _Rule:
+    return _Rule(name, _optional(name, lambda v: isinstance(v, str) and bool(v.strip())),
+                 lambda c: f"must be a non-empty path string or None, got {getattr(c, name)!r}", False)
+
+
+def _is_number_pair(b) -> bool:
+    return isinstance(b, tuple) and len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                        for x in b)
+
+
+def _is_truncate(c: StepConfig) -> bool:
+    return c.vllm_importance_sampling_mode.endswith("truncate")
+
+
+# Value rules, in the order they are checked (after the type checks of _normalise); cross-field rules sit
+# with the field they name.
+_RULES: tuple[_Rule, ...] = (
+    # ---- run / data
+    _Rule("batch_size", lambda c: c.batch_size >= 1, "must be ≥ 1"),
+    _Rule("num_generations", lambda c: c.num_generations >= 1, "must be ≥ 1"),
+    _Rule("num_generations", lambda c: not (c.num_generations < 2 and (c.scale_rewards != "none"
+                                                                        or c.loss_type == "manual")),
+          lambda c: f"G={c.num_generations} < 2: a group std needs at least two samples (scale_rewards="
+                    f"{c.scale_rewards!r}, loss_type={c.loss_type!r}); use G ≥ 2 or scale_rewards='none'", False),
+    _Rule("prompt_indices", _optional("prompt_indices", lambda pi: isinstance(pi, tuple) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in pi)),
+          lambda c: f"must be a list of integers, got {c.prompt_indices!r}", False),
+    _Rule("prompt_indices", lambda c: c.prompt_indices is None or len(c.prompt_indices) == c.batch_size,
+          lambda c: f"length must equal batch_size={c.batch_size}"),
+    _Rule("prompt_indices", _optional("prompt_indices", lambda pi: all(i >= 0 for i in pi)), "indices must be ≥ 0"),
+    _Rule("prompt_indices", _optional("prompt_indices", lambda pi: len(set(pi)) == len(pi)),
+          "indices must be distinct (G already repeats each prompt num_generations times)"),
+    _Rule("batch_size", lambda c: not (c.task == "mixed" and c.prompt_indices is None) or c.batch_size >= 2,
+          "task='mixed' needs batch_size ≥ 2 to hold both tasks"),
+    _Rule("seed", lambda c: c.seed >= 0, "must be ≥ 0"),
+    # ---- sampling
+    _Rule("max_new_tokens", lambda c: c.max_new_tokens > 0, "must be > 0"),
+    _Rule("p_temperature", lambda c: c.p_temperature > 0, "must be > 0"),
+    _Rule("a_temperature", lambda c: c.a_temperature > 0, "must be > 0"),
+    _Rule("p_top_p", lambda c: 0 < c.p_top_p <= 1, "must be in (0, 1]"),
+    _Rule("a_top_p", lambda c: 0 < c.a_top_p <= 1, "must be in (0, 1]"),
+    _Rule("top_k", lambda c: c.top_k >= 0, "must be ≥ 0 (0 disables)"),
+    # ---- objective
+    _Rule("beta", lambda c: c.beta >= 0, "must be ≥ 0"),
+    _Rule("epsilon_low", lambda c: c.epsilon_low >= 0, "must be ≥ 0"),
+    _Rule("epsilon_high", lambda c: c.epsilon_high >= 0, "must be ≥ 0"),
+    _Rule("delta", _optional("delta", lambda v: v > 0), "must be > 0 or None (recommended > 1 + epsilon_high)"),
+    _Rule("adv_eps", lambda c: c.adv_eps >= 0, "must be ≥ 0"),
+    _Rule("std_ddof", lambda c: c.std_ddof in (0, 1), "must be 0 or 1"),
+    _Rule("adv_clip", _optional("adv_clip", lambda v: v > 0), "must be > 0 or None"),
+    _Rule("manual_std_clamp", lambda c: c.manual_std_clamp >= 0, "must be ≥ 0"),
+    _Rule("manual_adv_clip", _optional("manual_adv_clip", lambda v: v > 0), "must be > 0 or None"),
+    _Rule("sapo_temperature_pos", lambda c: c.sapo_temperature_pos > 0, "must be > 0"),
+    _Rule("sapo_temperature_neg", lambda c: c.sapo_temperature_neg > 0, "must be > 0"),
+    # the VESPO gate's λ ≤ 0 has no meaning (TRL's loss would clamp it to 1e-4 while the config said −1)
+    _Rule("vespo_lambda_pos", lambda c: c.vespo_lambda_pos > 0, "must be > 0"),
+    _Rule("vespo_lambda_neg", lambda c: c.vespo_lambda_neg > 0, "must be > 0"),
+    _Rule("off_policy_mask_threshold", _optional("off_policy_mask_threshold", lambda v: v >= 0),
+          "must be ≥ 0 or None"),
+    _Rule("top_entropy_quantile", lambda c: 0 <= c.top_entropy_quantile <= 1, "must be in [0, 1]"),
+    _Rule("vllm_importance_sampling_clip_min", _optional("vllm_importance_sampling_clip_min", lambda v: v >= 0),
+          "must be ≥ 0 or None"),
+    _Rule("vllm_importance_sampling_clip_max", lambda c: c.vllm_importance_sampling_clip_max is None or (
+        c.vllm_importance_sampling_clip_max > 0 and (c.vllm_importance_sampling_clip_min is None or
+                                                     c.vllm_importance_sampling_clip_max
+                                                     >= c.vllm_importance_sampling_clip_min)),
+          "must be > 0 and ≥ vllm_importance_sampling_clip_min, or None"),
+    _Rule("vllm_importance_sampling_mode", lambda c: not (c.vllm_importance_sampling_correction and _is_truncate(c))
+          or c.vllm_importance_sampling_clip_min is not None or c.vllm_importance_sampling_clip_max is not None,
+          "a *_truncate mode needs clip_min or clip_max"),
+    _Rule("vllm_importance_sampling_mode", lambda c: not c.vllm_importance_sampling_correction
+          or c.loss_type != "vespo" or c.vllm_importance_sampling_mode.startswith("token"),
+          "vespo needs a token_* mode (as TRL)"),
+    _Rule("entropy_coef_min", lambda c: 0 <= c.entropy_coef_min <= c.entropy_coef_max,
+          "must be in [0, entropy_coef_max]"),
+    _Rule("entropy_coef_delta", lambda c: c.entropy_coef_delta >= 0, "must be ≥ 0"),
+    # ---- start policy and inner iterations
+    _Rule("num_iterations", lambda c: c.num_iterations >= 1, "must be ≥ 1"),
+    _Rule("warmup_steps", lambda c: c.warmup_steps >= 0, "must be ≥ 0"),
+    _Rule("warmup_lr", _optional("warmup_lr", lambda v: v >= 0), "must be ≥ 0 or None"),
+    _path_or_none("init_policy"),
+    _path_or_none("init_optimizer"),
+    _Rule("init_optimizer", lambda c: not (c.init_optimizer == "checkpoint" and c.init_policy is None),
+          "'checkpoint' needs init_policy (a run_steps checkpoint folder)", False),
+    _Rule("tiny_std_fraction", lambda c: 0 <= c.tiny_std_fraction < 1, "must be in [0, 1)"),
+    # ---- optimizer
+    _Rule("lr", lambda c: c.lr >= 0, "must be ≥ 0"),
+    _Rule("adam_betas", lambda c: _is_number_pair(c.adam_betas),
+          lambda c: f"must be a pair of numbers, got {c.adam_betas!r}", False),
+    _Rule("adam_betas", lambda c: all(0 <= x < 1 for x in c.adam_betas), "each β must be in [0, 1)"),
+    _Rule("adam_eps", lambda c: c.adam_eps > 0, "must be > 0"),
+    _Rule("weight_decay", lambda c: c.weight_decay >= 0, "must be ≥ 0"),
+    _Rule("max_grad_norm", _optional("max_grad_norm", lambda v: v > 0), "must be > 0 or None"),
+    _Rule("steps_per_generation", lambda c: c.steps_per_generation is None or (
+        1 <= c.steps_per_generation <= c.num_completions and c.num_completions % c.steps_per_generation == 0),
+          lambda c: f"must divide N = B·G = {c.num_completions}"),
+    _Rule("micro_batch_size", lambda c: c.micro_batch_size is None
+          or 1 <= c.micro_batch_size <= c.rows_per_optimizer_step,
+          lambda c: f"must be in [1, {c.rows_per_optimizer_step}] (rows per optimizer step) or None"),
+    _Rule("micro_batch_size", lambda c: c.micro_batch_size is None
+          or c.rows_per_optimizer_step % c.micro_batch_size == 0,
+          lambda c: f"must divide the {c.rows_per_optimizer_step} rows of an optimizer step"),
+    # ---- rewards
+    _Rule("engine_depth", lambda c: c.engine_depth >= 1, "must be ≥ 1"),
+    _Rule("engine_multipv", lambda c: c.engine_multipv >= 1, "must be ≥ 1"),
+    _Rule("engine_workers", lambda c: c.engine_workers >= 1, "must be ≥ 1"),
+    _Rule("engine_timeout", lambda c: c.engine_timeout > 0, "must be > 0 seconds"),
+    # ---- evaluation
+    _Rule("heldout_n", lambda c: c.heldout_n >= 0, "must be ≥ 0"),
+    _Rule("eval_max_new_tokens", lambda c: c.eval_max_new_tokens > 0, "must be > 0"),
+    _Rule("top_k_alternatives", lambda c: c.top_k_alternatives >= 0, "must be ≥ 0"),
+    # ---- hardware
+    _Rule("device", lambda c: c.device in ("auto", "cpu", "cuda", "mps")
+          or (c.device.startswith("cuda:") and c.device[5:].isdigit()),
+          "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    _Rule("autocast", lambda c: c.autocast in ("auto", "bf16", "off"), "must be 'auto', 'bf16' or 'off'"),
+)
