@@ -240,8 +240,14 @@ class StepConfig:
                                   group="eval")
     top_k_alternatives: int = _f(5, "Top-k alternative tokens (with probabilities) recorded per completion "
                                  "position for views; 0 disables.", group="eval")
-    diagnostics: bool = _f(False, "Signal or noise: per-group gradients, SNR, Δreward intervals (B backwards).",
+    diagnostics: bool = _f(False, "Signal or noise: per-group gradients, SNR, Δreward intervals, the G′ sweep, the "
+                           "entropy mechanism and the sampler–trainer gap (one grad forward, B + |G′|·3 backwards).",
                            group="eval")
+    sampling_autocast: Optional[str] = _f(None, "Precision of the SAMPLER only: 'bf16' runs the generation phase "
+                                          "(sampling loop, greedy rows, its scoring forwards) under torch.autocast "
+                                          "bf16 while the update trains as `autocast` says (fp32 on the CPU): a real "
+                                          "sampler–trainer gap, as a bf16 vLLM sampler makes. None = off.",
+                                          choices=(None, "bf16"), group="eval")
 
     # ---------------------------------------------------------------- hardware
     device: str = _f("auto", "torch device: 'auto' (cuda if available, else mps, else cpu), 'cpu', 'cuda', 'cuda:N' "

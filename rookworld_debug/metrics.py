@@ -40,6 +40,30 @@ GLOSSARY: dict[str, str] = {
     "delta_reward_ci": "Paired bootstrap 95 % interval of mean(after − before) of the greedy rewards of the same "
                        "prompts (pairs resampled with replacement); 'within noise' when it covers 0.",
     "group_cos_step": "cos(g_b, Σ_b g_b): how well group b's gradient points along the step's gradient.",
+    "group_size_cos": "What if G were smaller: cos(g_G′, g_G) between the gradient from G′ < G completions per group and "
+                      "the step's full-G gradient. Estimator: per G′, seeded draws keep G′ of each group's G rows "
+                      "(uniform, without replacement); advantages recomputed from the kept rewards with the step's "
+                      "advantage function; the step's loss with the kept rows' normalizers; same forward (step start, "
+                      "ratio 1). Shown: mean ± sd (n − 1) over the draws. Batch: the sampled rollout.",
+    "entropy_cov": "Cov(log π, A) = Σ m(ℓ_it − ℓ̄)(A_i − Ā)/n over the n masked sampled tokens, ℓ̄, Ā token means "
+                   "(Cui et al. 2025's batch-centred token covariance); ℓ from the trainer's fp32 forward at the "
+                   "step's start. Batch: the sampled rollout.",
+    "predicted_delta_entropy": "First-order entropy change −η·Cov(log π, A) (Cui et al. 2025: softmax policy, natural "
+                               "policy gradient with step η), η = the learning rate. Adam on shared weights is not "
+                               "that update: read the sign, and the implied η_eff = −measured/Cov.",
+    "measured_delta_entropy": "Σ m(H_after − H_before)/n: token-mean change of the tempered policy's entropy (nats) on "
+                              "the SAME sampled tokens, before = the step's start; after one optimizer step (next "
+                              "inner pass's forward, μ > 1) or after the whole update (the evaluation's forward).",
+    "clip_events": "Tokens of an inner pass by bound crossed × sign of A, counts and shares of the n masked tokens: "
+                   "clip-low = r < 1 − ε_low with A < 0 (binding; the entropy-raising side), clip-high = r > 1 + ε_high "
+                   "with A > 0 (binding; the entropy-lowering side); the other two cells cross a bound without "
+                   "binding (PPO's min keeps the unclipped term).",
+    "sampler_gap": "Δ_it = log π_sampler(y_it) − log π_trainer(y_it) on the masked sampled tokens: the decoding "
+                   "loop's log-prob of the token it drew vs the trainer's fp32 teacher-forced forward at the same θ. "
+                   "Quantiles, mean |Δ| (TRL sampling/sampling_logp_difference/mean), max |Δ|. Batch: the rollout.",
+    "is_ess": "Effective sample size of the truncated IS weights, ESS = (Σw)²/Σw², shown as ESS/n: per token w_it = "
+              "min(e^(−Δ_it), C) over the n masked tokens; per sequence w_i = min(e^(−Σ_t Δ_it), C) over the rows. "
+              "C = vllm_importance_sampling_clip_max (TRL 1.16 default 3.0). 1 = uniform weights (no gap).",
     "kl_grad_share": "Gradient share of the KL penalty: ‖∇(β·KL)‖ / (‖∇PG‖ + ‖∇(β·KL)‖ + ‖∇entropy term‖), global L2 "
                      "norms of each term's gradient before clipping (update phase; n/a on the lean path).",
     "pg_grad_share": "Gradient share of the PG term: ‖∇PG‖ / (‖∇PG‖ + ‖∇(β·KL)‖ + ‖∇entropy term‖).",

@@ -21,7 +21,7 @@ noise at this B. Then ``pure_noise`` is True, SNR is reported as 0 and B_simple 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -59,14 +59,19 @@ def _snr(b: int, trace_sigma: float, grad_sq: float) -> float:
     return grad_sq / (trace_sigma / b) if trace_sigma > 0 else math.inf
 
 
-def noise_scale(per_group_grads: torch.Tensor, *, n_boot: int = 2000, seed: int = 0, level: float = 0.9) -> NoiseScale:
-    """The noise-scale record of a (B, P) tensor of group gradients (see module doc)."""
-    g = per_group_grads.detach().to(torch.float64)
+def noise_scale(per_group_grads: torch.Tensor, *, n_boot: int = 2000, seed: int = 0, level: float = 0.9,
+                gram: Optional[torch.Tensor] = None) -> NoiseScale:
+    """The noise-scale record of a (B, P) tensor of group gradients (see module doc). ``gram``: their float64
+    Gram matrix when the caller has it (`gram64`)."""
+    g = per_group_grads.detach()
     b = g.shape[0]
     if g.ndim != 2 or b < 2:
         from rookworld_debug.errors import ConfigError
         raise ConfigError("per_group_grads", f"need a (B, P) tensor with B ≥ 2 groups, got shape {tuple(g.shape)}")
-    gram = g @ g.T                                                         # (B, B)
+    if not bool(torch.isfinite(g).all()):
+        from rookworld_debug.errors import NumericalError
+        raise NumericalError("noise_scale: the group gradients hold NaN/inf (a non-finite loss or reward)")
+    gram = gram64(g) if gram is None else gram                             # (B, B) float64
     mean_sq, trace_sigma, grad_sq = _gram_stats(gram)
     pure = grad_sq <= 0
     b_simple = math.inf if pure else trace_sigma / grad_sq
@@ -75,7 +80,7 @@ def noise_scale(per_group_grads: torch.Tensor, *, n_boot: int = 2000, seed: int 
     note = ("pure noise at this batch: the spread between groups explains all of |ḡ|²" if pure else
             f"B = {b} groups: tr Σ̂ has {b - 1} degrees of freedom" + ("" if trust else "; the estimate is loose, "
                                                                                     "read the interval"))
-    return NoiseScale(num_groups=b, mean_grad=g.mean(0).to(per_group_grads.dtype), mean_grad_sq=mean_sq,
+    return NoiseScale(num_groups=b, mean_grad=g.mean(0), mean_grad_sq=mean_sq,
                       trace_sigma=trace_sigma, grad_sq=grad_sq, b_simple=b_simple, snr=_snr(b, trace_sigma, grad_sq),
                       groups_for_snr_1=math.inf if pure else float(math.ceil(b_simple)), pure_noise=pure,
                       snr_ci=ci, ci_level=level, trustworthy=trust, note=note)
@@ -121,45 +126,85 @@ def paired_bootstrap_ci(before, after, n_boot: int = 10_000, seed: int = 0, leve
     return (float(lo), float(hi))
 
 
-def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps: Optional[torch.Tensor] = None,
-                    num_generations: Optional[int] = None) -> torch.Tensor:
-    """(B, P) gradients of the step's loss, one row per group (see module doc); Σ over rows = the gradient
-    of the whole batch's loss. P = the trainable parameters of ``policy``, flattened in named order."""
-    from rookworld_debug.grpo.generation import per_token_logps_and_entropy
-    from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
+class GradForward:
+    """One forward WITH grad over all N rows at the step's start, shared by every gradient the diagnostics take
+    (the per-group split, the G′ subsets): each is one backward through this graph (retain_graph)."""
 
+    def __init__(self, policy, rollout, config):
+        from rookworld_debug.grpo.generation import per_token_logps_and_entropy
+        from rookworld_debug.grpo.iterations import effective_mask
+        from rookworld_debug.grpo.loss import loss_kwargs
+        self.rollout, self.config = rollout, config
+        self.params = [p for _, p in policy.named_parameters() if p.requires_grad]
+        self.mask = effective_mask(rollout, config)                                          # (N, T)
+        self.kw = loss_kwargs(config)
+        self.need_entropy = self.kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1
+        policy.train(False)                      # as update(): dropout off
+        self.logps, self.entropy = per_token_logps_and_entropy(
+            policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, self.mask, rollout.temperatures,
+            with_grad=True, entropy_grad=self.kw["entropy_coef"] != 0)                         # (N, T) each
+
+    def loss(self, rows: Optional[torch.Tensor], advantages: torch.Tensor, num_generations: int,
+             old_per_token_logps: Optional[torch.Tensor] = None):
+        """The step's loss record on `rows` (None = all N) with these advantages (len(rows),), the batch's
+        normalizers recomputed for those rows (num_items_in_batch = their Σ mask)."""
+        from rookworld_debug.grpo.loss import compute_loss
+        sel = (lambda t: t) if rows is None else (lambda t: None if t is None else t[rows])
+        mask = sel(self.mask)
+        return compute_loss(sel(self.logps), sel(old_per_token_logps), sel(self.rollout.ref_per_token_logps),
+                            advantages.to(self.logps.dtype), mask,
+                            entropy=sel(self.entropy) if self.need_entropy else None,
+                            num_items_in_batch=float(mask.sum()), num_generations=num_generations, **self.kw)
+
+    def grad(self, loss: torch.Tensor) -> torch.Tensor:
+        """(P,) ∂loss/∂θ through the shared graph (kept for the next backward)."""
+        if not loss.requires_grad:                # e.g. every advantage 0 and β = c_H = 0
+            return torch.zeros(sum(p.numel() for p in self.params))
+        gs = torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True)
+        return torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1) for x, p in zip(gs, self.params)])
+
+
+def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps: Optional[torch.Tensor] = None,
+                    num_generations: Optional[int] = None, forward: Optional[GradForward] = None) -> torch.Tensor:
+    """(B, P) gradients of the step's loss, one row per group (see module doc); Σ over rows = the gradient
+    of the whole batch's loss. P = the trainable parameters of ``policy``, flattened in named order.
+    ``forward``: a GradForward to reuse (one forward for every diagnostic)."""
     g = num_generations or config.num_generations
-    params = [p for _, p in policy.named_parameters() if p.requires_grad]
-    mask = rollout.completion_mask
-    if config.mask_truncated_completions:
-        mask = mask * (~rollout.is_truncated)[:, None]
-    kw = loss_kwargs(config)
-    need_entropy = kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1
-    logps, entropy = per_token_logps_and_entropy(policy, rollout.prompt_ids, rollout.prompt_mask,
-                                                 rollout.completion_ids, mask, rollout.temperatures, with_grad=True,
-                                                 entropy_grad=kw["entropy_coef"] != 0)            # (N, T) each
-    rec = compute_loss(logps, old_per_token_logps, rollout.ref_per_token_logps,
-                       advantages.advantages.to(logps.dtype), mask, entropy=entropy if need_entropy else None,
-                       num_items_in_batch=float(mask.sum()), num_generations=g, **kw)
-    outs = [t for t in (logps, entropy) if t.requires_grad]
+    fw = forward or GradForward(policy, rollout, config)
+    rec = fw.loss(None, advantages.advantages, g, old_per_token_logps)
+    outs = [t for t in (fw.logps, fw.entropy) if t.requires_grad]
     ups = torch.autograd.grad(rec.loss, outs, retain_graph=True, allow_unused=True)
-    n = logps.shape[0]
+    n = fw.logps.shape[0]
     rows = []
     for b in range(n // g):
-        keep = torch.zeros(n, 1, dtype=logps.dtype)
+        keep = torch.zeros(n, 1, dtype=fw.logps.dtype)
         keep[b * g:(b + 1) * g] = 1.0
-        grads = torch.autograd.grad(outs, params, grad_outputs=[u * keep if u is not None else torch.zeros_like(o)
-                                                                for u, o in zip(ups, outs)],
-                                    retain_graph=b < n // g - 1, allow_unused=True)
-        rows.append(torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1) for x, p in zip(grads, params)]))
+        grads = torch.autograd.grad(outs, fw.params, grad_outputs=[u * keep if u is not None else torch.zeros_like(o)
+                                                                    for u, o in zip(ups, outs)],
+                                    retain_graph=True, allow_unused=True)
+        rows.append(torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1)
+                               for x, p in zip(grads, fw.params)]))
     return torch.stack(rows)                                                # (B, P)
+
+
+def gram64(rows: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
+    """(K, K) float64 Gram matrix rows·rowsᵀ of a (K, P) tensor, accumulated over chunks of P (no (K, P) float64
+    copy). Why float64: ONE float32 reduction over P ≈ 5·10⁶ entries is off by ~1e-3 relative (measured 6.5e-4 on
+    ‖Σ_b g_b‖ of the tiny model), while update() takes a norm of per-parameter norms (error ~1e-8)."""
+    k, p = rows.shape
+    out = torch.zeros(k, k, dtype=torch.float64)
+    for i in range(0, p, chunk):
+        c = rows[:, i:i + chunk].to(torch.float64)                          # (K, chunk)
+        out += c @ c.T
+    return out
 
 
 @dataclass(frozen=True)
 class SignalNoise:
     """The step's signal-or-noise diagnostics (StepConfig.diagnostics), on the sampled rollout at the start of
     the step (the first optimizer step's gradient; μ > 1 passes are not decomposed)."""
-    step_grad_norm: float               # ‖Σ_b g_b‖ = the first optimizer step's grad norm before clipping
+    step_grad_norm: float               # ‖Σ_b g_b‖ (float64 from the Gram matrix) = the first optimizer step's
+                                        #   grad norm before clipping (UpdateResult.grad_norm_pre_clip, to ~1e-7)
     group_grad_norms: torch.Tensor      # (B,) ‖g_b‖: each group's share of the step's gradient
     group_cos_step: torch.Tensor        # (B,) cos(g_b, Σ_b g_b)
     group_cos: torch.Tensor             # (B, B) cos(g_a, g_b)
@@ -169,32 +214,74 @@ class SignalNoise:
     delta_reward_heldout_ci: tuple      # the same on the held-out prompts ((nan, nan) without them)
     n_boot: int
     seconds: float
+    group_size: Optional[object] = None  # grpo.group_size.GroupSizeSweep: cos(g_{G′}, g_G) vs G′ (None: G < 3)
+    entropy: Optional[object] = None    # grpo.entropy_mechanism.EntropyMechanism: −η·Cov vs measured ΔH, clips
+    gap: Optional[object] = None        # grpo.sampler_gap.SamplerTrainerGap: sampler vs trainer log-probs
+    seconds_parts: dict = field(default_factory=dict)   # {"forward+groups", "group_size", "entropy+gap"}: s
 
 
-def signal_noise(policy, rollout, advantages, loss_record, config, *, n_boot: int = 2000) -> "SignalNoise":
-    """Per-group gradients at the step's start and their noise scale (the Δreward intervals are added after
-    the evaluation, with :func:`with_delta_ci`)."""
+def sampler_label(config) -> str:
+    """How the sampling loop ran (the sampler side of the gap)."""
+    if getattr(config, "sampling_autocast", None) == "bf16":
+        return "bf16 autocast (sampling_autocast='bf16')"
+    return "bf16 autocast (autocast on CUDA)" if config.autocast == "bf16" else f"as the model (autocast={config.autocast!r})"
+
+
+def signal_noise(policy, rollout, advantages, loss_record, config, *, n_boot: int = 2000,
+                 group_size_draws: int = 3) -> "SignalNoise":
+    """Per-group gradients at the step's start, their noise scale, the G′ sweep, the entropy-mechanism prediction
+    and the sampler–trainer gap — all on ONE grad forward. The measured entropy change and the Δreward intervals
+    are added after the update and the evaluation by :func:`with_delta_ci`."""
     import time
+    from rookworld_debug.grpo.entropy_mechanism import entropy_mechanism
+    from rookworld_debug.grpo.group_size import group_size_sweep
+    from rookworld_debug.grpo.sampler_gap import TRL_IS_CAP, sampler_trainer_gap
     t0 = time.perf_counter()
-    g = per_group_grads(policy, rollout, advantages, config)                           # (B, P)
+    fw = GradForward(policy, rollout, config)
+    g = per_group_grads(policy, rollout, advantages, config, forward=fw)                  # (B, P)
     step = g.sum(0)                                                                      # (P,)
-    norms = g.norm(dim=1)                                                                # (B,)
-    unit = g / norms.clamp_min(1e-30)[:, None]
-    cos = unit @ unit.T                                                                  # (B, B)
-    cos_step = unit @ (step / step.norm().clamp_min(1e-30))                              # (B,)
+    gram = gram64(g)                                                                     # (B, B) float64
+    norms = torch.diagonal(gram).clamp_min(0).sqrt()                                     # (B,)
+    step_norm = float(gram.sum().clamp_min(0).sqrt())                                    # ‖Σ_b g_b‖
+    cos = gram / (norms[:, None] * norms[None, :]).clamp_min(1e-300)                     # (B, B)
+    cos_step = gram.sum(1) / (norms * step_norm).clamp_min(1e-300)                       # (B,)
     per_seq = loss_record.per_seq_loss.detach()                                          # (N,) row terms
     weights = per_seq.abs().reshape(-1, config.num_generations).sum(1)                   # (B,)
     weights = weights / weights.sum().clamp_min(1e-30)
-    ns = noise_scale(g, n_boot=n_boot, seed=config.seed)
+    ns = noise_scale(g, n_boot=n_boot, seed=config.seed, gram=gram)
+    t1 = time.perf_counter()
+    sweep = group_size_sweep(fw, advantages.rewards, config, step, draws=group_size_draws, seed=config.seed) \
+        if config.num_generations >= 3 else None
+    t2 = time.perf_counter()
+    logps, ent = fw.logps.detach(), fw.entropy.detach()                                  # (N, T) trainer, θ_0
+    em = entropy_mechanism(logps, ent, advantages.advantages, fw.mask, config.lr)
+    cap = getattr(config, "vllm_importance_sampling_clip_max", None) or TRL_IS_CAP     # C of the truncated weights
+    gap = sampler_trainer_gap(rollout.sampling_per_token_logps, logps, fw.mask, cap=cap, sampler=sampler_label(config),
+                              trainer="fp32 teacher-forced forward at the step's start (the diagnostics' grad forward)")
+    del fw
     nan = (math.nan, math.nan)
-    return SignalNoise(step_grad_norm=float(step.norm()), group_grad_norms=norms, group_cos_step=cos_step, group_cos=cos, group_weights=weights,
+    t3 = time.perf_counter()
+    return SignalNoise(step_grad_norm=step_norm, group_grad_norms=norms.float(), group_cos_step=cos_step.float(),
+                       group_cos=cos.float(), group_weights=weights,
                        noise=replace(ns, mean_grad=torch.empty(0)),   # ḡ (P,) is not kept in the trace
-                       delta_reward_ci=nan,
-                       delta_reward_heldout_ci=nan, n_boot=n_boot, seconds=time.perf_counter() - t0)
+                       delta_reward_ci=nan, delta_reward_heldout_ci=nan, n_boot=n_boot, seconds=t3 - t0,
+                       group_size=sweep, entropy=em, gap=gap,
+                       seconds_parts={"forward+groups": t1 - t0, "group_size": t2 - t1, "entropy+gap": t3 - t2})
 
 
-def with_delta_ci(sn: "SignalNoise", evaluation, seed: int) -> "SignalNoise":
-    """`sn` with the paired bootstrap intervals of the greedy Δreward (batch and held-out)."""
+def with_delta_ci(sn: "SignalNoise", evaluation, seed: int, *, iterations=(),
+                  mask: Optional[torch.Tensor] = None) -> "SignalNoise":
+    """`sn` after the update: the paired bootstrap intervals of the greedy Δreward (batch and held-out) and, given
+    the loss `mask` (N, T), the measured entropy change on the sampled tokens (after the whole update: the
+    evaluation's forward; after one optimizer step: the next inner pass's grad forward when μ > 1) with each inner
+    pass's clip events (`iterations`: the step's IterationRecords)."""
+    if sn.entropy is not None and mask is not None:
+        from rookworld_debug.grpo.entropy_mechanism import with_measured
+        first = None
+        if len(iterations) > 1 and len(iterations[0].updates) == 1 and iterations[1].updates:
+            first = torch.cat([u.per_token_entropy for u in iterations[1].updates])    # (N, T) at θ_1
+        after = getattr(evaluation, "per_token_entropy_after", None)                   # (N, T) or None
+        sn = replace(sn, entropy=with_measured(sn.entropy, mask, after, first, [it.loss for it in iterations]))
     if evaluation is None:
         return sn
     batch = paired_bootstrap_ci(evaluation.batch_before.rewards.tolist(), evaluation.batch_after.rewards.tolist(),

@@ -49,6 +49,8 @@ class Evaluation:
     resample_rewards: torch.Tensor          # (N,) their built-in rewards
     resample_changed: tuple                 # N bools: text differs from the pre-update sample
     seconds: float
+    per_token_entropy_after: torch.Tensor | None = None  # (N, T) entropy (nats) of the tempered policy AFTER the
+                                                         #   update at the sampled tokens' positions (same forward)
 
 
 def greedy_completions(policy, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
@@ -106,25 +108,30 @@ def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
 
 def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_batch: GreedyEval,
                    before_heldout: GreedyEval | None, *, labels_per_row, batch_labels, heldout_labels,
-                   reward_mode: str, engine, eval_max_new_tokens: int) -> Evaluation:
-    """Everything measured AFTER the optimizer step, paired with the `before_*` records."""
+                   reward_mode: str, engine, eval_max_new_tokens: int,
+                   sampling_autocast: str | None = None) -> Evaluation:
+    """Everything measured AFTER the optimizer step, paired with the `before_*` records. `sampling_autocast`:
+    the step's StepConfig.sampling_autocast — the resample/greedy loop runs in the sampler's precision, as the
+    before-update one did (the after-update log-probs and entropies stay in the trainer's)."""
+    from rookworld_debug.models.precision import sampling_autocast as sampler_context
     t0 = time.perf_counter()
     batch = (before_batch.prompts, before_batch.tasks, batch_labels)
     heldout = None if before_heldout is None else (before_heldout.prompts, before_heldout.tasks, heldout_labels)
     # Same seed, same settings, updated weights: what would the next sample look like? Its loop also decodes
     # the greedy after-update rows (one loop where there were two)
-    re, greedy = generate_with_greedy(
-        policy, reference, tokenizer, list(rollout.prompts[:: rollout.num_generations]),
-        list(rollout.tasks[:: rollout.num_generations]), num_generations=rollout.num_generations,
-        max_new_tokens=rollout.max_new_tokens, sampling=dict(rollout.sampling), seed=rollout.seed,
-        top_k_alternatives=1, compute_ref=False, score_policy=False,      # only its texts are used
-        greedy_prompts=greedy_prompts(batch, heldout), greedy_max_new_tokens=eval_max_new_tokens)
+    with sampler_context(sampling_autocast, policy):
+        re, greedy = generate_with_greedy(
+            policy, reference, tokenizer, list(rollout.prompts[:: rollout.num_generations]),
+            list(rollout.tasks[:: rollout.num_generations]), num_generations=rollout.num_generations,
+            max_new_tokens=rollout.max_new_tokens, sampling=dict(rollout.sampling), seed=rollout.seed,
+            top_k_alternatives=1, compute_ref=False, score_policy=False,      # only its texts are used
+            greedy_prompts=greedy_prompts(batch, heldout), greedy_max_new_tokens=eval_max_new_tokens)
     batch_after, heldout_after = greedy_evals(policy, tokenizer, batch, heldout, max_new_tokens=eval_max_new_tokens,
                                               reward_mode=reward_mode, engine=engine, completions=greedy)
 
-    logps_after, _ = per_token_logps_and_entropy(policy, rollout.prompt_ids, rollout.prompt_mask,
-                                                 rollout.completion_ids, rollout.completion_mask,
-                                                 rollout.temperatures)                    # (N, T)
+    logps_after, entropy_after = per_token_logps_and_entropy(
+        policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
+        rollout.temperatures)                                                             # (N, T) each
     mask = rollout.completion_mask.to(logps_after.dtype)                                  # (N, T)
     delta = (logps_after - rollout.per_token_logps) * mask                                # (N, T)
     per_seq = delta.sum(1) / mask.sum(1).clamp(min=1)                                     # (N,)
@@ -143,4 +150,4 @@ def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_bat
         corr_adv_delta_logp=_pearson(adv, per_seq), frac_moved_with_advantage=frac,
         resample_completions=re.completions, resample_rewards=re_r.rewards,
         resample_changed=tuple(a != b for a, b in zip(re.completions, rollout.completions)),
-        seconds=time.perf_counter() - t0)
+        seconds=time.perf_counter() - t0, per_token_entropy_after=entropy_after)

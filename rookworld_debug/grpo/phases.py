@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Mapping, Optional
 
 import torch
@@ -18,6 +19,7 @@ from rookworld_debug.grpo.generation import Rollout, generate_with_greedy, injec
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup, check_inject
+from rookworld_debug.models.precision import sampling_autocast
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -71,7 +73,7 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
     b, g = s.batch, config.num_generations
     if inject:
         check_inject(inject, s, config)        # bad text / too long for the context: ConfigError, before sampling
-    with timer("generation"):
+    with timer("generation"), sampling_autocast(getattr(config, "sampling_autocast", None), s.policy):
         rollout, greedy = generate_with_greedy(
             s.policy, s.reference, s.tokenizer, list(b.prompts), list(b.tasks), num_generations=g,
             max_new_tokens=config.max_new_tokens, sampling={t: config.sampling_for(t) for t in set(b.tasks)},
@@ -79,6 +81,11 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
             greedy_max_new_tokens=config.eval_max_new_tokens)
         if inject:
             rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
+    if getattr(config, "sampling_autocast", None):
+        rollout = replace(rollout, warnings=rollout.warnings + (
+            f"sampling_autocast={config.sampling_autocast!r}: the generation phase (sampling loop, greedy rows and "
+            "its scoring forwards: the rollout's policy/reference log-probs and entropy) ran under bf16 autocast; the "
+            "update trains in fp32 — the sampler–trainer gap is in the diagnostics",))
     with timer("rewards"):
         rewards = compute_rewards(rollout.prompts, rollout.completions, rollout.tasks, labels=rows(b.completions, g),
                                   reward_mode=config.reward_mode, engine=s.engine, reward_funcs=reward_funcs,

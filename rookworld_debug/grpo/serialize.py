@@ -55,6 +55,7 @@ RECORD_MODULES = (
     "rookworld_debug.grpo.iterations", "rookworld_debug.grpo.loss", "rookworld_debug.grpo.multistep",
     "rookworld_debug.grpo.rewards", "rookworld_debug.grpo.setup", "rookworld_debug.grpo.step",
     "rookworld_debug.grpo.update", "rookworld_debug.grpo.captured", "rookworld_debug.grpo.diagnostics",
+    "rookworld_debug.grpo.group_size", "rookworld_debug.grpo.entropy_mechanism", "rookworld_debug.grpo.sampler_gap",
 )
 # record names older versions wrote → the module the class lives in now
 _RENAMED = {"rookworld_debug.trl.record:TRLCapture": "rookworld_debug.grpo.captured:TRLCapture"}

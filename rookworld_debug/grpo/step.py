@@ -169,12 +169,14 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                     s.policy, s.reference, s.tokenizer, rollout, advantages, before, before_heldout,
                     labels_per_row=rows(s.batch.completions, config.num_generations),
                     batch_labels=s.batch.completions, heldout_labels=heldout_labels, reward_mode=config.reward_mode,
-                    engine=s.engine, eval_max_new_tokens=config.eval_max_new_tokens)
+                    engine=s.engine, eval_max_new_tokens=config.eval_max_new_tokens,
+                    sampling_autocast=config.sampling_autocast)
             except NumericalError as err:      # e.g. lr=1e12 broke the weights: keep the trace and its flags
                 flags.append(f"post-update evaluation failed: {err}")
     if diag is not None:
         from rookworld_debug.grpo.diagnostics import with_delta_ci
-        diag = with_delta_ci(diag, evaluation, config.seed)
+        from rookworld_debug.grpo.iterations import effective_mask
+        diag = with_delta_ci(diag, evaluation, config.seed, iterations=iterations, mask=effective_mask(rollout, config))
     counts = {**{f"generation/{k}": v for k, v in rollout.counts.items()},
               **{f"engine/{k}": v for k, v in rewards.engine_stats.items()},
               **{f"update/{k}": sum(u.counts.get(k, 0) for it in iterations for u in it.updates)

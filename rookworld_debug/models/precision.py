@@ -43,3 +43,19 @@ def autocast_for(model):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
+
+
+SAMPLING_AUTOCAST_MODES = (None, "bf16")
+
+
+def sampling_autocast(mode, model):
+    """The context of the SAMPLING calls (StepConfig.sampling_autocast): 'bf16' → torch.autocast(bf16) on the
+    model's device around the generation phase only (sampling loop, its greedy rows and scoring forwards), while
+    the update's forwards keep `autocast_for` (fp32 on the CPU) — a real sampler–trainer gap, as a bf16 sampler
+    (vLLM) next to an fp32 trainer makes. None → a no-op context."""
+    if mode not in SAMPLING_AUTOCAST_MODES:
+        from rookworld_debug.errors import ConfigError
+        raise ConfigError("sampling_autocast", f"unknown {mode!r}; expected one of {list(SAMPLING_AUTOCAST_MODES)}")
+    if mode is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)

@@ -21,7 +21,8 @@ from .htmlview import HTMLView
 from .completions import completion_name, completions_rows, completions_table, completions_table_from_trace
 from .summary import details_view, executive_summary_from_trace
 from .capture import capture_table_from_trace
-from .signal import group_cosine_figure_from_trace, signal_noise_from_trace
+from .signal import (group_cosine_figure_from_trace, group_size_figure_from_trace, sampler_gap_figure_from_trace,
+                     signal_noise_from_trace)
 from .iterations import (iteration_ratio_histogram_from_trace, iteration_table_from_trace,
                          iteration_token_strips_from_trace, loss_type_comparison_from_trace,
                          loss_type_comparison_table)
@@ -59,7 +60,8 @@ __all__ = [
     # a step captured from TRL's GRPOTrainer
     "capture_table_from_trace",
     # signal or noise (issue 28)
-    "signal_noise_from_trace", "group_cosine_figure_from_trace",
+    "signal_noise_from_trace", "group_cosine_figure_from_trace", "group_size_figure_from_trace",
+    "sampler_gap_figure_from_trace",
     # inner PPO iterations and the loss-type comparison (issue 14)
     "iteration_table_from_trace", "iteration_ratio_histogram_from_trace", "iteration_token_strips_from_trace",
     "loss_type_comparison_from_trace", "loss_type_comparison_table",
