@@ -373,7 +373,8 @@ _BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_ada
 _STR_FIELDS = ("model", "dataset", "device")
 _CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
             "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip"),
-            "engine_on_failure": ("raise", "flag"), "vllm_importance_sampling_mode": VLLM_IS_MODES}
+            "engine_on_failure": ("raise", "flag"), "vllm_importance_sampling_mode": VLLM_IS_MODES,
+            "sampling_autocast": (None, "bf16")}
 
 
 def _normalise(c: StepConfig) -> None:
