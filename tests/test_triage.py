@@ -53,6 +53,28 @@ def test_second_triage_rerenders_nothing(demo):
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
+def test_reports_on_demand_give_the_link_and_the_command_that_renders_there(demo, tmp_path):
+    """A large run (issue 27 at scale): with --max-step-reports 0 nothing is rendered now; every flagged captured
+    step links to where its report will be and gives the command that renders it exactly there."""
+    out = tmp_path / "lazy"
+    r = _cli("triage", str(demo), "--out", str(out), "--max-step-reports", "0", "--no-progress", cwd=tmp_path,
+             timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    t = json.loads((out / "triage.json").read_text())
+    lazy = [f for f in t["flagged"] if f["captured"]]
+    assert lazy and all(not f["report_rendered"] and f["report_command"] and f["report"] for f in lazy)
+    assert not list(out.rglob("report.html"))[1:]              # only the page's own run folder, no step report
+    html = (out / "triage.html").read_text()
+    assert "rw-step-report-pending" in html and "not rendered yet" in html
+    f = lazy[0]
+    argv = f["report_command"].split()[1:] + ["--dry-run"]
+    r = _cli(*argv, cwd=tmp_path, timeout=120)                 # the command parses and names that step's run
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f["report"] == f"step-reports/step-{f['step']:06d}/run/report.html"
+    assert r.stdout.startswith("run {") and f"into {out / 'step-reports' / ('step-%06d' % f['step'])};" in r.stdout, \
+        r.stdout                                               # run id "run" in that sweep folder: the link's path
+
+
 def test_checkpoints_only_folder_gives_curves_and_the_note(demo, tmp_path):
     only = tmp_path / "only"
     only.mkdir()

@@ -29,15 +29,27 @@ def build_triage(run_dir, *, window: int = 10) -> dict:
             "trend": trend_stats(log.rows, "reward", window)}
 
 
-def _render_step_reports(t: dict, out: Path, progress: bool) -> dict:
-    """{step: report.html} for every flagged captured step (rendered only when missing)."""
+MAX_STEP_REPORTS = 8   # rendered by `triage` itself (~15 s each on 2 CPU cores); the rest on demand
+
+
+def _lazy_report(t: dict, step: int, out: Path) -> tuple[str, str]:
+    """(where the step's report will be, relative to the page; the command that renders it there)."""
+    name = f"step-{int(step):06d}"
+    rel = f"step-reports/{name}/run/report.html"
+    cmd = f"rookworld-debug report --trace {t['capture_paths'][str(step)]} --out {out / 'step-reports'} --sweep-name {name}"
+    return rel, cmd
+
+
+def _render_step_reports(t: dict, out: Path, progress: bool, limit: int = MAX_STEP_REPORTS,
+                         workers: int = 1) -> dict:
+    """{step: report.html} for the first `limit` flagged captured steps (rendered only when missing)."""
     from rookworld_debug.notebook import notebook_path
     from rookworld_debug.report import run_sweep
-    steps = sorted({f["step"] for f in t["flagged"] if f["captured"]})
+    steps = sorted({f["step"] for f in t["flagged"] if f["captured"]})[:max(limit, 0)]
     if not steps:
         return {}
     grid = [{"trace_path": t["capture_paths"][str(s)]} for s in steps]
-    res = run_sweep(notebook_path("01_grpo_step.ipynb"), grid, sweep_name="steps", out_root=out, workers=1,
+    res = run_sweep(notebook_path("01_grpo_step.ipynb"), grid, sweep_name="steps", out_root=out, workers=workers,
                     resume=True, progress=progress)
     by_trace = {r.params["trace_path"]: r for r in res.runs}
     return {s: Path(by_trace[t["capture_paths"][str(s)]].run_dir) / "report.html" for s in steps
@@ -59,18 +71,26 @@ def _render_page(json_path: Path, out: Path, progress: bool) -> Path:
     return html
 
 
-def triage(run_dir, out=None, *, progress: bool = True, render_steps: bool = True) -> Path:
-    """Write triage.json and triage.html into `out` (default RUN_DIR/triage); return the HTML's path."""
+def triage(run_dir, out=None, *, progress: bool = True, render_steps: bool = True,
+           max_step_reports: int = MAX_STEP_REPORTS, workers: int = 1) -> Path:
+    """Write triage.json and triage.html into `out` (default RUN_DIR/triage); return the HTML's path.
+
+    The reports of the first `max_step_reports` flagged captured steps are rendered now (`workers` at once);
+    every other flagged captured step gets `report_command`: the command that renders its report where the
+    page's link (`report`, with `report_rendered` false) points — a run with 50 captures triages in seconds."""
     from rookworld_debug.safeio import atomic_write_json, check_output_dir
     run = Path(run_dir)
     out = check_output_dir(Path(out) if out else run / "triage", "--out")
     t = build_triage(run)
     out.mkdir(parents=True, exist_ok=True)
-    if render_steps:
-        reports = _render_step_reports(t, out, progress)
-        for f in t["flagged"]:
-            r = reports.get(f["step"])
-            f["report"] = os.path.relpath(r, out) if r else None
+    reports = _render_step_reports(t, out, progress, max_step_reports, workers) if render_steps else {}
+    for f in t["flagged"]:
+        r = reports.get(f["step"])
+        f["report"], f["report_rendered"], f["report_command"] = (os.path.relpath(r, out) if r else None), bool(r), None
+        if f["captured"] and not r:
+            rel, cmd = _lazy_report(t, f["step"], out)
+            f["report_rendered"] = (out / rel).is_file()
+            f["report"], f["report_command"] = rel, (None if f["report_rendered"] else cmd)
     json_path = atomic_write_json(out / "triage.json", t)
     page = _render_page(json_path, out, progress)
     dest = out / "triage.html"
@@ -84,10 +104,20 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", help="a TRL output_dir, a captures folder, or a `rookworld-debug run` folder")
     ap.add_argument("--out", default=None, help="output folder (default RUN_DIR/triage)")
-    ap.add_argument("--no-step-reports", action="store_true", help="do not render the flagged steps' reports")
+    ap.add_argument("--no-step-reports", action="store_true", help="render no step report now (the page gives "
+                                                                   "each captured step's command instead)")
+    ap.add_argument("--max-step-reports", type=int, default=MAX_STEP_REPORTS,
+                    help=f"render at most this many step reports now (default {MAX_STEP_REPORTS}); the page gives the "
+                         "command for the rest")
+    ap.add_argument("--workers", type=int, default=1, help="step reports rendered in parallel")
     ap.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    page = triage(a.run_dir, a.out, progress=a.progress, render_steps=not a.no_step_reports)
+    if a.max_step_reports < 0 or a.workers < 1:
+        from rookworld_debug.errors import ConfigError
+        raise ConfigError("--max-step-reports/--workers", f"need ≥ 0 reports and ≥ 1 worker, got "
+                                                          f"{a.max_step_reports} and {a.workers}")
+    page = triage(a.run_dir, a.out, progress=a.progress, render_steps=not a.no_step_reports,
+                  max_step_reports=a.max_step_reports, workers=a.workers)
     t = json.loads((page.parent / "triage.json").read_text())
     print(f"{len(t['rows'])} logged steps, {len(t['flagged'])} firings "
           f"({sum(f['captured'] for f in t['flagged'])} on captured steps)")
