@@ -118,3 +118,46 @@ def test_step_log_has_every_phase(trace):
                     "POST-UPDATE PERFORMANCE", "ANALYSIS", "TIMING"):
         assert section in log
     assert "Train_LP=" in log and "Ref_LP=" in log
+
+
+def test_merged_greedy_rows_give_the_separate_loops_numbers(config):
+    """Issue 30: run_step decodes the before-update greedy rows inside the sampling loop. On a fresh session the
+    old order (a greedy loop of its own, then the sampling loop) gives the same before-update records, the same
+    rollout and the same rewards."""
+    from rookworld_debug.grpo.evaluation import greedy_evals
+    from rookworld_debug.grpo.phases import sample_and_score
+    cfg = config.replace(max_new_tokens=16, eval_max_new_tokens=20, seed=11)
+    merged = run_step(cfg)
+    s = setup(cfg)
+    try:
+        heldout = ([x.prompt for x in s.heldout], [x.task for x in s.heldout], [x.completion for x in s.heldout])
+        before, before_heldout = greedy_evals(s.policy, s.tokenizer, (s.batch.prompts, s.batch.tasks,
+                                                                      s.batch.completions), heldout,
+                                              max_new_tokens=cfg.eval_max_new_tokens, reward_mode=cfg.reward_mode,
+                                              engine=s.engine)
+        rollout, rewards, advantages, _ = sample_and_score(s, cfg)
+    finally:
+        if s.engine is not None:
+            s.engine.close()
+    assert merged.before.completions == before.completions and merged.before_heldout.completions == \
+        before_heldout.completions
+    assert torch.allclose(merged.before.rewards, before.rewards, equal_nan=True)
+    assert torch.equal(merged.rollout.completion_ids, rollout.completion_ids)
+    assert merged.rollout.completions == rollout.completions
+    assert torch.allclose(merged.rewards.rewards, rewards.rewards, equal_nan=True)
+    assert torch.allclose(merged.advantages.advantages, advantages.advantages, equal_nan=True)
+
+
+def test_sampling_is_correction_reaches_the_update(config):
+    """TRL's sampling IS correction (issue 28) in a real step: with bf16 sampling (a real sampler-trainer gap on
+    the CPU) the record and the update both weight PG by ρ from the rollout's sampling-time log-probs, and agree."""
+    cfg = config.replace(sampling_autocast="bf16", vllm_importance_sampling_correction=True,
+                         vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=2.0,
+                         max_new_tokens=12, eval_max_new_tokens=8, heldout_n=0)
+    tr = run_step(cfg)
+    assert not any("no sampling" in f for f in tr.flags), tr.flags
+    m = tr.rollout.completion_mask.bool()
+    gap = (tr.rollout.sampling_per_token_logps - tr.update.per_token_logps)[m]   # bf16 sampler vs fp32 trainer
+    assert float(gap.abs().max()) > 1e-4
+    assert "sampling/importance_sampling_ratio/max" in tr.loss.metrics
+    assert tr.update is not None and tr.update.loss_record_diff <= 1e-5

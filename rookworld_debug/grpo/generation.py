@@ -449,6 +449,14 @@ def _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos,
     return warn
 
 
+def sampling_logps_for(rollout: Rollout, config, rows=slice(None)) -> torch.Tensor | None:
+    """The sampler's log-probs (N, T) for the loss when the sampling IS correction is on (TRL passes them with
+    vLLM, whose sampler differs from the trainer; off: None, so OPSM compares the old log-probs, as TRL)."""
+    if not getattr(config, "vllm_importance_sampling_correction", False):
+        return None
+    return rollout.sampling_per_token_logps[rows]
+
+
 def _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens) -> dict | None:
     if not greedy_prompts:
         return None

@@ -15,7 +15,7 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
-from rookworld_debug.grpo.generation import Rollout, generate_with_greedy, inject_completions
+from rookworld_debug.grpo.generation import Rollout, generate_with_greedy, inject_completions, sampling_logps_for
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup, check_inject
@@ -58,7 +58,8 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
     return compute_loss(rollout.per_token_logps, old, rollout.ref_per_token_logps,
                         advantages.advantages, mask, entropy=rollout.per_token_entropy,
                         per_token_full_kl=rollout.per_token_full_kl, num_generations=config.num_generations,
-                        **loss_kwargs(config))
+                        sampling_per_token_logps=sampling_logps_for(rollout, config), **loss_kwargs(config))
+
 
 
 def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_weights=None,

@@ -22,7 +22,7 @@ import torch
 
 from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.grpo.generation import (auto_micro_batch_size, per_token_logps_and_entropy,
-                                             per_token_logps_entropy_full_kl)
+                                             per_token_logps_entropy_full_kl, sampling_logps_for)
 from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
 
 TERMS = ("pg", "kl", "entropy")
@@ -115,7 +115,8 @@ def _micro_batch_terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, 
         acc.full_kl.append(full_kl.detach())
     need_entropy = kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1 or config.use_adaptive_entropy
     return compute_loss(logps, old_rows, ref_rows, adv_rows, mask_rows, entropy=entropy if need_entropy else None,
-                        per_token_full_kl=full_kl, num_items_in_batch=num_items, **kw)
+                        per_token_full_kl=full_kl, num_items_in_batch=num_items,
+                        sampling_per_token_logps=sampling_logps_for(rollout, config, g_rows), **kw)
 
 
 def _backward(terms: dict, params, per_term_grads: bool, acc: _Accumulated) -> None:
