@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import NumericalError
+from rookworld_debug.grpo.generation import sampling_logps_for
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, high_entropy_mask, loss_kwargs
 from rookworld_debug.grpo.update import UpdateResult, update
 
@@ -153,7 +154,7 @@ def loss_for_iteration(rollout, advantages, config, it: IterationRecord) -> Loss
     ref = None if config.kl_estimator == "full" else rollout.ref_per_token_logps
     return compute_loss(it.per_token_logps, old, ref, advantages.advantages.to(it.per_token_logps.dtype), mask,
                         entropy=it.loss.per_token_entropy, per_token_full_kl=full_kl,
-                        num_generations=config.num_generations,
+                        num_generations=config.num_generations, sampling_per_token_logps=sampling_logps_for(rollout, config),
                         **{**loss_kwargs(config), "entropy_coef": it.entropy_coef})
 
 
@@ -172,7 +173,11 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
     A pure recompute from recorded tensors (autograd on a detached copy of the log-probs, no forward pass)."""
     from rookworld_debug.grpo.loss import LOSS_TYPES
     out = []
+    seq_is = getattr(config, "vllm_importance_sampling_correction", False) and \
+        str(getattr(config, "vllm_importance_sampling_mode", "")).startswith("sequence")
     for lt in loss_types or LOSS_TYPES:
+        if lt == "vespo" and seq_is and loss_types is None:
+            continue                       # TRL refuses vespo with a sequence-level IS correction: not comparable
         cfg = config.replace(loss_type=lt)
         base = iteration.per_token_logps if iteration is not None else rollout.per_token_logps
         leaf = base.detach().clone().requires_grad_(True)                  # (N, T)
@@ -183,7 +188,7 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
             rec = compute_loss(leaf, base.detach(), rollout.ref_per_token_logps, advantages.advantages.to(base.dtype),
                                effective_mask(rollout, cfg), entropy=rollout.per_token_entropy,
                                per_token_full_kl=rollout.per_token_full_kl, num_generations=cfg.num_generations,
-                               **loss_kwargs(cfg))
+                               sampling_per_token_logps=sampling_logps_for(rollout, cfg), **loss_kwargs(cfg))
         grad = torch.autograd.grad(rec.loss, leaf, allow_unused=True)[0] if rec.loss.requires_grad else None
         grad = torch.zeros_like(base) if grad is None else grad
         out.append(LossTypeRow(lt, _detached(rec), (-grad).detach(), float(grad.norm())))
