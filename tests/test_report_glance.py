@@ -154,8 +154,16 @@ def test_report_and_index_in_chromium_offline(tmp_path):
             assert sig.count() == 1
             sig_text = sig.inner_text()
             for needed in ("SNR across groups", "B_simple", "bootstrap over groups", "greedy Δreward, this batch",
-                           "paired bootstrap", "Batch: the sampled rollout"):
+                           "paired bootstrap", "Batch: the sampled rollout",
+                           "what if G were smaller", "seeded draws of G′",          # the G′ sweep and its estimator
+                           "predicted entropy change −η·Cov", "first-order", "measured entropy change",
+                           "on the same sampled tokens", "Clip events by bound and sign of A",
+                           "sampler–trainer gap", "masked tokens of the rollout", "truncated IS weights ESS",
+                           "(Σw)²/Σw²"):
                 assert needed in sig_text, needed
+            titles = page.locator(".js-plotly-plot .gtitle").all_text_contents()   # SVG: no innerText
+            assert any("What if G were smaller" in t for t in titles), titles
+            assert any("Sampler–trainer gap" in t for t in titles), titles
             sig.scroll_into_view_if_needed()
             page.screenshot(path=str(SHOTS / "report_signal_noise.png"))
             page.screenshot(path=str(SHOTS / "report_full.png"), full_page=True)

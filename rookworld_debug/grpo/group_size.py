@@ -90,9 +90,11 @@ def group_size_sweep(forward, rewards: torch.Tensor, config, full_grad: torch.Te
     if draws < 1:
         raise ConfigError("draws", f"need ≥ 1 draw per G′, got {draws}")
     gen = torch.Generator().manual_seed(seed)
+    flags = [] if bool(full_grad.any()) else ["the full-G gradient is 0 (no PG, KL or entropy signal): every cosine "
+                                              "is undefined (NaN)"]
     cos = torch.full((len(sizes), draws), math.nan, dtype=torch.float64)   # (S, D)
     ratio = torch.full((len(sizes), draws), math.nan, dtype=torch.float64)  # (S, D)
-    zero, flags = [], []
+    zero = []
     for i, gs in enumerate(sizes):
         cfg = config.replace(num_generations=gs)
         z = 0

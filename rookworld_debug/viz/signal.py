@@ -90,8 +90,12 @@ def _group_size_rows(d) -> list:
     vals = "; ".join(f"G′={g}: {fmt(m)} ± {fmt(s)}" for g, m, s in zip(sw.sizes, sw.cos_mean, sw.cos_std))
     return [("cos(g_G′, g_G), what if G were smaller", vals,
              f"mean ± sd over {sw.draws} seeded draws of G′ of the G = {sw.full_g} completions per group; advantages "
-             "recomputed on the kept rewards, the step's loss and normalizers on the kept rows, same forward",
-             "group_size_cos")]
+             "recomputed on the kept rewards, the step's loss and normalizers on the kept rows, same forward"
+             + _flagged(sw.flags), "group_size_cos")]
+
+
+def _flagged(flags) -> str:
+    return "".join(f" ⚠ {f}." for f in flags)
 
 
 def _entropy_rows(d) -> list:
@@ -109,7 +113,7 @@ def _entropy_rows(d) -> list:
          "predicted_delta_entropy"),
         ("measured entropy change", fmt(meas), f"token mean of H_after − H_before on the same sampled tokens, {which} "
          f"(whole update: {fmt(e.measured_delta_entropy)}); H_before = {fmt(e.entropy_before)} nats; {agree}; "
-         f"implied η_eff = {fmt(e.implied_eta)}", "measured_delta_entropy"),
+         f"implied η_eff = {fmt(e.implied_eta)}" + _flagged(e.flags), "measured_delta_entropy"),
     ]
 
 
@@ -122,7 +126,7 @@ def _gap_rows(d) -> list:
         ("sampler–trainer gap Δ = log π_sampler − log π_trainer", f"max |Δ| {fmt(g.max_abs)}, mean |Δ| {fmt(g.mean_abs)}",
          f"quantiles 1 % {fmt(q.get(0.01, math.nan))}, 50 % {fmt(q.get(0.5, math.nan))}, 99 % "
          f"{fmt(q.get(0.99, math.nan))}; n = {g.n_tokens} masked tokens of the rollout; sampler: {g.sampler}; "
-         f"trainer: {g.trainer}", "sampler_gap"),
+         f"trainer: {g.trainer}" + _flagged(g.flags), "sampler_gap"),
         ("truncated IS weights ESS", f"per token {fmt(g.ess_token_frac)}, per sequence {fmt(g.ess_seq_frac)}",
          f"ESS/n with ESS = (Σw)²/Σw², w = min(e^(−Δ), C), C = {fmt(g.cap)} (TRL token/sequence_truncate); "
          f"w in [{fmt(g.is_min)}, {fmt(g.is_max)}], {fmt(100 * g.frac_capped)} % capped", "is_ess"),
