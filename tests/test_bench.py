@@ -27,7 +27,7 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rc = bench.main(SMALL + ["--isolate", "none", "--out", str(out), "--json-only"])
+        rc = bench.main(SMALL + ["--isolate", "none", "--out", str(out), "--json-only", "--variants", "abcdef"])
     assert rc == 0
     files = sorted(out.glob("bench-*.json"))
     assert len(files) == 1 and (out / "latest-tiny.json").is_file()
@@ -39,12 +39,12 @@ def test_schema_top_level(result):
     for key in ("started", "command", "machine", "model_info", "settings", "variants", "ratios", "ratios_min",
                 "targets", "engine", "engine_sets", "widget", "runs", "total_seconds"):
         assert key in result, key
-    assert result["settings"]["variants"] == list("abcd")
+    assert result["settings"]["variants"] == list("abcdef")
     assert result["settings"]["step_config"]["num_generations"] == 2
 
 
 def test_every_variant_measured(result):
-    for v in "abcd":
+    for v in "abcdef":
         s = result["variants"][v]
         assert s["runs"] == 1 and s["errors"] == [], (v, s["errors"])
         for key in ("median_seconds", "peak_rss_mb", "peak_rss_delta_mb", "maxrss_process_mb"):
@@ -54,10 +54,14 @@ def test_every_variant_measured(result):
     assert _finite(result["variants"]["d"]["median_seconds_core"])
     assert set(result["variants"]["a"]["median_phases"]) == {"generation", "rewards", "advantages", "loss", "update"}
     assert {"baseline_eval", "evaluation", "update"} <= set(result["variants"]["b"]["median_phases"])
+    assert "diagnostics" in result["variants"]["e"]["median_phases"]          # (e) = (b) + the diagnostics
+    f = result["variants"]["f"]                                                # (f) = (c) + the flight recorder
+    assert f["median_capture_seconds"] > 0 and f["median_held_bytes"] > 0 and f["median_write_one_step_seconds"] > 0
+    assert 0 < f["median_recorder_share"] < 1
 
 
 def test_ratios_and_targets(result):
-    for name in ("a/c", "b/c", "d/a", "d_full/b", "b_without_eval/c"):
+    for name in ("a/c", "b/c", "d/a", "d_full/b", "b_without_eval/c", "e/c", "b/a", "f/c", "recorder_share"):
         assert _finite(result["ratios"][name]) and result["ratios"][name] > 0, name
     assert set(result["targets"]) == set(bench.TARGETS)
     for name in ("a/c", "b/c", "d/a", "widget_ms"):

@@ -50,13 +50,19 @@ VARIANTS = {
     "b": "ours: run_step, fully instrumented (ref, entropy, KL, top-k, per-term grads, before/after eval)",
     "c": "TRL GRPOTrainer: one step, same work as (a)",
     "d": "seeds' manual_grpo_debug loop (per-prompt generate, per-sample fwd/bwd, uncached sequential engine)",
+    "e": "ours: run_step + signal-or-noise diagnostics (StepConfig.diagnostics: per-group backward passes, "
+         "noise scale, G' curve, entropy mechanism, sampler-trainer gap)",
+    "f": "TRL GRPOTrainer as (c) with the flight recorder holding K steps (capture_steps keep_last, nothing written)",
 }
 TARGETS = {  # name -> (comparison, bound) as in issues 8 and 18
     "a/c": ("<=", 0.8), "b/c": ("<=", 1.5), "d/a": (">=", 5.0), "engine_speedup": (">=", 5.0),
     "widget_ms": ("<", 100.0), "peak_rss_gb_124m": ("<", 4.0), "peak_rss_124m_ours/trl": ("<=", 1.0),
+    "e/c": ("<=", 3.0), "recorder_share": ("<=", 0.03),   # issue 30 (recorder_share: the target is on 124M)
+    "peak_rss_gb_124m_b": ("<", 4.0), "b/a_124m": ("<=", 2.0),
 }
 LABELS = {"a": "ours, core step", "b": "ours, run_step (instrumented)", "c": "TRL GRPOTrainer",
-          "d": "seeds' manual_grpo_debug loop"}
+          "d": "seeds' manual_grpo_debug loop", "e": "ours, run_step + diagnostics",
+          "f": "TRL GRPOTrainer + flight recorder (held, not written)"}
 GPT2_124M = "gpt2-124m"
 # two legal positions no RookWorld prompt contains: searching them starts every pool worker untimed
 _PRESTART_FENS = ("7k/8/8/8/8/8/8/K7 w - - 0 1", "6k1/8/8/8/8/8/8/K7 w - - 0 1")
@@ -447,7 +453,37 @@ class SeedsLoop(_Variant):
         self.m = self.optimizer = None
 
 
-VARIANT_CLASSES = {"a": OursCore, "b": OursInstrumented, "c": TrlStep, "d": SeedsLoop}
+class OursDiagnostics(OursInstrumented):
+    """(e): (b) with the signal-or-noise diagnostics on (notebook 01 and the report turn them on)."""
+
+    def __init__(self, spec: BenchSpec):
+        super().__init__(spec)
+        self.cfg = self.cfg.replace(diagnostics=True)
+
+
+class TrlRecorded(TrlStep):
+    """(f): (c) with the flight recorder attached: the step is recorded and held (keep_last=2, no trigger),
+    nothing is written while timing. Reports the capture's own seconds (timed inside its hooks), the bytes
+    held, and — after the timed step — the seconds to write the held step."""
+
+    def prepare(self):
+        super().prepare()
+        from rookworld_debug.trl.capture import capture_steps
+        self.cap = capture_steps(self.trainer, out_dir=Path(self.tmp.name) / "captures", keep_last=2)
+
+    def step(self) -> dict:
+        res = super().step()
+        held = [c for c in self.cap.cost.values() if c["captured"]]
+        t0 = time.perf_counter()
+        self.cap._write(self.cap._held[-1], [])            # what a trigger would write (not in the step time)
+        res.update(capture_seconds=sum(c["seconds"] for c in held), held_bytes=sum(c["bytes"] for c in held),
+                   write_one_step_seconds=time.perf_counter() - t0)
+        res["recorder_share"] = res["capture_seconds"] / res["seconds"]
+        return res
+
+
+VARIANT_CLASSES = {"a": OursCore, "b": OursInstrumented, "c": TrlStep, "d": SeedsLoop, "e": OursDiagnostics,
+                   "f": TrlRecorded}
 
 
 def run_once(variant: str, spec: BenchSpec) -> dict:
@@ -704,7 +740,8 @@ def summarize_variant(runs: list[dict]) -> dict:
            "median_tokens_generated": _median([r.get("tokens_generated", math.nan) for r in ok]),
            "median_reward": _median([r.get("reward_mean", math.nan) for r in ok]),
            "median_prepare_seconds": _median([r.get("prepare_seconds", math.nan) for r in ok])}
-    for extra in ("seconds_core", "train_call_seconds", "trl_step_time"):
+    for extra in ("seconds_core", "train_call_seconds", "trl_step_time", "capture_seconds", "held_bytes",
+                  "write_one_step_seconds", "recorder_share"):
         vals = [r[extra] for r in ok if extra in r]
         if vals:
             out[f"median_{extra}"] = _median(vals)
@@ -727,6 +764,10 @@ def compute_ratios(v: dict, stat: str = "median") -> dict:
     if "b" in v:
         no_eval = sum(x for k, x in v["b"]["median_phases"].items() if k not in ("baseline_eval", "evaluation"))
         r["b_without_eval/c"] = no_eval / sec("c")
+    r["e/c"] = sec("e") / sec("c")
+    r["b/a"] = sec("b") / sec("a")
+    r["f/c"] = sec("f") / sec("c")             # wall clock: noise on a shared CPU; recorder_share is the measure
+    r["recorder_share"] = v["f"].get(f"{stat}_recorder_share", math.nan) if "f" in v else math.nan
     return r
 
 
@@ -739,6 +780,8 @@ def check_targets(result: dict) -> dict:
         ours = max([v["peak_rss_mb"] for k, v in result["variants"].items() if k in ("a", "b")], default=math.nan)
         vals["peak_rss_gb_124m"] = ours / 1024
         vals["peak_rss_124m_ours/trl"] = ours / result["variants"].get("c", {}).get("peak_rss_mb", math.nan)
+        vals["peak_rss_gb_124m_b"] = result["variants"].get("b", {}).get("peak_rss_mb", math.nan) / 1024
+        vals["b/a_124m"] = vals.get("b/a", math.nan)
     out = {}
     for name, (op, bound) in TARGETS.items():
         x = vals.get(name, math.nan)
@@ -832,7 +875,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per variant (alternating)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first")
-    p.add_argument("--variants", default="abcd", help="subset of 'abcd'")
+    p.add_argument("--variants", default="abcd", help="subset of 'abcdef' (e: + diagnostics, f: TRL + flight recorder)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-depth", type=int, default=10)
     p.add_argument("--engine-workers", type=int, default=2)
@@ -876,7 +919,7 @@ def run_bench(args) -> tuple[dict, Path]:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     variants = [v for v in args.variants if v in VARIANTS]
     if not variants or len(variants) != len(args.variants):
-        raise SystemExit(f"--variants must be letters of 'abcd', got {args.variants!r}")
+        raise SystemExit(f"--variants must be letters of 'abcdef', got {args.variants!r}")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rookworld-bench-") as tmp:
