@@ -26,6 +26,8 @@ from typing import Optional
 
 import torch
 
+from rookworld_debug.grpo.group_size import gram64   # the float64 Gram matrix (norms, cosines)
+
 
 @dataclass(frozen=True)
 class NoiseScale:
@@ -185,18 +187,6 @@ def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps:
         rows.append(torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1)
                                for x, p in zip(grads, fw.params)]))
     return torch.stack(rows)                                                # (B, P)
-
-
-def gram64(rows: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
-    """(K, K) float64 Gram matrix rows·rowsᵀ of a (K, P) tensor, accumulated over chunks of P (no (K, P) float64
-    copy). Why float64: ONE float32 reduction over P ≈ 5·10⁶ entries is off by ~1e-3 relative (measured 6.5e-4 on
-    ‖Σ_b g_b‖ of the tiny model), while update() takes a norm of per-parameter norms (error ~1e-8)."""
-    k, p = rows.shape
-    out = torch.zeros(k, k, dtype=torch.float64)
-    for i in range(0, p, chunk):
-        c = rows[:, i:i + chunk].to(torch.float64)                          # (K, chunk)
-        out += c @ c.T
-    return out
 
 
 @dataclass(frozen=True)
