@@ -121,3 +121,50 @@ def test_bf16_sampler_makes_a_real_gap_on_the_cpu(fixtures_dir):
     assert gaps["bf16"].max_abs > 1e-5 > gaps[None].max_abs and gaps["bf16"].ess_token_frac < 1.0
     with pytest.raises(ConfigError, match="sampling_autocast"):
         sample_and_score(s, cfg.replace(sampling_autocast="fp8"))
+
+
+def test_group_size_sweep_matches_a_fresh_forward_on_the_kept_rows(tiny_byte_model_dir, fixtures_dir):
+    """Oracle: a G′ draw's gradient through the shared forward = a fresh forward + backward on only the kept rows
+    (advantages recomputed on their rewards); zero-std and NaN rewards come back flagged, not as numbers."""
+    from rookworld_debug.config import StepConfig
+    from rookworld_debug.grpo.advantages import advantages_from_config
+    from rookworld_debug.grpo.diagnostics import GradForward, per_group_grads
+    from rookworld_debug.grpo.generation import per_token_logps_and_entropy
+    from rookworld_debug.grpo.group_size import _cos, group_size_sweep
+    from rookworld_debug.grpo.loss import loss_kwargs
+    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.step import sample_and_score
+
+    cfg = StepConfig().replace(model=str(tiny_byte_model_dir), reward_mode="dataset", heldout_n=0, batch_size=2,
+                               dataset=str(fixtures_dir / "rook_p_lines.txt"), num_generations=4, max_new_tokens=8,
+                               eval_max_new_tokens=8)
+    s = setup(cfg)
+    rollout, _r, adv, _l = sample_and_score(s, cfg)
+    rewards = torch.tensor([0.0, 1.0, 3.0, 2.0, 1.0, 0.0, 0.5, 2.0], dtype=torch.float64)   # spread in both groups
+    adv = advantages_from_config(rewards, cfg)
+    fw = GradForward(s.policy, rollout, cfg)
+    full = per_group_grads(s.policy, rollout, adv, cfg, forward=fw).sum(0)                 # (P,)
+    sw = group_size_sweep(fw, rewards, cfg, full, sizes=[2], draws=1, seed=5)
+    rows = subsample_rows(2, 4, 2, torch.Generator().manual_seed(5))                        # the sweep's first draw
+    sub_cfg = cfg.replace(num_generations=2)
+    a = advantages_from_config(rewards[rows], sub_cfg).advantages
+    lp, _ = per_token_logps_and_entropy(s.policy, rollout.prompt_ids[rows], rollout.prompt_mask[rows],
+                                        rollout.completion_ids[rows], rollout.completion_mask[rows],
+                                        rollout.temperatures[rows], with_grad=True)
+    rec = compute_loss(lp, None, rollout.ref_per_token_logps[rows], a.to(lp.dtype), rollout.completion_mask[rows],
+                       num_items_in_batch=float(rollout.completion_mask[rows].sum()), num_generations=2,
+                       **loss_kwargs(cfg))
+    fresh = torch.cat([g.reshape(-1) for g in torch.autograd.grad(rec.loss, fw.params)])
+    want_cos, want_ratio = _cos(fresh, full)
+    assert float(sw.cosines[0, 0]) == pytest.approx(want_cos, abs=1e-5)
+    assert float(sw.norm_ratio[0, 0]) == pytest.approx(want_ratio, rel=1e-4)
+    assert sw.flags == () and sw.zero_signal_draws == (0,) and float(sw.cosines[0, 0]) < 1 - 1e-6
+    flat = group_size_sweep(fw, torch.ones(8, dtype=torch.float64), cfg, full, sizes=[2], draws=1)
+    assert flat.zero_signal_draws == (1,) and "zero-std" in flat.flags[0]
+    bad = rewards.clone()
+    bad[1] = math.nan
+    nan_sw = group_size_sweep(fw, bad, cfg, full, sizes=[3], draws=1, seed=1)       # seed 1 keeps the NaN row 1
+    kept_nan = bool(torch.isnan(bad[subsample_rows(2, 4, 3, torch.Generator().manual_seed(1))]).any())
+    assert kept_nan and any("NaN" in f for f in nan_sw.flags) and bool(torch.isfinite(nan_sw.cosines).all())
+    with pytest.raises(ConfigError, match="G′"):
+        group_size_sweep(fw, rewards, cfg, full, sizes=[4])

@@ -108,9 +108,10 @@ def group_size_sweep(forward, rewards: torch.Tensor, config, full_grad: torch.Te
     zero = []
     for i, gs in enumerate(sizes):
         cfg = config.replace(num_generations=gs)
-        z = 0
+        z = nan_draws = 0
         for d in range(draws):
             rows = subsample_rows(n // g, g, gs, gen)                       # (B·G′,)
+            nan_draws += bool(torch.isnan(rewards[rows]).any())
             adv = advantages_from_config(rewards[rows], cfg)
             z += len(adv.zero_std_groups) == n // g
             grad = forward.grad(forward.loss(rows, adv.advantages, gs).loss)   # (P,)
@@ -119,6 +120,9 @@ def group_size_sweep(forward, rewards: torch.Tensor, config, full_grad: torch.Te
                 continue
             cos[i, d], ratio[i, d] = _cos(grad, full_grad)
         zero.append(z)
+        if nan_draws:
+            flags.append(f"G′ = {gs}: {nan_draws}/{draws} draws kept an unscorable (NaN) reward; the advantage "
+                         "function treats it as the step does")
         if z:
             flags.append(f"G′ = {gs}: {z}/{draws} draws kept only zero-std groups (no PG signal; only KL/entropy)")
     means, stds = [], []
