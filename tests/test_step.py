@@ -157,7 +157,9 @@ def test_sampling_is_correction_reaches_the_update(config):
     tr = run_step(cfg)
     assert not any("no sampling" in f for f in tr.flags), tr.flags
     m = tr.rollout.completion_mask.bool()
-    gap = (tr.rollout.sampling_per_token_logps - tr.update.per_token_logps)[m]   # bf16 sampler vs fp32 trainer
+    gap = (tr.rollout.sampling_per_token_logps - tr.rollout.per_token_logps)[m]  # bf16 sampler vs fp32 trainer
     assert float(gap.abs().max()) > 1e-4
-    assert "sampling/importance_sampling_ratio/max" in tr.loss.metrics
+    assert torch.allclose(tr.rollout.per_token_logps[m], tr.update.per_token_logps[m], atol=1e-5)  # both fp32
+    lo, hi = (tr.loss.metrics[f"sampling/importance_sampling_ratio/{k}"] for k in ("min", "max"))
+    assert (lo, hi) != (1.0, 1.0) and hi <= 2.0 + 1e-6          # ρ moves off 1, truncated at the clip
     assert tr.update is not None and tr.update.loss_record_diff <= 1e-5

@@ -113,19 +113,18 @@ def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_bat
     """Everything measured AFTER the optimizer step, paired with the `before_*` records. `sampling_autocast`:
     the step's StepConfig.sampling_autocast — the resample/greedy loop runs in the sampler's precision, as the
     before-update one did (the after-update log-probs and entropies stay in the trainer's)."""
-    from rookworld_debug.models.precision import sampling_autocast as sampler_context
     t0 = time.perf_counter()
     batch = (before_batch.prompts, before_batch.tasks, batch_labels)
     heldout = None if before_heldout is None else (before_heldout.prompts, before_heldout.tasks, heldout_labels)
     # Same seed, same settings, updated weights: what would the next sample look like? Its loop also decodes
     # the greedy after-update rows (one loop where there were two)
-    with sampler_context(sampling_autocast, policy):
-        re, greedy = generate_with_greedy(
-            policy, reference, tokenizer, list(rollout.prompts[:: rollout.num_generations]),
-            list(rollout.tasks[:: rollout.num_generations]), num_generations=rollout.num_generations,
-            max_new_tokens=rollout.max_new_tokens, sampling=dict(rollout.sampling), seed=rollout.seed,
-            top_k_alternatives=1, compute_ref=False, score_policy=False,      # only its texts are used
-            greedy_prompts=greedy_prompts(batch, heldout), greedy_max_new_tokens=eval_max_new_tokens)
+    re, greedy = generate_with_greedy(
+        policy, reference, tokenizer, list(rollout.prompts[:: rollout.num_generations]),
+        list(rollout.tasks[:: rollout.num_generations]), num_generations=rollout.num_generations,
+        max_new_tokens=rollout.max_new_tokens, sampling=dict(rollout.sampling), seed=rollout.seed,
+        top_k_alternatives=1, compute_ref=False, score_policy=False,      # only its texts are used
+        greedy_prompts=greedy_prompts(batch, heldout), greedy_max_new_tokens=eval_max_new_tokens,
+        sampling_autocast=sampling_autocast)
     batch_after, heldout_after = greedy_evals(policy, tokenizer, batch, heldout, max_new_tokens=eval_max_new_tokens,
                                               reward_mode=reward_mode, engine=engine, completions=greedy)
 

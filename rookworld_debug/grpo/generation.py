@@ -39,6 +39,7 @@ from ..errors import ConfigError, NumericalError
 from ..models.tokenizer import token_strings
 
 from ..models.precision import autocast_dtype, autocast_for
+from ..models.precision import sampling_autocast as sampler_context
 from .decoding import cache_kw, decode
 
 LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
@@ -471,10 +472,13 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
                          sampling: Mapping[str, tuple[float, float | None, int | None]], seed: int,
                          top_k_alternatives: int = 5, compute_ref: bool = True, chunk: int | None = None,
                          score_policy: bool = True, greedy_prompts: Sequence[str] = (),
-                         greedy_max_new_tokens: int | None = None) -> tuple[Rollout, list[str]]:
+                         greedy_max_new_tokens: int | None = None,
+                         sampling_autocast: str | None = None) -> tuple[Rollout, list[str]]:
     """`generate`, plus greedy completions of `greedy_prompts` (up to `greedy_max_new_tokens` each) decoded
     in the SAME loop as the samples (`decoding.decode`'s extra greedy rows): one decode loop where the
-    step used two (the greedy evaluation's and the sampler's). The rollout is the one `generate` gives."""
+    step used two (the greedy evaluation's and the sampler's). The rollout is the one `generate` gives.
+    `sampling_autocast` ('bf16'): the sampling loop only runs in bf16 autocast (a bf16 sampler beside an fp32
+    trainer); the scoring forwards stay in the model's own precision."""
     t_start = time.perf_counter()
     _validate(prompts, tasks, sampling, num_generations, max_new_tokens, tokenizer)
     g, eos_id, pad_id = num_generations, int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
@@ -487,10 +491,11 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
     settings = {t: tuple(sampling[t]) for t in dict.fromkeys(rows_tasks)}
     temperatures = torch.tensor([float(settings[t][0]) for t in rows_tasks])            # (N,)
 
-    raw, sampling_logps, loop_stats, counts = _sample(
-        policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
-        None if score_policy else top_k_alternatives,
-        _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens))                  # (N, T), (N, T)
+    with sampler_context(sampling_autocast, policy):
+        raw, sampling_logps, loop_stats, counts = _sample(
+            policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
+            None if score_policy else top_k_alternatives,
+            _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens))              # (N, T), (N, T)
     greedy_texts = [] if not greedy_prompts else tokenizer.batch_decode(loop_stats.pop("greedy_tokens"),
                                                                         skip_special_tokens=True)
     loop_stats = loop_stats or None

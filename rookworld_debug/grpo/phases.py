@@ -19,7 +19,6 @@ from rookworld_debug.grpo.generation import Rollout, generate_with_greedy, injec
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup, check_inject
-from rookworld_debug.models.precision import sampling_autocast
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -74,19 +73,20 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
     b, g = s.batch, config.num_generations
     if inject:
         check_inject(inject, s, config)        # bad text / too long for the context: ConfigError, before sampling
-    with timer("generation"), sampling_autocast(getattr(config, "sampling_autocast", None), s.policy):
+    with timer("generation"):
         rollout, greedy = generate_with_greedy(
             s.policy, s.reference, s.tokenizer, list(b.prompts), list(b.tasks), num_generations=g,
             max_new_tokens=config.max_new_tokens, sampling={t: config.sampling_for(t) for t in set(b.tasks)},
             seed=config.seed, top_k_alternatives=config.top_k_alternatives, greedy_prompts=greedy_prompts,
-            greedy_max_new_tokens=config.eval_max_new_tokens)
+            greedy_max_new_tokens=config.eval_max_new_tokens,
+            sampling_autocast=getattr(config, "sampling_autocast", None))
         if inject:
             rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
     if getattr(config, "sampling_autocast", None):
         rollout = replace(rollout, warnings=rollout.warnings + (
-            f"sampling_autocast={config.sampling_autocast!r}: the generation phase (sampling loop, greedy rows and "
-            "its scoring forwards: the rollout's policy/reference log-probs and entropy) ran under bf16 autocast; the "
-            "update trains in fp32 — the sampler–trainer gap is in the diagnostics",))
+            f"sampling_autocast={config.sampling_autocast!r}: the sampling loop (samples and greedy rows) ran under "
+            "bf16 autocast, as a bf16 sampler (vLLM) would; the rollout's scoring forwards and the update are the "
+            "trainer's fp32 — sampling_per_token_logps vs per_token_logps is the sampler–trainer gap",))
     with timer("rewards"):
         rewards = compute_rewards(rollout.prompts, rollout.completions, rollout.tasks, labels=rows(b.completions, g),
                                   reward_mode=config.reward_mode, engine=s.engine, reward_funcs=reward_funcs,
