@@ -123,9 +123,9 @@ def test_run_step_with_diagnostics_records_and_renders_them(fixtures_dir, tmp_pa
     assert float(d.group_weights.sum()) == pytest.approx(1.0)
     lo, hi = d.delta_reward_ci
     assert lo <= tr.evaluation.delta_reward_batch <= hi
-    # G′ sweep: G′ = 2, 3 of G = 4, three draws each, cosines in [−1, 1] and the advantages recomputed (PG signal)
+    # G′ sweep: G′ = 2, 3 of G = 4, two draws each, cosines in [−1, 1] and the advantages recomputed (PG signal)
     sw = d.group_size
-    assert sw.sizes == (2, 3) and sw.cosines.shape == (2, 3) and sw.zero_signal_draws == (0, 0)
+    assert sw.sizes == (2, 3) and sw.cosines.shape == (2, 2) and sw.zero_signal_draws == (0, 0)
     assert bool(((sw.cosines.abs() <= 1 + 1e-9) & torch.isfinite(sw.cosines)).all())
     assert sw.cos_mean[1] < 1 - 1e-6                 # a subset is not the full batch
     # entropy mechanism: the covariance of the sampled tokens, measured after one step and after the whole update

@@ -84,7 +84,8 @@ def test_clip_events_split_by_bound_and_sign_of_the_advantage():
 
 
 def test_group_size_rules():
-    assert default_sizes(4) == (2, 3) and default_sizes(16) == (2, 6, 11, 15) and default_sizes(2) == ()
+    assert default_sizes(4) == (2, 3) and default_sizes(16) == (2, 8, 15) and default_sizes(16, 4) == (2, 6, 11, 15)
+    assert default_sizes(2) == ()
     with pytest.raises(ConfigError, match="G′"):
         check_sizes([2, 4], 4)                                               # G′ = G is the step itself
     with pytest.raises(ConfigError, match="G′"):

@@ -218,7 +218,7 @@ def sampler_label(config) -> str:
 
 
 def signal_noise(policy, rollout, advantages, loss_record, config, *, n_boot: int = 2000,
-                 group_size_draws: int = 3) -> "SignalNoise":
+                 group_size_draws: int = 2) -> "SignalNoise":
     """Per-group gradients at the step's start, their noise scale, the G′ sweep, the entropy-mechanism prediction
     and the sampler–trainer gap — all on ONE grad forward. The measured entropy change and the Δreward intervals
     are added after the update and the evaluation by :func:`with_delta_ci`."""

@@ -38,7 +38,7 @@ class GroupSizeSweep:
     seconds: float
 
 
-def default_sizes(g: int, max_sizes: int = 4) -> tuple:
+def default_sizes(g: int, max_sizes: int = 3) -> tuple:
     """G′ values to try: 2 … G − 1, at most `max_sizes` of them spread evenly (the smallest always in)."""
     sizes = list(range(2, g))
     if len(sizes) > max_sizes:
@@ -86,7 +86,7 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 def group_size_sweep(forward, rewards: torch.Tensor, config, full_grad: torch.Tensor, *,
-                     sizes: Optional[Sequence[int]] = None, draws: int = 3, seed: int = 0) -> GroupSizeSweep:
+                     sizes: Optional[Sequence[int]] = None, draws: int = 2, seed: int = 0) -> GroupSizeSweep:
     """cos(g_{G′}, g_G) for each G′ in `sizes` (default `default_sizes(G)`), `draws` seeded draws each.
 
     `forward`: the diagnostics' `GradForward` (one grad forward over the N rows, reused: one backward per draw);
