@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 12 recipe for the embedded model. ROUND=4 (default) is what the shipped weights ran (on a GPU);
 # ROUND=5 is the issue-24 CPU fine-tune on whole games (scripts/train_tiny_round5.sh; measured, not shipped);
+# ROUND=6 the same with game ends and late illegal attempts up-weighted (scripts/train_tiny_round6.sh; not shipped);
 # ROUND=3 and ROUND=2 reproduce the earlier CPU rounds. Resumable: run it again and it resumes from
 # $WORK/<run>/checkpoint (ROUND=4: each finished stage is skipped).
 #
@@ -37,7 +38,7 @@ case "$ROUND" in
   3) WORK=${WORK:-train_round3}; RUN=r4; SEED=5321; PREC=(--m-order sorted --activation gelu_pytorch_tanh)
      GEN=(--n-p 90000 --n-a 90000 --seed 5000 --p-illegal 0.12 --eps-range 1 1 --random-opening-max 0
           --min-plies 2 --max-plies 80 --keep 0.3 --p-game-end 0.8) ;;
-  *) echo "ROUND must be 2, 3, 4 or 5" >&2; exit 2 ;;
+  *) echo "ROUND must be 2, 3, 4, 5 or 6" >&2; exit 2 ;;
 esac
 OUT="$WORK/$RUN"
 DATA="$WORK/data_r3.jsonl"   # both rounds named their data file data_r3
