@@ -62,6 +62,7 @@ def ddp_spg(tmp_path_factory):
     return out, json.loads((out / "spg.json").read_text())
 
 
+@pytest.mark.slow              # ~25 s more torchrun; the single-process spg tests (test_trl_capture) stay default
 def test_two_processes_steps_per_generation_above_grad_accumulation(ddp_spg):
     """2 ranks × 16 local rows = one 32-row generation batch feeding 2 optimizer steps (4 = spg > ga = 2): each
     step's loss equals TRL's, each step trains 16 distinct rows (8 per rank), and the two steps cover all 32."""
@@ -81,12 +82,12 @@ def test_two_processes_steps_per_generation_above_grad_accumulation(ddp_spg):
     assert sorted(seen) == list(range(32))
 
 
-def test_notebook_views_and_panel_open_a_multi_process_capture(ddp, ddp_spg):
-    """What notebooks 01/02 call on a capture works on both multi-process captures (report --trace renders the
-    same notebook: tests/test_trl_capture.py and the slow test below)."""
+def test_notebook_views_and_panel_open_a_multi_process_capture(ddp):
+    """What notebooks 01/02 call on a capture works on a multi-process capture (report --trace renders the same
+    notebook: tests/test_trl_capture.py and the slow test below; the spg capture: the slow test)."""
     from rookworld_debug import StepTrace, viz
     from rookworld_debug.widgets import tune_panel_from_trace
-    for res in (ddp[1], ddp_spg[1]):
+    for res in (ddp[1],):
         tr = StepTrace.load(next(iter(res["paths"].values())))
         assert len(viz.advantage_table_from_trace(tr).data) == tr.rollout.completion_ids.shape[0]
         assert viz.capture_table_from_trace(tr).html and viz.loss_waterfall_from_trace(tr) is not None

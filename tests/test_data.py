@@ -116,6 +116,7 @@ def _label_engine():
     return eng
 
 
+@pytest.mark.slow        # ~55 s of depth-4 searches over the whole bundled set (a data-integrity check)
 @needs_sf
 def test_every_bundled_white_to_move_B_is_the_reward_engines_first():
     # issue 13 item 11: each white-to-move B == #1 of the reward's search (FEN alone, fresh hash, meta settings)

@@ -203,6 +203,7 @@ def test_steps_per_generation_other_than_grad_accumulation(tmp_path, spg, ga, lo
     cycle is captured, its loss equals TRL's logged loss, and each row it trained appears exactly once."""
     from rookworld_debug import StepTrace
     from rookworld_debug.trl.example import run
+    from rookworld_debug.widgets import tune_panel_from_trace
     trainer, cap = run(tmp_path, steps=2, capture=(1, 2), per_device_train_batch_size=4, num_generations=4,
                        gradient_accumulation_steps=ga, steps_per_generation=spg, loss_type=loss_type,
                        logging_steps=1)
@@ -224,6 +225,8 @@ def test_steps_per_generation_other_than_grad_accumulation(tmp_path, spg, ga, lo
             assert n == 4 * ga and step_rows == list(range(n))
             assert any("read 2 generation batches" in f for f in tr.flags)
         assert c.advantages_recompute_diff <= 1e-5
+        panel = tune_panel_from_trace(tr)                              # notebook 02 opens it
+        assert float(panel.loss.loss) == pytest.approx(float(tr.loss.loss), abs=1e-6)
     if spg > ga:                                      # the two steps of one cycle split its batch
         assert sorted(rows_seen) == list(range(16))
 
