@@ -284,7 +284,9 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
     bad = torch.zeros((), dtype=torch.bool, device=device)
     forwards, row_steps, steps, main_steps, main_open = 1, 0, 0, 0, True
     for step in range(length):
-        tok = logits.argmax(-1)                                                         # (n,) greedy rows
+        # argmax only where some row decodes greedily; a sampling-only step fills every row in _sample_step
+        greedy_now = e or not (sample and main_open)
+        tok = logits.argmax(-1) if greedy_now else logits.new_empty(live.numel(), dtype=torch.long)   # (n,)
         if sample and main_open:
             bad |= _sample_step(logits, tok, live, done, step, n_main, temps, top_k, top_p, generator, rec, stats_k)
         tok = tok.masked_fill(done, pad_id)

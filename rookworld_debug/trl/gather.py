@@ -51,17 +51,22 @@ def _stack_generations(merged: list, pad_id: int) -> dict:
     gen["num_items_in_batch"] = sum(g["num_items_in_batch"] for g in gens)
     gen["local_rows"] = [r for g in gens for r in g.get("local_rows", [g["completion_ids"].shape[0]])]
     gen["generation_batches"] = [g["completion_ids"].shape[0] for g in gens]
-    t_width = gen["completion_ids"].shape[1]
+    return {"gen": gen, "micro_batches": _offset_micro_batches(merged, gen["completion_ids"].shape[1])}
+
+
+def _offset_micro_batches(parts: list, t_width: int, tag: str | None = None) -> list:
+    """The parts' micro-batches in order, rows offset by the rows of the parts before them and per-token
+    tensors right-padded to `t_width`; `tag` names the part's index in each micro-batch (e.g. "rank")."""
     mbs, offset = [], 0
-    for m in merged:
-        for mb in m["micro_batches"]:
-            mb = dict(mb, rows=mb["rows"] + offset)
+    for i, part in enumerate(parts):
+        for mb in part["micro_batches"]:
+            m = dict(mb, rows=mb["rows"] + offset, **({tag: i} if tag else {}))
             for key in ("per_token_logps", "entropy", "old_per_token_logps"):
-                if isinstance(mb.get(key), torch.Tensor):
-                    mb[key] = _pad(mb[key], t_width, 0.0, False)
-            mbs.append(mb)
-        offset += m["gen"]["completion_ids"].shape[0]
-    return {"gen": gen, "micro_batches": mbs}
+                if isinstance(m.get(key), torch.Tensor):
+                    m[key] = _pad(m[key], t_width, 0.0, False)
+            mbs.append(m)
+        offset += part["gen"]["completion_ids"].shape[0]
+    return mbs
 
 
 def _pad(x: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
@@ -104,14 +109,4 @@ def merge_ranks(parts: list, *, pad_id: int) -> dict:
     if any(g is None for g in gens):
         return {"gen": None, "micro_batches": []}
     gen = _merge_gen(gens, pad_id)
-    t_width = gen["completion_ids"].shape[1]
-    mbs, offset = [], 0
-    for rank, (part, g) in enumerate(zip(parts, gens)):
-        for mb in part["micro_batches"]:
-            m = dict(mb, rows=mb["rows"] + offset, rank=rank)
-            for key in ("per_token_logps", "entropy", "old_per_token_logps"):
-                if isinstance(m.get(key), torch.Tensor):
-                    m[key] = _pad(m[key], t_width, 0.0, False)
-            mbs.append(m)
-        offset += g["completion_ids"].shape[0]
-    return {"gen": gen, "micro_batches": mbs}
+    return {"gen": gen, "micro_batches": _offset_micro_batches(parts, gen["completion_ids"].shape[1], "rank")}
