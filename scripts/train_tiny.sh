@@ -2,6 +2,7 @@
 # Issue 12 recipe for the embedded model. ROUND=4 (default) is what the shipped weights ran (on a GPU);
 # ROUND=5 is the issue-24 CPU fine-tune on whole games (scripts/train_tiny_round5.sh; measured, not shipped);
 # ROUND=6 the same with game ends and late illegal attempts up-weighted (scripts/train_tiny_round6.sh; not shipped);
+# ROUND=7 continues round 6's weights on round 6's data for longer (scripts/train_tiny_round7.sh);
 # ROUND=3 and ROUND=2 reproduce the earlier CPU rounds. Resumable: run it again and it resumes from
 # $WORK/<run>/checkpoint (ROUND=4: each finished stage is skipped).
 #
@@ -31,6 +32,7 @@ ROUND=${ROUND:-4}
 if [ "$ROUND" = 4 ]; then exec bash scripts/train_tiny_round4.sh "$@"; fi
 if [ "$ROUND" = 5 ]; then exec bash scripts/train_tiny_round5.sh "$@"; fi
 if [ "$ROUND" = 6 ]; then exec bash scripts/train_tiny_round6.sh "$@"; fi
+if [ "$ROUND" = 7 ]; then exec bash scripts/train_tiny_round7.sh "$@"; fi
 INIT=${INIT:-rookworld_debug/models/tiny}
 case "$ROUND" in
   2) WORK=${WORK:-train_round2}; RUN=r3; SEED=4321; PREC=(--bf16)

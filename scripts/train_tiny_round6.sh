@@ -27,6 +27,7 @@ RW=(nice -n 19 .venv/bin/rookworld-debug)
   --p-game-end 0.8 --depth 4 --workers "$WORKERS" --heldout-frac 0 --quiet
 [ -f "$WORK/data_up.jsonl" ] || .venv/bin/python scripts/upweight_records.py "$WORK/data_9100.jsonl" \
   "$WORK/data_8100.jsonl" --out "$WORK/data_up.jsonl" --end-share 0.15 --late-illegal-repeat 1
+[ "${DATA_ONLY:-0}" = 1 ] && exit 0  # round 7 reuses this data
 OUT="$WORK/r6"
 [ -f "$OUT/model.safetensors" ] && { echo "done: $OUT"; exit 0; }
 from=(--init-from "$INIT"); [ -f "$OUT/checkpoint/trainer_state.pt" ] && from=(--resume "$OUT/checkpoint")
