@@ -202,6 +202,10 @@ def _post_update(trace) -> list:
       f"rows moved with their advantage: {_f(e.frac_moved_with_advantage, 2)}")
     w(f"  same-seed resample: {sum(e.resample_changed)}/{len(e.resample_changed)} completions changed, "
       f"mean reward {_f(float(rw.rewards.nanmean()), 3)} → {_f(float(e.resample_rewards.nanmean()), 3)}")
+    rp = getattr(e, "replay", None)
+    if rp:
+        w(f"  after-update rows decoded: {rp['decoded_sampled_rows']} sampled + {rp['decoded_greedy_rows']} greedy "
+          f"of {rp['replayed_rows']}; the rest replayed token for token (the update left them unchanged)")
     return out
 
 

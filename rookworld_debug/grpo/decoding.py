@@ -181,17 +181,20 @@ class _SampleRecord:
 
 
 def _sample_step(logits, tok, live, done, step: int, n_main: int, temps, top_k, top_p, generator,
-                 rec: _SampleRecord, stats_k: int | None) -> torch.Tensor:
+                 rec: _SampleRecord, stats_k: int | None, noise: tuple | None = None) -> torch.Tensor:
     """Sample the live main rows' tokens into `tok` (in place; greedy rows keep their argmax) and record them.
-    Draws q for ALL N main rows (the stream `generate` draws). Returns whether any logit row was non-finite."""
+    Draws q for ALL N main rows (the stream `generate` draws) — or, with `noise` = (index (n_main,), rows), for
+    all `rows` of the batch these rows were taken from, each main row reading its own row of that block.
+    Returns whether any logit row was non-finite."""
     si = (live < n_main).nonzero().squeeze(1)                                           # batch rows sampled
     ls = live[si]                                                                       # (s,) their rows
     tempered = logits[si] / temps[ls, None]                                             # (s, V)
     lse = torch.logsumexp(tempered, -1)                                                 # (s,)
     probs = _warp(tempered, None if top_k is None else top_k[ls],
                   None if top_p is None else top_p[ls]).softmax(-1)                     # (s, V)
-    q = torch.empty((n_main, logits.shape[-1]), device=logits.device).exponential_(generator=generator)  # (N, V)
-    tok_s = (probs / q[ls]).argmax(-1)                                                  # (s,) = multinomial
+    q = torch.empty((n_main if noise is None else noise[1], logits.shape[-1]),
+                    device=logits.device).exponential_(generator=generator)             # (N, V)
+    tok_s = (probs / q[ls if noise is None else noise[0][ls]]).argmax(-1)               # (s,) = multinomial
     tok[si] = tok_s
     rec.logps[ls, step] = (tempered.gather(-1, tok_s[:, None]).squeeze(1) - lse).masked_fill(done[si], 0.0)
     if rec.entropy is not None:
@@ -246,7 +249,7 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
            top_p: torch.Tensor | None = None, generator: torch.Generator | None = None,
            sync_every: int | None = None, stats_k: int | None = None,
            greedy_prompt_ids: torch.Tensor | None = None, greedy_prompt_mask: torch.Tensor | None = None,
-           greedy_max_new_tokens: int | None = None) -> Decoded:
+           greedy_max_new_tokens: int | None = None, noise: tuple | None = None) -> Decoded:
     """Decode `expand` continuations of each of the B left-padded prompts (B, P) → N = B·expand rows.
 
     `temperatures` (N,) > 0 → sampling with `generator` (top_k (N,) 0 = off, top_p (N,) 1.0 = off);
@@ -256,6 +259,9 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
     tempered distribution (the core path's replacement for a scoring forward; one exp over (n, V) per step).
     `greedy_prompt_ids/mask` (E, P'): E more rows decoded greedily IN THE SAME LOOP (up to `greedy_max_new_tokens`
     each), returned as `greedy_tokens`; they draw no random numbers, so the main rows' tokens are as without them.
+    `noise` = (index (N,), rows): these N rows are rows `index` of a batch of `rows` rows with the same seed and
+    settings; each gets the random draws it had there, so its tokens are that batch's (`replay` decodes only the
+    rows an update changed).
     """
     device = next(model.parameters()).device
     e = 0 if greedy_prompt_ids is None else greedy_prompt_ids.shape[0]
@@ -265,6 +271,8 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
     length = int(limit.max())
     sample = temperatures is not None
     sync_every = sync_every or (1 if device.type == "cpu" else 8)
+    if noise is not None:
+        noise = (noise[0].to(device), int(noise[1]))
     if sample:
         temps = temperatures.to(device=device, dtype=torch.float32)                    # (N,)
         top_k = top_k.to(device) if top_k is not None and bool((top_k > 0).any()) else None
@@ -288,7 +296,8 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
         greedy_now = e or not (sample and main_open)
         tok = logits.argmax(-1) if greedy_now else logits.new_empty(live.numel(), dtype=torch.long)   # (n,)
         if sample and main_open:
-            bad |= _sample_step(logits, tok, live, done, step, n_main, temps, top_k, top_p, generator, rec, stats_k)
+            bad |= _sample_step(logits, tok, live, done, step, n_main, temps, top_k, top_p, generator, rec, stats_k,
+                                noise)
         tok = tok.masked_fill(done, pad_id)
         tokens[live, step] = tok
         steps = step + 1

@@ -153,8 +153,9 @@ def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
     return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
 
 
-def _forward_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-    """Raw logits (n, T, V) at the positions that predict each completion token (P-1 … P+T-2).
+def _forward_completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """Last hidden states (n, T, d) at the positions that predict each completion token (P-1 … P+T-2); the LM
+    head of them is `_forward_completion_logits`. (`replay` applies the head one step at a time.)
 
     A group's G rows share one prompt: the prompt runs once per DISTINCT prompt (with grad when enabled)
     and its KV cache is indexed out to the group's rows, then the completions run on that cache. Same
@@ -166,24 +167,29 @@ def _forward_completion_logits(model, prompt_ids, prompt_mask, completion_ids, c
     attn = torch.cat([prompt_mask, completion_mask], 1)                                 # (n, P+T)
     pos = _position_ids(attn)                                                            # (n, P+T)
     groups = _prompt_groups(prompt_ids, prompt_mask)
+    body = model.base_model
     if groups is None:
-        out = model(input_ids=torch.cat([prompt_ids, completion_ids], 1), attention_mask=attn, position_ids=pos,
-                    logits_to_keep=t + 1, use_cache=False)  # only the T+1 last positions reach the LM head
-        return out.logits[:, :-1]
+        return body(input_ids=torch.cat([prompt_ids, completion_ids], 1), attention_mask=attn, position_ids=pos,
+                    use_cache=False).last_hidden_state[:, -(t + 1):-1]                     # (n, T, d)
     from transformers.cache_utils import DynamicCache
     uniq, expand = groups                                                                # (b,), (n,)
     p = prompt_ids.shape[1]
-    body, head = model.base_model, model.get_output_embeddings()
     cache, ckw = DynamicCache(config=model.config), cache_kw(body)
     first = body(input_ids=prompt_ids[uniq], attention_mask=prompt_mask[uniq], position_ids=pos[uniq, :p],
                  **{ckw: cache}, use_cache=True).last_hidden_state[:, -1:]                   # (b, 1, d)
     if t == 1:                                                                            # nothing after the prompt
-        return head(first[expand])                                                        # (n, 1, V)
+        return first[expand]                                                              # (n, 1, d)
     cache.batch_select_indices(expand)                                                    # (b, ...) → (n, ...)
     rest = body(input_ids=completion_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, p:-1],
                 **{ckw: cache}, use_cache=True).last_hidden_state                          # (n, T-1, d)
-    # one LM-head matmul over all T positions, as the full forward does (a (b, 1, d) one rounds differently)
-    return head(torch.cat([first[expand], rest], 1))                                      # (n, T, V)
+    return torch.cat([first[expand], rest], 1)                                            # (n, T, d)
+
+
+def _forward_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """Raw logits (n, T, V) at the positions that predict each completion token: one LM-head matmul over all T
+    positions (a per-position one rounds differently)."""
+    return model.get_output_embeddings()(
+        _forward_completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask))
 
 
 def _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures,
@@ -458,6 +464,15 @@ def sampling_logps_for(rollout: Rollout, config, rows=slice(None)) -> torch.Tens
     return rollout.sampling_per_token_logps[rows]
 
 
+class GreedyTexts(list):
+    """Greedy completions (text after the prompt, up to the first EOS) with `.ids`, their token ids (E, L') (pad
+    after the first EOS; None when not kept): `replay` checks those tokens, not a re-tokenization of the text."""
+
+    def __init__(self, texts=(), ids: torch.Tensor | None = None):
+        super().__init__(texts)
+        self.ids = ids
+
+
 def _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens) -> dict | None:
     if not greedy_prompts:
         return None
@@ -473,7 +488,7 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
                          top_k_alternatives: int = 5, compute_ref: bool = True, chunk: int | None = None,
                          score_policy: bool = True, greedy_prompts: Sequence[str] = (),
                          greedy_max_new_tokens: int | None = None,
-                         sampling_autocast: str | None = None) -> tuple[Rollout, list[str]]:
+                         sampling_autocast: str | None = None) -> tuple[Rollout, GreedyTexts]:
     """`generate`, plus greedy completions of `greedy_prompts` (up to `greedy_max_new_tokens` each) decoded
     in the SAME loop as the samples (`decoding.decode`'s extra greedy rows): one decode loop where the
     step used two (the greedy evaluation's and the sampler's). The rollout is the one `generate` gives.
@@ -496,8 +511,9 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
             policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
             None if score_policy else top_k_alternatives,
             _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens))              # (N, T), (N, T)
-    greedy_texts = [] if not greedy_prompts else tokenizer.batch_decode(loop_stats.pop("greedy_tokens"),
-                                                                        skip_special_tokens=True)
+    greedy_ids = loop_stats.pop("greedy_tokens") if greedy_prompts else None                   # (E, L')
+    greedy_texts = GreedyTexts(() if greedy_ids is None else tokenizer.batch_decode(greedy_ids, skip_special_tokens=True),
+                               greedy_ids)
     loop_stats = loop_stats or None
     completion_ids, completion_mask, has_eos = _cut_after_eos(raw, eos_id, pad_id)     # (N, T), (N, T), (N,)
     is_truncated = ~has_eos  # (N,) = TRL's 'last token neither EOS nor pad' when pad == EOS (RookWorld)

@@ -181,7 +181,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
               **{f"engine/{k}": v for k, v in rewards.engine_stats.items()},
               **{f"update/{k}": sum(u.counts.get(k, 0) for it in iterations for u in it.updates)
                  for k in (upd.counts if upd else {})},
-              "update/optimizer_steps": sum(len(it.updates) for it in iterations)}
+              "update/optimizer_steps": sum(len(it.updates) for it in iterations),
+              **{f"evaluation/{k}": v for k, v in ((evaluation.replay if evaluation else None) or {}).items()}}
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
                      timings=dict(timer.seconds), counts=counts, flags=tuple(flags), iterations=iterations,

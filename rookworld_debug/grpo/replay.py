@@ -1,0 +1,165 @@
+"""Replay: the after-update resample and greedy rows, decoding only the rows the update changed.
+
+Shape legend: N sampled rows, E greedy rows, T completion tokens, V vocabulary, d hidden size.
+
+A decode step's token is a pure function of the logits at that position and the step's random draw. Along an
+OLD completion, the updated weights' logits come from ONE teacher-forced forward, and a same-seed resample's
+draws are the sampling loop's stream, regenerated from the seed. So, position by position: would the updated
+policy, with the same draw, pick the same token? If it would at every position up to the row's EOS, the
+resample IS the old completion — same tokens, nothing to decode. Only the rows that diverge are decoded, each
+with the draws it had in the full batch (`decode(noise=...)`); greedy rows work the same way without draws.
+After a small update most rows do not move, so the after-update decode loop mostly disappears.
+
+Exact up to float rounding: teacher-forced and KV-cached logits differ in the last bit, so a token can flip
+only on an exact near-tie — the caveat `decoding` states for its loop against `generate`. `evaluation` uses
+replay only when the sampling loop runs in fp32 (no autocast); a bf16 sampler's rows are decoded as before.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import NumericalError
+from .decoding import _warp, decode
+from .generation import GreedyTexts, _cut_after_eos, _forward_completion_hidden
+
+
+@dataclass(frozen=True)
+class Replayed:
+    same: torch.Tensor                  # (n,) bool: the update leaves the row's tokens unchanged
+    first_diff: torch.Tensor            # (n,) first position whose token would change (T where none does)
+    logps: torch.Tensor | None          # (n, T) tempered log-prob of each old token after the update (sampled)
+    entropy: torch.Tensor | None        # (n, T) entropy of the tempered distribution there; 0 where masked
+    states: tuple = ()                  # T generator states, the one before each position's draws (sampled)
+
+
+def _row_settings(rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Per-row top-k (N,) and top-p (N,) of the rollout's sampling settings (None when no row uses it: the
+    loop then skips that warper, so the replay must too)."""
+    top_p = torch.tensor([1.0 if rollout.sampling[t][1] is None else float(rollout.sampling[t][1])
+                          for t in rollout.tasks])
+    top_k = torch.tensor([int(rollout.sampling[t][2] or 0) for t in rollout.tasks])
+    return (top_k if bool((top_k > 0).any()) else None), (top_p if bool((top_p < 1.0).any()) else None)
+
+
+@torch.no_grad()
+def replay_rows(policy, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
+                temperatures: torch.Tensor | None = None, top_k=None, top_p=None, seed: int | None = None,
+                ) -> Replayed:
+    """Which rows (n, T) would the policy decode again unchanged? `temperatures` (n,) → sampled rows of a loop
+    seeded with `seed` (this batch's n rows are that loop's rows, in order); None → greedy rows (argmax of the
+    raw logits). Sampled rows also get the tempered log-prob and entropy of every old token (the Δlogp of the
+    evaluation), from the same forward. One teacher-forced forward, then the LM head one position at a time,
+    as the loop applies it: memory is (n, T, d) hidden states plus (n, V) per position."""
+    device = next(policy.parameters()).device
+    n, t = completion_ids.shape
+    ids = completion_ids.to(device)                                                         # (n, T)
+    hidden = _forward_completion_hidden(policy, prompt_ids.to(device), prompt_mask.to(device), ids,
+                                        completion_mask.to(device))                         # (n, T, d)
+    head, sample = policy.get_output_embeddings(), temperatures is not None
+    same_at = torch.ones((n, t), dtype=torch.bool, device=device)                           # (n, T)
+    logps = torch.zeros((n, t), device=device) if sample else None
+    entropy = torch.zeros((n, t), device=device) if sample else None
+    if sample:
+        temps = temperatures.to(device=device, dtype=torch.float32)                         # (n,)
+        top_k = None if top_k is None else top_k.to(device)
+        top_p = None if top_p is None else top_p.to(device=device, dtype=torch.float32)
+        generator = torch.Generator(device=device).manual_seed(seed)
+    bad = torch.zeros((), dtype=torch.bool, device=device)
+    states = []
+    for s in range(t):
+        logits = head(hidden[:, s]).float()                                                 # (n, V)
+        if not sample:
+            bad |= ~torch.isfinite(logits).all()
+            same_at[:, s] = logits.argmax(-1) == ids[:, s]
+            continue
+        tempered = logits / temps[:, None]                                                  # (n, V)
+        lse = torch.logsumexp(tempered, -1)                                                 # (n,)
+        bad |= ~torch.isfinite(lse).all()
+        logp_all = tempered - lse[:, None]                                                  # (n, V)
+        logps[:, s] = logp_all.gather(-1, ids[:, s, None]).squeeze(1)
+        entropy[:, s] = -(logp_all.exp() * logp_all).sum(-1)
+        probs = _warp(tempered, top_k, top_p).softmax(-1)                                   # (n, V)
+        states.append(generator.get_state())    # a changed row's decode resumes the stream here
+        q = torch.empty_like(probs).exponential_(generator=generator)                       # (n, V) step s's draws
+        same_at[:, s] = (probs / q).argmax(-1) == ids[:, s]
+    if bool(bad):
+        raise NumericalError("cannot replay the after-update rows: the updated policy's logits are NaN/inf")
+    mask = completion_mask.to(device).bool()                                                # (n, T)
+    differs = ~same_at & mask                                                               # (n, T)
+    same = ~differs.any(1)                                                                  # (n,)
+    first_diff = torch.where(same, t, differs.int().argmax(1))                              # (n,)
+    if sample:
+        logps, entropy = logps.masked_fill(~mask, 0.0).cpu(), entropy.masked_fill(~mask, 0.0).cpu()
+    return Replayed(same=same.cpu(), first_diff=first_diff.cpu(), logps=logps, entropy=entropy, states=tuple(states))
+
+
+def _prefixed(prompt_ids, prompt_mask, completion_ids, rows: torch.Tensor, start: int):
+    """The changed rows' prompts with their first `start` (unchanged) completion tokens appended: their decode
+    resumes at position `start`. (k, P + start) ids and mask."""
+    ids = torch.cat([prompt_ids[rows], completion_ids[rows, :start]], 1)
+    return ids, torch.cat([prompt_mask[rows], torch.ones_like(completion_ids[rows, :start])], 1)
+
+
+def _texts(tokenizer, tokens: torch.Tensor, eos_id: int, pad_id: int) -> list[str]:
+    """Completion texts of decoded ids (n, L) as `generate` writes them: up to and including the first EOS,
+    special tokens skipped."""
+    ids, mask, _ = _cut_after_eos(tokens.cpu(), eos_id, pad_id)
+    return tokenizer.batch_decode([row[:k] for row, k in zip(ids.tolist(), mask.sum(1).tolist())],
+                                  skip_special_tokens=True)
+
+
+def resample_after_update(policy, tokenizer, rollout, greedy_prompts, greedy_before: GreedyTexts,
+                          greedy_max_new_tokens: int) -> tuple[list[str], GreedyTexts, Replayed, dict]:
+    """The same-seed resample of `rollout` and the greedy completions of `greedy_prompts` under the CURRENT
+    (updated) weights, decoding only the rows whose tokens the update changed (`greedy_before`: the same
+    prompts' greedy completions before the update, with their ids).
+
+    Returns (resample completions (N,), greedy completions (E,), the sampled rows' Replayed — with the
+    after-update log-probs and entropies of the old tokens — and counts)."""
+    eos_id, pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
+    n = rollout.completion_ids.shape[0]
+    top_k, top_p = _row_settings(rollout)
+    sampled = replay_rows(policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                          rollout.completion_mask, temperatures=rollout.temperatures, top_k=top_k, top_p=top_p,
+                          seed=rollout.seed)
+    enc = tokenizer(list(greedy_prompts), padding=True, padding_side="left", add_special_tokens=False,
+                    return_tensors="pt") if greedy_prompts else None
+    g_same = Replayed(same=torch.ones(0, dtype=torch.bool), first_diff=torch.zeros(0, dtype=torch.long),
+                      logps=None, entropy=None)
+    if enc is not None:
+        g_ids, g_mask, _ = _cut_after_eos(greedy_before.ids, eos_id, pad_id)               # (E, L') each
+        g_same = replay_rows(policy, enc["input_ids"], enc["attention_mask"], g_ids, g_mask)
+    rows, g_rows = (~sampled.same).nonzero().squeeze(1), (~g_same.same).nonzero().squeeze(1)  # changed rows
+    completions, greedy = list(rollout.completions), list(greedy_before)
+    # each set resumes at its earliest change: the positions before it are unchanged for all its rows
+    s0 = int(sampled.first_diff[rows].min()) if rows.numel() else 0
+    g0 = int(g_same.first_diff[g_rows].min()) if g_rows.numel() else 0
+    extra = {}
+    if g_rows.numel():
+        g_prompt, g_pmask = _prefixed(enc["input_ids"], enc["attention_mask"], g_ids, g_rows, g0)
+        extra = {"greedy_prompt_ids": g_prompt, "greedy_prompt_mask": g_pmask,
+                 "greedy_max_new_tokens": greedy_max_new_tokens - g0}
+    if rows.numel():               # the changed sampled rows, each with its own draws; changed greedy rows beside
+        generator = torch.Generator(device=next(policy.parameters()).device)
+        generator.set_state(sampled.states[s0])
+        prompt, pmask = _prefixed(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rows, s0)
+        d = decode(policy, prompt, pmask, expand=1, max_new_tokens=rollout.max_new_tokens - s0, eos_id=eos_id,
+                   pad_id=pad_id, temperatures=rollout.temperatures[rows],
+                   top_k=None if top_k is None else top_k[rows], top_p=None if top_p is None else top_p[rows],
+                   generator=generator, noise=(rows, n), **extra)
+        tokens = torch.cat([rollout.completion_ids[rows, :s0], d.tokens.cpu()], 1)
+        for i, text in zip(rows.tolist(), _texts(tokenizer, tokens, eos_id, pad_id)):
+            completions[i] = text
+        g_tokens = d.greedy_tokens
+    elif g_rows.numel():           # only greedy rows changed: a greedy loop of their own
+        g_tokens = decode(policy, extra["greedy_prompt_ids"], extra["greedy_prompt_mask"], expand=1,
+                          max_new_tokens=extra["greedy_max_new_tokens"], eos_id=eos_id, pad_id=pad_id).tokens
+    if g_rows.numel():
+        g_tokens = torch.cat([g_ids[g_rows, :g0], g_tokens.cpu()], 1)
+        for i, text in zip(g_rows.tolist(), tokenizer.batch_decode(g_tokens, skip_special_tokens=True)):
+            greedy[i] = text
+    counts = {"replayed_rows": n + len(greedy), "decoded_sampled_rows": int(rows.numel()),
+              "decoded_greedy_rows": int(g_rows.numel())}
+    return completions, GreedyTexts(greedy), sampled, counts
