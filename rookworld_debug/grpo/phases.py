@@ -28,15 +28,20 @@ def step_seed(seed: int, step: int) -> int:
 
 
 class PhaseTimer:
+    """Seconds per phase. `PhaseTimer.current` names the phase running now (a memory sampler's label)."""
+    current: Optional[str] = None
+
     def __init__(self):
         self.seconds: dict[str, float] = {}
 
     @contextmanager
     def __call__(self, phase: str):
-        t0 = time.perf_counter()
+        t0, outer = time.perf_counter(), PhaseTimer.current
+        PhaseTimer.current = phase
         try:
             yield
         finally:
+            PhaseTimer.current = outer
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
 

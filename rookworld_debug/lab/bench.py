@@ -117,12 +117,17 @@ class RssSampler:
 
     def __init__(self, interval: float = 0.005):
         self.interval, self.peak, self._stop = interval, 0.0, threading.Event()
+        self.by_phase: dict[str, float] = {}      # phase → peak RSS MB sampled while it ran
 
     def _run(self):
         import psutil
+
+        from rookworld_debug.grpo.phases import PhaseTimer
         proc = psutil.Process()
         while not self._stop.is_set():
-            self.peak = max(self.peak, proc.memory_info().rss / 2**20)
+            rss, phase = proc.memory_info().rss / 2**20, PhaseTimer.current or "other"
+            self.peak = max(self.peak, rss)
+            self.by_phase[phase] = max(self.by_phase.get(phase, 0.0), rss)   # where the peak falls
             self._stop.wait(self.interval)
 
     def __enter__(self):
@@ -510,7 +515,7 @@ def run_once(variant: str, spec: BenchSpec) -> dict:
     gc.collect()
     res.setdefault("seconds", seconds)
     res.update(wall_seconds=seconds, prepare_seconds=prep, rss_before_mb=before, peak_rss_mb=mem.peak,
-               peak_rss_delta_mb=mem.peak - before, maxrss_process_mb=maxrss_mb(),
+               peak_rss_delta_mb=mem.peak - before, maxrss_process_mb=maxrss_mb(), peak_rss_by_phase_mb=mem.by_phase,
                loadavg_1m=os.getloadavg()[0])   # the machine's load right after the run (shared machines)
     return res
 
@@ -736,6 +741,8 @@ def summarize_variant(runs: list[dict]) -> dict:
            "median_phases": {k: _median([r["phases"].get(k, math.nan) for r in ok]) for k in phase_names},
            "peak_rss_mb": max([r["peak_rss_mb"] for r in ok], default=math.nan),
            "peak_rss_delta_mb": max([r["peak_rss_delta_mb"] for r in ok], default=math.nan),
+           "peak_rss_by_phase_mb": {k: max(r.get("peak_rss_by_phase_mb", {}).get(k, 0.0) for r in ok)
+                                    for k in dict.fromkeys(k for r in ok for k in r.get("peak_rss_by_phase_mb", {}))},
            "maxrss_process_mb": max([r["maxrss_process_mb"] for r in ok], default=math.nan),
            "median_tokens_generated": _median([r.get("tokens_generated", math.nan) for r in ok]),
            "median_reward": _median([r.get("reward_mean", math.nan) for r in ok]),
