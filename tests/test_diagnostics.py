@@ -90,7 +90,9 @@ def test_group_gradients_sum_to_the_step_gradient(fixtures_dir):
     exact = float(full.double().norm())
     per_param = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
     assert abs(per_param / exact - 1) < 1e-5
-    assert math.sqrt(float(gram64(rows).sum())) == pytest.approx(exact, rel=1e-6)
+    # the diagnostics' forward runs row by row (issue 30): it rounds differently from this batched one, within
+    # the same 1e-5 the gradients agree to above
+    assert math.sqrt(float(gram64(rows).sum())) == pytest.approx(exact, rel=1e-5)
     assert abs(float(full.norm()) / exact - 1) > 1e-5, "float32 flat norm became exact: update the comment above"
 
 

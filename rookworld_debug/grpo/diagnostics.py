@@ -130,7 +130,11 @@ def paired_bootstrap_ci(before, after, n_boot: int = 10_000, seed: int = 0, leve
 
 class GradForward:
     """One forward WITH grad over all N rows at the step's start, shared by every gradient the diagnostics take
-    (the per-group split, the G′ subsets): each is one backward through this graph (retain_graph)."""
+    (the per-group split, the G′ subsets): each is one backward through this graph (retain_graph).
+
+    The forward runs row by row (N graphs, `parts`): a gradient is a backward through the graphs of the rows it
+    reads only — a group's G rows, a G′ subset's B·G′ — where zeros on the other rows of one shared graph would
+    cost as much as their gradients (a per-group gradient was 1 full backward; now 1/B of one)."""
 
     def __init__(self, policy, rollout, config):
         from rookworld_debug.grpo.generation import per_token_logps_and_entropy
@@ -142,9 +146,12 @@ class GradForward:
         self.kw = loss_kwargs(config)
         self.need_entropy = self.kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1
         policy.train(False)                      # as update(): dropout off
-        self.logps, self.entropy = per_token_logps_and_entropy(
-            policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, self.mask, rollout.temperatures,
-            with_grad=True, entropy_grad=self.kw["entropy_coef"] != 0)                         # (N, T) each
+        self.parts = [per_token_logps_and_entropy(
+            policy, rollout.prompt_ids[r], rollout.prompt_mask[r], rollout.completion_ids[r], self.mask[r],
+            rollout.temperatures[r], with_grad=True, entropy_grad=self.kw["entropy_coef"] != 0)
+            for r in (slice(i, i + 1) for i in range(rollout.completion_ids.shape[0]))]        # (1, T) each
+        self.logps = torch.cat([lp for lp, _ in self.parts])                                   # (N, T)
+        self.entropy = torch.cat([h for _, h in self.parts])                                   # (N, T)
 
     def loss(self, rows: Optional[torch.Tensor], advantages: torch.Tensor, num_generations: int,
              old_per_token_logps: Optional[torch.Tensor] = None):
@@ -153,9 +160,12 @@ class GradForward:
         from rookworld_debug.grpo.loss import compute_loss
         sel = (lambda t: t) if rows is None else (lambda t: None if t is None else t[rows])
         mask = sel(self.mask)
-        return compute_loss(sel(self.logps), sel(old_per_token_logps), sel(self.rollout.ref_per_token_logps),
+        # the rows' own graphs only (indexing the stacked tensor would reach every row's graph)
+        logps, entropy = (self.logps, self.entropy) if rows is None else (
+            torch.cat([self.parts[i][k] for i in rows.tolist()]) for k in (0, 1))             # (n, T) each
+        return compute_loss(logps, sel(old_per_token_logps), sel(self.rollout.ref_per_token_logps),
                             advantages.to(self.logps.dtype), mask,
-                            entropy=sel(self.entropy) if self.need_entropy else None,
+                            entropy=entropy if self.need_entropy else None,
                             num_items_in_batch=float(mask.sum()), num_generations=num_generations, **self.kw)
 
     def grad(self, loss: torch.Tensor) -> torch.Tensor:
@@ -175,15 +185,16 @@ def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps:
     fw = forward or GradForward(policy, rollout, config)
     rec = fw.loss(None, advantages.advantages, g, old_per_token_logps)
     outs = [t for t in (fw.logps, fw.entropy) if t.requires_grad]
-    ups = torch.autograd.grad(rec.loss, outs, retain_graph=True, allow_unused=True)
+    if not outs:                                   # no gradient anywhere (e.g. every advantage 0, β = c_H = 0)
+        return torch.zeros((fw.logps.shape[0] // g, sum(p.numel() for p in fw.params)))
+    ups = torch.autograd.grad(rec.loss, outs, retain_graph=True, allow_unused=True)     # ∂loss/∂ℓ, ∂loss/∂H
     n = fw.logps.shape[0]
     rows = []
-    for b in range(n // g):
-        keep = torch.zeros(n, 1, dtype=fw.logps.dtype)
-        keep[b * g:(b + 1) * g] = 1.0
-        grads = torch.autograd.grad(outs, fw.params, grad_outputs=[u * keep if u is not None else torch.zeros_like(o)
-                                                                    for u, o in zip(ups, outs)],
-                                    retain_graph=True, allow_unused=True)
+    for b in range(n // g):                        # group b's rows through their own graphs only
+        pairs = [(o, u[i:i + 1]) for i in range(b * g, (b + 1) * g)
+                 for o, u in zip([t for t in fw.parts[i] if t.requires_grad], ups) if u is not None]
+        grads = torch.autograd.grad([o for o, _ in pairs], fw.params, grad_outputs=[u for _, u in pairs],
+                                    retain_graph=True, allow_unused=True) if pairs else [None] * len(fw.params)
         rows.append(torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1)
                                for x, p in zip(grads, fw.params)]))
     return torch.stack(rows)                                                # (B, P)
@@ -194,7 +205,7 @@ class SignalNoise:
     """The step's signal-or-noise diagnostics (StepConfig.diagnostics), on the sampled rollout at the start of
     the step (the first optimizer step's gradient; μ > 1 passes are not decomposed)."""
     step_grad_norm: float               # ‖Σ_b g_b‖ (float64 from the Gram matrix) = the first optimizer step's
-                                        #   grad norm before clipping (UpdateResult.grad_norm_pre_clip, to ~1e-7)
+                                        #   grad norm before clipping (UpdateResult.grad_norm_pre_clip, to ~1e-5: row-by-row forwards round differently)
     group_grad_norms: torch.Tensor      # (B,) ‖g_b‖: each group's share of the step's gradient
     group_cos_step: torch.Tensor        # (B,) cos(g_b, Σ_b g_b)
     group_cos: torch.Tensor             # (B, B) cos(g_a, g_b)

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import NumericalError
 from .decoding import _warp, decode
-from .generation import GreedyTexts, _cut_after_eos, _forward_completion_hidden
+from .generation import GreedyTexts, _auto_chunk, _cut_after_eos, _forward_completion_hidden
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,17 @@ def replay_rows(policy, prompt_ids, prompt_mask, completion_ids, completion_mask
     seeded with `seed` (this batch's n rows are that loop's rows, in order); None → greedy rows (argmax of the
     raw logits). Sampled rows also get the tempered log-prob and entropy of every old token (the Δlogp of the
     evaluation), from the same forward. One teacher-forced forward, then the LM head one position at a time,
-    as the loop applies it: memory is (n, T, d) hidden states plus (n, V) per position."""
+    as the loop applies it: memory is (n, T, d) hidden states plus (n, V) per position (and one row chunk's
+    forward)."""
     device = next(policy.parameters()).device
     n, t = completion_ids.shape
     ids = completion_ids.to(device)                                                         # (n, T)
-    hidden = _forward_completion_hidden(policy, prompt_ids.to(device), prompt_mask.to(device), ids,
-                                        completion_mask.to(device))                         # (n, T, d)
     head, sample = policy.get_output_embeddings(), temperatures is not None
+    # row chunks as the scoring forwards take them: a chunk's KV cache (prompt + T) is what the forward holds
+    chunk = _auto_chunk(n, t, head.weight.shape[0])
+    hidden = torch.cat([_forward_completion_hidden(policy, prompt_ids[r].to(device), prompt_mask[r].to(device), ids[r],
+                                                   completion_mask[r].to(device))
+                        for r in (slice(i, i + chunk) for i in range(0, n, chunk))])         # (n, T, d)
     same_at = torch.ones((n, t), dtype=torch.bool, device=device)                           # (n, T)
     logps = torch.zeros((n, t), device=device) if sample else None
     entropy = torch.zeros((n, t), device=device) if sample else None
