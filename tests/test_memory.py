@@ -1,0 +1,48 @@
+"""models.memory: freed host memory of large tensors goes back to the OS (issue 30: 124M peak RSS)."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rookworld_debug.models import memory
+
+PROBE = textwrap.dedent("""
+    import sys, psutil, torch
+    from rookworld_debug.models import memory
+    if sys.argv[1] == "on":
+        assert memory.release_freed_host_memory()
+    rss = lambda: psutil.Process().memory_info().rss / 2**20
+    torch.empty(2**19).fill_(1.0)                              # a 2 MB free: glibc's own threshold rises to 2 MB
+    base = rss()
+    xs = [torch.empty(2**19).fill_(1.0) for _ in range(200)]   # 200 × 2 MB = 400 MB
+    last = xs.pop()                                            # the newest stays: the heap top cannot shrink
+    del xs
+    print(round(rss() - base))
+""")
+
+
+def _held_mb(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_freed_tensors_go_back_to_the_os_only_with_the_setting():
+    held_default, held_on = _held_mb("off"), _held_mb("on")
+    assert held_default > 300           # glibc's default keeps the freed 2 MB tensors in the heap
+    assert held_on < 50                 # fixed 1 MB threshold: each was mmap'd and unmapped on free
+
+
+def test_applied_only_to_large_models():
+    class Model:
+        def __init__(self, n):
+            import torch
+            self.p = torch.nn.Parameter(torch.empty(n))
+
+        def parameters(self):
+            return [self.p]
+
+    assert memory.for_model(Model(1000)) is False
