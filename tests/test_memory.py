@@ -11,7 +11,7 @@ PROBE = textwrap.dedent("""
     import sys, psutil, torch
     from rookworld_debug.models import memory
     if sys.argv[1] == "on":
-        assert memory.release_freed_host_memory()
+        assert memory.set_mmap_threshold(memory.UPDATE_MMAP_THRESHOLD)
     rss = lambda: psutil.Process().memory_info().rss / 2**20
     torch.empty(2**19).fill_(1.0)                              # a 2 MB free: glibc's own threshold rises to 2 MB
     base = rss()
@@ -36,13 +36,15 @@ def test_freed_tensors_go_back_to_the_os_only_with_the_setting():
     assert held_on < 50                 # fixed 1 MB threshold: each was mmap'd and unmapped on free
 
 
-def test_applied_only_to_large_models():
-    class Model:
-        def __init__(self, n):
-            import torch
-            self.p = torch.nn.Parameter(torch.empty(n))
-
-        def parameters(self):
-            return [self.p]
-
-    assert memory.for_model(Model(1000)) is False
+def test_only_a_large_models_update_changes_the_threshold(monkeypatch):
+    import torch
+    calls = []
+    monkeypatch.setattr(memory, "set_mmap_threshold", lambda t: calls.append(t) or True)
+    with memory.update_memory(torch.nn.Linear(10, 10)):
+        pass
+    assert calls == []                                          # the tiny model: untouched (it would cost 15 %)
+    monkeypatch.setattr(memory, "LARGE_MODEL_PARAMETERS", 100)
+    with pytest.raises(RuntimeError):                           # restored even when the update fails
+        with memory.update_memory(torch.nn.Linear(10, 10)):
+            raise RuntimeError("update failed")
+    assert calls == [memory.UPDATE_MMAP_THRESHOLD, memory.DEFAULT_MMAP_THRESHOLD]

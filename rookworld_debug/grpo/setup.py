@@ -177,7 +177,7 @@ def check_inject(inject, s: Setup, config: StepConfig) -> None:
 def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | None = None, engine=None) -> Setup:
     """Load (or reuse) models, data and engine; pick the batch; check the step-0 invariants. The policy is
     the base model: a drifted start (warm-up steps, a checkpoint) is `grpo.start.setup`, one layer up."""
-    from rookworld_debug.models import load_policy_and_reference, memory
+    from rookworld_debug.models import load_policy_and_reference
     t0 = time.perf_counter()
     torch.manual_seed(config.seed)
     # data and engine first: a bad dataset or a missing Stockfish (EngineNotFound) fails in seconds,
@@ -203,7 +203,6 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
     torch.manual_seed(config.seed)
     try:
         loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device)
-        memory.for_model(loaded.policy)    # large models: freed host memory goes back to the OS (models/memory.py)
         check_context(config, loaded.policy, loaded.tokenizer, batch.prompts, [x.prompt for x in heldout])
     except BaseException:
         if engine is not None and engine is not engine_arg:     # ours: don't leave its processes running

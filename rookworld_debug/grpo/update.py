@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import ConfigError, NumericalError
+from rookworld_debug.models import memory
 from rookworld_debug.grpo.generation import (auto_micro_batch_size, per_token_logps_and_entropy,
                                              per_token_logps_entropy_full_kl, sampling_logps_for)
 from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
@@ -184,6 +185,15 @@ def _total_per_layer(params) -> dict:
 def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool = True,
            reference=None, rows: Optional[slice] = None, old_per_token_logps: Optional[torch.Tensor] = None,
            num_items_in_batch: Optional[float] = None, entropy_coef: Optional[float] = None) -> UpdateResult:
+    with memory.update_memory(policy):       # large models: freed gradients go back to the OS (models/memory.py)
+        return _update(policy, optimizer, rollout, advantages, loss_record, config, per_term_grads=per_term_grads,
+                       reference=reference, rows=rows, old_per_token_logps=old_per_token_logps,
+                       num_items_in_batch=num_items_in_batch, entropy_coef=entropy_coef)
+
+
+def _update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool,
+            reference, rows: Optional[slice], old_per_token_logps: Optional[torch.Tensor],
+            num_items_in_batch: Optional[float], entropy_coef: Optional[float]) -> UpdateResult:
     """One optimizer step on `rollout` with `advantages`. Refuses (NumericalError) on a non-finite
     loss or gradient instead of stepping the optimizer. `reference` is needed for kl_estimator='full'
     (its exact KL needs the reference distribution again, with the policy side carrying grad).

@@ -1,42 +1,55 @@
-"""Host memory of a step: give freed tensor memory back to the OS on large models.
+"""Host memory of the update on large models: freed gradient and activation memory goes back to the OS.
 
 glibc's malloc serves a request from `mmap` only above a threshold that adapts upward (to 32 MB) after the first
-large free; below it, a request comes from the heap, whose freed pages stay in the process. A step on GPT-2 124M
-allocates and frees many 1–32 MB tensors (per-parameter gradients, per-layer activations of each micro-batch), so
-its resident memory grows by what the heap keeps: on the 124M update (8 micro-batches, per-term gradients) the
-peak RSS was 4.0 GB with the default and 3.1 GB with a fixed 1 MB threshold, in the same time. On the tiny model
-the same setting cost ~15 % of a step (page faults on every mid-size tensor) for 0.25 GB, so it applies only from
-`LARGE_MODEL_PARAMETERS` up.
+large free; below it, a request comes from the heap, whose freed pages stay in the process. An update on GPT-2
+124M allocates and frees many 1–32 MB tensors (per-parameter gradients, per-layer activations of each
+micro-batch), so its resident memory grows by what the heap keeps: on the 124M update (8 micro-batches,
+per-term gradients) the peak RSS was 4.0 GB with the default and 3.1 GB with a fixed 1 MB threshold. The same
+threshold makes the 124M decode loop ~15 % slower (a fault on every fresh (rows, V) tensor) and a tiny-model step
+~15 % slower, so it holds only while a large model's update runs (`update_memory`); afterwards the threshold is
+fixed at glibc's own ceiling, 32 MB, where the adaptive one ends up anyway.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import sys
+from contextlib import contextmanager
 
-MMAP_THRESHOLD_BYTES = 1 << 20           # requests of 1 MB and up: mmap'd, unmapped on free
+UPDATE_MMAP_THRESHOLD = 1 << 20          # during a large update: requests of 1 MB and up are mmap'd
+DEFAULT_MMAP_THRESHOLD = 32 << 20        # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: the adaptive ceiling
 LARGE_MODEL_PARAMETERS = 50_000_000      # GPT-2 124M is large; the 4.9 M-parameter tiny model is not
 _M_MMAP_THRESHOLD = -3                   # glibc mallopt parameter (malloc.h)
-_state: dict = {}
+_libc: dict = {}
 
 
-def release_freed_host_memory(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Fix glibc's mmap threshold at `threshold` bytes for this process (idempotent). Returns whether it is in
-    effect: False off Linux/glibc (macOS, musl), where nothing is changed."""
-    if "applied" in _state:
-        return _state["applied"]
-    ok = False
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
-        except (OSError, AttributeError):       # not glibc: no mallopt
-            ok = False
-    _state["applied"] = ok
-    return ok
+def set_mmap_threshold(threshold: int) -> bool:
+    """glibc `mallopt(M_MMAP_THRESHOLD, threshold)` for this process. Returns whether it took effect: False off
+    Linux/glibc (macOS, musl), where nothing is changed."""
+    if "lib" not in _libc:
+        lib = None
+        if sys.platform.startswith("linux"):
+            try:
+                lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                lib.mallopt                       # noqa: B018 - AttributeError when not glibc
+            except (OSError, AttributeError):
+                lib = None
+        _libc["lib"] = lib
+    return _libc["lib"] is not None and bool(_libc["lib"].mallopt(_M_MMAP_THRESHOLD, int(threshold)))
 
 
-def for_model(model) -> bool:
-    """`release_freed_host_memory()` when `model` has ≥ LARGE_MODEL_PARAMETERS parameters; False otherwise."""
-    n = sum(p.numel() for p in model.parameters())
-    return release_freed_host_memory() if n >= LARGE_MODEL_PARAMETERS else False
+def is_large(model) -> bool:
+    return sum(p.numel() for p in model.parameters()) >= LARGE_MODEL_PARAMETERS
+
+
+@contextmanager
+def update_memory(model):
+    """While the block runs (models with ≥ LARGE_MODEL_PARAMETERS parameters only): requests of 1 MB and up are
+    mmap'd, so a freed gradient or activation is unmapped at once; after it, the threshold is 32 MB."""
+    if not is_large(model) or not set_mmap_threshold(UPDATE_MMAP_THRESHOLD):
+        yield
+        return
+    try:
+        yield
+    finally:
+        set_mmap_threshold(DEFAULT_MMAP_THRESHOLD)
