@@ -7,7 +7,8 @@ from rookworld_debug.errors import NumericalError
 from rookworld_debug.grpo.decoding import decode
 from rookworld_debug.grpo.evaluation import _resample_loop, greedy_prompts
 from rookworld_debug.grpo.generation import generate, generate_with_greedy, per_token_logps_and_entropy
-from rookworld_debug.grpo.replay import _row_settings, replay_rows, resample_after_update
+from rookworld_debug.grpo.generation import row_sampling
+from rookworld_debug.grpo.replay import replay_rows, resample_after_update
 from rookworld_debug.models import load_policy_and_reference
 from tinymodels import save_tiny_gpt2
 
@@ -81,7 +82,7 @@ def test_replay_logps_and_entropy_are_the_teacher_forced_ones(models):
     pol, _, tok, _ = models
     rollout, _ = _before(models)
     _nudge(pol, 1e-2)
-    top_k, top_p = _row_settings(rollout)
+    _, top_p, top_k = row_sampling(rollout.sampling, rollout.tasks)
     r = replay_rows(pol, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
                     temperatures=rollout.temperatures, top_k=top_k, top_p=top_p, seed=rollout.seed)
     lp, ent = per_token_logps_and_entropy(pol, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,

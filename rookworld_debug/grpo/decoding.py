@@ -143,6 +143,14 @@ def _warp(scores: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor 
     return scores
 
 
+def active_warpers(top_k: torch.Tensor | None, top_p: torch.Tensor | None, device):
+    """Per-row top-k (n,) / top-p (n,) on `device`, each None when no row uses it (0 / 1.0 = off): `_warp` then
+    skips that warper's sort, and a replay of the loop must skip it too."""
+    top_k = top_k.to(device) if top_k is not None and bool((top_k > 0).any()) else None
+    top_p = top_p.to(device=device, dtype=torch.float32) if top_p is not None and bool((top_p < 1.0).any()) else None
+    return top_k, top_p
+
+
 def _decode_mask(prompt_mask: torch.Tensor, attn_impl: str, dtype: torch.dtype, new_tokens: int) -> torch.Tensor:
     """(n, P) prompt mask → (n, 1, 1, C = P + new_tokens) key mask of every decode step (sliced to P+t): prompt
     pads off, every decoded position on. Booleans for sdpa/flex; additive floats for eager attention."""
@@ -275,9 +283,7 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
         noise = (noise[0].to(device), int(noise[1]))
     if sample:
         temps = temperatures.to(device=device, dtype=torch.float32)                    # (N,)
-        top_k = top_k.to(device) if top_k is not None and bool((top_k > 0).any()) else None
-        top_p = top_p.to(device=device, dtype=torch.float32) \
-            if top_p is not None and bool((top_p < 1.0).any()) else None
+        top_k, top_p = active_warpers(top_k, top_p, device)
 
     amp = autocast_for(model)                     # bf16 autocast on CUDA (fp32 weights), else a no-op
     cache, ckw, logits = _prompt_forward(model, ids, pmask, row_src, p + length, amp)  # logits (N+E, V)

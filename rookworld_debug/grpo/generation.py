@@ -345,6 +345,22 @@ def _token_strings(tokenizer, ids: torch.Tensor, lengths: list[int], topk_ids: t
     return completion_tokens, topk_tokens
 
 
+def row_sampling(settings, rows_tasks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's (temperature, top-p, top-k) from task → (temperature, top_p, top_k) settings: three (N,) tensors,
+    top-p 1.0 and top-k 0 where off."""
+    temps = torch.tensor([float(settings[t][0]) for t in rows_tasks])
+    top_p = torch.tensor([1.0 if settings[t][1] is None else float(settings[t][1]) for t in rows_tasks])
+    top_k = torch.tensor([int(settings[t][2] or 0) for t in rows_tasks])
+    return temps, top_p, top_k
+
+
+def completion_texts(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> tuple[str, ...]:
+    """Completion texts as a rollout writes them: each row's ids (n, T) up to its mask's length (through the first
+    EOS), special tokens skipped."""
+    return tuple(tokenizer.batch_decode([row[:k] for row, k in zip(ids.tolist(), mask.sum(1).tolist())],
+                                        skip_special_tokens=True))
+
+
 def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
             top_k_alternatives: int | None, greedy: dict | None = None):
     """ONE decoding loop for all N rows (per-row temperature/top-p/top-k), seeded by its own generator
@@ -354,9 +370,7 @@ def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_token
     (None unless `top_k_alternatives` is not None), counts.
     """
     device = next(policy.parameters()).device
-    temps = torch.tensor([float(settings[t][0]) for t in rows_tasks])                   # (N,)
-    top_p = torch.tensor([1.0 if settings[t][1] is None else float(settings[t][1]) for t in rows_tasks])  # (N,)
-    top_k = torch.tensor([int(settings[t][2] or 0) for t in rows_tasks])               # (N,) 0 = off
+    temps, top_p, top_k = row_sampling(settings, rows_tasks)                            # (N,) each
     generator = torch.Generator(device=device).manual_seed(seed)
     d = decode(policy, prompt_ids[::g], prompt_mask[::g], expand=g, max_new_tokens=max_new_tokens, eos_id=eos_id,
                pad_id=pad_id, temperatures=temps, top_k=top_k, top_p=top_p, generator=generator,
@@ -538,8 +552,7 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
 
     # --- texts and per-token strings for views
     lengths = completion_mask.sum(1).tolist()
-    completions = tuple(tokenizer.batch_decode([row[:L] for row, L in zip(completion_ids.tolist(), lengths)],
-                                               skip_special_tokens=True))
+    completions = completion_texts(tokenizer, completion_ids, completion_mask)
     completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, lengths, scores["topk_ids"])
     warn = _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos, scores["entropy"],
                              max_new_tokens, max_diff if flagged else None)
@@ -593,8 +606,7 @@ def inject_completions(rollout: Rollout, texts: Mapping[int, str], policy, refer
     for r in new_ids:
         sampling[r] = scores["logps"][r]
     lengths = mask.sum(1).tolist()
-    completions = tuple(tokenizer.batch_decode([row[:L] for row, L in zip(ids.tolist(), lengths)],
-                                               skip_special_tokens=True))
+    completions = completion_texts(tokenizer, ids, mask)
     completion_tokens, topk_tokens = _token_strings(tokenizer, ids, lengths, scores["topk_ids"])
     return replace(
         rollout, completion_ids=ids, completion_mask=mask, per_token_logps=scores["logps"],

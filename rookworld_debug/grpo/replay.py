@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import NumericalError
-from .decoding import _warp, decode
-from .generation import GreedyTexts, _auto_chunk, _cut_after_eos, _forward_completion_hidden
+from .decoding import _warp, active_warpers, decode
+from .generation import (GreedyTexts, _auto_chunk, _cut_after_eos, _forward_completion_hidden, _greedy_kw,
+                         completion_texts, row_sampling)
 
 
 @dataclass(frozen=True)
@@ -32,15 +33,6 @@ class Replayed:
     logps: torch.Tensor | None          # (n, T) tempered log-prob of each old token after the update (sampled)
     entropy: torch.Tensor | None        # (n, T) entropy of the tempered distribution there; 0 where masked
     states: tuple = ()                  # T generator states, the one before each position's draws (sampled)
-
-
-def _row_settings(rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Per-row top-k (N,) and top-p (N,) of the rollout's sampling settings (None when no row uses it: the
-    loop then skips that warper, so the replay must too)."""
-    top_p = torch.tensor([1.0 if rollout.sampling[t][1] is None else float(rollout.sampling[t][1])
-                          for t in rollout.tasks])
-    top_k = torch.tensor([int(rollout.sampling[t][2] or 0) for t in rollout.tasks])
-    return (top_k if bool((top_k > 0).any()) else None), (top_p if bool((top_p < 1.0).any()) else None)
 
 
 @torch.no_grad()
@@ -67,8 +59,7 @@ def replay_rows(policy, prompt_ids, prompt_mask, completion_ids, completion_mask
     entropy = torch.zeros((n, t), device=device) if sample else None
     if sample:
         temps = temperatures.to(device=device, dtype=torch.float32)                         # (n,)
-        top_k = None if top_k is None else top_k.to(device)
-        top_p = None if top_p is None else top_p.to(device=device, dtype=torch.float32)
+        top_k, top_p = active_warpers(top_k, top_p, device)      # as the loop: an unused warper is skipped
         generator = torch.Generator(device=device).manual_seed(seed)
     bad = torch.zeros((), dtype=torch.bool, device=device)
     states = []
@@ -106,14 +97,6 @@ def _prefixed(prompt_ids, prompt_mask, completion_ids, rows: torch.Tensor, start
     return ids, torch.cat([prompt_mask[rows], torch.ones_like(completion_ids[rows, :start])], 1)
 
 
-def _texts(tokenizer, tokens: torch.Tensor, eos_id: int, pad_id: int) -> list[str]:
-    """Completion texts of decoded ids (n, L) as `generate` writes them: up to and including the first EOS,
-    special tokens skipped."""
-    ids, mask, _ = _cut_after_eos(tokens.cpu(), eos_id, pad_id)
-    return tokenizer.batch_decode([row[:k] for row, k in zip(ids.tolist(), mask.sum(1).tolist())],
-                                  skip_special_tokens=True)
-
-
 def resample_after_update(policy, tokenizer, rollout, greedy_prompts, greedy_before: GreedyTexts,
                           greedy_max_new_tokens: int) -> tuple[list[str], GreedyTexts, Replayed, dict]:
     """The same-seed resample of `rollout` and the greedy completions of `greedy_prompts` under the CURRENT
@@ -124,17 +107,16 @@ def resample_after_update(policy, tokenizer, rollout, greedy_prompts, greedy_bef
     after-update log-probs and entropies of the old tokens — and counts)."""
     eos_id, pad_id = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
     n = rollout.completion_ids.shape[0]
-    top_k, top_p = _row_settings(rollout)
+    _, top_p, top_k = row_sampling(rollout.sampling, rollout.tasks)                        # (N,) each
     sampled = replay_rows(policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
                           rollout.completion_mask, temperatures=rollout.temperatures, top_k=top_k, top_p=top_p,
                           seed=rollout.seed)
-    enc = tokenizer(list(greedy_prompts), padding=True, padding_side="left", add_special_tokens=False,
-                    return_tensors="pt") if greedy_prompts else None
+    enc = _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens)                    # None: no greedy rows
     g_same = Replayed(same=torch.ones(0, dtype=torch.bool), first_diff=torch.zeros(0, dtype=torch.long),
                       logps=None, entropy=None)
     if enc is not None:
         g_ids, g_mask, _ = _cut_after_eos(greedy_before.ids, eos_id, pad_id)               # (E, L') each
-        g_same = replay_rows(policy, enc["input_ids"], enc["attention_mask"], g_ids, g_mask)
+        g_same = replay_rows(policy, enc["greedy_prompt_ids"], enc["greedy_prompt_mask"], g_ids, g_mask)
     rows, g_rows = (~sampled.same).nonzero().squeeze(1), (~g_same.same).nonzero().squeeze(1)  # changed rows
     completions, greedy = list(rollout.completions), list(greedy_before)
     # each set resumes at its earliest change: the positions before it are unchanged for all its rows
@@ -142,7 +124,7 @@ def resample_after_update(policy, tokenizer, rollout, greedy_prompts, greedy_bef
     g0 = int(g_same.first_diff[g_rows].min()) if g_rows.numel() else 0
     extra = {}
     if g_rows.numel():
-        g_prompt, g_pmask = _prefixed(enc["input_ids"], enc["attention_mask"], g_ids, g_rows, g0)
+        g_prompt, g_pmask = _prefixed(enc["greedy_prompt_ids"], enc["greedy_prompt_mask"], g_ids, g_rows, g0)
         extra = {"greedy_prompt_ids": g_prompt, "greedy_prompt_mask": g_pmask,
                  "greedy_max_new_tokens": greedy_max_new_tokens - g0}
     if rows.numel():               # the changed sampled rows, each with its own draws; changed greedy rows beside
@@ -150,11 +132,11 @@ def resample_after_update(policy, tokenizer, rollout, greedy_prompts, greedy_bef
         generator.set_state(sampled.states[s0])
         prompt, pmask = _prefixed(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rows, s0)
         d = decode(policy, prompt, pmask, expand=1, max_new_tokens=rollout.max_new_tokens - s0, eos_id=eos_id,
-                   pad_id=pad_id, temperatures=rollout.temperatures[rows],
-                   top_k=None if top_k is None else top_k[rows], top_p=None if top_p is None else top_p[rows],
+                   pad_id=pad_id, temperatures=rollout.temperatures[rows], top_k=top_k[rows], top_p=top_p[rows],
                    generator=generator, noise=(rows, n), **extra)
-        tokens = torch.cat([rollout.completion_ids[rows, :s0], d.tokens.cpu()], 1)
-        for i, text in zip(rows.tolist(), _texts(tokenizer, tokens, eos_id, pad_id)):
+        tokens, mask, _ = _cut_after_eos(torch.cat([rollout.completion_ids[rows, :s0], d.tokens.cpu()], 1), eos_id,
+                                         pad_id)
+        for i, text in zip(rows.tolist(), completion_texts(tokenizer, tokens, mask)):
             completions[i] = text
         g_tokens = d.greedy_tokens
     elif g_rows.numel():           # only greedy rows changed: a greedy loop of their own

@@ -185,15 +185,6 @@ def _total_per_layer(params) -> dict:
 def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool = True,
            reference=None, rows: Optional[slice] = None, old_per_token_logps: Optional[torch.Tensor] = None,
            num_items_in_batch: Optional[float] = None, entropy_coef: Optional[float] = None) -> UpdateResult:
-    with memory.update_memory(policy):       # large models: freed gradients go back to the OS (models/memory.py)
-        return _update(policy, optimizer, rollout, advantages, loss_record, config, per_term_grads=per_term_grads,
-                       reference=reference, rows=rows, old_per_token_logps=old_per_token_logps,
-                       num_items_in_batch=num_items_in_batch, entropy_coef=entropy_coef)
-
-
-def _update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool,
-            reference, rows: Optional[slice], old_per_token_logps: Optional[torch.Tensor],
-            num_items_in_batch: Optional[float], entropy_coef: Optional[float]) -> UpdateResult:
     """One optimizer step on `rollout` with `advantages`. Refuses (NumericalError) on a non-finite
     loss or gradient instead of stepping the optimizer. `reference` is needed for kl_estimator='full'
     (its exact KL needs the reference distribution again, with the policy side carrying grad).
@@ -227,22 +218,24 @@ def _update(policy, optimizer, rollout, advantages, loss_record, config, *, per_
     # micro_batch_size None: all rows at once unless that would not fit the memory estimate (124M: 4 rows)
     slices = _micro_slices(n, config.micro_batch_size or auto_micro_batch_size(
         policy, n, rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]))
-    for mb in slices:
-        g_rows = slice(step_rows.start + mb.start, step_rows.start + mb.stop)   # rows of the rollout
-        rec = _micro_batch_terms(policy, reference, rollout, g_rows, mask[mb], adv[mb],
-                                 None if old_all is None else old_all[mb], None if ref_all is None else ref_all[mb],
-                                 config, kw, num_items, acc)
-        w = _mb_weight(config.loss_type, mb, n, mask)
-        # TRL's entropy bonus is a token mean of the micro-batch for every loss type → weight by token share
-        w_ent = w if config.loss_type == "manual" else _mb_weight("bnpo", mb, n, mask)
-        terms = {"pg": rec.pg_loss * w, "kl": rec.kl_loss * w, "entropy": rec.entropy_term * w_ent}
-        total = terms["pg"] + terms["kl"] + terms["entropy"]
-        if not torch.isfinite(total):
-            raise NumericalError(f"non-finite loss {float(total.detach())} in micro-batch rows {mb.start}:{mb.stop}; "
-                                 "optimizer step refused")
-        acc.loss_total += float(total.detach())
-        _backward(terms, params, per_term_grads, acc)
-    return _step(policy, optimizer, params, acc, config, loss_record, per_term_grads, len(slices), step_rows, kw, t0)
+    with memory.update_memory(policy):       # large models: freed gradients go back to the OS (models/memory.py)
+        for mb in slices:
+            g_rows = slice(step_rows.start + mb.start, step_rows.start + mb.stop)   # rows of the rollout
+            rec = _micro_batch_terms(policy, reference, rollout, g_rows, mask[mb], adv[mb],
+                                     None if old_all is None else old_all[mb],
+                                     None if ref_all is None else ref_all[mb], config, kw, num_items, acc)
+            w = _mb_weight(config.loss_type, mb, n, mask)
+            # TRL's entropy bonus is a token mean of the micro-batch for every loss type → weight by token share
+            w_ent = w if config.loss_type == "manual" else _mb_weight("bnpo", mb, n, mask)
+            terms = {"pg": rec.pg_loss * w, "kl": rec.kl_loss * w, "entropy": rec.entropy_term * w_ent}
+            total = terms["pg"] + terms["kl"] + terms["entropy"]
+            if not torch.isfinite(total):
+                raise NumericalError(f"non-finite loss {float(total.detach())} in micro-batch rows "
+                                     f"{mb.start}:{mb.stop}; optimizer step refused")
+            acc.loss_total += float(total.detach())
+            _backward(terms, params, per_term_grads, acc)
+        return _step(policy, optimizer, params, acc, config, loss_record, per_term_grads, len(slices), step_rows,
+                     kw, t0)
 
 
 def _step(policy, optimizer, params, acc: _Accumulated, config, loss_record, per_term_grads: bool, n_slices: int,
