@@ -1,5 +1,5 @@
 """Write repeats of the rare A: records (game ends, illegal attempts late in a game) so that a training mix
-reads them often enough (issue 24, round 6: game ends were 1-4 % of round 5's A: records).
+reads them often enough (game ends were 1-4 % of the A: records of games played to their end).
 
     python scripts/upweight_records.py DATA.jsonl [...] --out UP.jsonl --end-share 0.15 --late-illegal-repeat 1
 

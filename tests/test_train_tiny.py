@@ -112,8 +112,8 @@ def test_train_tiny_without_the_device_is_a_named_error(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_round4_recipe_runs_both_stages_and_resumes(tmp_path):
-    """scripts/train_tiny.sh (ROUND=4) as a user runs it, on CPU, with its data files already made and the
+def test_shipped_recipe_runs_both_stages_and_resumes(tmp_path):
+    """scripts/train_tiny.sh (RECIPE=shipped, the default) as a user runs it, on CPU, with its data files already made and the
     step count cut to 2 (extra arguments reach both stages): stage 2 starts from stage 1's weights, and a
     second run finds both stages done instead of training again."""
     lines = _data_lines(3)
