@@ -1,4 +1,4 @@
-"""Load RookWorld samples and select batches explicitly (issue 2, item 3).
+"""Load RookWorld samples and select batches explicitly.
 
 Sources:
 

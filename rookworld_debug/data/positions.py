@@ -1,4 +1,4 @@
-"""Fresh evaluation positions made at run time from uniformly random play (issue 12).
+"""Fresh evaluation positions made at run time from uniformly random play (``rookworld-debug measure``).
 
 Nothing here is stored: ``measure`` builds its prompts from a seed, so a model is judged on positions
 it has not seen as text (the training data comes from :mod:`rookworld_debug.lab.generate` with other
@@ -126,7 +126,7 @@ def overlap(prompts, training_prompts) -> float:
     return sum(p in train for p in prompts) / len(prompts) if prompts else float("nan")
 
 
-# ---------------------------------------------------------------- issue 24: A: cases by band of game length
+# ---------------------------------------------------------------- A: cases by band of game length
 BANDS = ((1, 20), (21, 40), (41, 60), (61, 80), (81, 150))  # fullmove ranges; "81+" is measured up to 150
 A_BAND_MIX = (("legal", 0.7), ("illegal", 0.15), ("game_end", 0.15))
 

@@ -1,6 +1,7 @@
-"""The lab: tools for the people who build this project, not for the people who debug a step.
+"""The lab: the tools that build and measure the embedded model and benchmark the step (not needed to debug one).
 
-- ``bench``: our step vs TRL's ``GRPOTrainer`` vs the seeds' loop (``rookworld-debug bench``);
+- ``bench`` (+ ``bench_variants``, ``bench_measure``, ``bench_report``): our step vs TRL's ``GRPOTrainer`` vs
+  rookworld-trl's manual debug loop (``rookworld-debug bench``);
 - ``recorder_cost``: what the TRL flight recorder costs per held step;
 - ``generate`` / ``games``: the embedded model's training data (``rookworld-debug generate-data``);
 - ``train_tiny``: trains the embedded model (``rookworld-debug train-tiny``);

@@ -1,6 +1,6 @@
-"""Whole-game records where "the game is over" cannot be read off the move number (issue 24).
+"""Whole-game records where "the game is over" cannot be read off the move number.
 
-The round-3/4 recipe capped games at 80 plies and took its game-end records from games played on past
+The ``cpu-sorted`` and ``shipped`` recipes capped games at 80 plies and took its game-end records from games played on past
 the cap, so in its data "past move 40 means the game ended" always held, and the model learned that.
 Here every game is played to its **natural end** (checkmate, stalemate, insufficient material, the
 75-move rule, fivefold repetition; a hard cap of ``max_game_plies``), so:

@@ -1,4 +1,4 @@
-"""Generate RookWorld-format P: and A: samples with python-chess + Stockfish (issue 2, item 3).
+"""Generate RookWorld-format P: and A: samples with python-chess + Stockfish.
 
 Positions come from *mixed-policy games*: each game opens with 0..``random_opening_max`` uniformly
 random plies, then every position is analysed by Stockfish (fixed depth, multipv 5, Threads 1; see
@@ -23,8 +23,7 @@ The ``B:`` label follows ``b_label``:
 
 * ``"rookworld"`` (default, fidelity to the published data): ``moves[0]`` of the engine ranking for
   white to move but ``moves[-1]`` (the 5th-ranked move, i.e. the *worst* of the five) for black to
-  move — the generator's ordering assumption that the real ``rook`` data and RookWorld-LM carry
-  (anchor_rookworld.md §1.1);
+  move — the generator's ordering assumption that the real ``rook`` data and RookWorld-LM carry;
 * ``"stockfish_best"``: always the engine's #1 move.
 
 **A: samples** (one per played ply): ``transition(fen, move, history)`` from the arbiter (ArbiterSim
@@ -84,7 +83,7 @@ class GenSettings:
     p_game_end: float = 0.0  # probability that a game is played on past its cap to its end (one game-end A: record)
     fen_width: int = 90
     engine_path: str | None = None
-    full_games: bool = False  # games played to their natural end (lab/games.py, issue 24)
+    full_games: bool = False  # games played to their natural end (lab/games.py)
     p_random_game: float = 0.25  # full_games: share of pure random-play games
     p_share_p: float = 0.15  # full_games: probability that a kept position also yields a P: record
     p_end_branch: float = 0.3  # full_games: probability a kept position yields its game-ending move's record

@@ -1,4 +1,4 @@
-"""Measure a RookWorld model: format, legality and A: exactness (issues 3 and 12).
+"""Measure a RookWorld model: format, legality and A: exactness.
 
 ``measure_fresh(model_or_path, n_positions=..., seed=...)`` (the default of ``rookworld-debug measure``)
 judges the model on **fresh random-play positions made at run time** (:mod:`rookworld_debug.data.positions`;
@@ -6,7 +6,7 @@ nothing stored, the seed is not one of the training data's):
 
 * ``p_well_formed`` — sampled P: completions (T 0.5, top-p 0.9, top-k off; ``group_size`` per position)
   that follow the P: grammar (M: 1–5 UCI moves, E: one number per move, B: UCI). A repeated M: move is
-  grammatical (the issue's table counts greedy ``M: d7d5 d7d5 …`` as well-formed); ``strict_rates``
+  grammatical (a greedy ``M: d7d5 d7d5 …`` counts as well-formed); ``strict_rates``
   adds ``p_well_formed_distinct`` / ``p_greedy_well_formed_distinct`` (no repeats: the reward's
   ``format_ok``), and ``p_all5_legal`` needs five distinct moves;
 * ``p_best_legal`` — sampled P: completions whose B: move is legal in the position;
@@ -16,11 +16,16 @@ nothing stored, the seed is not one of the training data's):
   (new FEN + reward + terminated + truncated), over a case mix that includes illegal moves (``-1.0``,
   truncated) and game ends (``1.0``/``0.5``, terminated); broken down by case kind.
 
-Every rate comes with its n and a Wilson 95 % interval. ``measure(...)`` is the issue-3 measurement on the
-bundled held-out split (kept so the rounds compare). ``model_or_path``: a loaded model (then pass
+These are **the fresh-position rates**, with their targets in ``FRESH_TARGETS``. Beside them,
+``measure_fresh`` measures greedy A: exact **by band of game length and by case kind** (a second generator,
+:func:`rookworld_debug.data.positions.band_a_cases`; targets ``BAND_TARGETS``) and the P: rates on real
+RookWorld P: lines (``--real-p``).
+
+Every rate comes with its n and a Wilson 95 % interval. ``measure(...)`` is **the held-out measurement** on
+the bundled held-out split (kept so the earliest weights compare; targets ``TARGETS``). ``model_or_path``: a loaded model (then pass
 ``tokenizer=``), ``"tiny"``, a local folder, or an HF id (fails with ModelLoadError when offline).
 CLI: ``rookworld-debug measure tiny --n-positions 200 --seed 777 --json out.json`` (``--heldout`` for the
-issue-3 measurement).
+held-out measurement).
 """
 from __future__ import annotations
 
@@ -39,11 +44,11 @@ from rookworld_debug.models.loading import TINY_DIR  # the bundled weights stay 
 P_SAMPLING = dict(temperature=0.5, top_p=0.9)
 A_SAMPLING = dict(temperature=0.95, top_p=0.95)
 TARGETS = {"p_well_formed": 0.95, "p_all5_legal": 0.50, "p_best_legal": 0.80, "a_fen_exact": 0.50,
-           "p_group_nonzero_std": 0.75}  # issue 3, bundled held-out split
+           "p_group_nonzero_std": 0.75}  # the held-out measurement (bundled held-out split)
 FRESH_TARGETS = {"p_well_formed": 0.95, "p_best_legal": 0.80, "p_all5_legal": 0.50, "p_greedy_well_formed": 0.95,
-                 "a_greedy_exact": 0.80}  # issue 12, fresh random-play positions
+                 "a_greedy_exact": 0.80}  # the fresh-position rates (fresh random-play positions)
 BAND_TARGETS = {"a_band_exact": 0.95, "a_kind_legal": 0.97, "a_kind_illegal": 0.95, "a_kind_game_end": 0.90,
-                "real_p_best_legal": 0.90, "real_p_all5_legal": 0.75}  # issue 24
+                "real_p_best_legal": 0.90, "real_p_all5_legal": 0.75}  # by band / kind of A: case, real P: lines
 # 250 real P: lines of RookWorld's validation file, beside the checkout (present in the project's workspace)
 REAL_P_LINES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "rook_p_lines.txt"
 
@@ -122,7 +127,7 @@ def p_metrics(fen: str, completion: str) -> dict:
     c = parse_p_completion(completion)
     board = chess.Board(fen)
     legal = [_legal(board, m) for m in c.moves]
-    # well-formed = the P: grammar (the issue's definition: a greedy "M: d7d5 d7d5 …" is well-formed);
+    # well-formed = the P: grammar (a greedy "M: d7d5 d7d5 …" is well-formed: the grammar allows repeats);
     # distinct moves are judged by all5_legal and by the strict well_formed_distinct (= the reward's format_ok)
     grammar = all(p == "repeated move" for p in c.problems)
     return dict(well_formed=grammar, well_formed_distinct=c.ok,
@@ -140,7 +145,7 @@ def _default_p_reward(engine_depth: int = 10):
 def measure(model_or_path="tiny", *, tokenizer=None, n_prompts: int = 50, seed: int = 0, group_size: int = 8,
             a_samples: int = 1, max_new_tokens: int = 160, engine_depth: int = 10, reward_fn=None,
             with_rewards: bool = True, batch_size: int = 96, progress=None) -> dict:
-    """Sample on held-out prompts and compute the issue-3 metrics (see module doc)."""
+    """Sample on held-out prompts and compute the held-out measurement's metrics (see module doc)."""
     import torch
 
     from rookworld_debug.chess.arbiter import expected_a_completion
@@ -233,7 +238,7 @@ def _stat(flags) -> dict:
 def measure_fresh(model_or_path="tiny", *, tokenizer=None, n_positions: int = 200, seed: int = 777,
                   group_size: int = 8, max_new_tokens: int = 160, batch_size: int = 96, progress=None,
                   n_per_band: int = 60, real_p=REAL_P_LINES, n_real_p: int | None = None) -> dict:
-    """The issue-12 rates on fresh random-play positions (see module doc); each as value/k/n/ci95."""
+    """The fresh-position rates on fresh random-play positions (see module doc); each as value/k/n/ci95."""
     from rookworld_debug.data.positions import a_cases, random_play_positions
 
     t0 = time.time()
@@ -342,7 +347,7 @@ def measure_bands(model, tok, *, n_per_band: int = 60, seed: int = 777, max_new_
 
 
 def band_targets(bands: dict | None, real: dict | None) -> dict:
-    """Issue-24 targets: each band's greedy A: exact, each kind's, and real P: sampled rates."""
+    """The band targets: each band's greedy A: exact, each case kind's, and the real P: lines' sampled rates."""
     out = {}
     if bands:
         for b, r in bands["by_band"].items():
@@ -369,7 +374,7 @@ def format_fresh_table(res: dict) -> str:
     for k, r in res["a_greedy_exact_by_kind"].items():
         lines.append(f"    A exact, {k:9s} {100 * r['value']:6.1f}%  n={r['n']}")
     if res.get("band_targets"):
-        lines.append(f"issue 24: greedy A: exact by band / kind ({res['bands']['generator']}, seed "
+        lines.append(f"A: exact by game-length band and case kind ({res['bands']['generator']}, seed "
                      f"{res['bands']['seed']}); real P: {res['real_p']['file'] if res.get('real_p') else 'not measured'}")
         for k, t in res["band_targets"].items():
             lines.append(f"  {k:24s} {100 * t['value']:6.1f}%  [{100 * t['ci95'][0]:.1f}, {100 * t['ci95'][1]:.1f}]"
@@ -406,7 +411,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-real-p", type=int, default=None, help="measure only the first N real P: lines (default all)")
     ap.add_argument("--real-p", default=str(REAL_P_LINES),
                     help="real RookWorld P: lines to measure on when the file exists ('' = skip)")
-    ap.add_argument("--heldout", action="store_true", help="the issue-3 measurement on the bundled held-out split")
+    ap.add_argument("--heldout", action="store_true", help="the held-out measurement (bundled held-out split) instead")
     ap.add_argument("--n-prompts", type=int, default=50, help="--heldout: prompts of the held-out split")
     ap.add_argument("--seed", type=int, default=777)
     ap.add_argument("--group-size", type=int, default=8)

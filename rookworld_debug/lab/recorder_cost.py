@@ -1,4 +1,4 @@
-"""What the flight recorder costs (issue 26): measured, not assumed.
+"""What the flight recorder costs: measured, not assumed.
 
     python -m rookworld_debug.lab.recorder_cost --model tiny --steps 6 --keep-last 4
     python -m rookworld_debug.lab.recorder_cost --model gpt2-124m --steps 3 --keep-last 2 --max-completion-length 64
