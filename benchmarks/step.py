@@ -1,4 +1,4 @@
-"""`python -m benchmarks.step [options]` = `rookworld-debug bench [options]` (code: rookworld_debug/bench.py)."""
+"""`python -m benchmarks.step [options]` = `rookworld-debug bench [options]` (code: rookworld_debug/lab/bench.py)."""
 import sys
 
 from rookworld_debug.lab.bench import main

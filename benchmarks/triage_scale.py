@@ -1,4 +1,4 @@
-"""Issue 27 at scale: `rookworld-debug triage` on a run folder with a 10,000-step log history and 50 captured steps.
+"""Run triage at scale: `rookworld-debug triage` on a run folder with a 10,000-step log history and 50 captured steps.
 
     .venv/bin/python benchmarks/triage_scale.py --out /tmp/triage-scale [--json docs/bench/triage-scale.json]
 
