@@ -8,7 +8,7 @@ Why each choice:
 - scores in pawns from the side to move, mate as ±(100000−n)/100 — the P: data's convention
   (``score.relative.score(mate_score=100000) / 100``; "mated now" is −1000.0);
 - an in-memory cache keyed by (normalised FEN, depth, multipv): GRPO groups repeat positions a lot
-  (same prompt G times, identical completions), and the anchors' uncached post-move evals cost seconds
+  (same prompt G times, identical completions), and rookworld-trl's uncached post-move evals cost seconds
   per step;
 - a small pool of engine processes (one ``SimpleEngine`` per worker thread) because a batch is many
   independent searches; a worker whose process died is restarted and the search retried;
@@ -273,7 +273,7 @@ class Engine:
 
     Use as a context manager (or call ``close()``); one dropped without ``close()`` kills its processes
     when it is garbage-collected. ``cache=False`` searches every requested position (no memo, no
-    de-duplication): the anchors' behaviour, kept as a benchmark baseline. ``timeout`` is the deadline
+    de-duplication): rookworld-trl's behaviour, kept as a benchmark baseline. ``timeout`` is the deadline
     of ONE search in seconds (see the module docstring for what happens when it passes).
     """
 

@@ -158,7 +158,7 @@ def format_p(sample: PSample, fen_width: int = FEN_WIDTH) -> str:
 
 
 def p_prompt(fen: str) -> str:
-    """The P: prompt as the anchors build it: padding stripped, so the model generates the pad."""
+    """The P: prompt as RookWorld's trainers build it: padding stripped, so the model generates the pad."""
     return f"P: {strip_p_prefix(fen)}"
 
 
@@ -294,7 +294,7 @@ class ASample:
 
 
 def _history(text: str) -> tuple[str, ...]:
-    """Space-separated history; comma lists (an anchor-doc mistake) and >10 moves are rejected."""
+    """Space-separated history; comma lists (a mistake in rookworld-trl's docs and tests) and >10 moves are rejected."""
     if "," in text:
         raise FormatError(f"history must be space-separated UCI (the data never uses commas): {text!r}")
     moves = tuple(text.split())

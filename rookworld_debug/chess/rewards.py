@@ -8,17 +8,17 @@ snake_case flags (``bad_prompt``, ``no_tags``, ``illegal_best``, ``illegal_moves
 
 P: with Stockfish — ``p_stockfish`` (rookworld-trl ``ChessRewardScorer``, same piecewise values;
 weights best 0.5, candidates 0.3, eval 0.2; total clamped to [−1, 1]). SF = the engine's top
-``engine.multipv`` moves at ``engine.depth`` (defaults 5 and 10, as the anchor):
+``engine.multipv`` moves at ``engine.depth`` (defaults 5 and 10, as rookworld-trl's):
 
 - best: −0.5 B missing/not UCI (or no engine moves); −1.0 illegal; 1.0 − 0.2·rank if in SF (1.0, 0.8,
   …, 0.2); 0.1 legal but outside SF.
 - candidates: −0.3 no moves; 0.0 no engine moves; with p = 0.3·#illegal: −p if every move is illegal
-  (not clamped, as the anchor: down to −1.5), else clamp(Jaccard(SF, legal) + Σ_{i<3, legal_i = SF_i}
+  (not clamped, as in rookworld-trl: down to −1.5), else clamp(Jaccard(SF, legal) + Σ_{i<3, legal_i = SF_i}
   0.1·(3−i)/3 − p, −1, 1).
 - eval: −0.2 no E (or no M); −0.4 #E ≠ #M; −0.5 any M illegal; else with t_i = the engine's score
   after move i from the mover's view (multipv 1, cached): max(−1, max(0, 1 − MAE) − 0.4·#sign errors),
   a sign error being |t| > 0.2 with sign(e) ≠ sign(t). Mate is ±(1000 − n/100) pawns here (the data's
-  scale); the anchor used ±100, which only matters inside the saturated max(0, 1 − MAE).
+  scale); rookworld-trl used ±100, which only matters inside the saturated max(0, 1 − MAE).
 - details say both whether B matches the dataset label and whether it is Stockfish's #1: for black to
   move the data's B is the 5th-ranked move (label quirk), so the two disagree on about half the data.
 
@@ -26,7 +26,7 @@ P: against the dataset label — ``p_dataset`` (no engine; same weights and gate
 
 - best: −0.5 missing; −1.0 illegal; 1.0 exact match with the label's B; 0.0 another legal move.
 - candidates: −0.3 no moves; clamp(|set(legal) ∩ set(label M)| / #label M − 0.3·#illegal, −1, 1)
-  (RookWorld's top-5 accuracy, minus the anchor's illegal-move penalty).
+  (RookWorld's top-5 accuracy, minus rookworld-trl's illegal-move penalty).
 - eval: the same gates; over the predicted moves that are in the label's M, the same MAE/sign formula
   against the label's evals; 0.0 (flag ``no_eval_overlap``) when none is.
 
@@ -34,13 +34,13 @@ A: — ``a`` (ground truth from the arbiter). Every component is +1 (right) or �
 format 0.05 (``parse_a_completion`` finds no problem), board 0.5, side 0.05, castling 0.05,
 en_passant 0.05, halfmove 0.05, fullmove 0.05 (``fen_diff`` against the arbiter's FEN), reward_value 0.1
 (numeric equality), terminated 0.05, truncated 0.05. Weights sum to 1: an exact completion scores 1.0,
-empty/garbage −1.0, a right answer with a wrong board 0.0. The board dominates because the anchors'
+empty/garbage −1.0, a right answer with a wrong board 0.0. The board dominates because rookworld-trl's
 lenient FEN similarity rewarded 0.9 with 0% exact matches.
 
 Choices (documented deviations):
 
 - a P: completion with none of the tags (empty or garbage) scores the minimum −1 (all components −1,
-  flag ``no_tags``); the anchor gave it −0.38, more than a well-formed answer with illegal moves, which
+  flag ``no_tags``); rookworld-trl gave it −0.38, more than a well-formed answer with illegal moves, which
   rewards saying nothing.
 - a malformed PROMPT (bad FEN, bad A: prompt) is not the model's fault: every component is 0, total 0.0,
   flag ``bad_prompt`` (a constant reward inside a group gives zero advantage, so it teaches nothing).
@@ -63,8 +63,8 @@ P_WEIGHTS = {"best": 0.5, "candidates": 0.3, "eval": 0.2}
 A_WEIGHTS = {"format": 0.05, "board": 0.5, "side": 0.05, "castling": 0.05, "en_passant": 0.05,
              "halfmove": 0.05, "fullmove": 0.05, "reward_value": 0.1, "terminated": 0.05,
              "truncated": 0.05}
-ILLEGAL_MOVE_PENALTY = 0.3   # per illegal candidate (anchor)
-SIGN_ERROR_PENALTY = 0.4     # per eval with the wrong sign (anchor)
+ILLEGAL_MOVE_PENALTY = 0.3   # per illegal candidate (rookworld-trl's value)
+SIGN_ERROR_PENALTY = 0.4     # per eval with the wrong sign (rookworld-trl's value)
 SIGN_THRESHOLD = 0.2         # pawns: smaller true evals have no meaningful sign
 
 
@@ -113,14 +113,14 @@ def _sign(x: float) -> int:
 
 
 def _eval_accuracy(pred: Sequence[float], truth: Sequence[float]) -> tuple[float, dict]:
-    """max(−1, max(0, 1 − MAE) − 0.4·#sign errors): the anchor's eval score, for both P: modes."""
+    """max(−1, max(0, 1 − MAE) − 0.4·#sign errors): rookworld-trl's eval score, for both P: modes."""
     mae = sum(abs(p - t) for p, t in zip(pred, truth)) / len(pred)
     signs = sum(abs(t) > SIGN_THRESHOLD and _sign(p) != _sign(t) for p, t in zip(pred, truth))
     return max(-1.0, max(0.0, 1.0 - mae) - SIGN_ERROR_PENALTY * signs), {"mae": mae, "sign_errors": signs}
 
 
 def _numeric_evals(pc: PCompletion) -> list[float]:
-    """The leading run of numeric evals (what the anchor's regex reads)."""
+    """The leading run of numeric evals (what rookworld-trl's regex reads)."""
     return list(takewhile(lambda e: e is not None, pc.evals))
 
 

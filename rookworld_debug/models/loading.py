@@ -1,6 +1,6 @@
 """Load a policy and its frozen reference the way the GRPO step needs them.
 
-Fixes two anchor bugs at the source (anchor_rookworld.md §3.14, §7): the RookWorld HF export carries
+Fixes two bugs of earlier RookWorld trainers (rookworld-trl) at the source: the RookWorld HF export carries
 GPT-2's default dropout 0.1 although the model was trained without dropout, and TRL does not switch
 models to eval mode — so we zero every dropout probability in the config AND the modules, put both
 models in eval mode, and report the original values.
