@@ -1,4 +1,5 @@
-"""train-tiny's round-3 options: P: pairs in UCI order, the fused activation, run as a user runs them."""
+"""train-tiny as a user runs it: P: pairs in UCI order, the fused activation (the cpu-sorted recipe's options),
+the recipes script, resuming from a checkpoint."""
 from __future__ import annotations
 
 import json
@@ -82,6 +83,26 @@ def test_train_tiny_cli_sorted_and_fused(tmp_path):
     log = (out / "train_log.txt").read_text()
     assert "UCI order" in log and "activation -> gelu_pytorch_tanh" in log
     assert json.loads((out / "training_args.json").read_text())["m_order"] == "sorted"
+
+
+@pytest.mark.timeout(180)
+def test_train_tiny_resumes_from_its_checkpoint(tmp_path):
+    """--resume continues the optimizer, RNGs and data cursors of a checkpoint (loaded as tensors and plain
+    values only), at the step after it."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(_data_lines(4)))
+    small = ["--data", str(data), "--n-layer", "1", "--n-embd", "16", "--n-head", "1", "--n-positions", "256",
+             "--batch-size", "2", "--threads", "1"]
+    first = tmp_path / "first"
+    res = _cli(["--out", str(first), *small, "--steps", "3", "--checkpoint-every", "1"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (first / "checkpoint" / "trainer_state.pt").is_file()
+    res = _cli(["--out", str(tmp_path / "second"), "--resume", str(first / "checkpoint"), "--data", str(data),
+                "--batch-size", "2", "--threads", "1", "--steps", "4"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    log = (tmp_path / "second" / "train_log.txt").read_text()
+    assert "resumed from" in log and "at step 3" in log, log[-1000:]
+    assert json.loads((tmp_path / "second" / "training_args.json").read_text())["final_step"] == 3
 
 
 @pytest.mark.timeout(120)

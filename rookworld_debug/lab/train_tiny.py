@@ -270,7 +270,7 @@ class _Loop:
 
     def resume(self, folder: Path, opt, log) -> None:
         import torch
-        st = torch.load(folder / STATE_FILE, weights_only=False)
+        st = torch.load(folder / STATE_FILE, weights_only=True)   # tensors and plain values only: never unpickle code
         opt.load_state_dict(st["optimizer"])  # load_state_dict casts the moments to the params' device
         self.rng.setstate(st["rng"])
         torch.set_rng_state(st["torch_rng"])
