@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --browser
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
-exec .venv/bin/python -m pytest -m "not slow" "$@"
+exec .venv/bin/python -m pytest -m "not slow" --durations=15 "$@"
