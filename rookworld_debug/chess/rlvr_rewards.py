@@ -330,3 +330,23 @@ def group_advantages(rewards: Sequence[float], group_size: Optional[int]) -> lis
         std = math.sqrt(sum((x - mean) ** 2 for x in g) / len(g))
         out += [(x - mean) / (std + 1e-8) if std > 0.01 else x - mean for x in g]
     return out
+
+
+def score_breakdowns(prompts: Sequence[str], completions: Sequence[str], ground_truths: Optional[Sequence] = None,
+                     cfg: RlvrScorerConfig = RlvrScorerConfig()) -> list:
+    """The scorer's results as this package's RewardBreakdown (total = the shaped reward; components = the
+    (scaled) field scores, weights = weight/Σ weights, so Σ weights·components = the raw score)."""
+    from rookworld_debug.chess.rewards import RewardBreakdown
+    out = []
+    for s in score_batch(prompts, completions, ground_truths, cfg):
+        weights = P_WEIGHTS if s.task_type == "P" else A_WEIGHTS if s.task_type == "A" else {}
+        total_w = sum(weights.values()) or 1.0
+        comps = {k: s.weighted_scores[k] / weights[k] for k in s.weighted_scores}
+        flags = () if s.format_valid else (("format_invalid",) if s.task_type != "unknown" else ("unknown_task",))
+        details = {"raw": s.total_raw_reward, "field_scores": dict(s.field_scores), "shaping": cfg.reward_shaping,
+                   "problems": [] if s.format_valid else [flags[0]], "engine_errors": list(s.engine_errors),
+                   "ground_truth": ground_truths is not None}
+        out.append(RewardBreakdown(total=s.shaped_reward, components=comps,
+                                   weights={k: weights[k] / total_w for k in comps}, flags=flags, details=details,
+                                   kind=f"rlvr_{s.task_type.lower()}"))
+    return out

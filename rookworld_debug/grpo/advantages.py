@@ -239,7 +239,11 @@ def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generat
 
 
 def advantages_from_config(rewards, config) -> Advantages:
-    """Dispatch on a StepConfig: manual_advantages for loss_type='manual', else compute_advantages."""
+    """Dispatch on a StepConfig: manual_advantages for loss_type='manual', the rookworld-rlvr mini's baselines
+    for 'rlvr_mini' (grpo/rlvr_baselines.py), else compute_advantages."""
+    if config.loss_type == "rlvr_mini":
+        from rookworld_debug.grpo.rlvr_baselines import rlvr_advantages_from_config
+        return rlvr_advantages_from_config(rewards, config)
     if config.loss_type == "manual":
         return manual_advantages(rewards, config.num_generations, std_clamp=config.manual_std_clamp,
                                  clip=config.manual_adv_clip, std_ddof=config.std_ddof)

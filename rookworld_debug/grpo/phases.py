@@ -59,10 +59,14 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
     if config.mask_truncated_completions:
         mask = mask * (~rollout.is_truncated)[:, None]                                   # (N, T)
     old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
+    kw = loss_kwargs(config)
+    if config.loss_type == "rlvr_mini":          # the mini's KL controller and values, once per step
+        from rookworld_debug.grpo.rlvr_loss import step_loss_kwargs
+        kw.update(step_loss_kwargs(rollout, advantages, config, mask))
     return compute_loss(rollout.per_token_logps, old, rollout.ref_per_token_logps,
                         advantages.advantages, mask, entropy=rollout.per_token_entropy,
                         per_token_full_kl=rollout.per_token_full_kl, num_generations=config.num_generations,
-                        sampling_per_token_logps=sampling_logps_for(rollout, config), **loss_kwargs(config))
+                        sampling_per_token_logps=sampling_logps_for(rollout, config), **kw)
 
 
 

@@ -189,3 +189,13 @@ def _zero_std_push_flags(rec: Advantages, baseline_type: str) -> tuple:
     if quiet:
         out.append(f"groups {quiet} have zero reward std: advantage ≈ 0 (each group centred on its own mean)")
     return tuple(out)
+
+
+def rlvr_advantages_from_config(rewards, config) -> Advantages:
+    """`rlvr_advantages` with a StepConfig's knobs (rlvr_values='rewards': values = the rewards, as the mini's
+    training script passes them)."""
+    values = None
+    if config.rlvr_values == "rewards":
+        values = _as_rewards(rewards, config.num_generations).to(torch.float64)
+    return rlvr_advantages(rewards, config.num_generations, baseline_type=config.rlvr_baseline, values=values,
+                           use_gae=config.rlvr_use_gae, gae_lambda=config.rlvr_gae_lambda)

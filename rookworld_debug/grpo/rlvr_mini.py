@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo.aggregation import Aggregation, AggregationInputs
 
 KL_TYPES = ("forward", "reverse", "symmetric")
 LOG_RATIO_CLAMP = 20.0
@@ -187,3 +188,17 @@ def grpo_loss(policy_log_probs: torch.Tensor, ref_log_probs: torch.Tensor, advan
                    value_targets=value_targets, value_loss_coef=value_loss_coef)
     return t.total, mini_metrics(t, policy_log_probs, ref_log_probs, advantages, mask, kl_coef=kl_coef,
                                  eps_low=clip_range, eps_high=clip_range)
+
+
+def row_sum_mean(a: AggregationInputs) -> Aggregation:
+    """rlvr_mini: the mean over rows of each row's token SUM; a per-row term (N, 1) (the sequence PG_i) enters
+    as it is.   agg(L) = mean_i( Σ_t m L_it ) / g   |   mean_i( L_i ) / g"""
+    mask, N, g = a.mask, a.mask.shape[0], a.g
+
+    def reduce(x):
+        per_row = x.reshape(N) if x.shape[-1] == 1 and mask.shape[-1] != 1 else (x * mask).sum(-1)
+        return per_row.mean() / g
+    w = torch.full((N,), 1.0 / (N * g), dtype=mask.dtype, device=mask.device)          # (N,)
+    text = (f"rlvr_mini: mean over {N} sequences of per-sequence SUMS (no length normalisation: a row's "
+            f"weight grows with its length)" + a.per_g())
+    return Aggregation(reduce, w, float(N), text)

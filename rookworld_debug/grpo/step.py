@@ -148,9 +148,12 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
         with timer("diagnostics"):
             from rookworld_debug.grpo.diagnostics import signal_noise
             diag = signal_noise(s.policy, rollout, advantages, loss, config)
+    upd_config = config
+    if config.loss_type == "rlvr_mini" and config.rlvr_adaptive_kl:   # the controller's kl_coef of this step
+        upd_config = config.replace(beta=loss.beta)
     with timer("update"):                      # μ passes × steps_per_generation optimizer steps (μ = 1: one)
         try:
-            iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, config, reference=s.reference,
+            iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, upd_config, reference=s.reference,
                                         loss_record=loss, flags=flags)
             upd = iterations[0].updates[0] if len(iterations) == 1 and len(iterations[0].updates) == 1 \
                 else iterations[-1].updates[-1]  # the optimizer step whose metrics TRL logs last
@@ -218,7 +221,10 @@ def zero_std_flags(adv: Advantages, prompts, rewards: Rewards) -> list[str]:
     out = []
     for b in adv.zero_std_groups:
         vec = ", ".join(f"{float(x):.3g}" for x in rewards.rewards[b * g:(b + 1) * g])
-        out.append(f"zero-std group {b}: {prompts[b * g]!r} rewards [{vec}] → advantages 0, no PG signal")
+        a = adv.advantages[b * g:(b + 1) * g]
+        what = ("advantages 0, no PG signal" if float(a.abs().max()) <= 1e-6 else
+                f"advantages {float(a[0]):+.3g} from the batch normalisation: a push with no reward difference")
+        out.append(f"zero-std group {b}: {prompts[b * g]!r} rewards [{vec}] → {what}")
     if adv.zero_std_groups and len(adv.zero_std_groups) == adv.group_mean.numel():
         out.append("ALL groups zero-std: the policy-gradient term is exactly 0 this step")
     return out
