@@ -173,7 +173,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                     labels_per_row=rows(s.batch.completions, config.num_generations),
                     batch_labels=s.batch.completions, heldout_labels=heldout_labels, reward_mode=config.reward_mode,
                     engine=s.engine, eval_max_new_tokens=config.eval_max_new_tokens,
-                    sampling_autocast=config.sampling_autocast)
+                    sampling_autocast=config.sampling_autocast,
+                    replay=not config.rlvr_pitfalls)   # a faulty sampler/layout cannot be replayed exactly
             except NumericalError as err:      # e.g. lr=1e12 broke the weights: keep the trace and its flags
                 flags.append(f"post-update evaluation failed: {err}")
     if diag is not None:
