@@ -424,9 +424,9 @@ def _normalise(c: StepConfig) -> None:
         s(c, "adam_betas", tuple(c.adam_betas))
     if isinstance(c.prompt_indices, list):
         s(c, "prompt_indices", tuple(c.prompt_indices))
-    if isinstance(c.rlvr_pitfalls, (list, str)):          # papermill/JSON list, or one name from the CLI
-        s(c, "rlvr_pitfalls", tuple(c.rlvr_pitfalls.split(",")) if isinstance(c.rlvr_pitfalls, str)
-          else tuple(c.rlvr_pitfalls))
+    if isinstance(c.rlvr_pitfalls, (list, str)) or c.rlvr_pitfalls is None:   # JSON list, CLI "a,b", none
+        v = c.rlvr_pitfalls or ()
+        s(c, "rlvr_pitfalls", tuple(x for x in v.split(",") if x) if isinstance(v, str) else tuple(v))
     if c.scale_rewards is True:
         s(c, "scale_rewards", "group")
     elif c.scale_rewards is False:
