@@ -179,31 +179,27 @@ class StepConfig:
     rlvr_kl_type: str = _f("forward", "rlvr_mini: KL surrogate per row on the sampled tokens: 'forward' Σ e^p(p−q), "
                            "'reverse' Σ e^q(q−p), 'symmetric' their mean (can be < 0).", choices=RLVR_KL_TYPES,
                            group="objective")
-    rlvr_adaptive_kl: bool = _f(True, "rlvr_mini: the adaptive KL controller sets the step's kl_coef from β before "
-                                "the loss: observe k1 = mean_i Σ_t (p − q), ×1.5 if the window mean > 2·target, ×0.8 if "
-                                "< 0.5·target, clamp [0.001, 1] (a fresh controller per step).", group="objective")
-    rlvr_kl_target: float = _f(0.01, "rlvr_mini: the controller's target KL.", group="objective")
-    rlvr_kl_horizon: int = _f(10000, "rlvr_mini: controller history length (mean of ≤ 100).", group="objective")
+    rlvr_adaptive_kl: bool = _f(True, "rlvr_mini: a fresh adaptive KL controller sets the step's kl_coef from β: "
+                                "k1 = mean_i Σ_t (p − q), ×1.5 if > 2·target, ×0.8 if < 0.5·target, clamp [0.001, 1].",
+                                group="objective")
+    rlvr_kl_target: float = _f(0.01, "rlvr_mini: the KL controller's target.", group="objective")
+    rlvr_kl_horizon: int = _f(10000, "rlvr_mini: its history (mean of ≤ 100).", group="objective")
     rlvr_baseline: str = _f("group_mean", "rlvr_mini: advantage baseline per group of G, then ONE global "
                             "normalisation (A − mean)/(std + 1e-8) over the batch: 'group_mean'; 'ema' (α 0.1, fresh "
                             "each step); 'learned' (mean of the values); 'adaptive' (lower median if std_g > 0.1).",
                             choices=RLVR_BASELINES, group="objective")
-    rlvr_values: str = _f("none", "rlvr_mini: the values handed to its baselines and value loss: 'none', or "
-                          "'rewards' (its training script's values = targets = rewards: value loss 0, GAE active).",
-                          choices=("none", "rewards"), group="objective")
-    rlvr_use_gae: bool = _f(False, "rlvr_mini: raw advantages → reverse λ-sum over the group (with values).",
-                            group="objective")
+    rlvr_values: str = _f("none", "rlvr_mini: values for its baselines/value loss; 'rewards' = its training "
+                          "script's values = targets = rewards.", choices=("none", "rewards"), group="objective")
+    rlvr_use_gae: bool = _f(False, "rlvr_mini: raw advantages → reverse λ-sum per group (with values).", group="objective")
     rlvr_gae_lambda: float = _f(0.95, "rlvr_mini: λ of that sum.", group="objective")
     rlvr_value_loss_coef: float = _f(0.1, "rlvr_mini: coefficient of mean (v − v̂)².", group="objective")
-    rlvr_length_normalize: bool = _f(False, "rlvr_mini: average the log-ratio, KL and entropy over each row's "
-                                     "tokens instead of summing them (the mini sums, so long completions "
-                                     "dominate the ratio and the gradient).", group="objective")
-    rlvr_pitfalls: tuple = _f((), "rlvr_mini data-pipeline faults to reproduce (any of): 'prompt_mask_left_pad' "
-                              "(its right-padding prompt mask on left-padded rows: the last min(pads, L) real prompt "
-                              "tokens train as completion); 'pad_first_token' (with it: also the first real token "
-                              "predicted from a pad, when pads ≥ L); 'kv_cache_positions' (KV-cached sampling steps "
-                              "use position P_max + j for every row); 'train_past_eos' (sampling goes on after EOS "
-                              "and those tokens are trained).", group="objective")
+    rlvr_length_normalize: bool = _f(False, "rlvr_mini: average log-ratio, KL and entropy over a row's tokens "
+                                     "(the mini sums: long rows dominate).", group="objective")
+    rlvr_pitfalls: tuple = _f((), "rlvr data-pipeline faults to reproduce: 'prompt_mask_left_pad' (a right-padding "
+                              "prompt mask on left-padded rows trains their last min(pads, L) prompt tokens), "
+                              "'pad_first_token' (also the first prompt token predicted from a pad), "
+                              "'kv_cache_positions' (cached sampling steps at position P_max + j), 'train_past_eos' "
+                              "(tokens sampled after EOS trained).", group="objective")
     tiny_std_fraction: float = _f(0.5, "Flag a group whose reward std σ_g is > 0 but below this fraction of the "
                                   "batch reward std: dividing by a tiny σ_g turns a small reward gap into "
                                   "advantages of ±1 or more (0.5 = the group's gaps are amplified more than 2× "

@@ -78,6 +78,7 @@ from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, VLLM_IS_MO
                                              PolicyTerm, high_entropy_mask, importance_weights,
                                              off_policy_sequence_mask, per_token_kl, sampling_importance_ratio,
                                              sampling_ratio_metrics, vespo_phi)
+from rookworld_debug.grpo.rlvr_loss import compute_rlvr_loss, rlvr_options
 
 __all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "VESPO_DEFAULTS", "KL_ESTIMATORS",
            "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LOSS_TABLE", "LossBreakdown", "Normalizer",
@@ -260,13 +261,11 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
     without vLLM) with ℓ; top_entropy_quantile < 1 needs `entropy`. sapo_*/vespo_* as TRL's GRPOConfig.
     vllm_importance_sampling_* (TRL's names and defaults, correction off here) weight PG by ρ from
     `sampling_per_token_logps` vs the old log-probs (without sampling log-probs: ρ = 1 and a flag).
-    loss_type="rlvr_mini" (rookworld-rlvr's objective, grpo/rlvr_loss.py) reads `rlvr` (rlvr_kl_type, ...).
+    loss_type="rlvr_mini": rookworld-rlvr's objective (grpo/rlvr_loss.py), options in `rlvr` (rlvr_kl_type…).
     """
     if loss_type == "rlvr_mini":
-        from rookworld_debug.grpo.rlvr_loss import compute_rlvr_loss
-        kw = dict(locals())
         return compute_rlvr_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask,
-                                 SimpleNamespace(**kw))
+                                 SimpleNamespace(**locals()))
     if isinstance(per_token_logps, torch.Tensor):
         kw = dict(locals())
         for k in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "advantages",
@@ -613,11 +612,4 @@ def loss_kwargs(config) -> dict:
                 vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
                 vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
                 vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max,
-                rlvr=_rlvr_options(config))
-
-
-def _rlvr_options(config) -> Optional[dict]:
-    if getattr(config, "loss_type", None) != "rlvr_mini":
-        return None
-    from rookworld_debug.grpo.rlvr_loss import rlvr_options
-    return rlvr_options(config)
+                rlvr=rlvr_options(config) if getattr(config, "loss_type", None) == "rlvr_mini" else None)

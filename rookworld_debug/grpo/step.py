@@ -99,7 +99,7 @@ class StepTrace:
             "frac_reward_zero_std": self.advantages.frac_reward_zero_std,
             "advantage_min": float(self.advantages.advantages.min()),
             "advantage_max": float(self.advantages.advantages.max()),
-            **{k: v for k, v in lo.metrics.items() if k.startswith("clip_ratio/")},
+            **{k: v for k, v in lo.metrics.items() if k.startswith(("clip_ratio/", "rlvr/"))},
             "completions/mean_length": float(lengths.mean()),
             "completions/clipped_ratio": float(r.is_truncated.float().mean()),
             "completions/min_length": float(lengths.min()), "completions/max_length": float(lengths.max()),
