@@ -175,3 +175,15 @@ def test_cli_step_rlvr_mini(tmp_path):
     from rookworld_debug.grpo.step import StepTrace
     t = StepTrace.load(tmp_path / "s")
     assert t.loss.loss_type == "rlvr_mini" and "rlvr/clipped_frac" in t.loss.metrics
+
+
+@pytest.mark.slow            # two set-ups and a bf16-autocast CPU forward: ~2 min on a loaded 2-core machine
+def test_reports_check_step_one_arms():
+    """What the mini's reports measure at step 1: fp32 policy = reference → clipped_frac 0, kl 0; a bf16 policy
+    beside an fp32 reference (the mini's set-up) → the sequence log-ratios are already non-zero."""
+    from rookworld_debug.lab.rlvr_reports import run
+    kw = dict(steps=1, batch_size=2, num_generations=2, max_new_tokens=48, lr=0.0)
+    fp32, bf16 = run(**kw)[0], run(policy_bf16=True, **kw)[0]
+    assert fp32["clipped_frac"] == 0.0 and fp32["kl_div"] == 0.0 and fp32["mean_abs_token_logratio"] == 0.0
+    assert bf16["mean_abs_token_logratio"] > 1e-4 and bf16["max_abs_seq_logratio"] > 1e-3
+    assert bf16["max_abs_seq_logratio"] >= bf16["mean_abs_token_logratio"]       # sums over ≥ 1 token

@@ -49,6 +49,9 @@ no ratio and no clip:
 with mean_t the masked mean over the completion's tokens; KL uses `kl_estimator` (the seeds used "full")
 without bias correction. (Unlike the seeds we train on the SAMPLED ids, in float32, EOS included.)
 
+`loss_type="rlvr_mini"` is rookworld-rlvr's objective (grpo/rlvr_loss.py; golden-checked in grpo/rlvr_mini.py):
+    loss = −mean_i min(r_i A_i, clip(r_i) A_i) + β·mean_i KL_i − c_H·mean_i Σ_t −m e^ℓ ℓ,  r_i = exp(clamp(Σ_t m(ℓ − ℓ_ref), ±20))
+
 Decomposition: agg is linear, so `pg_loss = agg(PG)`, `kl_loss = agg(β·KL)`, `entropy_term = −c_H·H̄` and
 `loss = pg_loss + kl_loss + entropy_term` exactly (this sum defines `.loss`; it equals TRL's `_compute_loss`
 to float rounding). Per-sequence values named `per_seq_*_loss`/`per_seq_pg` are each row's CONTRIBUTION to
