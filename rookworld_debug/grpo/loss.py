@@ -267,8 +267,9 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
     loss_type="rlvr_mini": rookworld-rlvr's objective (grpo/rlvr_loss.py), options in `rlvr` (rlvr_kl_type…).
     """
     if loss_type == "rlvr_mini":
-        return compute_rlvr_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask,
-                                 SimpleNamespace(**locals()))
+        fields = compute_rlvr_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask,
+                                   SimpleNamespace(**locals()))
+        return LossBreakdown(**{**fields, "normalizer": Normalizer(*fields["normalizer"])})
     if isinstance(per_token_logps, torch.Tensor):
         kw = dict(locals())
         for k in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "advantages",

@@ -44,9 +44,9 @@ def effective_mask(mask: torch.Tensor, length_normalize: bool) -> torch.Tensor:
 
 
 def compute_rlvr_loss(logps: torch.Tensor, ref, advantages: torch.Tensor, completion_mask: torch.Tensor,
-                      o: SimpleNamespace):
-    """The LossBreakdown of the mini's objective (called by loss.compute_loss for loss_type 'rlvr_mini')."""
-    from rookworld_debug.grpo.loss import LossBreakdown, Normalizer, _flags, _kl_share
+                      o: SimpleNamespace) -> dict:
+    """The fields of the mini's LossBreakdown (loss.compute_loss builds the record for loss_type 'rlvr_mini';
+    `normalizer` comes as (name, value, description))."""
     opts = {**DEFAULTS, **(getattr(o, "rlvr", None) or {})}
     adv = _validate(logps, ref, advantages, completion_mask, o)
     dtype = logps.dtype
@@ -79,19 +79,18 @@ def compute_rlvr_loss(logps: torch.Tensor, ref, advantages: torch.Tensor, comple
         metrics["kl"] = float(rec["per_token_kl"].sum() / mask.sum().clamp(min=1.0))
         metrics["entropy"] = float(rec["per_token_entropy"].sum() / mask.sum().clamp(min=1.0))
         share, undefined = _kl_share(pg_loss, kl_loss, entropy_term)
-        o2 = SimpleNamespace(**{**vars(o), "entropy": None, "per_token_full_kl": None,
-                                "vllm_importance_sampling_correction": False})
-        flags = _flags(loss, mask, logps, None, ref, advantages, rec, o2, undefined)
-    norm = Normalizer("rlvr_mini", agg.denominator, agg.description)
+        flags = _flags(loss, mask, logps, ref, adv, rec["seq_len"], undefined)
+    norm = agg.description
     lnorm = " (÷ |o_i|: rlvr_length_normalize)" if opts["rlvr_length_normalize"] else " (summed, not averaged)"
     definition = (f"r_i = exp(clamp(Σ_t (logp − ref){lnorm}, ±20)) against the REFERENCE; PG = −mean_i min(r_i·A_i, "
                   f"clip(r_i, {1 - o.epsilon_low:g}, {1 + o.epsilon_high:g})·A_i); + {beta:g}·mean_i KL_i, "
                   f"KL_i = {KL_TYPE_FORMULAS[kl_type]}" + (f"; − {c_h:g}·mean_i Σ_t −e^logp·logp" if c_h else "")
                   + f"; aggregated by {norm}")
-    return LossBreakdown(
+    return dict(
         loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, entropy_loss=t.entropy / g, entropy_term=entropy_term,
         completion_mask=mask.detach(), advantages=adv.detach(), **rec, kl=metrics["kl"], entropy=metrics["entropy"],
-        kl_share=share, kl_share_undefined=undefined, normalizer=norm, metrics=metrics, loss_type="rlvr_mini",
+        kl_share=share, kl_share_undefined=undefined, normalizer=("rlvr_mini", agg.denominator, norm), metrics=metrics,
+        loss_type="rlvr_mini",
         beta=beta, epsilon_low=float(o.epsilon_low), epsilon_high=float(o.epsilon_high), delta=None,
         importance_sampling_level="sequence", kl_estimator=f"rlvr_{kl_type}", use_bias_correction_kl=False,
         entropy_coef=c_h, gradient_accumulation_steps=int(o.gradient_accumulation_steps),
@@ -116,6 +115,32 @@ def _validate(logps, ref, advantages, completion_mask, o) -> torch.Tensor:
     if o.num_generations is not None and (o.num_generations < 1 or logps.shape[0] % o.num_generations):
         raise ConfigError("num_generations", f"{o.num_generations!r} does not divide N = {logps.shape[0]}")
     return adv
+
+
+def _kl_share(pg_loss, kl_loss, entropy_term) -> tuple[float, bool]:
+    """|kl_loss| / (|pg_loss| + |kl_loss| + |entropy_term|) and whether that is 0/0 (as loss.py's)."""
+    a = [abs(float(x)) for x in (pg_loss, kl_loss, entropy_term)]
+    den = sum(a)
+    return (a[1] / den if den > 0 else 0.0), not den > 0
+
+
+def _flags(loss, mask, logps, ref, adv, seq_len, kl_share_undefined: bool) -> tuple:
+    """The loss phase's warnings for this objective (non-finite values, empty rows, 0/0 share)."""
+    flags = []
+    if not math.isfinite(float(loss)):
+        flags.append(f"non-finite loss ({float(loss)}): the optimizer step must refuse")
+    for name, x in (("per_token_logps", logps), ("ref_per_token_logps", ref)):
+        bad = int((~torch.isfinite(x.detach()) & (mask > 0)).sum())
+        if bad:
+            flags.append(f"{bad} non-finite value(s) in {name} at unmasked positions")
+    if not bool(torch.isfinite(adv).all()):
+        flags.append("non-finite advantages")
+    empty = [int(i) for i in torch.nonzero(seq_len == 0).flatten()]
+    if empty:
+        flags.append(f"{len(empty)} completion(s) fully masked (rows {empty}): the mini still counts −A_i for them")
+    if kl_share_undefined:
+        flags.append("kl_share undefined (all terms are 0): reported as 0")
+    return tuple(flags)
 
 
 def _records(p, q, mask, m_eff, t, pol, kl_type: str, beta: float, c_h: float, g: float, num_generations) -> dict:
