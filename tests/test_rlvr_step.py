@@ -187,3 +187,11 @@ def test_reports_check_step_one_arms():
     assert fp32["clipped_frac"] == 0.0 and fp32["kl_div"] == 0.0 and fp32["mean_abs_token_logratio"] == 0.0
     assert bf16["mean_abs_token_logratio"] > 1e-4 and bf16["max_abs_seq_logratio"] > 1e-3
     assert bf16["max_abs_seq_logratio"] >= bf16["mean_abs_token_logratio"]       # sums over ≥ 1 token
+
+
+@pytest.mark.slow            # six steps with 160 new tokens
+@pytest.mark.parametrize("code,overrides,accept", D.FAULTS, ids=[f[0] for f in D.FAULTS])
+def test_each_fault_is_caught(code, overrides, accept):
+    cfg = StepConfig(**{**dict(batch_size=2, num_generations=4, max_new_tokens=160, heldout_n=0,
+                               eval_max_new_tokens=8, device="cpu"), **overrides})
+    assert set(accept) & _codes(run_step(cfg)), code

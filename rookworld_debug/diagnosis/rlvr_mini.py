@@ -17,7 +17,7 @@ from rookworld_debug.diagnosis.findings import Evidence, Finding, Fix
 
 EOS_TEXT = "<|endoftext|>"
 GAP_TOLERANCE = 1e-3          # nats: a sampler–trainer log-prob gap above this is not float noise (fp32 ~1e-5)
-LENGTH_RATIO = 2.0            # a row twice as long as another weighs twice as much under summed log-probs
+LENGTH_RATIO = 1.5            # rows 1.5× longer weigh 1.5× more under summed log-probs (TRL grpo: equal)
 _ROLLOUT = "sampled rollout"
 
 
@@ -192,14 +192,17 @@ STEP_CHECKS = (check_prompt_trained, check_pad_first_token, check_kv_cache_posit
                check_summed_logprobs, check_zero_std_push, check_ratio_against_reference)
 
 _MINI = {"loss_type": "rlvr_mini", "reward_mode": "rlvr"}
+# a short P: prompt beside a long A: prompt (bundled train split): the P: rows get more pads than prompt tokens,
+# and the two groups' rewards differ (the mini's reward gives a malformed P: −0.3, a good A: ≈ 0.75–1)
+_SHORT_LONG = {"task": "mixed", "batch_size": 2, "prompt_indices": (527, 1621)}
 FAULTS = (
     ("prompt_mask_left_pad", {**_MINI, "task": "mixed", "rlvr_pitfalls": ("prompt_mask_left_pad",)},
      ("rlvr_prompt_trained",)),
-    ("pad_first_token", {**_MINI, "task": "mixed", "rlvr_pitfalls": ("prompt_mask_left_pad", "pad_first_token")},
-     ("rlvr_pad_first_token", "rlvr_prompt_trained")),
+    ("pad_first_token", {**_MINI, **_SHORT_LONG, "rlvr_pitfalls": ("prompt_mask_left_pad", "pad_first_token")},
+     ("rlvr_pad_first_token",)),
     ("kv_cache_positions", {**_MINI, "task": "mixed", "rlvr_pitfalls": ("kv_cache_positions",)},
      ("rlvr_kv_cache_positions",)),
     ("train_past_eos", {**_MINI, "rlvr_pitfalls": ("train_past_eos",)}, ("rlvr_trained_past_eos",)),
     ("summed_logprobs", {**_MINI, "task": "mixed"}, ("rlvr_summed_logprobs",)),
-    ("zero_std_global_norm", {**_MINI, "rlvr_baseline": "ema"}, ("rlvr_zero_std_push",)),
+    ("zero_std_global_norm", {**_MINI, **_SHORT_LONG, "rlvr_baseline": "ema"}, ("rlvr_zero_std_push",)),
 )
