@@ -21,13 +21,16 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 
 from rookworld_debug.errors import ConfigError
 
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual")
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual", "rlvr_mini")
 KL_ESTIMATORS = ("k3", "k1", "k2", "full")
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 TASKS = ("P", "A", "mixed")
-REWARD_MODES = ("engine", "dataset")
+REWARD_MODES = ("engine", "dataset", "rlvr", "rlvr_gt")
+RLVR_KL_TYPES = ("forward", "reverse", "symmetric")
+RLVR_BASELINES = ("group_mean", "ema", "learned", "adaptive")
+RLVR_PITFALLS = ("prompt_mask_left_pad", "pad_first_token", "kv_cache_positions", "train_past_eos")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
@@ -89,7 +92,10 @@ class StepConfig:
                         "− c_H·mean_t H), no ratio, no clip. TRL 1.16's other types: 'cispo' (IS weight clipped at "
                         "epsilon_high, dapo normaliser), 'sapo' (soft sigmoid gate, grpo normaliser), 'luspo' "
                         "(per-sequence token sums, meant for importance_sampling_level='sequence'), 'vespo' (gamma "
-                        "weight of the sequence ratio, dapo normaliser). Formulas: grpo/loss.py.",
+                        "weight of the sequence ratio, dapo normaliser). 'rlvr_mini' = rookworld-rlvr's pure-PyTorch "
+                        "GRPO: r_i = exp(clamp(Σ_t (logp − ref), ±20)) against the REFERENCE, −mean_i min(r_i·A_i, "
+                        "clip(r_i)·A_i) + β·mean_i KL_i − c_H·mean_i H_i, sums not means (knobs rlvr_*; β is its "
+                        "kl_coef, epsilon_low/high its clip_range). Formulas: grpo/loss.py, grpo/rlvr_mini.py.",
                         choices=LOSS_TYPES, group="objective")
     beta: float = _f(0.1, "β: KL coefficient; loss adds β·KL(π‖π_ref) per token. TRL's default is 0.0 (no "
                      "reference loaded); 0.1 is the seeds' debug-run value.", group="objective")
@@ -170,6 +176,30 @@ class StepConfig:
                                    group="objective")
     entropy_coef_min: float = _f(0.0, "Adaptive entropy: lower bound of c_H (TRL 0.0).", group="objective")
     entropy_coef_max: float = _f(1.0, "Adaptive entropy: upper bound of c_H (TRL 1.0).", group="objective")
+    rlvr_kl_type: str = _f("forward", "rlvr_mini: KL surrogate per row on the sampled tokens: 'forward' Σ e^p(p−q), "
+                           "'reverse' Σ e^q(q−p), 'symmetric' their mean (can be < 0).", choices=RLVR_KL_TYPES,
+                           group="objective")
+    rlvr_adaptive_kl: bool = _f(True, "rlvr_mini: a fresh adaptive KL controller sets the step's kl_coef from β: "
+                                "k1 = mean_i Σ_t (p − q), ×1.5 if > 2·target, ×0.8 if < 0.5·target, clamp [0.001, 1].",
+                                group="objective")
+    rlvr_kl_target: float = _f(0.01, "rlvr_mini: the KL controller's target.", group="objective")
+    rlvr_kl_horizon: int = _f(10000, "rlvr_mini: its history (mean of ≤ 100).", group="objective")
+    rlvr_baseline: str = _f("group_mean", "rlvr_mini: advantage baseline per group of G, then ONE global "
+                            "normalisation (A − mean)/(std + 1e-8) over the batch: 'group_mean'; 'ema' (α 0.1, fresh "
+                            "each step); 'learned' (mean of the values); 'adaptive' (lower median if std_g > 0.1).",
+                            choices=RLVR_BASELINES, group="objective")
+    rlvr_values: str = _f("none", "rlvr_mini: values for its baselines/value loss; 'rewards' = its training "
+                          "script's values = targets = rewards.", choices=("none", "rewards"), group="objective")
+    rlvr_use_gae: bool = _f(False, "rlvr_mini: raw advantages → reverse λ-sum per group (with values).", group="objective")
+    rlvr_gae_lambda: float = _f(0.95, "rlvr_mini: λ of that sum.", group="objective")
+    rlvr_value_loss_coef: float = _f(0.1, "rlvr_mini: coefficient of mean (v − v̂)².", group="objective")
+    rlvr_length_normalize: bool = _f(False, "rlvr_mini: average log-ratio, KL and entropy over a row's tokens "
+                                     "(the mini sums: long rows dominate).", group="objective")
+    rlvr_pitfalls: tuple = _f((), "rlvr data-pipeline faults to reproduce: 'prompt_mask_left_pad' (a right-padding "
+                              "prompt mask on left-padded rows trains their last min(pads, L) prompt tokens), "
+                              "'pad_first_token' (also the first prompt token predicted from a pad), "
+                              "'kv_cache_positions' (cached sampling steps at position P_max + j), 'train_past_eos' "
+                              "(tokens sampled after EOS trained).", group="objective")
     tiny_std_fraction: float = _f(0.5, "Flag a group whose reward std σ_g is > 0 but below this fraction of the "
                                   "batch reward std: dividing by a tiny σ_g turns a small reward gap into "
                                   "advantages of ±1 or more (0.5 = the group's gaps are amplified more than 2× "
@@ -217,7 +247,9 @@ class StepConfig:
     # ---------------------------------------------------------------- rewards
     reward_mode: str = _f("engine", "'engine': P: rewards scored with Stockfish (best move / candidates / eval "
                           "MAE = 0.5/0.3/0.2); 'dataset': use the dataset's own labels, no engine needed. A: "
-                          "rewards always come from the python-chess arbiter.", choices=REWARD_MODES,
+                          "rewards always come from the python-chess arbiter. 'rlvr': rookworld-rlvr's scorer as its "
+                          "training ran it (no ground truth, no engine: P: ≤ 0.2124); 'rlvr_gt': the same scorer "
+                          "with the dataset completion as ground truth (chess/rlvr_rewards.py).", choices=REWARD_MODES,
                           group="rewards")
     engine_depth: int = _f(10, "Stockfish fixed search depth (Threads=1, deterministic).", group="rewards")
     engine_multipv: int = _f(5, "Stockfish MultiPV: number of candidate lines (P: has 5 M:/E: slots).",
@@ -356,7 +388,7 @@ class StepConfig:
         return "\n".join(rows)
 
 
-_OPTIONAL = {"prompt_indices", "delta", "adv_clip", "manual_adv_clip", "max_grad_norm", "micro_batch_size",
+_OPTIONAL = {"prompt_indices", "rlvr_pitfalls", "delta", "adv_clip", "manual_adv_clip", "max_grad_norm", "micro_batch_size",
              "off_policy_mask_threshold", "steps_per_generation", "init_policy", "init_optimizer", "warmup_lr",
              "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"}
 _FLOAT_FIELDS = ("p_temperature", "p_top_p", "a_temperature", "a_top_p", "beta", "epsilon_low", "epsilon_high",
@@ -364,17 +396,20 @@ _FLOAT_FIELDS = ("p_temperature", "p_top_p", "a_temperature", "a_top_p", "beta",
                  "adam_eps", "weight_decay", "max_grad_norm", "sapo_temperature_pos", "sapo_temperature_neg",
                  "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "off_policy_mask_threshold",
                  "top_entropy_quantile", "entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "warmup_lr",
+                 "rlvr_kl_target", "rlvr_gae_lambda", "rlvr_value_loss_coef",
                  "engine_timeout", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 _INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k", "std_ddof", "micro_batch_size",
                "engine_depth", "engine_multipv", "engine_workers", "heldout_n", "eval_max_new_tokens",
-               "top_k_alternatives", "num_iterations", "steps_per_generation", "warmup_steps")
+               "top_k_alternatives", "num_iterations", "steps_per_generation", "warmup_steps", "rlvr_kl_horizon")
 _BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy", "diagnostics",
+                "rlvr_adaptive_kl", "rlvr_use_gae", "rlvr_length_normalize",
                 "vllm_importance_sampling_correction")
 _STR_FIELDS = ("model", "dataset", "device")
 _CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
             "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip"),
             "engine_on_failure": ("raise", "flag"), "vllm_importance_sampling_mode": VLLM_IS_MODES,
-            "sampling_autocast": (None, "bf16")}
+            "sampling_autocast": (None, "bf16"), "rlvr_kl_type": RLVR_KL_TYPES, "rlvr_baseline": RLVR_BASELINES,
+            "rlvr_values": ("none", "rewards")}
 
 
 def _normalise(c: StepConfig) -> None:
@@ -385,6 +420,9 @@ def _normalise(c: StepConfig) -> None:
         s(c, "adam_betas", tuple(c.adam_betas))
     if isinstance(c.prompt_indices, list):
         s(c, "prompt_indices", tuple(c.prompt_indices))
+    if isinstance(c.rlvr_pitfalls, (list, str)) or c.rlvr_pitfalls is None:   # JSON list, CLI "a,b", none
+        v = c.rlvr_pitfalls or ()
+        s(c, "rlvr_pitfalls", tuple(x for x in v.split(",") if x) if isinstance(v, str) else tuple(v))
     if c.scale_rewards is True:
         s(c, "scale_rewards", "group")
     elif c.scale_rewards is False:
@@ -508,6 +546,14 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("vllm_importance_sampling_mode", lambda c: not c.vllm_importance_sampling_correction
           or c.loss_type != "vespo" or c.vllm_importance_sampling_mode.startswith("token"),
           "vespo needs a token_* mode (as TRL)"),
+    _Rule("rlvr_pitfalls", lambda c: isinstance(c.rlvr_pitfalls, tuple) and set(c.rlvr_pitfalls) <= set(RLVR_PITFALLS),
+          lambda c: f"must be names from {list(RLVR_PITFALLS)}, got {c.rlvr_pitfalls!r}", False),
+    _Rule("rlvr_pitfalls", lambda c: "pad_first_token" not in c.rlvr_pitfalls or "prompt_mask_left_pad" in c.rlvr_pitfalls,
+          "'pad_first_token' reaches the loss only through 'prompt_mask_left_pad' (add both)", False),
+    _Rule("rlvr_kl_target", lambda c: c.rlvr_kl_target > 0, "must be > 0"),
+    _Rule("rlvr_kl_horizon", lambda c: c.rlvr_kl_horizon >= 1, "must be ≥ 1"),
+    _Rule("rlvr_gae_lambda", lambda c: 0 <= c.rlvr_gae_lambda <= 1, "must be in [0, 1]"),
+    _Rule("rlvr_value_loss_coef", lambda c: c.rlvr_value_loss_coef >= 0, "must be ≥ 0"),
     _Rule("entropy_coef_min", lambda c: 0 <= c.entropy_coef_min <= c.entropy_coef_max,
           "must be in [0, entropy_coef_max]"),
     _Rule("entropy_coef_delta", lambda c: c.entropy_coef_delta >= 0, "must be ≥ 0"),

@@ -32,7 +32,7 @@ def _num(x, unit: str = "", signed: bool = False) -> str:
 def _engine_line(stats: dict) -> str:
     """The reward phase's Stockfish use in words (not the raw dict)."""
     if not stats or not stats.get("calls") and not stats.get("cache_hits"):
-        return "engine: not used (reward_mode=dataset, or nothing to score)"
+        return "engine: not used (reward_mode dataset / rlvr / rlvr_gt, or nothing to score)"
     calls, hits, misses = stats.get("calls", 0), stats.get("cache_hits", 0), stats.get("cache_misses", 0)
     sec = float(stats.get("seconds", 0.0) or 0.0)
     return (f"engine (Stockfish, this reward phase): {calls} searches, cache {hits} hits / {misses} misses, "
@@ -75,7 +75,8 @@ def _setup(trace) -> list:
         w(f"  TRL capture: GRPOTrainer step {cap.global_step} (TRL {cap.trl_version}), weights sha256 "
           f"{str(p.get('weights_sha256'))[:12]}…, loss as TRL returned it {cap.trl_loss:.6g}")
     w(f"  batch: {s.batch.describe()}")
-    w(f"  B={c.batch_size} G={c.num_generations} β={c.beta} lr={c.lr} loss_type={c.loss_type} kl={c.kl_estimator} "
+    w(f"  B={c.batch_size} G={c.num_generations} β={c.beta} lr={c.lr} loss_type={c.loss_type} "
+      f"kl={getattr(c, 'rlvr_kl_type', '') if c.loss_type == 'rlvr_mini' else c.kl_estimator} "
       f"scale_rewards={c.scale_rewards} reward_mode={c.reward_mode}")
     inv = s.invariants
     if inv is None:

@@ -164,6 +164,7 @@ def test_glossary_documents_every_field():
     for name, entry in g.items():
         assert len(entry["help"]) > 15, name
         assert entry["group"], name
-    assert g["loss_type"]["choices"] == ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual")
+    assert g["loss_type"]["choices"] == ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual",
+                                         "rlvr_mini")
     md = StepConfig.glossary_markdown()
     assert md.count("\n") == len(g) + 1 and "`max_new_tokens`" in md

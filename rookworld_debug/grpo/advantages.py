@@ -27,12 +27,13 @@ The seeds' variant (`manual_advantages`, jorahn/rookworld-trl manual_grpo_debug.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Union
 
 import torch
 
 from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo import rlvr_baselines as rb
 
 SCALE_REWARDS = ("group", "batch", "none")
 
@@ -239,9 +240,67 @@ def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generat
 
 
 def advantages_from_config(rewards, config) -> Advantages:
-    """Dispatch on a StepConfig: manual_advantages for loss_type='manual', else compute_advantages."""
+    """Dispatch on a StepConfig: manual_advantages for loss_type='manual', the rookworld-rlvr mini's baselines
+    for 'rlvr_mini' (grpo/rlvr_baselines.py), else compute_advantages."""
+    if config.loss_type == "rlvr_mini":
+        return rlvr_advantages_from_config(rewards, config)
     if config.loss_type == "manual":
         return manual_advantages(rewards, config.num_generations, std_clamp=config.manual_std_clamp,
                                  clip=config.manual_adv_clip, std_ddof=config.std_ddof)
     return compute_advantages(rewards, config.num_generations, scale_rewards=config.scale_rewards,
                               eps=config.adv_eps, std_ddof=config.std_ddof, clip=config.adv_clip)
+
+
+# ---------------------------------------------------------------- rookworld-rlvr's "mini" (grpo/rlvr_baselines.py)
+def rlvr_advantages(rewards: Sequence[float] | torch.Tensor, num_generations: int, *,
+                    baseline_type: str = "group_mean", values: Optional[torch.Tensor] = None,
+                    use_gae: bool = False, gae_lambda: float = 0.95,
+                    baseline_tracker: Optional[dict] = None) -> Advantages:
+    """The mini's advantages as this package's Advantages record (method "rlvr_mini"). NaN rewards (unscorable)
+    are set to the batch's valid mean before the baselines (the mini has no NaN) and get advantage 0; flagged."""
+    G = num_generations
+    raw_r = _as_rewards(rewards, G).to(torch.float64)                                  # (N,)
+    bad = ~torch.isfinite(raw_r)                                                        # (N,)
+    fill = raw_r[~bad].mean() if bool((~bad).any()) else torch.zeros((), dtype=raw_r.dtype)
+    r = torch.where(bad, fill, raw_r)                                                   # (N,)
+    raw, base = rb.raw_advantages(r, G, baseline_type, baseline_tracker, values, use_gae, gae_lambda)
+    adv = rb.normalise(raw).masked_fill(bad, 0.0)                                          # (N,)
+    grouped = r.view(-1, G)                                                             # (B, G)
+    group_std = nanstd(grouped, dim=1, ddof=1) if G > 1 else torch.zeros(grouped.shape[0], dtype=r.dtype)
+    std = raw.std() if raw.numel() > 1 else torch.zeros((), dtype=r.dtype)
+    normalised = bool(std > rb.NORM_EPS)
+    denom = (std + rb.NORM_EPS if normalised else torch.ones((), dtype=r.dtype)).expand(r.shape[0]).clone()
+    gae = " + GAE(λ={:g}) over group members".format(gae_lambda) if use_gae and values is not None else ""
+    formula = (f"rlvr mini: raw = r − b_g, {rb.BASELINE_FORMULAS[baseline_type]}{gae}; A = (raw − mean_batch)/"
+               f"(std_batch(ddof=1) + 1e-8) {'applied' if normalised else 'skipped (std ≤ 1e-8)'}")
+    rec = _finish(torch.where(bad, torch.full_like(r, float("nan")), r), G, adv, base, group_std, denom,
+                  torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G),
+                  normalization=formula, method="rlvr_mini", scale="batch", eps=rb.NORM_EPS, ddof=1, clip=None,
+                  raw=raw_r)
+    return replace(rec, flags=_zero_std_push_flags(rec, baseline_type))
+
+
+def _zero_std_push_flags(rec: Advantages, baseline_type: str) -> tuple:
+    """Replace the generic 'no signal from zero-std groups' note by what the global normalisation did to them."""
+    G = rec.num_generations
+    out = [f for f in rec.flags if "zero reward std" not in f]
+    pushed = [b for b in rec.zero_std_groups if float(rec.advantages[b * G:(b + 1) * G].abs().max()) > 1e-6]
+    quiet = [b for b in rec.zero_std_groups if b not in pushed]
+    if pushed:
+        vals = ", ".join(f"p{b}: {float(rec.advantages[b * G]):+.3g}" for b in pushed)
+        out.append(f"zero-std group(s) {pushed} get a NON-zero advantage from the global normalisation "
+                   f"(baseline {baseline_type!r} does not centre each group): {vals} — a push with no reward "
+                   "difference behind it")
+    if quiet:
+        out.append(f"groups {quiet} have zero reward std: advantage ≈ 0 (each group centred on its own mean)")
+    return tuple(out)
+
+
+def rlvr_advantages_from_config(rewards, config) -> Advantages:
+    """`rlvr_advantages` with a StepConfig's knobs (rlvr_values='rewards': values = the rewards, as the mini's
+    training script passes them)."""
+    values = None
+    if config.rlvr_values == "rewards":
+        values = _as_rewards(rewards, config.num_generations).to(torch.float64)
+    return rlvr_advantages(rewards, config.num_generations, baseline_type=config.rlvr_baseline, values=values,
+                           use_gae=config.rlvr_use_gae, gae_lambda=config.rlvr_gae_lambda)

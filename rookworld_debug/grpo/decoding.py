@@ -257,7 +257,8 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
            top_p: torch.Tensor | None = None, generator: torch.Generator | None = None,
            sync_every: int | None = None, stats_k: int | None = None,
            greedy_prompt_ids: torch.Tensor | None = None, greedy_prompt_mask: torch.Tensor | None = None,
-           greedy_max_new_tokens: int | None = None, noise: tuple | None = None) -> Decoded:
+           greedy_max_new_tokens: int | None = None, noise: tuple | None = None, mini_positions: bool = False,
+           continue_after_eos: bool = False) -> Decoded:
     """Decode `expand` continuations of each of the B left-padded prompts (B, P) → N = B·expand rows.
 
     `temperatures` (N,) > 0 → sampling with `generator` (top_k (N,) 0 = off, top_p (N,) 1.0 = off);
@@ -270,6 +271,10 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
     `noise` = (index (N,), rows): these N rows are rows `index` of a batch of `rows` rows with the same seed and
     settings; each gets the random draws it had there, so its tokens are that batch's (`replay` decodes only the
     rows an update changed).
+    rookworld-rlvr's generate, as faults to reproduce (sampled rows only; greedy rows decode correctly):
+    `mini_positions`: KV-cached steps use position P + step for every row (P = the padded prompt length), so a
+    left-padded row's positions jump by its pad count; `continue_after_eos`: a row goes on sampling after its
+    EOS, and the loop stops when every row emits EOS at the same step (or at max_new_tokens).
     """
     device = next(model.parameters()).device
     e = 0 if greedy_prompt_ids is None else greedy_prompt_ids.shape[0]
@@ -289,6 +294,8 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
     cache, ckw, logits = _prompt_forward(model, ids, pmask, row_src, p + length, amp)  # logits (N+E, V)
     key_mask = _decode_mask(pmask[row_src], model.config._attn_implementation, model.dtype, length)  # (N+E,1,1,C)
     next_pos = pmask.long().sum(1)[row_src]                                             # (N+E,)
+    if mini_positions:
+        next_pos[:n_main] = p
 
     tokens = torch.full((n, length), pad_id, dtype=torch.long, device=device)           # (N+E, L)
     stats = sample and stats_k is not None
@@ -307,7 +314,11 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand
         tok = tok.masked_fill(done, pad_id)
         tokens[live, step] = tok
         steps = step + 1
-        done = done | (tok == eos_id) | (limit[live] <= steps)                          # EOS, or its own max
+        eos = tok == eos_id
+        if continue_after_eos:                        # the mini: stop only when every row emits EOS at once
+            main = live < n_main
+            eos = eos & (~main | bool(eos[main].all()))
+        done = done | eos | (limit[live] <= steps)                                      # EOS, or its own max
         if main_open:
             main_steps = steps
             main_open = steps < max_new_tokens

@@ -117,14 +117,14 @@ def _pearson(x: torch.Tensor, y: torch.Tensor) -> float:
 def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_batch: GreedyEval,
                    before_heldout: GreedyEval | None, *, labels_per_row, batch_labels, heldout_labels,
                    reward_mode: str, engine, eval_max_new_tokens: int,
-                   sampling_autocast: str | None = None) -> Evaluation:
+                   sampling_autocast: str | None = None, replay: bool = True) -> Evaluation:
     """Everything measured AFTER the optimizer step, paired with the `before_*` records. `sampling_autocast`:
     the step's StepConfig.sampling_autocast — the resample/greedy loop runs in the sampler's precision, as the
     before-update one did (the after-update log-probs and entropies stay in the trainer's)."""
     t0 = time.perf_counter()
     batch = (before_batch.prompts, before_batch.tasks, batch_labels)
     heldout = None if before_heldout is None else (before_heldout.prompts, before_heldout.tasks, heldout_labels)
-    if _can_replay(policy, sampling_autocast, before_batch, before_heldout):
+    if replay and _can_replay(policy, sampling_autocast, before_batch, before_heldout):
         # decode only the rows the update changed; the Δlogp forward is the replay's own
         sets = [x for x in (before_batch, before_heldout) if x is not None]
         before_texts = GreedyTexts([c for x in sets for c in x.completions],

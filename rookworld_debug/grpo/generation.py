@@ -362,7 +362,7 @@ def completion_texts(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> tuple[
 
 
 def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
-            top_k_alternatives: int | None, greedy: dict | None = None):
+            top_k_alternatives: int | None, greedy: dict | None = None, faults: dict | None = None):
     """ONE decoding loop for all N rows (per-row temperature/top-p/top-k), seeded by its own generator
     (the caller's RNG is untouched). The prompt forward runs on the B distinct prompts (rows 0, G, 2G, …).
 
@@ -374,7 +374,7 @@ def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_token
     generator = torch.Generator(device=device).manual_seed(seed)
     d = decode(policy, prompt_ids[::g], prompt_mask[::g], expand=g, max_new_tokens=max_new_tokens, eos_id=eos_id,
                pad_id=pad_id, temperatures=temps, top_k=top_k, top_p=top_p, generator=generator,
-               stats_k=top_k_alternatives, **(greedy or {}))
+               stats_k=top_k_alternatives, **(greedy or {}), **(faults or {}))
     counts = {"generate_calls": 1, "generate_steps": d.steps, "tokens_sampled": d.tokens.numel(),
               "decode_forwards": d.forwards, "decode_row_steps": d.row_steps}
     stats = None if d.entropy is None else {"entropy": d.entropy.cpu(), "topk_ids": d.topk_ids.cpu(),
@@ -502,7 +502,7 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
                          top_k_alternatives: int = 5, compute_ref: bool = True, chunk: int | None = None,
                          score_policy: bool = True, greedy_prompts: Sequence[str] = (),
                          greedy_max_new_tokens: int | None = None,
-                         sampling_autocast: str | None = None) -> tuple[Rollout, GreedyTexts]:
+                         sampling_autocast: str | None = None, rlvr_pitfalls: tuple = ()) -> tuple[Rollout, GreedyTexts]:
     """`generate`, plus greedy completions of `greedy_prompts` (up to `greedy_max_new_tokens` each) decoded
     in the SAME loop as the samples (`decoding.decode`'s extra greedy rows): one decode loop where the
     step used two (the greedy evaluation's and the sampler's). The rollout is the one `generate` gives.
@@ -524,12 +524,17 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
         raw, sampling_logps, loop_stats, counts = _sample(
             policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
             None if score_policy else top_k_alternatives,
-            _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens))              # (N, T), (N, T)
+            _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens),
+            {"mini_positions": "kv_cache_positions" in rlvr_pitfalls,                     # rookworld-rlvr faults
+             "continue_after_eos": "train_past_eos" in rlvr_pitfalls})                   # (N, T), (N, T)
     greedy_ids = loop_stats.pop("greedy_tokens") if greedy_prompts else None                   # (E, L')
     greedy_texts = GreedyTexts(() if greedy_ids is None else tokenizer.batch_decode(greedy_ids, skip_special_tokens=True),
                                greedy_ids)
     loop_stats = loop_stats or None
     completion_ids, completion_mask, has_eos = _cut_after_eos(raw, eos_id, pad_id)     # (N, T), (N, T), (N,)
+    text_mask = completion_mask
+    if "train_past_eos" in rlvr_pitfalls:     # the mini trains what was sampled after EOS (texts stay cut)
+        completion_ids, completion_mask = raw, torch.ones_like(completion_mask)
     is_truncated = ~has_eos  # (N,) = TRL's 'last token neither EOS nor pad' when pad == EOS (RookWorld)
     t_generate = time.perf_counter() - t_start
 
@@ -552,7 +557,7 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
 
     # --- texts and per-token strings for views
     lengths = completion_mask.sum(1).tolist()
-    completions = completion_texts(tokenizer, completion_ids, completion_mask)
+    completions = completion_texts(tokenizer, completion_ids, text_mask)
     completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, lengths, scores["topk_ids"])
     warn = _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos, scores["entropy"],
                              max_new_tokens, max_diff if flagged else None)

@@ -178,6 +178,8 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
     for lt in loss_types or LOSS_TYPES:
         if lt == "vespo" and seq_is and loss_types is None:
             continue                       # TRL refuses vespo with a sequence-level IS correction: not comparable
+        if lt == "rlvr_mini" and rollout.ref_per_token_logps is None:
+            continue                       # the mini's ratio is against the reference: nothing to compare to
         cfg = config.replace(loss_type=lt)
         base = iteration.per_token_logps if iteration is not None else rollout.per_token_logps
         leaf = base.detach().clone().requires_grad_(True)                  # (N, T)

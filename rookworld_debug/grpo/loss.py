@@ -49,6 +49,9 @@ no ratio and no clip:
 with mean_t the masked mean over the completion's tokens; KL uses `kl_estimator` (the seeds used "full")
 without bias correction. (Unlike the seeds we train on the SAMPLED ids, in float32, EOS included.)
 
+`loss_type="rlvr_mini"` is rookworld-rlvr's objective (grpo/rlvr_loss.py; golden-checked in grpo/rlvr_mini.py):
+    loss = −mean_i min(r_i A_i, clip(r_i) A_i) + β·mean_i KL_i − c_H·mean_i Σ_t −m e^ℓ ℓ,  r_i = exp(clamp(Σ_t m(ℓ − ℓ_ref), ±20))
+
 Decomposition: agg is linear, so `pg_loss = agg(PG)`, `kl_loss = agg(β·KL)`, `entropy_term = −c_H·H̄` and
 `loss = pg_loss + kl_loss + entropy_term` exactly (this sum defines `.loss`; it equals TRL's `_compute_loss`
 to float rounding). Per-sequence values named `per_seq_*_loss`/`per_seq_pg` are each row's CONTRIBUTION to
@@ -78,15 +81,16 @@ from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, VLLM_IS_MO
                                              PolicyTerm, high_entropy_mask, importance_weights,
                                              off_policy_sequence_mask, per_token_kl, sampling_importance_ratio,
                                              sampling_ratio_metrics, vespo_phi)
+from rookworld_debug.grpo.rlvr_loss import compute_rlvr_loss, rlvr_options
 
 __all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "VESPO_DEFAULTS", "KL_ESTIMATORS",
            "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LOSS_TABLE", "LossBreakdown", "Normalizer",
            "compute_loss", "high_entropy_mask", "loss_kwargs", "sampling_importance_ratio", "vespo_phi",
            "VLLM_IS_MODES"]
 
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual")
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual", "rlvr_mini")
 PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")      # hard PPO clip (TRL's clip_ratio/* metrics)
-TRL_LOSS_TYPES = LOSS_TYPES[:-1]
+TRL_LOSS_TYPES = LOSS_TYPES[:-2]                                   # not manual (the seeds') nor rlvr_mini
 # TRL 1.16 GRPOConfig defaults of the loss-specific parameters
 SAPO_DEFAULTS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
 VESPO_DEFAULTS = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
@@ -246,7 +250,7 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
                  vespo_lambda_neg: float = 2.0, vllm_importance_sampling_correction: bool = False,
                  vllm_importance_sampling_mode: str = "sequence_mask",
                  vllm_importance_sampling_clip_min: Optional[float] = None,
-                 vllm_importance_sampling_clip_max: Optional[float] = 3.0) -> LossBreakdown:
+                 vllm_importance_sampling_clip_max: Optional[float] = 3.0, rlvr: Optional[dict] = None) -> LossBreakdown:
     """TRL's GRPO loss for one micro-batch, decomposed. See the module docstring for every formula.
 
     per_token_logps (N, T) carries the gradient; old/ref logps (N, T) or None (old None → ℓ.detach(), TRL's
@@ -260,7 +264,12 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
     without vLLM) with ℓ; top_entropy_quantile < 1 needs `entropy`. sapo_*/vespo_* as TRL's GRPOConfig.
     vllm_importance_sampling_* (TRL's names and defaults, correction off here) weight PG by ρ from
     `sampling_per_token_logps` vs the old log-probs (without sampling log-probs: ρ = 1 and a flag).
+    loss_type="rlvr_mini": rookworld-rlvr's objective (grpo/rlvr_loss.py), options in `rlvr` (rlvr_kl_type…).
     """
+    if loss_type == "rlvr_mini":
+        fields = compute_rlvr_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask,
+                                   SimpleNamespace(**locals()))
+        return LossBreakdown(**{**fields, "normalizer": Normalizer(*fields["normalizer"])})
     if isinstance(per_token_logps, torch.Tensor):
         kw = dict(locals())
         for k in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "advantages",
@@ -606,4 +615,5 @@ def loss_kwargs(config) -> dict:
                 vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
                 vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
                 vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
-                vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max)
+                vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max,
+                rlvr=rlvr_options(config) if getattr(config, "loss_type", None) == "rlvr_mini" else None)

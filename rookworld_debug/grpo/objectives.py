@@ -14,6 +14,8 @@ same order: the TRL oracle tests compare the composition to 1e-9.
     luspo    clipped_surrogate   sequence_sum_mean     cispo    cispo               global_token_mean
     sapo     sapo_gate           sequence_mean         vespo    vespo               global_token_mean
     manual   reinforce           sequence_mean         (the seeds' REINFORCE, no ratio)
+    rlvr_mini  rlvr_sequence_surrogate  row_sum_mean    (rookworld-rlvr's mini: SEQUENCE ratio against the
+             reference, summed log-ratio; KL/entropy are its sampled-token surrogates: grpo/rlvr_mini.py)
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 
 from rookworld_debug.grpo.aggregation import (Aggregation, AggregationInputs, batch_token_mean, fixed_length,
                                               global_token_mean, sequence_mean, sequence_sum_mean)
+from rookworld_debug.grpo.rlvr_mini import clipped_sequence_surrogate, row_sum_mean
 
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -98,6 +101,15 @@ def reinforce(x: ObjectiveInputs) -> PolicyTerm:
     return PolicyTerm(-x.adv * x.logps, _no_clip(x), _no_clip(x))              # (N, T)
 
 
+def rlvr_sequence_surrogate(x: ObjectiveInputs) -> PolicyTerm:
+    """rlvr_mini: one PPO term per SEQUENCE, its ratio against the REFERENCE (coef_1 = r_i (N, 1)):
+        PG_i = −min(r_i·A_i, clip(r_i, 1 − ε_low, 1 + ε_high)·A_i),  r_i = exp(clamp(Σ_t m(ℓ − ℓ_ref), ±20))
+    clipped low: r < 1 − ε_low and A < 0; high: r > 1 + ε_high and A > 0 (where the clip binds)."""
+    r, adv = x.coef_1, x.adv                                                    # (N, 1) each
+    pg = clipped_sequence_surrogate(r, adv, x.epsilon_low, x.epsilon_high)      # (N, 1)
+    return PolicyTerm(pg, (r < 1 - x.epsilon_low) & (adv < 0), (r > 1 + x.epsilon_high) & (adv > 0))
+
+
 @torch.no_grad()
 def vespo_phi(adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, *, vespo_k_pos: float,
               vespo_lambda_pos: float, vespo_k_neg: float, vespo_lambda_neg: float,
@@ -128,6 +140,7 @@ LOSS_TABLE: dict[str, tuple[Callable[[ObjectiveInputs], PolicyTerm], Callable[[A
     "sapo": (sapo_gate, sequence_mean),
     "vespo": (vespo, global_token_mean),
     "manual": (reinforce, sequence_mean),
+    "rlvr_mini": (rlvr_sequence_surrogate, row_sum_mean),
 }
 # the loss-specific parameters each objective reads (recorded in LossBreakdown.loss_params)
 LOSS_PARAMS = {"sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),

@@ -59,10 +59,14 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
     if config.mask_truncated_completions:
         mask = mask * (~rollout.is_truncated)[:, None]                                   # (N, T)
     old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
+    kw = loss_kwargs(config)
+    if config.loss_type == "rlvr_mini":          # the mini's KL controller and values, once per step
+        from rookworld_debug.grpo.rlvr_loss import step_loss_kwargs
+        kw.update(step_loss_kwargs(rollout, advantages, config, mask))
     return compute_loss(rollout.per_token_logps, old, rollout.ref_per_token_logps,
                         advantages.advantages, mask, entropy=rollout.per_token_entropy,
                         per_token_full_kl=rollout.per_token_full_kl, num_generations=config.num_generations,
-                        sampling_per_token_logps=sampling_logps_for(rollout, config), **loss_kwargs(config))
+                        sampling_per_token_logps=sampling_logps_for(rollout, config), **kw)
 
 
 
@@ -84,9 +88,13 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
             max_new_tokens=config.max_new_tokens, sampling={t: config.sampling_for(t) for t in set(b.tasks)},
             seed=config.seed, top_k_alternatives=config.top_k_alternatives, greedy_prompts=greedy_prompts,
             greedy_max_new_tokens=config.eval_max_new_tokens,
-            sampling_autocast=getattr(config, "sampling_autocast", None))
+            sampling_autocast=getattr(config, "sampling_autocast", None),
+            rlvr_pitfalls=tuple(getattr(config, "rlvr_pitfalls", ()) or ()))
         if inject:
             rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
+        if getattr(config, "rlvr_pitfalls", ()):       # rookworld-rlvr's layout faults: what its loss trains
+            from rookworld_debug.grpo.rlvr_pitfalls import apply_layout_faults
+            rollout = apply_layout_faults(rollout, config, s.policy, s.reference, s.tokenizer)
     if getattr(config, "sampling_autocast", None):
         rollout = replace(rollout, warnings=rollout.warnings + (
             f"sampling_autocast={config.sampling_autocast!r}: the sampling loop (samples and greedy rows) ran under "

@@ -6,6 +6,8 @@ Shape legend: B prompts, G generations, N = B·G completions, K reward functions
   reward against Stockfish (reward_mode="engine", one pooled+cached `analyse_many` over the unique
   positions of the whole batch) or against the dataset label (reward_mode="dataset", no engine);
   A: → the arbiter's field-wise reward (python-chess only).
+- reward_mode="rlvr" / "rlvr_gt": rookworld-rlvr's own scorer (chess/rlvr_rewards.py), without / with the
+  dataset completion as ground truth; no engine.
 - User reward functions follow TRL's signature `f(prompts, completions, **kw) -> list[float | None]`
   (kw: tasks, completion_ids, labels); None → NaN = unscorable, exactly as TRL treats it.
 - The total is Σ_k w_k·r_k (nansum; NaN only when every function returned None), as TRL does.
@@ -59,6 +61,9 @@ def builtin_breakdowns(prompts: Sequence[str], completions: Sequence[str], label
                        reward_mode: str, engine=None) -> list:
     """The built-in RookWorld reward for N rows (labels = the dataset completion of each row's prompt).
     All P: rows are scored with ONE batched engine call (engine mode) or against their label."""
+    if reward_mode in ("rlvr", "rlvr_gt"):            # rookworld-rlvr's scorer (no engine)
+        from rookworld_debug.chess.rlvr_rewards import score_breakdowns
+        return score_breakdowns(prompts, completions, labels if reward_mode == "rlvr_gt" else None)
     label_samples = [_label(p, c) if p.lstrip().startswith("P:") else None
                      for p, c in zip(prompts, labels)] if labels else None
     return chess_rewards.score_batch(prompts, completions, engine if reward_mode == "engine" else None,

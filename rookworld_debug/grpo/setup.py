@@ -192,7 +192,7 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
                          indices=config.prompt_indices)
     heldout = tuple(heldout_all[: config.heldout_n])
 
-    if config.reward_mode not in ("engine", "dataset"):
+    if config.reward_mode not in ("engine", "dataset", "rlvr", "rlvr_gt"):
         raise ConfigError("reward_mode", f"unknown {config.reward_mode!r}")
     needs_engine = config.reward_mode == "engine" and any(t == "P" for t in batch.tasks)
     engine_arg = engine

@@ -99,7 +99,7 @@ class StepTrace:
             "frac_reward_zero_std": self.advantages.frac_reward_zero_std,
             "advantage_min": float(self.advantages.advantages.min()),
             "advantage_max": float(self.advantages.advantages.max()),
-            **{k: v for k, v in lo.metrics.items() if k.startswith("clip_ratio/")},
+            **{k: v for k, v in lo.metrics.items() if k.startswith(("clip_ratio/", "rlvr/"))},
             "completions/mean_length": float(lengths.mean()),
             "completions/clipped_ratio": float(r.is_truncated.float().mean()),
             "completions/min_length": float(lengths.min()), "completions/max_length": float(lengths.max()),
@@ -148,9 +148,12 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
         with timer("diagnostics"):
             from rookworld_debug.grpo.diagnostics import signal_noise
             diag = signal_noise(s.policy, rollout, advantages, loss, config)
+    upd_config = config
+    if config.loss_type == "rlvr_mini" and config.rlvr_adaptive_kl:   # the controller's kl_coef of this step
+        upd_config = config.replace(beta=loss.beta)
     with timer("update"):                      # μ passes × steps_per_generation optimizer steps (μ = 1: one)
         try:
-            iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, config, reference=s.reference,
+            iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, upd_config, reference=s.reference,
                                         loss_record=loss, flags=flags)
             upd = iterations[0].updates[0] if len(iterations) == 1 and len(iterations[0].updates) == 1 \
                 else iterations[-1].updates[-1]  # the optimizer step whose metrics TRL logs last
@@ -170,7 +173,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                     labels_per_row=rows(s.batch.completions, config.num_generations),
                     batch_labels=s.batch.completions, heldout_labels=heldout_labels, reward_mode=config.reward_mode,
                     engine=s.engine, eval_max_new_tokens=config.eval_max_new_tokens,
-                    sampling_autocast=config.sampling_autocast)
+                    sampling_autocast=config.sampling_autocast,
+                    replay=not config.rlvr_pitfalls)   # a faulty sampler/layout cannot be replayed exactly
             except NumericalError as err:      # e.g. lr=1e12 broke the weights: keep the trace and its flags
                 flags.append(f"post-update evaluation failed: {err}")
     if diag is not None:
@@ -218,7 +222,10 @@ def zero_std_flags(adv: Advantages, prompts, rewards: Rewards) -> list[str]:
     out = []
     for b in adv.zero_std_groups:
         vec = ", ".join(f"{float(x):.3g}" for x in rewards.rewards[b * g:(b + 1) * g])
-        out.append(f"zero-std group {b}: {prompts[b * g]!r} rewards [{vec}] → advantages 0, no PG signal")
+        a = adv.advantages[b * g:(b + 1) * g]
+        what = ("advantages 0, no PG signal" if float(a.abs().max()) <= 1e-6 else
+                f"advantages {float(a[0]):+.3g} from the batch normalisation: a push with no reward difference")
+        out.append(f"zero-std group {b}: {prompts[b * g]!r} rewards [{vec}] → {what}")
     if adv.zero_std_groups and len(adv.zero_std_groups) == adv.group_mean.numel():
         out.append("ALL groups zero-std: the policy-gradient term is exactly 0 this step")
     return out

@@ -71,7 +71,7 @@ def _micro_slices(n: int, size: int | None) -> list[slice]:
 def _mb_weight(loss_type: str, rows: slice, n: int, mask: torch.Tensor) -> float:
     """Weight that turns a micro-batch loss into its share of the full-batch loss."""
     n_mb = rows.stop - rows.start
-    if loss_type in ("grpo", "dr_grpo", "sapo", "luspo", "manual"):  # means over sequences → weight by rows
+    if loss_type in ("grpo", "dr_grpo", "sapo", "luspo", "manual", "rlvr_mini"):  # means over sequences → by rows
         return n_mb / n
     if loss_type == "bnpo":                               # token mean → weight by tokens
         return float(mask[rows].sum().clamp(min=1)) / float(mask.sum().clamp(min=1))
@@ -226,7 +226,7 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
                                      None if ref_all is None else ref_all[mb], config, kw, num_items, acc)
             w = _mb_weight(config.loss_type, mb, n, mask)
             # TRL's entropy bonus is a token mean of the micro-batch for every loss type → weight by token share
-            w_ent = w if config.loss_type == "manual" else _mb_weight("bnpo", mb, n, mask)
+            w_ent = w if config.loss_type in ("manual", "rlvr_mini") else _mb_weight("bnpo", mb, n, mask)
             terms = {"pg": rec.pg_loss * w, "kl": rec.kl_loss * w, "entropy": rec.entropy_term * w_ent}
             total = terms["pg"] + terms["kl"] + terms["entropy"]
             if not torch.isfinite(total):

@@ -26,6 +26,8 @@ from .signal import (group_cosine_figure_from_trace, group_size_figure_from_trac
 from .iterations import (iteration_ratio_histogram_from_trace, iteration_table_from_trace,
                          iteration_token_strips_from_trace, loss_type_comparison_from_trace,
                          loss_type_comparison_table)
+from .rlvr import (rlvr_cosine_table, rlvr_findings_from_trace, rlvr_findings_table, rlvr_side_by_side_figure,
+                   rlvr_side_by_side_from_trace, rlvr_side_by_side_table)
 from .plots import (before_after_figure, delta_logp_scatter, grad_norm_figure, loss_waterfall, per_sequence_bar,
                     reward_breakdown_figure, setup_notebook_rendering, steps_figure, token_heatmap)
 from .tables import (advantage_table, before_after_table, invariants_table, metrics_table, provenance_table,
@@ -34,6 +36,9 @@ from .tokens import (METRICS, Metric, TokenStrip, TokenText, token_metric_stack,
                      token_text_from_raw)
 
 __all__ = [
+    # rookworld-rlvr's mini beside TRL's objectives; its findings
+    "rlvr_side_by_side_from_trace", "rlvr_side_by_side_table", "rlvr_side_by_side_figure", "rlvr_cosine_table",
+    "rlvr_findings_table", "rlvr_findings_from_trace",
     # token strips
     "METRICS", "Metric", "TokenStrip", "token_strip", "token_strips", "token_metric_stack", "HTMLView",
     "TokenText", "token_text", "token_text_from_raw",

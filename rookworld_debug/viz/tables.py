@@ -136,7 +136,11 @@ def advantage_table(prompts: Sequence[str], completions: Sequence[str], rewards:
         if b in zero:
             vals = [r[b * G + g] for g in range(G)]
             same = fmt(vals[0]) if vals else "?"
-            badges.append(f"⚠ zero-std: all {G} rewards = {same} → A = 0, no PG signal from this group")
+            ag = [a[b * G + g] for g in range(G)]
+            pushed = max((abs(x) for x in ag if math.isfinite(x)), default=0.0) > 1e-6
+            badges.append(f"⚠ zero-std: all {G} rewards = {same}, yet A = {fmt(ag[0])} from the batch-wide "
+                          "normalisation: a push with no reward difference" if pushed else
+                          f"⚠ zero-std: all {G} rewards = {same} → A = 0, no PG signal from this group")
         elif not math.isfinite(sd[b]):
             badges.append("⚠ std undefined (< 2 valid rewards) → A = 0")
         else:
