@@ -60,7 +60,8 @@ def test_paired_bootstrap_matches_a_reference_loop():
 def test_group_gradients_sum_to_the_step_gradient(fixtures_dir):
     from rookworld_debug.config import StepConfig
     from rookworld_debug.grpo.generation import per_token_logps_and_entropy
-    from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
+    from rookworld_debug.grpo.loss import compute_loss
+    from rookworld_debug.grpo.objective_params import LossBatch, Objective
     from rookworld_debug.grpo.start import setup
     from rookworld_debug.grpo.step import sample_and_score
 
@@ -77,8 +78,8 @@ def test_group_gradients_sum_to_the_step_gradient(fixtures_dir):
                                           rollout.completion_mask, rollout.temperatures, with_grad=True,
                                           entropy_grad=True)
     rec = compute_loss(lp, None, rollout.ref_per_token_logps, adv.advantages.to(lp.dtype), rollout.completion_mask,
-                       entropy=ent, num_items_in_batch=float(rollout.completion_mask.sum()), num_generations=4,
-                       **loss_kwargs(cfg))
+                       Objective.from_config(cfg), LossBatch(entropy=ent, num_items_in_batch=float(rollout.completion_mask.sum()),
+                                                             num_generations=4))
     grads = torch.autograd.grad(rec.loss, params)
     full = torch.cat([g.reshape(-1) for g in grads])
     err = float((rows.sum(0).double() - full.double()).norm() / full.double().norm())

@@ -13,6 +13,7 @@ from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.entropy_mechanism import clip_events, entropy_mechanism, token_covariance, with_measured
 from rookworld_debug.grpo.group_size import check_sizes, default_sizes, subsample_rows
 from rookworld_debug.grpo.loss import compute_loss
+from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.sampler_gap import TRL_IS_CAP, ess, sampler_trainer_gap
 
 
@@ -75,8 +76,8 @@ def test_clip_events_split_by_bound_and_sign_of_the_advantage():
     adv = torch.tensor([1.0, -1.0, 0.5, -2.0])
     mask = torch.ones(4, 3)
     mask[3, 2] = 0                                                           # one high, A < 0 token masked out
-    lo = compute_loss(logps, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
-                      max_completion_length=3)
+    lo = compute_loss(logps, old, None, adv, mask, Objective(beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
+                                                            loss_type="dapo", max_completion_length=3))
     ev = clip_events(lo, 1)
     assert (ev.clip_low_neg, ev.clip_high_pos, ev.low_pos, ev.high_neg, ev.n_tokens) == (2, 2, 2, 1, 11)
     assert ev.share_clip_low_neg == pytest.approx(2 / 11) and ev.pass_index == 1
@@ -132,7 +133,6 @@ def test_group_size_sweep_matches_a_fresh_forward_on_the_kept_rows(tiny_byte_mod
     from rookworld_debug.grpo.diagnostics import GradForward, per_group_grads
     from rookworld_debug.grpo.generation import per_token_logps_and_entropy
     from rookworld_debug.grpo.group_size import _cos, group_size_sweep
-    from rookworld_debug.grpo.loss import loss_kwargs
     from rookworld_debug.grpo.start import setup
     from rookworld_debug.grpo.step import sample_and_score
 
@@ -153,8 +153,8 @@ def test_group_size_sweep_matches_a_fresh_forward_on_the_kept_rows(tiny_byte_mod
                                         rollout.completion_ids[rows], rollout.completion_mask[rows],
                                         rollout.temperatures[rows], with_grad=True)
     rec = compute_loss(lp, None, rollout.ref_per_token_logps[rows], a.to(lp.dtype), rollout.completion_mask[rows],
-                       num_items_in_batch=float(rollout.completion_mask[rows].sum()), num_generations=2,
-                       **loss_kwargs(cfg))
+                       Objective.from_config(cfg),
+                       LossBatch(num_items_in_batch=float(rollout.completion_mask[rows].sum()), num_generations=2))
     fresh = torch.cat([g.reshape(-1) for g in torch.autograd.grad(rec.loss, fw.params)])
     want_cos, want_ratio = _cos(fresh, full)
     assert float(sw.cosines[0, 0]) == pytest.approx(want_cos, abs=1e-5)

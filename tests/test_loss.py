@@ -8,6 +8,7 @@ bonus and metric logging all run on the same tensors. Losses, gradients and logg
 Estimators TRL does not have (k1, k2, full) and the seeds' manual variant are checked against TRL's β=0
 loss plus the documented KL term, and against a per-sample loop of the seeds' formula.
 """
+import dataclasses
 import inspect
 import statistics
 import textwrap
@@ -25,10 +26,18 @@ from trl.trainer import grpo_trainer as trl_grpo_module  # noqa: E402
 
 from rookworld_debug.config import StepConfig  # noqa: E402
 from rookworld_debug.errors import ConfigError  # noqa: E402
-from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs  # noqa: E402
+from rookworld_debug.grpo.loss import LossBreakdown, compute_loss  # noqa: E402
+from rookworld_debug.grpo.objective_params import LossBatch, Objective  # noqa: E402
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 L_MAX = 16
+_OBJECTIVE_FIELDS = {f.name for f in dataclasses.fields(Objective)}
+
+
+def _compute(logps, old, ref, adv, mask, **kw):
+    """compute_loss with its knobs as keywords: the Objective's fields, the rest the LossBatch's."""
+    objective = Objective(**{k: kw.pop(k) for k in list(kw) if k in _OBJECTIVE_FIELDS})
+    return compute_loss(logps, old, ref, adv, mask, objective, LossBatch(**kw))
 
 
 class _Accelerator:
@@ -158,7 +167,7 @@ def run_both(data, **kw):
     opts = {k: kw.pop(k) for k in ("spg", "opsm", "rho", "sampling", "loss_params", "is_opts") if k in kw}
     ours_lp, ours_h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
     trl_lp, trl_h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
-    rec = compute_loss(ours_lp, old, ref, adv, mask, beta=kw["beta"], epsilon_low=kw.get("epsilon_low", 0.2),
+    rec = _compute(ours_lp, old, ref, adv, mask, beta=kw["beta"], epsilon_low=kw.get("epsilon_low", 0.2),
                        epsilon_high=kw.get("epsilon_high", 0.28), loss_type=kw["loss_type"],
                        max_completion_length=L_MAX, importance_sampling_level=kw.get("level", "token"),
                        delta=kw.get("delta"), entropy=ours_h, entropy_coef=kw.get("entropy_coef", 0.0),
@@ -249,7 +258,7 @@ def test_matches_trl_asymmetric_epsilons(epsilon_low, epsilon_high):
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_terms_sum_to_loss(loss_type, level):
     logps, old, ref, adv, mask, entropy = make_inputs(seed=1)
-    rec = compute_loss(logps, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2,
+    rec = _compute(logps, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2,
                        loss_type=loss_type, max_completion_length=L_MAX, importance_sampling_level=level,
                        entropy=entropy, entropy_coef=0.05, num_generations=4)
     assert torch.equal(rec.loss, rec.pg_loss + rec.kl_loss + rec.entropy_term)
@@ -278,11 +287,11 @@ def test_terms_sum_to_loss(loss_type, level):
 
 def test_kl_share_definition_and_zero_guard():
     logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
-    rec = compute_loss(logps, old, ref, adv, mask, beta=0.3, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+    rec = _compute(logps, old, ref, adv, mask, beta=0.3, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
                        max_completion_length=L_MAX, entropy=entropy, entropy_coef=0.01)
     a, b, c = abs(float(rec.pg_loss)), abs(float(rec.kl_loss)), abs(float(rec.entropy_term))
     assert rec.kl_share == pytest.approx(b / (a + b + c)) and not rec.kl_share_undefined
-    zero = compute_loss(logps, None, ref, torch.zeros_like(adv), mask, beta=0.0, epsilon_low=0.2,
+    zero = _compute(logps, None, ref, torch.zeros_like(adv), mask, beta=0.0, epsilon_low=0.2,
                         epsilon_high=0.2, loss_type="dapo", max_completion_length=L_MAX)
     assert zero.kl_share == 0.0 and zero.kl_share_undefined
     assert any("kl_share undefined" in f for f in zero.flags)
@@ -291,7 +300,7 @@ def test_kl_share_definition_and_zero_guard():
 def test_record_tensors_detached_except_totals():
     logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
     lp, h = logps.clone().requires_grad_(), entropy.clone().requires_grad_()
-    rec = compute_loss(lp, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+    rec = _compute(lp, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
                        max_completion_length=L_MAX, entropy=h, entropy_coef=0.01)
     assert isinstance(rec, LossBreakdown)
     for name in ("loss", "pg_loss", "kl_loss", "entropy_loss", "entropy_term"):
@@ -307,7 +316,7 @@ def test_zero_beta_and_no_entropy_terms_carry_no_graph():
     """β = 0 and c_H = 0 give constant zero terms (the update phase skips their backward)."""
     logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
     lp = logps.clone().requires_grad_()
-    rec = compute_loss(lp, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="grpo",
+    rec = _compute(lp, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="grpo",
                        max_completion_length=L_MAX)
     assert not rec.kl_loss.requires_grad and not rec.entropy_term.requires_grad and rec.loss.requires_grad
     assert rec.per_token_kl is None and rec.per_seq_kl is None and "kl" not in rec.metrics
@@ -318,15 +327,15 @@ def test_normalizer_descriptions():
     logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
     n_tok = int(mask.sum())
     kw = dict(beta=0.1, epsilon_low=0.2, epsilon_high=0.2, max_completion_length=L_MAX)
-    assert str(compute_loss(logps, old, ref, adv, mask, loss_type="dapo", **kw).normalizer) == \
+    assert str(_compute(logps, old, ref, adv, mask, loss_type="dapo", **kw).normalizer) == \
         f"dapo: Σ mask = {n_tok} tokens (this batch)"
-    r = compute_loss(logps, old, ref, adv, mask, loss_type="dapo", num_items_in_batch=500, **kw)
+    r = _compute(logps, old, ref, adv, mask, loss_type="dapo", num_items_in_batch=500, **kw)
     assert r.normalizer.value == 500 and "num_items_in_batch" in str(r.normalizer)
-    assert str(compute_loss(logps, old, ref, adv, mask, loss_type="bnpo", **kw).normalizer).startswith(
+    assert str(_compute(logps, old, ref, adv, mask, loss_type="bnpo", **kw).normalizer).startswith(
         f"bnpo: Σ mask = {n_tok} tokens")
-    dr = compute_loss(logps, old, ref, adv, mask, loss_type="dr_grpo", **kw).normalizer
+    dr = _compute(logps, old, ref, adv, mask, loss_type="dr_grpo", **kw).normalizer
     assert dr.value == 8 * L_MAX and str(dr) == f"dr_grpo: N·L_max = 8·{L_MAX} = {8 * L_MAX}"
-    assert "mean over 8 sequences" in str(compute_loss(logps, old, ref, adv, mask, loss_type="grpo", **kw).normalizer)
+    assert "mean over 8 sequences" in str(_compute(logps, old, ref, adv, mask, loss_type="grpo", **kw).normalizer)
 
 
 # ------------------------------------------------------------------ other KL estimators (no TRL equivalent)
@@ -336,7 +345,7 @@ def test_k1_k2_equal_trl_pg_plus_documented_kl(estimator, loss_type):
     """loss(k) = TRL loss at β=0 + β·agg(k·r); k1 = logp − ref, k2 = ½(logp − ref)²."""
     logps, old, ref, adv, mask, entropy = make_inputs(seed=21)
     beta = 0.3
-    rec = compute_loss(logps, old, ref, adv, mask, beta=beta, epsilon_low=0.2, epsilon_high=0.28,
+    rec = _compute(logps, old, ref, adv, mask, beta=beta, epsilon_low=0.2, epsilon_high=0.28,
                        loss_type=loss_type, max_completion_length=L_MAX, kl_estimator=estimator)
     base, _ = trl_loss(logps, old, ref, adv, mask, entropy, beta=0.0, loss_type=loss_type)
     d = logps - ref
@@ -363,7 +372,7 @@ def test_full_vocab_kl():
     torch.testing.assert_close(full, kl_div)                                              # independent formula
     logps = logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     _, _, _, adv, mask, entropy = make_inputs(seed=8)
-    rec = compute_loss(logps, None, None, adv, mask, beta=0.2, epsilon_low=0.2, epsilon_high=0.2,
+    rec = _compute(logps, None, None, adv, mask, beta=0.2, epsilon_low=0.2, epsilon_high=0.2,
                        loss_type="dapo", max_completion_length=L_MAX, kl_estimator="full", per_token_full_kl=full)
     base, _ = trl_loss(logps, None, None, adv, mask, entropy, beta=0.0, loss_type="dapo")
     m = mask.double()
@@ -393,7 +402,7 @@ def _seeds_loop(logps, ref, adv, mask, entropy, beta, c_h):
 def test_manual_matches_seeds_formula_and_gradient():
     logps, old, ref, adv, mask, entropy = make_inputs(seed=5)
     lp1, lp2 = logps.clone().requires_grad_(), logps.clone().requires_grad_()
-    rec = compute_loss(lp1, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="manual",
+    rec = _compute(lp1, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="manual",
                        max_completion_length=L_MAX, entropy=entropy, entropy_coef=0.005)
     expected = _seeds_loop(lp2, ref, adv, mask, entropy, 0.1, 0.005)
     assert float(rec.loss.detach()) == pytest.approx(float(expected.detach()), abs=1e-10)
@@ -410,7 +419,7 @@ def test_manual_and_grpo_have_the_same_on_policy_pg_gradient():
     grads = []
     for lt in ("grpo", "manual"):
         lp = logps.clone().requires_grad_()
-        rec = compute_loss(lp, None, ref, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type=lt,
+        rec = _compute(lp, None, ref, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type=lt,
                            max_completion_length=L_MAX)
         grads.append(torch.autograd.grad(rec.loss, lp)[0])
     torch.testing.assert_close(grads[0], grads[1])
@@ -430,7 +439,7 @@ def test_recompute_for_new_beta_eps_is_fast():
     times = []
     for i in range(7):
         t0 = time.perf_counter()
-        rec = compute_loss(logps, old, ref, adv, mask, beta=0.01 * i, epsilon_low=0.1 + 0.02 * i, epsilon_high=0.3,
+        rec = _compute(logps, old, ref, adv, mask, beta=0.01 * i, epsilon_low=0.1 + 0.02 * i, epsilon_high=0.3,
                            loss_type="dapo", max_completion_length=T, entropy=ent, entropy_coef=0.01,
                            num_generations=4)
         times.append(time.perf_counter() - t0)
@@ -438,10 +447,10 @@ def test_recompute_for_new_beta_eps_is_fast():
     assert statistics.median(times) < 0.1, times
 
 
-def test_loss_kwargs_from_config():
+def test_objective_from_config():
     logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
     cfg = StepConfig(loss_type="bnpo", beta=0.05, delta=1.8, importance_sampling_level="sequence")
-    rec = compute_loss(logps, old, ref, adv, mask, entropy=entropy, **loss_kwargs(cfg))
+    rec = compute_loss(logps, old, ref, adv, mask, Objective.from_config(cfg), LossBatch(entropy=entropy))
     assert (rec.loss_type, rec.beta, rec.delta, rec.importance_sampling_level) == ("bnpo", 0.05, 1.8, "sequence")
     assert "−min(r'·A, clip(r, 0.8, 1.2)·A), r' = min(r, 1.8)" in rec.definition
 
@@ -450,7 +459,7 @@ def test_non_finite_inputs_are_flagged():
     logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
     logps = logps.clone()
     logps[0, 0] = float("nan")
-    rec = compute_loss(logps, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+    rec = _compute(logps, old, ref, adv, mask, beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
                        max_completion_length=L_MAX)
     assert any("non-finite loss" in f for f in rec.flags)
     assert any("per_token_logps" in f for f in rec.flags)
@@ -483,7 +492,7 @@ def test_bad_arguments_name_the_field(change, field):
         mask = torch.ones(change.pop("mask_shape"))
     kw.update(change)
     with pytest.raises(ConfigError) as e:
-        compute_loss(logps, old, ref, adv, mask, **kw)
+        _compute(logps, old, ref, adv, mask, **kw)
     assert e.value.field == field
 
 
@@ -607,7 +616,7 @@ def test_adaptive_entropy_controller_matches_trl():
                   "completion_ids": torch.zeros(N, T, dtype=torch.long), "completion_mask": mask, "advantages": adv,
                   "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
         loss_trl = t._compute_loss(None, inputs)
-        rec = compute_loss(logps, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+        rec = _compute(logps, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
                            max_completion_length=L_MAX, entropy=entropy, entropy_coef=ours.applied())
         assert float(rec.loss) == pytest.approx(float(loss_trl), abs=1e-12), step
         applied.append(ours.applied())
@@ -676,8 +685,8 @@ def test_sampling_correction_ratio_equals_trl_and_changes_the_loss():
         theirs = trl_sampling_correction(t, old, sampling, mask, mode=mode, **bounds)
         kw = dict(beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo", max_completion_length=L_MAX,
                   sampling_per_token_logps=sampling)
-        on = compute_loss(logps, old, None, adv, mask, **kw, **_is_kwargs(dict(mode=mode, **bounds)))
-        off = compute_loss(logps, old, None, adv, mask, **kw)
+        on = _compute(logps, old, None, adv, mask, **kw, **_is_kwargs(dict(mode=mode, **bounds)))
+        off = _compute(logps, old, None, adv, mask, **kw)
         torch.testing.assert_close(on.importance_sampling_ratio, theirs, rtol=1e-6, atol=1e-6)
         assert abs(float(on.loss) - float(off.loss)) > 1e-4, mode
         assert off.importance_sampling_ratio is None and "sampling-time IS" in on.definition
@@ -686,8 +695,8 @@ def test_sampling_correction_ratio_equals_trl_and_changes_the_loss():
 def test_sampling_correction_without_sampling_logps_is_flagged_and_a_no_op():
     logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
     kw = dict(beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo", max_completion_length=L_MAX)
-    on = compute_loss(logps, old, None, adv, mask, **kw, vllm_importance_sampling_correction=True)
-    off = compute_loss(logps, old, None, adv, mask, **kw)
+    on = _compute(logps, old, None, adv, mask, **kw, vllm_importance_sampling_correction=True)
+    off = _compute(logps, old, None, adv, mask, **kw)
     assert float(on.loss) == float(off.loss) and on.importance_sampling_ratio is None
     assert any("no sampling log-probs" in f for f in on.flags) and not off.flags[-1:] == on.flags[-1:]
 
@@ -702,11 +711,11 @@ def test_sampling_correction_options_are_validated():
                    vllm_importance_sampling_clip_max=None)
     cfg = StepConfig(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_mask",
                      vllm_importance_sampling_clip_min=0.5)
-    kw = loss_kwargs(cfg)
-    assert kw["vllm_importance_sampling_mode"] == "token_mask" and kw["vllm_importance_sampling_clip_min"] == 0.5
-    assert kw["vllm_importance_sampling_correction"] is True and kw["vllm_importance_sampling_clip_max"] == 3.0
+    kw = Objective.from_config(cfg)
+    assert kw.vllm_importance_sampling_mode == "token_mask" and kw.vllm_importance_sampling_clip_min == 0.5
+    assert kw.vllm_importance_sampling_correction is True and kw.vllm_importance_sampling_clip_max == 3.0
     logps, old, ref, adv, mask, entropy = make_inputs(seed=2)
     with pytest.raises(ConfigError, match="vllm_importance_sampling_mode"):
-        compute_loss(logps, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
+        _compute(logps, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
                      max_completion_length=L_MAX, vllm_importance_sampling_correction=True,
                      vllm_importance_sampling_mode="sequence")

@@ -24,6 +24,7 @@ P1 = "A: rnbqkbnr/pppppppp/8/8/8/1P6/P1PPPPPP/RNBQKBNR b KQkq - 0 1+a7a5+b2b3 a7
 def trace():
     from rookworld_debug.grpo.advantages import compute_advantages
     from rookworld_debug.grpo.loss import compute_loss
+    from rookworld_debug.grpo.objective_params import LossBatch, Objective
 
     g = torch.Generator().manual_seed(0)
     lengths = [5, 4, 5, 3]
@@ -45,8 +46,9 @@ def trace():
     rewards = torch.tensor([0.25, 0.25, 1.0, -0.3])
     adv = compute_advantages(rewards, G)
     old = logps - 0.3 * (torch.arange(T) == 1).float()         # ratio ≠ 1 at t = 1 so something clips
-    loss = compute_loss(logps, old, ref, adv.advantages, mask.float(), beta=0.1, epsilon_low=0.2, epsilon_high=0.2,
-                        loss_type="grpo", max_completion_length=T, num_generations=G)
+    loss = compute_loss(logps, old, ref, adv.advantages, mask.float(),
+                        Objective(beta=0.1, epsilon_low=0.2, epsilon_high=0.2, loss_type="grpo", max_completion_length=T),
+                        LossBatch(num_generations=G))
     rw = SimpleNamespace(rewards=rewards, rewards_per_func=rewards[:, None], func_names=("rookworld",), weights=(1.0,),
                          breakdowns=tuple(SimpleNamespace(total=float(r), components={"best_move": float(r), "format": 1.0},
                                                           weights={"best_move": 0.5, "format": 0.5}, flags=(), details={})

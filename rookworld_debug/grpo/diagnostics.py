@@ -139,16 +139,16 @@ class GradForward:
     def __init__(self, policy, rollout, config):
         from rookworld_debug.grpo.generation import per_token_logps_and_entropy
         from rookworld_debug.grpo.iterations import effective_mask
-        from rookworld_debug.grpo.loss import loss_kwargs
+        from rookworld_debug.grpo.objective_params import Objective
         self.rollout, self.config = rollout, config
         self.params = [p for _, p in policy.named_parameters() if p.requires_grad]
         self.mask = effective_mask(rollout, config)                                          # (N, T)
-        self.kw = loss_kwargs(config)
-        self.need_entropy = self.kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1
+        self.objective = Objective.from_config(config)
+        self.need_entropy = self.objective.entropy_coef != 0 or self.objective.top_entropy_quantile < 1
         policy.train(False)                      # as update(): dropout off
         self.parts = [per_token_logps_and_entropy(
             policy, rollout.prompt_ids[r], rollout.prompt_mask[r], rollout.completion_ids[r], self.mask[r],
-            rollout.temperatures[r], with_grad=True, entropy_grad=self.kw["entropy_coef"] != 0)
+            rollout.temperatures[r], with_grad=True, entropy_grad=self.objective.entropy_coef != 0)
             for r in (slice(i, i + 1) for i in range(rollout.completion_ids.shape[0]))]        # (1, T) each
         self.logps = torch.cat([lp for lp, _ in self.parts])                                   # (N, T)
         self.entropy = torch.cat([h for _, h in self.parts])                                   # (N, T)
@@ -158,15 +158,16 @@ class GradForward:
         """The step's loss record on `rows` (None = all N) with these advantages (len(rows),), the batch's
         normalizers recomputed for those rows (num_items_in_batch = their Σ mask)."""
         from rookworld_debug.grpo.loss import compute_loss
+        from rookworld_debug.grpo.objective_params import LossBatch
         sel = (lambda t: t) if rows is None else (lambda t: None if t is None else t[rows])
         mask = sel(self.mask)
         # the rows' own graphs only (indexing the stacked tensor would reach every row's graph)
         logps, entropy = (self.logps, self.entropy) if rows is None else (
             torch.cat([self.parts[i][k] for i in rows.tolist()]) for k in (0, 1))             # (n, T) each
         return compute_loss(logps, sel(old_per_token_logps), sel(self.rollout.ref_per_token_logps),
-                            advantages.to(self.logps.dtype), mask,
-                            entropy=entropy if self.need_entropy else None,
-                            num_items_in_batch=float(mask.sum()), num_generations=num_generations, **self.kw)
+                            advantages.to(self.logps.dtype), mask, self.objective,
+                            LossBatch(entropy=entropy if self.need_entropy else None,
+                                      num_items_in_batch=float(mask.sum()), num_generations=num_generations))
 
     def grad(self, loss: torch.Tensor) -> torch.Tensor:
         """(P,) ∂loss/∂θ through the shared graph (kept for the next backward)."""

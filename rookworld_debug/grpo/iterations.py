@@ -26,7 +26,8 @@ import torch
 
 from rookworld_debug.errors import NumericalError
 from rookworld_debug.grpo.generation import sampling_logps_for
-from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, high_entropy_mask, loss_kwargs
+from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, high_entropy_mask
+from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.update import UpdateResult, update
 
 
@@ -103,6 +104,7 @@ def run_iterations(policy, optimizer, rollout, advantages, config, *, reference=
     # TRL: dapo-family normaliser = generation-batch tokens · g / (steps·g) = tokens per optimizer step on average
     num_items = float(mask.sum()) / steps if steps > 1 else None
     ent = AdaptiveEntropy(config)
+    objective = Objective.from_config(config)
     records = []
     for i in range(config.num_iterations):
         ups: list[UpdateResult] = []
@@ -112,7 +114,8 @@ def run_iterations(policy, optimizer, rollout, advantages, config, *, reference=
                 up = update(policy, optimizer, rollout, advantages,
                             loss_record if (i == 0 and steps == 1) else None, config,
                             per_term_grads=per_term_grads, reference=reference, rows=rows,
-                            old_per_token_logps=old, num_items_in_batch=num_items, entropy_coef=ent.applied())
+                            old_per_token_logps=old, num_items_in_batch=num_items,
+                            objective=objective.replace(entropy_coef=ent.applied()))
             except NumericalError as err:
                 if not records and not ups:
                     raise
@@ -130,11 +133,11 @@ def _record(i, ups, rollout, advantages, config, old, mask) -> IterationRecord:
     logps = torch.cat([u.per_token_logps for u in ups])                      # (N, T)
     entropy = torch.cat([u.per_token_entropy for u in ups])                  # (N, T)
     full_kl = torch.cat([u.per_token_full_kl for u in ups]) if ups[0].per_token_full_kl is not None else None
-    kw = {**loss_kwargs(config), "entropy_coef": ups[-1].entropy_coef}
+    objective = Objective.from_config(config).replace(entropy_coef=ups[-1].entropy_coef)
     ref = None if config.kl_estimator == "full" and full_kl is None else rollout.ref_per_token_logps  # (N, T)
-    rec = compute_loss(logps, logps if old is None else old, ref,
-                       advantages.advantages.to(logps.dtype), mask, entropy=entropy, per_token_full_kl=full_kl,
-                       num_generations=config.num_generations, **kw)
+    rec = compute_loss(logps, logps if old is None else old, ref, advantages.advantages.to(logps.dtype), mask,
+                       objective, LossBatch(entropy=entropy, per_token_full_kl=full_kl,
+                                            num_generations=config.num_generations))
     return IterationRecord(index=i, loss=rec, updates=tuple(ups), per_token_logps=logps,
                            entropy_coef=ups[-1].entropy_coef)
 
@@ -153,9 +156,10 @@ def loss_for_iteration(rollout, advantages, config, it: IterationRecord) -> Loss
         full_kl = it.loss.per_token_kl                                      # (N, T)
     ref = None if config.kl_estimator == "full" else rollout.ref_per_token_logps
     return compute_loss(it.per_token_logps, old, ref, advantages.advantages.to(it.per_token_logps.dtype), mask,
-                        entropy=it.loss.per_token_entropy, per_token_full_kl=full_kl,
-                        num_generations=config.num_generations, sampling_per_token_logps=sampling_logps_for(rollout, config),
-                        **{**loss_kwargs(config), "entropy_coef": it.entropy_coef})
+                        Objective.from_config(config).replace(entropy_coef=it.entropy_coef),
+                        LossBatch(entropy=it.loss.per_token_entropy, per_token_full_kl=full_kl,
+                                  num_generations=config.num_generations,
+                                  sampling_per_token_logps=sampling_logps_for(rollout, config)))
 
 
 @dataclass(frozen=True)
@@ -188,9 +192,10 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
             rec = loss_for_iteration(rollout, advantages, cfg, it)
         else:                              # the sampling-time record (step.loss_for), old = ℓ.detach()
             rec = compute_loss(leaf, base.detach(), rollout.ref_per_token_logps, advantages.advantages.to(base.dtype),
-                               effective_mask(rollout, cfg), entropy=rollout.per_token_entropy,
-                               per_token_full_kl=rollout.per_token_full_kl, num_generations=cfg.num_generations,
-                               sampling_per_token_logps=sampling_logps_for(rollout, cfg), **loss_kwargs(cfg))
+                               effective_mask(rollout, cfg), Objective.from_config(cfg),
+                               LossBatch(entropy=rollout.per_token_entropy, per_token_full_kl=rollout.per_token_full_kl,
+                                         num_generations=cfg.num_generations,
+                                         sampling_per_token_logps=sampling_logps_for(rollout, cfg)))
         grad = torch.autograd.grad(rec.loss, leaf, allow_unused=True)[0] if rec.loss.requires_grad else None
         grad = torch.zeros_like(base) if grad is None else grad
         out.append(LossTypeRow(lt, _detached(rec), (-grad).detach(), float(grad.norm())))

@@ -81,11 +81,12 @@ from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, VLLM_IS_MO
                                              PolicyTerm, high_entropy_mask, importance_weights,
                                              off_policy_sequence_mask, per_token_kl, sampling_importance_ratio,
                                              sampling_ratio_metrics, vespo_phi)
-from rookworld_debug.grpo.rlvr_loss import compute_rlvr_loss, rlvr_options
+from rookworld_debug.grpo.objective_params import LossBatch, Objective
+from rookworld_debug.grpo.rlvr_loss import compute_rlvr_loss
 
 __all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "VESPO_DEFAULTS", "KL_ESTIMATORS",
            "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LOSS_TABLE", "LossBreakdown", "Normalizer",
-           "compute_loss", "high_entropy_mask", "loss_kwargs", "sampling_importance_ratio", "vespo_phi",
+           "compute_loss", "high_entropy_mask", "Objective", "LossBatch", "sampling_importance_ratio", "vespo_phi",
            "VLLM_IS_MODES"]
 
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual", "rlvr_mini")
@@ -236,48 +237,33 @@ class _SmallCpuOps:
 
 def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[torch.Tensor],
                  ref_per_token_logps: Optional[torch.Tensor], advantages: torch.Tensor,
-                 completion_mask: torch.Tensor, *, beta: float, epsilon_low: float, epsilon_high: float,
-                 loss_type: str, max_completion_length: int, importance_sampling_level: str = "token",
-                 delta: Optional[float] = None, entropy: Optional[torch.Tensor] = None, entropy_coef: float = 0.0,
-                 kl_estimator: str = "k3", per_token_full_kl: Optional[torch.Tensor] = None,
-                 num_items_in_batch: Union[int, float, torch.Tensor, None] = None,
-                 use_bias_correction_kl: bool = True, num_generations: Optional[int] = None,
-                 gradient_accumulation_steps: int = 1, steps_per_generation: Optional[int] = None,
-                 off_policy_mask_threshold: Optional[float] = None,
-                 sampling_per_token_logps: Optional[torch.Tensor] = None, top_entropy_quantile: float = 1.0,
-                 sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05,
-                 vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
-                 vespo_lambda_neg: float = 2.0, vllm_importance_sampling_correction: bool = False,
-                 vllm_importance_sampling_mode: str = "sequence_mask",
-                 vllm_importance_sampling_clip_min: Optional[float] = None,
-                 vllm_importance_sampling_clip_max: Optional[float] = 3.0, rlvr: Optional[dict] = None) -> LossBreakdown:
+                 completion_mask: torch.Tensor, objective: Objective,
+                 batch: Optional[LossBatch] = None) -> LossBreakdown:
     """TRL's GRPO loss for one micro-batch, decomposed. See the module docstring for every formula.
 
     per_token_logps (N, T) carries the gradient; old/ref logps (N, T) or None (old None → ℓ.detach(), TRL's
     on-policy case; ref may be None only when β = 0 or kl_estimator = "full"); advantages (N,);
-    completion_mask (N, T) (bool/int/float); entropy (N, T) or None; per_token_full_kl (N, T) for "full";
-    num_items_in_batch = Σ mask over the whole batch (dapo; None → this micro-batch's Σ mask);
-    num_generations enables per-group values; gradient_accumulation_steps = TRL's g (÷ g for
-    grpo/bnpo/dr_grpo/luspo/sapo/manual and H̄); steps_per_generation = TRL's (micro-batches per generation
-    batch; None = g): dapo/cispo/vespo divide by num_items_in_batch·g/steps_per_generation.
-    off_policy_mask_threshold (OPSM) compares `sampling_per_token_logps` (None → the old log-probs, as TRL
-    without vLLM) with ℓ; top_entropy_quantile < 1 needs `entropy`. sapo_*/vespo_* as TRL's GRPOConfig.
-    vllm_importance_sampling_* (TRL's names and defaults, correction off here) weight PG by ρ from
-    `sampling_per_token_logps` vs the old log-probs (without sampling log-probs: ρ = 1 and a flag).
-    loss_type="rlvr_mini": rookworld-rlvr's objective (grpo/rlvr_loss.py), options in `rlvr` (rlvr_kl_type…).
+    completion_mask (N, T) (bool/int/float). `objective` holds every knob (`Objective.from_config(config)`);
+    `batch` what this call adds (grpo/objective_params.py): entropy (N, T) (c_H ≠ 0, ρ < 1), per_token_full_kl
+    (N, T) for "full", sampling_per_token_logps (OPSM, IS correction; None → the old log-probs, as TRL without
+    vLLM), num_items_in_batch = Σ mask over the whole batch (dapo; None → this micro-batch's Σ mask),
+    num_generations (per-group values), gradient_accumulation_steps = TRL's g (÷ g for
+    grpo/bnpo/dr_grpo/luspo/sapo/manual and H̄), steps_per_generation = TRL's (None = g): dapo/cispo/vespo
+    divide by num_items_in_batch·g/steps_per_generation; the mini's per-step values (rlvr_mini).
     """
-    if loss_type == "rlvr_mini":
-        fields = compute_rlvr_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask,
-                                   SimpleNamespace(**locals()))
+    if not isinstance(objective, Objective):
+        raise ConfigError("objective", f"must be an Objective (Objective.from_config(config)), got "
+                          f"{type(objective).__name__}")
+    if batch is not None and not isinstance(batch, LossBatch):
+        raise ConfigError("batch", f"must be a LossBatch or None, got {type(batch).__name__}")
+    o = SimpleNamespace(**vars(objective), **vars(batch or LossBatch()))
+    if o.loss_type == "rlvr_mini":
+        fields = compute_rlvr_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask, o)
         return LossBreakdown(**{**fields, "normalizer": Normalizer(*fields["normalizer"])})
     if isinstance(per_token_logps, torch.Tensor):
-        kw = dict(locals())
-        for k in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps", "advantages",
-                  "completion_mask"):
-            kw.pop(k)
         with _SmallCpuOps(per_token_logps):
             return _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
-                                 completion_mask, SimpleNamespace(**kw))
+                                 completion_mask, o)
     raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
 
 
@@ -597,23 +583,3 @@ def _definition(loss_type, beta, el, eh, delta, level, est, bias, coef, norm, pa
         (f"; PG × entropy mask (top {rho:g} of tokens by entropy)" if rho < 1 else "") + \
         (f"; PG × ρ (sampling-time IS, {is_mode})" if is_mode else "")
     return f"{pg}{masks}; L = PG + {beta:g}·KL, {kl}; aggregated by {norm}{ent}"
-
-
-def loss_kwargs(config) -> dict:
-    """The keyword arguments of `compute_loss` taken from a StepConfig (everything except the tensors,
-    entropy, per_token_full_kl, num_items_in_batch, num_generations and gradient_accumulation_steps)."""
-    return dict(beta=config.beta, epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
-                loss_type=config.loss_type, max_completion_length=config.max_new_tokens,
-                importance_sampling_level=config.importance_sampling_level, delta=config.delta,
-                entropy_coef=config.entropy_coef, kl_estimator=config.kl_estimator,
-                use_bias_correction_kl=config.use_bias_correction_kl,
-                off_policy_mask_threshold=config.off_policy_mask_threshold,
-                top_entropy_quantile=config.top_entropy_quantile,
-                sapo_temperature_pos=config.sapo_temperature_pos, sapo_temperature_neg=config.sapo_temperature_neg,
-                vespo_k_pos=config.vespo_k_pos, vespo_lambda_pos=config.vespo_lambda_pos,
-                vespo_k_neg=config.vespo_k_neg, vespo_lambda_neg=config.vespo_lambda_neg,
-                vllm_importance_sampling_correction=config.vllm_importance_sampling_correction,
-                vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
-                vllm_importance_sampling_clip_min=config.vllm_importance_sampling_clip_min,
-                vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max,
-                rlvr=rlvr_options(config) if getattr(config, "loss_type", None) == "rlvr_mini" else None)

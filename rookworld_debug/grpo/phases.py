@@ -16,7 +16,8 @@ import torch
 from rookworld_debug.config import StepConfig
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
 from rookworld_debug.grpo.generation import Rollout, generate_with_greedy, inject_completions, sampling_logps_for
-from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
+from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
+from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup, check_inject
 
@@ -59,14 +60,15 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
     if config.mask_truncated_completions:
         mask = mask * (~rollout.is_truncated)[:, None]                                   # (N, T)
     old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
-    kw = loss_kwargs(config)
+    objective, extra = Objective.from_config(config), {}
     if config.loss_type == "rlvr_mini":          # the mini's KL controller and values, once per step
-        from rookworld_debug.grpo.rlvr_loss import step_loss_kwargs
-        kw.update(step_loss_kwargs(rollout, advantages, config, mask))
-    return compute_loss(rollout.per_token_logps, old, rollout.ref_per_token_logps,
-                        advantages.advantages, mask, entropy=rollout.per_token_entropy,
-                        per_token_full_kl=rollout.per_token_full_kl, num_generations=config.num_generations,
-                        sampling_per_token_logps=sampling_logps_for(rollout, config), **kw)
+        from rookworld_debug.grpo.rlvr_loss import rlvr_step
+        objective, extra = rlvr_step(rollout, advantages, objective, mask)
+    batch = LossBatch(entropy=rollout.per_token_entropy, per_token_full_kl=rollout.per_token_full_kl,
+                      num_generations=config.num_generations,
+                      sampling_per_token_logps=sampling_logps_for(rollout, config), **extra)
+    return compute_loss(rollout.per_token_logps, old, rollout.ref_per_token_logps, advantages.advantages, mask,
+                        objective, batch)
 
 
 

@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 
 from rookworld_debug.grpo.advantages import advantages_from_config
-from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
+from rookworld_debug.grpo.loss import compute_loss
+from rookworld_debug.grpo.objective_params import LossBatch, Objective
 
 DEFAULT_OBJECTIVES = ("grpo", "dapo", "rlvr_mini")
 MOVE_TOLERANCE = 1e-12
@@ -66,13 +67,14 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 def _objective(rollout, rewards, config, mask) -> tuple[ObjectiveView, torch.Tensor]:
     adv = advantages_from_config(rewards, config)
     leaf = rollout.per_token_logps.detach().clone().requires_grad_(True)               # (N, T)
-    kw = loss_kwargs(config)
+    objective, extra = Objective.from_config(config), {}
     if config.loss_type == "rlvr_mini":
-        from rookworld_debug.grpo.rlvr_loss import step_loss_kwargs
-        kw.update(step_loss_kwargs(rollout, adv, config, mask))
+        from rookworld_debug.grpo.rlvr_loss import rlvr_step
+        objective, extra = rlvr_step(rollout, adv, objective, mask)
     rec = compute_loss(leaf, leaf.detach(), rollout.ref_per_token_logps, adv.advantages.to(leaf.dtype), mask,
-                       entropy=rollout.per_token_entropy, per_token_full_kl=rollout.per_token_full_kl,
-                       num_generations=config.num_generations, **kw)
+                       objective, LossBatch(entropy=rollout.per_token_entropy,
+                                            per_token_full_kl=rollout.per_token_full_kl,
+                                            num_generations=config.num_generations, **extra))
     grad = torch.autograd.grad(rec.loss, leaf, allow_unused=True)[0] if rec.loss.requires_grad else None
     w = torch.zeros_like(leaf) if grad is None else -grad.detach()                     # (N, T)
     view = ObjectiveView(config.loss_type, adv.advantages.detach(), adv.normalization, rec.per_token_loss.detach(),

@@ -28,16 +28,6 @@ from rookworld_debug.grpo.objectives import LOSS_TABLE, ObjectiveInputs
 from rookworld_debug.grpo.rlvr_mini import (KL_TYPE_FORMULAS, entropy_surrogate, kl_divergence, mini_metrics,
                                            mini_terms, per_token_kl_terms)
 
-DEFAULTS = {"rlvr_kl_type": "forward", "rlvr_length_normalize": False, "values": None, "value_targets": None,
-            "value_loss_coef": 0.1}
-
-
-def rlvr_options(config) -> dict:
-    """The mini's loss options from a StepConfig (passed to compute_loss as `rlvr=`)."""
-    return {"rlvr_kl_type": config.rlvr_kl_type, "rlvr_length_normalize": config.rlvr_length_normalize,
-            "value_loss_coef": config.rlvr_value_loss_coef}
-
-
 def effective_mask(mask: torch.Tensor, length_normalize: bool) -> torch.Tensor:
     """m, or m/|o_i| (per-token means instead of sums)."""
     return mask / mask.sum(-1, keepdim=True).clamp(min=1.0) if length_normalize else mask
@@ -47,7 +37,8 @@ def compute_rlvr_loss(logps: torch.Tensor, ref, advantages: torch.Tensor, comple
                       o: SimpleNamespace) -> dict:
     """The fields of the mini's LossBreakdown (loss.compute_loss builds the record for loss_type 'rlvr_mini';
     `normalizer` comes as (name, value, description))."""
-    opts = {**DEFAULTS, **(getattr(o, "rlvr", None) or {})}
+    opts = {"rlvr_kl_type": o.rlvr_kl_type, "rlvr_length_normalize": o.rlvr_length_normalize, "values": o.values,
+            "value_targets": o.value_targets, "value_loss_coef": o.rlvr_value_loss_coef}
     adv = _validate(logps, ref, advantages, completion_mask, o)
     dtype = logps.dtype
     mask = completion_mask.to(dtype)                                                  # (N, T)
@@ -74,8 +65,8 @@ def compute_rlvr_loss(logps: torch.Tensor, ref, advantages: torch.Tensor, comple
         metrics = {f"rlvr/{k}": v for k, v in mini_metrics(t, logps.detach(), ref, adv, m_eff, kl_coef=beta,
                                                             eps_low=o.epsilon_low, eps_high=o.epsilon_high).items()}
         metrics.update(_binding_clip(pol, mask))
-        if "k1_observation" in opts:               # what the KL controller saw before the loss
-            metrics["rlvr/k1_observation"] = float(opts["k1_observation"])
+        if o.k1_observation is not None:           # what the KL controller saw before the loss
+            metrics["rlvr/k1_observation"] = float(o.k1_observation)
         metrics["kl"] = float(rec["per_token_kl"].sum() / mask.sum().clamp(min=1.0))
         metrics["entropy"] = float(rec["per_token_entropy"].sum() / mask.sum().clamp(min=1.0))
         share, undefined = _kl_share(pg_loss, kl_loss, entropy_term)
@@ -178,23 +169,24 @@ def _binding_clip(pol, mask) -> dict:
             "clip_ratio/high_max": float(high.max()) if high.numel() else math.nan}
 
 
-def step_kl_coef(logps: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, config) -> tuple[float, float]:
+def step_kl_coef(logps: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, objective) -> tuple[float, float]:
     """(kl_coef used by this step, the k1 observation): a fresh AdaptiveKLController(β, target, horizon) updated
-    once with mean_i Σ_t m(ℓ − ℓ_ref), before the loss, as the mini does; β itself when rlvr_adaptive_kl is off."""
+    once with mean_i Σ_t m(ℓ − ℓ_ref), before the loss, as the mini does; β itself when rlvr_adaptive_kl is off.
+    `objective`: an Objective (or a StepConfig: the same names)."""
     from rookworld_debug.grpo.rlvr_baselines import AdaptiveKLController, k1_observation
     obs = k1_observation(logps.detach().double(), ref.double(), mask.double())
-    if not config.rlvr_adaptive_kl:
-        return float(config.beta), obs
-    ctl = AdaptiveKLController(config.beta, config.rlvr_kl_target, config.rlvr_kl_horizon)
+    if not objective.rlvr_adaptive_kl:
+        return float(objective.beta), obs
+    ctl = AdaptiveKLController(objective.beta, objective.rlvr_kl_target, objective.rlvr_kl_horizon)
     return ctl.update(obs), obs
 
 
-def step_loss_kwargs(rollout, advantages, config, mask: torch.Tensor) -> dict:
-    """compute_loss keyword overrides of a rlvr_mini step: the controlled kl_coef and the values (the rewards,
-    with rlvr_values='rewards')."""
-    beta, obs = step_kl_coef(rollout.per_token_logps, rollout.ref_per_token_logps, mask, config)
-    opts = rlvr_options(config)
-    if config.rlvr_values == "rewards":
+def rlvr_step(rollout, advantages, objective, mask: torch.Tensor) -> tuple:
+    """(Objective, LossBatch fields) of one rlvr_mini step: the controlled kl_coef replaces β; the values (the
+    rewards, with rlvr_values='rewards') and the controller's observation go with the batch."""
+    beta, obs = step_kl_coef(rollout.per_token_logps, rollout.ref_per_token_logps, mask, objective)
+    extra = {"k1_observation": obs}
+    if objective.rlvr_values == "rewards":
         r = torch.nan_to_num(advantages.rewards.to(rollout.per_token_logps.dtype), nan=0.0)
-        opts.update(values=r, value_targets=r)
-    return {"beta": beta, "rlvr": {**opts, "k1_observation": obs}}
+        extra.update(values=r, value_targets=r)
+    return objective.replace(beta=beta), extra

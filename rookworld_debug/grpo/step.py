@@ -20,7 +20,7 @@ from rookworld_debug.grpo import serialize
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
 from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
 from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
-from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, loss_kwargs
+from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
 from rookworld_debug.grpo.rewards import Rewards, compute_rewards
 from rookworld_debug.grpo.phases import PhaseTimer, loss_for, rows, sample_and_score  # noqa: F401 - re-exported
 from rookworld_debug.grpo.setup import Setup, check_context, check_inject

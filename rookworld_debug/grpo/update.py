@@ -24,7 +24,8 @@ from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.models import memory
 from rookworld_debug.grpo.generation import (auto_micro_batch_size, per_token_logps_and_entropy,
                                              per_token_logps_entropy_full_kl, sampling_logps_for)
-from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
+from rookworld_debug.grpo.loss import compute_loss
+from rookworld_debug.grpo.objective_params import LossBatch, Objective
 
 TERMS = ("pg", "kl", "entropy")
 
@@ -96,7 +97,8 @@ class _Accumulated:
     full_kl: list = field(default_factory=list)
 
 
-def _micro_batch_terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, old_rows, ref_rows, config, kw,
+def _micro_batch_terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, old_rows, ref_rows, config,
+                       objective: Objective,
                        num_items, acc: _Accumulated):
     """Forward one micro-batch with grad and return its loss terms {pg, kl, entropy} (unweighted record)."""
     ids = (rollout.prompt_ids[g_rows], rollout.prompt_mask[g_rows], rollout.completion_ids[g_rows], mask_rows,
@@ -108,16 +110,17 @@ def _micro_batch_terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, 
     else:
         # entropy in the graph only when its bonus is in the loss (TRL): saves 3 (n_mb, T, V) tensors
         logps, entropy = per_token_logps_and_entropy(policy, *ids, with_grad=True,
-                                                     entropy_grad=kw["entropy_coef"] != 0)  # (n_mb, T) each
+                                                     entropy_grad=objective.entropy_coef != 0)  # (n_mb, T) each
         acc.forwards += 1
     acc.logps.append(logps.detach())
     acc.entropy.append(entropy.detach())
     if full_kl is not None:
         acc.full_kl.append(full_kl.detach())
-    need_entropy = kw["entropy_coef"] != 0 or config.top_entropy_quantile < 1 or config.use_adaptive_entropy
-    return compute_loss(logps, old_rows, ref_rows, adv_rows, mask_rows, entropy=entropy if need_entropy else None,
-                        per_token_full_kl=full_kl, num_items_in_batch=num_items,
-                        sampling_per_token_logps=sampling_logps_for(rollout, config, g_rows), **kw)
+    need_entropy = objective.entropy_coef != 0 or objective.top_entropy_quantile < 1 or config.use_adaptive_entropy
+    return compute_loss(logps, old_rows, ref_rows, adv_rows, mask_rows, objective,
+                        LossBatch(entropy=entropy if need_entropy else None, per_token_full_kl=full_kl,
+                                  num_items_in_batch=num_items,
+                                  sampling_per_token_logps=sampling_logps_for(rollout, config, g_rows)))
 
 
 def _backward(terms: dict, params, per_term_grads: bool, acc: _Accumulated) -> None:
@@ -184,7 +187,7 @@ def _total_per_layer(params) -> dict:
 
 def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool = True,
            reference=None, rows: Optional[slice] = None, old_per_token_logps: Optional[torch.Tensor] = None,
-           num_items_in_batch: Optional[float] = None, entropy_coef: Optional[float] = None) -> UpdateResult:
+           num_items_in_batch: Optional[float] = None, objective: Optional[Objective] = None) -> UpdateResult:
     """One optimizer step on `rollout` with `advantages`. Refuses (NumericalError) on a non-finite
     loss or gradient instead of stepping the optimizer. `reference` is needed for kl_estimator='full'
     (its exact KL needs the reference distribution again, with the policy side carrying grad).
@@ -192,7 +195,8 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     Inner iterations (grpo.iterations) call it once per optimizer step with `rows` (the step's slice of the
     rollout, default all), `old_per_token_logps` (N, T) frozen at sampling (None → ℓ.detach(), ratio 1, TRL's
     on-policy case), `num_items_in_batch` (dapo family: TRL's generation-batch token count ÷ steps per
-    generation; default Σ mask of `rows`) and `entropy_coef` (the adaptive controller's applied c_H)."""
+    generation; default Σ mask of `rows`) and `objective` (default `Objective.from_config(config)`; the inner
+    iterations pass it with the adaptive controller's applied c_H)."""
     if config.kl_estimator == "full" and config.beta and reference is None:
         raise ConfigError("kl_estimator", "'full' needs the reference model in update() for its gradient")
     t0 = time.perf_counter()
@@ -208,9 +212,7 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     ref_all = None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[step_rows]  # (n, T)
     old_all = None if old_per_token_logps is None else old_per_token_logps[step_rows]                # (n, T)
     num_items = float(mask.sum()) if num_items_in_batch is None else float(num_items_in_batch)
-    kw = loss_kwargs(config)
-    if entropy_coef is not None:
-        kw["entropy_coef"] = float(entropy_coef)
+    objective = Objective.from_config(config) if objective is None else objective
     if not per_term_grads:                   # lean path: .backward() accumulates into .grad in place, as TRL
         for _, p in params:
             p.grad = None
@@ -223,7 +225,7 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
             g_rows = slice(step_rows.start + mb.start, step_rows.start + mb.stop)   # rows of the rollout
             rec = _micro_batch_terms(policy, reference, rollout, g_rows, mask[mb], adv[mb],
                                      None if old_all is None else old_all[mb],
-                                     None if ref_all is None else ref_all[mb], config, kw, num_items, acc)
+                                     None if ref_all is None else ref_all[mb], config, objective, num_items, acc)
             w = _mb_weight(config.loss_type, mb, n, mask)
             # TRL's entropy bonus is a token mean of the micro-batch for every loss type → weight by token share
             w_ent = w if config.loss_type in ("manual", "rlvr_mini") else _mb_weight("bnpo", mb, n, mask)
@@ -235,11 +237,11 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
             acc.loss_total += float(total.detach())
             _backward(terms, params, per_term_grads, acc)
         return _step(policy, optimizer, params, acc, config, loss_record, per_term_grads, len(slices), step_rows,
-                     kw, t0)
+                     objective.entropy_coef, t0)
 
 
 def _step(policy, optimizer, params, acc: _Accumulated, config, loss_record, per_term_grads: bool, n_slices: int,
-          step_rows: slice, kw: dict, t0: float) -> UpdateResult:
+          step_rows: slice, entropy_coef: float, t0: float) -> UpdateResult:
     """Norms (per term, per layer), clip, optimizer step, and the record of it."""
     per_layer_terms, per_term_global, grad_cosine = ({}, {}, {})
     if per_term_grads:                        # the terms' norms first: the sum below overwrites a bucket
@@ -275,7 +277,7 @@ def _step(policy, optimizer, params, acc: _Accumulated, config, loss_record, per
         seconds=time.perf_counter() - t0, counts={"forwards": acc.forwards, "backwards": acc.backwards},
         grad_cosine=grad_cosine, rows=(step_rows.start, step_rows.stop),
         per_token_logps=torch.cat(acc.logps), per_token_entropy=torch.cat(acc.entropy),
-        per_token_full_kl=torch.cat(acc.full_kl) if acc.full_kl else None, entropy_coef=kw["entropy_coef"])
+        per_token_full_kl=torch.cat(acc.full_kl) if acc.full_kl else None, entropy_coef=float(entropy_coef))
 
 
 def _term_cosines(term_grads: dict, norms: dict) -> dict:
