@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import math
 from typing import Optional
 
@@ -19,7 +18,8 @@ from rookworld_debug.data.loaders import Batch
 from rookworld_debug.errors import FormatError
 from rookworld_debug.grpo.advantages import advantages_from_config
 from rookworld_debug.grpo.generation import Rollout, _unique_per_group
-from rookworld_debug.grpo.loss import compute_loss, loss_kwargs
+from rookworld_debug.grpo.loss import compute_loss
+from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup
 from rookworld_debug.grpo.step import StepTrace, rewards_flags, zero_std_flags
@@ -133,15 +133,10 @@ def _mb_items(mb: dict, default):
 
 def _loss(logps, old, ref, adv, mask, entropy, config, num_items, ga: int = 1, num_generations=None,
           spg: Optional[int] = None):
-    """grpo.loss.compute_loss with the config's objective (TRL options the installed version knows)."""
-    kw = loss_kwargs(config)
-    accepted = inspect.signature(compute_loss).parameters
-    for name in ("top_entropy_quantile", "off_policy_mask_threshold", "num_iterations"):
-        if name in accepted and hasattr(config, name):
-            kw[name] = getattr(config, name)
-    return compute_loss(logps, old, ref, adv, mask, entropy=entropy, num_items_in_batch=num_items,
-                        gradient_accumulation_steps=ga, steps_per_generation=spg, num_generations=num_generations,
-                        **kw)
+    """grpo.loss.compute_loss with the config's objective."""
+    return compute_loss(logps, old, ref, adv, mask, Objective.from_config(config),
+                        LossBatch(entropy=entropy, num_items_in_batch=num_items, gradient_accumulation_steps=ga,
+                                  steps_per_generation=spg, num_generations=num_generations))
 
 
 def _update(trl_loss, record_loss, grad_norm, per_layer_post, max_grad_norm, lr, n_mb) -> UpdateResult:
