@@ -295,7 +295,8 @@ def test_nan_logits_raise_named_error(models):
 def test_wrong_position_ids_are_flagged(models, monkeypatch):
     """With position ids 0..L-1 (a plain forward on left-padded rows) the consistency check fires."""
     pol, ref, tok, _ = models
-    monkeypatch.setattr(gen, "_position_ids", lambda attn: torch.arange(attn.shape[1]).expand_as(attn))
+    from rookworld_debug.grpo import scoring          # the teacher-forced forwards' module
+    monkeypatch.setattr(scoring, "_position_ids", lambda attn: torch.arange(attn.shape[1]).expand_as(attn))
     r = generate(pol, ref, tok, [P_PROMPT, "P: 8/8/8/8/8/8/8/K6k w"], ["P", "P"], num_generations=2,
                  max_new_tokens=6, sampling=SAMPLING, seed=0)
     assert r.logp_diff_flagged and r.max_abs_logp_diff > 1e-4 and "position ids" in r.warnings[-1]

@@ -15,7 +15,10 @@ a plain forward would not), entropy and top-k alternatives of the same tempered 
 exact full-vocabulary KL(π‖π_ref) per token, and a recompute-consistency check against the log-probs
 seen at sampling time.
 
-Sampling is our own KV-cached loop (`decoding.decode`: same tokens as `generate` for the same seed).
+Sampling is our own KV-cached loop (`decoding.decode`: same tokens as `generate` for the same seed). Module
+seams: this module samples and assembles the `Rollout`; `grpo.scoring` holds the teacher-forced forwards
+(log-probs, entropy, top-k, exact KL); `grpo.completion_text` the text side (cutting at EOS, texts, token
+strings, greedy prompts).
 Two scoring modes (`generate(score_policy=...)`):
 - True (the instrumented step, and μ > 1 where TRL freezes old log-probs with a forward at sampling
   time): a fresh teacher-forced policy forward gives `per_token_logps`, entropy and top-k over the full
@@ -30,21 +33,28 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..errors import ConfigError, NumericalError
-from ..models.tokenizer import token_strings
-
-from ..models.precision import autocast_dtype, autocast_for
+from ..errors import ConfigError
+from ..models.precision import autocast_dtype
 from ..models.precision import sampling_autocast as sampler_context
-from .decoding import cache_kw, decode
+from .completion_text import (GreedyTexts, _cut_after_eos, _greedy_kw, _token_strings, _unique_per_group,
+                              completion_texts)
+from .decoding import decode
+# the scoring forwards live in grpo/scoring.py; these names stay importable from here
+from .scoring import (LOGITS_BUDGET_BYTES, TRAIN_BUDGET_BYTES, _auto_chunk, _forward_completion_hidden,  # noqa: F401
+                      _forward_completion_logits, _position_ids, _score, _score_ref, _selected_logps, _token_stats,
+                      auto_micro_batch_size, per_token_logps_and_entropy, per_token_logps_entropy_full_kl)
+
+__all__ = ["Rollout", "generate", "generate_with_greedy", "inject_completions", "sampling_logps_for", "row_sampling",
+           "GreedyTexts", "completion_texts", "per_token_logps_and_entropy", "per_token_logps_entropy_full_kl",
+           "auto_micro_batch_size", "untrained_warning", "LOGP_DIFF_TOLERANCE"]
 
 LOGP_DIFF_TOLERANCE = 1e-4  # sampling-time vs recomputed log-prob; fp32 KV-cache vs full-forward noise is ~1e-6
 UNTRAINED_ENTROPY_FRACTION = 0.97  # mean entropy ≥ 97 % of ln V: "looks untrained" (flag, not is_random_init)
-LOGITS_BUDGET_BYTES = 128 * 2**20  # one fp32 (rows, T, V) tensor per chunk; scoring peaks at a few of these
 
 
 @dataclass(frozen=True)
@@ -94,194 +104,9 @@ class Rollout:
 
 
 # ------------------------------------------------------------------------------- log-prob numerics
-def _token_stats(logits: torch.Tensor, ids: torch.Tensor, with_entropy: bool = True):
-    """TRL's `selective_log_softmax` (fp32: gathered logit − logsumexp) and `entropy_from_logits`.
-
-    logits: (n, T, V) fp32, already divided by the temperature; ids: (n, T).
-    Returns logps (n, T), entropy (n, T), and the full log-probs / probs (n, T, V) so callers that need
-    top-k or KL reuse them instead of another softmax over V (entropy and probs None if not wanted).
-    """
-    logps = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (n, T)
-    logp_all = torch.log_softmax(logits, dim=-1)                                                 # (n, T, V)
-    if not with_entropy:
-        return logps, None, logp_all, None
-    p_all = logp_all.exp()                                                                       # (n, T, V)
-    entropy = -(p_all * logp_all).sum(-1)                                                        # (n, T)
-    return logps, entropy, logp_all, p_all
-
-
-def _selected_logps(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """TRL's grad path: gathered logit − logsumexp only, no (n, T, V) log-probs kept. (n, T, V), (n, T) → (n, T)."""
-    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """generate's convention (`_prepare_position_ids_for_generation`): count real tokens, pads at 0."""
-    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)  # (n, P+T)
-
-
-TRAIN_BUDGET_BYTES = 2**30  # what one micro-batch of the grad forward may hold (activations + logits), estimated
-
-
-def auto_micro_batch_size(model, n_rows: int, seq_len: int, budget: int = TRAIN_BUDGET_BYTES) -> int:
-    """Rows per grad forward when the config leaves it open: all N unless the estimated memory of the
-    forward exceeds `budget`, then the largest divisor of N that fits (true accumulation, same gradient).
-
-    Estimate per token (fp32): ~68·d_model bytes per layer of saved activations (Korthikanti et al. 2022,
-    ×2 for fp32, flash attention: no s² term) + 3 (·, V) fp32 tensors at the head (logits, tempered,
-    logsumexp's backward). GPT-2 124M, P+T ≈ 170: ≈ 0.21 GB per row → 4 rows; the tiny model: all 32.
-    """
-    cfg = model.config
-    layers, d = getattr(cfg, "num_hidden_layers", 12), getattr(cfg, "hidden_size", 768)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    per_row = seq_len * (layers * 68 * d + 3 * 4 * vocab)
-    fit = max(1, budget // max(per_row, 1))
-    return max(k for k in range(1, n_rows + 1) if n_rows % k == 0 and (k <= fit or k == 1))
-
-
-def _auto_chunk(n_rows: int, t: int, vocab: int) -> int:
-    return max(1, min(n_rows, LOGITS_BUDGET_BYTES // max(1, 4 * t * vocab)))
-
-
-def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
-    """Consecutive rows with the same prompt form a group. (n, P) → (first row of each group (b,), each
-    row's group (n,)), or None when no two consecutive rows share a prompt (nothing to save)."""
-    same = ((prompt_ids[1:] == prompt_ids[:-1]) & (prompt_mask[1:] == prompt_mask[:-1])).all(1)  # (n-1,)
-    if not bool(same.any()):
-        return None
-    starts = torch.cat([same.new_ones(1), ~same])                                       # (n,) group starts
-    return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
-
-
-def _forward_completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-    """Last hidden states (n, T, d) at the positions that predict each completion token (P-1 … P+T-2); the LM
-    head of them is `_forward_completion_logits`. (`replay` applies the head one step at a time.)
-
-    A group's G rows share one prompt: the prompt runs once per DISTINCT prompt (with grad when enabled)
-    and its KV cache is indexed out to the group's rows, then the completions run on that cache. Same
-    math as one forward over prompt + completion for every row (exact up to float summation order; the
-    sampling loop shares the prompt the same way) at 1/G of the prompt tokens' forward and backward.
-    The last completion token is never an input: it predicts nothing that was sampled.
-    """
-    t = completion_ids.shape[1]
-    attn = torch.cat([prompt_mask, completion_mask], 1)                                 # (n, P+T)
-    pos = _position_ids(attn)                                                            # (n, P+T)
-    groups = _prompt_groups(prompt_ids, prompt_mask)
-    body = model.base_model
-    if groups is None:
-        return body(input_ids=torch.cat([prompt_ids, completion_ids], 1), attention_mask=attn, position_ids=pos,
-                    use_cache=False).last_hidden_state[:, -(t + 1):-1]                     # (n, T, d)
-    from transformers.cache_utils import DynamicCache
-    uniq, expand = groups                                                                # (b,), (n,)
-    p = prompt_ids.shape[1]
-    cache, ckw = DynamicCache(config=model.config), cache_kw(body)
-    first = body(input_ids=prompt_ids[uniq], attention_mask=prompt_mask[uniq], position_ids=pos[uniq, :p],
-                 **{ckw: cache}, use_cache=True).last_hidden_state[:, -1:]                   # (b, 1, d)
-    if t == 1:                                                                            # nothing after the prompt
-        return first[expand]                                                              # (n, 1, d)
-    cache.batch_select_indices(expand)                                                    # (b, ...) → (n, ...)
-    rest = body(input_ids=completion_ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, p:-1],
-                **{ckw: cache}, use_cache=True).last_hidden_state                          # (n, T-1, d)
-    return torch.cat([first[expand], rest], 1)                                            # (n, T, d)
-
-
-def _forward_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-    """Raw logits (n, T, V) at the positions that predict each completion token: one LM-head matmul over all T
-    positions (a per-position one rounds differently)."""
-    return model.get_output_embeddings()(
-        _forward_completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask))
-
-
-def _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures,
-                          chunk: int | None) -> Iterator[tuple[slice, torch.Tensor]]:
-    """Yield (rows, fp32 logits / T) for each row chunk; logits (n, T, V) predict completion_ids[rows]."""
-    device = next(model.parameters()).device
-    n, t = completion_ids.shape
-    chunk = chunk or _auto_chunk(n, t, model.get_output_embeddings().weight.shape[0])
-    for start in range(0, n, chunk):
-        rows = slice(start, min(n, start + chunk))
-        with autocast_for(model):                     # bf16 autocast on CUDA (fp32 weights), else a no-op
-            raw = _forward_completion_logits(model, prompt_ids[rows].to(device), prompt_mask[rows].to(device),
-                                             completion_ids[rows].to(device), completion_mask[rows].to(device))
-        temps = temperatures[rows].to(device=device, dtype=torch.float32)
-        logits = raw.float()                                                            # (n, T, V)
-        del raw
-        # no grad: divide in place (one (n, T, V) tensor less); with grad the division must stay out of place
-        yield rows, (logits.div_(temps[:, None, None]) if not torch.is_grad_enabled()
-                     else logits / temps[:, None, None])
-
-
-def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                                completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                                temperatures: torch.Tensor | float, *, with_grad: bool = False,
-                                chunk: int | None = None, entropy_grad: bool | None = None,
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-prob of `completion_ids` and entropy, both of softmax(fp32 logits / temperature).
-
-    THE place log-probs are computed (generation with no grad; the loss phase with `with_grad=True` on
-    the same sampled ids). Left-padded prompts get generate-consistent position ids. `temperatures`:
-    (N,) per row or one float. `chunk`: rows per forward (default: ~128 MiB of fp32 logits per chunk).
-    `entropy_grad` (default = with_grad): False keeps the entropy out of the graph, as TRL does unless
-    its entropy bonus is on — the grad path then holds only gathered logit − logsumexp, not three more
-    (n, T, V) tensors.
-    Returns (per_token_logps (N, T), per_token_entropy (N, T)), 0 where completion_mask is 0.
-    """
-    if not torch.is_tensor(temperatures) or temperatures.ndim == 0:
-        temperatures = torch.full((completion_ids.shape[0],), float(temperatures))     # (N,)
-    entropy_grad = with_grad if entropy_grad is None else entropy_grad and with_grad
-    logps, entropies = [], []
-    with torch.set_grad_enabled(with_grad):
-        for rows, logits in _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                                  temperatures, chunk):
-            ids = completion_ids[rows].to(logits.device)                                # (n, T)
-            if with_grad and not entropy_grad:
-                lp = _selected_logps(logits, ids)                                       # (n, T) grad
-                with torch.no_grad():
-                    _, ent, _, _ = _token_stats(logits.detach(), ids)                  # (n, T) no grad
-            else:
-                lp, ent, _, _ = _token_stats(logits, ids)
-            logps.append(lp)
-            entropies.append(ent)
-    mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
-    return torch.cat(logps).masked_fill(~mask, 0.0), torch.cat(entropies).masked_fill(~mask, 0.0)
-
-
-def per_token_logps_entropy_full_kl(policy, reference, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                    temperatures: torch.Tensor, *, chunk: int | None = None):
-    """Like `per_token_logps_and_entropy(..., with_grad=True)` plus the exact full-vocabulary
-    KL(π_θ‖π_ref) per token WITH its gradient (the 'full' estimator needs both distributions; the
-    reference side carries no grad). Returns (logps, entropy, full_kl), each (N, T), 0 where masked."""
-    args = (prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk)
-    logps, ents, kls = [], [], []
-    ref_iter = _iter_tempered_logits(reference, *args)
-    for rows, logits in _iter_tempered_logits(policy, *args):                          # (n, T, V) with grad
-        with torch.no_grad():
-            _, ref_logits = next(ref_iter)                                              # (n, T, V)
-            ref_all = torch.log_softmax(ref_logits, dim=-1)                             # (n, T, V)
-        lp, ent, logp_all, p_all = _token_stats(logits, completion_ids[rows].to(logits.device))
-        logps.append(lp)
-        ents.append(ent)
-        kls.append((p_all * (logp_all - ref_all)).sum(-1))                             # (n, T)
-    mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
-    return tuple(torch.cat(x).masked_fill(~mask, 0.0) for x in (logps, ents, kls))
 
 
 # ---------------------------------------------------------------------------------- sampling
-def _cut_after_eos(generated: torch.Tensor, eos_id: int, pad_id: int):
-    """(n, L) raw generated ids → (ids with pad after the first EOS (n, L), mask incl. EOS (n, L), has_eos (n,))."""
-    is_eos = generated == eos_id                                                        # (n, L)
-    has_eos = is_eos.any(1)                                                             # (n,)
-    length = torch.where(has_eos, is_eos.int().argmax(1) + 1, generated.shape[1])       # (n,)
-    mask = torch.arange(generated.shape[1], device=generated.device)[None] < length[:, None]  # (n, L)
-    return generated.masked_fill(~mask, pad_id), mask.long(), has_eos
-
-
-def _unique_per_group(ids: torch.Tensor, mask: torch.Tensor, g: int) -> torch.Tensor:
-    """Distinct completions per group, vectorised: a row counts if no earlier row of its group equals it."""
-    key = ids.masked_fill(mask == 0, -1).view(-1, g, ids.shape[1])                       # (B, G, T)
-    same = (key[:, :, None, :] == key[:, None, :, :]).all(-1)                            # (B, G, G)
-    earlier = torch.ones(g, g, dtype=torch.bool, device=ids.device).tril(-1)             # (G, G) j < i
-    return (~(same & earlier).any(-1)).sum(-1)                                           # (B,)
 
 
 def _validate(prompts, tasks, sampling, num_generations, max_new_tokens, tokenizer) -> None:
@@ -332,19 +157,6 @@ def untrained_warning(entropy: torch.Tensor, mask: torch.Tensor, vocab_size: int
             f"ln V = {ln_v:.3f} (a uniform guess over V = {vocab_size} tokens); are these random weights?"]
 
 
-def _token_strings(tokenizer, ids: torch.Tensor, lengths: list[int], topk_ids: torch.Tensor):
-    """Byte-level token strings (models.tokenizer.token_strings: exact bytes, specials verbatim) of each
-    completion and of its top-k alternatives, one tokenizer call per unique id. Not decoded text: a
-    token can hold half a UTF-8 character, which only its bytes show."""
-    uniq = torch.unique(torch.cat([ids.flatten(), topk_ids.flatten()])).tolist()
-    raw = token_strings(tokenizer, uniq)
-    id_rows, topk_rows = ids.tolist(), topk_ids.tolist()
-    completion_tokens = tuple(tuple(raw[i] for i in row[:n]) for row, n in zip(id_rows, lengths))
-    topk_tokens = tuple(tuple(tuple(raw[i] for i in alts) for alts in row[:n])
-                        for row, n in zip(topk_rows, lengths))
-    return completion_tokens, topk_tokens
-
-
 def row_sampling(settings, rows_tasks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's (temperature, top-p, top-k) from task → (temperature, top_p, top_k) settings: three (N,) tensors,
     top-p 1.0 and top-k 0 where off."""
@@ -352,13 +164,6 @@ def row_sampling(settings, rows_tasks) -> tuple[torch.Tensor, torch.Tensor, torc
     top_p = torch.tensor([1.0 if settings[t][1] is None else float(settings[t][1]) for t in rows_tasks])
     top_k = torch.tensor([int(settings[t][2] or 0) for t in rows_tasks])
     return temps, top_p, top_k
-
-
-def completion_texts(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> tuple[str, ...]:
-    """Completion texts as a rollout writes them: each row's ids (n, T) up to its mask's length (through the first
-    EOS), special tokens skipped."""
-    return tuple(tokenizer.batch_decode([row[:k] for row, k in zip(ids.tolist(), mask.sum(1).tolist())],
-                                        skip_special_tokens=True))
 
 
 def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
@@ -382,52 +187,6 @@ def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_token
     if d.greedy_tokens is not None:
         stats = {**(stats or {}), "greedy_tokens": d.greedy_tokens.cpu()}
     return d.tokens.cpu(), d.logps.cpu(), stats, counts
-
-
-def _score_ref(reference, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk):
-    """The core path's only forward: the reference's gathered logit − logsumexp, chunked, no grad. (N, T)."""
-    out = torch.zeros(completion_ids.shape)                                              # (N, T)
-    with torch.no_grad():
-        for rows, logits in _iter_tempered_logits(reference, prompt_ids, prompt_mask, completion_ids,
-                                                  completion_mask, temperatures, chunk):
-            out[rows] = _selected_logps(logits, completion_ids[rows].to(logits.device)).cpu()
-    return out.masked_fill(~completion_mask.bool(), 0.0)
-
-
-def _score(policy, reference, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, k, chunk):
-    """Fresh teacher-forced forwards of policy (and reference unless None), chunked by rows, no grad.
-
-    Returns ({logps, entropy, topk_ids, topk_logps[, ref, kl]}, number of forwards); per-token values
-    are (N, T), top-k (N, T, K), all 0 where completion_mask is 0.
-    """
-    n, t = completion_ids.shape
-    out = {name: torch.zeros((n, t)) for name in ("logps", "entropy", "ref", "kl")}     # each (N, T)
-    out["topk_ids"] = torch.zeros((n, t, k), dtype=torch.long)                         # (N, T, K)
-    out["topk_logps"] = torch.zeros((n, t, k))                                          # (N, T, K)
-    args = (prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk)
-    ref_iter = _iter_tempered_logits(reference, *args) if reference is not None else None
-    forwards = 0
-    with torch.no_grad():
-        for rows, logits in _iter_tempered_logits(policy, *args):                      # logits (n, T, V)
-            ids = completion_ids[rows].to(logits.device)                                # (n, T)
-            lp, ent, logp_all, p_all = _token_stats(logits, ids)                        # (n, T), (n, T, V)
-            top_v, top_i = logp_all.topk(k, dim=-1)                                     # (n, T, K) each
-            out["logps"][rows], out["entropy"][rows] = lp.cpu(), ent.cpu()
-            out["topk_logps"][rows], out["topk_ids"][rows] = top_v.cpu(), top_i.cpu()
-            forwards += 1
-            if ref_iter is not None:
-                _, ref_logits = next(ref_iter)                                          # same rows, (n, T, V)
-                ref_lp, _, ref_all, _ = _token_stats(ref_logits, ids, False)            # (n, T), (n, T, V)
-                out["ref"][rows] = ref_lp.cpu()
-                out["kl"][rows] = (p_all * (logp_all - ref_all)).sum(-1).cpu()          # exact KL(π‖π_ref)
-                forwards += 1
-    if reference is None:
-        del out["ref"], out["kl"]
-    m = completion_mask.bool()                                                          # (N, T)
-    for name in ("logps", "entropy", "ref", "kl"):
-        if name in out:
-            out[name] = out[name].masked_fill(~m, 0.0)
-    return out, forwards
 
 
 # ------------------------------------------------------------------------------------------ phase
@@ -478,24 +237,6 @@ def sampling_logps_for(rollout: Rollout, config, rows=slice(None)) -> torch.Tens
     return rollout.sampling_per_token_logps[rows]
 
 
-class GreedyTexts(list):
-    """Greedy completions (text after the prompt, up to the first EOS) with `.ids`, their token ids (E, L') (pad
-    after the first EOS; None when not kept): `replay` checks those tokens, not a re-tokenization of the text."""
-
-    def __init__(self, texts=(), ids: torch.Tensor | None = None):
-        super().__init__(texts)
-        self.ids = ids
-
-
-def _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens) -> dict | None:
-    if not greedy_prompts:
-        return None
-    enc = tokenizer(list(greedy_prompts), padding=True, padding_side="left", add_special_tokens=False,
-                    return_tensors="pt")
-    return {"greedy_prompt_ids": enc["input_ids"], "greedy_prompt_mask": enc["attention_mask"],
-            "greedy_max_new_tokens": greedy_max_new_tokens}
-
-
 def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], tasks: Sequence[str], *,
                          num_generations: int, max_new_tokens: int,
                          sampling: Mapping[str, tuple[float, float | None, int | None]], seed: int,
@@ -511,15 +252,8 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
     t_start = time.perf_counter()
     _validate(prompts, tasks, sampling, num_generations, max_new_tokens, tokenizer)
     g, eos_id, pad_id = num_generations, int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
-    rows_prompts = tuple(p for p in prompts for _ in range(g))  # TRL order: a prompt's G copies consecutive
-    rows_tasks = tuple(t for t in tasks for _ in range(g))
-    n = len(rows_prompts)
-    enc = tokenizer(list(rows_prompts), padding=True, padding_side="left", add_special_tokens=False,
-                    return_tensors="pt")
-    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]                   # (N, P)
-    settings = {t: tuple(sampling[t]) for t in dict.fromkeys(rows_tasks)}
-    temperatures = torch.tensor([float(settings[t][0]) for t in rows_tasks])            # (N,)
-
+    rows_prompts, rows_tasks, prompt_ids, prompt_mask, settings, temperatures = _rows(tokenizer, prompts, tasks,
+                                                                                     sampling, g)
     with sampler_context(sampling_autocast, policy):
         raw, sampling_logps, loop_stats, counts = _sample(
             policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
@@ -528,41 +262,26 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
             {"mini_positions": "kv_cache_positions" in rlvr_pitfalls,                     # rookworld-rlvr faults
              "continue_after_eos": "train_past_eos" in rlvr_pitfalls})                   # (N, T), (N, T)
     greedy_ids = loop_stats.pop("greedy_tokens") if greedy_prompts else None                   # (E, L')
-    greedy_texts = GreedyTexts(() if greedy_ids is None else tokenizer.batch_decode(greedy_ids, skip_special_tokens=True),
+    greedy_texts = GreedyTexts(tokenizer.batch_decode(greedy_ids, skip_special_tokens=True) if greedy_prompts else (),
                                greedy_ids)
-    loop_stats = loop_stats or None
     completion_ids, completion_mask, has_eos = _cut_after_eos(raw, eos_id, pad_id)     # (N, T), (N, T), (N,)
     text_mask = completion_mask
     if "train_past_eos" in rlvr_pitfalls:     # the mini trains what was sampled after EOS (texts stay cut)
         completion_ids, completion_mask = raw, torch.ones_like(completion_mask)
-    is_truncated = ~has_eos  # (N,) = TRL's 'last token neither EOS nor pad' when pad == EOS (RookWorld)
     t_generate = time.perf_counter() - t_start
 
-    m = completion_mask.bool()                                                          # (N, T)
-    sampling_logps = sampling_logps.masked_fill(~m, 0.0)                                # (N, T)
-    if score_policy:
-        scores, forwards = _score(policy, reference if compute_ref else None, prompt_ids, prompt_mask,
-                                  completion_ids, completion_mask, temperatures, top_k_alternatives, chunk)
-        diff = (sampling_logps - scores["logps"]).abs()[m]
-        max_diff = float("nan") if torch.isnan(diff).any() else float(diff.max()) if diff.numel() else 0.0
-        flagged = not max_diff <= LOGP_DIFF_TOLERANCE  # NaN counts as flagged
-    else:  # the core path: the sampling loop's own values, the reference's selected log-probs only
-        scores = {"logps": sampling_logps, "entropy": loop_stats["entropy"].masked_fill(~m, 0.0),
-                  "topk_ids": loop_stats["topk_ids"], "topk_logps": loop_stats["topk_logps"]}
-        if compute_ref and reference is not None:
-            scores["ref"] = _score_ref(reference, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                       temperatures, chunk)
-        forwards, max_diff, flagged = int(compute_ref and reference is not None), float("nan"), False
+    sampling_logps = sampling_logps.masked_fill(~completion_mask.bool(), 0.0)           # (N, T)
+    scores, forwards, max_diff, flagged = _scores(
+        policy, reference if compute_ref else None, prompt_ids, prompt_mask, completion_ids, completion_mask,
+        temperatures, sampling_logps, loop_stats or None, top_k_alternatives, chunk, score_policy)
     t_score = time.perf_counter() - t_start - t_generate
-
-    # --- texts and per-token strings for views
-    lengths = completion_mask.sum(1).tolist()
-    completions = completion_texts(tokenizer, completion_ids, text_mask)
-    completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, lengths, scores["topk_ids"])
+    is_truncated = ~has_eos  # (N,) = TRL's 'last token neither EOS nor pad' when pad == EOS (RookWorld)
     warn = _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos, scores["entropy"],
                              max_new_tokens, max_diff if flagged else None)
     counts.update(tokens_generated=int(completion_mask.sum()), prompt_tokens=int(prompt_mask.sum()),
-                  rows=n, scoring_forwards=forwards, recompute_checked=int(score_policy))
+                  rows=len(rows_prompts), scoring_forwards=forwards, recompute_checked=int(score_policy))
+    completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, completion_mask.sum(1).tolist(),
+                                                    scores["topk_ids"])
     return Rollout(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
         completion_mask=completion_mask, per_token_logps=scores["logps"], ref_per_token_logps=scores.get("ref"),
@@ -570,12 +289,45 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
         topk_logps=scores["topk_logps"],
         sampling_per_token_logps=sampling_logps, is_truncated=is_truncated, temperatures=temperatures,
         unique_per_group=_unique_per_group(completion_ids, completion_mask, g), prompts=rows_prompts,
-        tasks=rows_tasks, completions=completions, completion_tokens=completion_tokens, topk_tokens=topk_tokens,
+        tasks=rows_tasks, completions=completion_texts(tokenizer, completion_ids, text_mask),
+        completion_tokens=completion_tokens, topk_tokens=topk_tokens,
         sampling=dict(settings), num_generations=g, max_new_tokens=max_new_tokens, seed=seed,
         max_abs_logp_diff=max_diff, logp_diff_flagged=flagged, counts=counts,
         seconds=time.perf_counter() - t_start, timings={"generate": t_generate, "score": t_score},
         warnings=tuple(warn),
     ), greedy_texts
+
+
+def _rows(tokenizer, prompts, tasks, sampling, g: int) -> tuple:
+    """Each of the N = B·G rows' prompt and task (TRL order: a prompt's G copies consecutive), their left-padded
+    ids and mask (N, P), the task → (temperature, top_p, top_k) settings used and each row's temperature (N,)."""
+    rows_prompts = tuple(p for p in prompts for _ in range(g))
+    rows_tasks = tuple(t for t in tasks for _ in range(g))
+    enc = tokenizer(list(rows_prompts), padding=True, padding_side="left", add_special_tokens=False,
+                    return_tensors="pt")
+    settings = {t: tuple(sampling[t]) for t in dict.fromkeys(rows_tasks)}
+    temperatures = torch.tensor([float(settings[t][0]) for t in rows_tasks])            # (N,)
+    return rows_prompts, rows_tasks, enc["input_ids"], enc["attention_mask"], settings, temperatures
+
+
+def _scores(policy, reference, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures,
+            sampling_logps, loop_stats, k: int, chunk, score_policy: bool) -> tuple:
+    """(per-token scores {logps, entropy, topk_ids, topk_logps[, ref, kl]}, forwards, max |Δ logp|, flagged).
+    score_policy: fresh teacher-forced forwards and the recompute check; else (the core path) the sampling
+    loop's own values and the reference's selected log-probs only."""
+    m = completion_mask.bool()                                                          # (N, T)
+    if score_policy:
+        scores, forwards = _score(policy, reference, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                  temperatures, k, chunk)
+        diff = (sampling_logps - scores["logps"]).abs()[m]
+        max_diff = float("nan") if torch.isnan(diff).any() else float(diff.max()) if diff.numel() else 0.0
+        return scores, forwards, max_diff, not max_diff <= LOGP_DIFF_TOLERANCE        # NaN counts as flagged
+    scores = {"logps": sampling_logps, "entropy": loop_stats["entropy"].masked_fill(~m, 0.0),
+              "topk_ids": loop_stats["topk_ids"], "topk_logps": loop_stats["topk_logps"]}
+    if reference is not None:
+        scores["ref"] = _score_ref(reference, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                   temperatures, chunk)
+    return scores, int(reference is not None), float("nan"), False
 
 
 def inject_completions(rollout: Rollout, texts: Mapping[int, str], policy, reference, tokenizer) -> Rollout:

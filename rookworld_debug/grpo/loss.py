@@ -317,10 +317,7 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
         use_bias_correction_kl=bool(o.use_bias_correction_kl and not manual and o.kl_estimator != "full"),
         entropy_coef=float(o.entropy_coef), gradient_accumulation_steps=int(o.gradient_accumulation_steps),
         num_generations=o.num_generations,
-        definition=_definition(o.loss_type, o.beta, o.epsilon_low, o.epsilon_high, o.delta,
-                               o.importance_sampling_level, o.kl_estimator, o.use_bias_correction_kl,
-                               o.entropy_coef, norm, loss_params, o.off_policy_mask_threshold,
-                               o.top_entropy_quantile, _is_mode(o, masks)),
+        definition=_definition(o, norm, loss_params, _is_mode(o, masks)),
         flags=flags,
         off_policy_mask=None if masks.off_policy is None else (masks.off_policy.squeeze(1) > 0).detach(),
         entropy_mask=None if masks.entropy is None else masks.entropy.detach(),
@@ -558,9 +555,11 @@ def _clip_metrics(is_low: torch.Tensor, is_high: torch.Tensor, mask: torch.Tenso
     }
 
 
-def _definition(loss_type, beta, el, eh, delta, level, est, bias, coef, norm, params=None, opsm=None,
-                rho=1.0, is_mode=None) -> str:
-    params = params or {}
+def _definition(o: SimpleNamespace, norm, params: dict, is_mode: Optional[str]) -> str:
+    """The formula with this call's settings (LossBreakdown.definition)."""
+    loss_type, beta, el, eh, delta = o.loss_type, o.beta, o.epsilon_low, o.epsilon_high, o.delta
+    level, est, bias, coef = o.importance_sampling_level, o.kl_estimator, o.use_bias_correction_kl, o.entropy_coef
+    opsm, rho = o.off_policy_mask_threshold, o.top_entropy_quantile
     r = "r_it = exp(logp − old)" if level == "token" else "r_i = exp(mean_t(logp − old))"
     if loss_type == "manual":
         pg = "PG_it = −A_i·logπ_it (no ratio, no clip)"
