@@ -127,11 +127,7 @@ def compute_rewards(prompts: Sequence[str], completions: Sequence[str], tasks: S
                           if bool(is_inf[i, k]))
                   for i, b in enumerate(breakdowns))
     details = [b.details if b is not None else {} for b in breakdowns]
-    metrics = {"reward": float(torch.nanmean(total)) if n else math.nan,
-               "reward_std": _nanstd(total)}
-    for k, name in enumerate(names):
-        metrics[f"rewards/{name}/mean"] = float(torch.nanmean(finite_or_nan[:, k])) if n else math.nan
-        metrics[f"rewards/{name}/std"] = _nanstd(finite_or_nan[:, k])
+    metrics = _reward_metrics(total, finite_or_nan, names)
     est = {}
     if engine is not None:
         d = engine.stats - stats0
@@ -144,6 +140,16 @@ def compute_rewards(prompts: Sequence[str], completions: Sequence[str], tasks: S
         format_valid=tuple(b is not None and b.format_ok for b in breakdowns),
         metrics=metrics, engine_stats=est, reward_mode=reward_mode, seconds=time.perf_counter() - t0,
         warnings=warnings)
+
+
+def _reward_metrics(total: torch.Tensor, per_func: torch.Tensor, names) -> dict:
+    """TRL's reward metrics: mean/std of the total (N,) and of each function's column of (N, K) (NaN-skipping)."""
+    n = total.shape[0]
+    metrics = {"reward": float(torch.nanmean(total)) if n else math.nan, "reward_std": _nanstd(total)}
+    for k, name in enumerate(names):
+        metrics[f"rewards/{name}/mean"] = float(torch.nanmean(per_func[:, k])) if n else math.nan
+        metrics[f"rewards/{name}/std"] = _nanstd(per_func[:, k])
+    return metrics
 
 
 def _nanstd(x: torch.Tensor) -> float:

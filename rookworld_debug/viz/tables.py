@@ -91,6 +91,31 @@ def _num_format(v: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------------- advantages
+def _group_labels(prompts_b, mu, sd, den, zero: set, r, a, G: int) -> tuple[list, list]:
+    """Each group's block label (prompt, μ, σ[, σ+ε]) and its badge (zero-std / undefined-std reason, or "")."""
+    group_labels, badges = [], []
+    for b in range(len(prompts_b)):
+        lab = f"#{b} · {truncate(visible_ws_text(prompts_b[b].strip()), 44)}\nμ={fmt(mu[b])}  σ={fmt(sd[b])}"
+        if den is not None:
+            lab += f"  σ+ε={fmt(den[b * G])}"
+        if b in zero:
+            lab = "⚠ ZERO-STD · " + lab
+        group_labels.append(lab)
+        if b in zero:
+            vals = [r[b * G + g] for g in range(G)]
+            same = fmt(vals[0]) if vals else "?"
+            ag = [a[b * G + g] for g in range(G)]
+            pushed = max((abs(x) for x in ag if math.isfinite(x)), default=0.0) > 1e-6
+            badges.append(f"⚠ zero-std: all {G} rewards = {same}, yet A = {fmt(ag[0])} from the batch-wide "
+                          "normalisation: a push with no reward difference" if pushed else
+                          f"⚠ zero-std: all {G} rewards = {same} → A = 0, no PG signal from this group")
+        elif not math.isfinite(sd[b]):
+            badges.append("⚠ std undefined (< 2 valid rewards) → A = 0")
+        else:
+            badges.append("")
+    return group_labels, badges
+
+
 def advantage_table(prompts: Sequence[str], completions: Sequence[str], rewards: Any, advantages: Any, *,
                     num_generations: int, group_mean: Any, group_std: Any, normalization: str,
                     components: Mapping[str, Sequence[float]] | Sequence[Mapping[str, float]] | None = None,
@@ -125,26 +150,7 @@ def advantage_table(prompts: Sequence[str], completions: Sequence[str], rewards:
         zero = {int(b) for b in zero_std_groups}
 
     comp = _components_frame(components, n, weights)
-    group_labels, badges = [], []
-    for b in range(B):
-        lab = f"#{b} · {truncate(visible_ws_text(prompts_b[b].strip()), 44)}\nμ={fmt(mu[b])}  σ={fmt(sd[b])}"
-        if den is not None:
-            lab += f"  σ+ε={fmt(den[b * G])}"
-        if b in zero:
-            lab = "⚠ ZERO-STD · " + lab
-        group_labels.append(lab)
-        if b in zero:
-            vals = [r[b * G + g] for g in range(G)]
-            same = fmt(vals[0]) if vals else "?"
-            ag = [a[b * G + g] for g in range(G)]
-            pushed = max((abs(x) for x in ag if math.isfinite(x)), default=0.0) > 1e-6
-            badges.append(f"⚠ zero-std: all {G} rewards = {same}, yet A = {fmt(ag[0])} from the batch-wide "
-                          "normalisation: a push with no reward difference" if pushed else
-                          f"⚠ zero-std: all {G} rewards = {same} → A = 0, no PG signal from this group")
-        elif not math.isfinite(sd[b]):
-            badges.append("⚠ std undefined (< 2 valid rewards) → A = 0")
-        else:
-            badges.append("")
+    group_labels, badges = _group_labels(prompts_b, mu, sd, den, zero, r, a, G)
     idx = pd.MultiIndex.from_tuples([(group_labels[i // G], i % G) for i in range(n)], names=["prompt (group)", "g"])
     df = pd.DataFrame({"completion": [truncate(visible_ws_text(c), max_chars) for c in completions]}, index=idx)
     for c in comp.columns:
