@@ -39,165 +39,17 @@ from rookworld_debug.config import StepConfig
 from rookworld_debug.data.loaders import select_batch
 from rookworld_debug.errors import ConfigError, DataError
 from rookworld_debug.grpo.rewards import compute_rewards
+from rookworld_debug.grpo.schedules import (BETA_KINDS, LR_KINDS, BetaController, BetaSchedule,  # noqa: F401
+                                            LRSchedule, _as_beta, _as_lr)
 from rookworld_debug.grpo.phases import step_seed  # noqa: F401 - re-exported (run_steps' sampling seeds)
 from rookworld_debug.grpo.setup import Setup, load_samples
 from rookworld_debug.grpo.start import setup as setup_phase
 from rookworld_debug.grpo.step import StepTrace, run_step
 
 MODES = ("overfit_single_batch", "fresh")
-BETA_KINDS = ("constant", "warmup", "adaptive")
-LR_KINDS = ("constant", "linear", "cosine", "warmup_cosine")
 CHECKPOINT_VERSION = 1
 
 
-# ==================================================================================== seeds
-# ==================================================================================== β schedule
-@dataclass(frozen=True)
-class BetaSchedule:
-    """β per step (0-based step k; β_k is fixed BEFORE step k's loss is computed).
-
-    - 'constant': β_k = target for every k.
-    - 'warmup':   β_k = 0 for k < warmup_steps, β_k = target for k ≥ warmup_steps. With
-                  warmup_steps = 3, steps 0, 1, 2 have β = 0 and step 3 is the first KL-penalised step.
-    - 'adaptive': TRL/PPO `AdaptiveKLController` on the RAW KL (nats/token, `trace.loss.kl`), after an
-                  optional warmup as above (β = 0, controller idle). β_K = target, then after each step
-                  k ≥ K:  e = clip(KL_k / target_kl − 1, −clip, +clip);  β_{k+1} = β_k · (1 + e / horizon).
-                  (TRL multiplies e by n_steps/horizon with n_steps = samples seen; here n_steps = 1
-                  optimizer step, so `horizon` is in steps: with clip 0.2 and horizon 10, β moves at most
-                  ±2 % per step.) KL > target → β rises; KL < target → β falls. A step without a
-                  finite KL (update refused, no reference) leaves β unchanged.
-    `target=None` takes `config.beta`.
-    """
-    kind: str = "constant"
-    target: Optional[float] = None
-    warmup_steps: int = 0
-    target_kl: float = 0.1
-    horizon: float = 10.0
-    clip: float = 0.2
-
-    def __post_init__(self):
-        if self.kind not in BETA_KINDS:
-            raise ConfigError("beta_schedule", f"unknown kind {self.kind!r}; expected one of {list(BETA_KINDS)}")
-        if self.target is not None and not (math.isfinite(self.target) and self.target >= 0):
-            raise ConfigError("beta_schedule.target", f"must be ≥ 0, got {self.target!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ConfigError("beta_schedule.warmup_steps", f"must be an integer ≥ 0, got {self.warmup_steps!r}")
-        if not self.target_kl > 0:
-            raise ConfigError("beta_schedule.target_kl", f"must be > 0, got {self.target_kl!r}")
-        if not self.horizon > 0:
-            raise ConfigError("beta_schedule.horizon", f"must be > 0, got {self.horizon!r}")
-        if not 0 < self.clip < 1:
-            raise ConfigError("beta_schedule.clip", f"must be in (0, 1), got {self.clip!r}")
-
-    def resolved(self, config: StepConfig) -> "BetaSchedule":
-        out = self if self.target is not None else dataclasses.replace(self, target=float(config.beta))
-        if out.kind == "adaptive" and out.target <= 0:
-            raise ConfigError("beta_schedule.target", "the adaptive controller is multiplicative: its initial β "
-                              "(target, default config.beta) must be > 0")
-        return out
-
-
-class BetaController:
-    """Holds the schedule's state (the adaptive controller's current value) and answers β_k."""
-
-    def __init__(self, schedule: BetaSchedule):
-        if schedule.target is None:
-            raise ConfigError("beta_schedule.target", "resolve the schedule first (BetaSchedule.resolved(config))")
-        self.schedule = schedule
-        self.value = float(schedule.target)       # adaptive: β for the next step ≥ warmup
-        self.history: list[dict] = []             # one entry per observe(): step, kl, error, β before/after
-
-    def beta_for(self, step: int) -> float:
-        s = self.schedule
-        if s.kind in ("warmup", "adaptive") and step < s.warmup_steps:
-            return 0.0
-        return float(s.target) if s.kind in ("constant", "warmup") else self.value
-
-    def observe(self, step: int, kl: float) -> None:
-        """Feed step `step`'s RAW KL (not β·KL). Only the adaptive kind, after warmup, changes β."""
-        s = self.schedule
-        if s.kind != "adaptive" or step < s.warmup_steps or kl is None or not math.isfinite(kl):
-            return
-        error = min(max(kl / s.target_kl - 1.0, -s.clip), s.clip)
-        before = self.value
-        self.value = before * (1.0 + error / s.horizon)
-        self.history.append({"step": step, "kl": kl, "error": error, "beta_before": before, "beta_after": self.value})
-
-    def state_dict(self) -> dict:
-        return {"value": self.value, "history": list(self.history)}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.value = float(d["value"])
-        self.history = list(d.get("history", []))
-
-
-# ==================================================================================== LR schedule
-@dataclass(frozen=True)
-class LRSchedule:
-    """Learning rate per step; `lr_at(k)` is written into the optimizer BEFORE step k's optimizer step
-    (step 0 uses lr_at(0)). With w = warmup_steps, n = total_steps, base = `base` (None → config.lr):
-
-    - k < w (every kind):  lr = base·(k+1)/w           (linear warmup; step 0 is not a zero-lr step)
-    - k ≥ w, p = (k − w)/(n − w) ∈ [0, 1):
-        'constant':      lr = base
-        'linear':        lr = min_lr + (base − min_lr)·(1 − p)
-        'cosine':        lr = min_lr + (base − min_lr)·½(1 + cos πp)
-        'warmup_cosine': 'cosine' with w defaulting to max(1, n // 10) when warmup_steps = 0.
-    The decay reaches min_lr at k = n, one past the last step, so the last step still trains (as HF's
-    schedulers). `total_steps=None` takes the run's `steps`.
-    """
-    kind: str = "constant"
-    base: Optional[float] = None
-    warmup_steps: int = 0
-    min_lr: float = 0.0
-    total_steps: Optional[int] = None
-
-    def __post_init__(self):
-        if self.kind not in LR_KINDS:
-            raise ConfigError("lr_schedule", f"unknown kind {self.kind!r}; expected one of {list(LR_KINDS)}")
-        if self.base is not None and not (math.isfinite(self.base) and self.base >= 0):
-            raise ConfigError("lr_schedule.base", f"must be ≥ 0, got {self.base!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ConfigError("lr_schedule.warmup_steps", f"must be an integer ≥ 0, got {self.warmup_steps!r}")
-        if not self.min_lr >= 0:
-            raise ConfigError("lr_schedule.min_lr", f"must be ≥ 0, got {self.min_lr!r}")
-        if self.total_steps is not None and self.total_steps < 1:
-            raise ConfigError("lr_schedule.total_steps", f"must be ≥ 1, got {self.total_steps!r}")
-
-    def resolved(self, config: StepConfig, steps: int) -> "LRSchedule":
-        out = dataclasses.replace(self, base=float(config.lr) if self.base is None else self.base,
-                                  total_steps=steps if self.total_steps is None else self.total_steps)
-        if out.kind == "warmup_cosine" and out.warmup_steps == 0:
-            out = dataclasses.replace(out, warmup_steps=max(1, out.total_steps // 10))
-        if out.warmup_steps >= out.total_steps and out.kind != "constant":
-            raise ConfigError("lr_schedule.warmup_steps", f"{out.warmup_steps} warmup steps leave no decay phase in "
-                              f"{out.total_steps} steps")
-        return out
-
-    def lr_at(self, step: int) -> float:
-        if self.base is None or self.total_steps is None:
-            raise ConfigError("lr_schedule", "resolve the schedule first (LRSchedule.resolved(config, steps))")
-        base, w, n = self.base, self.warmup_steps, self.total_steps
-        if step < w:
-            return base * (step + 1) / w
-        if self.kind == "constant":
-            return base
-        p = (step - w) / max(1, n - w)
-        if self.kind == "linear":
-            return self.min_lr + (base - self.min_lr) * (1.0 - p)
-        return self.min_lr + (base - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
-
-
-def _as_beta(x, config) -> BetaSchedule:
-    x = BetaSchedule() if x is None else BetaSchedule(kind=x) if isinstance(x, str) else \
-        BetaSchedule(**x) if isinstance(x, Mapping) else x
-    return x.resolved(config)
-
-
-def _as_lr(x, config, steps) -> LRSchedule:
-    x = LRSchedule() if x is None else LRSchedule(kind=x) if isinstance(x, str) else \
-        LRSchedule(**x) if isinstance(x, Mapping) else x
-    return x.resolved(config, steps)
 
 
 # ==================================================================================== batch cursor
@@ -311,8 +163,7 @@ def run_steps(config: Optional[StepConfig], steps: int, *, mode: Optional[str] =
               heldout_every: int = 1, keep_traces: bool = True) -> MultiStepResult:
     """Run steps 0..steps−1 (or resume at a checkpoint's next step) and return the per-step table.
 
-    `mode`: 'overfit_single_batch' (default) or 'fresh' (see `BatchCursor`). When resuming, None
-    for mode/schedules takes the checkpoint's; anything given must match it.
+    `mode`: 'overfit_single_batch' (default) or 'fresh' (see `BatchCursor`). Resuming: None takes the checkpoint's (else must match).
     `beta_schedule` / `lr_schedule`: a kind name, a dict of fields, or a `BetaSchedule`/`LRSchedule`.
     `reward_funcs` / `reward_weights`: as `run_step` (TRL signature); the table's reward_before/after is
     the same weighted training reward on the greedy completions. `samples` = (train, heldout) lists
@@ -330,12 +181,7 @@ def run_steps(config: Optional[StepConfig], steps: int, *, mode: Optional[str] =
     if state is not None:
         _check_same(state, steps=steps, mode=mode, beta=beta_s, lr=lr_s, where=resume_from)
 
-    # ---- one Setup for every step (models, engine, optimizer); the batch is replaced per step
-    if samples is None and (session is None or mode == "fresh"):
-        samples = load_samples(config.dataset, config.task)
-    s0 = session if session is not None else setup_phase(config, loaded=loaded, samples=samples, engine=engine)
-    cursor = BatchCursor.fresh(samples[0], config.task, config.batch_size, config.seed) if mode == "fresh" else \
-        BatchCursor("overfit_single_batch", tuple(s0.batch.indices), config.batch_size)
+    s0, samples, cursor = _session(config, mode, session, samples, loaded, engine)
     beta = BetaController(beta_s)
     rows, prompt_rows, start = [], [], 0
     if state is not None:
@@ -346,17 +192,11 @@ def run_steps(config: Optional[StepConfig], steps: int, *, mode: Optional[str] =
 
     traces, written = [], []
     for k in range(start, steps):
-        beta_k, lr_k = beta.beta_for(k), lr_s.lr_at(k)                    # both fixed BEFORE step k
         indices, epoch, cur = cursor.at(k)
         batch = s0.batch if mode == "overfit_single_batch" else \
             select_batch(samples[0], task=config.task, batch_size=config.batch_size, indices=indices)
-        eval_heldout = k % heldout_every == 0 or k == steps - 1
-        session_k = dataclasses.replace(s0, batch=batch, heldout=s0.heldout if eval_heldout else ())
-        step_config = config.replace(beta=beta_k, lr=lr_k, seed=step_seed(config.seed, k))
-        for group in s0.optimizer.param_groups:
-            group["lr"] = lr_k
-        trace = run_step(step_config, session=session_k, reward_funcs=reward_funcs, reward_weights=reward_weights)
-        beta.observe(k, trace.loss.kl)                                     # RAW KL → β_{k+1}
+        trace = _step(k, config, s0, batch, beta, lr_s, k % heldout_every == 0 or k == steps - 1, reward_funcs,
+                      reward_weights)
         row, prows = _rows(k, trace, batch, epoch, cur, reward_funcs, reward_weights)
         rows.append(row)
         prompt_rows.extend(prows)
@@ -375,6 +215,31 @@ def run_steps(config: Optional[StepConfig], steps: int, *, mode: Optional[str] =
                            table=pd.DataFrame(rows), per_prompt=pd.DataFrame(prompt_rows), traces=tuple(traces),
                            checkpoints=tuple(written), resumed_from=None if resume_from is None else str(resume_from),
                            session=s0)
+
+
+def _session(config, mode: str, session, samples, loaded, engine) -> tuple:
+    """One Setup for every step (models, engine, optimizer; the batch is replaced per step), the samples and
+    the batch cursor of `mode`."""
+    if samples is None and (session is None or mode == "fresh"):
+        samples = load_samples(config.dataset, config.task)
+    s0 = session if session is not None else setup_phase(config, loaded=loaded, samples=samples, engine=engine)
+    cursor = BatchCursor.fresh(samples[0], config.task, config.batch_size, config.seed) if mode == "fresh" else \
+        BatchCursor("overfit_single_batch", tuple(s0.batch.indices), config.batch_size)
+    return s0, samples, cursor
+
+
+def _step(k: int, config, s0: Setup, batch, beta: BetaController, lr_s: LRSchedule, eval_heldout: bool,
+          reward_funcs, reward_weights) -> StepTrace:
+    """Step k on `batch`: β_k and lr_k fixed BEFORE it, its own sampling seed; the controller then observes its
+    RAW KL (→ β_{k+1})."""
+    beta_k, lr_k = beta.beta_for(k), lr_s.lr_at(k)
+    session_k = dataclasses.replace(s0, batch=batch, heldout=s0.heldout if eval_heldout else ())
+    step_config = config.replace(beta=beta_k, lr=lr_k, seed=step_seed(config.seed, k))
+    for group in s0.optimizer.param_groups:
+        group["lr"] = lr_k
+    trace = run_step(step_config, session=session_k, reward_funcs=reward_funcs, reward_weights=reward_weights)
+    beta.observe(k, trace.loss.kl)
+    return trace
 
 
 def _from_checkpoint(state: dict, resume_from, config, mode, beta_schedule, lr_schedule):
