@@ -192,7 +192,7 @@ def test_decode_matches_generate_tokens_and_logits(models, temp, top_p, top_k):
     over all N rows), and its sampling-time log-probs are log_softmax(raw logits / T) of generate's logits."""
     from transformers import GenerationConfig
 
-    from rookworld_debug.grpo.decoding import decode
+    from rookworld_debug.grpo.decoding import SamplingParams, decode
     pol, _, tok, _ = models
     g, t = 3, 16
     enc, ids_b, mask_b = _rows(tok, [P_PROMPT, A_PROMPT], g)
@@ -203,8 +203,8 @@ def test_decode_matches_generate_tokens_and_logits(models, temp, top_p, top_k):
     new = out.sequences[:, enc.input_ids.shape[1]:]                                       # (N, L)
     n = new.shape[0]
     d = decode(pol, ids_b, mask_b, expand=g, max_new_tokens=t, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-               temperatures=torch.full((n,), temp), top_k=torch.full((n,), top_k), top_p=torch.full((n,), top_p),
-               generator=torch.Generator().manual_seed(11))
+               sampling=SamplingParams(temperatures=torch.full((n,), temp), top_k=torch.full((n,), top_k),
+                                       top_p=torch.full((n,), top_p), generator=torch.Generator().manual_seed(11)))
     assert torch.equal(d.tokens, new)
     ref = torch.stack(out.logits, 1).div(temp).log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)  # (N, L)
     _, mask, _ = gen._cut_after_eos(new, tok.eos_token_id, tok.pad_token_id)
@@ -212,7 +212,7 @@ def test_decode_matches_generate_tokens_and_logits(models, temp, top_p, top_k):
 
 
 def test_greedy_decode_matches_generate(models):
-    from rookworld_debug.grpo.decoding import decode
+    from rookworld_debug.grpo.decoding import SamplingParams, decode
     from rookworld_debug.grpo.evaluation import greedy_completions
     pol, _, tok, _ = models
     prompts = [P_PROMPT, A_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"]
@@ -228,14 +228,16 @@ def test_greedy_decode_matches_generate(models):
 def test_decode_drops_finished_rows_without_changing_tokens(models):
     """Dropping finished rows (checked every step) and never dropping (no check before the end) decode
     the same tokens; the dropped rows are not forwarded any more."""
-    from rookworld_debug.grpo.decoding import decode
+    from rookworld_debug.grpo.decoding import SamplingParams, decode
     pol, _, tok, _ = models
     g, t = 6, 24
     _, ids_b, mask_b = _rows(tok, [P_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"], g)
-    kw = dict(expand=g, max_new_tokens=t, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-              temperatures=torch.full((2 * g,), 0.5), top_p=torch.full((2 * g,), 0.9))
-    fast = decode(pol, ids_b, mask_b, generator=torch.Generator().manual_seed(3), sync_every=1, **kw)
-    full = decode(pol, ids_b, mask_b, generator=torch.Generator().manual_seed(3), sync_every=10**6, **kw)
+    kw = dict(expand=g, max_new_tokens=t, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    sampling = dict(temperatures=torch.full((2 * g,), 0.5), top_p=torch.full((2 * g,), 0.9))
+    fast = decode(pol, ids_b, mask_b, sampling=SamplingParams(**sampling, generator=torch.Generator().manual_seed(3)),
+                  sync_every=1, **kw)
+    full = decode(pol, ids_b, mask_b, sampling=SamplingParams(**sampling, generator=torch.Generator().manual_seed(3)),
+                  sync_every=10**6, **kw)
     assert full.steps == t and full.row_steps == 2 * g * (t - 1)
     assert torch.equal(full.tokens[:, :fast.steps], fast.tokens)
     assert (full.tokens[:, fast.steps:] == tok.pad_token_id).all()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rookworld_debug.errors import NumericalError
-from rookworld_debug.grpo.decoding import decode
+from rookworld_debug.grpo.decoding import SamplingParams, decode
 from rookworld_debug.grpo.evaluation import _resample_loop, greedy_prompts
 from rookworld_debug.grpo.generation import generate, generate_with_greedy, per_token_logps_and_entropy
 from rookworld_debug.grpo.generation import row_sampling
@@ -45,11 +45,11 @@ def test_decode_with_noise_rows_gives_the_full_batch_tokens_of_those_rows(models
     enc = tok([p for p in PROMPTS for _ in range(4)], padding=True, padding_side="left", return_tensors="pt")
     temps = torch.tensor([0.5] * 4 + [0.95] * 4 + [0.5] * 4)
     full = decode(pol, enc.input_ids[::4], enc.attention_mask[::4], expand=4, max_new_tokens=20, eos_id=tok.eos_token_id,
-                  pad_id=tok.pad_token_id, temperatures=temps, generator=torch.Generator().manual_seed(3))
+                  pad_id=tok.pad_token_id, sampling=SamplingParams(temps, generator=torch.Generator().manual_seed(3)))
     rows = torch.tensor([1, 5, 6, 11])
     part = decode(pol, enc.input_ids[rows], enc.attention_mask[rows], expand=1, max_new_tokens=20,
-                  eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperatures=temps[rows],
-                  generator=torch.Generator().manual_seed(3), noise=(rows, 12))
+                  eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                  sampling=SamplingParams(temps[rows], generator=torch.Generator().manual_seed(3), noise=(rows, 12)))
     t = part.tokens.shape[1]
     assert torch.equal(part.tokens, full.tokens[rows, :t])
     assert (full.tokens[rows, t:] == tok.pad_token_id).all()      # the subset stopped where its rows ended

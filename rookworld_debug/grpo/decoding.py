@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -51,6 +51,27 @@ def cache_kw(module) -> str:
     return _cache_kw_of(type(module))
 
 COMPACT_FRACTION = 0.25  # drop finished rows once they are ≥ this share of the batch (a cache copy each time)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How `decode` samples its N main rows (without it they decode greedily: argmax of the raw logits)."""
+    temperatures: torch.Tensor                   # (N,) > 0
+    top_k: torch.Tensor | None = None            # (N,) 0 = off
+    top_p: torch.Tensor | None = None            # (N,) 1.0 = off
+    generator: torch.Generator | None = None     # the random stream (the caller's RNG is untouched)
+    stats_k: int | None = None                   # also record each step's entropy and its stats_k likeliest tokens
+    noise: tuple | None = None                   # (index (N,), rows): rows `index` of a `rows`-row batch, same draws
+    # rookworld-rlvr's generate, as faults to reproduce (sampled rows only; greedy rows decode correctly)
+    mini_positions: bool = False                 # KV-cached steps at position P + step for every row
+    continue_after_eos: bool = False             # rows go on after EOS; stop when all emit EOS at one step
+
+    def on(self, device) -> "SamplingParams":
+        """The tensors on `device`, unused warpers dropped (`active_warpers`)."""
+        top_k, top_p = active_warpers(self.top_k, self.top_p, device)
+        noise = None if self.noise is None else (self.noise[0].to(device), int(self.noise[1]))
+        return replace(self, temperatures=self.temperatures.to(device=device, dtype=torch.float32), top_k=top_k,
+                       top_p=top_p, noise=noise)
 
 
 @dataclass(frozen=True)
@@ -188,12 +209,14 @@ class _SampleRecord:
             topk_logps=torch.zeros((n, t, k), device=device) if stats else None)
 
 
-def _sample_step(logits, tok, live, done, step: int, n_main: int, temps, top_k, top_p, generator,
-                 rec: _SampleRecord, stats_k: int | None, noise: tuple | None = None) -> torch.Tensor:
+def _sample_step(logits, tok, live, done, step: int, n_main: int, sp: SamplingParams,
+                 rec: _SampleRecord) -> torch.Tensor:
     """Sample the live main rows' tokens into `tok` (in place; greedy rows keep their argmax) and record them.
     Draws q for ALL N main rows (the stream `generate` draws) — or, with `noise` = (index (n_main,), rows), for
     all `rows` of the batch these rows were taken from, each main row reading its own row of that block.
     Returns whether any logit row was non-finite."""
+    temps, top_k, top_p, generator, stats_k, noise = sp.temperatures, sp.top_k, sp.top_p, sp.generator, \
+        sp.stats_k, sp.noise
     si = (live < n_main).nonzero().squeeze(1)                                           # batch rows sampled
     ls = live[si]                                                                       # (s,) their rows
     tempered = logits[si] / temps[ls, None]                                             # (s, V)
@@ -253,98 +276,72 @@ def _compact(cache, done, live, tok, key_mask):
 
 @torch.no_grad()
 def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand: int, max_new_tokens: int,
-           eos_id: int, pad_id: int, temperatures: torch.Tensor | None = None, top_k: torch.Tensor | None = None,
-           top_p: torch.Tensor | None = None, generator: torch.Generator | None = None,
-           sync_every: int | None = None, stats_k: int | None = None,
+           eos_id: int, pad_id: int, sampling: SamplingParams | None = None, sync_every: int | None = None,
            greedy_prompt_ids: torch.Tensor | None = None, greedy_prompt_mask: torch.Tensor | None = None,
-           greedy_max_new_tokens: int | None = None, noise: tuple | None = None, mini_positions: bool = False,
-           continue_after_eos: bool = False) -> Decoded:
+           greedy_max_new_tokens: int | None = None) -> Decoded:
     """Decode `expand` continuations of each of the B left-padded prompts (B, P) → N = B·expand rows.
 
-    `temperatures` (N,) > 0 → sampling with `generator` (top_k (N,) 0 = off, top_p (N,) 1.0 = off);
-    None → greedy (argmax of the raw logits, `generate(do_sample=False)`). Inputs on any device; outputs on
-    the model's device. Raises NumericalError if the logits of a sampling step are NaN/inf.
-    `stats_k` (sampling only): also record the entropy and the `stats_k` most likely tokens of each step's
-    tempered distribution (the core path's replacement for a scoring forward; one exp over (n, V) per step).
+    `sampling` (SamplingParams): how the N rows sample; None → greedy (argmax, `generate(do_sample=False)`).
+    Inputs on any device; outputs on the model's device. NumericalError if a sampling step's logits are NaN/inf.
     `greedy_prompt_ids/mask` (E, P'): E more rows decoded greedily IN THE SAME LOOP (up to `greedy_max_new_tokens`
     each), returned as `greedy_tokens`; they draw no random numbers, so the main rows' tokens are as without them.
-    `noise` = (index (N,), rows): these N rows are rows `index` of a batch of `rows` rows with the same seed and
-    settings; each gets the random draws it had there, so its tokens are that batch's (`replay` decodes only the
-    rows an update changed).
-    rookworld-rlvr's generate, as faults to reproduce (sampled rows only; greedy rows decode correctly):
-    `mini_positions`: KV-cached steps use position P + step for every row (P = the padded prompt length), so a
-    left-padded row's positions jump by its pad count; `continue_after_eos`: a row goes on sampling after its
-    EOS, and the loop stops when every row emits EOS at the same step (or at max_new_tokens).
     """
     device = next(model.parameters()).device
     e = 0 if greedy_prompt_ids is None else greedy_prompt_ids.shape[0]
     ids, pmask, row_src, limit = _rows(prompt_ids, prompt_mask, expand, max_new_tokens, pad_id, device,
                                        greedy_prompt_ids, greedy_prompt_mask, greedy_max_new_tokens)
-    p, n_main, n = ids.shape[1], prompt_ids.shape[0] * expand, row_src.numel()
-    length = int(limit.max())
-    sample = temperatures is not None
+    p, n_main, n, length = ids.shape[1], prompt_ids.shape[0] * expand, row_src.numel(), int(limit.max())
+    sp = None if sampling is None else sampling.on(device)
     sync_every = sync_every or (1 if device.type == "cpu" else 8)
-    if noise is not None:
-        noise = (noise[0].to(device), int(noise[1]))
-    if sample:
-        temps = temperatures.to(device=device, dtype=torch.float32)                    # (N,)
-        top_k, top_p = active_warpers(top_k, top_p, device)
-
     amp = autocast_for(model)                     # bf16 autocast on CUDA (fp32 weights), else a no-op
     cache, ckw, logits = _prompt_forward(model, ids, pmask, row_src, p + length, amp)  # logits (N+E, V)
     key_mask = _decode_mask(pmask[row_src], model.config._attn_implementation, model.dtype, length)  # (N+E,1,1,C)
     next_pos = pmask.long().sum(1)[row_src]                                             # (N+E,)
-    if mini_positions:
+    if sp is not None and sp.mini_positions:
         next_pos[:n_main] = p
-
     tokens = torch.full((n, length), pad_id, dtype=torch.long, device=device)           # (N+E, L)
-    stats = sample and stats_k is not None
-    rec = _SampleRecord.empty(n_main, max_new_tokens, stats_k if stats else None, device) if sample else None
-    live = torch.arange(n, device=device)            # original row of each batch row    (n,)
-    done = torch.zeros(n, dtype=torch.bool, device=device)                              # (n,)
+    rec = None if sp is None else _SampleRecord.empty(n_main, max_new_tokens, sp.stats_k, device)
+    # each batch row's original row (n,), whether it finished (n,), whether a sampling step saw NaN/inf logits
+    live, done = torch.arange(n, device=device), torch.zeros(n, dtype=torch.bool, device=device)
     bad = torch.zeros((), dtype=torch.bool, device=device)
     forwards, row_steps, steps, main_steps, main_open = 1, 0, 0, 0, True
     for step in range(length):
         # argmax only where some row decodes greedily; a sampling-only step fills every row in _sample_step
-        greedy_now = e or not (sample and main_open)
-        tok = logits.argmax(-1) if greedy_now else logits.new_empty(live.numel(), dtype=torch.long)   # (n,)
-        if sample and main_open:
-            bad |= _sample_step(logits, tok, live, done, step, n_main, temps, top_k, top_p, generator, rec, stats_k,
-                                noise)
-        tok = tok.masked_fill(done, pad_id)
+        sampling_now = sp is not None and main_open
+        tok = logits.argmax(-1) if e or not sampling_now else logits.new_empty(live.numel(), dtype=torch.long)
+        if sampling_now:
+            bad |= _sample_step(logits, tok, live, done, step, n_main, sp, rec)
+        tok = tok.masked_fill(done, pad_id)                                             # (n,)
         tokens[live, step] = tok
         steps = step + 1
-        eos = tok == eos_id
-        if continue_after_eos:                        # the mini: stop only when every row emits EOS at once
-            main = live < n_main
-            eos = eos & (~main | bool(eos[main].all()))
-        done = done | eos | (limit[live] <= steps)                                      # EOS, or its own max
+        done = done | _ended(tok, live, n_main, eos_id, sp) | (limit[live] <= steps)    # EOS, or its own max
         if main_open:
-            main_steps = steps
-            main_open = steps < max_new_tokens
-        if steps == length:
+            main_steps, main_open = steps, steps < max_new_tokens
+        if steps == length or (steps % sync_every == 0 and (bool(bad) or bool(done.all()))):
             break
         if steps % sync_every == 0:
-            if sample and bool(bad):
-                break
-            n_done = int(done.sum())
-            if n_done == done.numel():
-                break
-            if main_open and bool(done[live < n_main].all()):                           # as a loop of its own
-                main_open = False
-            if n_done and n_done >= COMPACT_FRACTION * done.numel():              # drop finished rows
+            main_open = main_open and not bool(done[live < n_main].all())                # as a loop of its own
+            if (n_done := int(done.sum())) and n_done >= COMPACT_FRACTION * done.numel():  # drop finished rows
                 live, tok, done, key_mask = _compact(cache, done, live, tok, key_mask)
-        kv = p + steps
         with amp:
-            out = model(input_ids=tok[:, None], attention_mask=key_mask[:, :, :, :kv],
+            out = model(input_ids=tok[:, None], attention_mask=key_mask[:, :, :, :p + steps],
                         position_ids=(next_pos[live] + step)[:, None], **{ckw: cache}, use_cache=True)
         logits = out.logits[:, -1].float()                                              # (n, V)
         forwards, row_steps = forwards + 1, row_steps + live.numel()
-    if sample and bool(bad):
+    if bool(bad):
         raise NumericalError("cannot sample: the policy's next-token logits are NaN/inf (see the step-0 "
                              "invariants; check the weights and dtype)")
-    t = main_steps
-    cut = (lambda x: None if x is None else x[:, :t])                                  # noqa: E731
-    return Decoded(tokens=tokens[:n_main, :t], logps=cut(rec and rec.logps), entropy=cut(rec and rec.entropy),
-                   topk_ids=cut(rec and rec.topk_ids), topk_logps=cut(rec and rec.topk_logps), steps=t,
+    cut = (lambda x: None if x is None else x[:, :main_steps])                         # noqa: E731
+    return Decoded(tokens=tokens[:n_main, :main_steps], logps=cut(rec and rec.logps), entropy=cut(rec and rec.entropy),
+                   topk_ids=cut(rec and rec.topk_ids), topk_logps=cut(rec and rec.topk_logps), steps=main_steps,
                    forwards=forwards, row_steps=row_steps, greedy_tokens=tokens[n_main:, :steps] if e else None)
+
+
+def _ended(tok, live, n_main: int, eos_id: int, sp: SamplingParams | None) -> torch.Tensor:
+    """(n,) rows that emitted EOS this step; the mini's `continue_after_eos`: its sampled rows only when every
+    one of them emits EOS at once."""
+    eos = tok == eos_id
+    if sp is not None and sp.continue_after_eos:
+        main = live < n_main
+        eos = eos & (~main | bool(eos[main].all()))
+    return eos

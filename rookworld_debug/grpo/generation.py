@@ -43,7 +43,7 @@ from ..models.precision import autocast_dtype
 from ..models.precision import sampling_autocast as sampler_context
 from .completion_text import (GreedyTexts, _cut_after_eos, _greedy_kw, _token_strings, _unique_per_group,
                               completion_texts)
-from .decoding import decode
+from .decoding import SamplingParams, decode
 # the scoring forwards live in grpo/scoring.py; these names stay importable from here
 from .scoring import (LOGITS_BUDGET_BYTES, TRAIN_BUDGET_BYTES, _auto_chunk, _forward_completion_hidden,  # noqa: F401
                       _forward_completion_logits, _position_ids, _score, _score_ref, _selected_logps, _token_stats,
@@ -177,9 +177,9 @@ def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_token
     device = next(policy.parameters()).device
     temps, top_p, top_k = row_sampling(settings, rows_tasks)                            # (N,) each
     generator = torch.Generator(device=device).manual_seed(seed)
+    params = SamplingParams(temps, top_k, top_p, generator, stats_k=top_k_alternatives, **(faults or {}))
     d = decode(policy, prompt_ids[::g], prompt_mask[::g], expand=g, max_new_tokens=max_new_tokens, eos_id=eos_id,
-               pad_id=pad_id, temperatures=temps, top_k=top_k, top_p=top_p, generator=generator,
-               stats_k=top_k_alternatives, **(greedy or {}), **(faults or {}))
+               pad_id=pad_id, sampling=params, **(greedy or {}))
     counts = {"generate_calls": 1, "generate_steps": d.steps, "tokens_sampled": d.tokens.numel(),
               "decode_forwards": d.forwards, "decode_row_steps": d.row_steps}
     stats = None if d.entropy is None else {"entropy": d.entropy.cpu(), "topk_ids": d.topk_ids.cpu(),

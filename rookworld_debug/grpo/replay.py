@@ -7,7 +7,7 @@ OLD completion, the updated weights' logits come from ONE teacher-forced forward
 draws are the sampling loop's stream, regenerated from the seed. So, position by position: would the updated
 policy, with the same draw, pick the same token? If it would at every position up to the row's EOS, the
 resample IS the old completion — same tokens, nothing to decode. Only the rows that diverge are decoded, each
-with the draws it had in the full batch (`decode(noise=...)`); greedy rows work the same way without draws.
+with the draws it had in the full batch (`SamplingParams(noise=...)`); greedy rows work the same way without draws.
 After a small update most rows do not move, so the after-update decode loop mostly disappears.
 
 Exact up to float rounding: teacher-forced and KV-cached logits differ in the last bit, so a token can flip
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import NumericalError
-from .decoding import _warp, active_warpers, decode
+from .decoding import SamplingParams, _warp, active_warpers, decode
 from .generation import (GreedyTexts, _auto_chunk, _cut_after_eos, _forward_completion_hidden, _greedy_kw,
                          completion_texts, row_sampling)
 
@@ -131,9 +131,9 @@ def resample_after_update(policy, tokenizer, rollout, greedy_prompts, greedy_bef
         generator = torch.Generator(device=next(policy.parameters()).device)
         generator.set_state(sampled.states[s0])
         prompt, pmask = _prefixed(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rows, s0)
+        params = SamplingParams(rollout.temperatures[rows], top_k[rows], top_p[rows], generator, noise=(rows, n))
         d = decode(policy, prompt, pmask, expand=1, max_new_tokens=rollout.max_new_tokens - s0, eos_id=eos_id,
-                   pad_id=pad_id, temperatures=rollout.temperatures[rows], top_k=top_k[rows], top_p=top_p[rows],
-                   generator=generator, noise=(rows, n), **extra)
+                   pad_id=pad_id, sampling=params, **extra)
         tokens, mask, _ = _cut_after_eos(torch.cat([rollout.completion_ids[rows, :s0], d.tokens.cpu()], 1), eos_id,
                                          pad_id)
         for i, text in zip(rows.tolist(), completion_texts(tokenizer, tokens, mask)):
