@@ -143,28 +143,13 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     flags = [*s.invariants.failures, *getattr(s, "data_flags", ()), *([start["note"]] if start.get("note") else []), *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
              *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]
 
-    upd, evaluation, iterations, diag = None, None, (), None
+    evaluation, diag = None, None
     if config.diagnostics:                     # at the step's start, before the update moves the policy
         with timer("diagnostics"):
             from rookworld_debug.grpo.diagnostics import signal_noise
             diag = signal_noise(s.policy, rollout, advantages, loss, config)
-    upd_config = config
-    if config.loss_type == "rlvr_mini" and config.rlvr_adaptive_kl:   # the controller's kl_coef of this step
-        upd_config = config.replace(beta=loss.beta)
     with timer("update"):                      # μ passes × steps_per_generation optimizer steps (μ = 1: one)
-        try:
-            iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, upd_config, reference=s.reference,
-                                        loss_record=loss, flags=flags)
-            upd = iterations[0].updates[0] if len(iterations) == 1 and len(iterations[0].updates) == 1 \
-                else iterations[-1].updates[-1]  # the optimizer step whose metrics TRL logs last
-        except NumericalError as err:          # refuse to step on NaN/inf; the trace says why
-            flags.append(f"update refused: {err}")
-    first = iterations[0].updates[0] if iterations else None    # the only step compared with the record
-    if first is not None and not math.isnan(first.loss_record_diff) and \
-            not first.loss_record_diff <= LOSS_PATH_TOLERANCE:
-        # the optimizer's loss (fresh grad forward) must equal the displayed record (rollout tensors)
-        flags.append(f"loss used by the update differs from the displayed loss record by "
-                     f"{first.loss_record_diff:.3g} (> {LOSS_PATH_TOLERANCE:g}): the views would not describe the step")
+        iterations, upd = _update_phase(s, rollout, advantages, loss, config, flags)
     if upd is not None:
         with timer("evaluation"):
             try:
@@ -181,16 +166,42 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
         from rookworld_debug.grpo.diagnostics import with_delta_ci
         from rookworld_debug.grpo.iterations import effective_mask
         diag = with_delta_ci(diag, evaluation, config.seed, iterations=iterations, mask=effective_mask(rollout, config))
-    counts = {**{f"generation/{k}": v for k, v in rollout.counts.items()},
-              **{f"engine/{k}": v for k, v in rewards.engine_stats.items()},
-              **{f"update/{k}": sum(u.counts.get(k, 0) for it in iterations for u in it.updates)
-                 for k in (upd.counts if upd else {})},
-              "update/optimizer_steps": sum(len(it.updates) for it in iterations),
-              **{f"evaluation/{k}": v for k, v in ((evaluation.replay if evaluation else None) or {}).items()}}
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
-                     timings=dict(timer.seconds), counts=counts, flags=tuple(flags), iterations=iterations,
-                     diagnostics=diag)
+                     timings=dict(timer.seconds), counts=_counts(rollout, rewards, iterations, upd, evaluation),
+                     flags=tuple(flags), iterations=iterations, diagnostics=diag)
+
+
+def _update_phase(s: Setup, rollout, advantages, loss, config: StepConfig, flags: list) -> tuple:
+    """(the inner iterations' records, the optimizer step TRL logs last — None when refused). A refusal (NaN/inf)
+    and a loss that differs from the displayed record go into `flags`."""
+    upd_config, iterations, upd = config, (), None
+    if config.loss_type == "rlvr_mini" and config.rlvr_adaptive_kl:   # the controller's kl_coef of this step
+        upd_config = config.replace(beta=loss.beta)
+    try:
+        iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, upd_config, reference=s.reference,
+                                    loss_record=loss, flags=flags)
+        upd = iterations[0].updates[0] if len(iterations) == 1 and len(iterations[0].updates) == 1 \
+            else iterations[-1].updates[-1]  # the optimizer step whose metrics TRL logs last
+    except NumericalError as err:          # refuse to step on NaN/inf; the trace says why
+        flags.append(f"update refused: {err}")
+    first = iterations[0].updates[0] if iterations else None    # the only step compared with the record
+    if first is not None and not math.isnan(first.loss_record_diff) and \
+            not first.loss_record_diff <= LOSS_PATH_TOLERANCE:
+        # the optimizer's loss (fresh grad forward) must equal the displayed record (rollout tensors)
+        flags.append(f"loss used by the update differs from the displayed loss record by "
+                     f"{first.loss_record_diff:.3g} (> {LOSS_PATH_TOLERANCE:g}): the views would not describe the step")
+    return iterations, upd
+
+
+def _counts(rollout, rewards, iterations, upd, evaluation) -> dict:
+    """The step's work counts by phase (generation/, engine/, update/, evaluation/)."""
+    return {**{f"generation/{k}": v for k, v in rollout.counts.items()},
+            **{f"engine/{k}": v for k, v in rewards.engine_stats.items()},
+            **{f"update/{k}": sum(u.counts.get(k, 0) for it in iterations for u in it.updates)
+               for k in (upd.counts if upd else {})},
+            "update/optimizer_steps": sum(len(it.updates) for it in iterations),
+            **{f"evaluation/{k}": v for k, v in ((evaluation.replay if evaluation else None) or {}).items()}}
 
 
 def rewards_flags(rewards: Rewards) -> list[str]:
