@@ -719,3 +719,18 @@ def test_sampling_correction_options_are_validated():
         _compute(logps, old, None, adv, mask, beta=0.0, epsilon_low=0.2, epsilon_high=0.2, loss_type="dapo",
                      max_completion_length=L_MAX, vllm_importance_sampling_correction=True,
                      vllm_importance_sampling_mode="sequence")
+
+
+def test_objective_is_the_config_s_loss_knobs():
+    """Every Objective field is a StepConfig field (max_completion_length: max_new_tokens) with the same default,
+    so Objective.from_config never leaves a knob at a default the user cannot set."""
+    cfg = StepConfig()
+    names = {f.name for f in dataclasses.fields(StepConfig)}
+    for f in dataclasses.fields(Objective):
+        if f.name == "max_completion_length":
+            continue
+        assert f.name in names, f.name
+        if f.default is not dataclasses.MISSING:
+            assert getattr(cfg, f.name) == f.default, f.name
+    o = Objective.from_config(cfg.replace(beta=0.3, rlvr_kl_type="reverse", max_new_tokens=40))
+    assert (o.beta, o.rlvr_kl_type, o.max_completion_length) == (0.3, "reverse", 40)
