@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..models.tokenizer import token_strings
+from .decoding import GreedyRows
 
 
 def _cut_after_eos(generated: torch.Tensor, eos_id: int, pad_id: int):
@@ -56,10 +57,10 @@ class GreedyTexts(list):
         self.ids = ids
 
 
-def _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens) -> dict | None:
+def _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens) -> GreedyRows | None:
+    """The greedy prompts, left-padded, as `decode`'s extra greedy rows (None when there are none)."""
     if not greedy_prompts:
         return None
     enc = tokenizer(list(greedy_prompts), padding=True, padding_side="left", add_special_tokens=False,
                     return_tensors="pt")
-    return {"greedy_prompt_ids": enc["input_ids"], "greedy_prompt_mask": enc["attention_mask"],
-            "greedy_max_new_tokens": greedy_max_new_tokens}
+    return GreedyRows(enc["input_ids"], enc["attention_mask"], greedy_max_new_tokens)

@@ -75,6 +75,15 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class GreedyRows:
+    """E more rows `decode` decodes greedily IN THE SAME LOOP as its main rows (they draw no random numbers, so
+    the main rows' tokens are as without them); returned as `Decoded.greedy_tokens`."""
+    prompt_ids: torch.Tensor                     # (E, P') left-padded
+    prompt_mask: torch.Tensor                    # (E, P')
+    max_new_tokens: int | None = None            # None: the main rows' max_new_tokens
+
+
+@dataclass(frozen=True)
 class Decoded:
     tokens: torch.Tensor        # (N, L) decoded ids, pad after each row's first EOS
     logps: torch.Tensor | None  # (N, L) sampling-time tempered log-prob of each token (None when greedy)
@@ -250,20 +259,20 @@ def _prompt_forward(model, ids, pmask, row_src, capacity: int, amp):
     return cache, ckw, logits
 
 
-def _rows(prompt_ids, prompt_mask, expand: int, max_new_tokens: int, pad_id: int, device, greedy_ids, greedy_mask,
-          greedy_max: int | None):
+def _rows(prompt_ids, prompt_mask, expand: int, max_new_tokens: int, pad_id: int, device,
+          greedy: GreedyRows | None):
     """The loop's prompts (B+E, P) on `device` (columns that pad every row dropped), the prompt of each of the
     N+E rows (the B prompts' `expand` copies, then the E greedy prompts), and each row's max new tokens."""
-    ids, pmask, e = prompt_ids, prompt_mask, 0 if greedy_ids is None else greedy_ids.shape[0]
+    ids, pmask, e = prompt_ids, prompt_mask, 0 if greedy is None else greedy.prompt_ids.shape[0]
     if e:
-        ids, pmask = _left_cat(ids, pmask, greedy_ids, greedy_mask, pad_id)
+        ids, pmask = _left_cat(ids, pmask, greedy.prompt_ids, greedy.prompt_mask, pad_id)
     keep = pmask.any(0)
     ids, pmask = ids[:, keep].to(device), pmask[:, keep].to(device)                    # (B+E, P)
     b = prompt_ids.shape[0]
     row_src = torch.cat([torch.arange(b, device=device).repeat_interleave(expand),
                          torch.arange(b, b + e, device=device)])                       # (N+E,)
     limit = torch.full((row_src.numel(),), max_new_tokens, device=device)               # (N+E,)
-    limit[b * expand:] = greedy_max or max_new_tokens
+    limit[b * expand:] = (greedy.max_new_tokens if e else None) or max_new_tokens
     return ids, pmask, row_src, limit
 
 
@@ -276,20 +285,17 @@ def _compact(cache, done, live, tok, key_mask):
 
 @torch.no_grad()
 def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand: int, max_new_tokens: int,
-           eos_id: int, pad_id: int, sampling: SamplingParams | None = None, sync_every: int | None = None,
-           greedy_prompt_ids: torch.Tensor | None = None, greedy_prompt_mask: torch.Tensor | None = None,
-           greedy_max_new_tokens: int | None = None) -> Decoded:
+           eos_id: int, pad_id: int, sampling: SamplingParams | None = None, greedy: GreedyRows | None = None,
+           sync_every: int | None = None) -> Decoded:
     """Decode `expand` continuations of each of the B left-padded prompts (B, P) → N = B·expand rows.
 
     `sampling` (SamplingParams): how the N rows sample; None → greedy (argmax, `generate(do_sample=False)`).
     Inputs on any device; outputs on the model's device. NumericalError if a sampling step's logits are NaN/inf.
-    `greedy_prompt_ids/mask` (E, P'): E more rows decoded greedily IN THE SAME LOOP (up to `greedy_max_new_tokens`
-    each), returned as `greedy_tokens`; they draw no random numbers, so the main rows' tokens are as without them.
+    `greedy` (GreedyRows): E more rows decoded greedily in the same loop, returned as `greedy_tokens`.
     """
     device = next(model.parameters()).device
-    e = 0 if greedy_prompt_ids is None else greedy_prompt_ids.shape[0]
-    ids, pmask, row_src, limit = _rows(prompt_ids, prompt_mask, expand, max_new_tokens, pad_id, device,
-                                       greedy_prompt_ids, greedy_prompt_mask, greedy_max_new_tokens)
+    e = 0 if greedy is None else greedy.prompt_ids.shape[0]
+    ids, pmask, row_src, limit = _rows(prompt_ids, prompt_mask, expand, max_new_tokens, pad_id, device, greedy)
     p, n_main, n, length = ids.shape[1], prompt_ids.shape[0] * expand, row_src.numel(), int(limit.max())
     sp = None if sampling is None else sampling.on(device)
     sync_every = sync_every or (1 if device.type == "cpu" else 8)

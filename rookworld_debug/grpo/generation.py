@@ -167,7 +167,7 @@ def row_sampling(settings, rows_tasks) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
-            top_k_alternatives: int | None, greedy: dict | None = None, faults: dict | None = None):
+            top_k_alternatives: int | None, greedy=None, faults: dict | None = None):
     """ONE decoding loop for all N rows (per-row temperature/top-p/top-k), seeded by its own generator
     (the caller's RNG is untouched). The prompt forward runs on the B distinct prompts (rows 0, G, 2G, …).
 
@@ -179,7 +179,7 @@ def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_token
     generator = torch.Generator(device=device).manual_seed(seed)
     params = SamplingParams(temps, top_k, top_p, generator, stats_k=top_k_alternatives, **(faults or {}))
     d = decode(policy, prompt_ids[::g], prompt_mask[::g], expand=g, max_new_tokens=max_new_tokens, eos_id=eos_id,
-               pad_id=pad_id, sampling=params, **(greedy or {}))
+               pad_id=pad_id, sampling=params, greedy=greedy)
     counts = {"generate_calls": 1, "generate_steps": d.steps, "tokens_sampled": d.tokens.numel(),
               "decode_forwards": d.forwards, "decode_row_steps": d.row_steps}
     stats = None if d.entropy is None else {"entropy": d.entropy.cpu(), "topk_ids": d.topk_ids.cpu(),

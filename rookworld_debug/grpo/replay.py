@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import NumericalError
-from .decoding import SamplingParams, _warp, active_warpers, decode
+from .decoding import GreedyRows, SamplingParams, _warp, active_warpers, decode
 from .generation import (GreedyTexts, _auto_chunk, _cut_after_eos, _forward_completion_hidden, _greedy_kw,
                          completion_texts, row_sampling)
 
@@ -116,32 +116,31 @@ def resample_after_update(policy, tokenizer, rollout, greedy_prompts, greedy_bef
                       logps=None, entropy=None)
     if enc is not None:
         g_ids, g_mask, _ = _cut_after_eos(greedy_before.ids, eos_id, pad_id)               # (E, L') each
-        g_same = replay_rows(policy, enc["greedy_prompt_ids"], enc["greedy_prompt_mask"], g_ids, g_mask)
+        g_same = replay_rows(policy, enc.prompt_ids, enc.prompt_mask, g_ids, g_mask)
     rows, g_rows = (~sampled.same).nonzero().squeeze(1), (~g_same.same).nonzero().squeeze(1)  # changed rows
     completions, greedy = list(rollout.completions), list(greedy_before)
     # each set resumes at its earliest change: the positions before it are unchanged for all its rows
     s0 = int(sampled.first_diff[rows].min()) if rows.numel() else 0
     g0 = int(g_same.first_diff[g_rows].min()) if g_rows.numel() else 0
-    extra = {}
+    extra = None
     if g_rows.numel():
-        g_prompt, g_pmask = _prefixed(enc["greedy_prompt_ids"], enc["greedy_prompt_mask"], g_ids, g_rows, g0)
-        extra = {"greedy_prompt_ids": g_prompt, "greedy_prompt_mask": g_pmask,
-                 "greedy_max_new_tokens": greedy_max_new_tokens - g0}
+        g_prompt, g_pmask = _prefixed(enc.prompt_ids, enc.prompt_mask, g_ids, g_rows, g0)
+        extra = GreedyRows(g_prompt, g_pmask, greedy_max_new_tokens - g0)
     if rows.numel():               # the changed sampled rows, each with its own draws; changed greedy rows beside
         generator = torch.Generator(device=next(policy.parameters()).device)
         generator.set_state(sampled.states[s0])
         prompt, pmask = _prefixed(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rows, s0)
         params = SamplingParams(rollout.temperatures[rows], top_k[rows], top_p[rows], generator, noise=(rows, n))
         d = decode(policy, prompt, pmask, expand=1, max_new_tokens=rollout.max_new_tokens - s0, eos_id=eos_id,
-                   pad_id=pad_id, sampling=params, **extra)
+                   pad_id=pad_id, sampling=params, greedy=extra)
         tokens, mask, _ = _cut_after_eos(torch.cat([rollout.completion_ids[rows, :s0], d.tokens.cpu()], 1), eos_id,
                                          pad_id)
         for i, text in zip(rows.tolist(), completion_texts(tokenizer, tokens, mask)):
             completions[i] = text
         g_tokens = d.greedy_tokens
     elif g_rows.numel():           # only greedy rows changed: a greedy loop of their own
-        g_tokens = decode(policy, extra["greedy_prompt_ids"], extra["greedy_prompt_mask"], expand=1,
-                          max_new_tokens=extra["greedy_max_new_tokens"], eos_id=eos_id, pad_id=pad_id).tokens
+        g_tokens = decode(policy, extra.prompt_ids, extra.prompt_mask, expand=1, max_new_tokens=extra.max_new_tokens,
+                          eos_id=eos_id, pad_id=pad_id).tokens
     if g_rows.numel():
         g_tokens = torch.cat([g_ids[g_rows, :g0], g_tokens.cpu()], 1)
         for i, text in zip(g_rows.tolist(), tokenizer.batch_decode(g_tokens, skip_special_tokens=True)):
