@@ -15,7 +15,7 @@ from typing import Mapping, Optional
 import torch
 
 from rookworld_debug.config import StepConfig
-from rookworld_debug.errors import NumericalError
+from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.grpo import serialize
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
 from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
@@ -147,7 +147,12 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     if config.diagnostics:                     # at the step's start, before the update moves the policy
         with timer("diagnostics"):
             from rookworld_debug.grpo.diagnostics import signal_noise
-            diag = signal_noise(s.policy, rollout, advantages, loss, config)
+            try:
+                diag = signal_noise(s.policy, rollout, advantages, loss, config)
+            except (ConfigError, NumericalError) as err:   # a batch they cannot run on: the step goes on
+                flags.append(f"signal-or-noise diagnostics skipped: {err}")
+            if diag is not None and diag.noise.num_groups < 2:
+                flags.append(f"signal or noise: {diag.noise.note}")
     with timer("update"):                      # μ passes × steps_per_generation optimizer steps (μ = 1: one)
         try:
             iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, config, reference=s.reference,
