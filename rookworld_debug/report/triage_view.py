@@ -77,14 +77,17 @@ def curves_figure(t: dict):
 def _panel(fig, i, name, rows, by_step, fired, captured, window, np, go) -> None:
     pts = [(r["step"], value(r.get(name))) for r in rows if value(r.get(name)) is not None]
     xs = np.asarray([p[0] for p in pts], dtype=np.int32)
-    ys = np.asarray([p[1] if math.isfinite(p[1]) else math.nan for p in pts], dtype=np.float32)   # NaN: a gap
-    # typed arrays: plotly stores them as binary (float32 ≈ 7 digits), ~4× smaller than JSON number lists
+    # typed arrays: plotly stores them as binary (float32 ≈ 7 digits), ~4× smaller than JSON number lists;
+    # float64 when a value lies past float32's range (it would become inf)
+    big = any(math.isfinite(p[1]) and abs(p[1]) > 3e38 for p in pts)
+    dtype = np.float64 if big else np.float32
+    ys = np.asarray([p[1] if math.isfinite(p[1]) else math.nan for p in pts], dtype=dtype)   # NaN: a gap
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, line=dict(width=1.2), showlegend=False,
                              connectgaps=False), i, 1)
     finite = [float(y) for y in ys if math.isfinite(y)]
     if len(pts) > 3:
         ma = moving_average([p[1] for p in pts], window)
-        fig.add_trace(go.Scatter(x=xs, y=np.asarray(ma, dtype=np.float32), mode="lines", showlegend=False,
+        fig.add_trace(go.Scatter(x=xs, y=np.asarray(ma, dtype=dtype), mode="lines", showlegend=False,
                                  line=dict(dash="dash", width=1), name=f"{name} (moving avg)"), i, 1)
     marks = [(s, _finite(by_step[s].get(name)), ", ".join(tr)) for s, tr in sorted(fired.items())]
     marks = [m for m in marks if m[1] is not None]
