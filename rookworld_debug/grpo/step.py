@@ -71,7 +71,10 @@ class StepTrace:
     def load(path) -> "StepTrace":
         """A saved step or TRL capture; TraceError names what is wrong with a folder that is neither,
         IncompatibleTraceError a capture from an unsupported TRL version."""
-        return serialize.read_trace(path, f"{__name__}:StepTrace", TRACE_VERSION)
+        from rookworld_debug.grpo.trace_check import check_trace
+        trace = serialize.read_trace(path, f"{__name__}:StepTrace", TRACE_VERSION)
+        check_trace(trace, str(path))          # tensors whose shapes disagree: refused here, not in a view
+        return trace
 
     def summary(self) -> dict:
         """Headline numbers (what reports and the per-step table show), each defined in `rookworld_debug.metrics.GLOSSARY`."""
