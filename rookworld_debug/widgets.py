@@ -489,5 +489,10 @@ def tune_panel_from_trace(trace, *, row: int = 0, metric: str = "kl") -> TunePan
         for w in (panel.w_temp, panel.w_top_p, panel.w_g, panel.w_regen):
             w.disabled = True
         what = "a step captured from TRL's GRPOTrainer" if getattr(trace, "capture", None) is not None else "a saved step"
-        panel._status(f"{what}: loss knobs recompute from its tensors; sampling needs a model (disabled)")
+        cap = getattr(trace, "capture", None)
+        trained = sum(len(r) for r in cap.micro_batch_rows) if cap is not None else 0
+        n = trace.rollout.completion_ids.shape[0]
+        part = (f"; this optimizer step trained {trained} of the generation batch's {n} rows, the panel recomputes "
+                "the loss over all of them" if cap is not None and 0 < trained < n else "")
+        panel._status(f"{what}: loss knobs recompute from its tensors; sampling needs a model (disabled){part}")
     return panel

@@ -153,3 +153,30 @@ def test_tune_notebook_summary(tune_notebook):
     assert m["passes"] == 2 and m["iteration"] == 1                 # the panel shows pass 2 (r ≠ 1)
     assert m["recompute_ms"] < 1000, "a loss-knob recompute must take well under a second"
     assert "application/vnd.jupyter.widget-view+json" in json.dumps([c.get("outputs") for c in nb.cells])
+
+
+# ------------------------------------------------------------------------- every notebook on its defaults
+ALL_NOTEBOOKS = [pytest.param("01_grpo_step.ipynb", marks=pytest.mark.slow),   # ~80 s: the main job's step
+                 "02_tune_beta_temperature.ipynb", "03_multi_step.ipynb", "04_run_triage.ipynb"]
+
+
+def test_the_defaults_test_covers_every_shipped_notebook():
+    names = {p.values[0] if hasattr(p, "values") else p for p in ALL_NOTEBOOKS}
+    assert names == {p.name for p in NB_DIR.glob("*.ipynb")}
+
+
+@pytest.mark.parametrize("name", ALL_NOTEBOOKS)
+def test_every_notebook_runs_all_on_its_defaults(name, tmp_path, monkeypatch):
+    """What a new user does: open the notebook and "Run all", no parameter changed (papermill injects none)."""
+    import papermill as pm
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("ROOKWORLD_DEBUG_CACHE", str(tmp_path / "cache"))   # 04 makes its demo run here
+    out = tmp_path / name
+    pm.execute_notebook(str(NB_DIR / name), str(out), kernel_name="python3", cwd=str(tmp_path), progress_bar=False,
+                        execution_timeout=900)
+    nb = nbformat.read(out, as_version=4)
+    assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    if name.startswith("04"):
+        text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+        assert "triaging the TRL demo run" in text and "firings" in text
+        assert _outputs(nb, "application/vnd.plotly.v1+json") and "rw-flagged" in "\n".join(_outputs(nb, "text/html"))

@@ -278,14 +278,26 @@ def _wait_for(pred, proc, what, timeout=120.0):
         time.sleep(0.1)
 
 
+# The sweep as a terminal's foreground job starts it: Ctrl-C raises KeyboardInterrupt. A process started from a
+# background job of a non-interactive shell (`pytest … &` in a script) inherits SIGINT *ignored*, and Python then
+# installs no KeyboardInterrupt handler: the signal would be lost and the sweep would run on to exit 0.
+FOREGROUND = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "sys.argv = sys.argv[1:]; runpy.run_module('rookworld_debug.report_cli', run_name='__main__')")
+
+
 def test_sigkill_and_sigint_mid_sweep_lose_no_finished_run_and_resume_completes(tmp_path):
     psutil = pytest.importorskip("psutil")
-    cmd = [sys.executable, "-m", "rookworld_debug.report_cli", str(PROBE), "-p", "a=1,2", "-p", "b=0.5",
-           "--sweep-name", "killed", "--out", str(tmp_path), "--workers", "1", "--no-progress"]
+    gate = tmp_path / "go"               # every run waits for this file: a run cannot end before the signal does
+    cmd = [sys.executable, "-c", FOREGROUND, "report_cli", str(PROBE), "-p", "a=1,2", "-p", "b=0.5",
+           "-p", f"wait_for='{gate}'", "--sweep-name", "killed", "--out", str(tmp_path), "--workers", "1",
+           "--no-progress"]
     sdir = tmp_path / "killed"
-    (d1, h1), (d2, h2) = [(sdir / f"a={a}__b=0.5", params_hash({"a": a, "b": 0.5})) for a in (1, 2)]
+    from rookworld_debug.report.grid import run_id
+    params = [{"a": a, "b": 0.5, "wait_for": str(gate)} for a in (1, 2)]
+    (d1, h1), (d2, h2) = [(sdir / run_id(ps), params_hash(ps)) for ps in params]
 
     # 1. SIGKILL the sweep right after its first run finished (the second one is starting)
+    gate.touch()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(lambda: is_complete(d1, h1), proc, "first run complete")
@@ -303,7 +315,8 @@ def test_sigkill_and_sigint_mid_sweep_lose_no_finished_run_and_resume_completes(
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == [], [p.cmdline() for p in alive]
 
-    # 2. resume from the CLI, Ctrl-C (SIGINT) it while the second run's kernel is executing
+    # 2. resume from the CLI, Ctrl-C (SIGINT) it while the second run's kernel is executing (held at the gate)
+    gate.unlink()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def kernel_running():
@@ -323,8 +336,9 @@ def test_sigkill_and_sigint_mid_sweep_lose_no_finished_run_and_resume_completes(
     assert index["counts"]["ok"] == 1 and index["counts"]["incomplete"] == 1
 
     # 3. resume completes the rest
-    resumed = run_sweep(PROBE, {"a": [1, 2], "b": [0.5]}, sweep_name="killed", out_root=tmp_path, workers=2,
-                        progress=False)
+    gate.touch()
+    resumed = run_sweep(PROBE, {"a": [1, 2], "b": [0.5], "wait_for": [str(gate)]}, sweep_name="killed",
+                        out_root=tmp_path, workers=2, progress=False)
     assert resumed.exit_code == 0 and resumed.n_skipped == 1 and resumed.n_ok == 1
     assert is_complete(d1, h1) and is_complete(d2, h2) and read_summary(d1) == first
     index = json.loads((sdir / "index.json").read_text())

@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import random
+import re
 import shutil
 import warnings
 
@@ -231,9 +232,10 @@ def _fuzz_tensors(saved, tmp_path, n: int, fuzz_counts):
                 t[k] = torch.zeros(3, dtype=torch.float64)
             save_file(t, str(work / "trace.safetensors"))
         try:
-            StepTrace.load(work)
+            trace = StepTrace.load(work)
         except TraceError:
-            pass
+            return
+        trace.summary()                    # what loads, the headline view reads (shapes were checked at load)
 
     run()
     fuzz_counts["trace.safetensors mutations (issue 25)"] = (fuzz_counts.get("trace.safetensors mutations (issue 25)", 0)
@@ -253,3 +255,43 @@ def test_fuzz_trace_full(saved, tmp_path, fuzz_counts):
     n = int(os.environ.get("ROOKWORLD_FUZZ_TRACES", "5000"))
     _fuzz(saved, tmp_path, n, fuzz_counts)
     _fuzz_tensors(saved, tmp_path, n // 5, fuzz_counts)
+
+
+# ------------------------------------------------------------------- types and shapes, not only fields
+@pytest.mark.parametrize("key,shape", [("loss.completion_mask", (4, 5)), ("rollout.per_token_logps", (4, 99)),
+                                       ("rewards.rewards_per_func", (3, 1)), ("advantages.group_mean", (7,)),
+                                       ("rollout.is_truncated", (4, 2)), ("loss.loss", (2,))])
+def test_tensors_whose_shapes_disagree_are_refused_at_load_naming_the_field(saved, tmp_path, key, shape):
+    from safetensors.torch import load_file, save_file
+    import torch
+    dst = _copy(saved, tmp_path)
+    tensors = load_file(str(dst / "trace.safetensors"))
+    assert key in tensors, sorted(tensors)[:20]
+    tensors[key] = torch.zeros(shape, dtype=tensors[key].dtype)
+    save_file(tensors, str(dst / "trace.safetensors"))
+    with pytest.raises(TraceError, match=re.escape(key)):
+        StepTrace.load(dst)
+
+
+def test_a_value_of_the_wrong_type_where_a_tensor_goes_is_refused(saved, tmp_path):
+    payload = _payload(saved)
+    rollout = payload["fields"]["rollout"]["fields"]
+    rollout["completion_ids"] = "not a tensor"
+    with pytest.raises(TraceError, match="rollout.completion_ids"):
+        StepTrace.load(_copy(saved, tmp_path, payload))
+    payload = _payload(saved)
+    payload["fields"]["rollout"]["fields"]["completions"] = {"__tuple__": ["only one"]}
+    with pytest.raises(TraceError, match="rollout.completions"):
+        StepTrace.load(_copy(saved, tmp_path, payload))
+
+
+def test_deeply_nested_trace_json_is_a_trace_error(saved, tmp_path):
+    dst = _copy(saved, tmp_path)
+    (dst / "trace.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(TraceError, match="nested too deeply"):
+        StepTrace.load(dst)
+    text = (saved / "trace.json").read_text()
+    deep = '{"__tuple__": [' * 5000 + "1" + "]}" * 5000                  # deep inside a valid record
+    (dst / "trace.json").write_text(text.replace('"seed": 0', f'"seed": {deep}', 1))
+    with pytest.raises(TraceError):
+        StepTrace.load(dst)

@@ -221,12 +221,25 @@ def test_steps_per_generation_other_than_grad_accumulation(tmp_path, spg, ga, lo
         if spg > ga:                                  # the whole generation batch, this step's slice marked
             assert n == 4 * spg and any("trained 8 of the generation batch's 16 rows" in f for f in tr.flags)
             rows_seen += step_rows
+            # the headline loss is the step's: its rows only (the rest of the batch is context, mask 0)
+            assert abs(float(tr.loss.loss) - logged[step]["loss"]) <= 1e-5
+            assert abs(tr.summary()["loss"] - logged[step]["loss"]) <= 1e-5
+            trained_rows = tr.loss.completion_mask.sum(1) > 0
+            assert sorted(torch.nonzero(trained_rows).flatten().tolist()) == sorted(
+                r for r in step_rows if tr.rollout.completion_mask[r].sum() > 0)
+            assert float(tr.loss.per_seq_loss.sum()) == pytest.approx(float(tr.loss.loss), abs=1e-6)
+            assert float(tr.loss.per_seq_loss[~trained_rows].abs().sum()) == 0.0
         else:                                         # ga/spg generation batches stacked: every row trained
             assert n == 4 * ga and step_rows == list(range(n))
             assert any("read 2 generation batches" in f for f in tr.flags)
         assert c.advantages_recompute_diff <= 1e-5
         panel = tune_panel_from_trace(tr)                              # notebook 02 opens it
-        assert float(panel.loss.loss) == pytest.approx(float(tr.loss.loss), abs=1e-6)
+        if spg > ga:                                  # the panel recomputes over the whole generation batch, and says so
+            from rookworld_debug.grpo.step import loss_for
+            whole = loss_for(tr.rollout, tr.advantages, tr.config, old_per_token_logps=c.old_per_token_logps)
+            assert float(panel.loss.loss) == pytest.approx(float(whole.loss), abs=1e-6)
+        else:
+            assert float(panel.loss.loss) == pytest.approx(float(tr.loss.loss), abs=1e-6)
     if spg > ga:                                      # the two steps of one cycle split its batch
         assert sorted(rows_seen) == list(range(16))
 

@@ -65,11 +65,12 @@ def noise_scale(per_group_grads: torch.Tensor, *, n_boot: int = 2000, seed: int 
                 gram: Optional[torch.Tensor] = None) -> NoiseScale:
     """The noise-scale record of a (B, P) tensor of group gradients (see module doc). ``gram``: their float64
     Gram matrix when the caller has it (`gram64`)."""
+    from rookworld_debug.errors import ConfigError
     g = per_group_grads.detach()
-    b = g.shape[0]
-    if g.ndim != 2 or b < 2:
-        from rookworld_debug.errors import ConfigError
+    if g.ndim != 2 or g.shape[0] < 2:
         raise ConfigError("per_group_grads", f"need a (B, P) tensor with B ≥ 2 groups, got shape {tuple(g.shape)}")
+    check_bootstrap(n_boot, level, allow_zero=True)
+    b = g.shape[0]
     if not bool(torch.isfinite(g).all()):
         from rookworld_debug.errors import NumericalError
         raise NumericalError("noise_scale: the group gradients hold NaN/inf (a non-finite loss or reward)")
@@ -82,10 +83,31 @@ def noise_scale(per_group_grads: torch.Tensor, *, n_boot: int = 2000, seed: int 
     note = ("pure noise at this batch: the spread between groups explains all of |ḡ|²" if pure else
             f"B = {b} groups: tr Σ̂ has {b - 1} degrees of freedom" + ("" if trust else "; the estimate is loose, "
                                                                                     "read the interval"))
+    if b < 3 or n_boot == 0:
+        note += ("; no interval: " + ("n_boot = 0 resamples" if n_boot == 0 else "a bootstrap over 2 groups "
+                                      "has only 3 distinct resamples"))
     return NoiseScale(num_groups=b, mean_grad=g.mean(0), mean_grad_sq=mean_sq,
                       trace_sigma=trace_sigma, grad_sq=grad_sq, b_simple=b_simple, snr=_snr(b, trace_sigma, grad_sq),
                       groups_for_snr_1=math.inf if pure else float(math.ceil(b_simple)), pure_noise=pure,
                       snr_ci=ci, ci_level=level, trustworthy=trust, note=note)
+
+
+def check_bootstrap(n_boot, level, *, allow_zero: bool = False) -> None:
+    """ConfigError unless `n_boot` is an integer ≥ 1 (≥ 0 with `allow_zero`: no interval) and 0 < level < 1."""
+    from rookworld_debug.errors import ConfigError
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < (0 if allow_zero else 1):
+        raise ConfigError("n_boot", f"need an integer number of bootstrap resamples ≥ {0 if allow_zero else 1}, "
+                                    f"got {n_boot!r}")
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ConfigError("level", f"the interval's level must lie strictly between 0 and 1, got {level!r}")
+
+
+def noise_scale_skipped(num_groups: int, reason: str, level: float = 0.9) -> NoiseScale:
+    """The noise-scale record of a batch it cannot be computed on (e.g. B = 1): every figure NaN, `note` says why."""
+    nan = math.nan
+    return NoiseScale(num_groups=num_groups, mean_grad=torch.empty(0), mean_grad_sq=nan, trace_sigma=nan, grad_sq=nan,
+                      b_simple=nan, snr=nan, groups_for_snr_1=nan, pure_noise=False, snr_ci=(nan, nan),
+                      ci_level=level, trustworthy=False, note=f"not computed: {reason}")
 
 
 def _snr_bootstrap(gram: torch.Tensor, n_boot: int, seed: int, level: float) -> tuple[float, float]:
@@ -111,13 +133,18 @@ def paired_bootstrap_ci(before, after, n_boot: int = 10_000, seed: int = 0, leve
     """Percentile interval (low, high) of mean(after − before), resampling the PAIRS with replacement.
 
     ``before``/``after``: equal-length sequences (the same prompts, greedy, before and after the update).
-    Pairs with a NaN on either side are dropped (a flagged reward). Deterministic in ``seed``."""
+    Pairs with a NaN or ±inf on either side are dropped (an unscorable, flagged reward). Deterministic in ``seed``."""
     import numpy as np
-    a = np.asarray(after, dtype=float)
-    b = np.asarray(before, dtype=float)
+    from rookworld_debug.errors import DataError
+    check_bootstrap(n_boot, level)
+    try:
+        a = np.asarray(after, dtype=float)
+        b = np.asarray(before, dtype=float)
+    except (TypeError, ValueError) as err:
+        raise DataError(f"paired_bootstrap_ci needs two sequences of numbers ({err})") from None
     if a.shape != b.shape or a.ndim != 1:
-        from rookworld_debug.errors import DataError
         raise DataError(f"paired_bootstrap_ci needs two equal-length 1-D sequences, got {b.shape} and {a.shape}")
+    a, b = np.where(np.isfinite(a), a, np.nan), np.where(np.isfinite(b), b, np.nan)   # ±inf: unscorable, as NaN
     d = (a - b)[~(np.isnan(a) | np.isnan(b))]
     if d.size == 0:
         return (math.nan, math.nan)
@@ -183,6 +210,11 @@ def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps:
     of the whole batch's loss. P = the trainable parameters of ``policy``, flattened in named order.
     ``forward``: a GradForward to reuse (one forward for every diagnostic)."""
     g = num_generations or config.num_generations
+    n_rows = rollout.completion_ids.shape[0]
+    if g < 1 or n_rows % g or advantages.advantages.shape != (n_rows,):
+        from rookworld_debug.errors import ConfigError
+        raise ConfigError("num_generations", f"{n_rows} rollout rows do not form groups of G = {g} with one advantage "
+                                             f"each (advantages {tuple(advantages.advantages.shape)})")
     fw = forward or GradForward(policy, rollout, config)
     rec = fw.loss(None, advantages.advantages, g, old_per_token_logps)
     outs = [t for t in (fw.logps, fw.entropy) if t.requires_grad]
@@ -250,7 +282,9 @@ def signal_noise(policy, rollout, advantages, loss_record, config, *, n_boot: in
     per_seq = loss_record.per_seq_loss.detach()                                          # (N,) row terms
     weights = per_seq.abs().reshape(-1, config.num_generations).sum(1)                   # (B,)
     weights = weights / weights.sum().clamp_min(1e-30)
-    ns = noise_scale(g, n_boot=n_boot, seed=config.seed, gram=gram)
+    ns = noise_scale(g, n_boot=n_boot, seed=config.seed, gram=gram) if g.shape[0] >= 2 else noise_scale_skipped(
+        g.shape[0], "the noise scale compares groups and this batch has one prompt (batch_size = 1); the per-group "
+                    "gradient, entropy-mechanism and sampler-gap diagnostics still ran")
     t1 = time.perf_counter()
     sweep = group_size_sweep(fw, advantages.rewards, config, step, draws=group_size_draws, seed=config.seed) \
         if config.num_generations >= 3 else None

@@ -62,14 +62,29 @@ class EntropyMechanism:
     flags: tuple
 
 
+def check_shapes(logps: torch.Tensor, entropy: Optional[torch.Tensor], advantages: torch.Tensor,
+                 mask: torch.Tensor) -> None:
+    """ConfigError naming the input unless logps, entropy and mask are (N, T) alike and advantages (N,)."""
+    from rookworld_debug.errors import ConfigError
+    if logps.ndim != 2:
+        raise ConfigError("logps", f"need an (N, T) tensor, got shape {tuple(logps.shape)}")
+    for name, t in (("entropy", entropy), ("mask", mask)):
+        if t is not None and t.shape != logps.shape:
+            raise ConfigError(name, f"shape {tuple(t.shape)} differs from the log-probs' {tuple(logps.shape)}")
+    if advantages.shape != logps.shape[:1]:
+        raise ConfigError("advantages", f"need one advantage per row, shape ({logps.shape[0]},), got "
+                                        f"{tuple(advantages.shape)}")
+
+
 def token_covariance(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> float:
     """Σ m (ℓ − ℓ̄)(A − Ā) / n over masked tokens (module doc). logps (N, T), advantages (N,), mask (N, T).
     NaN when n = 0 or an input is non-finite on a masked token."""
+    check_shapes(logps, None, advantages, mask)
     m = mask.to(torch.float64)                                              # (N, T)
     n = float(m.sum())
     if n == 0:
         return math.nan
-    lp = logps.to(torch.float64)                                            # (N, T)
+    lp = torch.where(mask.bool(), logps.to(torch.float64), 0.0)             # (N, T) outside the mask: not read
     a = advantages.to(torch.float64)[:, None].expand_as(lp)                 # (N, T)
     lp_bar, a_bar = float((m * lp).sum()) / n, float((m * a).sum()) / n
     return float((m * (lp - lp_bar) * (a - a_bar)).sum()) / n
@@ -78,7 +93,7 @@ def token_covariance(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     m = mask.to(torch.float64)
     n = float(m.sum())
-    return float((m * x.to(torch.float64)).sum()) / n if n else math.nan
+    return float(torch.where(mask.bool(), x.to(torch.float64), 0.0).sum()) / n if n else math.nan
 
 
 def clip_events(loss, pass_index: int = 0) -> ClipEvents:
@@ -99,9 +114,16 @@ def entropy_mechanism(logps: torch.Tensor, entropy: torch.Tensor, advantages: to
                       lr: float) -> EntropyMechanism:
     """The prediction at the step's start (the measured fields NaN until `with_measured`).
     logps, entropy: (N, T) the trainer's forward at the step's start; advantages (N,); mask (N, T)."""
+    check_shapes(logps, entropy, advantages, mask)
     cov = token_covariance(logps, advantages, mask)
     n = int(mask.sum())
     flags = () if n else ("no masked tokens: the covariance and the entropy change are undefined",)
+    m = mask.bool()
+    bad = int((~torch.isfinite(logps) & m).sum()), int((~torch.isfinite(entropy) & m).sum())
+    bad_a = int((~torch.isfinite(advantages)).sum())
+    if any(bad) or bad_a:
+        flags += (f"non-finite inputs under the mask ({bad[0]} log-prob(s), {bad[1]} entropy value(s), {bad_a} "
+                  "advantage(s) NaN or ±inf): Cov, the predicted and the measured change are undefined (NaN)",)
     return EntropyMechanism(n_tokens=n, cov=cov, eta=float(lr), predicted_delta_entropy=-float(lr) * cov,
                             entropy_before=masked_mean(entropy, mask), measured_delta_entropy=math.nan,
                             measured_first_step=math.nan, implied_eta=math.nan, sign_agrees=None,

@@ -15,7 +15,8 @@ Estimators (every view states them):
 * effective sample size ESS = (Σ w)² / Σ w²: per token over the n masked tokens, and per sequence over the N rows;
   ESS / n (or / N) = 1 means the weights are uniform (no gap), → 1/n when one token carries all the weight.
 
-Tokens whose sampler log-prob is NaN get Δ = 0, w = 1 (TRL's rule) and are counted in `nan_tokens`.
+Tokens whose Δ is not finite (a NaN or ±inf log-prob on either side) get Δ = 0, w = 1 (TRL's rule for NaN) and
+are counted in `nan_tokens`.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ class SamplerTrainerGap:
     ess_token_frac: float               # ess_token / n
     ess_seq: float                      # the same over the sequence weights
     ess_seq_frac: float                 # ess_seq / n_seqs
-    nan_tokens: int                     # masked tokens whose sampler log-prob was NaN
+    nan_tokens: int                     # masked tokens whose Δ was NaN or ±inf
     flags: tuple
 
     @property
@@ -81,10 +82,10 @@ def sampler_trainer_gap(sampler_logps: torch.Tensor, trainer_logps: torch.Tensor
     m = mask.bool()                                                         # (N, T)
     flags = []
     raw = (sampler_logps.to(torch.float64) - trainer_logps.to(torch.float64))   # (N, T)
-    nan_tok = int((torch.isnan(raw) & m).sum())
+    nan_tok = int((~torch.isfinite(raw) & m).sum())      # NaN, or ±inf on one side (−inf − −inf is NaN too)
     if nan_tok:
         flags.append(f"{nan_tok} masked token(s) without a finite sampler/trainer log-prob: Δ = 0, w = 1 (TRL's rule)")
-    d_all = torch.nan_to_num(raw, nan=0.0).masked_fill(~m, 0.0)             # (N, T)
+    d_all = raw.masked_fill(~torch.isfinite(raw) | ~m, 0.0)                 # (N, T)
     d = d_all[m]                                                            # (n,)
     n, rows = int(d.numel()), m.any(1)                                      # (N,)
     if n == 0:

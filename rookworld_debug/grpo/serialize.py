@@ -185,6 +185,8 @@ def read_trace(path, record: str, version: int | None = None) -> Any:
         payload = json.loads((path / "trace.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise _not_a_trace(path, f"trace.json is not valid JSON ({err})") from None
+    except RecursionError:
+        raise _not_a_trace(path, "trace.json is nested too deeply to be a trace") from None
     if not isinstance(payload, dict) or payload.get("__record__") != record:
         found = payload.get("__record__") if isinstance(payload, dict) else type(payload).__name__
         raise _not_a_trace(path, f"trace.json holds {found!r}, not {record!r}")

@@ -15,7 +15,7 @@ from typing import Mapping, Optional
 import torch
 
 from rookworld_debug.config import StepConfig
-from rookworld_debug.errors import NumericalError
+from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.grpo import serialize
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
 from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
@@ -71,7 +71,10 @@ class StepTrace:
     def load(path) -> "StepTrace":
         """A saved step or TRL capture; TraceError names what is wrong with a folder that is neither,
         IncompatibleTraceError a capture from an unsupported TRL version."""
-        return serialize.read_trace(path, f"{__name__}:StepTrace", TRACE_VERSION)
+        from rookworld_debug.grpo.trace_check import check_trace
+        trace = serialize.read_trace(path, f"{__name__}:StepTrace", TRACE_VERSION)
+        check_trace(trace, str(path))          # tensors whose shapes disagree: refused here, not in a view
+        return trace
 
     def summary(self) -> dict:
         """Headline numbers (what reports and the per-step table show), each defined in `rookworld_debug.metrics.GLOSSARY`."""
@@ -147,7 +150,12 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     if config.diagnostics:                     # at the step's start, before the update moves the policy
         with timer("diagnostics"):
             from rookworld_debug.grpo.diagnostics import signal_noise
-            diag = signal_noise(s.policy, rollout, advantages, loss, config)
+            try:
+                diag = signal_noise(s.policy, rollout, advantages, loss, config)
+            except (ConfigError, NumericalError) as err:   # a batch they cannot run on: the step goes on
+                flags.append(f"signal-or-noise diagnostics skipped: {err}")
+            if diag is not None and diag.noise.num_groups < 2:
+                flags.append(f"signal or noise: {diag.noise.note}")
     with timer("update"):                      # μ passes × steps_per_generation optimizer steps (μ = 1: one)
         iterations, upd = _update_phase(s, rollout, advantages, loss, config, flags)
     if upd is not None:

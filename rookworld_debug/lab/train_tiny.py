@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -42,7 +41,7 @@ from typing import Any
 from rookworld_debug.lab.tiny_data import (EOT, build_tokenizer, collate, encode_docs,  # noqa: F401
                                            prepare_docs, read_jsonl, sort_m_field)
 
-STATE_FILE = "trainer_state.pt"  # optimizer + step + RNG + data cursors, next to a checkpoint's weights
+from rookworld_debug.lab.tiny_checkpoint import STATE_FILE, _save, load_state, save_checkpoint  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------- training
@@ -270,9 +269,14 @@ class _Loop:
 
     def resume(self, folder: Path, opt, log) -> None:
         import torch
-        st = torch.load(folder / STATE_FILE, weights_only=True)   # tensors and plain values only: never unpickle code
-        opt.load_state_dict(st["optimizer"])  # load_state_dict casts the moments to the params' device
-        self.rng.setstate(st["rng"])
+        st = load_state(folder / STATE_FILE)   # weights_only, checked field by field: never unpickle code
+        try:
+            opt.load_state_dict(st["optimizer"])  # load_state_dict casts the moments to the params' device
+            self.rng.setstate(st["rng"])
+        except (ValueError, TypeError, KeyError, RuntimeError) as err:
+            from rookworld_debug.errors import CheckpointError
+            raise CheckpointError(f"{folder / STATE_FILE}: its optimizer or RNG state does not fit this model "
+                                  f"({type(err).__name__}: {err})") from None
         torch.set_rng_state(st["torch_rng"])
         self.p_order, self.a_order, self.pi, self.ai = st["p_order"], st["a_order"], st["pi"], st["ai"]
         self.start, self.history, self.ema, self.t_before = (st["step"] + 1, st["history"], st["ema"],
@@ -323,17 +327,6 @@ def build_optimizer(model, args):
                               {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
 
 
-def save_checkpoint(folder: Path, model, tok, opt, meta, *, step, history, ema, train_seconds, rng, cursors):
-    """A shippable HF folder plus STATE_FILE (optimizer, RNGs, data cursors) that ``--resume`` continues."""
-    import torch
-
-    _save(model, tok, folder, dict(meta, step=step, history=history, train_seconds=train_seconds))
-    tmp = folder / (STATE_FILE + ".tmp")
-    torch.save(dict(optimizer=opt.state_dict(), rng=rng.getstate(), torch_rng=torch.get_rng_state(), **cursors,
-                    step=step, history=history, ema=float(ema), train_seconds=train_seconds), tmp)
-    os.replace(tmp, folder / STATE_FILE)  # atomic: a kill mid-save keeps the last state
-
-
 def set_activation(model, name: str) -> None:
     """Swap the MLP activation in place and in the saved config. ``gelu_pytorch_tanh`` is ``gelu_new``'s
     formula as one fused kernel (GPT-2's ``gelu_new`` runs as separate mul/pow/tanh ops)."""
@@ -342,19 +335,6 @@ def set_activation(model, name: str) -> None:
     model.config.activation_function = name
     for block in model.transformer.h:
         block.mlp.act = ACT2FN[name]
-
-
-def _save(model, tok, folder: Path, meta: dict):
-    import torch
-    from transformers import GenerationConfig
-
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    GenerationConfig(do_sample=True, temperature=0.5, top_p=0.9, top_k=0, max_new_tokens=256,
-                     bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
-                     pad_token_id=tok.eos_token_id).save_pretrained(folder)
-    (folder / "training_args.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
 if __name__ == "__main__":

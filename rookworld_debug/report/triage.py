@@ -30,6 +30,9 @@ CURVES = ("reward", "kl", "entropy", "clip_ratio/region_mean", "grad_norm", "fra
           "completions/mean_length", "completions/clipped_ratio", "learning_rate", "loss")
 
 
+MAX_STEP = 2 ** 31 - 1        # steps past this are not a training run's (and would overflow the plot's int32 axis)
+
+
 @dataclass(frozen=True)
 class RunLog:
     """One run's per-step metrics and its captured steps."""
@@ -37,21 +40,31 @@ class RunLog:
     rows: tuple                      # one dict per logged step: {"step": int, metric: float, ...}, step order
     captures: dict = field(default_factory=dict)   # step -> {"path": Path, "reasons": [...]}
     notes: tuple = ()
+    broken: dict = field(default_factory=dict)     # step -> why its capture cannot be opened
 
 
 def _num(v):
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
+    """A logged value as a float (NaN/±inf kept: they are what a diverged run logs), None if not a number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         return None
-    return x
+    try:
+        return float(v)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _step(v):
+    """A step number: a whole number in [0, MAX_STEP], else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_STEP else None
 
 
 def _json(path: Path):
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError) as err:          # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise DataError(f"{path} is not readable JSON ({err})") from None
+    except RecursionError:
+        raise DataError(f"{path} is nested too deeply to be a run's JSON") from None
 
 
 def _trainer_state(run: Path) -> Path | None:
@@ -62,38 +75,115 @@ def _trainer_state(run: Path) -> Path | None:
     return ckpts[-1] / "trainer_state.json" if ckpts else None
 
 
-def _rows_from_history(history) -> list[dict]:
+def _rows_from_history(history, notes: list) -> list[dict]:
+    """TRL's log_history entries that hold a training step's loss, one row per step (step order)."""
+    if not isinstance(history, list):
+        notes.append(f"log_history is a {type(history).__name__}, not a list of logged steps: no curves")
+        return []
     by_step: dict[int, dict] = {}
-    for d in history if isinstance(history, list) else []:
-        if isinstance(d, dict) and isinstance(d.get("step"), int) and "loss" in d:
-            row = by_step.setdefault(d["step"], {"step": d["step"]})
-            row.update({k: _num(v) for k, v in d.items() if k != "step" and _num(v) is not None})
+    skipped, repeated = 0, set()
+    for d in history:
+        if not (isinstance(d, dict) and "loss" in d):
+            continue                                  # an evaluation or the final summary, not a training step
+        step = _step(d.get("step"))
+        if step is None:
+            skipped += 1
+            continue
+        if step in by_step:
+            repeated.add(step)
+        row = by_step.setdefault(step, {"step": step})
+        row.update({k: _num(v) for k, v in d.items() if k != "step" and _num(v) is not None})
+    if skipped:
+        notes.append(f"{skipped} log entr{'y' if skipped == 1 else 'ies'} without a step number in [0, {MAX_STEP}] "
+                     "left out of the curves")
+    if repeated:
+        notes.append(f"step(s) {_few(sorted(repeated))} logged more than once: the curves show the last values")
     return [by_step[k] for k in sorted(by_step)]
+
+
+def _few(xs: list, n: int = 8) -> str:
+    return ", ".join(map(str, xs[:n])) + (f" … ({len(xs)} in all)" if len(xs) > n else "")
 
 
 def _rows_from_table(path: Path) -> list[dict]:
     rows = []
-    with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            step = _num(r.get("step"))
-            if step is None:
-                continue
-            row = {"step": int(step) + 1}            # run's 0-based k → TRL's 1-based step
-            row.update({new: _num(r.get(old)) for old, new in RUN_TABLE_NAMES.items() if _num(r.get(old)) is not None})
-            rows.append(row)
+    try:
+        with open(path, newline="") as fh:
+            for r in csv.DictReader(fh):
+                step = _num(r.get("step"))
+                if step is None or not math.isfinite(step) or step != int(step) or _step(int(step) + 1) is None:
+                    continue
+                row = {"step": int(step) + 1}            # run's 0-based k → TRL's 1-based step
+                row.update({new: _num(r.get(old)) for old, new in RUN_TABLE_NAMES.items()
+                            if _num(r.get(old)) is not None})
+                rows.append(row)
+    except (OSError, csv.Error, UnicodeDecodeError) as err:
+        raise DataError(f"{path} is not a readable table ({type(err).__name__}: {err})") from None
     return rows
 
 
-def _captures(run: Path) -> dict:
-    out = {}
+def _capture_problem(path: Path) -> str | None:
+    """Why the captured step folder cannot be opened (cheap: its JSON and the safetensors header), or None."""
+    from safetensors import safe_open
+    try:
+        payload = json.loads((path / "trace.json").read_text())
+    except FileNotFoundError:
+        return "no trace.json"
+    except (OSError, ValueError, RecursionError) as err:
+        return f"trace.json is unreadable ({type(err).__name__})"
+    if not (isinstance(payload, dict) and isinstance(payload.get("__record__"), str)
+            and isinstance(payload.get("fields"), dict)):
+        return "trace.json is not a step trace"
+    try:
+        with safe_open(str(path / "trace.safetensors"), framework="pt") as f:
+            f.keys()
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own and OS errors: all mean "cannot open"
+        return f"trace.safetensors cannot be opened ({type(err).__name__})"
+    return None
+
+
+def _index_entries(index: Path, notes: list) -> list:
+    data = _json(index)
+    entries = data.get("captures") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        notes.append(f"{index} is not a flight-recorder index (no list of captures): its steps are left out")
+        return []
+    return entries
+
+
+def _captures(run: Path, notes: list) -> tuple[dict, dict]:
+    """({step: {"path", "reasons"}} of the captures that open, {step: why} of those that do not)."""
+    out, broken = {}, {}
     for index in sorted(run.rglob("captures.json")):
-        data = _json(index)
-        for e in data.get("captures", []) if isinstance(data, dict) else []:
-            if isinstance(e, dict) and isinstance(e.get("step"), int) and isinstance(e.get("path"), str):
-                path = (index.parent / e["path"]).resolve()
-                if path.is_relative_to(index.parent.resolve()) and (path / "trace.json").is_file():
-                    out[e["step"]] = {"path": path, "reasons": e.get("reasons") or []}
-    return out
+        try:
+            entries = _index_entries(index, notes)
+        except DataError as err:
+            notes.append(f"{err}: its captured steps are left out")
+            continue
+        home = index.parent.resolve()
+        for e in entries:
+            step = _step(e.get("step")) if isinstance(e, dict) else None
+            if step is None:
+                continue
+            rel = e.get("path")
+            if not isinstance(rel, str):
+                err = e.get("error")
+                broken[step] = f"the capture failed: {err}" if isinstance(err, str) else "the index names no folder"
+                continue
+            try:
+                path = (index.parent / rel).resolve()
+                inside = path.is_relative_to(home) and path != home
+                problem = _capture_problem(path) if inside else "its folder lies outside the captures folder"
+            except (OSError, ValueError, RuntimeError) as err:   # a NUL byte, a name too long, a symlink loop
+                problem = f"its folder name cannot be opened ({type(err).__name__})"
+            if problem:
+                broken[step] = problem
+                out.pop(step, None)
+            else:
+                reasons = e.get("reasons")
+                out[step] = {"path": path, "reasons": reasons if isinstance(reasons, list) else []}
+                broken.pop(step, None)
+    return out, broken
 
 
 def read_run(run_dir) -> RunLog:
@@ -101,13 +191,18 @@ def read_run(run_dir) -> RunLog:
     run = Path(run_dir)
     if not run.is_dir():
         raise DataError(f"{run} is not a folder")
-    captures, notes = _captures(run), []
+    notes: list = []
+    captures, broken = _captures(run, notes)
     state = _trainer_state(run)
     if state is not None:
-        rows, source = _rows_from_history(_json(state).get("log_history")), f"{state} (TRL log_history)"
+        data = _json(state)
+        if not isinstance(data, dict):
+            notes.append(f"{state} holds a {type(data).__name__}, not TRL's trainer state: no curves")
+        rows = _rows_from_history(data.get("log_history") if isinstance(data, dict) else [], notes)
+        source = f"{state} (TRL log_history)"
     elif (run / "table.csv").is_file():
         rows, source = _rows_from_table(run / "table.csv"), f"{run / 'table.csv'} (rookworld-debug run)"
-    elif captures:
+    elif captures or broken:
         rows, source = [], "captured steps only"
         notes.append("no trainer_state.json: the curves hold only the captured steps' own logs")
     else:
@@ -115,20 +210,30 @@ def read_run(run_dir) -> RunLog:
                         "table.csv (rookworld-debug run) and no captures.json (flight recorder)")
     if not rows and captures:
         rows = _rows_from_captures(captures)
-    if not captures:
+    if not rows:
+        notes.append("the log holds no training step yet: no curves")
+    if broken:
+        notes.append(f"{len(broken)} captured step(s) cannot be opened ({_few(sorted(broken))}): the flagged-steps "
+                     "table says why")
+    if not captures and not broken:
         notes.append("no captured steps: flagged steps cannot be opened. Next time attach the flight recorder: "
                      "capture_steps(trainer, out_dir=..., keep_last=4, triggers='default')")
-    return RunLog(source=source, rows=tuple(rows), captures=captures, notes=tuple(notes))
+    return RunLog(source=source, rows=tuple(rows), captures=captures, notes=tuple(notes), broken=broken)
 
 
 def _rows_from_captures(captures: dict) -> list[dict]:
     rows = []
     for step, c in sorted(captures.items()):
         payload = _json(Path(c["path"]) / "trace.json")
-        cap = (payload.get("fields", {}).get("capture") or {}).get("fields", {}) if isinstance(payload, dict) else {}
+        cap = _get(_get(_get(payload, "fields"), "capture"), "fields")
         logged = _plain(cap.get("logged_metrics"), c["path"])
         rows.append({"step": step, **{k: _num(v) for k, v in logged.items() if _num(v) is not None}})
     return rows
+
+
+def _get(d, key) -> dict:
+    v = d.get(key) if isinstance(d, dict) else None
+    return v if isinstance(v, dict) else {}
 
 
 def _plain(encoded, path) -> dict:
@@ -148,8 +253,15 @@ def flag_steps(rows, triggers=None) -> list[dict]:
     triggers = default_triggers() if triggers is None else triggers
     out = []
     for row in rows:
-        for f in run_triggers(triggers, row["step"], row, None):
-            out.append({"step": row["step"], **f.to_dict()})
+        fired = run_triggers(triggers, row["step"], row, None)
+        out += [{"step": row["step"], **f.to_dict()} for f in fired]
+        said = {f.detail.split(" is ")[0] for f in fired if f.kind == "non-finite"}
+        bad = [k for k, v in row.items() if k != "step" and not math.isfinite(v) and k not in said]
+        if bad:                                   # a diverged run: every non-finite metric, not only loss/grad norm
+            out.append({"step": row["step"], "trigger": "non_finite", "value": repr(row[bad[0]]),
+                        "threshold": "inf", "kind": "non-finite",
+                        "detail": "non-finite: " + ", ".join(f"{k} is {row[k]}" for k in bad[:6])
+                                  + (f" (+{len(bad) - 6} more)" if len(bad) > 6 else "") + " (a gap in its curve)"})
     return out
 
 

@@ -9,6 +9,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -18,14 +19,16 @@ from rookworld_debug.report.triage import CURVES, flag_steps, read_run, trend_st
 
 def build_triage(run_dir, *, window: int = 10) -> dict:
     """Everything the page shows, as plain JSON (no step reports rendered: `report` is None)."""
+    run_dir = Path(run_dir).resolve()             # the page's kernel runs in another folder
     log = read_run(run_dir)
     flagged = flag_steps(log.rows)
     for f in flagged:
-        f.update(captured=f["step"] in log.captures, report=None)
-    return {"format": 1, "run_dir": str(Path(run_dir).resolve()), "source": log.source, "notes": list(log.notes),
+        f.update(captured=f["step"] in log.captures, report=None, broken=log.broken.get(f["step"]))
+    return {"format": 1, "run_dir": str(run_dir), "source": log.source, "notes": list(log.notes),
             "rows": list(log.rows), "curves": list(CURVES), "window": window, "flagged": flagged,
-            "captured_steps": sorted(log.captures), "captures_present": bool(log.captures),
+            "captured_steps": sorted(log.captures), "captures_present": bool(log.captures or log.broken),
             "capture_paths": {str(k): str(v["path"]) for k, v in log.captures.items()},
+            "broken_captures": {str(k): v for k, v in sorted(log.broken.items())},
             "trend": trend_stats(log.rows, "reward", window)}
 
 
@@ -36,24 +39,33 @@ def _lazy_report(t: dict, step: int, out: Path) -> tuple[str, str]:
     """(where the step's report will be, relative to the page; the command that renders it there)."""
     name = f"step-{int(step):06d}"
     rel = f"step-reports/{name}/run/report.html"
-    cmd = f"rookworld-debug report --trace {t['capture_paths'][str(step)]} --out {out / 'step-reports'} --sweep-name {name}"
+    cmd = shlex.join(["rookworld-debug", "report", "--trace", t["capture_paths"][str(step)],
+                      "--out", str(out / "step-reports"), "--sweep-name", name])
     return rel, cmd
 
 
 def _render_step_reports(t: dict, out: Path, progress: bool, limit: int = MAX_STEP_REPORTS,
-                         workers: int = 1) -> dict:
-    """{step: report.html} for the first `limit` flagged captured steps (rendered only when missing)."""
+                         workers: int = 1) -> tuple[dict, dict]:
+    """({step: report.html}, {step: why its report failed}) for the first `limit` flagged captured steps
+    (rendered only when missing)."""
     from rookworld_debug.notebook import notebook_path
     from rookworld_debug.report import run_sweep
     steps = sorted({f["step"] for f in t["flagged"] if f["captured"]})[:max(limit, 0)]
     if not steps:
-        return {}
+        return {}, {}
     grid = [{"trace_path": t["capture_paths"][str(s)]} for s in steps]
     res = run_sweep(notebook_path("01_grpo_step.ipynb"), grid, sweep_name="steps", out_root=out, workers=workers,
                     resume=True, progress=progress)
     by_trace = {r.params["trace_path"]: r for r in res.runs}
-    return {s: Path(by_trace[t["capture_paths"][str(s)]].run_dir) / "report.html" for s in steps
-            if (Path(by_trace[t["capture_paths"][str(s)]].run_dir) / "report.html").is_file()}
+    done, failed = {}, {}
+    for s in steps:
+        run = by_trace[t["capture_paths"][str(s)]]
+        html = Path(run.run_dir) / "report.html"
+        if html.is_file() and run.status in ("ok", "skipped"):
+            done[s] = html
+        else:
+            failed[s] = f"its step report failed: {str(run.error or run.status)[:300]}"
+    return done, failed
 
 
 def _render_page(json_path: Path, out: Path, progress: bool) -> Path:
@@ -79,15 +91,17 @@ def triage(run_dir, out=None, *, progress: bool = True, render_steps: bool = Tru
     every other flagged captured step gets `report_command`: the command that renders its report where the
     page's link (`report`, with `report_rendered` false) points — a run with 50 captures triages in seconds."""
     from rookworld_debug.safeio import atomic_write_json, check_output_dir
-    run = Path(run_dir)
-    out = check_output_dir(Path(out) if out else run / "triage", "--out")
+    run = Path(run_dir).resolve()
+    out = check_output_dir(Path(out).resolve() if out else run / "triage", "--out")
     t = build_triage(run)
     out.mkdir(parents=True, exist_ok=True)
-    reports = _render_step_reports(t, out, progress, max_step_reports, workers) if render_steps else {}
+    reports, failed = _render_step_reports(t, out, progress, max_step_reports, workers) if render_steps else ({}, {})
     for f in t["flagged"]:
         r = reports.get(f["step"])
         f["report"], f["report_rendered"], f["report_command"] = (os.path.relpath(r, out) if r else None), bool(r), None
-        if f["captured"] and not r:
+        if f["step"] in failed:                    # the capture's files are there but do not open as a step
+            f["broken"], f["captured"] = failed[f["step"]], False
+        elif f["captured"] and not r:
             rel, cmd = _lazy_report(t, f["step"], out)
             f["report_rendered"] = (out / rel).is_file()
             f["report"], f["report_command"] = rel, (None if f["report_rendered"] else cmd)

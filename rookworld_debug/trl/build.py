@@ -139,6 +139,33 @@ def _loss(logps, old, ref, adv, mask, entropy, config, num_items, ga: int = 1, n
                                   steps_per_generation=spg, num_generations=num_generations))
 
 
+def _step_rows_loss(rollout, old, adv, step_mask, config, num_items, g: int, mb_records: list, num_processes: int,
+                    *, ga: int, spg: int):
+    """The loss record of the rows one optimizer step trained, on the generation batch's N rows: per-token values,
+    KL/entropy/clip metrics over the step's tokens (`step_mask` (N, T) = 0 on the other rows); the totals and each
+    row's contribution are TRL's per-micro-batch losses (`mb_records`: (rows, record) pairs), summed as TRL logs
+    them, so `loss` is the step's loss whatever the loss type's aggregation."""
+    whole = _loss(rollout.per_token_logps, old, rollout.ref_per_token_logps, adv, step_mask, rollout.per_token_entropy,
+                  config, num_items / num_processes, ga=ga, num_generations=g, spg=spg)
+    n = step_mask.shape[0]
+    total = {k: sum(getattr(rec, k).detach() for _, rec in mb_records) / num_processes
+             for k in ("loss", "pg_loss", "kl_loss", "entropy_loss", "entropy_term")}
+    rows = {}
+    for k in ("per_seq_pg", "per_seq_kl_loss", "per_seq_entropy_term", "per_seq_loss"):
+        t = torch.zeros(n, dtype=getattr(whole, k).dtype)                                   # (N,) 0: not trained
+        for r, rec in mb_records:
+            t[r] = getattr(rec, k).detach().to(t.dtype) / num_processes
+        rows[k] = t
+    groups = {f"per_group_{k}": rows[f"per_seq_{k}"].reshape(-1, g).sum(1) if whole.per_group_pg is not None else None
+              for k in ("pg", "kl_loss", "loss")}                                           # (B,) each
+    den = sum(abs(float(total[k])) for k in ("pg_loss", "kl_loss", "entropy_term"))
+    return dataclasses.replace(
+        whole, **total, **rows, **groups, kl_share=abs(float(total["kl_loss"])) / den if den > 0 else 0.0,
+        kl_share_undefined=den == 0,
+        definition=whole.definition + " — on the rows this optimizer step trained (the sum of its micro-batch "
+                                      "losses as TRL logs it); the generation batch's other rows have mask 0")
+
+
 def _update(trl_loss, record_loss, grad_norm, per_layer_post, max_grad_norm, lr, n_mb) -> UpdateResult:
     coef = min(1.0, max_grad_norm / (grad_norm + 1e-6)) if max_grad_norm and math.isfinite(grad_norm) else 1.0
     return UpdateResult(loss=trl_loss, loss_record_diff=abs(trl_loss - record_loss), grad_norm_pre_clip=grad_norm,
@@ -184,18 +211,22 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
 
     mask = rollout.completion_mask
     num_items = gen["num_items_in_batch"]
-    loss = _loss(rollout.per_token_logps, old, rollout.ref_per_token_logps, trl_adv, mask, rollout.per_token_entropy,
-                 config, num_items, num_generations=g)
     # TRL's own per-micro-batch scaling, summed like its log; with P processes each rank normalizes by
     # num_items / P (dapo) and the logged loss is the mean over ranks
-    recomputed = 0.0
-    for mb in micro_batches:
-        r = mb["rows"]
-        recomputed += float(_loss(rollout.per_token_logps[r], None if old is None else old[r],
-                                  None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[r],
-                                  trl_adv[r], mask[r], rollout.per_token_entropy[r], config,
-                                  _mb_items(mb, num_items) / num_processes, ga=mb["gradient_accumulation_steps"],
-                                  spg=int(args.steps_per_generation)).loss) / num_processes
+    mb_records = [(mb["rows"], _loss(
+        rollout.per_token_logps[mb["rows"]], None if old is None else old[mb["rows"]],
+        None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[mb["rows"]],
+        trl_adv[mb["rows"]], mask[mb["rows"]], rollout.per_token_entropy[mb["rows"]], config,
+        _mb_items(mb, num_items) / num_processes, ga=mb["gradient_accumulation_steps"],
+        spg=int(args.steps_per_generation))) for mb in micro_batches]
+    recomputed = sum(float(rec.loss) for _, rec in mb_records) / num_processes
+    if bool(trained.all()):
+        loss = _loss(rollout.per_token_logps, old, rollout.ref_per_token_logps, trl_adv, mask,
+                     rollout.per_token_entropy, config, num_items, num_generations=g)
+    else:                  # one generation batch feeds several optimizer steps: the record is THIS step's rows
+        loss = _step_rows_loss(rollout, old, trl_adv, mask * trained[:, None], config, num_items, g, mb_records,
+                               num_processes, ga=int(args.gradient_accumulation_steps),
+                               spg=int(args.steps_per_generation))
     trl_loss = float(sum(mb["loss"] for mb in micro_batches)) / num_processes
     update = _update(trl_loss, float(loss.loss), grad_norm, per_layer_post_clip, config.max_grad_norm,
                      learning_rate, len(micro_batches))
@@ -205,8 +236,8 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
     if not bool(trained.all()):
         flags.append(f"steps_per_generation {args.steps_per_generation} > gradient_accumulation_steps "
                      f"{args.gradient_accumulation_steps}: this step trained {int(trained.sum())} of the generation "
-                     f"batch's {n} rows (capture.micro_batch_rows); the other rows show their generation-time "
-                     "log-probs (ratio 1, entropy 0) and the loss decomposition spans the whole generation batch")
+                     f"batch's {n} rows (capture.micro_batch_rows); the loss, its terms and the loss mask describe "
+                     "those rows; the other rows are context (their generation-time log-probs: ratio 1, entropy 0)")
     if len(gen.get("generation_batches", ())) > 1:
         flags.append(f"steps_per_generation {args.steps_per_generation} < gradient_accumulation_steps "
                      f"{args.gradient_accumulation_steps}: this step read {len(gen['generation_batches'])} generation "
@@ -224,7 +255,7 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
                   "num_parameters": sum(p.numel() for p in policy.parameters()), "dtype": config.dtype,
                   "model_type": getattr(policy.config, "model_type", None),
                   "weights_sha256_at": (f"start of step {step} (before its update)" if weights_sha256 else
-                                        "not hashed: a held flight-recorder step (hashing every step costs time)"),
+                                        "not hashed"),
                   "capture_reasons": list(reasons),
                   "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
                                "torch": torch.__version__}, "global_step": step,

@@ -40,6 +40,30 @@ ROW_KEY = "_rookworld_row"
 __all__ = ["StepCapture", "CapturePlan", "capture_steps", "ROW_KEY", "step_dir"]
 
 
+def _warn(message: str) -> None:
+    """A capture problem, said where the user looks: a Python warning and a line in the trainer's log."""
+    from transformers.utils import logging as hf_logging
+    warnings.warn(message, stacklevel=3)
+    hf_logging.get_logger("rookworld_debug.capture").warning(message)
+
+
+def _guarded(errors: dict, step_of, what: str):
+    """Decorator for the recorder's own work inside a wrapped trainer method: an exception there is recorded in
+    `errors` (the step's entry) and warned about, never raised into the training loop."""
+    def wrap(fn):
+        def run(*a, **kw):
+            try:
+                return fn(*a, **kw)
+            except Exception as err:  # noqa: BLE001 - the capture must never end the user's training run
+                step = step_of()
+                errors.setdefault(step, f"{what} failed: {type(err).__name__}: {err}")
+                _warn(f"rookworld_debug capture of step {step}: {what} failed ({type(err).__name__}: {err}); "
+                      "training goes on")
+                return None
+        return run
+    return wrap
+
+
 def step_dir(out_dir, step: int) -> Path:
     return Path(out_dir) / f"step-{int(step):06d}"
 
@@ -141,8 +165,9 @@ class _Recorder:
     that keep detached CPU copies of what a recorded step reads — its generation batches, the loss
     micro-batches with their log-probs and entropies, the pre-clip grad norm — and the per-layer norms."""
 
-    def __init__(self, trainer, plan: CapturePlan, costs: _Costs):
+    def __init__(self, trainer, plan: CapturePlan, costs: _Costs, errors: Optional[dict] = None):
         self.trainer, self.plan, self.costs = trainer, plan, costs
+        self.errors = {} if errors is None else errors          # step -> what went wrong (shared with the writer)
         # captured generation batches by their first row id: a step reads one (steps_per_generation ≥ grad. acc.
         # steps, also reused num_iterations times) or several (steps_per_generation < grad. acc. steps)
         self.gens: dict[int, dict] = {}
@@ -179,11 +204,10 @@ class _Recorder:
         gen, rew, loss, logps, gnorm = (t._generate_and_score_completions, t._calculate_rewards, t.compute_loss,
                                         t._get_per_token_logps_and_entropies, t._get_grad_norm)
 
-        def generate_and_score(inputs, *a, **kw):
-            if not (t.model.training and self._feeds_capture()):
-                return gen(inputs, *a, **kw)
-            self._rewards = {}
-            out = gen(inputs, *a, **kw)
+        guard = _guarded(self.errors, lambda: self.running, "recording")
+
+        @guard
+        def keep_batch(inputs, out):
             t0 = time.perf_counter()
             rec = {k: _cpu(v) for k, v in out.items() if isinstance(v, torch.Tensor)}
             rec["prompts"] = [x.get("prompt") for x in inputs]
@@ -194,16 +218,28 @@ class _Recorder:
             self._rewards, self.gens[base], self._row_base = None, rec, base + n
             out[ROW_KEY] = torch.arange(base, base + n, device=out["advantages"].device)
             spend(self._fed, t0, _nbytes(rec))
+
+        def generate_and_score(inputs, *a, **kw):
+            if not (t.model.training and self._feeds_capture()):
+                return gen(inputs, *a, **kw)
+            self._rewards = {}
+            out = gen(inputs, *a, **kw)
+            keep_batch(inputs, out)
+            self._rewards = None
             return out
+
+        @guard
+        def keep_rewards(out, completions):
+            t0 = time.perf_counter()
+            self._rewards.update(
+                rewards_per_func=_cpu(out), completions=list(completions),
+                breakdowns=[getattr(getattr(f, "last_call", None), "breakdowns", None) for f in t.reward_funcs])
+            spend(self._fed, t0, _nbytes(out))
 
         def calculate_rewards(inputs, prompts, completions, completion_ids_list, *a, **kw):
             out = rew(inputs, prompts, completions, completion_ids_list, *a, **kw)
             if self._rewards is not None:
-                t0 = time.perf_counter()
-                self._rewards.update(
-                    rewards_per_func=_cpu(out), completions=list(completions),
-                    breakdowns=[getattr(getattr(f, "last_call", None), "breakdowns", None) for f in t.reward_funcs])
-                spend(self._fed, t0, _nbytes(out))
+                keep_rewards(out, completions)
             return out
 
         def compute_loss(model, inputs, *a, **kw):
@@ -214,6 +250,11 @@ class _Recorder:
                 value = loss(model, inputs, *a, **kw)
             finally:
                 self._in_loss = False
+            keep_micro_batch(inputs, value)
+            return value
+
+        @guard
+        def keep_micro_batch(inputs, value):
             t0 = time.perf_counter()
             mb = {"rows": _cpu(inputs[ROW_KEY]), "loss": float(value.detach()),
                   "per_token_logps": self._logps[0], "entropy": self._logps[1],
@@ -222,7 +263,6 @@ class _Recorder:
                   "gradient_accumulation_steps": int(t.current_gradient_accumulation_steps)}
             self.mb.append(mb)
             spend(self.running, t0, _nbytes(mb))
-            return value
 
         def per_token_logps_and_entropies(*a, **kw):
             out = logps(*a, **kw)
@@ -247,9 +287,9 @@ class _Recorder:
     def begin_step(self, step: int) -> None:
         from rookworld_debug.models.provenance import weights_sha256
         self.mb, self.grad_norm, self.per_layer = [], float("nan"), {}
-        # hashing every weight costs ~1 % of a step on 124M: named steps only, not every held one
-        self.weights_hash = (weights_sha256(self.trainer.accelerator.unwrap_model(self.trainer.model))
-                             if self.plan.named(step) else None)
+        # every recorded step, held ones too: a held step written as a trigger's lead-up needs its provenance, and
+        # the weights it started from are gone by then (~1 % of a step on 124M)
+        self.weights_hash = weights_sha256(self.trainer.accelerator.unwrap_model(self.trainer.model))
 
     def record_layer_norms(self) -> None:
         """Per-layer gradient norms AFTER clipping (as the optimizer sees them), and the LR this update uses."""
@@ -296,12 +336,12 @@ class _Writer:
     """Writing: a finished step's raw record is written when named or when a trigger fires (with the held
     lead-up), else held (the flight recorder's last K); trace folders and the captures.json index."""
 
-    def __init__(self, trainer, plan: CapturePlan, out_dir: Path, costs: _Costs):
+    def __init__(self, trainer, plan: CapturePlan, out_dir: Path, costs: _Costs, errors: Optional[dict] = None):
         self.trainer, self.plan, self.out_dir, self.costs = trainer, plan, out_dir, costs
         self.held: deque = deque(maxlen=max(plan.keep_last, 1))
         self.index: list[dict] = []              # captures.json: one entry per written step, with its reasons
         self.paths: dict[int, Path] = {}
-        self.errors: dict[int, str] = {}
+        self.errors: dict[int, str] = {} if errors is None else errors
 
     def finalize(self, raw: dict) -> None:
         step, t0 = raw["step"], time.perf_counter()
@@ -330,22 +370,30 @@ class _Writer:
         cost = self.costs.table
         try:
             if raw["gen"] is None or not raw["micro_batches"]:
-                raise RuntimeError("the step's generation batch or loss micro-batches were not seen "
-                                   "(was the capture attached after train() started?)")
+                raise RuntimeError(self.errors.get(step) or "the step's generation batch or loss micro-batches were "
+                                   "not seen (was the capture attached after train() started?)")
             trace = build_captured_trace(self.trainer, **raw, cost=dict(cost.get(step, {})),
                                          reasons=tuple(r.to_dict() for r in reasons))
             self.paths[step] = trace.save(step_dir(self.out_dir, step))
         except Exception as err:                 # never kill the user's training run; say what was lost
             self.errors[step] = f"{type(err).__name__}: {err}"
-            warnings.warn(f"rookworld_debug capture of step {step} failed: {self.errors[step]}", stacklevel=2)
+            _warn(f"rookworld_debug capture of step {step} failed: {self.errors[step]}; training goes on")
         finally:
             self.costs.spend(step, t0)
-            if step in self.paths:               # the saved record's cost misses the save itself: add it
+        if step in self.paths:                   # the saved record's cost misses the save itself: add it
+            try:
                 _patch_cost(self.paths[step], cost[step])
+            except Exception as err:  # noqa: BLE001 - the trace is saved; only its cost figure is stale
+                _warn(f"rookworld_debug capture of step {step}: its cost was not added ({type(err).__name__}: {err})")
         self.index.append({"step": step, "path": step_dir(self.out_dir, step).name if step in self.paths else None,
                            "reasons": [r.to_dict() for r in reasons], "error": self.errors.get(step),
                            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
-        self.write_index()
+        try:
+            self.write_index()
+        except Exception as err:  # noqa: BLE001 - a full disk or a bad folder: the run goes on, the error is kept
+            self.errors.setdefault(step, f"captures.json not written: {type(err).__name__}: {err}")
+            _warn(f"rookworld_debug capture: {self.out_dir / 'captures.json'} not written ({type(err).__name__}: "
+                  f"{err}); training goes on")
 
     def write_index(self) -> None:
         """captures.json: the folder's index, rewritten atomically after every write (a run in progress)."""
@@ -380,8 +428,11 @@ class StepCapture(TrainerCallback):
         self.trainer, self.out_dir = trainer, Path(out_dir)
         self._costs = _Costs(plan)
         self.cost: dict[int, dict] = self._costs.table   # step -> {"seconds", "bytes", "captured"}
-        self.recorder = _Recorder(trainer, plan, self._costs)
-        self.writer = _Writer(trainer, plan, self.out_dir, self._costs)
+        errors: dict[int, str] = {}
+        self.recorder = _Recorder(trainer, plan, self._costs, errors)
+        self.writer = _Writer(trainer, plan, self.out_dir, self._costs, errors)
+        self.unreached: tuple = ()               # named steps the run ended before (set at the end of training)
+        _check_out_dir(self.out_dir)
         self.paths, self.errors, self.index = self.writer.paths, self.writer.errors, self.writer.index
         self._pending: Optional[dict] = None
         self.recorder.install()
@@ -392,14 +443,14 @@ class StepCapture(TrainerCallback):
         self._costs.open(step)
         if self.plan.recorded(step):
             t0 = time.perf_counter()
-            self.recorder.begin_step(step)
+            _guarded(self.errors, lambda: step, "starting the step's record")(self.recorder.begin_step)(step)
             self._costs.spend(step, t0)
 
     def on_pre_optimizer_step(self, args, state, control, **kw):
         step = state.global_step + 1
         if self.plan.recorded(step):
             t0 = time.perf_counter()
-            self.recorder.record_layer_norms()
+            _guarded(self.errors, lambda: step, "the per-layer gradient norms")(self.recorder.record_layer_norms)()
             self._costs.spend(step, t0)
 
     def on_step_end(self, args, state, control, **kw):
@@ -416,7 +467,11 @@ class StepCapture(TrainerCallback):
                 return                           # the other ranks never write (nor wait on disk)
         else:
             from rookworld_debug.trl.gather import merge_step
-            merged = merge_step([local], pad_id=self.recorder.pad_id())
+            merged = _guarded(self.errors, lambda: step, "merging the step's record")(merge_step)(
+                [local], pad_id=self.recorder.pad_id())
+            if merged is None:
+                self._costs.spend(step, t0)
+                return
         self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
                          "learning_rate": self.recorder.lr, "gen": merged["gen"],
                          "micro_batches": merged["micro_batches"]}
@@ -431,6 +486,14 @@ class StepCapture(TrainerCallback):
     def on_train_end(self, args, state, control, **kw):
         if self._pending is not None:
             self._finalize(None)
+        last = state.global_step
+        self.unreached = tuple(sorted(s for s in self.plan.steps if s > last))
+        if self.unreached and self.rank == 0:
+            _warn(f"rookworld_debug capture: named step(s) {list(self.unreached)} were never reached (the run ended "
+                  f"at step {last}): nothing was captured for them")
+        if self.errors and self.rank == 0:
+            _warn(f"rookworld_debug capture: {len(self.errors)} step(s) not captured: "
+                  + "; ".join(f"step {k}: {v}" for k, v in sorted(self.errors.items())[:5]))
 
     def _finalize(self, logs: Optional[dict]) -> None:
         """The step's raw record (TRL's logged metrics when it logged), handed to the writer."""
@@ -452,6 +515,16 @@ class StepCapture(TrainerCallback):
 
     def _write(self, raw: dict, reasons: list) -> None:
         self.writer.write(raw, reasons)
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Warn now (training still goes on) when the capture folder cannot be written: every capture will fail."""
+    from rookworld_debug.safeio import check_output_dir
+    try:
+        check_output_dir(out_dir, "out_dir")
+    except ConfigError as err:
+        _warn(f"rookworld_debug capture: {err}; the steps it should write will fail (recorded in cap.errors), "
+              "training goes on")
 
 
 def _patch_cost(path: Path, cost: dict) -> None:

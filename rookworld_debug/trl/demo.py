@@ -14,6 +14,7 @@ steps before it into OUT/captures; OUT/trainer_state.json is TRL's log history, 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -68,6 +69,10 @@ def main(argv=None) -> int:
     from rookworld_debug.errors import ConfigError
     if not 3 <= a.jump_at <= a.steps:
         raise ConfigError("--jump-at", f"needs 3 ≤ jump-at ≤ steps, got jump-at {a.jump_at}, steps {a.steps}")
+    if not (math.isfinite(a.lr_factor) and a.lr_factor > 0):
+        raise ConfigError("--lr-factor", f"the learning rate is multiplied by it: a finite number > 0, got {a.lr_factor}")
+    if a.keep_last < 0:
+        raise ConfigError("--keep-last", f"a number of held steps ≥ 0, got {a.keep_last}")
     import torch
     torch.set_num_threads(min(2, torch.get_num_threads()))
     from tqdm.auto import tqdm

@@ -68,6 +68,30 @@ def _load_weights(folder: Path):
         raise CheckpointError(f"{folder}: the weights cannot be loaded ({type(err).__name__}: {err})") from None
 
 
+def check_tolerances(rtol, atol) -> None:
+    """ConfigError unless both tolerances are finite numbers ≥ 0 (NaN would pass every layer: `d ≤ NaN` is False,
+    but a NaN tolerance is no check at all)."""
+    from rookworld_debug.errors import ConfigError
+    for name, v in (("--rtol", rtol), ("atol", atol)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+            raise ConfigError(name, f"a tolerance is a finite number ≥ 0, got {v!r}")
+
+
+def _check_model_of(model, trace, folder: Path) -> None:
+    """CheckpointError unless the checkpoint holds the captured model: its parameter count (provenance) and a
+    vocabulary that covers every captured token id."""
+    prov = trace.setup.provenance if trace.setup is not None else {}
+    want = prov.get("num_parameters") if isinstance(prov, dict) else None
+    have = sum(p.numel() for p in model.parameters())
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = [t for t in (trace.rollout.prompt_ids, trace.rollout.completion_ids) if t.numel()]
+    top = max((int(t.max()) for t in ids), default=-1)
+    if (isinstance(want, int) and want != have) or top >= vocab:
+        raise CheckpointError(f"{folder} holds another model than the captured step's ({have:,} parameters, "
+                              f"vocabulary {vocab}; the capture: {want if want is not None else '?'} parameters, "
+                              f"token ids up to {top})")
+
+
 def _optimizer(model, cfg: dict, lr: float) -> torch.optim.Optimizer:
     """AdamW with the Trainer's two groups (decay / no decay) in its parameter order."""
     from transformers import Trainer
@@ -138,8 +162,10 @@ def verify_capture(step_dir, before, after, *, rtol: float = RTOL, atol: float =
     cap = trace.capture
     if cap is None:
         raise TraceError(f"{step_dir} is a step of this project's own, not a TRL capture: nothing to verify")
+    check_tolerances(rtol, atol)
     before, after = Path(before), Path(after)
     model = _load_weights(before)
+    _check_model_of(model, trace, before)
     cfg = dict(cap.grpo_config)
     if cfg.get("disable_dropout", True):
         for m in model.modules():
@@ -155,7 +181,10 @@ def verify_capture(step_dir, before, after, *, rtol: float = RTOL, atol: float =
     if cfg.get("max_grad_norm"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), float(cfg["max_grad_norm"]))
     opt.step()
-    layers = compare(model, before_state, _load_weights(after), rtol, atol)
+    after_model = _load_weights(after)
+    from rookworld_debug.safeio import check_fits
+    check_fits(model, after_model.state_dict(), "--after", after)   # another model's checkpoint: named, not a KeyError
+    layers = compare(model, before_state, after_model, rtol, atol)
     bstep, astep = _checkpoint_step(before), _checkpoint_step(after)
     notes = []
     if bstep is not None and bstep != cap.global_step - 1:
@@ -195,7 +224,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rtol", type=float, default=RTOL, help=f"per-layer tolerance relative to the true update ({RTOL})")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    from rookworld_debug.errors import ConfigError
     from rookworld_debug.safeio import check_input_file
+    check_tolerances(a.rtol, ATOL)
+    if not 1 <= a.threads <= 1024:
+        raise ConfigError("--threads", f"a number of CPU threads ≥ 1, got {a.threads}")
     for flag, folder in (("--before", a.before), ("--after", a.after)):
         check_input_file(Path(folder) / "config.json", flag)
     check_input_file(Path(a.before) / "optimizer.pt", "--before")

@@ -52,6 +52,8 @@ def signal_noise_from_trace(trace: Any) -> HTMLView:
                      for i, (nm, cs, w) in enumerate(zip(d.group_grad_norms, d.group_cos_step, d.group_weights)))
     trust = "" if n.trustworthy else (f'<p style="color:#9a6700"><b>Cannot be trusted as a point value:</b> '
                                       f"{html.escape(n.note)}.</p>")
+    if n.num_groups < 2:                   # nothing to compare across: the rows above are NaN, say why
+        trust = f'<p style="color:#9a6700"><b>Noise scale across groups:</b> {html.escape(n.note)}.</p>'
     return HTMLView(
         '<div class="rw-signal"><table class="rw-table"><caption style="text-align:left">Batch: the sampled rollout '
         "at the step's start (the first optimizer step's gradient), split by group; Δreward: greedy, same prompts, "

@@ -1,0 +1,85 @@
+"""A loaded trace's tensors checked for types and shapes against each other, so a file whose fields are all
+present but disagree (a (N, T) mask next to a (N, T + 1) log-prob, a string where a tensor goes) is refused at
+load with a TraceError naming the field, instead of failing later inside a view.
+
+Dims: N rows (B prompts × G), T completion tokens, P prompt tokens, B groups, K reward functions. A spec is the
+dims of one field, "?" when the field may be None, "+" when more trailing dims follow (top-k), "seq" for a Python
+sequence of N items.
+"""
+from __future__ import annotations
+
+import torch
+
+from rookworld_debug.errors import TraceError
+
+_TOKENS = ("per_token_logps", "per_token_entropy", "sampling_per_token_logps", "completion_ids", "completion_mask")
+SPECS = {
+    "rollout": {"prompt_ids": "N P", "prompt_mask": "N P", **{k: "N T" for k in _TOKENS},
+                "ref_per_token_logps": "N T ?", "per_token_full_kl": "N T ?", "topk_ids": "N T +", "topk_logps": "N T +",
+                "is_truncated": "N", "temperatures": "N", "unique_per_group": "B", "prompts": "seq", "tasks": "seq",
+                "completions": "seq", "completion_tokens": "seq"},
+    "rewards": {"rewards": "N", "rewards_per_func": "N K"},
+    "advantages": {"advantages": "N", "rewards": "N", "group_mean": "B", "group_std": "B", "denominator": "N"},
+    "loss": {"completion_mask": "N T", "advantages": "N", "per_token_pg": "N T", "per_token_kl": "N T ?",
+             "per_token_loss": "N T", "per_token_ratio": "N T", "per_token_entropy": "N T ?", "is_clipped_low": "N T",
+             "is_clipped_high": "N T", "seq_len": "N", "per_seq_pg": "N", "per_seq_kl_loss": "N",
+             "per_seq_entropy_term": "N", "per_seq_loss": "N", "per_seq_kl": "N ?", "per_seq_entropy": "N ?",
+             "per_seq_ratio": "N", "per_seq_logp": "N", "per_group_pg": "B ?", "per_group_kl_loss": "B ?",
+             "per_group_loss": "B ?", "loss": "", "pg_loss": "", "kl_loss": ""},
+    "capture": {"old_per_token_logps": "N T ?", "sampling_per_token_logps": "N T ?"},
+}
+
+
+def _check(where: str, value, spec: str, dims: dict) -> None:
+    parts = spec.split()
+    if not parts:                                   # a total: a number or a 0-dim tensor
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return
+        if not (isinstance(value, torch.Tensor) and value.ndim == 0):
+            raise TraceError(f"{where}: a scalar expected, found {type(value).__name__} "
+                             f"{tuple(getattr(value, 'shape', ()))}")
+        return
+    if "?" in parts:
+        if value is None:
+            return
+        parts.remove("?")
+    if parts == ["seq"]:
+        if not isinstance(value, (tuple, list)):
+            raise TraceError(f"{where}: a sequence of N items expected, found {type(value).__name__}")
+        shape, parts = (len(value),), ["N"]
+    else:
+        if not isinstance(value, torch.Tensor):
+            raise TraceError(f"{where}: a tensor expected, found {type(value).__name__}")
+        shape = tuple(value.shape)
+    more = "+" in parts
+    names = [p for p in parts if p != "+"]
+    if len(shape) != len(names) and not (more and len(shape) > len(names)):
+        raise TraceError(f"{where}: shape {shape} where ({', '.join(names)}) was expected")
+    for name, size in zip(names, shape):
+        if dims.setdefault(name, (size, where))[0] != size:
+            other = dims[name][1]
+            raise TraceError(f"{where}: shape {shape} disagrees with {other} ({name} = {dims[name][0]}, here {size})")
+
+
+def check_trace(trace, source: str) -> None:
+    """TraceError naming the first field whose type or shape disagrees with the others (see module doc)."""
+    dims: dict = {}
+    for record, fields in SPECS.items():
+        rec = getattr(trace, record, None)
+        if rec is None and record in ("capture",):
+            continue
+        if rec is None:
+            raise TraceError(f"{source}: the trace has no {record} record")
+        for name, spec in fields.items():
+            if hasattr(rec, name):
+                _check(f"{source}: {record}.{name}", getattr(rec, name), spec, dims)
+    n, b = dims.get("N", (None,))[0], dims.get("B", (None,))[0]
+    g = getattr(trace.rollout, "num_generations", None)
+    if isinstance(g, int) and not isinstance(g, bool) and b is not None and n is not None and b * g != n:
+        raise TraceError(f"{source}: {n} rows are not {b} groups of num_generations = {g}")
+    names = getattr(trace.rewards, "func_names", ())
+    if not isinstance(names, (tuple, list)):
+        raise TraceError(f"{source}: rewards.func_names: a sequence of names expected, found {type(names).__name__}")
+    k = len(names)
+    if dims.get("K") and dims["K"][0] != k:
+        raise TraceError(f"{source}: rewards.rewards_per_func has {dims['K'][0]} columns for {k} reward functions")
