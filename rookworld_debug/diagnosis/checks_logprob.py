@@ -23,6 +23,8 @@ EXACT = 1e-4
 # bf16 keeps 8 mantissa bits: a logit of size ~10 is rounded by up to ~0.04, so a bf16-vs-fp32 forward moves
 # token log-probs by O(1e-2) on average; a different set of weights moves them by far more
 BF16_MEAN_ABS = 0.05
+# a rounding gap: no token off by more than 0.1 nats, the average far below; one token off by a nat is weights
+ROUNDING_MAX_ABS, ROUNDING_MEAN_ABS = 0.1, 1e-3
 
 _DROPOUT_FLAG = re.compile(r"(\d+) dropout modules active")
 _GAP = ("ℓ − ℓ^ref per masked sampled token (policy minus reference log-prob, tempered logits, fp32 softmax)")
@@ -87,7 +89,7 @@ def check_dropout(trace) -> list[Finding]:
                 code_change="load the policy with load_policy_and_reference (dropout zeroed) or call "
                             "model.eval() and never model.train() before the step"),
         alternatives=("reference_not_start: a reference from other weights also gives a step-0 gap, but a "
-                      "deterministic one",), score=10.0, step=E.step_of(trace, current_step()))]
+                      "deterministic one",), score=10.5, step=E.step_of(trace, current_step()))]
 
 
 def check_reference(trace) -> list[Finding]:
@@ -109,7 +111,13 @@ def check_reference(trace) -> list[Finding]:
            E.ev("step0_logp_gap_max_abs", st["max_abs"], "max |" + _GAP + "|"),
            E.ev("step0_logp_gap_pos_share", st["pos_share"], "share of tokens with ℓ > ℓ^ref"),
            E.ev("kl", trace.loss.kl, "TRL `kl`: token mean of the KL estimator (raw)", where="report: Loss decomposition"))
-    rounding = st["mean_abs"] <= BF16_MEAN_ABS and 0.2 <= st["pos_share"] <= 0.8
+    dtypes = _dtypes(trace)
+    if dtypes is not None:
+        rounding = dtypes[0] != dtypes[1]
+        evs = (*evs, E.ev("policy_reference_dtype_differ", float(rounding), f"policy {dtypes[0]} vs reference "
+                          f"{dtypes[1]} (the loaded models)", "model"))
+    else:       # rounding moves a token's log-prob by O(eps·|logit|): never a whole nat, and ~0 on average
+        rounding = st["max_abs"] <= ROUNDING_MAX_ABS and st["mean_abs"] <= ROUNDING_MEAN_ABS
     step = E.step_of(trace, current_step())
     if rounding:
         return [Finding(
@@ -121,7 +129,7 @@ def check_reference(trace) -> list[Finding]:
                                   grpo_config={"model_init_kwargs": {"dtype": "float32"}},
                                   code_change="create the reference with the same dtype/autocast as the policy"),
             alternatives=("reference_not_start: weights that differ slightly (e.g. one tiny update) give a gap "
-                          "of the same size",), score=8.0, step=step)]
+                          "of the same size",), score=10.0, step=step)]
     return [Finding(
         code="reference_not_start", severity="error",
         cause="The reference is not the policy's starting weights: before any update the policy's log-probs "
@@ -131,4 +139,14 @@ def check_reference(trace) -> list[Finding]:
                                           "reloads it from model.config._name_or_path)"),
         alternatives=("reference_precision: a much smaller gap of both signs would be precision",
                       "a policy that was already trained (a later step or a resumed run) is not a fault"),
-        score=9.0, step=step)]
+        score=10.0, step=step)]
+
+
+def _dtypes(trace):
+    """(policy dtype, reference dtype) of the live models, or None (a saved trace keeps no model)."""
+    s = trace.setup
+    pol, ref = getattr(s, "policy", None), getattr(s, "reference", None)
+    try:
+        return str(next(pol.parameters()).dtype), str(next(ref.parameters()).dtype)
+    except (AttributeError, StopIteration, TypeError):
+        return None

@@ -18,6 +18,8 @@ from rookworld_debug.diagnosis.findings import Finding, Fix
 
 # a rule over token shares: one sign on ≥ 90 % of the top-1 tokens is a systematic direction, not rounding
 SIGN_SHARE = 0.9
+# applying ÷ T must remove most of the gap (top-k renormalisation leaves a little) for temperature to explain it
+TEMPERATURE_EXPLAINS = 0.25
 
 
 def _after_eos(trace):
@@ -64,7 +66,7 @@ def check_mask_after_eos(trace) -> list[Finding]:
         evidence=evs, fix=Fix("Cut each completion at its first EOS and mask everything after it (EOS kept).",
                               code_change="completion_mask = (position <= first EOS index), as TRL builds it"),
         alternatives=("pad_in_mask / tokens_after_eos_trained: with pad = EOS the two read alike",),
-        score=9.5, step=E.step_of(trace, current_step()))]
+        score=10.0, step=E.step_of(trace, current_step()))]
 
 
 def check_sampler_trainer(trace) -> list[Finding]:
@@ -89,7 +91,7 @@ def check_sampler_trainer(trace) -> list[Finding]:
         fix=Fix("Score exactly the sampled ids with the sampler's temperature, position ids and precision.",
                 code_change="score the sampled token ids (never re-tokenized text) with logits ÷ T"),
         alternatives=("retokenized_completions", "temperature_not_applied", "position_ids_left_pad",
-                      "sampler_precision"), score=7.0, step=step)]
+                      "sampler_precision"), score=9.5, step=step)]
 
 
 def _position_ids(trace, st, evs, step):
@@ -110,27 +112,32 @@ def _position_ids(trace, st, evs, step):
                   E.ev("gap_padded_rows", padded, "the same on rows whose prompt is left-padded")),
         fix=Fix("Pass position ids that count real tokens only (cumsum(attention_mask) − 1, pads at 0).",
                 code_change="position_ids = attention_mask.cumsum(-1) - 1 clamped at 0, in every scoring forward"),
-        alternatives=("a prompt-dependent sampler bug would also hit some rows only",), score=9.0, step=step)]
+        alternatives=("a prompt-dependent sampler bug would also hit some rows only",), score=10.0, step=step)]
 
 
 def _temperature(trace, st, evs, step):
+    """Apply the sampling temperature to the trainer's recorded top-k log-probs: if that reproduces the sampler's
+    log-probs far better than the trainer's own, the trainer skipped logits ÷ T."""
     r = trace.rollout
     m = E.mask(trace)
-    t = r.temperatures.float()[:, None].expand_as(m)                                       # (N, T)
-    if r.topk_ids is None or r.topk_ids.ndim != 3 or r.topk_ids.shape[-1] == 0:
+    t = r.temperatures.float()
+    if r.topk_ids is None or r.topk_ids.ndim != 3 or r.topk_ids.shape[-1] < 2 or bool((t == 1.0).all()):
         return []
-    top1 = (r.completion_ids == r.topk_ids[..., 0]) & m & (t != 1.0)                       # (N, T)
-    if int(top1.sum()) < 5:
+    hit = (r.topk_ids == r.completion_ids[..., None]) & m[..., None] & (t != 1.0)[:, None, None]   # (N, T, K)
+    sel = hit.any(-1)                                                                             # (N, T)
+    if int(sel.sum()) < 5:
         return []
-    gap = (r.sampling_per_token_logps.float() - r.per_token_logps.float())[top1]
-    expected = torch.sign(1.0 - t[top1])
-    agree = float(((torch.sign(gap) == expected) | (gap.abs() <= EXACT)).float().mean())
-    big = float(gap.abs().mean())
-    if agree < SIGN_SHARE or big <= BF16_MEAN_ABS / 5:
+    tempered = torch.log_softmax(r.topk_logps.float() / t[:, None, None], -1)                     # (N, T, K)
+    pred = (tempered * hit).sum(-1)[sel]                      # the trainer's distribution with ÷ T applied
+    samp = r.sampling_per_token_logps.float()[sel]
+    now = (samp - r.per_token_logps.float()[sel]).abs().mean()
+    after = (samp - pred).abs().mean()
+    if not float(now) > EXACT or not float(after) < TEMPERATURE_EXPLAINS * float(now):
         return []
     pos = E.position_gap(trace)
-    evs = [*evs, E.ev("top1_sign_agreement", agree, "share of the sampler's top-1 tokens whose gap has the sign "
-                      "1 − T predicts for logits not divided by T"),
+    evs = [*evs, E.ev("gap_if_tempered", float(after), "mean |ℓ^sampler − log_softmax(top-k ℓ^trainer / T)| on "
+                      "the sampled tokens in the trainer's top-k: the gap left once ÷ T is applied"),
+           E.ev("gap_as_recorded", float(now), "mean |ℓ^sampler − ℓ^trainer| on the same tokens"),
            E.ev("temperature", float(r.temperatures.float().mean()), "mean sampling temperature of the rows", "config")]
     if pos is not None:
         evs += [E.ev("gap_first_token", pos[0], "mean |gap| at the first completion token"),
@@ -143,7 +150,7 @@ def _temperature(trace, st, evs, step):
         fix=Fix("Divide the logits by the sampling temperature in every scoring forward (TRL does: logits /= T).",
                 code_change="logits = logits / temperature before log_softmax in the trainer's log-prob function"),
         alternatives=("sampler_trainer_mismatch (another logits processor, e.g. top-p renormalisation in the "
-                      "sampler's log-probs)",), score=9.0, step=step)]
+                      "sampler's log-probs)",), score=10.0, step=step)]
 
 
 def _precision(trace, st, evs, step):
@@ -160,4 +167,4 @@ def _precision(trace, st, evs, step):
         fix=Fix("Correct for it (importance-sampling correction) or sample in the trainer's precision.",
                 step_config={"vllm_importance_sampling_correction": True},
                 grpo_config={"vllm_importance_sampling_correction": True}),
-        alternatives=("sampler_trainer_mismatch",), score=5.0, step=step)]
+        alternatives=("sampler_trainer_mismatch",), score=6.0, step=step)]

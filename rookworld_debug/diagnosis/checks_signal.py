@@ -21,6 +21,8 @@ from rookworld_debug.diagnosis.findings import Finding, Fix
 # a temperature whose distribution holds less than half the entropy it would have at T = 1 is what makes the
 # completions identical (the ratio, not the level: a deterministic prompt has ~0 entropy at any T)
 ENTROPY_RATIO = 0.5
+# without recorded top-k (a TRL capture) only the setting itself is known: below 0.3 a softmax keeps little
+LOW_T_NO_TOPK = 0.3
 
 
 def _zero(trace):
@@ -91,55 +93,61 @@ def check_no_signal(trace) -> list[Finding]:
         return []
     uniq = trace.rollout.unique_per_group
     same = [k for k in zero if int(uniq[k]) == 1]
-    differ = [k for k in zero if int(uniq[k]) > 1]
-    out = []
+    spread = [k for k in range(b) if int(uniq[k]) > 1]                 # groups whose completions differ
+    tied = [k for k in spread if k in zero]
     step = E.step_of(trace, current_step())
     frac = len(zero) / max(b, 1)
-    sev_all = "error" if frac == 1.0 else "warning"
     base = _signal_evidence(trace, zero, b)
-    if frac == 1.0 and len(differ) >= max(1, len(zero) // 2):
-        # every group flat although completions differ: a reward that read them would separate some group
+    low_t, evs_t = _low_temperature(trace, zero, same, base)
+    out = []
+    if spread and len(tied) == len(spread):
+        # no group whose completions differ got different rewards: a reward that read them would separate some
+        sure = len(tied) >= 2 and not low_t
         out.append(Finding(
-            code="reward_ignores_completion", severity="error",
-            cause="The reward does not read the completion: every group got equal rewards although its completions "
-                  "differ (a constant reward, or one computed from the prompt only), so every advantage is 0.",
-            evidence=(*base, E.ev("zero_std_groups_with_distinct_completions", len(differ),
-                                  "zero-σ groups whose G completions are not all identical (unique_per_group > 1)")),
+            code="reward_ignores_completion", severity="error" if sure else "warning",
+            cause="The reward does not read the completion: every group whose completions differ still got equal "
+                  "rewards (a constant reward, or one computed from the prompt only), so their advantages are 0.",
+            evidence=(*base, E.ev("groups_with_distinct_completions", len(spread), "groups whose G completions are "
+                                  "not all identical (unique_per_group > 1)"),
+                      E.ev("of_them_zero_std", len(tied), "of those, groups whose rewards are all equal")),
             fix=Fix("Make the reward a function of the completion (check which argument it reads).",
                     code_change="the reward function must score `completions[i]`, not the prompt or a constant"),
-            alternatives=("a reward too coarse for this policy (every answer equally right or wrong) reads the same",),
-            score=8.5 + frac, step=step))
-    if same:
-        ent = E.entropy_at_temperature_one(trace)
-        t = float(trace.rollout.temperatures.float().mean())
-        evs = [*base, E.ev("zero_std_groups_identical", len(same), "zero-σ groups whose G completions are identical"),
-               E.ev("temperature", t, "mean sampling temperature of the rows", "config")]
-        if ent is not None:
-            evs += [E.ev("entropy_sampling", ent[0], "mean token entropy (nats) of the sampling distribution over "
-                         "its recorded top-k"), E.ev("entropy_at_T1", ent[1], "the same distribution at temperature 1")]
-        low_t = ent is not None and t < 1.0 and ent[0] < ENTROPY_RATIO * ent[1]
-        if ent is None and t < 0.3:
-            low_t = True
-        if low_t:
-            out.append(Finding(
-                code="temperature_too_low", severity=sev_all if len(same) == len(zero) else "warning",
-                cause=f"No learning signal: the sampling temperature {t:g} makes the G completions identical "
-                      "(at T = 1 the same policy would spread), so their rewards and advantages are equal.",
-                evidence=tuple(evs), fix=Fix("Sample at a temperature that lets completions differ (≈ 1).",
-                                             step_config={"p_temperature": 1.0, "a_temperature": 1.0},
-                                             grpo_config={"temperature": 1.0}),
-                alternatives=("no_signal_deterministic",), score=8.0 + frac, step=step))
-        else:
-            out.append(Finding(
-                code="no_signal_deterministic", severity="warning",
-                cause="No learning signal from prompts whose answer is deterministic for this policy: the G "
-                      "completions are identical even at this temperature, so the group's advantages are 0.",
-                evidence=tuple(evs), fix=Fix("Use prompts the policy is unsure about, or more generations per prompt.",
-                                             step_config={"num_generations": 2 * g},
-                                             grpo_config={"num_generations": 2 * g}),
-                alternatives=("temperature_too_low (when the temperature is below 1)",),
-                score=3.0 + 3.0 * frac, step=step))
+            alternatives=("a reward too coarse to tell these completions apart reads the same",),
+            score=(8.5 if sure else 6.5) + len(tied) / max(b, 1), step=step))
+    if same and low_t:
+        out.append(Finding(
+            code="temperature_too_low", severity="error" if frac >= 0.75 else "warning",
+            cause=f"No learning signal: the sampling temperature {float(trace.rollout.temperatures.float().mean()):g} "
+                  "makes the G completions identical (at T = 1 the same policy would spread), so their rewards and "
+                  "advantages are equal.",
+            evidence=tuple(evs_t), fix=Fix("Sample at a temperature that lets completions differ (≈ 1).",
+                                           step_config={"p_temperature": 1.0, "a_temperature": 1.0},
+                                           grpo_config={"temperature": 1.0}),
+            alternatives=("no_signal_deterministic",), score=8.0 + frac, step=step))
+    elif same:
+        out.append(Finding(
+            code="no_signal_deterministic", severity="warning",
+            cause="No learning signal from prompts whose answer is deterministic for this policy: the G completions "
+                  "are identical even at this temperature, so the group's advantages are 0.",
+            evidence=tuple(evs_t), fix=Fix("Use prompts the policy is unsure about, or more generations per prompt.",
+                                           step_config={"num_generations": 2 * g},
+                                           grpo_config={"num_generations": 2 * g}),
+            alternatives=("temperature_too_low (when the temperature is below 1)",),
+            score=2.0 + 2.0 * len(same) / max(b, 1), step=step))
     return out
+
+
+def _low_temperature(trace, zero, same, base):
+    """(is the temperature what makes the completions identical?, the evidence)."""
+    ent = E.entropy_at_temperature_one(trace)
+    t = float(trace.rollout.temperatures.float().mean())
+    evs = [*base, E.ev("zero_std_groups_identical", len(same), "zero-σ groups whose G completions are identical"),
+           E.ev("temperature", t, "mean sampling temperature of the rows", "config")]
+    if ent is not None:
+        evs += [E.ev("entropy_sampling", ent[0], "mean token entropy (nats) of the sampling distribution over its "
+                     "recorded top-k"), E.ev("entropy_at_T1", ent[1], "the same distribution at temperature 1")]
+        return t < 1.0 and ent[0] < ENTROPY_RATIO * ent[1], evs
+    return t < LOW_T_NO_TOPK, evs
 
 
 def check_reward_determinism(trace) -> list[Finding]:

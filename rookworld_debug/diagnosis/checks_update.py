@@ -132,7 +132,7 @@ def check_update_size(trace) -> list[Finding]:
                        "greedy before/after")),
         fix=Fix(f"Lower the learning rate (first order, Δℓ ∝ lr: ≈ {new_lr:g}).", step_config={"lr": new_lr},
                 grpo_config={"learning_rate": new_lr}),
-        alternatives=("grad clipping disabled with a gradient spike reads the same",), score=9.0, step=_step(trace))]
+        alternatives=("grad clipping disabled with a gradient spike reads the same",), score=9.7, step=_step(trace))]
 
 
 def _nonfinite(trace) -> list[Finding]:
@@ -197,28 +197,66 @@ def check_noise(trace) -> list[Finding]:
 
 
 def check_entropy(trace) -> list[Finding]:
+    """The entropy term drives the step: it dominates the gradient, or the bonus is on and one step raised the
+    token entropy by more than half of what it was."""
     u = trace.update
+    coef = float(getattr(trace.config, "entropy_coef", 0.0) or 0.0)
     norms = dict(getattr(u, "per_term_global", None) or {}) if u is not None else {}
     total = sum(norms.values())
-    if total <= 0 or norms.get("entropy", 0.0) / total <= 0.5:
-        return []
-    share = norms["entropy"] / total
+    share = norms.get("entropy", 0.0) / total if total > 0 else 0.0
     e = trace.evaluation
-    dh = math.nan
+    dh, h0 = math.nan, math.nan
     if e is not None and e.per_token_entropy_after is not None:
         m = E.mask(trace)
+        h0 = float(trace.rollout.per_token_entropy.float()[m].mean())
         dh = float((e.per_token_entropy_after.float() - trace.rollout.per_token_entropy.float())[m].mean())
+    rose = coef > 0 and math.isfinite(dh) and dh > max(0.5 * h0, 1e-4)
+    if share <= 0.5 and not rose:
+        return []
     return [Finding(
-        code="entropy_runaway", severity="error" if share > 0.8 else "warning",
-        cause=f"The entropy bonus dominates the gradient ({share:.0%}): the step mostly raises entropy, whatever the "
-              "rewards say; repeated, the policy's output turns to noise.",
+        code="entropy_runaway", severity="error" if share > 0.8 or rose else "warning",
+        cause=f"The entropy bonus drives the update (gradient share {share:.0%}; token entropy {h0:.3g} → "
+              f"{h0 + dh:.3g} nats in one step): the step mostly raises entropy whatever the rewards say; repeated, "
+              "the policy's output turns to noise.",
         evidence=(E.ev("entropy_grad_share", share, "‖∇entropy term‖ / Σ of the terms' gradient norms",
                        where="report: Loss decomposition"),
-                  E.ev("entropy_coef", trace.config.entropy_coef, "c_H", "config"),
-                  E.ev("measured_delta_entropy", dh, "token-mean entropy after − before on the sampled tokens")),
+                  E.ev("entropy_coef", coef, "c_H", "config"),
+                  E.ev("entropy_before", h0, "token-mean entropy of the tempered policy on the sampled tokens"),
+                  E.ev("measured_delta_entropy", dh, "token-mean entropy after − before on the same tokens")),
         fix=Fix("Lower or remove the entropy bonus.", step_config={"entropy_coef": 0.0}),
-        alternatives=("a learning rate too large also raises entropy in one step",), score=7.5 + share,
+        alternatives=("lr_too_large: a learning rate too large also moves entropy in one step",), score=8.0 + share,
         step=_step(trace))]
+
+
+def check_capture_drift(trace) -> list[Finding]:
+    """A TRL capture at global step t ≥ 2 (μ = 1): KL(π_t‖π_ref) is what the t − 1 earlier updates moved the policy
+    (the reference is the policy's start). Per update beyond ½·log(1 + ε)² (k3 of a log-ratio at the clip bound) the
+    updates leave the trust region."""
+    cap = trace.capture
+    if cap is None or int(cap.global_step) < 2 or trace.rollout.ref_per_token_logps is None:
+        return []
+    kl = float(trace.loss.kl)
+    eps = float(trace.config.epsilon_high)
+    bound = 0.5 * math.log1p(eps) ** 2
+    per = kl / (int(cap.global_step) - 1)
+    if not math.isfinite(kl) or per <= bound:
+        return []
+    lr = float(cap.learning_rate)
+    new_lr = round_sig(lr * bound / per / 2)
+    return [Finding(
+        code="lr_too_large", severity="error",
+        cause=f"Update too large: learning rate. After {int(cap.global_step) - 1} update(s) the policy is "
+              f"{kl:.3g} nats/token (KL) from its start: {per:.3g} per update, beyond what the clip range tolerates "
+              f"({bound:.3g}).",
+        evidence=(E.ev("kl", kl, "TRL `kl` at this step: token-mean k3 KL to the reference (= the policy's start)",
+                       where="report: Loss decomposition; triage: kl curve"),
+                  E.ev("kl_per_update", per, "kl / (global step − 1)"),
+                  E.ev("trust_region_kl", bound, "½·log(1 + ε_high)²: k3 at a log-ratio on the clip bound", "config"),
+                  E.ev("learning_rate", lr, "the step's learning rate", "config")),
+        fix=Fix(f"Lower the learning rate (≈ {new_lr:g}).", step_config={"lr": new_lr},
+                grpo_config={"learning_rate": new_lr}),
+        alternatives=("reference_not_start (if the reference was never the policy's start)", "dropout_active"),
+        score=9.7, step=_step(trace))]
 
 
 def check_length_bias(trace) -> list[Finding]:

@@ -34,7 +34,7 @@ STEP_CHECKS = (
     SI.check_truncation, SI.check_no_signal, SI.check_reward_determinism, SI.check_unscorable,
     SI.check_label_vs_engine,
     UP.check_advantage_noise, UP.check_kl_dominates, UP.check_update_size, UP.check_grad_clip, UP.check_noise,
-    UP.check_entropy, UP.check_length_bias,
+    UP.check_entropy, UP.check_capture_drift, UP.check_length_bias,
     check_phase_flags,
 ) + tuple(getattr(_rlvr_mini, "STEP_CHECKS", ()) if _rlvr_mini is not None else ())
 
