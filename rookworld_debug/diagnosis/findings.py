@@ -86,6 +86,13 @@ def rank(findings) -> list:
     return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], -float(f.score)))
 
 
+def rank_run(findings) -> list:
+    """A run's findings: by severity, then the earliest step they hold at (a cause present from the start comes
+    before what followed it), then score."""
+    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.step if f.step is not None else 1 << 60,
+                                           -float(f.score)))
+
+
 def _num(x):
     x = float(x)
     return x if math.isfinite(x) else repr(x)

@@ -16,7 +16,7 @@ from rookworld_debug.diagnosis import checks_sampler as SA
 from rookworld_debug.diagnosis import checks_signal as SI
 from rookworld_debug.diagnosis import checks_update as UP
 from rookworld_debug.diagnosis.context import at_step
-from rookworld_debug.diagnosis.findings import Finding, Fix, rank
+from rookworld_debug.diagnosis.findings import Finding, Fix, rank, rank_run
 from rookworld_debug.diagnosis.flags import check_phase_flags
 from rookworld_debug.errors import DataError
 
@@ -67,7 +67,7 @@ def diagnose_trace(trace, step: Optional[int] = None) -> list[Finding]:
 
 def diagnose_rows(rows) -> list[Finding]:
     rows = [r for r in rows if isinstance(r, dict) and isinstance(r.get("step"), int)]
-    return rank([f for check in RUN_CHECKS for f in _guarded(check, rows)])
+    return rank_run([f for check in RUN_CHECKS for f in _guarded(check, rows)])
 
 
 def diagnose_run(run_dir_or_log) -> list[Finding]:
@@ -130,7 +130,7 @@ def diagnose_path(path) -> list[Finding]:
     found = list(diagnose_rows(rows))
     for step, folder in sorted(caps.items()):
         found += [replace_step(f, step) for f in diagnose_trace(StepTrace.load(folder))]
-    return rank(merge(found))
+    return rank_run(merge(found))
 
 
 def replace_step(f: Finding, step: int) -> Finding:

@@ -88,7 +88,7 @@ def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None):
 
 def diagnose_steps(rows, paths) -> dict:
     """{step: ranked codes} from the log up to that step plus that step's capture (diagnose_path's view)."""
-    from rookworld_debug.diagnosis.registry import diagnose_rows, diagnose_trace, merge, rank, replace_step
+    from rookworld_debug.diagnosis.registry import diagnose_rows, diagnose_trace, merge, rank, rank_run, replace_step
     from rookworld_debug.grpo.step import StepTrace
     out, secs, everything = {}, [], []
     for step in sorted(paths):
@@ -99,7 +99,7 @@ def diagnose_steps(rows, paths) -> dict:
         out[step] = [{"code": f.code, "severity": f.severity} for f in rank(merge(found))]
         secs.append(time.perf_counter() - t0)
     # the whole run as `diagnose RUN` reads it: one finding per code, its earliest step
-    out["run"] = [{"code": f.code, "severity": f.severity, "step": f.step} for f in rank(merge(everything))]
+    out["run"] = [{"code": f.code, "severity": f.severity, "step": f.step} for f in rank_run(merge(everything))]
     return out, secs
 
 

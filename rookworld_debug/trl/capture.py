@@ -326,7 +326,7 @@ class _Writer:
 
     def write(self, raw: dict, reasons: list) -> None:
         from rookworld_debug.trl.build import build_captured_trace
-        step, t0 = raw["step"], time.perf_counter()
+        step, t0, top = raw["step"], time.perf_counter(), None
         cost = self.costs.table
         try:
             if raw["gen"] is None or not raw["micro_batches"]:
@@ -335,6 +335,7 @@ class _Writer:
             trace = build_captured_trace(self.trainer, **raw, cost=dict(cost.get(step, {})),
                                          reasons=tuple(r.to_dict() for r in reasons))
             self.paths[step] = trace.save(step_dir(self.out_dir, step))
+            top = _top_finding(trace)
         except Exception as err:                 # never kill the user's training run; say what was lost
             self.errors[step] = f"{type(err).__name__}: {err}"
             warnings.warn(f"rookworld_debug capture of step {step} failed: {self.errors[step]}", stacklevel=2)
@@ -344,6 +345,7 @@ class _Writer:
                 _patch_cost(self.paths[step], cost[step])
         self.index.append({"step": step, "path": step_dir(self.out_dir, step).name if step in self.paths else None,
                            "reasons": [r.to_dict() for r in reasons], "error": self.errors.get(step),
+                           "top_finding": top,
                            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
         self.write_index()
 
@@ -452,6 +454,13 @@ class StepCapture(TrainerCallback):
 
     def _write(self, raw: dict, reasons: list) -> None:
         self.writer.write(raw, reasons)
+
+
+def _top_finding(trace):
+    """The step checks' top finding of a written step (captures.json says why it matters, not only what fired)."""
+    from rookworld_debug.diagnosis import diagnose_trace
+    found = [f for f in diagnose_trace(trace) if not (f.code == "phase_note" and f.severity == "info")]
+    return found[0].to_dict() if found else None
 
 
 def _patch_cost(path: Path, cost: dict) -> None:
