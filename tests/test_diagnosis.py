@@ -140,3 +140,13 @@ def test_step_log_starts_with_the_diagnosis(dropout):
     from rookworld_debug.steplog import format_step_log
     log = format_step_log(dropout[0])
     assert log.startswith("DIAGNOSIS") and "dropout_active" in log.split("SETUP")[0]
+
+
+def test_panel_rediagnoses_on_every_loss_knob(tmp_path, healthy):
+    from rookworld_debug.grpo.step import StepTrace
+    from rookworld_debug.widgets import tune_panel_from_trace
+    p = tune_panel_from_trace(StepTrace.load(healthy.save(tmp_path / "t")))
+    first = p.findings
+    assert "rw-diagnosis" in p.w_findings.value
+    p.set_loss_params(beta=0.5, loss_type="grpo")
+    assert p.findings is not first and "rw-diagnosis" in p.w_findings.value

@@ -71,6 +71,15 @@ def check_dropout(trace) -> list[Finding]:
             nondet = True
             evs.append(E.ev("disable_dropout", 0.0, "GRPOConfig.disable_dropout (False: TRL leaves the policy's "
                             "dropout on in training mode while the reference runs in eval mode)", "config"))
+    if not nondet and cap is not None:
+        # no reference forward to compare (β = 0): TRL's own settings say whether dropout ran
+        cfg = cap.grpo_config or {}
+        kw = cfg.get("model_init_kwargs") or {}
+        p = max([float(v) for k, v in kw.items() if str(k).endswith("pdrop") and isinstance(v, (int, float))] or [0.0])
+        if cfg.get("disable_dropout") is False and p > 0:
+            nondet = True
+            evs.append(E.ev("model_dropout", p, "largest *_pdrop the policy was loaded with (GRPOConfig."
+                            "model_init_kwargs), left on by disable_dropout=False", "config"))
     if not nondet:
         return []
     if gap is not None:

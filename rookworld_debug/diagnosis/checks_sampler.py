@@ -18,6 +18,8 @@ from rookworld_debug.diagnosis.findings import Finding, Fix
 
 # a rule over token shares: one sign on ≥ 90 % of the top-1 tokens is a systematic direction, not rounding
 SIGN_SHARE = 0.9
+# mean |Δℓ| of two float32 forwards of the same weights (summation order): a gap above it is real
+FLOAT32_NOISE = 1e-6
 # applying ÷ T must remove most of the gap (top-k renormalisation leaves a little) for temperature to explain it
 TEMPERATURE_EXPLAINS = 0.25
 
@@ -127,12 +129,15 @@ def _temperature(trace, st, evs, step):
     sel = hit.any(-1)                                                                             # (N, T)
     if int(sel.sum()) < 5:
         return []
+    # both sides renormalised over the same top-k, so only ÷ T differs between them
     tempered = torch.log_softmax(r.topk_logps.float() / t[:, None, None], -1)                     # (N, T, K)
+    as_is = torch.log_softmax(r.topk_logps.float(), -1)                                           # (N, T, K)
     pred = (tempered * hit).sum(-1)[sel]                      # the trainer's distribution with ÷ T applied
+    base = (as_is * hit).sum(-1)[sel]
     samp = r.sampling_per_token_logps.float()[sel]
-    now = (samp - r.per_token_logps.float()[sel]).abs().mean()
+    now = (samp - base).abs().mean()
     after = (samp - pred).abs().mean()
-    if not float(now) > EXACT or not float(after) < TEMPERATURE_EXPLAINS * float(now):
+    if not float(now) > FLOAT32_NOISE or not float(after) < TEMPERATURE_EXPLAINS * float(now):
         return []
     pos = E.position_gap(trace)
     evs = [*evs, E.ev("gap_if_tempered", float(after), "mean |ℓ^sampler − log_softmax(top-k ℓ^trainer / T)| on "

@@ -100,7 +100,9 @@ def check_no_signal(trace) -> list[Finding]:
     base = _signal_evidence(trace, zero, b)
     low_t, evs_t = _low_temperature(trace, zero, same, base)
     out = []
-    if spread and len(tied) == len(spread):
+    trunc = trace.rollout.is_truncated.reshape(-1, g)                                       # (B, G)
+    cut = sum(int(trunc[k].sum()) for k in tied) >= max(1, len(tied) * g // 2)
+    if spread and len(tied) == len(spread) and not cut:   # cut rows: unfinished answers score alike (truncation)
         # no group whose completions differ got different rewards: a reward that read them would separate some
         sure = len(tied) >= 2 and not low_t
         out.append(Finding(

@@ -152,9 +152,9 @@ STEP_FAULTS = (
     Fault("temperature_low", frozenset({"temperature_too_low"}), "sampling temperature 0.05",
           config={"a_temperature": 0.05, "p_temperature": 0.05}),
     Fault("reward_constant", frozenset({"reward_ignores_completion"}), "reward function returns a constant",
-          rewards=_const_reward),
+          base=P_TASK, rewards=_const_reward),
     Fault("reward_prompt_only", frozenset({"reward_ignores_completion"}), "reward function reads the prompt only",
-          rewards=_prompt_reward),
+          base=P_TASK, rewards=_prompt_reward),
     Fault("reward_random", frozenset({"reward_not_deterministic", "update_mostly_noise"}), "reward function "
           "returns random numbers", base={"diagnostics": True}, rewards=_random_reward),
     Fault("all_truncated", frozenset({"all_truncated"}), "max_new_tokens = 12 (completions need ~55)",
@@ -243,7 +243,8 @@ def step_case(fault: Fault, seed: int, twins: dict) -> dict:
     if key not in twins:      # the same case without the fault (its rewards bug and patch removed)
         twins[key] = signature(run_one(fault.base, seed=seed))
     trace = run_one({**fault.base, **fault.config}, patch=fault.patch, rewards=fault.rewards, seed=seed)
-    diff = changed(signature(trace), twins[key])
+    # the run = what training used: a reward change that leaves the advantages as they were changed nothing
+    diff = [k for k in changed(signature(trace), twins[key]) if k != "rewards"]
     codes, secs, errors = diagnose_codes(trace)
     return {"kind": "step", "fault": fault.name, "seed": seed, "accept": sorted(fault.accept), "how": fault.how,
             "effective": bool(diff), "changed": diff, "findings": codes, "first_named_step": 0 if _named(
