@@ -73,10 +73,8 @@ def check_dropout(trace) -> list[Finding]:
                             "dropout on in training mode while the reference runs in eval mode)", "config"))
     if not nondet and cap is not None:
         # no reference forward to compare (β = 0): TRL's own settings say whether dropout ran
-        cfg = cap.grpo_config or {}
-        kw = cfg.get("model_init_kwargs") or {}
-        p = max([float(v) for k, v in kw.items() if str(k).endswith("pdrop") and isinstance(v, (int, float))] or [0.0])
-        if cfg.get("disable_dropout") is False and p > 0:
+        p = dropout_on_in_trl(cap)
+        if p:
             nondet = True
             evs.append(E.ev("model_dropout", p, "largest *_pdrop the policy was loaded with (GRPOConfig."
                             "model_init_kwargs), left on by disable_dropout=False", "config"))
@@ -159,3 +157,12 @@ def _dtypes(trace):
         return str(next(pol.parameters()).dtype), str(next(ref.parameters()).dtype)
     except (AttributeError, StopIteration, TypeError):
         return None
+
+
+def dropout_on_in_trl(cap) -> float:
+    """The largest *_pdrop a TRL run loaded its policy with while disable_dropout=False (0.0: dropout off)."""
+    cfg = cap.grpo_config or {}
+    kw = cfg.get("model_init_kwargs") or {}
+    if cfg.get("disable_dropout") is not False or not isinstance(kw, dict):
+        return 0.0
+    return max([float(v) for k, v in kw.items() if str(k).endswith("pdrop") and isinstance(v, (int, float))] or [0.0])

@@ -235,6 +235,9 @@ def check_capture_drift(trace) -> list[Finding]:
     cap = trace.capture
     if cap is None or int(cap.global_step) < 2 or trace.rollout.ref_per_token_logps is None:
         return []
+    from rookworld_debug.diagnosis.checks_logprob import dropout_on_in_trl
+    if dropout_on_in_trl(cap):
+        return []                                   # a dropout policy's KL is noise, not distance (dropout_active)
     kl = float(trace.loss.kl)
     eps = float(trace.config.epsilon_high)
     bound = 0.5 * math.log1p(eps) ** 2

@@ -170,9 +170,11 @@ STEP_FAULTS = (
     Fault("kl_dominates", frozenset({"kl_dominates"}), "β = 20 on a policy drifted by 2 warm-up steps at lr 1e-3",
           config={"beta": 20.0}, base={**P_TASK, "task": "mixed", "warmup_steps": 2, "warmup_lr": 1e-3}),
     Fault("lr_too_large", frozenset({"lr_too_large", "non_finite"}), "learning rate 3e-3 (300× the case's)",
-          config={"lr": 3e-3}),
-    Fault("grad_clip_tiny", frozenset({"grad_clip_binding"}), "max_grad_norm = 1e-4", config={"max_grad_norm": 1e-4}),
-    Fault("entropy_bonus", frozenset({"entropy_runaway"}), "entropy bonus coefficient 1.0", config={"entropy_coef": 1.0}),
+          config={"lr": 3e-3}, base=P_TASK),
+    Fault("grad_clip_tiny", frozenset({"grad_clip_binding"}), "max_grad_norm = 1e-4", config={"max_grad_norm": 1e-4},
+          base=P_TASK),
+    Fault("entropy_bonus", frozenset({"entropy_runaway"}), "entropy bonus coefficient 1.0", config={"entropy_coef": 1.0},
+          base=P_TASK),
 )
 
 CONTROLS = tuple(
