@@ -319,7 +319,7 @@ def load_results(out: Path) -> list[dict]:
 
 def table(results: list[dict]) -> str:
     """The benchmark's Markdown: accuracy, confusion (fault × top finding), controls, first-named step."""
-    faults = [r for r in results if r.get("kind") in ("step", "trl")]
+    faults = [r for r in results if r.get("kind") in ("step", "trl") and r.get("fault") is not None]
     eff = [r for r in faults if r.get("effective")]
     inert = [r for r in faults if not r.get("effective")]
     def top(r, k):
