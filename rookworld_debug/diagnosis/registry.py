@@ -81,12 +81,10 @@ def diagnose_run(run_dir_or_log) -> list[Finding]:
     from rookworld_debug.diagnosis.runlog import read_rows, rows_from_history
     if isinstance(run_dir_or_log, (str, Path)):
         rows = read_rows(run_dir_or_log)
-    elif isinstance(run_dir_or_log, list) and run_dir_or_log and all("loss" in d or len(d) > 1 for d in
-                                                                     run_dir_or_log if isinstance(d, dict)):
-        rows = rows_from_history(run_dir_or_log) if any("loss" in d for d in run_dir_or_log if isinstance(d, dict)) \
-            else run_dir_or_log
     else:
-        rows = list(run_dir_or_log or [])
+        log = [d for d in (run_dir_or_log or []) if isinstance(d, dict)]
+        # TRL's log_history (entries that logged a loss, merged per step), else rows as given
+        rows = rows_from_history(log) if any("loss" in d for d in log) else log
     return diagnose_rows(rows)
 
 
