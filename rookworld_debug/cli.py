@@ -44,6 +44,8 @@ DELEGATED = {
                "triage.html + triage.json"),
     "trl-demo": ("rookworld_debug.trl.demo", "a TRL GRPOTrainer run that goes wrong at a known step, recorded by "
                  "the flight recorder (then: rookworld-debug triage OUT)"),
+    "diagnose": ("rookworld_debug.cli_diagnose", "what is likely wrong with a step or a run: cause, evidence, fix "
+                 "(exit 1 on an error-level finding)"),
     "verify-capture": ("rookworld_debug.trl.verify", "replay a captured TRL step from the checkpoint before it and "
                        "compare with the checkpoint after it"),
 }

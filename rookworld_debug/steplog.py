@@ -49,11 +49,19 @@ def _clip(text: str, n: int = 72) -> str:
 
 def format_step_log(trace) -> str:
     """The seeds' text log of one step: one block per phase, in the order the step ran them."""
-    out = []
+    out = _diagnosis(trace)
     for phase in (_setup, _initial_performance, _generations, _rewards, _advantages, _loss, _update,
                   _post_update, _timing):
         out.extend(phase(trace))
     return "\n".join(out)
+
+
+def _diagnosis(trace) -> list:
+    """The findings first: what is likely wrong, its evidence and the fix (diagnosis.diagnose_trace)."""
+    from rookworld_debug.diagnosis import diagnose_trace
+    from rookworld_debug.diagnosis.text import format_findings
+    return ["DIAGNOSIS (most likely first; every phase note included)",
+            *("  " + line for line in format_findings(diagnose_trace(trace), notes=True).splitlines())]
 
 
 def _setup(trace) -> list:
@@ -214,6 +222,6 @@ def _timing(trace) -> list:
     out = ["TIMING " + " ".join(f"{k}={v:.2f}s" for k, v in trace.timings.items())
            + f" total={sum(trace.timings.values()):.2f}s"]
     if trace.flags:
-        out.append("WARNINGS")
+        out.append("WARNINGS (the phases' raw notes; DIAGNOSIS above reads them as findings)")
         out.extend(f"  !! {f}" for f in trace.flags)
     return out

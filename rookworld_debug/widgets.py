@@ -173,7 +173,7 @@ def _build_controls(config: StepConfig, task: str, *, iteration_options: list, i
         w_progress=W.IntProgress(value=0, min=0, max=4, description="", layout=W.Layout(width="300px")),
         w_fig=_figure_widget())
     for name, css in (("w_status", "rwd-status"), ("w_summary", "rwd-summary-box"), ("w_strip", "rwd-strip"),
-                      ("w_table", "rwd-completions")):      # w_table: the whole rollout (G rows per group)
+                      ("w_table", "rwd-completions"), ("w_findings", "rwd-findings")):      # w_table: the whole rollout (G rows per group)
         c[name] = W.HTML()
         c[name].add_class(css)
     c["w_fig"].add_class("rwd-figure")
@@ -187,7 +187,7 @@ def _layout(p) -> Any:
                        p.w_beta, p.w_eps_low, p.w_eps_high, p.w_loss_type, p.w_kl, p.w_iter])
     samp_box = W.VBox([W.HTML("<b>Sampling knobs</b> — need a new rollout"), p.w_temp, p.w_top_p,
                        p.w_g, W.HBox([p.w_regen, p.w_progress]), p.w_status])
-    box = W.VBox([W.HBox([loss_box, samp_box]), p.w_summary, p.w_fig, W.HBox([p.w_row, p.w_metric]), p.w_strip,
+    box = W.VBox([W.HBox([loss_box, samp_box]), p.w_findings, p.w_summary, p.w_fig, W.HBox([p.w_row, p.w_metric]), p.w_strip,
                   p.w_table])
     box.add_class("rwd-tune-panel")
     return box
@@ -334,7 +334,8 @@ class TunePanel:
         """The panel's records in the shape the `viz.*_from_trace` adapters read."""
         s = self.state
         return SimpleNamespace(config=s.config, setup=self.setup, rollout=s.rollout, rewards=s.rewards,
-                               advantages=s.advantages, loss=s.loss, update=None, evaluation=None)
+                               advantages=s.advantages, loss=s.loss, update=None, evaluation=None, flags=(),
+                               capture=getattr(self, "capture", None), iterations=(), diagnostics=None)
 
     # ------------------------------------------------------------------ recompute + render
     def set_loss_params(self, **changes) -> Any:
@@ -369,6 +370,7 @@ class TunePanel:
         self.w_summary.value = loss_summary_html(self.state.loss, recompute_ms=1e3 * self.last_recompute_s,
                                                  stale=stale)
         self.w_strip.value = strip.html
+        self._render_findings(tr)
         self._render_table(tr)
         _show_figure(self.w_fig, fig)
         self.history.append({"t": time.time(), "recompute_s": self.last_recompute_s,
@@ -376,6 +378,15 @@ class TunePanel:
                              "kl_value_share": term_balance(self.state.loss).kl_value_share,   # NaN on-policy
                              "iteration": self.iteration,
                              **self._loss_changes()})
+
+    def _render_findings(self, tr) -> None:
+        """The step checks on the panel's current records (rollout, advantages, this loss record): they follow
+        β, ε and the loss type; checks that need the update or the evaluation wait for a real step."""
+        from rookworld_debug.diagnosis import diagnose_trace
+        from rookworld_debug.viz.diagnosis import diagnosis_card
+        self.findings = diagnose_trace(tr)
+        self.w_findings.value = diagnosis_card(self.findings, title="Diagnosis of these settings (no update taken)",
+                                               limit=3, evidence=3).html
 
     def _render_table(self, tr) -> None:
         """The completions table of the whole current rollout (re-rendered only when the rollout or its

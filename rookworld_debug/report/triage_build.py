@@ -24,12 +24,38 @@ def build_triage(run_dir, *, window: int = 10) -> dict:
     flagged = flag_steps(log.rows)
     for f in flagged:
         f.update(captured=f["step"] in log.captures, report=None, broken=log.broken.get(f["step"]))
-    return {"format": 1, "run_dir": str(run_dir), "source": log.source, "notes": list(log.notes),
-            "rows": list(log.rows), "curves": list(CURVES), "window": window, "flagged": flagged,
+    findings, step_top = run_findings(log)
+    for f in flagged:
+        f["top_finding"] = step_top.get(f["step"])
+    return {"format": 1, "run_dir": str(Path(run_dir).resolve()), "source": log.source, "notes": list(log.notes),
+            "findings": findings, "rows": list(log.rows), "curves": list(CURVES), "window": window, "flagged": flagged,
             "captured_steps": sorted(log.captures), "captures_present": bool(log.captures or log.broken),
             "capture_paths": {str(k): str(v["path"]) for k, v in log.captures.items()},
             "broken_captures": {str(k): v for k, v in sorted(log.broken.items())},
             "trend": trend_stats(log.rows, "reward", window)}
+
+
+def run_findings(log) -> tuple[list, dict]:
+    """(the run's findings — its log's run-level checks and every captured step's checks, one per cause, most
+    likely first — as JSON; {step: that step's top finding}, from its capture when it has one, else the log)."""
+    from rookworld_debug.diagnosis.registry import diagnose_rows, diagnose_trace, merge, rank, rank_run, replace_step
+    from rookworld_debug.errors import RookWorldError
+    from rookworld_debug.grpo.step import StepTrace
+    from_log = diagnose_rows(log.rows)
+    found, step_top = list(from_log), {}
+    for f in from_log:                                 # a run-level finding names the step where it first holds
+        if f.step is not None:
+            step_top.setdefault(f.step, f.to_dict())
+    for step, c in sorted(log.captures.items()):
+        try:
+            mine = [replace_step(f, step) for f in diagnose_trace(StepTrace.load(c["path"]))]
+        except RookWorldError:                         # an unreadable capture is the capture's own note on the page
+            continue
+        here = rank(merge(mine + [f for f in from_log if f.step == step]))
+        if here:
+            step_top[step] = here[0].to_dict()
+        found += mine
+    return [f.to_dict() for f in rank_run(merge(found))], step_top
 
 
 MAX_STEP_REPORTS = 8   # rendered by `triage` itself (~15 s each on 2 CPU cores); the rest on demand

@@ -366,7 +366,7 @@ class _Writer:
 
     def write(self, raw: dict, reasons: list) -> None:
         from rookworld_debug.trl.build import build_captured_trace
-        step, t0 = raw["step"], time.perf_counter()
+        step, t0, top = raw["step"], time.perf_counter(), None
         cost = self.costs.table
         try:
             if raw["gen"] is None or not raw["micro_batches"]:
@@ -375,6 +375,7 @@ class _Writer:
             trace = build_captured_trace(self.trainer, **raw, cost=dict(cost.get(step, {})),
                                          reasons=tuple(r.to_dict() for r in reasons))
             self.paths[step] = trace.save(step_dir(self.out_dir, step))
+            top = _top_finding(trace)
         except Exception as err:                 # never kill the user's training run; say what was lost
             self.errors[step] = f"{type(err).__name__}: {err}"
             _warn(f"rookworld_debug capture of step {step} failed: {self.errors[step]}; training goes on")
@@ -387,6 +388,7 @@ class _Writer:
                 _warn(f"rookworld_debug capture of step {step}: its cost was not added ({type(err).__name__}: {err})")
         self.index.append({"step": step, "path": step_dir(self.out_dir, step).name if step in self.paths else None,
                            "reasons": [r.to_dict() for r in reasons], "error": self.errors.get(step),
+                           "top_finding": top,
                            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
         try:
             self.write_index()
@@ -525,6 +527,13 @@ def _check_out_dir(out_dir: Path) -> None:
     except ConfigError as err:
         _warn(f"rookworld_debug capture: {err}; the steps it should write will fail (recorded in cap.errors), "
               "training goes on")
+
+
+def _top_finding(trace):
+    """The step checks' top finding of a written step (captures.json says why it matters, not only what fired)."""
+    from rookworld_debug.diagnosis import diagnose_trace
+    found = [f for f in diagnose_trace(trace) if not (f.code == "phase_note" and f.severity == "info")]
+    return found[0].to_dict() if found else None
 
 
 def _patch_cost(path: Path, cost: dict) -> None:

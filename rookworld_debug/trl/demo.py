@@ -1,6 +1,6 @@
 """`rookworld-debug trl-demo`: a TRL run that visibly goes wrong, recorded by the flight recorder.
 
-    rookworld-debug trl-demo --out runs/demo           # 12 steps on the embedded tiny model, ~30 s on a CPU
+    rookworld-debug trl-demo --out runs/demo           # 12 steps on the embedded tiny model, about a minute on a CPU
     rookworld-debug triage runs/demo                   # the curves, the trigger, the lead-up, the samples
 
 How it goes wrong (on purpose, and said in the run's README): TRL's GRPOTrainer trains the tiny model with the
@@ -39,7 +39,13 @@ def _callbacks(out: Path, jump_at: int, factor: float):
     return [LRJump(), StateWriter()]
 
 
-def run_demo(out, *, steps: int = 12, jump_at: int = 8, lr_factor: float = 1e4, keep_last: int = 3, seed: int = 0):
+# the tiny model's completions end within ~140 tokens (P:) and ~60 (A:): a budget they fit in, so the run is
+# healthy until the jump (with 48 every completion is cut: no learning signal at all)
+MAX_COMPLETION_LENGTH = 160
+
+
+def run_demo(out, *, steps: int = 12, jump_at: int = 8, lr_factor: float = 1e4, keep_last: int = 3, seed: int = 0,
+             max_completion_length: int = MAX_COMPLETION_LENGTH):
     from rookworld_debug.trl.capture import capture_steps
     from rookworld_debug.trl.example import make_trainer, tiny_dataset
     out = Path(out)
@@ -48,7 +54,7 @@ def run_demo(out, *, steps: int = 12, jump_at: int = 8, lr_factor: float = 1e4, 
                                    __doc__.split("How it goes wrong")[1].replace("``--jump-at``", str(jump_at))
                                    .replace("``--lr-factor``", f"{lr_factor:g}"))
     trainer = make_trainer(out, max_steps=steps, learning_rate=1e-5, lr_scheduler_type="constant", seed=seed,
-                           dataset=tiny_dataset(8))
+                           dataset=tiny_dataset(8), max_completion_length=max_completion_length)
     for cb in _callbacks(out, jump_at, lr_factor):
         trainer.add_callback(cb)
     cap = capture_steps(trainer, out_dir=out / "captures", keep_last=keep_last, triggers="default")
@@ -65,6 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr-factor", type=float, default=1e4)
     ap.add_argument("--keep-last", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-completion-length", type=int, default=MAX_COMPLETION_LENGTH,
+                    help=f"completion budget (default {MAX_COMPLETION_LENGTH}: the completions end; 48 cuts them all)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from rookworld_debug.errors import ConfigError
     if not 3 <= a.jump_at <= a.steps:
@@ -78,7 +86,7 @@ def main(argv=None) -> int:
     from tqdm.auto import tqdm
     with tqdm(total=1, desc="trl-demo (GRPOTrainer)", disable=None, file=sys.stderr) as bar:
         trainer, cap = run_demo(a.out, steps=a.steps, jump_at=a.jump_at, lr_factor=a.lr_factor,
-                                keep_last=a.keep_last, seed=a.seed)
+                                keep_last=a.keep_last, seed=a.seed, max_completion_length=a.max_completion_length)
         bar.update(1)
     print(f"trained {trainer.state.global_step} steps; captured {sorted(cap.paths)} "
           f"(why: {Path(a.out) / 'captures' / 'captures.json'})")

@@ -16,6 +16,7 @@ from .adapters import (advantage_table_from_trace, banner_from_trace, before_aft
                        provenance_table_from_trace, reward_breakdown_from_trace, reward_components_table_from_trace,
                        rollout_token_strips, token_heatmap_from_trace, token_strips_from_trace)
 from .banners import Flag, flags_from_records, warning_banner
+from .diagnosis import diagnosis_card, diagnosis_card_from_trace
 from .board import BoardView, board_from_a, board_from_p, board_from_prompt, board_view
 from .htmlview import HTMLView
 from .completions import completion_name, completions_rows, completions_table, completions_table_from_trace
@@ -50,7 +51,7 @@ __all__ = [
     "grad_norm_figure", "before_after_figure", "delta_logp_scatter", "steps_figure",
     # board, banners
     "BoardView", "board_view", "board_from_p", "board_from_a", "board_from_prompt",
-    "Flag", "warning_banner", "flags_from_records",
+    "Flag", "warning_banner", "flags_from_records", "diagnosis_card", "diagnosis_card_from_trace",
     # adapters over records / StepTrace
     "decode_bpe_token", "completion_token_texts", "rollout_token_strips", "token_strips_from_trace",
     "completion_metrics_from_trace",

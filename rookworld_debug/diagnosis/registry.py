@@ -1,0 +1,141 @@
+"""The table of checks (one place, like the loss types' table) and the three entry points.
+
+    diagnose_trace(trace)          a StepTrace (run_step or a TRL capture) → findings, most likely first
+    diagnose_run(run_dir_or_log)   a run folder / trainer_state.json / log_history list → run-level findings
+    diagnose_path(path)            a trace folder, a captures folder or a run folder → both
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from rookworld_debug.diagnosis import checks_logprob as LP
+from rookworld_debug.diagnosis import checks_run as RUN
+from rookworld_debug.diagnosis import checks_sampler as SA
+from rookworld_debug.diagnosis import checks_signal as SI
+from rookworld_debug.diagnosis import checks_update as UP
+from rookworld_debug.diagnosis.context import at_step
+from rookworld_debug.diagnosis.findings import Finding, Fix, rank, rank_run
+from rookworld_debug.diagnosis.flags import check_phase_flags
+from rookworld_debug.errors import DataError
+
+
+def _optional_checks(module: str) -> tuple:
+    """STEP_CHECKS of a sibling module that may be absent (the rookworld-rlvr "mini" loss family's pitfall checks).
+    The name is a constant of this file, never read from data; importlib keeps an absent module from reading as
+    an import of this package (an import circle) to static analysis. An error inside a present module surfaces."""
+    import importlib
+    import importlib.util
+    if importlib.util.find_spec(module) is None:
+        return ()
+    return tuple(getattr(importlib.import_module(module), "STEP_CHECKS", ()))
+
+
+# every check over one StepTrace: check(trace) -> list[Finding]
+STEP_CHECKS = (
+    LP.check_dropout, LP.check_reference,
+    SA.check_mask_after_eos, SA.check_sampler_trainer,
+    SI.check_truncation, SI.check_no_signal, SI.check_reward_determinism, SI.check_unscorable,
+    SI.check_label_vs_engine,
+    UP.check_advantage_noise, UP.check_kl_dominates, UP.check_update_size, UP.check_grad_clip, UP.check_noise,
+    UP.check_entropy, UP.check_capture_drift, UP.check_length_bias,
+    check_phase_flags,
+) + _optional_checks("rookworld_debug.diagnosis.rlvr_mini")
+
+# every check over a run's log: check(rows) -> list[Finding], rows = [{"step": int, metric: float, ...}]
+RUN_CHECKS = (
+    RUN.check_truncated_run, RUN.check_update_jump, RUN.check_no_net_trend, RUN.check_kl_runaway,
+    RUN.check_entropy_collapse, RUN.check_grad_spikes, RUN.check_reward_vs_format, RUN.check_little_signal,
+    RUN.check_kl_dominates_run,
+)
+
+
+def _guarded(check, arg) -> list[Finding]:
+    """A check that fails is itself a finding (a diagnosis never hides a crash nor stops the others)."""
+    try:
+        return list(check(arg) or ())
+    except Exception as err:  # noqa: BLE001 - one broken check must not cost the other findings
+        name = getattr(check, "__name__", repr(check))
+        return [Finding(code="check_failed", severity="warning", cause=f"check {name} failed: "
+                        f"{type(err).__name__}: {err}", evidence=(), fix=Fix("Report this with the trace."),
+                        score=0.1)]
+
+
+def diagnose_trace(trace, step: Optional[int] = None) -> list[Finding]:
+    """Every step check on `trace`, ranked most likely first. `step`: the 0-based step of a multi-step run
+    (step 0 / None: the policy has not been updated before this step unless the config says so)."""
+    with at_step(step):
+        found = [f for check in STEP_CHECKS for f in _guarded(check, trace)]
+    return rank(found)
+
+
+def diagnose_rows(rows) -> list[Finding]:
+    rows = [r for r in rows if isinstance(r, dict) and isinstance(r.get("step"), int)]
+    return rank_run([f for check in RUN_CHECKS for f in _guarded(check, rows)])
+
+
+def diagnose_run(run_dir_or_log) -> list[Finding]:
+    """Run-level findings from a log alone: a run folder, a trainer_state.json / table.csv path, TRL's
+    log_history list, or rows already read ({"step": int, metric: value})."""
+    from rookworld_debug.diagnosis.runlog import read_rows, rows_from_history
+    if isinstance(run_dir_or_log, (str, Path)):
+        rows = read_rows(run_dir_or_log)
+    else:
+        log = [d for d in (run_dir_or_log or []) if isinstance(d, dict)]
+        # TRL's log_history (entries that logged a loss, merged per step), else rows as given
+        rows = rows_from_history(log) if any("loss" in d for d in log) else log
+    return diagnose_rows(rows)
+
+
+def captured_steps(folder: Path) -> dict:
+    """{step: trace folder} of every captures.json under `folder` (paths must stay inside their index's folder)."""
+    out = {}
+    for index in sorted(Path(folder).rglob("captures.json")):
+        try:
+            data = json.loads(index.read_text())
+        except (OSError, ValueError) as err:
+            raise DataError(f"{index} is not readable JSON ({err})") from None
+        for e in data.get("captures", []) if isinstance(data, dict) else []:
+            if isinstance(e, dict) and isinstance(e.get("step"), int) and isinstance(e.get("path"), str):
+                p = (index.parent / e["path"]).resolve()
+                if p.is_relative_to(index.parent.resolve()) and (p / "trace.json").is_file():
+                    out[e["step"]] = p
+    return out
+
+
+def merge(findings) -> list[Finding]:
+    """One finding per code (its highest-ranked instance, with the earliest step the code was named at)."""
+    from dataclasses import replace
+    best: dict = {}
+    first: dict = {}
+    for f in rank(findings):
+        best.setdefault(f.code, f)
+        if f.step is not None:
+            first[f.code] = min(first.get(f.code, f.step), f.step)
+    return [replace(f, step=first.get(f.code, f.step)) for f in best.values()]
+
+
+def diagnose_path(path) -> list[Finding]:
+    """A trace folder (run_step's or a capture), a captures folder, or a run folder (log + captures)."""
+    from rookworld_debug.grpo.step import StepTrace
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{p} does not exist")
+    if (p / "trace.json").is_file():
+        return diagnose_trace(StepTrace.load(p))
+    from rookworld_debug.diagnosis.runlog import read_rows
+    rows = read_rows(p)
+    caps = captured_steps(p) if p.is_dir() else {}
+    if not rows and not caps:
+        raise DataError(f"{p} is neither a step trace (trace.json), a captures folder (captures.json) nor a run "
+                        "(trainer_state.json, table.csv)")
+    found = list(diagnose_rows(rows))
+    for step, folder in sorted(caps.items()):
+        found += [replace_step(f, step) for f in diagnose_trace(StepTrace.load(folder))]
+    return rank_run(merge(found))
+
+
+def replace_step(f: Finding, step: int) -> Finding:
+    from dataclasses import replace
+    return f if f.step is not None else replace(f, step=step)

@@ -1,0 +1,136 @@
+"""The fault-injection benchmark's TRL half: faults injected into TRL 1.16's GRPOTrainer runs of the tiny model
+through its own GRPOConfig or a patched trainer; every step captured by the flight recorder and diagnosed as
+`rookworld-debug diagnose RUN` would (the run's log so far + that step's capture)."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+STEPS = 3
+BASE = dict(max_completion_length=160, learning_rate=1e-5, beta=0.1, prompts_per_step=2, num_generations=4)
+
+
+@dataclass(frozen=True)
+class TRLFault:
+    name: str
+    accept: frozenset
+    how: str
+    config: dict = field(default_factory=dict)         # GRPOConfig overrides that ARE the fault
+    patch: Optional[Callable] = None                    # (trainer) -> None, after construction
+    reward: Optional[Callable] = None                   # replaces the reward functions
+
+
+def _const(prompts, completions, **kw):
+    return [0.5] * len(completions)
+
+
+def _none_for_odd(prompts, completions, **kw):
+    return [None if len(c) % 2 else len(c) / 100 for c in completions]
+
+
+def _perturb_ref(trainer):
+    import torch
+    g = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for p in trainer.ref_model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05 * float(p.float().std() if p.numel() > 1 else 0.0))
+
+
+TRL_FAULTS = (
+    TRLFault("trl_truncation", frozenset({"all_truncated"}), "max_completion_length = 16",
+             config={"max_completion_length": 16}),
+    TRLFault("trl_lr_too_large", frozenset({"lr_too_large", "update_too_large", "non_finite"}),
+             "learning_rate = 0.05", config={"learning_rate": 0.05}),
+    TRLFault("trl_reward_constant", frozenset({"reward_ignores_completion"}), "the reward function returns a "
+             "constant", reward=_const),
+    TRLFault("trl_temperature_low", frozenset({"temperature_too_low"}), "temperature = 0.05",
+             config={"temperature": 0.05}),
+    TRLFault("trl_dropout", frozenset({"dropout_active"}), "model_init_kwargs sets dropout 0.1 (GPT-2's hub "
+             "default) and disable_dropout = False (TRL's default)",
+             config={"disable_dropout": False, "model_init_kwargs": {"dtype": "float32", "resid_pdrop": 0.1,
+                                                                     "embd_pdrop": 0.1, "attn_pdrop": 0.1}}),
+    TRLFault("trl_grad_clip_tiny", frozenset({"grad_clip_binding"}), "max_grad_norm = 1e-4",
+             config={"max_grad_norm": 1e-4}),
+    TRLFault("trl_unscorable", frozenset({"unscorable_rows"}), "the reward function returns None for some rows",
+             reward=_none_for_odd),
+    TRLFault("trl_reference_other", frozenset({"reference_not_start"}), "trainer.ref_model replaced by other "
+             "weights (+5 % std noise)", patch=_perturb_ref),
+)
+
+
+def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None):
+    """Train STEPS steps capturing each; returns (log rows, {step: capture folder})."""
+    from rookworld_debug.diagnosis.runlog import rows_from_history
+    from rookworld_debug.trl.capture import capture_steps
+    from trl import GRPOTrainer
+
+    from rookworld_debug.models import load_policy_and_reference
+    from rookworld_debug.models.loading import TINY_DIR
+    from rookworld_debug.trl.example import grpo_config, tiny_dataset
+    from rookworld_debug.trl.rewards import rookworld_reward_funcs
+    kw = {**BASE, **(fault.config if fault else {})}
+    funcs = [fault.reward] if fault and fault.reward else rookworld_reward_funcs("dataset")
+    trainer = GRPOTrainer(model=str(TINY_DIR), reward_funcs=funcs, train_dataset=tiny_dataset(),
+                          args=grpo_config(out, max_steps=STEPS, seed=seed, **kw),
+                          processing_class=load_policy_and_reference("tiny").tokenizer)
+    if fault and fault.patch:
+        fault.patch(trainer)
+    cap = capture_steps(trainer, list(range(1, STEPS + 1)), out / "captures")
+    trainer.train()
+    return rows_from_history(trainer.state.log_history), dict(cap.paths), dict(cap.errors)
+
+
+def diagnose_steps(rows, paths) -> dict:
+    """{step: ranked codes} from the log up to that step plus that step's capture (diagnose_path's view)."""
+    from rookworld_debug.diagnosis.registry import diagnose_rows, diagnose_trace, merge, rank, rank_run, replace_step
+    from rookworld_debug.grpo.step import StepTrace
+    out, secs, everything = {}, [], []
+    for step in sorted(paths):
+        t0 = time.perf_counter()
+        found = list(diagnose_rows([r for r in rows if r["step"] <= step]))
+        found += [replace_step(f, step) for f in diagnose_trace(StepTrace.load(paths[step]))]
+        everything += found
+        out[step] = [{"code": f.code, "severity": f.severity} for f in rank(merge(found))]
+        secs.append(time.perf_counter() - t0)
+    # the whole run as `diagnose RUN` reads it: one finding per code, its earliest step
+    out["run"] = [{"code": f.code, "severity": f.severity, "step": f.step} for f in rank_run(merge(everything))]
+    return out, secs
+
+
+KEYS = ("loss", "reward", "kl", "entropy", "grad_norm", "completions/mean_length", "frac_reward_zero_std")
+
+
+def trl_case(fault: Optional[TRLFault], seed: int, twins: dict) -> dict:
+    t0 = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="rookworld-faults-"))
+    try:
+        if fault is not None and seed not in twins:
+            twins[seed] = run_trl(tmp / "twin", seed)[0]
+        rows, paths, errors = run_trl(tmp / "run", seed, fault)
+        per_step, secs = diagnose_steps(rows, paths)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    last = per_step.pop("run", [])
+    rec = {"kind": "trl", "fault": fault.name if fault else None, "seed": seed, "findings": last,
+           "per_step": {str(k): v[:3] for k, v in per_step.items()}, "capture_errors": {str(k): v for k, v in errors.items()},
+           "diagnose_seconds": max(secs) if secs else math.nan, "seconds": time.perf_counter() - t0}
+    if fault is None:
+        return {**rec, "name": f"trl-control-{seed}", "errors": sum(c["severity"] == "error" for c in last)}
+    twin = twins[seed]
+    diff = sorted({k for a, b in zip(rows, twin) for k in KEYS
+                   if a.get(k) is not None and b.get(k) is not None
+                   and not math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-9)})
+    first = next((int(s) for s, codes in sorted(per_step.items(), key=lambda kv: int(kv[0])) if any(c["code"] in fault.accept for c in codes[:3])),
+                 None)
+    return {**rec, "accept": sorted(fault.accept), "how": fault.how, "effective": bool(diff), "changed": diff,
+            "first_named_step": first}
+
+
+def main_json(rec) -> str:
+    return json.dumps(rec, default=str)
