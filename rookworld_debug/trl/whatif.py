@@ -17,12 +17,11 @@
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -46,6 +45,7 @@ class TRLState:
     model: object = field(repr=False)
     tokenizer: object = field(repr=False)
     history: dict = field(default_factory=dict)   # metric -> values logged before the branch (trainer_state.json)
+    notes: tuple = ()
 
 
 def _history(before: Path) -> dict:
@@ -77,9 +77,8 @@ def load_trl_state(capture, before) -> TRLState:
     if not (before / "optimizer.pt").is_file():
         raise CheckpointError(f"--before {before}: no optimizer.pt (a Trainer checkpoint-N folder is needed)")
     step = _checkpoint_step(before)
-    if step is not None and step != cap.global_step - 1:
-        raise CheckpointError(f"--before {before} is checkpoint step {step}; the captured step {cap.global_step} "
-                              f"starts from checkpoint {cap.global_step - 1}")
+    notes = [f"--before {before.name} is checkpoint step {step}; the captured step {cap.global_step} starts from "
+             f"checkpoint {cap.global_step - 1}"] if step is not None and step != cap.global_step - 1 else []
     model = _load_weights(before)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout) and cap.grpo_config.get("disable_dropout", True):
@@ -93,7 +92,7 @@ def load_trl_state(capture, before) -> TRLState:
         tok.pad_token = tok.pad_token or tok.eos_token
     return TRLState(trace, before, after if (after / "config.json").is_file() else None,
                     {n: p.detach().clone() for n, p in model.named_parameters()},
-                    load_torch(before / "optimizer.pt", "--before"), model, tok, _history(before))
+                    load_torch(before / "optimizer.pt", "--before"), model, tok, _history(before), tuple(notes))
 
 
 def _restore(st: TRLState, lr: Optional[float]):
@@ -239,7 +238,7 @@ def trl_self_check(st: TRLState, unchanged: OneStepArm):
         stages.append(StageCheck("update", 0.0, worst.rel, worst.rel, 0.05, all(c.ok for c in layers),
                                  f"largest per-layer ‖θ_replayed − θ_after‖₂ / ‖θ_after − θ_before‖₂ ({worst.layer}) "
                                  f"vs {st.after.name}"))
-    return self_check(stages)
+    return self_check(stages, st.notes)
 
 
 def _rewards_stage(st: TRLState) -> StageCheck:

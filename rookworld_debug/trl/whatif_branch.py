@@ -48,7 +48,9 @@ def grpo_args(st: TRLState, arm: Arm, steps: int, out_dir):
     from trl import GRPOConfig
     fields = {f.name for f in dataclasses.fields(GRPOConfig) if f.init}
     kw = {k: v for k, v in dict(st.trace.capture.grpo_config).items() if k in fields and not k.startswith("_")
-          and "token" not in k}
+          and not k.endswith("hub_token")}
+    if kw.get("steps_per_generation") is not None:
+        kw.pop("generation_batch_size", None)     # derived from steps_per_generation in __post_init__
     kw.update(grpo_overrides(arm, tuple(fields)))
     kw.update(_BRANCH_ARGS, output_dir=str(out_dir), max_steps=st.trace.capture.global_step - 1 + steps)
     try:

@@ -61,8 +61,9 @@ class SelfCheck:
         if self.passed is None:
             return "self-check not possible: nothing recorded about the step to compare"
         s = next(x for x in self.stages if x.stage == self.first_diverging)
-        return (f"self-check failed at stage '{s.stage}': replayed {s.replayed:.6g} vs recorded {s.recorded:.6g} "
-                f"(|diff| {s.diff:.3g} > {s.tolerance:.3g}; {s.definition})")
+        notes = "".join(f"; note: {n}" for n in self.notes)
+        return (f"self-check failed at stage '{s.stage}' (the first diverging stage): replayed {s.replayed:.6g} vs "
+                f"recorded {s.recorded:.6g} (|diff| {s.diff:.3g} > {s.tolerance:.3g}; {s.definition}){notes}")
 
 
 def stage(name: str, recorded: float, replayed: float, definition: str, diff: Optional[float] = None) -> StageCheck:

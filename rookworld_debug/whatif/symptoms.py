@@ -1,9 +1,11 @@
 """The symptoms a branch judges, each one number per trajectory, with thresholds from the record before the branch.
 
-Thresholds mirror the flight recorder's built-in triggers: a metric is beyond its threshold when it leaves its
-running median by 8 robust σ (1.4826·MAD, floored) over the steps recorded before the branch point; without
-such a history only the absolute rules apply (KL above 1 nat/token, clip ratio above 0.3) and the other
-symptoms are judged on the paired difference alone.
+Thresholds come from the flight recorder's built-in triggers. Where a trigger has an absolute rule (KL above
+1 nat/token, clipped-token fraction above 0.3) that rule says whether a trajectory shows the symptom: it marks
+a broken state whatever the run's history. The other metrics use the relative rule on the steps recorded
+before the branch point: beyond the history's median by 8 robust σ (1.4826·MAD, floored). The relative rule is
+a detector of sudden change; over a k-step branch a healthy run drifts, so it is not used where an absolute
+rule exists. Without a history and an absolute rule a symptom is judged on the paired difference alone.
 """
 from __future__ import annotations
 
@@ -38,10 +40,14 @@ def symptom(name: str, history: Optional[Mapping[str, Sequence[float]]] = None) 
         raise ConfigError("--symptom", f"unknown symptom {name!r}; known: {sorted(SYMPTOMS)}")
     metric, agg, direction, floor, absolute, words = SYMPTOMS[name]
     hist = (history or {}).get(metric) or []
-    thr = robust_threshold(hist, direction, floor=floor) if agg != "step_var" else math.nan
-    how = f"recorded history ({len(hist)} steps): median {'+' if direction > 0 else '−'} 8 robust σ"
-    if not math.isfinite(thr):
-        thr, how = absolute, "the flight recorder's absolute rule" if absolute is not None else "no threshold"
+    if absolute is not None:
+        thr = absolute
+        how = f"the flight recorder's absolute rule ({'above' if direction > 0 else 'below'} {absolute:g})"
+    else:
+        thr = robust_threshold(hist, direction, floor=floor) if agg != "step_var" else math.nan
+        how = f"recorded history ({len(hist)} steps): median {'+' if direction > 0 else '−'} 8 robust σ"
+        if not math.isfinite(thr):
+            thr, how = None, "no threshold (no recorded history)"
     return Symptom(name, metric, agg, direction, thr,
                    f"{words}; {'higher' if direction > 0 else 'lower'} is worse; threshold: {how}")
 
