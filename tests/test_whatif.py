@@ -88,7 +88,7 @@ def test_arms_from_findings_and_a_named_error_without_the_diagnosis():
 # ---------------------------------------------------------------------------------------------- the tiny model
 def _cfg(**kw):
     from rookworld_debug import StepConfig
-    return StepConfig(reward_mode="dataset", batch_size=2, num_generations=4, max_new_tokens=32,
+    return StepConfig(reward_mode="dataset", batch_size=2, num_generations=4, max_new_tokens=48,
                       eval_max_new_tokens=32, heldout_n=2, device="cpu", lr=1e-5, top_k_alternatives=1, **kw)
 
 

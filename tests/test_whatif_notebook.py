@@ -33,7 +33,7 @@ def _run(tmp_path, **params):
 
 
 def test_one_step_runs_headless(tmp_path):
-    summary, nb = _run(tmp_path, steps=0, arms=["lr=1e-4"], max_new_tokens=24, eval_max_new_tokens=24)
+    summary, nb = _run(tmp_path, steps=0, arms=[{"lr": 1e-4}], max_new_tokens=24, eval_max_new_tokens=24)
     assert summary["self_check"] is True and summary["arms"] == ["unchanged", "lr=0.0001"]
     html = [o["data"]["text/html"] for c in nb.cells for o in c.get("outputs", []) if "text/html" in o.get("data", {})]
     assert any("One step on the recorded rollout" in h for h in html)

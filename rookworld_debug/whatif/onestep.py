@@ -75,16 +75,19 @@ class OneStepArm:
 
 def recorded(state: SavedState) -> Recorded:
     """The trace's rollout, or (checkpoint source) the step sampled again from its seed at the start state."""
-    from rookworld_debug.grpo.evaluation import greedy_evals
+    from rookworld_debug.grpo.evaluation import greedy_evals, greedy_prompts
     from rookworld_debug.grpo.phases import sample_and_score
     s, c = state.session, state.config
     batch = (s.batch.prompts, s.batch.tasks, s.batch.completions)
     if state.trace is not None:
         t = state.trace
         return Recorded(t.rollout, t.rewards, t.advantages, t.loss, t.before, False)
+    # exactly as run_step samples: the greedy rows (batch + held-out) ride in the same decode loop
+    heldout = ([x.prompt for x in s.heldout], [x.task for x in s.heldout], [x.completion for x in s.heldout]) \
+        if s.heldout else None
     restore(state)
-    rollout, rewards, adv, loss, greedy = sample_and_score(s, c, greedy_prompts=list(s.batch.prompts))
-    before, _ = greedy_evals(s.policy, s.tokenizer, batch, None, max_new_tokens=c.eval_max_new_tokens,
+    rollout, rewards, adv, loss, greedy = sample_and_score(s, c, greedy_prompts=greedy_prompts(batch, heldout))
+    before, _ = greedy_evals(s.policy, s.tokenizer, batch, heldout, max_new_tokens=c.eval_max_new_tokens,
                              reward_mode=c.reward_mode, engine=s.engine, completions=greedy)
     return Recorded(rollout, rewards, adv, loss, before, True)
 

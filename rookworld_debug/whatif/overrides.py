@@ -101,3 +101,12 @@ def arms_from_sets(sets: Iterable[Iterable[str]]) -> tuple:
         ov = parse_sets(group)
         arms.append(Arm(arm_name(ov), ov, "--set"))
     return tuple(arms)
+
+
+def arms_from_dicts(items: Iterable[Mapping[str, object]]) -> tuple:
+    """One arm per mapping of settings (notebook parameters), after the unchanged arm."""
+    arms = [Arm("unchanged", {}, "recorded")]
+    for d in items:
+        ov = canonical(dict(d))
+        arms.append(Arm(arm_name(ov), ov, "parameters"))
+    return tuple(arms)
