@@ -167,3 +167,43 @@ def test_cli_bad_input_is_one_named_line_exit_2(saved, tmp_path, args, words):
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, env=ENV)
     err = [line for line in r.stderr.splitlines() if "error:" in line]
     assert r.returncode == 2 and len(err) == 1 and words in err[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_arms_on_a_dask_cluster_match_the_local_run(saved):
+    from distributed import Client, LocalCluster
+
+    from rookworld_debug.whatif import arms_from_sets, whatif
+    arms = arms_from_sets([["lr=1e-3"]])
+    local = whatif(saved / "step", arms, steps=1, seeds=1)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True) as cluster, Client(cluster) as client:
+        remote = whatif(saved / "step", arms, steps=1, seeds=1, cluster=client)
+    assert [(b.arm, b.seed) for b in remote.branches] == [(b.arm, b.seed) for b in local.branches]
+    for a, b in zip(local.branches, remote.branches):
+        assert a.rows[0]["rollout_reward"] == b.rows[0]["rollout_reward"] and a.rows[0]["kl"] == pytest.approx(
+            b.rows[0]["kl"], rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_an_unreachable_cluster_is_a_named_error(saved, tmp_path):
+    r = subprocess.run([CLI, "whatif", str(saved / "step"), "--set", "lr=1e-3", "--steps", "1", "--seeds", "1",
+                        "--cluster", "tcp://127.0.0.1:9", "--out", str(tmp_path / "o"), "--threads", "1"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, env=ENV)
+    assert r.returncode == 2 and "Dask scheduler" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_cli_from_findings(saved, tmp_path):
+    """With the diagnosis installed: its findings' fixes become arms (or a named error when none has a setting to
+    change); without it: a named error that says so. Either way one line, no traceback."""
+    import rookworld_debug.diagnosis as diagnosis
+    r = subprocess.run([CLI, "whatif", str(saved / "step"), "--from-findings", "--json", "--out", str(tmp_path / "o"),
+                        "--threads", "1"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+                       env=ENV)
+    if not hasattr(diagnosis, "diagnose_path"):
+        assert r.returncode == 2 and "diagnose_path is missing" in r.stderr and "Traceback" not in r.stderr
+    elif r.returncode == 0:
+        d = json.loads(r.stdout)
+        assert d["arms"][0]["name"] == "unchanged" and len(d["arms"]) >= 2
+        assert all(a["source"].startswith("finding ") for a in d["arms"][1:])
+    else:
+        assert r.returncode == 2 and "configuration fix" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
