@@ -207,3 +207,17 @@ def test_cli_from_findings(saved, tmp_path):
         assert all(a["source"].startswith("finding ") for a in d["arms"][1:])
     else:
         assert r.returncode == 2 and "configuration fix" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_g2_run_branched_to_g8_measures_reward_noise_next_to_the_prediction(tmp_path):
+    from rookworld_debug import run_step
+    from rookworld_debug.report.whatif_page import render
+    from rookworld_debug.whatif import arms_from_sets, whatif
+    run_step(_cfg(num_generations=2)).save(tmp_path / "g2")
+    res = whatif(tmp_path / "g2", arms_from_sets([["num_generations=8"]]), steps=3, seeds=2, symptoms=("reward_noise",))
+    g = res.extra["group_size"]
+    assert (g["G_old"], g["G_new"], g["predicted_ratio_sampling"]) == (2, 8, 0.25)
+    assert len(g["measured_var_old"]) == len(g["measured_var_new"]) == 2 and g["g_prime_curve"]["sizes"][0] == 2
+    assert [a.name for a in res.one_step] == ["unchanged"]           # G changes the sampling: k-step arms only
+    assert "Group size G = 2 → 8" in render(res.to_dict())

@@ -24,7 +24,7 @@ def run(tmp_path_factory):
     os.environ["HF_HUB_OFFLINE"] = "1"
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("wtrl")
-    trainer = make_trainer(out / "run", max_steps=3, save_steps=1, save_strategy="steps", max_completion_length=24)
+    trainer = make_trainer(out / "run", max_steps=3, save_steps=1, save_strategy="steps")
     cap = capture_steps(trainer, steps=[2, 3], out_dir=out / "captures")
     trainer.train()
     assert cap.errors == {} and sorted(cap.paths) == [2, 3]

@@ -132,7 +132,10 @@ def render(d: dict) -> str:
                  f" [{_n(g['measured_ratio_ci95'][0])}, {_n(g['measured_ratio_ci95'][1])}]</td></tr>"
                  f"<tr><td class=l>predicted, sampling (G_old/G_new)</td><td>{_n(g['predicted_ratio_sampling'])}</td></tr>"
                  f"<tr><td class=l>predicted, G′ curve (gradient energy)</td><td>{_n(g['predicted_ratio_gradient'])}"
-                 f"</td></tr></table><pre class=def>{_e(g['definition'])}</pre>")
+                 f"</td></tr><tr><td class=l>G′ curve: noise share of a G_old gradient, 1 − cos²</td>"
+                 f"<td>{_n(g.get('noise_share_at_G_old'))}</td></tr></table>"
+                 + "".join(f"<p class=def>{_e(n)}</p>" for n in g.get("notes", []))
+                 + f"<pre class=def>{_e(g['definition'])}</pre>")
     notes = "".join(f"<li>{_e(n)}</li>" for n in d.get("notes", []))
     return (f"<!doctype html><html><head><meta charset=utf-8><title>what if: {_e(src['path'])}</title>"
             f"<style>{_CSS}</style></head><body><h1>What if — {_e(src['kind'])} {_e(src['path'])}</h1>"

@@ -230,6 +230,10 @@ def trl_self_check(st: TRLState, unchanged: OneStepArm):
     if st.after is None:
         stages.append(StageCheck("update", math.nan, unchanged.param_delta_norm, math.nan, math.nan, None,
                                  "no checkpoint saved after the step next to --before"))
+    elif cap.grad_norm == 0:
+        stages.append(StageCheck("update", math.nan, unchanged.param_delta_norm, math.nan, math.nan, None,
+                                 "the recorded gradient is exactly 0: Adam scales the replay's float noise (‖g‖ = "
+                                 f"{unchanged.grad_norm_pre_clip:.2g}) to a full step, so the update is not comparable"))
     else:
         _replay_update(st, Arm("unchanged", {}))
         from rookworld_debug.trl.verify import _load_weights

@@ -10,7 +10,9 @@ Predicted, from ONE step at G_new taken from the start state with the diagnostic
 
 - gradient: fit ρ²(G′) = ‖g_{G′}‖² / ‖g_G‖² = 1 + b·(1/G′ − 1/G) (noise energy ∝ 1/G′, least squares over the
   sweep's draws); predicted E‖g_{G_new}‖² / E‖g_{G_old}‖² = 1 / (1 + b·(1/G_old − 1/G_new));
-- sampling: the mean sampled reward of a step with fixed prompts varies by σ²_within / (B·G): ratio G_old / G_new.
+- sampling: the mean sampled reward of a step with fixed prompts varies by σ²_within / (B·G): ratio G_old / G_new;
+- direction: 1 − cos²(g_{G_old}, g_G) from the sweep, the share of a G_old-sized gradient that is not along the
+  G-sized one (how much of a small-group update is noise).
 """
 from __future__ import annotations
 
@@ -55,12 +57,18 @@ def group_size_report(state, arms, runs) -> dict:
     v_new = [sym.reduce(r.series("rollout_reward")) for r in runs if r.arm == arm.name]
     ratio, ci = _ratio_ci(v_new, v_old)
     b = curve.get("b")
-    pred_grad = 1 / (1 + b * (1 / g_old - 1 / g_new)) if b is not None and math.isfinite(b) else math.nan
+    fits = b is not None and math.isfinite(b) and b > 0
+    pred_grad = 1 / (1 + b * (1 / g_old - 1 / g_new)) if fits else math.nan
+    notes = [] if fits or not curve else [
+        f"the G′ sweep does not show gradient energy falling with G′ (fitted b = {b:.3g} ≤ 0: the subsampled groups' "
+        "re-normalized advantages change the gradient's size, not only its noise), so it gives no gradient-noise ratio"]
+    cos_old = dict(zip(curve.get("sizes", []), curve.get("cos_mean", []))).get(g_old)
     return {"arm": arm.name, "G_old": g_old, "G_new": g_new,
             "measured_var_old": [_num(v) for v in v_old], "measured_var_new": [_num(v) for v in v_new],
             "measured_ratio": _num(ratio), "measured_ratio_ci95": [_num(ci[0]), _num(ci[1])],
             "predicted_ratio_sampling": g_old / g_new, "predicted_ratio_gradient": _num(pred_grad),
-            "g_prime_curve": curve, "definition": __doc__.split("\n\n", 1)[1].strip()}
+            "noise_share_at_G_old": _num(1 - cos_old ** 2) if cos_old is not None else None,
+            "g_prime_curve": curve, "notes": notes, "definition": __doc__.split("\n\n", 1)[1].strip()}
 
 
 def _ratio_ci(new, old, n_boot: int = B_BOOT) -> tuple:
