@@ -90,7 +90,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     arms, symptoms = _arms(a, path, trl)
     symptoms = tuple(a.symptom) or symptoms
-    tick, bars = _progress(len(arms), a.steps * a.seeds * len(arms))
+    from rookworld_debug.whatif.overrides import SAMPLING_FIELDS
+    one_step_arms = sum(not set(x.overrides) & set(SAMPLING_FIELDS) for x in arms)
+    tick, bars = _progress(one_step_arms, a.steps * a.seeds * len(arms))
     try:
         if trl:
             from rookworld_debug.trl.whatif_branch import trl_whatif
