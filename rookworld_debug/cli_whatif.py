@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     if a.steps < 0 or a.seeds < 1 or a.threads < 1:
         raise ConfigError("--steps/--seeds/--threads", "need --steps ≥ 0, --seeds ≥ 1, --threads ≥ 1")
     trl = _is_trl_capture(path)
+    if trl and a.cluster:
+        raise ConfigError("--cluster", "TRL branches run GRPOTrainer here; --cluster sends this package's own step")
     if trl and not a.before:
         raise ConfigError("--before", f"{path} is a TRL capture: give the Trainer checkpoint saved before it")
     import torch
