@@ -1,6 +1,6 @@
 """What if on a real TRL run (embedded tiny model, a checkpoint after every step): the self-check replays a
 captured step from the checkpoint before it (and against the one after it), a wrong checkpoint is refused naming
-the first diverging stage, arms change the update; the k-step branch runs TRL's GRPOTrainer (slow)."""
+the first diverging stage, arms change the update; the k-step branch runs TRL's GRPOTrainer."""
 from __future__ import annotations
 
 import json
@@ -71,7 +71,6 @@ def test_cli_on_a_capture(run, tmp_path):
     assert r.returncode == 2 and "delta_x" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.slow
 def test_k_step_branch_in_grpo_trainer_shares_seeds(run):
     from trl import GRPOTrainer
 
