@@ -88,8 +88,9 @@ def test_arms_from_findings_and_a_named_error_without_the_diagnosis():
 # ---------------------------------------------------------------------------------------------- the tiny model
 def _cfg(**kw):
     from rookworld_debug import StepConfig
-    return StepConfig(reward_mode="dataset", batch_size=2, num_generations=4, max_new_tokens=48,
-                      eval_max_new_tokens=32, heldout_n=2, device="cpu", lr=1e-5, top_k_alternatives=1, **kw)
+    base = dict(reward_mode="dataset", batch_size=2, num_generations=4, max_new_tokens=48, eval_max_new_tokens=32,
+                heldout_n=2, device="cpu", lr=1e-5, top_k_alternatives=1)
+    return StepConfig(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +210,6 @@ def test_cli_from_findings(saved, tmp_path):
         assert r.returncode == 2 and "configuration fix" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
-@pytest.mark.slow
 def test_a_g2_run_branched_to_g8_measures_reward_noise_next_to_the_prediction(tmp_path):
     from rookworld_debug import run_step
     from rookworld_debug.report.whatif_page import render
