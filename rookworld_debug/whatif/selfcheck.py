@@ -115,8 +115,20 @@ def input_stages(state, rec) -> list:
         lp, _ = per_token_logps_and_entropy(s.policy, r.prompt_ids, r.prompt_mask, r.completion_ids,
                                             r.completion_mask, r.temperatures)                # (N, T)
     d = _max_diff(lp, r.per_token_logps, r.completion_mask.double())
-    out.append(stage("log-probs", 0.0, d, "max |logπ_start − recorded logπ| over the sampled tokens (mask)", diff=d))
+    out.append(stage("log-probs", 0.0, d, "max |logπ_start − recorded logπ| over the sampled tokens (mask)"
+                     + _sha_note(state), diff=d))
     return out
+
+
+def _sha_note(state) -> str:
+    """Whether the start weights are the ones the trace recorded (sha256 of the weights), as evidence."""
+    from rookworld_debug.models import weights_sha256
+    want = state.recorded.get("start_weights_sha256")
+    if not want:
+        return ""
+    got = weights_sha256(state.session.policy)
+    return "; start weights sha256 " + ("= the recorded start's" if got == want else
+                                        f"{got[:12]} ≠ the recorded start's {want[:12]}")
 
 
 def update_stages(state, unchanged) -> list:
