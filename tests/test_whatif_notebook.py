@@ -42,4 +42,4 @@ def test_one_step_runs_headless(tmp_path):
 @pytest.mark.slow
 def test_defaults_run_headless(tmp_path):
     summary, _ = _run(tmp_path)
-    assert summary["self_check"] is True and len(summary["arms"]) == 4 and summary["verdicts"]
+    assert summary["self_check"] is True and len(summary["arms"]) == 3 and summary["verdicts"]
