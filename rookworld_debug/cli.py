@@ -48,6 +48,8 @@ DELEGATED = {
                  "(exit 1 on an error-level finding)"),
     "verify-capture": ("rookworld_debug.trl.verify", "replay a captured TRL step from the checkpoint before it and "
                        "compare with the checkpoint after it"),
+    "whatif": ("rookworld_debug.cli_whatif", "branch a saved step or run from its state with changed settings: "
+               "self-check, one-step counterfactual, k-step arms with shared seeds, a verdict per symptom"),
 }
 
 

@@ -44,8 +44,19 @@ def _callbacks(out: Path, jump_at: int, factor: float):
 MAX_COMPLETION_LENGTH = 160
 
 
+def _save_at(steps):
+    from transformers import TrainerCallback
+
+    class SaveAt(TrainerCallback):
+        """Trainer checkpoints (weights, AdamW, scheduler, RNG) after the chosen steps only: what a branch starts from."""
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step in steps:
+                control.should_save = True
+    return SaveAt()
+
+
 def run_demo(out, *, steps: int = 12, jump_at: int = 8, lr_factor: float = 1e4, keep_last: int = 3, seed: int = 0,
-             max_completion_length: int = MAX_COMPLETION_LENGTH):
+             checkpoints: tuple = (), max_completion_length: int = MAX_COMPLETION_LENGTH):
     from rookworld_debug.trl.capture import capture_steps
     from rookworld_debug.trl.example import make_trainer, tiny_dataset
     out = Path(out)
@@ -57,9 +68,22 @@ def run_demo(out, *, steps: int = 12, jump_at: int = 8, lr_factor: float = 1e4, 
                            dataset=tiny_dataset(8), max_completion_length=max_completion_length)
     for cb in _callbacks(out, jump_at, lr_factor):
         trainer.add_callback(cb)
+    if checkpoints:
+        trainer.add_callback(_save_at(set(checkpoints)))
+    _write_meta(out, trainer, steps=steps, jump_at=jump_at, lr_factor=lr_factor, seed=seed, checkpoints=checkpoints)
     cap = capture_steps(trainer, out_dir=out / "captures", keep_last=keep_last, triggers="default")
     trainer.train()
     return trainer, cap
+
+
+def _write_meta(out: Path, trainer, **kw) -> None:
+    """demo.json: how the run was made (a branch rebuilds its trainer from it; the jump step is read from it)."""
+    import json
+    a = trainer.args
+    meta = {**kw, "checkpoints": sorted(kw.get("checkpoints") or ()), "lr_raised_after_step": kw["jump_at"] - 2,
+            "n_prompts": len(trainer.train_dataset), "reward_mode": "dataset", "learning_rate": a.learning_rate,
+            "beta": a.beta, "num_generations": a.num_generations, "max_completion_length": a.max_completion_length}
+    (out / "demo.json").write_text(json.dumps(meta, indent=1))
 
 
 def main(argv=None) -> int:
@@ -73,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-completion-length", type=int, default=MAX_COMPLETION_LENGTH,
                     help=f"completion budget (default {MAX_COMPLETION_LENGTH}: the completions end; 48 cuts them all)")
+    ap.add_argument("--checkpoints-around-jump", action="store_true",
+                    help="save Trainer checkpoints after steps jump-at − 2 and jump-at − 1 (what `whatif` branches from)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from rookworld_debug.errors import ConfigError
     if not 3 <= a.jump_at <= a.steps:
@@ -86,7 +112,8 @@ def main(argv=None) -> int:
     from tqdm.auto import tqdm
     with tqdm(total=1, desc="trl-demo (GRPOTrainer)", disable=None, file=sys.stderr) as bar:
         trainer, cap = run_demo(a.out, steps=a.steps, jump_at=a.jump_at, lr_factor=a.lr_factor,
-                                keep_last=a.keep_last, seed=a.seed, max_completion_length=a.max_completion_length)
+                                keep_last=a.keep_last, seed=a.seed, max_completion_length=a.max_completion_length,
+                                checkpoints=(a.jump_at - 2, a.jump_at - 1) if a.checkpoints_around_jump else ())
         bar.update(1)
     print(f"trained {trainer.state.global_step} steps; captured {sorted(cap.paths)} "
           f"(why: {Path(a.out) / 'captures' / 'captures.json'})")

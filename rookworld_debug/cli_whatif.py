@@ -1,0 +1,125 @@
+"""`rookworld-debug whatif`: branch a saved step or run from its state, apply fixes, measure whether they work.
+
+    rookworld-debug whatif runs/step0 --set beta=0.1 --set lr=1e-6 --steps 10 --seeds 3
+    rookworld-debug whatif runs/demo/captures/step-000007 --before runs/demo/checkpoint-6 --set lr=1e-5 --steps 3
+    rookworld-debug whatif runs/step0 --from-findings --steps 10
+
+PATH: a saved step (`rookworld-debug step --save`, trace.json), a `run_steps` checkpoint folder (state.json), or a
+TRL capture (with --before: the Trainer checkpoint saved before the captured step). Each --set is one arm
+(several settings in one arm: --set "beta=0.1 lr=1e-6"); the unchanged arm is always run first and must
+reproduce the record (the self-check) before anything else is trusted. Writes OUT/whatif.json and
+OUT/whatif.html; --json prints the JSON. Exit 0 on success, 2 on bad input or a failed self-check.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rookworld-debug whatif", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", help="saved step folder, run_steps checkpoint folder, or TRL capture folder")
+    ap.add_argument("--set", action="append", default=[], metavar="'KEY=VALUE ...'",
+                    help="one arm: settings to change (StepConfig names or lr, eps, G, importance_sampling, mu)")
+    ap.add_argument("--from-findings", action="store_true", help="one arm per finding of the diagnosis with a "
+                    "configuration fix; the symptoms its evidence names")
+    ap.add_argument("--steps", type=int, default=0, help="k-step branches of this many steps (0: one step only)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, shared across arms (default 3)")
+    ap.add_argument("--before", help="the checkpoint the step starts from (TRL: checkpoint-N, N = step − 1; a saved "
+                    "step: a run_steps checkpoint or model folder replacing the recorded start)")
+    ap.add_argument("--symptom", action="append", default=[], help="judge only these symptoms (kl_spike, "
+                    "entropy_collapse, reward_drop, grad_norm_spike, clip_ratio, heldout_reward, reward_noise)")
+    ap.add_argument("--out", default="whatif-out", help="folder for whatif.json and whatif.html")
+    ap.add_argument("--json", action="store_true", help="print the JSON")
+    ap.add_argument("--cluster", help="Dask scheduler address (tcp://host:8786): run the arms there")
+    ap.add_argument("--threads", type=int, default=2)
+    return ap
+
+
+def _is_trl_capture(path: Path) -> bool:
+    from rookworld_debug.errors import TraceError
+    f = path / "trace.json"
+    if not f.is_file():
+        return False
+    try:
+        d = json.loads(f.read_text())
+    except (OSError, ValueError) as err:
+        raise TraceError(f"{f}: not readable JSON ({err})") from None
+    return isinstance(d, dict) and isinstance(d.get("fields"), dict) and d["fields"].get("capture") is not None
+
+
+def _arms(a, path: Path, trl: bool):
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.whatif import arms_from_sets
+    from rookworld_debug.whatif.findings import arms_from_findings, diagnose
+    if a.from_findings:
+        if a.set:
+            raise ConfigError("--set", "give either --set arms or --from-findings, not both")
+        return arms_from_findings(diagnose(path), trl=trl)
+    if not a.set:
+        raise ConfigError("--set", "no arm to try: give at least one --set KEY=VALUE (or --from-findings)")
+    return arms_from_sets([s.split() for s in a.set]), ()
+
+
+def _progress(arms: int, total_steps: int):
+    from tqdm.auto import tqdm
+    bars = {"arm": tqdm(total=arms, desc="one step per arm", disable=None, file=sys.stderr),
+            "step": tqdm(total=total_steps, desc="branch steps", disable=None, file=sys.stderr) if total_steps else None}
+
+    def tick(kind, n=1):
+        if bars.get(kind) is not None:
+            bars[kind].update(n)
+    return tick, bars
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from rookworld_debug.errors import ConfigError, TraceError
+    path = Path(a.path)
+    if not path.is_dir():
+        raise TraceError(f"{path}: no such folder")
+    if a.steps < 0 or a.seeds < 1 or a.threads < 1:
+        raise ConfigError("--steps/--seeds/--threads", "need --steps ≥ 0, --seeds ≥ 1, --threads ≥ 1")
+    trl = _is_trl_capture(path)
+    if trl and a.cluster:
+        raise ConfigError("--cluster", "TRL branches run GRPOTrainer here; --cluster sends this package's own step")
+    if trl and not a.before:
+        raise ConfigError("--before", f"{path} is a TRL capture: give the Trainer checkpoint saved before it")
+    import torch
+    torch.set_num_threads(a.threads)
+    arms, symptoms = _arms(a, path, trl)
+    symptoms = tuple(a.symptom) or symptoms
+    from rookworld_debug.whatif.overrides import SAMPLING_FIELDS
+    one_step_arms = sum(not set(x.overrides) & set(SAMPLING_FIELDS) for x in arms)
+    tick, bars = _progress(one_step_arms, a.steps * a.seeds * len(arms))
+    try:
+        if trl:
+            from rookworld_debug.trl.whatif_branch import trl_whatif
+            res = trl_whatif(path, arms, before=a.before, steps=a.steps, seeds=a.seeds, symptoms=symptoms,
+                             progress=tick)
+        else:
+            from rookworld_debug.whatif import whatif
+            res = whatif(path, arms, steps=a.steps, seeds=a.seeds, before=a.before, symptoms=symptoms,
+                         cluster=a.cluster, progress=tick)
+    finally:
+        for b in bars.values():
+            if b is not None:
+                b.close()
+    from rookworld_debug.report.whatif_page import write
+    d = res.to_dict()
+    jpath, hpath = write(d, a.out)
+    if a.json:
+        print(json.dumps(d, indent=1, default=str))
+    else:
+        print(res.self_check.describe())
+        for v in res.verdicts:
+            print(f"  {v.symptom:18s} {v.arm:28s} {v.verdict:22s} {v.reason}")
+        print(f"wrote {hpath} and {jpath}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""What if on a real TRL run (embedded tiny model, a checkpoint after every step): the self-check replays a
+captured step from the checkpoint before it (and against the one after it), a wrong checkpoint is refused naming
+the first diverging stage, arms change the update; the k-step branch runs TRL's GRPOTrainer."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = str(REPO / ".venv/bin/rookworld-debug")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    import torch
+    from rookworld_debug.trl.capture import capture_steps
+    from rookworld_debug.trl.example import make_trainer
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("wtrl")
+    trainer = make_trainer(out / "run", max_steps=3, save_steps=1, save_strategy="steps")
+    cap = capture_steps(trainer, steps=[2, 3], out_dir=out / "captures")
+    trainer.train()
+    assert cap.errors == {} and sorted(cap.paths) == [2, 3]
+    return out
+
+
+def test_self_check_passes_and_arms_differ(run):
+    from rookworld_debug.trl.whatif_branch import trl_whatif
+    from rookworld_debug.whatif import arms_from_sets
+    res = trl_whatif(run / "captures" / "step-000002", arms_from_sets([["lr=1e-3"], ["beta=0.5"]]),
+                     before=run / "run" / "checkpoint-1")
+    assert res.self_check.passed, res.self_check.describe()
+    stages = {s.stage: s for s in res.self_check.stages}
+    assert stages["update"].ok and "checkpoint-2" in stages["update"].definition   # compared with the checkpoint after
+    base, big, beta = res.one_step
+    assert big.param_delta_norm > 10 * base.param_delta_norm
+    assert beta.loss != pytest.approx(base.loss) and beta.grad_norm_pre_clip != pytest.approx(base.grad_norm_pre_clip)
+    assert res.steps == 0 and res.branches == ()
+
+
+def test_a_wrong_checkpoint_is_refused_naming_the_first_stage(run):
+    from rookworld_debug.trl.whatif_branch import trl_whatif
+    from rookworld_debug.whatif import Arm, SelfCheckError
+    with pytest.raises(SelfCheckError) as e:
+        trl_whatif(run / "captures" / "step-000003", (Arm("unchanged", {}),), before=run / "run" / "checkpoint-1")
+    check = e.value.check
+    assert check.first_diverging == "log-probs" and [s.ok for s in check.stages[:2]] == [True, True]
+    assert "checkpoint step 1" in str(e.value)                     # the note says which checkpoint it was
+
+
+def test_cli_on_a_capture(run, tmp_path):
+    cap = str(run / "captures" / "step-000002")
+    r = subprocess.run([CLI, "whatif", cap, "--before", str(run / "run" / "checkpoint-1"), "--set", "lr=1e-3",
+                        "--json", "--out", str(tmp_path / "o"), "--threads", "1"], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=300, env=ENV)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout)
+    assert d["source"]["kind"] == "TRL capture" and d["self_check"]["passed"] is True
+    r = subprocess.run([CLI, "whatif", cap, "--set", "lr=1e-3"], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=120, env=ENV)
+    assert r.returncode == 2 and "--before" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([CLI, "whatif", cap, "--before", str(run / "run" / "checkpoint-1"), "--set", "delta_x=2"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, env=ENV)
+    assert r.returncode == 2 and "delta_x" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_k_step_branch_in_grpo_trainer_shares_seeds(run):
+    from trl import GRPOTrainer
+
+    from rookworld_debug.models import load_policy_and_reference
+    from rookworld_debug.models.loading import TINY_DIR
+    from rookworld_debug.trl.example import tiny_dataset
+    from rookworld_debug.trl.rewards import rookworld_reward_funcs
+    from rookworld_debug.trl.whatif_branch import trl_whatif
+    from rookworld_debug.whatif import arms_from_sets
+    tok = load_policy_and_reference("tiny").tokenizer
+
+    def factory(args):
+        return GRPOTrainer(model=str(TINY_DIR), reward_funcs=rookworld_reward_funcs("dataset"), args=args,
+                           train_dataset=tiny_dataset(), processing_class=tok)
+    res = trl_whatif(run / "captures" / "step-000003", arms_from_sets([["lr=1e-2"]]), before=run / "run" / "checkpoint-2",
+                     steps=2, seeds=2, trainer_factory=factory)
+    runs = {(b.arm, b.seed): b for b in res.branches}
+    assert len(runs) == 4 and all([r["step"] for r in b.rows] == [3, 4] for b in res.branches)
+    for s in (0, 1):      # step 3 starts from the same checkpoint with the same seed: the same rollout reward
+        assert runs[("unchanged", s)].rows[0]["rollout_reward"] == runs[("lr=0.01", s)].rows[0]["rollout_reward"]
+    assert runs[("unchanged", 0)].rows[0]["rollout_reward"] != runs[("unchanged", 1)].rows[0]["rollout_reward"] or \
+        runs[("unchanged", 0)].rows[0]["kl"] != runs[("unchanged", 1)].rows[0]["kl"]
+    assert res.verdicts
