@@ -39,7 +39,7 @@ DELEGATED = {
     "generate-data": ("rookworld_debug.lab.generate", "generate RookWorld-format P:/A: samples"),
     "train-tiny": ("rookworld_debug.lab.train_tiny", "train the embedded tiny RookWorld model"),
     "measure": ("rookworld_debug.lab.measure", "measure format/legality metrics of any model"),
-    "bench": ("rookworld_debug.lab.bench", "benchmark our step vs TRL GRPOTrainer vs the seeds' loop"),
+    "bench": ("rookworld_debug.lab.bench", "benchmark our step vs TRL GRPOTrainer vs rookworld-trl's manual debug loop"),
     "triage": ("rookworld_debug.report.triage_build", "a run's curves, flagged steps and their reports: "
                "triage.html + triage.json"),
     "trl-demo": ("rookworld_debug.trl.demo", "a TRL GRPOTrainer run that goes wrong at a known step, recorded by "

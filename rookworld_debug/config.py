@@ -4,10 +4,10 @@ Each field carries its documentation in `metadata["help"]` so the glossary is re
 (`StepConfig.glossary()`, `StepConfig.glossary_markdown()`); papermill parameters map 1:1 onto
 `to_dict()` / `from_dict()`.
 
-Defaults follow the seeds' debug run (B=4 prompts, G=4 generations, β=0.1, lr 1e-6, AdamW 0.9/0.999/1e-8,
+Defaults follow rookworld-trl's manual debug run (B=4 prompts, G=4 generations, β=0.1, lr 1e-6, AdamW 0.9/0.999/1e-8,
 wd 0, grad-clip 1.0, task-conditional sampling); every *convention* (loss_type, KL estimator, advantage
 scaling, ε, δ, importance-sampling level, entropy normalisation) defaults to what TRL's `GRPOConfig` does,
-so a fresh config reproduces TRL's math on our rollout. `loss_type="manual"` selects the seeds'
+so a fresh config reproduces TRL's math on our rollout. `loss_type="manual"` selects that run's
 sequence-level REINFORCE variant instead (see `grpo/loss.py`).
 
 Impossible values are rejected at construction with `ConfigError(field, message)`.
@@ -59,7 +59,7 @@ class StepConfig:
     task: str = _f("P", "Which prompts form the batch: 'P' (ROOK policy with chain-of-thought), 'A' (ArbiterSim "
                    "environment) or 'mixed' (both tasks, alternating P, A, P, A, ...: ⌈B/2⌉ P and ⌊B/2⌋ A prompts, so B ≥ 2).",
                    choices=TASKS, group="run")
-    batch_size: int = _f(4, "B: number of distinct prompts in the step (the seeds' debug run used 4).", group="run")
+    batch_size: int = _f(4, "B: number of distinct prompts in the step (rookworld-trl's manual debug run used 4).", group="run")
     num_generations: int = _f(4, "G: completions sampled per prompt; one group = the G completions of a prompt. "
                               "N = B·G rows. TRL requires G ≥ 2 (a group std needs two samples).", group="run")
     prompt_indices: Optional[tuple] = _f(None, "Explicit dataset indices of the B prompts: distinct, length = "
@@ -88,7 +88,7 @@ class StepConfig:
     loss_type: str = _f("dapo", "Aggregation of the per-token loss L_it (mask m): 'dapo' (TRL default) "
                         "Σ m·L / num_items_in_batch (token mean over the whole batch); 'grpo' mean_i(Σ_t m·L / |o_i|); "
                         "'bnpo' Σ m·L / Σ m (micro-batch token mean); 'dr_grpo' Σ m·L / (N·max_new_tokens); "
-                        "'manual' = the seeds' sequence-level REINFORCE mean_i(−A_i·mean_t logπ + β·mean_t KL "
+                        "'manual' = rookworld-trl's manual sequence-level REINFORCE mean_i(−A_i·mean_t logπ + β·mean_t KL "
                         "− c_H·mean_t H), no ratio, no clip. TRL 1.16's other types: 'cispo' (IS weight clipped at "
                         "epsilon_high, dapo normaliser), 'sapo' (soft sigmoid gate, grpo normaliser), 'luspo' "
                         "(per-sequence token sums, meant for importance_sampling_level='sequence'), 'vespo' (gamma "
@@ -98,7 +98,7 @@ class StepConfig:
                         "kl_coef, epsilon_low/high its clip_range). Formulas: grpo/loss.py, grpo/rlvr_mini.py.",
                         choices=LOSS_TYPES, group="objective")
     beta: float = _f(0.1, "β: KL coefficient; loss adds β·KL(π‖π_ref) per token. TRL's default is 0.0 (no "
-                     "reference loaded); 0.1 is the seeds' debug-run value.", group="objective")
+                     "reference loaded); 0.1 is rookworld-trl's manual debug run's value.", group="objective")
     kl_estimator: str = _f("k3", "Per-token KL(π‖π_ref) estimator on the sampled token, with d = ref − logp: "
                            "'k3' (TRL) exp(d) − d − 1 ≥ 0; 'k1' logp − ref (= −d, can be negative); 'k2' ½·d²; "
                            "'full' exact Σ_v π(v)(log π(v) − log π_ref(v)) over the tempered vocabulary.",
@@ -268,7 +268,7 @@ class StepConfig:
     heldout_n: int = _f(8, "Number of held-out prompts for greedy before/after evaluation (0 disables). Its 95% CI "
                            "is shown with every held-out number: 8 prompts detect only large changes.",
                         group="eval")
-    eval_max_new_tokens: int = _f(196, "Max new tokens for greedy evaluation (the seeds' held-out eval used 196).",
+    eval_max_new_tokens: int = _f(196, "Max new tokens for greedy evaluation (rookworld-trl's manual debug run's held-out eval used 196).",
                                   group="eval")
     top_k_alternatives: int = _f(5, "Top-k alternative tokens (with probabilities) recorded per completion "
                                  "position for views; 0 disables.", group="eval")

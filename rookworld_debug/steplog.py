@@ -1,4 +1,4 @@
-"""The seeds' phase-by-phase text log, rendered from a StepTrace (a view: no GRPO math here)."""
+"""The phase-by-phase text log (the layout of rookworld-trl's manual debug run), rendered from a StepTrace (a view: no GRPO math here)."""
 from __future__ import annotations
 
 import math
@@ -48,7 +48,7 @@ def _clip(text: str, n: int = 72) -> str:
 
 
 def format_step_log(trace) -> str:
-    """The seeds' text log of one step: one block per phase, in the order the step ran them."""
+    """The text log of one step: one block per phase, in the order the step ran them."""
     out = _diagnosis(trace)
     for phase in (_setup, _initial_performance, _generations, _rewards, _advantages, _loss, _update,
                   _post_update, _timing):

@@ -20,7 +20,7 @@ PATTERNS = {
     "tracker number": r"\bissues?[- _]?#?\d+|\bissue #|\bPR ?#\d+|\b(?:see|in|cf\.?|per|fixes|closes) #\d+\b",
     "the issue as a source": r"\bthe issue'?s\b|\bby the issue\b|\bthe issue (?:names|says|asks|started|describes)\b",
     "build round": r"\brounds?[- ]?\d|\bround (?:one|two|three|four|five|six|seven)\b|\b(?:this|next|previous|earlier|later) round\b",
-    "the seeds as a source": r"\bseeds'(?!\w)|\bthe seeds (?:computed|debug|loop|run|script|code|did|wrote)\b",
+    "the seeds as a source": r"(?<!\[')\bseeds'(?!\w)|\bthe seeds (?:computed|debug|loop|run|script|code|did|wrote)\b",
     "build-process word": (r"\bthis session\b|\b(?:first|second|third|next|previous|earlier|later) session\b"
                            r"|\bsessions?' (?:device|time)\b|\bthe lead\b(?!-)|\blent\b|\bnot drawn\b"
                            r"|\bhelpers? (?:session|engineer)s?\b|\bother engineers\b"),

@@ -1,6 +1,6 @@
 """Run-level checks: from a run's log alone (one dict of TRL-named metrics per logged step).
 
-Each check reads the curves the way the seeds' debug sessions did by hand, with a stated test:
+Each check reads the curves the way people debugging RookWorld runs read them by hand, with a stated test:
 * a jump is `value − median(previous W) > K · 1.4826·MAD` (the flight recorder's robust rule), floored;
 * a trend is the OLS slope × span with a t-interval; "no net trend" = that interval covers 0 AND the up/down
   step counts are consistent with a fair coin (two-sided sign test);

@@ -1,4 +1,4 @@
-"""Advantages phase: rewards (N,) → per-completion advantages (N,), TRL-exact, plus the seeds' variant.
+"""Advantages phase: rewards (N,) → per-completion advantages (N,), TRL-exact, plus rookworld-trl's manual variant.
 
 Shape legend: B prompts, G generations per prompt (= num_generations), N = B·G rows. Row i belongs to
 group i // G (TRL's RepeatSampler puts a prompt's G copies consecutively).
@@ -22,7 +22,7 @@ is treated as unscorable, exactly like NaN/None: excluded from mean/std, advanta
 record's `rewards` keeps the inf so views show what the reward function returned.
 `std_ddof=0` (population std) and `clip` are our extensions; the defaults reproduce TRL exactly.
 
-The seeds' variant (`manual_advantages`, jorahn/rookworld-trl manual_grpo_debug.py):
+The manual variant (`manual_advantages`, jorahn/rookworld-trl manual_grpo_debug.py):
     A = clamp((r − mean_g) / max(std_g(ddof=1), std_clamp), −clip, clip)
 """
 from __future__ import annotations
@@ -210,7 +210,7 @@ def compute_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_genera
 
 def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generations: int, *,
                       std_clamp: float = 0.05, clip: Optional[float] = 2.0, std_ddof: int = 1) -> Advantages:
-    """The seeds' advantages: A = clamp((r − mean_g) / max(std_g(ddof=1), std_clamp), −clip, clip).
+    """rookworld-trl's manual debug run's advantages: A = clamp((r − mean_g) / max(std_g(ddof=1), std_clamp), −clip, clip).
 
     (The seeds used std_clamp 0.05 at step 1 and 1e-6 afterwards; clip 2.) NaN rewards are excluded from
     mean/std and get advantage 0 (the seeds had no NaN handling; flagged)."""
@@ -233,7 +233,7 @@ def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generat
     formula = f"A=(r-mean_g)/max(std_g(ddof={std_ddof}),{std_clamp:g})"
     if clip is not None:
         formula = f"A=clip((r-mean_g)/max(std_g(ddof={std_ddof}),{std_clamp:g}),±{clip:g})"
-    formula += " [seeds' manual variant], NaN→0"
+    formula += " [rookworld-trl's manual variant], NaN→0"
     is_std_zero = torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G)  # (N,)
     return _finish(r, G, adv, group_mean, group_std, denom, is_std_zero, normalization=formula, method="manual",
                    scale="group", eps=std_clamp, ddof=std_ddof, clip=clip, raw=raw)

@@ -131,7 +131,7 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, entropy_mask: Optio
                   entropy_coef: float, g: float, manual: bool) -> EntropyBonus:
     """The entropy bonus −c_H·H̄, with H̄ a token mean of this micro-batch for every TRL loss type:
         H̄ = Σ m' H / max(Σ m', 1) / g,  m' = m·E (E the entropy mask, if any; TRL: the same tokens as PG)
-    and for the seeds' manual variant the mean of per-sequence token means: H̄ = mean_i(Σ_t m H / |o_i|) / g."""
+    and for rookworld-trl's manual variant the mean of per-sequence token means: H̄ = mean_i(Σ_t m H / |o_i|) / g."""
     H = entropy.to(mask.dtype)                                                  # (N, T)
     N = mask.shape[0]
     seq_len_c = mask.sum(-1).clamp(min=1.0)                                     # (N,)

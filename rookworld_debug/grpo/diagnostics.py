@@ -1,4 +1,4 @@
-"""Signal or noise: what one step's update is made of (issue 28).
+"""Signal or noise: what one step's update is made of.
 
 * :func:`per_group_grads` — g_b, the gradient of the step's loss restricted to group b's rows, with the
   batch's own normalizers (so Σ_b g_b = the step's gradient). One forward with grad, then one backward per

@@ -1,5 +1,5 @@
 """The entropy mechanism (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
-Language Models") on one step, and its clip events by bound and sign of A (issue 28).
+Language Models") on one step, and its clip events by bound and sign of A.
 
 Shape legend: N = B·G rows, T completion tokens; m_it the loss mask, n = Σ m.
 

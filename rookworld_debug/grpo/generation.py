@@ -4,7 +4,7 @@ Shape legend: B prompts, G generations per prompt, N = B·G rows (each prompt re
 consecutively, TRL's order), P prompt tokens (left-padded), T completion tokens (right-padded),
 V vocabulary, K top-k alternatives.
 
-What TRL does and we reproduce (anchor_trl.md §1.2-1.3):
+What TRL does and we reproduce (TRL 1.16's GRPOTrainer: sampling and scoring):
 - completions are cut after the first EOS; the EOS itself is part of the completion and of
   `completion_mask`; a completion without EOS is truncated;
 - per-token log-probs come from a fresh teacher-forced forward over [prompt ; completion] on the

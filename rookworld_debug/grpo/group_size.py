@@ -1,4 +1,4 @@
-"""What if G were smaller? (issue 28) — the step's gradient from G′ < G completions per group.
+"""What if G were smaller? — the step's gradient from G′ < G completions per group.
 
 Shape legend: B prompts, G generations per prompt, N = B·G rows, G′ the subsampled group size, P parameters.
 

@@ -41,7 +41,7 @@ counterpart here). Every loss_type of TRL 1.16:
       H̄ = Σ m' H / max(Σ m', 1) / g  with m' = m·E (the entropy mask, if any)   (installed TRL 1.16: a
                                        micro-batch token mean for every loss_type; TRL 1.10 differed for dapo)
 
-`loss_type="manual"` is the seeds' sequence-level REINFORCE (jorahn/rookworld-trl manual_grpo_debug.py),
+`loss_type="manual"` is rookworld-trl's manual sequence-level REINFORCE (jorahn/rookworld-trl manual_grpo_debug.py),
 no ratio and no clip:
 
     loss = (1/N) Σ_i [ −A_i · mean_t ℓ_it + β · mean_t KL_it − c_H · mean_t H_it ] / g
@@ -91,7 +91,7 @@ __all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "V
 
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual", "rlvr_mini")
 PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")      # hard PPO clip (TRL's clip_ratio/* metrics)
-TRL_LOSS_TYPES = LOSS_TYPES[:-2]                                   # not manual (the seeds') nor rlvr_mini
+TRL_LOSS_TYPES = LOSS_TYPES[:-2]                                   # not manual (rookworld-trl's) nor rlvr_mini
 # TRL 1.16 GRPOConfig defaults of the loss-specific parameters
 SAPO_DEFAULTS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
 VESPO_DEFAULTS = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}

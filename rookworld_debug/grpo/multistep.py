@@ -16,7 +16,7 @@ Everything a step depends on is either in the checkpoint (weights, optimizer, co
 states) or a pure function of (config, k), so resuming from a checkpoint reproduces the
 uninterrupted run bit for bit on CPU.
 
-The old tool's multi-step bugs this module is written against (anchor_rookworld.md §3.5–§3.12):
+The old tool's multi-step bugs this module is written against (rookworld-trl's manual debug scripts):
 β updated one step late, LR schedule off by one (step k trained with lr(k−2)), adaptive β fed β·KL,
 a batch cursor that reused prompts [0:B] once `start ≥ N`, Pre/Post measured on different batches.
 """

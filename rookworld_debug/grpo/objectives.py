@@ -13,7 +13,7 @@ same order: the TRL oracle tests compare the composition to 1e-9.
     dr_grpo  clipped_surrogate   fixed_length          dapo     clipped_surrogate   global_token_mean
     luspo    clipped_surrogate   sequence_sum_mean     cispo    cispo               global_token_mean
     sapo     sapo_gate           sequence_mean         vespo    vespo               global_token_mean
-    manual   reinforce           sequence_mean         (the seeds' REINFORCE, no ratio)
+    manual   reinforce           sequence_mean         (rookworld-trl's REINFORCE, no ratio)
     rlvr_mini  rlvr_sequence_surrogate  row_sum_mean    (rookworld-rlvr's mini: SEQUENCE ratio against the
              reference, summed log-ratio; KL/entropy are its sampled-token surrogates: grpo/rlvr_mini.py)
 """
@@ -96,7 +96,7 @@ def vespo(x: ObjectiveInputs) -> PolicyTerm:
 
 
 def reinforce(x: ObjectiveInputs) -> PolicyTerm:
-    """manual (the seeds' sequence-level REINFORCE, no ratio and no clip):
+    """manual (rookworld-trl's sequence-level REINFORCE, no ratio and no clip):
         PG_it = −A_i·ℓ_it"""
     return PolicyTerm(-x.adv * x.logps, _no_clip(x), _no_clip(x))              # (N, T)
 

@@ -1,4 +1,4 @@
-"""Sampler–trainer gap (issue 28): how far the log-probs the sampler saw are from the trainer's.
+"""Sampler–trainer gap: how far the log-probs the sampler saw are from the trainer's.
 
 Shape legend: N = B·G rows, T completion tokens; m_it the loss mask, n = Σ m.
 

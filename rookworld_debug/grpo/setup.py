@@ -2,7 +2,7 @@
 
 Shape legend: B prompts, N = B rows here (one dataset completion per prompt), T completion tokens.
 
-The invariants are the check the old tools lacked (anchor_rookworld.md P1): before any update the
+The invariants are the check rookworld-trl's debug scripts lacked: before any update the
 policy and the reference are the same weights in eval mode, so on the same tokens their log-probs are
 bit-equal, every KL estimator is 0, the PPO ratio is 1, and no dropout is active. If any of these
 fails, every later KL/ratio number would be an artefact, so the views show this table first.

@@ -1,4 +1,4 @@
-"""Run triage: from a run's trend to its steps (issue 27). Pure functions over what a run folder holds.
+"""Run triage: from a run's trend to its steps. Pure functions over what a run folder holds.
 
 A run folder is any of (read as it is now, so a run in progress works):
 

@@ -65,10 +65,10 @@ __all__ = [
     "executive_summary_from_trace", "details_view",
     # a step captured from TRL's GRPOTrainer
     "capture_table_from_trace",
-    # signal or noise (issue 28)
+    # signal or noise
     "signal_noise_from_trace", "group_cosine_figure_from_trace", "group_size_figure_from_trace",
     "sampler_gap_figure_from_trace",
-    # inner PPO iterations and the loss-type comparison (issue 14)
+    # inner PPO iterations and the loss-type comparison
     "iteration_table_from_trace", "iteration_ratio_histogram_from_trace", "iteration_token_strips_from_trace",
     "loss_type_comparison_from_trace", "loss_type_comparison_table",
 ]
