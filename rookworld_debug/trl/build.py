@@ -175,6 +175,60 @@ def _update(trl_loss, record_loss, grad_norm, per_layer_post, max_grad_norm, lr,
                         counts={"backward": n_mb})
 
 
+def _capture_flags(args, gen, trained, notes, rollout, rewards, ours, advantages, loss, *, recomputed: float,
+                   trl_loss: float, adv_diff: float, logs: Optional[dict]) -> list:
+    """The captured step's flags: the phases' own, then where the record and TRL's step may part ways."""
+    n = gen["completion_ids"].shape[0]
+    flags = [NO_EVAL_FLAG, *notes, *rollout.warnings, *rewards_flags(rewards), *ours.flags,
+             *zero_std_flags(advantages, rollout.prompts, rewards), *loss.flags]
+    if not bool(trained.all()):
+        flags.append(f"steps_per_generation {args.steps_per_generation} > gradient_accumulation_steps "
+                     f"{args.gradient_accumulation_steps}: this step trained {int(trained.sum())} of the generation "
+                     f"batch's {n} rows (capture.micro_batch_rows); the loss, its terms and the loss mask describe "
+                     "those rows; the other rows are context (their generation-time log-probs: ratio 1, entropy 0)")
+    if len(gen.get("generation_batches", ())) > 1:
+        flags.append(f"steps_per_generation {args.steps_per_generation} < gradient_accumulation_steps "
+                     f"{args.gradient_accumulation_steps}: this step read {len(gen['generation_batches'])} generation "
+                     f"batches ({gen['generation_batches']} rows), stacked in generation order")
+    if abs(recomputed - trl_loss) > LOSS_TOLERANCE:
+        flags.append(f"recomputed loss {recomputed:.8g} differs from TRL's {trl_loss:.8g} by "
+                     f"{abs(recomputed - trl_loss):.3g} (> {LOSS_TOLERANCE:g}): views may not describe TRL's step")
+    if not adv_diff <= ADVANTAGE_TOLERANCE:
+        flags.append(f"grpo.advantages differs from TRL's advantages by up to {adv_diff:.3g}; the record shows TRL's")
+    if logs is not None and "loss" in logs and abs(float(logs["loss"]) - trl_loss) > LOSS_TOLERANCE:
+        flags.append(f"TRL logged loss {logs['loss']} ≠ this step's loss {trl_loss:.8g}: logging_steps > 1 averages "
+                     "several steps")
+    return flags
+
+
+def _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weights, *, step: int, reasons: tuple,
+                   weights_sha256: Optional[str], num_processes: int) -> Setup:
+    """The Setup record of a captured step: provenance (versions, weights hash, ranks) and the batch it trained on."""
+    import transformers
+    import trl
+
+    args = trainer.args
+    n, g = gen["completion_ids"].shape[0], int(trainer.num_generations)
+    provenance = {"source": "trl.GRPOTrainer capture", "model": config.model, "weights_sha256": weights_sha256,
+                  "num_parameters": sum(p.numel() for p in policy.parameters()), "dtype": config.dtype,
+                  "model_type": getattr(policy.config, "model_type", None),
+                  "weights_sha256_at": (f"start of step {step} (before its update)" if weights_sha256 else
+                                        "not hashed"),
+                  "capture_reasons": list(reasons),
+                  "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
+                               "torch": torch.__version__}, "global_step": step,
+                  "output_dir": str(args.output_dir), "reward_funcs": list(names), "reward_weights": list(weights),
+                  "num_processes": num_processes,
+                  "rows_per_process": list(gen.get("local_rows", [n]))}
+    batch_prompts = tuple(prompts[::g])
+    batch = Batch(prompts=batch_prompts, completions=tuple(gen.get("columns", {}).get("label", [""] * n)[::g]),
+                  tasks=tuple(rollout.tasks[::g]), indices=tuple(range(len(batch_prompts))), task_filter=config.task,
+                  seed=int(args.seed), batch_hash=hashlib.sha256("\n".join(batch_prompts).encode()).hexdigest(),
+                  source=f"TRL train_dataset, step {step}")
+    return Setup(config=config, policy=None, reference=None, tokenizer=None, engine=None, optimizer=None,
+                 provenance=provenance, batch=batch, heldout=(), invariants=None, seconds=math.nan)
+
+
 def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optional[dict], step: int,
                          grad_norm: float, per_layer_post_clip: dict, step_metrics: dict, learning_rate: float,
                          weights_sha256: Optional[str], cost: dict, reasons: tuple = (),
@@ -231,44 +285,10 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
     update = _update(trl_loss, float(loss.loss), grad_norm, per_layer_post_clip, config.max_grad_norm,
                      learning_rate, len(micro_batches))
 
-    flags = [NO_EVAL_FLAG, *notes, *rollout.warnings, *rewards_flags(rewards), *ours.flags,
-             *zero_std_flags(advantages, rollout.prompts, rewards), *loss.flags]
-    if not bool(trained.all()):
-        flags.append(f"steps_per_generation {args.steps_per_generation} > gradient_accumulation_steps "
-                     f"{args.gradient_accumulation_steps}: this step trained {int(trained.sum())} of the generation "
-                     f"batch's {n} rows (capture.micro_batch_rows); the loss, its terms and the loss mask describe "
-                     "those rows; the other rows are context (their generation-time log-probs: ratio 1, entropy 0)")
-    if len(gen.get("generation_batches", ())) > 1:
-        flags.append(f"steps_per_generation {args.steps_per_generation} < gradient_accumulation_steps "
-                     f"{args.gradient_accumulation_steps}: this step read {len(gen['generation_batches'])} generation "
-                     f"batches ({gen['generation_batches']} rows), stacked in generation order")
-    if abs(recomputed - trl_loss) > LOSS_TOLERANCE:
-        flags.append(f"recomputed loss {recomputed:.8g} differs from TRL's {trl_loss:.8g} by "
-                     f"{abs(recomputed - trl_loss):.3g} (> {LOSS_TOLERANCE:g}): views may not describe TRL's step")
-    if not adv_diff <= ADVANTAGE_TOLERANCE:
-        flags.append(f"grpo.advantages differs from TRL's advantages by up to {adv_diff:.3g}; the record shows TRL's")
-    if logs is not None and "loss" in logs and abs(float(logs["loss"]) - trl_loss) > LOSS_TOLERANCE:
-        flags.append(f"TRL logged loss {logs['loss']} ≠ this step's loss {trl_loss:.8g}: logging_steps > 1 averages "
-                     "several steps")
-
-    provenance = {"source": "trl.GRPOTrainer capture", "model": config.model, "weights_sha256": weights_sha256,
-                  "num_parameters": sum(p.numel() for p in policy.parameters()), "dtype": config.dtype,
-                  "model_type": getattr(policy.config, "model_type", None),
-                  "weights_sha256_at": (f"start of step {step} (before its update)" if weights_sha256 else
-                                        "not hashed"),
-                  "capture_reasons": list(reasons),
-                  "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
-                               "torch": torch.__version__}, "global_step": step,
-                  "output_dir": str(args.output_dir), "reward_funcs": list(names), "reward_weights": list(weights),
-                  "num_processes": num_processes,
-                  "rows_per_process": list(gen.get("local_rows", [n]))}
-    batch_prompts = tuple(prompts[::g])
-    batch = Batch(prompts=batch_prompts, completions=tuple(gen.get("columns", {}).get("label", [""] * n)[::g]),
-                  tasks=tuple(rollout.tasks[::g]), indices=tuple(range(len(batch_prompts))), task_filter=config.task,
-                  seed=int(args.seed), batch_hash=hashlib.sha256("\n".join(batch_prompts).encode()).hexdigest(),
-                  source=f"TRL train_dataset, step {step}")
-    setup = Setup(config=config, policy=None, reference=None, tokenizer=None, engine=None, optimizer=None,
-                  provenance=provenance, batch=batch, heldout=(), invariants=None, seconds=math.nan)
+    flags = _capture_flags(args, gen, trained, notes, rollout, rewards, ours, advantages, loss, recomputed=recomputed,
+                           trl_loss=trl_loss, adv_diff=adv_diff, logs=logs)
+    setup = _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weights, step=step, reasons=reasons,
+                           weights_sha256=weights_sha256, num_processes=num_processes)
     capture = TRLCapture(
         global_step=step, trl_version=trl.__version__, transformers_version=transformers.__version__,
         format=CAPTURE_FORMAT, trl_loss=trl_loss, micro_batch_losses=tuple(mb["loss"] for mb in micro_batches),
