@@ -157,7 +157,8 @@ def test_tune_notebook_summary(tune_notebook):
 
 # ------------------------------------------------------------------------- every notebook on its defaults
 ALL_NOTEBOOKS = [pytest.param("01_grpo_step.ipynb", marks=pytest.mark.slow),   # ~80 s: the main job's step
-                 "02_tune_beta_temperature.ipynb", "03_multi_step.ipynb", "04_run_triage.ipynb"]
+                 "02_tune_beta_temperature.ipynb", "03_multi_step.ipynb", "04_run_triage.ipynb",
+                 pytest.param("05_whatif.ipynb", marks=pytest.mark.slow)]     # k-step arms: minutes
 
 
 def test_the_defaults_test_covers_every_shipped_notebook():
