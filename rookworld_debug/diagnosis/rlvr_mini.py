@@ -84,10 +84,14 @@ def check_kv_cache_positions(trace) -> list[Finding]:
     m = r.completion_mask.bool()
     gap = ((r.sampling_per_token_logps - r.per_token_logps).abs() * m).amax(1)          # (N,)
     padded = r.prompt_mask.sum(1) < r.prompt_mask.shape[1]                              # (N,)
-    if not bool(padded.any()) or bool(torch.isnan(gap).any()):
+    if not bool(padded.any()) or bool(padded.all()) or bool(torch.isnan(gap).any()):
+        return []                       # the evidence is the contrast: it needs padded AND unpadded rows
+    g_pad, g_full = float(gap[padded].max()), float(gap[~padded].max())
+    # the cache's positions go wrong only AFTER the first generated token (the prompt forward places it right);
+    # a sampler in another precision is off at the first token too
+    first = ((r.sampling_per_token_logps[:, 0] - r.per_token_logps[:, 0]).abs() * m[:, 0])[padded]   # (n_padded,)
+    if bool(torch.isnan(first).any()) or float(first.max()) > GAP_TOLERANCE:
         return []
-    g_pad = float(gap[padded].max())
-    g_full = float(gap[~padded].max()) if bool((~padded).any()) else 0.0
     # unpadded rows agree to float noise while padded ones do not (a sampler in another precision shifts both)
     if not (g_pad > GAP_TOLERANCE and g_full <= GAP_TOLERANCE and g_pad > 10 * max(g_full, 1e-5)):
         return []
