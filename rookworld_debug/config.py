@@ -129,13 +129,13 @@ class StepConfig:
                                    "clip (TRL).", group="objective")
     entropy_coef: float = _f(0.0, "c_H: entropy bonus; loss −= c_H·H̄ with H̄ the masked token-mean entropy of "
                              "the tempered policy (installed TRL 1.16 normalisation, independent of loss_type). 0 disables "
-                             "(TRL default); the seeds used 0.005.", group="objective")
+                             "(TRL default); rookworld-trl's manual debug run used 0.005.", group="objective")
     mask_truncated_completions: bool = _f(False, "Zero the loss mask of completions that hit max_new_tokens "
                                           "without EOS (TRL option, default False). They still enter the "
                                           "group mean/std of the advantages.", group="objective")
     manual_std_clamp: float = _f(0.05, "loss_type='manual' only: advantage denominator is max(std_g, this) "
-                                 "(the seeds used 0.05 at step 1, 1e-6 later).", group="objective")
-    manual_adv_clip: Optional[float] = _f(2.0, "loss_type='manual' only: advantages clipped to ±this (the seeds: "
+                                 "(rookworld-trl's manual debug run used 0.05 at step 1, 1e-6 later).", group="objective")
+    manual_adv_clip: Optional[float] = _f(2.0, "loss_type='manual' only: advantages clipped to ±this (rookworld-trl's manual debug run: "
                                           "2.0). None = no clip.", group="objective")
     sapo_temperature_pos: float = _f(1.0, "sapo: gate temperature τ for A > 0 (TRL default 1.0).", group="objective")
     sapo_temperature_neg: float = _f(1.05, "sapo: gate temperature τ for A ≤ 0 (TRL default 1.05).", group="objective")

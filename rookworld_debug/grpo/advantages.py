@@ -212,8 +212,8 @@ def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generat
                       std_clamp: float = 0.05, clip: Optional[float] = 2.0, std_ddof: int = 1) -> Advantages:
     """rookworld-trl's manual debug run's advantages: A = clamp((r − mean_g) / max(std_g(ddof=1), std_clamp), −clip, clip).
 
-    (The seeds used std_clamp 0.05 at step 1 and 1e-6 afterwards; clip 2.) NaN rewards are excluded from
-    mean/std and get advantage 0 (the seeds had no NaN handling; flagged)."""
+    (rookworld-trl's manual debug run used std_clamp 0.05 at step 1 and 1e-6 afterwards; clip 2.) NaN rewards are excluded from
+    mean/std and get advantage 0 (that run had no NaN handling; flagged)."""
     if std_ddof not in (0, 1):
         raise ConfigError("std_ddof", f"must be 0 or 1, got {std_ddof!r}")
     if std_clamp < 0:

@@ -46,8 +46,8 @@ no ratio and no clip:
 
     loss = (1/N) Σ_i [ −A_i · mean_t ℓ_it + β · mean_t KL_it − c_H · mean_t H_it ] / g
 
-with mean_t the masked mean over the completion's tokens; KL uses `kl_estimator` (the seeds used "full")
-without bias correction. (Unlike the seeds we train on the SAMPLED ids, in float32, EOS included.)
+with mean_t the masked mean over the completion's tokens; KL uses `kl_estimator` (rookworld-trl's manual debug run used "full")
+without bias correction. (Unlike that run we train on the SAMPLED ids, in float32, EOS included.)
 
 `loss_type="rlvr_mini"` is rookworld-rlvr's objective (grpo/rlvr_loss.py; golden-checked in grpo/rlvr_mini.py):
     loss = −mean_i min(r_i A_i, clip(r_i) A_i) + β·mean_i KL_i − c_H·mean_i Σ_t −m e^ℓ ℓ,  r_i = exp(clamp(Σ_t m(ℓ − ℓ_ref), ±20))

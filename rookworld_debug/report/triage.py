@@ -8,7 +8,7 @@ A run folder is any of (read as it is now, so a run in progress works):
 * the output of ``rookworld-debug run`` (``table.csv``; its names are mapped onto TRL's).
 
 :func:`flag_steps` replays the flight recorder's triggers (``trl.triggers``) over the log, so a step is
-flagged the same way the recorder would have fired on it; :func:`trend_stats` computes what the seeds
+flagged the same way the recorder would have fired on it; :func:`trend_stats` computes what RookWorld debuggers
 computed by hand (moving average, up/down steps, net change with a 95 % interval, KL-dominated steps).
 """
 from __future__ import annotations
