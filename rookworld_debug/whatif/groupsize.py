@@ -3,7 +3,7 @@ the first step predicted.
 
 Measured: for each arm and seed, v = variance over the branch of the step-to-step change of the mean sampled
 reward (the `reward_noise` symptom); the ratio mean_s v(G_new) / mean_s v(G_old), with a 95 % percentile
-bootstrap over seeds (seed indices resampled jointly for both arms: the seeds are shared).
+bootstrap over seeds (seed indices resampled jointly for both arms, which share their seeds).
 
 Predicted, from ONE step at G_new taken from the start state with the diagnostics' G′ sweep
 (`grpo.group_size`: ‖g_{G′}‖ / ‖g_G‖ for subsampled groups):

@@ -155,7 +155,7 @@ def verdict(symptom: Symptom, arm: str, fix: Sequence[float], unchanged: Sequenc
         v = VERDICTS[2]
         why = (f"{s} seed(s): the interval [{ci[0]:.3g}, {ci[1]:.3g}] does not decide; about "
                f"{need:.0f} seeds would" if math.isfinite(need) else
-               f"{s} seed(s): the interval does not decide and the variance gives no estimate of the seeds needed")
+               f"{s} seed(s): the interval does not decide and the variance gives no estimate of how many seeds would decide")
     return Verdict(symptom.name, arm, v, mean, ci, tuple(f for f, _ in pairs), tuple(u for _, u in pairs), present,
                    s, float(s) if v != VERDICTS[2] else need, why)
 
