@@ -1,5 +1,6 @@
 """Shared test fixtures."""
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,25 @@ def tiny_byte_model_dir(tmp_path_factory) -> Path:
 
 
 # --------------------------------------------------------------------- offline browser pages (issue 27)
+@contextmanager
+def offline_page(path: Path, blocked: list | None = None):
+    """Debian's Chromium, headless, with `path` loaded offline (requests other than file:// are aborted and listed
+    in `blocked`); yields the page. Skips where Playwright or /usr/bin/chromium is missing."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path("/usr/bin/chromium").exists():
+        pytest.skip("no /usr/bin/chromium (scripts/setup.sh --browser installs it)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            block_network(page, [] if blocked is None else blocked)
+            page.goto(path.as_uri())
+            yield page
+        finally:
+            browser.close()
+
+
 def block_network(page, blocked: list) -> None:
     """Let a Playwright page load file:// URLs only; every other request is aborted and listed in `blocked`
     (an offline report must not fetch anything)."""

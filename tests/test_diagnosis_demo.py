@@ -62,23 +62,10 @@ def test_healthy_demo_until_the_jump_then_learning_rate(healthy_demo):
 
 
 def _read(path: Path, selector: str) -> list[str]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path("/usr/bin/chromium").exists():
-        pytest.skip("no /usr/bin/chromium")
-    blocked = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        try:
-            pg = browser.new_page(viewport={"width": 1200, "height": 900})
-            from conftest import block_network
-            block_network(pg, blocked)
-            pg.goto(path.as_uri())
-            pg.wait_for_selector(selector, timeout=30000)
-            texts = [el.inner_text() for el in pg.locator(selector).all()]
-        finally:
-            browser.close()
-    return texts
+    from conftest import offline_page
+    with offline_page(path) as pg:
+        pg.wait_for_selector(selector, timeout=30000)
+        return [el.inner_text() for el in pg.locator(selector).all()]
 
 
 @pytest.mark.slow

@@ -132,26 +132,14 @@ def test_commands_on_the_page_are_shell_quoted(hostile_run):
 
 
 def _dom_report(page_path: Path) -> dict:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path("/usr/bin/chromium").exists():
-        pytest.skip("no /usr/bin/chromium (scripts/setup.sh --browser installs it)")
-    from conftest import block_network
-    blocked = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        try:
-            pg = browser.new_page(viewport={"width": 1200, "height": 900})
-            block_network(pg, blocked)
-            pg.goto(page_path.as_uri())
-            pg.wait_for_load_state("load")
-            pg.wait_for_timeout(500)
-            return pg.evaluate("""() => ({
-                injected: document.querySelectorAll('rwinjected, [data-rwinjected], img[src="x"]').length,
-                pwned: window.__pwned === 1,
-                text: document.body.innerText})""")
-        finally:
-            browser.close()
+    from conftest import offline_page
+    with offline_page(page_path) as pg:
+        pg.wait_for_load_state("load")
+        pg.wait_for_timeout(500)
+        return pg.evaluate("""() => ({
+            injected: document.querySelectorAll('rwinjected, [data-rwinjected], img[src="x"]').length,
+            pwned: window.__pwned === 1,
+            text: document.body.innerText})""")
 
 
 @pytest.mark.browser
