@@ -145,13 +145,17 @@ def check_no_net_trend(rows) -> list[Finding]:
         score=6.0, step=pts[0][0])]
 
 
+def _fifths(pts) -> tuple:
+    """k (a fifth of the points, ≥ 3), the medians of the first and last k values, and the OLS trend fit."""
+    k = max(3, len(pts) // 5)
+    return (k, statistics.median(v for _, v in pts[:k]), statistics.median(v for _, v in pts[-k:]), _ols(pts))
+
+
 def check_kl_runaway(rows) -> list[Finding]:
     pts = series(rows, "kl")
     if len(pts) < 6:
         return []
-    k = max(3, len(pts) // 5)
-    first, last = statistics.median(v for _, v in pts[:k]), statistics.median(v for _, v in pts[-k:])
-    fit = _ols(pts)
+    k, first, last, fit = _fifths(pts)
     if fit is None or not (last > 0.1 and last > 10 * max(first, 1e-3) and fit[0] - fit[1] > 0):
         return []
     return [Finding(
@@ -168,9 +172,7 @@ def check_entropy_collapse(rows) -> list[Finding]:
     pts = series(rows, "entropy")
     if len(pts) < 6:
         return []
-    k = max(3, len(pts) // 5)
-    first, last = statistics.median(v for _, v in pts[:k]), statistics.median(v for _, v in pts[-k:])
-    fit = _ols(pts)
+    k, first, last, fit = _fifths(pts)
     if fit is None or not (first > 0 and last < 0.2 * first and fit[0] + fit[1] < 0):
         return []
     return [Finding(
