@@ -5,6 +5,12 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist (scripts/test.sh runs two workers) each worker gets one thread for torch, and so do the
+# subprocesses it starts: two workers with two OpenMP threads each would oversubscribe a 2-core machine.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
@@ -50,6 +56,26 @@ def tiny_byte_model_dir(tmp_path_factory) -> Path:
     Pass the folder as `StepConfig(model=str(folder))` or to `load_policy_and_reference(folder)`."""
     from tinymodels import save_tiny_gpt2
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny_byte_model"), n_positions=256)
+
+
+# --------------------------------------------------------------------- the TRL demo run, built once
+@pytest.fixture(scope="session")
+def trl_demo_run(tmp_path_factory, worker_id) -> Path:
+    """`rookworld-debug trl-demo` on its defaults (TRL's GRPOTrainer on the tiny model, 12 steps, the metrics jump
+    at step 8, flight recorder on), run once per test session as a user runs it. Under pytest-xdist the workers
+    share one build (a file lock in the session's temporary root). Read-only: copy it (`shutil.copytree`) before
+    writing into it."""
+    from filelock import FileLock
+
+    from cli import run_cli
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if worker_id != "master" else root          # xdist: the folder all workers share
+    folder = root / "trl-demo-shared" / "trl-demo"
+    with FileLock(str(root / "trl-demo-shared.lock")):
+        if not (folder / "captures" / "captures.json").is_file():
+            r = run_cli("trl-demo", "--out", folder, cwd=root)
+            assert r.returncode == 0, r.stderr[-3000:]
+    return folder
 
 
 # --------------------------------------------------------------------- offline browser pages (issue 27)

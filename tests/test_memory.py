@@ -31,7 +31,9 @@ def _held_mb(mode: str) -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
 def test_freed_tensors_go_back_to_the_os_only_with_the_setting():
-    held_default, held_on = _held_mb("off"), _held_mb("on")
+    # glibc's default is the precondition; a probe that lost the race with a trim is taken again
+    held_default = max(_held_mb("off") for _ in range(2))
+    held_on = _held_mb("on")
     assert held_default > 300           # glibc's default keeps the freed 2 MB tensors in the heap
     assert held_on < 50                 # fixed 1 MB threshold: each was mmap'd and unmapped on free
 

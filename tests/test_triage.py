@@ -1,33 +1,23 @@
-"""Issue 27: `rookworld-debug trl-demo` then `rookworld-debug triage`, run as a user runs them (subprocess, stdin
+"""`rookworld-debug trl-demo` then `rookworld-debug triage`, run as a user runs them (subprocess, stdin
 closed, timeout). The demo's learning rate jumps so the metrics jump at step JUMP: triage.json names a trigger
 there, the captured step's report is linked and opens in Chromium offline (network blocked), a second triage
 re-renders nothing, and a checkpoints-only folder still gives curves and flagged steps with the note."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from cli import run_cli as _cli
 
-REPO = Path(__file__).resolve().parents[1]
-CLI = str(REPO / ".venv/bin/rookworld-debug")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-STEPS, JUMP = 7, 5
-
-
-def _cli(*args, cwd, timeout=600):
-    return subprocess.run([CLI, *args], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+STEPS, JUMP = 12, 8          # trl-demo's defaults (the session's shared demo run)
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(tmp_path_factory, trl_demo_run):
     out = tmp_path_factory.mktemp("demo") / "run"
-    r = _cli("trl-demo", "--out", str(out), "--steps", str(STEPS), "--jump-at", str(JUMP), cwd=out.parent)
-    assert r.returncode == 0, r.stderr[-3000:]
+    shutil.copytree(trl_demo_run, out)                    # triage writes into the run folder: a copy of its own
     r = _cli("triage", str(out), "--no-progress", cwd=out.parent)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return out

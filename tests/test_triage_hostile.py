@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,8 @@ def trace_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hostile_run(tmp_path_factory, trace_dir):
     base = tmp_path_factory.mktemp("hostile")
-    canary = base / "CANARY"
+    # a short canary path: the folder names below hold it twice, and a name may not pass 255 bytes
+    canary = Path(tempfile.mkdtemp(prefix="rwc")) / "CANARY"
     h = _hostile(canary).replace("/", "∕")                     # a folder name cannot hold '/'
     run = base / f"run {h}"
     caps = run / "captures"
