@@ -44,6 +44,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,11 +57,12 @@ from rookworld_debug.lab.bench_measure import (GPT2_124M, _InProcessWorker, _Pro
                                                profile_variant, run_once, widget_bench)
 from rookworld_debug.lab.bench_report import (TARGETS, _finite, check_targets, compute_ratios,  # noqa: F401
                                               markdown, profile_markdown, summarize_variant)
-from rookworld_debug.lab.bench_tools import save_step
+from rookworld_debug.lab.bench_tools import BenchError, save_step
 from rookworld_debug.lab.bench_variants import (LABELS, VARIANT_CLASSES, VARIANTS, BenchSpec,  # noqa: F401
                                                 trl_config_kwargs)
 
 SCHEMA = "rookworld_debug.bench/1"   # the JSON schema id (data written by any version stays readable)
+SAVE_STEP_TIMEOUT_S = 3600           # deadline of the child that saves (b)'s step for (g), (i), (j)
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -123,18 +126,42 @@ def _file_stem(started: str, model: str) -> tuple[str, str]:
     return started.replace(":", "").replace("-", ""), safe
 
 
-def _with_saved_step(spec: BenchSpec, variants, tmp: str, threads: int) -> tuple[BenchSpec, dict]:
-    """(g), (i), (j) read (b)'s step, saved here once, untimed, before any worker starts."""
+def _with_saved_step(spec: BenchSpec, variants, tmp: str, isolate: str, threads: int) -> tuple[BenchSpec, dict]:
+    """(g), (i), (j) read (b)'s step, saved here once, untimed, before any worker starts. With process isolation
+    in a child process: a worker inherits its parent's memory high-water mark (ru_maxrss), so the parent stays lean."""
     if not set(variants) & set("gij"):
         return spec, {}
-    import torch
-    torch.set_num_threads(threads)
+    folder = Path(tmp) / "saved-step"
     t0 = time.perf_counter()
-    path = save_step(spec, Path(tmp) / "saved-step")
+    if isolate == "process":
+        spec_path = Path(tmp) / "save-step-spec.json"
+        spec_path.write_text(json.dumps(asdict(spec)))
+        cmd = [sys.executable, "-m", "rookworld_debug.lab.bench", "_save_step", str(spec_path), str(folder)]
+        try:
+            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, timeout=SAVE_STEP_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"saving (b)'s step for (g), (i), (j) took over {SAVE_STEP_TIMEOUT_S} s") from None
+        if rc != 0 or not (folder / "trace.json").is_file():
+            raise BenchError(f"saving (b)'s step for (g), (i), (j) failed (exit {rc}); its error is above")
+    else:
+        import torch
+        torch.set_num_threads(threads)
+        save_step(spec, folder)
     seconds = time.perf_counter() - t0
     print(f"[bench] (b)'s step saved for (g), (i), (j) in {seconds:.1f} s (untimed)", file=sys.stderr, flush=True)
-    return replace(spec, saved_step=path), {"saved_step": {"seconds": seconds, "what": "run_step of (b)'s config "
-                                                           "on fresh weights + StepTrace.save, untimed"}}
+    return replace(spec, saved_step=str(folder)), {"saved_step": {
+        "seconds": seconds, "what": "run_step of (b)'s config on fresh weights + StepTrace.save, untimed"}}
+
+
+def _save_step_main(spec_path: str, folder: str) -> int:
+    """The child that saves (b)'s step (`_with_saved_step`); what libraries print goes to stderr."""
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    import torch
+    spec = BenchSpec(**json.loads(Path(spec_path).read_text()))
+    torch.set_num_threads(spec.threads)
+    save_step(spec, folder)
+    return 0
 
 
 def run_bench(args) -> tuple[dict, Path]:
@@ -148,7 +175,7 @@ def run_bench(args) -> tuple[dict, Path]:
         model_dir, model_info = materialize_model(args.model, Path(tmp) / "model")
         spec = _spec_from_args(args, model_dir, device)
         spec.step_config()  # validate before starting workers
-        spec, saved = _with_saved_step(spec, variants, tmp, args.threads)
+        spec, saved = _with_saved_step(spec, variants, tmp, args.isolate, args.threads)
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(asdict(spec)))
         workers = {}
@@ -218,7 +245,7 @@ def run_profile(args) -> tuple[dict, Path]:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="rookworld-bench-") as tmp:
         model_dir, model_info = materialize_model(args.model, Path(tmp) / "model")
-        spec, _ = _with_saved_step(_spec_from_args(args, model_dir, device), args.profile, tmp, args.threads)
+        spec, _ = _with_saved_step(_spec_from_args(args, model_dir, device), args.profile, tmp, "none", args.threads)
         for _ in range(args.warmup):
             run_once(args.profile, spec)
         prof = profile_variant(args.profile, spec)
@@ -235,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_worker"]:
         return _worker_main(argv[1], argv[2])
+    if argv[:1] == ["_save_step"]:
+        return _save_step_main(argv[1], argv[2])
     if argv[:1] == ["--render"]:   # re-summarise a saved JSON from its runs, rewrite it, print the table
         from rookworld_debug.safeio import atomic_write_json
         path = Path(argv[1])

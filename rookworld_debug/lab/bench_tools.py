@@ -13,6 +13,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from rookworld_debug.errors import RookWorldError
+
+
+class BenchError(RookWorldError, RuntimeError):
+    """A benchmark's own preparation failed (the message says which and why)."""
+
+
 ONE_STEP_SETS = (("beta=0.5",), ("lr=1e-4",), ("loss_type=grpo",), ("max_grad_norm=0.1",))   # + the unchanged arm
 BRANCH_SETS = (("lr=1e-4",),)                                                                 # + the unchanged arm
 BRANCH_STEPS, BRANCH_SEEDS = 3, 1
