@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -25,28 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+from rookworld_debug.lab.synthetic_log import JUMPS, log_history   # the log, built from a seed
+
 N_STEPS, N_CAPTURES = 10_000, 50
-JUMPS = (1_200, 2_500, 4_000, 6_100, 8_800)          # KL / grad-norm jumps: the triggers fire here
-
-
-def log_history(n: int = N_STEPS, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    out, reward, kl = [], 0.30, 0.002
-    for step in range(1, n + 1):
-        reward += rng.gauss(0, 0.002)
-        jump = step in JUMPS
-        kl = max(1e-5, kl * (1 + rng.gauss(0, 0.05)) + (0.2 if jump else 0)) if not jump else kl + 0.2
-        kl = kl if jump or kl < 0.05 else 0.002                  # a jump lasts one step
-        out.append({"step": step, "epoch": step / n, "loss": rng.gauss(0, 0.01) + 0.04 * kl,
-                    "reward": reward + rng.gauss(0, 0.05), "reward_std": 0.2 + rng.gauss(0, 0.01),
-                    "kl": kl, "entropy": 1.2 - step * 2e-5 + rng.gauss(0, 0.02),
-                    "clip_ratio/region_mean": max(0.0, rng.gauss(0.01, 0.005)) + (0.3 if jump else 0),
-                    "grad_norm": abs(rng.gauss(1.0, 0.1)) * (8 if jump else 1),
-                    "frac_reward_zero_std": min(1.0, max(0.0, rng.gauss(0.1, 0.05))),
-                    "completions/mean_length": 60 + rng.gauss(0, 3), "completions/clipped_ratio": max(0, rng.gauss(0.02, 0.01)),
-                    "learning_rate": 1e-6, "step_time": 1.0 + rng.gauss(0, 0.05),
-                    "rewards/rookworld_p_reward/mean": reward + rng.gauss(0, 0.05)})
-    return out
 
 
 def build_run(root: Path, capture_src: Path) -> Path:

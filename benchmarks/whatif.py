@@ -29,11 +29,12 @@ def _cfg(**kw):
 
 def cost(tmp: Path) -> dict:
     from rookworld_debug import run_step
+    from rookworld_debug.lab.bench_tools import ONE_STEP_SETS
     from rookworld_debug.whatif import arms_from_sets, whatif
     cfg = _cfg()
     run_step(cfg).save(tmp / "step")
     t0 = time.perf_counter()
-    five = whatif(tmp / "step", arms_from_sets([["beta=0.5"], ["lr=1e-4"], ["loss_type=grpo"], ["max_grad_norm=0.1"]]))
+    five = whatif(tmp / "step", arms_from_sets([list(g) for g in ONE_STEP_SETS]))   # the same arms as bench's (i)
     one_step_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     res = whatif(tmp / "step", arms_from_sets([["lr=1e-4"]]), steps=10, seeds=3)

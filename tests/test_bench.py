@@ -2,8 +2,12 @@
 schema (keys for every variant, ratios present, numbers finite). No timing assertions."""
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +31,7 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rc = bench.main(SMALL + ["--isolate", "none", "--out", str(out), "--json-only", "--variants", "abcdef"])
+        rc = bench.main(SMALL + ["--isolate", "none", "--out", str(out), "--json-only", "--variants", "abcdefghij"])
     assert rc == 0
     files = sorted(out.glob("bench-*.json"))
     assert len(files) == 1 and (out / "latest-tiny.json").is_file()
@@ -39,7 +43,8 @@ def test_schema_top_level(result):
     for key in ("started", "command", "machine", "model_info", "settings", "variants", "ratios", "ratios_min",
                 "targets", "engine", "engine_sets", "widget", "runs", "total_seconds"):
         assert key in result, key
-    assert result["settings"]["variants"] == list("abcdef")
+    assert result["settings"]["variants"] == list("abcdefghij")
+    assert result["saved_step"]["seconds"] > 0                     # (b)'s step, saved once for (g), (i), (j)
     assert result["settings"]["step_config"]["num_generations"] == 2
 
 
@@ -60,8 +65,31 @@ def test_every_variant_measured(result):
     assert 0 < f["median_recorder_share"] < 1
 
 
+def test_tools_measured(result):
+    """(g)–(j): the diagnosis and what-if tools on (b)'s saved step, with what each produced."""
+    runs = {v: result["runs"][v][0] for v in "ghij"}
+    for v in "ghij":
+        s = result["variants"][v]
+        assert s["runs"] == 1 and s["errors"] == [], (v, s["errors"])
+        assert _finite(s["median_seconds"]) and _finite(s["min_seconds"]) and _finite(s["peak_rss_mb"]), v
+        assert s["median_phases"] and all(_finite(x) for x in s["median_phases"].values()), v
+        assert abs(sum(s["median_phases"].values()) - s["median_seconds"]) < 0.05 * s["median_seconds"] + 0.01, v
+        assert v in result["descriptions"] and "rookworld-debug" in result["descriptions"][v]
+    assert runs["g"]["findings"] and runs["g"]["json_chars"] > 0         # the step checks ran on the loaded trace
+    assert "kl_runaway" in runs["h"]["findings"] and runs["h"]["log_steps"] == 10_000   # the built log's runaway
+    assert runs["i"]["arms"] == 5 and runs["i"]["self_check"] is True and runs["i"]["branch_steps"] == 0
+    assert runs["j"]["arms"] == 2 and runs["j"]["branch_steps"] == 3 and runs["j"]["seeds"] == 1
+    assert runs["j"]["self_check"] is True and runs["j"]["verdicts"]
+    assert 0 < runs["j"]["branch_seconds"] < result["variants"]["j"]["median_seconds"]
+    r = result["ratios"]
+    assert r["i/(5·b)"] == pytest.approx(r["i/c"] / r["b/c"] / 5)
+    assert r["h_seconds_per_1000_steps"] == pytest.approx(r["h_seconds"] / 10)
+
+
 def test_ratios_and_targets(result):
-    for name in ("a/c", "b/c", "d/a", "d_full/b", "b_without_eval/c", "e/c", "b/a", "f/c", "recorder_share"):
+    for name in ("a/c", "b/c", "d/a", "d_full/b", "b_without_eval/c", "e/c", "b/a", "f/c", "recorder_share",
+                 "g/c", "h_seconds", "h_seconds_per_1000_steps", "i/c", "i/(5·b)", "j/c", "j/(k·arms·b)",
+                 "j_branch/(k·arms·b)"):
         assert _finite(result["ratios"][name]) and result["ratios"][name] > 0, name
     assert set(result["targets"]) == set(bench.TARGETS)
     for name in ("a/c", "b/c", "d/a", "widget_ms"):
@@ -98,15 +126,48 @@ def test_trl_settings_cover_equivalence():
     assert cfg.generation_batch_size == 32
 
 
+def _cli(*args, timeout=120):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, "-m", "rookworld_debug.cli", "bench", *args], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_cli_prices_the_diagnosis_tools(tmp_path):
+    """`rookworld-debug bench --variants gh` as a user runs it: both tools timed, (h) in seconds, no (c) to
+    divide (g) by, so g/c is null rather than a made-up number."""
+    r = _cli(*SMALL, "--variants", "gh", "--isolate", "none", "--engine-reps", "0", "--no-widget",
+             "--out", str(tmp_path), "--json-only")
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(Path(r.stdout.strip().splitlines()[-1]).read_text())
+    assert data["settings"]["variants"] == ["g", "h"] and set(data["variants"]) == {"g", "h"}
+    for v in "gh":
+        assert data["variants"][v]["errors"] == [] and _finite(data["variants"][v]["median_seconds"]), v
+    assert _finite(data["ratios"]["h_seconds"]) and _finite(data["ratios"]["h_seconds_per_1000_steps"])
+    assert data["ratios"]["g/c"] is None and data["ratios"]["i/c"] is None
+
+
+@pytest.mark.parametrize("args", [["--variants", "abz"], ["--variants", "gg"], ["--variants", ""],
+                                  ["--profile", "k"]])
+def test_cli_bad_variants_one_line_exit_2(tmp_path, args):
+    r = _cli(*args, "--out", str(tmp_path), timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rookworld-debug bench: error: ConfigError: --"), r.stderr
+    assert "abcdefghij" in lines[0] and "Traceback" not in r.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
 @pytest.mark.slow
 def test_process_isolation_path(tmp_path):
     """The default path: one worker process per variant, answers over the line protocol."""
-    rc = bench.main(SMALL + ["--variants", "ac", "--isolate", "process", "--engine-reps", "0", "--no-widget",
+    rc = bench.main(SMALL + ["--variants", "acg", "--isolate", "process", "--engine-reps", "0", "--no-widget",
                              "--out", str(tmp_path), "--json-only"])
     assert rc == 0
     data = json.loads((tmp_path / "latest-tiny.json").read_text())
     assert data["settings"]["isolate"] == "process"
-    for v in "ac":
+    assert _finite(data["ratios"]["g/c"])          # (g)'s worker read the step the parent saved
+    for v in "acg":
         s = data["variants"][v]
         assert s["errors"] == [] and _finite(s["median_seconds"]) and _finite(s["peak_rss_mb"])
     assert _finite(data["ratios"]["a/c"]) and "engine" not in data and "widget" not in data

@@ -23,6 +23,16 @@ kernel's high-water mark (`ru_maxrss`) of the worker is reported too. Stockfish'
 not included (16 MB hash each). Measuring: ``lab/bench_measure.py``; summaries, ratios, targets and tables:
 ``lab/bench_report.py``.
 
+And the diagnosis and what-if tools on (b)'s step, each in its own worker too (``lab/bench_tools.py``):
+
+- g  `rookworld-debug diagnose` on (b)'s step saved to disk (load + every step check + the findings' JSON);
+- h  `rookworld-debug diagnose` on a TRL run folder with a 10,000-step log (a KL runaway and jumps that fire);
+- i  `rookworld-debug whatif` on the saved step with 5 arms (the one-step counterfactual);
+- j  `rookworld-debug whatif` on the saved step with a fix, branched 3 steps per arm (1 seed).
+
+(b)'s step is saved once, untimed, before the workers start. Ratios: g/c, i/c, j/c, i/(5·b) (per arm),
+j/(k·arms·b) (per branched step); h in seconds and seconds per 1,000 logged steps.
+
 Also measured: engine scoring of the same completions with cache + pool vs uncached sequential
 (one search set per completion, as rookworld-trl's manual debug loop does), and the widget path (`loss_for` for a new β/ε).
 
@@ -34,10 +44,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from rookworld_debug.lab.bench_measure import (GPT2_124M, _InProcessWorker, _ProcessWorker, _worker_main,  # noqa: F401
@@ -45,10 +57,12 @@ from rookworld_debug.lab.bench_measure import (GPT2_124M, _InProcessWorker, _Pro
                                                profile_variant, run_once, widget_bench)
 from rookworld_debug.lab.bench_report import (TARGETS, _finite, check_targets, compute_ratios,  # noqa: F401
                                               markdown, profile_markdown, summarize_variant)
+from rookworld_debug.lab.bench_tools import BenchError, save_step
 from rookworld_debug.lab.bench_variants import (LABELS, VARIANT_CLASSES, VARIANTS, BenchSpec,  # noqa: F401
                                                 trl_config_kwargs)
 
 SCHEMA = "rookworld_debug.bench/1"   # the JSON schema id (data written by any version stays readable)
+SAVE_STEP_TIMEOUT_S = 3600           # deadline of the child that saves (b)'s step for (g), (i), (j)
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -62,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per variant (alternating)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first")
-    p.add_argument("--variants", default="abcd", help="subset of 'abcdef' (e: + diagnostics, f: TRL + flight recorder)")
+    p.add_argument("--variants", default="abcd", help="subset of 'abcdefghij' (e: + diagnostics, f: TRL + flight "
+                   "recorder; g-j: diagnose a saved step, diagnose a 10,000-step log, what-if 5 arms, 3-step branch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-depth", type=int, default=10)
     p.add_argument("--engine-workers", type=int, default=2)
@@ -111,19 +126,56 @@ def _file_stem(started: str, model: str) -> tuple[str, str]:
     return started.replace(":", "").replace("-", ""), safe
 
 
+def _with_saved_step(spec: BenchSpec, variants, tmp: str, isolate: str, threads: int) -> tuple[BenchSpec, dict]:
+    """(g), (i), (j) read (b)'s step, saved here once, untimed, before any worker starts. With process isolation
+    in a child process: a worker inherits its parent's memory high-water mark (ru_maxrss), so the parent stays lean."""
+    if not set(variants) & set("gij"):
+        return spec, {}
+    folder = Path(tmp) / "saved-step"
+    t0 = time.perf_counter()
+    if isolate == "process":
+        spec_path = Path(tmp) / "save-step-spec.json"
+        spec_path.write_text(json.dumps(asdict(spec)))
+        cmd = [sys.executable, "-m", "rookworld_debug.lab.bench", "_save_step", str(spec_path), str(folder)]
+        try:
+            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, timeout=SAVE_STEP_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"saving (b)'s step for (g), (i), (j) took over {SAVE_STEP_TIMEOUT_S} s") from None
+        if rc != 0 or not (folder / "trace.json").is_file():
+            raise BenchError(f"saving (b)'s step for (g), (i), (j) failed (exit {rc}); its error is above")
+    else:
+        import torch
+        torch.set_num_threads(threads)
+        save_step(spec, folder)
+    seconds = time.perf_counter() - t0
+    print(f"[bench] (b)'s step saved for (g), (i), (j) in {seconds:.1f} s (untimed)", file=sys.stderr, flush=True)
+    return replace(spec, saved_step=str(folder)), {"saved_step": {
+        "seconds": seconds, "what": "run_step of (b)'s config on fresh weights + StepTrace.save, untimed"}}
+
+
+def _save_step_main(spec_path: str, folder: str) -> int:
+    """The child that saves (b)'s step (`_with_saved_step`); what libraries print goes to stderr."""
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    import torch
+    spec = BenchSpec(**json.loads(Path(spec_path).read_text()))
+    torch.set_num_threads(spec.threads)
+    save_step(spec, folder)
+    return 0
+
+
 def run_bench(args) -> tuple[dict, Path]:
     import torch
     from rookworld_debug.safeio import atomic_write_json
     device = _device(args)
-    variants = [v for v in args.variants if v in VARIANTS]
-    if not variants or len(variants) != len(args.variants):
-        raise SystemExit(f"--variants must be letters of 'abcdef', got {args.variants!r}")
+    variants = list(args.variants)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rookworld-bench-") as tmp:
         model_dir, model_info = materialize_model(args.model, Path(tmp) / "model")
         spec = _spec_from_args(args, model_dir, device)
         spec.step_config()  # validate before starting workers
+        spec, saved = _with_saved_step(spec, variants, tmp, args.isolate, args.threads)
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(asdict(spec)))
         workers = {}
@@ -159,7 +211,7 @@ def run_bench(args) -> tuple[dict, Path]:
                                    "process (isolate=process); maxrss = ru_maxrss of that worker",
                      "timing_method": "wall time of one step after an untimed prepare (fresh weights from the "
                                       "saved folder, fresh engine cache); (c) = on_step_begin→on_step_end"},
-        "variants": summary, "ratios": compute_ratios(summary), "ratios_min": compute_ratios(summary, "min"),
+        **saved, "variants": summary, "ratios": compute_ratios(summary), "ratios_min": compute_ratios(summary, "min"),
         "descriptions": {v: VARIANTS[v] for v in variants},
         "runs": {v: [{k: x for k, x in r.items() if k not in ("completions", "prompts", "traceback")}
                      for r in runs[v]] for v in variants},
@@ -190,12 +242,10 @@ def run_profile(args) -> tuple[dict, Path]:
     step unless --warmup 0), same spec as the benchmark."""
     from rookworld_debug.safeio import atomic_write_json
     device = _device(args)
-    if args.profile not in VARIANTS:
-        raise SystemExit(f"--profile must be one of {''.join(VARIANTS)}, got {args.profile!r}")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="rookworld-bench-") as tmp:
         model_dir, model_info = materialize_model(args.model, Path(tmp) / "model")
-        spec = _spec_from_args(args, model_dir, device)
+        spec, _ = _with_saved_step(_spec_from_args(args, model_dir, device), args.profile, tmp, "none", args.threads)
         for _ in range(args.warmup):
             run_once(args.profile, spec)
         prof = profile_variant(args.profile, spec)
@@ -212,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_worker"]:
         return _worker_main(argv[1], argv[2])
+    if argv[:1] == ["_save_step"]:
+        return _save_step_main(argv[1], argv[2])
     if argv[:1] == ["--render"]:   # re-summarise a saved JSON from its runs, rewrite it, print the table
         from rookworld_debug.safeio import atomic_write_json
         path = Path(argv[1])
@@ -234,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
                         ("--num-generations", args.num_generations, 2), ("--threads", args.threads, 1)):
         if v is not None and v < lo:
             raise ConfigError(flag, f"must be ≥ {lo}, got {v}")
+    if args.profile is not None and args.profile not in VARIANTS:
+        raise ConfigError("--profile", f"must be one of {''.join(VARIANTS)}, got {args.profile!r}")
+    bad = sorted(set(args.variants) - set(VARIANTS))
+    if not args.variants or bad or len(set(args.variants)) != len(args.variants):
+        raise ConfigError("--variants", f"must be distinct letters of {''.join(VARIANTS)!r}, got {args.variants!r}")
     if args.profile:
         result, path = run_profile(args)
         print(path if args.json_only else profile_markdown(result) + f"\n\nJSON: {path}")

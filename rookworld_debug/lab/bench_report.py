@@ -39,7 +39,8 @@ def summarize_variant(runs: list[dict]) -> dict:
            "median_reward": _median([r.get("reward_mean", math.nan) for r in ok]),
            "median_prepare_seconds": _median([r.get("prepare_seconds", math.nan) for r in ok])}
     for extra in ("seconds_core", "train_call_seconds", "trl_step_time", "capture_seconds", "held_bytes",
-                  "write_one_step_seconds", "recorder_share"):
+                  "write_one_step_seconds", "recorder_share", "log_steps", "arms", "branch_steps",
+                  "one_step_seconds", "branch_seconds"):
         vals = [r[extra] for r in ok if extra in r]
         if vals:
             out[f"median_{extra}"] = _median(vals)
@@ -66,7 +67,22 @@ def compute_ratios(v: dict, stat: str = "median") -> dict:
     r["b/a"] = sec("b") / sec("a")
     r["f/c"] = sec("f") / sec("c")             # wall clock: noise on a shared CPU; recorder_share is the measure
     r["recorder_share"] = v["f"].get(f"{stat}_recorder_share", math.nan) if "f" in v else math.nan
+    r.update(tool_ratios(v, stat))
     return r
+
+
+def tool_ratios(v: dict, stat: str = "median") -> dict:
+    """(g)–(j) against TRL's step (c) and, per arm / per branched step, against our instrumented step (b);
+    (h) in seconds (it has no step to compare with)."""
+    sec = lambda k: v[k][f"{stat}_seconds"] if k in v else math.nan  # noqa: E731
+    extra = lambda k, x: v[k].get(f"{stat}_{x}", math.nan) if k in v else math.nan  # noqa: E731
+    i_arms, j_arms, k = extra("i", "arms"), extra("j", "arms"), extra("j", "branch_steps")
+    log_steps = extra("h", "log_steps")
+    return {"g/c": sec("g") / sec("c"), "h_seconds": sec("h"),
+            "h_seconds_per_1000_steps": sec("h") / log_steps * 1000 if log_steps else math.nan,
+            "i/c": sec("i") / sec("c"), "i/(5·b)": sec("i") / (i_arms * sec("b")),
+            "j/c": sec("j") / sec("c"), "j/(k·arms·b)": sec("j") / (k * j_arms * sec("b")),
+            "j_branch/(k·arms·b)": extra("j", "branch_seconds") / (k * j_arms * sec("b"))}
 
 
 def check_targets(result: dict) -> dict:
@@ -122,6 +138,11 @@ def markdown(result: dict) -> str:
     for name, x in result["ratios"].items():
         if name not in shown:
             lines.append(f"| {name} | {_fmt(x)} | {_fmt(rmin.get(name))} | | |")
+    tools = [k for k in "gij" if k in v]
+    if tools:
+        lines += ["", "(g), (i), (j) work on (b)'s step, saved once untimed; i/(5·b) is per arm and j/(k·arms·b) per "
+                  "branched step (k steps × arms × 1 seed), against (b)'s step; j_branch counts the branches' "
+                  "steps only. (h) has no step to compare with: seconds, and per 1,000 logged steps."]
     e = result.get("engine")
     if e:
         lines += ["", f"Engine ({e['set']}, {e['n_completions']} completions, depth {e['depth']}): cached+pool "

@@ -1,6 +1,7 @@
 """The variants `rookworld-debug bench` times: one GRPO step done four (six) ways on the same model, prompts,
 seed and config, each as prepare() (untimed: load weights, engine, optimizer, trainer) → step() (timed) →
-close(). What each does, and every setting that makes them do the same work: docs/PERFORMANCE.md.
+close(); and (g)–(j), the diagnosis and what-if tools on that step (``lab/bench_tools.py``). What each does,
+and every setting that makes them do the same work: docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rookworld_debug.lab.bench_tools import TOOL_CLASSES, TOOL_LABELS, TOOL_VARIANTS
 
 VARIANTS = {
     "a": "ours: core step (generate → rewards → advantages → loss → update)",
@@ -19,10 +22,11 @@ VARIANTS = {
     "e": "ours: run_step + signal-or-noise diagnostics (StepConfig.diagnostics: per-group backward passes, "
          "noise scale, G' curve, entropy mechanism, sampler-trainer gap)",
     "f": "TRL GRPOTrainer as (c) with the flight recorder holding K steps (capture_steps keep_last, nothing written)",
+    **TOOL_VARIANTS,                    # (g)–(j): the diagnosis and what-if tools on (b)'s step
 }
 LABELS = {"a": "ours, core step", "b": "ours, run_step (instrumented)", "c": "TRL GRPOTrainer",
           "d": "rookworld-trl's manual debug loop", "e": "ours, run_step + diagnostics",
-          "f": "TRL GRPOTrainer + flight recorder (held, not written)"}
+          "f": "TRL GRPOTrainer + flight recorder (held, not written)", **TOOL_LABELS}
 GPT2_124M = "gpt2-124m"
 # two legal positions no RookWorld prompt contains: searching them starts every pool worker untimed
 _PRESTART_FENS = ("7k/8/8/8/8/8/8/K7 w - - 0 1", "6k1/8/8/8/8/8/8/K7 w - - 0 1")
@@ -52,6 +56,7 @@ class BenchSpec:
     device: str = "cpu"
     micro_batch_size: int | None = None  # rows per backward (same gradient); TRL: per-device batch + GA
     step_overrides: dict = field(default_factory=dict)   # extra StepConfig fields
+    saved_step: str = ""                # (b)'s step saved once by the parent: what (g), (i), (j) read
 
     def step_config(self):
         from rookworld_debug.config import StepConfig
@@ -410,4 +415,4 @@ class TrlRecorded(TrlStep):
 
 
 VARIANT_CLASSES = {"a": OursCore, "b": OursInstrumented, "c": TrlStep, "d": ManualLoop, "e": OursDiagnostics,
-                   "f": TrlRecorded}
+                   "f": TrlRecorded, **TOOL_CLASSES}
