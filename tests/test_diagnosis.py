@@ -8,16 +8,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
-import subprocess
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-CLI = str(REPO / ".venv/bin/rookworld-debug")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+from cli import run_cli
 
 
 def _step(fault=None, **settings):
@@ -118,8 +112,7 @@ def test_card_escapes_what_it_shows():
 
 
 def _cli(*args, timeout=120):
-    return subprocess.run([CLI, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-                          env=ENV)
+    return run_cli(*args, timeout=timeout)
 
 
 def test_diagnose_cli_json_and_exit_codes(dropout, healthy, tmp_path):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import shutil
 import subprocess
@@ -16,11 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-CLI = str(REPO / ".venv/bin/rookworld-debug")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-       "PYTHONPATH": str(REPO)}
+from cli import CLI, ENV
 # markup that would become an element or an attribute, a script hook, a shell substitution: {canary} is a path
 HOSTILE = ('<rwinjected data-rwinjected="1">x</rwinjected><img src=x onerror="window.__pwned=1">'
            '"\' data-rwinjected=1 $(touch {canary}) `touch {canary}`')
