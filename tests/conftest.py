@@ -60,7 +60,7 @@ def tiny_byte_model_dir(tmp_path_factory) -> Path:
 
 # --------------------------------------------------------------------- the TRL demo run, built once
 @pytest.fixture(scope="session")
-def trl_demo_run(tmp_path_factory, worker_id) -> Path:
+def trl_demo_run(tmp_path_factory) -> Path:
     """`rookworld-debug trl-demo` on its defaults (TRL's GRPOTrainer on the tiny model, 12 steps, the metrics jump
     at step 8, flight recorder on), run once per test session as a user runs it. Under pytest-xdist the workers
     share one build (a file lock in the session's temporary root). Read-only: copy it (`shutil.copytree`) before
@@ -69,7 +69,7 @@ def trl_demo_run(tmp_path_factory, worker_id) -> Path:
 
     from cli import run_cli
     root = tmp_path_factory.getbasetemp()
-    root = root.parent if worker_id != "master" else root          # xdist: the folder all workers share
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root   # xdist: the folder all workers share
     folder = root / "trl-demo-shared" / "trl-demo"
     with FileLock(str(root / "trl-demo-shared.lock")):
         if not (folder / "captures" / "captures.json").is_file():
