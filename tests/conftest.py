@@ -58,24 +58,55 @@ def tiny_byte_model_dir(tmp_path_factory) -> Path:
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny_byte_model"), n_positions=256)
 
 
-# --------------------------------------------------------------------- the TRL demo run, built once
+# --------------------------------------------------------------------- TRL runs, built once per session
+def _built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `build(folder)` makes, made once per test session. Under pytest-xdist the workers share one build
+    (a file lock in the session's temporary root; a marker file says the build finished)."""
+    import shutil
+
+    from filelock import FileLock
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root   # xdist: the folder all workers share
+    folder = root / f"{name}-shared"
+    with FileLock(str(root / f"{name}-shared.lock")):
+        if not (folder / ".built").is_file():
+            shutil.rmtree(folder, ignore_errors=True)                   # a build that failed half-way
+            folder.mkdir(parents=True)
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def trl_demo_run(tmp_path_factory) -> Path:
     """`rookworld-debug trl-demo` on its defaults (TRL's GRPOTrainer on the tiny model, 12 steps, the metrics jump
-    at step 8, flight recorder on), run once per test session as a user runs it. Under pytest-xdist the workers
-    share one build (a file lock in the session's temporary root). Read-only: copy it (`shutil.copytree`) before
-    writing into it."""
-    from filelock import FileLock
-
+    at step 8, flight recorder on), run once per test session as a user runs it. Read-only: copy it
+    (`shutil.copytree`) before writing into it."""
     from cli import run_cli
-    root = tmp_path_factory.getbasetemp()
-    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root   # xdist: the folder all workers share
-    folder = root / "trl-demo-shared" / "trl-demo"
-    with FileLock(str(root / "trl-demo-shared.lock")):
-        if not (folder / "captures" / "captures.json").is_file():
-            r = run_cli("trl-demo", "--out", folder, cwd=root)
-            assert r.returncode == 0, r.stderr[-3000:]
-    return folder
+
+    def build(folder):
+        r = run_cli("trl-demo", "--out", folder / "trl-demo", cwd=folder)
+        assert r.returncode == 0, r.stderr[-3000:]
+    return _built_once(tmp_path_factory, "trl-demo", build) / "trl-demo"
+
+
+@pytest.fixture(scope="session")
+def trl_checkpointed_run(tmp_path_factory) -> Path:
+    """A 3-step TRL GRPOTrainer run of the tiny model (`trl.example.make_trainer`) with a checkpoint after every step
+    (`run/checkpoint-N`) and steps 2 and 3 captured (`captures/step-00000N`), made once per test session. Read-only.
+    The tests that use it run torch on one thread."""
+    import torch
+    torch.set_num_threads(1)
+
+    def build(folder):
+        from rookworld_debug.trl.capture import capture_steps
+        from rookworld_debug.trl.example import make_trainer
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        trainer = make_trainer(folder / "run", max_steps=3, save_steps=1, save_strategy="steps")
+        cap = capture_steps(trainer, steps=[2, 3], out_dir=folder / "captures")
+        trainer.train()
+        assert cap.errors == {} and sorted(cap.paths) == [2, 3]
+    return _built_once(tmp_path_factory, "trl-checkpointed", build)
 
 
 # --------------------------------------------------------------------- offline browser pages (issue 27)

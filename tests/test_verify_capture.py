@@ -16,19 +16,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWa
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    import torch
-    from rookworld_debug.trl.capture import capture_steps
-    from rookworld_debug.trl.example import make_trainer
-
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("vc")
-    trainer = make_trainer(out / "run", max_steps=3, save_steps=1, save_strategy="steps")
-    cap = capture_steps(trainer, steps=[2, 3], out_dir=out / "captures")
-    trainer.train()
-    assert cap.errors == {} and sorted(cap.paths) == [2, 3]
-    return out
+def run(trl_checkpointed_run):
+    return trl_checkpointed_run
 
 
 def _verify(run, step, before, after):
