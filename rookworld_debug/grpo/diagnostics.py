@@ -209,7 +209,10 @@ def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps:
     """(B, P) gradients of the step's loss, one row per group (see module doc); Σ over rows = the gradient
     of the whole batch's loss. P = the trainable parameters of ``policy``, flattened in named order.
     ``forward``: a GradForward to reuse (one forward for every diagnostic)."""
+    from rookworld_debug.models.devices import model_device, on_device
     g = num_generations or config.num_generations
+    rollout, advantages = on_device(rollout, model_device(policy)), on_device(advantages, model_device(policy))
+    old_per_token_logps = on_device(old_per_token_logps, model_device(policy))
     n_rows = rollout.completion_ids.shape[0]
     if g < 1 or n_rows % g or advantages.advantages.shape != (n_rows,):
         from rookworld_debug.errors import ConfigError
@@ -270,7 +273,10 @@ def signal_noise(policy, rollout, advantages, loss_record, config, *, n_boot: in
     from rookworld_debug.grpo.entropy_mechanism import entropy_mechanism
     from rookworld_debug.grpo.group_size import group_size_sweep
     from rookworld_debug.grpo.sampler_gap import TRL_IS_CAP, sampler_trainer_gap
+    from rookworld_debug.models.devices import model_device, on_device
     t0 = time.perf_counter()
+    dev = model_device(policy)                 # the records cross to the model's device here; the result comes back
+    rollout, advantages, loss_record = (on_device(x, dev) for x in (rollout, advantages, loss_record))
     fw = GradForward(policy, rollout, config)
     g = per_group_grads(policy, rollout, advantages, config, forward=fw)                  # (B, P)
     step = g.sum(0)                                                                      # (P,)
@@ -297,12 +303,13 @@ def signal_noise(policy, rollout, advantages, loss_record, config, *, n_boot: in
     del fw
     nan = (math.nan, math.nan)
     t3 = time.perf_counter()
-    return SignalNoise(step_grad_norm=step_norm, group_grad_norms=norms.float(), group_cos_step=cos_step.float(),
+    return on_device(SignalNoise(step_grad_norm=step_norm, group_grad_norms=norms.float(), group_cos_step=cos_step.float(),
                        group_cos=cos.float(), group_weights=weights,
                        noise=replace(ns, mean_grad=torch.empty(0)),   # ḡ (P,) is not kept in the trace
                        delta_reward_ci=nan, delta_reward_heldout_ci=nan, n_boot=n_boot, seconds=t3 - t0,
                        group_size=sweep, entropy=em, gap=gap,
-                       seconds_parts={"forward+groups": t1 - t0, "group_size": t2 - t1, "entropy+gap": t3 - t2})
+                       seconds_parts={"forward+groups": t1 - t0, "group_size": t2 - t1, "entropy+gap": t3 - t2}),
+                     "cpu")
 
 
 def with_delta_ci(sn: "SignalNoise", evaluation, seed: int, *, iterations=(),

@@ -69,7 +69,7 @@ def gram64(rows: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
     copy). Why float64: ONE float32 reduction over P ≈ 5·10⁶ entries is off by ~1e-3 relative (measured 6.5e-4 on
     ‖Σ_b g_b‖ of the tiny model), while update() takes a norm of per-parameter norms (error ~1e-8)."""
     k, p = rows.shape
-    out = torch.zeros(k, k, dtype=torch.float64)
+    out = torch.zeros(k, k, dtype=torch.float64, device=rows.device)
     for i in range(0, p, chunk):
         c = rows[:, i:i + chunk].to(torch.float64)                          # (K, chunk)
         out += c @ c.T

@@ -98,7 +98,7 @@ def sampler_trainer_gap(sampler_logps: torch.Tensor, trainer_logps: torch.Tensor
                                  flags=tuple(flags))
     w = torch.exp(-d).clamp(max=cap)                                        # (n,)
     w_seq = torch.exp(-d_all.sum(1)[rows]).clamp(max=cap)                   # (n_seqs,)
-    q = torch.quantile(d, torch.tensor(QUANTILES, dtype=d.dtype))
+    q = torch.quantile(d, torch.tensor(QUANTILES, dtype=d.dtype, device=d.device))
     e_tok, e_seq = ess(w), ess(w_seq)
     return SamplerTrainerGap(
         sampler=sampler, trainer=trainer, n_tokens=n, n_seqs=int(rows.sum()), delta=d.float(),

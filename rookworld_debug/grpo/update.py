@@ -22,6 +22,7 @@ import torch
 
 from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.models import memory
+from rookworld_debug.models.devices import model_device, on_device
 from rookworld_debug.grpo.generation import (auto_micro_batch_size, per_token_logps_and_entropy,
                                              per_token_logps_entropy_full_kl, sampling_logps_for)
 from rookworld_debug.grpo.loss import compute_loss
@@ -200,6 +201,8 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     if config.kl_estimator == "full" and config.beta and reference is None:
         raise ConfigError("kl_estimator", "'full' needs the reference model in update() for its gradient")
     t0 = time.perf_counter()
+    dev = model_device(policy)               # the records cross to the model's device here, and back at the end
+    rollout, advantages, old_per_token_logps = (on_device(x, dev) for x in (rollout, advantages, old_per_token_logps))
     policy.train(False)                      # dropout stays off: train() would re-enable it
     params = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
     step_rows = rows if rows is not None else slice(0, rollout.completion_ids.shape[0])
@@ -236,8 +239,9 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
                                      f"{mb.start}:{mb.stop}; optimizer step refused")
             acc.loss_total += float(total.detach())
             _backward(terms, params, per_term_grads, acc)
-        return _step(policy, optimizer, params, acc, config, loss_record, per_term_grads, len(slices), step_rows,
-                     objective.entropy_coef, t0)
+        result = _step(policy, optimizer, params, acc, config, loss_record, per_term_grads, len(slices), step_rows,
+                       objective.entropy_coef, t0)
+    return on_device(result, "cpu")
 
 
 def _step(policy, optimizer, params, acc: _Accumulated, config, loss_record, per_term_grads: bool, n_slices: int,

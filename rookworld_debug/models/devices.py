@@ -49,3 +49,46 @@ def check_device(device: str | torch.device, field: str = "device") -> torch.dev
 def _mps_available() -> bool:
     mps = getattr(torch.backends, "mps", None)
     return bool(mps is not None and mps.is_available())
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device a model computes on (its first parameter's)."""
+    return next(model.parameters()).device
+
+
+def on_device(record, device: torch.device | str):
+    """`record` with every tensor on `device`: a tensor, a frozen dataclass (its tensor fields and the tensors in
+    its tuple/list/dict fields, nested records; other fields shared, not copied), or None. Records live on the CPU, where traces
+    and views read them; a phase that computes with a model calls this once per record on the way in (to the
+    model's device) and once on the way out (to the CPU), so the crossing is one visible line, not scattered
+    `.to()` calls. A record already on `device` comes back as it is (no copy)."""
+    import dataclasses
+    device = torch.device(device)
+    if record is None:
+        return None
+    if isinstance(record, torch.Tensor):
+        return record if record.device == device else record.to(device)
+    if not dataclasses.is_dataclass(record) or isinstance(record, type):
+        return record
+    moved = {}
+    for f in dataclasses.fields(record):
+        if not f.init:
+            continue
+        v = getattr(record, f.name)
+        w = _moved_value(v, device)
+        if w is not v:
+            moved[f.name] = w
+    return dataclasses.replace(record, **moved) if moved else record
+
+
+def _moved_value(v, device: torch.device):
+    import dataclasses
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):   # a record inside a record
+        return on_device(v, device)
+    if isinstance(v, torch.Tensor):
+        return v if v.device == device else v.to(device)
+    if isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v):
+        return type(v)(x.to(device) if isinstance(x, torch.Tensor) else x for x in v)
+    if isinstance(v, dict) and any(isinstance(x, torch.Tensor) for x in v.values()):
+        return {k: (x.to(device) if isinstance(x, torch.Tensor) else x) for k, x in v.items()}
+    return v
