@@ -284,6 +284,10 @@ class StepConfig:
     # ---------------------------------------------------------------- hardware
     device: str = _f("auto", "torch device: 'auto' (cuda if available, else mps, else cpu), 'cpu', 'cuda', 'cuda:N' "
                      "or 'mps'.", group="hardware")
+    reference_device: str = _f("same", "Device of the frozen reference model: 'same' (the policy's), 'cpu', 'cuda', "
+                               "'cuda:N' or 'mps'. Elsewhere it frees the policy's card (a second GPU, or the CPU on "
+                               "a small card); its log-probs cross to the policy's device in one place.",
+                               group="hardware")
     dtype: str = _f("float32", "Model dtype. Log-softmax, KL and entropy are always computed in float32 (or "
                     "float64) on the sampled ids.", choices=DTYPES, group="hardware")
     autocast: str = _f("auto", "Mixed precision of the forwards: 'auto' = bf16 autocast on CUDA with float32 master "
@@ -404,12 +408,16 @@ _INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k
 _BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy", "diagnostics",
                 "rlvr_adaptive_kl", "rlvr_use_gae", "rlvr_length_normalize",
                 "vllm_importance_sampling_correction")
-_STR_FIELDS = ("model", "dataset", "device")
+_STR_FIELDS = ("model", "dataset", "device", "reference_device")
 _CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
             "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip"),
             "engine_on_failure": ("raise", "flag"), "vllm_importance_sampling_mode": VLLM_IS_MODES,
             "sampling_autocast": (None, "bf16"), "rlvr_kl_type": RLVR_KL_TYPES, "rlvr_baseline": RLVR_BASELINES,
             "rlvr_values": ("none", "rewards")}
+
+
+def _device_name(name: str, default: str) -> bool:
+    return name in (default, "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
 
 
 def _normalise(c: StepConfig) -> None:
@@ -593,8 +601,8 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("eval_max_new_tokens", lambda c: c.eval_max_new_tokens > 0, "must be > 0"),
     _Rule("top_k_alternatives", lambda c: c.top_k_alternatives >= 0, "must be ≥ 0"),
     # ---- hardware
-    _Rule("device", lambda c: c.device in ("auto", "cpu", "cuda", "mps")
-          or (c.device.startswith("cuda:") and c.device[5:].isdigit()),
-          "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    _Rule("device", lambda c: _device_name(c.device, "auto"), "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    _Rule("reference_device", lambda c: _device_name(c.reference_device, "same"),
+          "must be 'same', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
     _Rule("autocast", lambda c: c.autocast in ("auto", "bf16", "off"), "must be 'auto', 'bf16' or 'off'"),
 )

@@ -30,6 +30,7 @@ import torch
 
 from rookworld_debug.errors import CheckpointError, ConfigError, ModelLoadError
 from rookworld_debug.safeio import check_fits, load_state_into, load_torch
+from rookworld_debug.models.devices import cpu_state
 
 # fields that do not shape the warm-up (eval sizes, the debugged step's own iteration/loss-view knobs)
 _KEY_IGNORES = ("heldout_n", "eval_max_new_tokens", "top_k_alternatives", "diagnostics", "num_iterations", "steps_per_generation",
@@ -129,8 +130,8 @@ def _warmup_cached(s, key: str) -> dict:
     rows = run_warmup(s)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().clone() for k, v in s.policy.state_dict().items()}, folder / "policy.pt")
-        torch.save(s.optimizer.state_dict(), folder / "optimizer.pt")
+        torch.save(cpu_state(s.policy.state_dict()), folder / "policy.pt")
+        torch.save(cpu_state(s.optimizer.state_dict()), folder / "optimizer.pt")
         tmp = folder / ".meta.json.tmp"
         tmp.write_text(json.dumps({"warmup": rows, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}))
         os.replace(tmp, folder / "meta.json")       # written last: its presence marks a complete entry

@@ -45,6 +45,7 @@ from rookworld_debug.grpo.phases import step_seed  # noqa: F401 - re-exported (r
 from rookworld_debug.grpo.setup import Setup, load_samples
 from rookworld_debug.grpo.start import setup as setup_phase
 from rookworld_debug.grpo.step import StepTrace, run_step
+from rookworld_debug.models.devices import cpu_state
 
 MODES = ("overfit_single_batch", "fresh")
 CHECKPOINT_VERSION = 1
@@ -427,8 +428,8 @@ def save_checkpoint(path, s: Setup, beta: BetaController, *, config, steps, mode
     import numpy as np
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    torch.save({k: v.detach().clone() for k, v in s.policy.state_dict().items()}, path / "policy.pt")
-    torch.save(s.optimizer.state_dict(), path / "optimizer.pt")
+    torch.save(cpu_state(s.policy.state_dict()), path / "policy.pt")
+    torch.save(cpu_state(s.optimizer.state_dict()), path / "optimizer.pt")
     torch.save(_rng_state(), path / "rng.pt")
     state = {"version": CHECKPOINT_VERSION, "next_step": next_step, "completed_steps": next_step, "steps": steps,
              "mode": mode, "config": config.to_dict(), "beta_schedule": dataclasses.asdict(beta_schedule),

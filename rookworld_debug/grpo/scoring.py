@@ -179,15 +179,24 @@ def per_token_logps_entropy_full_kl(policy, reference, prompt_ids, prompt_mask, 
     logps, ents, kls = [], [], []
     ref_iter = _iter_tempered_logits(reference, *args)
     for rows, logits in _iter_tempered_logits(policy, *args):                          # (n, T, V) with grad
+        ids = completion_ids[rows].to(logits.device)                                    # (n, T)
         with torch.no_grad():
-            _, ref_logits = next(ref_iter)                                              # (n, T, V)
-            ref_all = torch.log_softmax(ref_logits, dim=-1)                             # (n, T, V)
-        lp, ent, logp_all, p_all = _token_stats(logits, completion_ids[rows].to(logits.device))
+            _, ref_all = _reference_side(ref_iter, ids)                                 # (n, T, V)
+        lp, ent, logp_all, p_all = _token_stats(logits, ids)
         logps.append(lp)
         ents.append(ent)
         kls.append((p_all * (logp_all - ref_all)).sum(-1))                             # (n, T)
     mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
     return tuple(torch.cat(x).masked_fill(~mask, 0.0) for x in (logps, ents, kls))
+
+
+def _reference_side(ref_iter, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's next row chunk (the same rows as the policy's): its log-probs of `ids` (n, T) and over the
+    vocabulary (n, T, V), computed where the reference sits and returned on `ids`' device, the policy's. With
+    `reference_device` elsewhere, THE place the reference's numbers cross to the policy's device."""
+    _, ref_logits = next(ref_iter)                                                      # (n, T, V)
+    ref_lp, _, ref_all, _ = _token_stats(ref_logits, ids.to(ref_logits.device), False)  # (n, T), (n, T, V)
+    return ref_lp.to(ids.device), ref_all.to(ids.device)
 
 
 def _score_ref(reference, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk):
@@ -222,8 +231,7 @@ def _score(policy, reference, prompt_ids, prompt_mask, completion_ids, completio
             out["topk_logps"][rows], out["topk_ids"][rows] = top_v.cpu(), top_i.cpu()
             forwards += 1
             if ref_iter is not None:
-                _, ref_logits = next(ref_iter)                                          # same rows, (n, T, V)
-                ref_lp, _, ref_all, _ = _token_stats(ref_logits, ids, False)            # (n, T), (n, T, V)
+                ref_lp, ref_all = _reference_side(ref_iter, ids)                        # (n, T), (n, T, V)
                 out["ref"][rows] = ref_lp.cpu()
                 out["kl"][rows] = (p_all * (logp_all - ref_all)).sum(-1).cpu()          # exact KL(π‖π_ref)
                 forwards += 1

@@ -90,9 +90,10 @@ def check_invariants(policy, reference, tokenizer, prompts, completions, tempera
     c = tokenizer([x + eos for x in completions], padding=True, padding_side="right", add_special_tokens=False,
                   return_tensors="pt")
     args = (p["input_ids"], p["attention_mask"], c["input_ids"], c["attention_mask"], temperatures)
-    logp, _ = per_token_logps_and_entropy(policy, *args)                 # (N, T)
-    logp_again, _ = per_token_logps_and_entropy(policy, *args)           # (N, T) "old" = a second forward
-    ref, _ = per_token_logps_and_entropy(reference, *args)               # (N, T)
+    # compared on the CPU: the reference may sit on another device (reference_device)
+    logp, _ = (x.cpu() for x in per_token_logps_and_entropy(policy, *args))         # (N, T)
+    logp_again, _ = (x.cpu() for x in per_token_logps_and_entropy(policy, *args))   # (N, T) "old" = a second forward
+    ref, _ = (x.cpu() for x in per_token_logps_and_entropy(reference, *args))        # (N, T)
     mask = c["attention_mask"].bool()                                    # (N, T)
     d = (ref - logp)[mask]
     k3 = torch.exp(d) - d - 1
@@ -184,6 +185,8 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
     # before a possibly large model is loaded
     from rookworld_debug.models.devices import check_device
     check_device(config.device)       # a typo or a missing GPU: ConfigError before data, engine or model
+    if config.reference_device != "same":
+        check_device(config.reference_device, "reference_device")
     if samples is None:
         train, heldout_all, data_flags = load_samples_reported(config.dataset, config.task, config.on_bad_sample)
     else:
@@ -202,7 +205,8 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
                         timeout=config.engine_timeout, on_failure=config.engine_on_failure)
     torch.manual_seed(config.seed)
     try:
-        loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device)
+        loaded = loaded or load_policy_and_reference(config.model, dtype=config.dtype, device=config.device,
+                                                    reference_device=config.reference_device)
         check_context(config, loaded.policy, loaded.tokenizer, batch.prompts, [x.prompt for x in heldout])
     except BaseException:
         if engine is not None and engine is not engine_arg:     # ours: don't leave its processes running

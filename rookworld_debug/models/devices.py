@@ -92,3 +92,15 @@ def _moved_value(v, device: torch.device):
     if isinstance(v, dict) and any(isinstance(x, torch.Tensor) for x in v.values()):
         return {k: (x.to(device) if isinstance(x, torch.Tensor) else x) for k, x in v.items()}
     return v
+
+
+def cpu_state(obj):
+    """A state_dict (nested dicts/lists of tensors and plain values) with every tensor copied to the CPU: what a
+    checkpoint holds, so it loads on any machine (`load_state_dict` moves it back to the model's device)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: cpu_state(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cpu_state(v) for v in obj)
+    return obj

@@ -186,15 +186,18 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[str, str]:
 
 # ------------------------------------------------------------------------------------------- public
 def load_policy_and_reference(name_or_path: str | os.PathLike = "tiny", dtype: torch.dtype | str = torch.float32,
-                              device: str | torch.device = "cpu") -> LoadedModels:
+                              device: str | torch.device = "cpu",
+                              reference_device: str | torch.device = "same") -> LoadedModels:
     """Load policy + frozen reference + tokenizer + provenance.
 
     `name_or_path`: "tiny" (the bundled `models/tiny/`; a seeded random GPT-2 with a RandomInitWarning
     while it does not exist), a local folder with `config.json`, or an HF id such as
     `jrahn/RookWorld-LM-124M`. An unreachable hub raises `ModelLoadError` within ~2 s.
+    `reference_device`: 'same' (the policy's) or another device for the frozen reference.
     """
     from rookworld_debug.models.devices import check_device
     dtype, device = _as_dtype(dtype), check_device(device)   # ConfigError, not torch's bare errors
+    ref_device = device if str(reference_device) == "same" else check_device(reference_device, "reference_device")
     source, resolved = _resolve(name_or_path)
     notes: list[str] = []
     if source == "random":
@@ -227,7 +230,7 @@ def load_policy_and_reference(name_or_path: str | os.PathLike = "tiny", dtype: t
                              f"{policy.get_input_embeddings().num_embeddings} embedding rows")
 
     # A separate copy (like TRL's re-created ref model), frozen for good.
-    reference = copy.deepcopy(policy).eval()
+    reference = copy.deepcopy(policy).eval().to(ref_device)
     reference.requires_grad_(False)
 
     sha, dirty = prov.git_state()

@@ -154,9 +154,9 @@ def _measure(state, rec: Recorded, arm: Arm, cfg, adv, ups, seconds: float) -> O
     from rookworld_debug.grpo.generation import per_token_logps_and_entropy
     s, r = state.session, rec.rollout
     t0 = time.perf_counter()
-    with torch.no_grad():
-        logps, ent = per_token_logps_and_entropy(s.policy, r.prompt_ids, r.prompt_mask, r.completion_ids,
-                                                 r.completion_mask, r.temperatures)            # (N, T) each
+    with torch.no_grad():                    # measured against the records, on the CPU
+        logps, ent = (x.cpu() for x in per_token_logps_and_entropy(
+            s.policy, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, r.temperatures))  # (N, T)
     m = r.completion_mask.to(logps.dtype)                                                      # (N, T)
     msum = m.sum().clamp(min=1)
     dl = (logps - r.per_token_logps) * m                                                       # (N, T)

@@ -1,0 +1,128 @@
+"""Device placement without a GPU: the phases and whole steps on a simulated second device (tests/device_guard.py),
+where a CPU tensor that meets a device tensor raises as CUDA does. Records come back on the CPU; the numbers match
+the CPU run's."""
+from __future__ import annotations
+
+import math
+import unittest.mock as um
+
+import pytest
+import torch
+
+import rookworld_debug.models.devices as devices
+from device_guard import SIM, DeviceMixError, simulated_device
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+_check_device = devices.check_device
+
+
+def _cuda_is_the_simulated_device():
+    """`device='cuda'` (and 'cuda:0') resolve to the simulated device; 'cpu' stays the CPU."""
+    return um.patch.object(devices, "check_device", lambda d, field="device":
+                           SIM if str(d).startswith("cuda") else _check_device(d, field))
+
+
+def _small(**kw):
+    from rookworld_debug import StepConfig
+    # task A: no engine; 24 tokens keep the simulated run short (each op goes through Python)
+    base = dict(task="A", batch_size=2, num_generations=2, max_new_tokens=24, eval_max_new_tokens=4, heldout_n=1,
+                beta=0.04, seed=1)
+    return StepConfig(**{**base, **kw})
+
+
+def _tensors(obj, seen=None):
+    """Every tensor reachable from a record (dataclass fields, tuples, dicts)."""
+    import dataclasses
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            if f.name not in ("setup", "policy", "reference", "optimizer", "tokenizer", "engine", "session"):
+                yield from _tensors(getattr(obj, f.name), seen)
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from _tensors(x, seen)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x, seen)
+
+
+# ------------------------------------------------------------------------------------------------ the guard itself
+def test_the_simulated_device_computes_and_raises_on_mixing():
+    with simulated_device():
+        a = torch.arange(6.0).reshape(2, 3).to(SIM)
+        assert a.device == SIM and float((a * 2).sum()) == 30.0
+        assert (a + torch.tensor(1.0)).device == SIM                # a 0-dim CPU scalar may meet it (as on CUDA)
+        assert a[torch.tensor([True, False])].shape == (1, 3)      # CPU indices may index it (as on CUDA)
+        assert a.cpu().device.type == "cpu"
+        with pytest.raises(DeviceMixError, match="same device"):
+            a + torch.ones(2, 3)
+        lin = torch.nn.Linear(3, 1).to(SIM)
+        lin(a).sum().backward()
+        torch.optim.AdamW(lin.parameters(), lr=0.1).step()
+        assert lin.weight.device == SIM and lin.weight.grad.device == SIM
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo",
+                                       "manual"])
+def test_the_loss_runs_where_its_inputs_are(loss_type):
+    """compute_loss allocates nothing on the CPU: every input on the device → every output there."""
+    from rookworld_debug import StepConfig
+    from rookworld_debug.grpo.loss import compute_loss
+    from rookworld_debug.grpo.objective_params import LossBatch, Objective
+    g = torch.Generator().manual_seed(0)
+    n, t = 4, 5
+    logps = -torch.rand(n, t, generator=g)
+    ref, old = logps - 0.1 * torch.rand(n, t, generator=g), logps - 0.05
+    adv, mask = torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.ones(n, t)
+    objective = Objective.from_config(StepConfig(loss_type=loss_type, beta=0.04))
+    cpu = compute_loss(logps, old, ref, adv, mask, objective, LossBatch(num_items_in_batch=float(n * t)))
+    with simulated_device():
+        dev = compute_loss(*(x.to(SIM) for x in (logps, old, ref, adv, mask)), objective,
+                           LossBatch(num_items_in_batch=float(n * t)))
+        assert dev.loss.device == SIM
+        assert math.isclose(float(dev.loss), float(cpu.loss), rel_tol=1e-6, abs_tol=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------- whole steps
+@pytest.mark.parametrize("kw", [
+    dict(diagnostics=True),                                             # the update + signal-or-noise diagnostics
+    dict(kl_estimator="full", reference_device="cpu", num_iterations=2),   # the reference on another device
+    dict(loss_type="rlvr_mini", reference_device="cpu"),
+], ids=["diagnostics", "reference-on-cpu", "rlvr-mini"])
+def test_a_step_on_a_second_device_matches_the_cpu_step(kw):
+    from rookworld_debug import run_step
+    torch.set_num_threads(1)
+    cpu = run_step(_small(device="cpu", **kw))
+    with simulated_device(_cuda_is_the_simulated_device()):
+        dev = run_step(_small(device="cuda", **kw))
+    assert dev.update is not None and dev.evaluation is not None, dev.flags
+    assert not [f for f in dev.flags if "skipped" in f or "failed" in f or "refused" in f], dev.flags
+    # records live on the CPU, where traces and views read them
+    assert {x.device.type for x in _tensors(dev)} == {"cpu"}
+    for key in ("loss", "kl", "grad_norm_pre_clip", "reward_after", "corr_adv_delta_logp"):
+        a, b = cpu.summary()[key], dev.summary()[key]
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), key
+    assert torch.equal(cpu.rollout.completion_ids, dev.rollout.completion_ids)   # same draws from the same seed
+
+
+def test_runs_checkpoints_and_whatif_on_a_second_device(tmp_path):
+    from rookworld_debug.grpo.multistep import run_steps
+    from rookworld_debug.whatif.overrides import arms_from_sets
+    from rookworld_debug.whatif.run import whatif
+    torch.set_num_threads(1)
+    with simulated_device(_cuda_is_the_simulated_device()):
+        cfg = _small(device="cuda", heldout_n=0, warmup_steps=1)               # a drifted start: one warm-up step
+        res = run_steps(cfg, 2, checkpoint_every=1, checkpoint_dir=tmp_path / "ck", lr_schedule="cosine")
+        assert len(res.table) == 2 and res.table["grad_norm_pre_clip"].notna().all()
+        resumed = run_steps(cfg, 2, resume_from=tmp_path / "ck" / "step_00001")
+        assert list(resumed.table["step"]) == [0, 1]
+        out = whatif(tmp_path / "ck" / "step_00001", arms_from_sets([["beta=0.1"]]), steps=1, seeds=1,
+                     device="cuda")
+    assert out.self_check.passed is not False
+    assert len(out.one_step) == 2 and all(a.refused is None for a in out.one_step)
+    assert len(out.branches) == 2
