@@ -546,7 +546,8 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("vllm_importance_sampling_mode", lambda c: not c.vllm_importance_sampling_correction
           or c.loss_type != "vespo" or c.vllm_importance_sampling_mode.startswith("token"),
           "vespo needs a token_* mode (as TRL)"),
-    _Rule("rlvr_pitfalls", lambda c: isinstance(c.rlvr_pitfalls, tuple) and set(c.rlvr_pitfalls) <= set(RLVR_PITFALLS),
+    _Rule("rlvr_pitfalls", lambda c: isinstance(c.rlvr_pitfalls, tuple) and all(isinstance(x, str) for x in c.rlvr_pitfalls)
+          and set(c.rlvr_pitfalls) <= set(RLVR_PITFALLS),
           lambda c: f"must be names from {list(RLVR_PITFALLS)}, got {c.rlvr_pitfalls!r}", False),
     _Rule("rlvr_pitfalls", lambda c: "pad_first_token" not in c.rlvr_pitfalls or "prompt_mask_left_pad" in c.rlvr_pitfalls,
           "'pad_first_token' reaches the loss only through 'prompt_mask_left_pad' (add both)", False),
