@@ -435,6 +435,8 @@ def _normalise(c: StepConfig) -> None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(name, f"must be a number, got {v!r}")
+        if isinstance(v, int) and not -2 ** 63 <= v < 2 ** 63:
+            raise ConfigError(name, f"must be finite, got an integer of {v.bit_length()} bits")
         if not math.isfinite(v):
             raise ConfigError(name, f"must be finite, got {v!r}")
         s(c, name, float(v))
@@ -447,6 +449,8 @@ def _normalise(c: StepConfig) -> None:
             s(c, name, v)
         if isinstance(v, bool) or not isinstance(v, int):
             raise ConfigError(name, f"must be an integer, got {v!r}")
+        if not -2 ** 63 <= v < 2 ** 63:
+            raise ConfigError(name, f"must be a 64-bit integer, got one of {v.bit_length()} bits")
     for name in _BOOL_FIELDS:
         if not isinstance(getattr(c, name), bool):
             raise ConfigError(name, f"must be True or False, got {getattr(c, name)!r}")

@@ -471,9 +471,13 @@ def _read_checkpoint(path) -> dict:
         state = json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{f} is not valid JSON ({err})") from None
+    except RecursionError:
+        raise DataError(f"{f} is nested too deeply to be a checkpoint") from None
     if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
         found = state.get("version") if isinstance(state, dict) else type(state).__name__
         raise DataError(f"checkpoint {path} has version {found}, expected {CHECKPOINT_VERSION}")
+    from rookworld_debug.grpo.checkpoint_state import built, check_state
+    built(check_state(state, path), path)          # its config and schedules pass their own rules
     return state
 
 
