@@ -303,11 +303,13 @@ def run_all(out: Path, only: Optional[str] = None, progress: bool = True) -> Pat
 
 
 def _is(t):
-    return lambda v: isinstance(v, t) and not (isinstance(v, bool) and t is not bool)
+    """A value of type t (a bool is not an int; an int fits 64 bits)."""
+    return lambda v: (isinstance(v, t) and not (isinstance(v, bool) and t is not bool)
+                      and not (isinstance(v, int) and not -2 ** 63 <= v < 2 ** 63))
 
 
 def _num_or_none(v) -> bool:
-    return v is None or (isinstance(v, (int, float, str)) and not isinstance(v, bool))   # json default=str: "nan"
+    return v is None or isinstance(v, (float, str)) or _is(int)(v)    # json default=str: "nan"
 
 
 def _list_of(pred):
