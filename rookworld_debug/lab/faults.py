@@ -309,7 +309,7 @@ def _is(t):
 
 
 def _num_or_none(v) -> bool:
-    return v is None or isinstance(v, (float, str)) or _is(int)(v)    # json default=str: "nan"
+    return v is None or isinstance(v, float) or _is(int)(v)          # NaN reads back as a float
 
 
 def _list_of(pred):
