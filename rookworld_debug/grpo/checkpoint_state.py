@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rookworld_debug.errors import CheckpointError
 
+MODES = ("overfit_single_batch", "fresh")     # run_steps' batch modes (multistep documents them)
 MAX_INT = 2 ** 63              # an integer a tensor, a seed or a float can hold
 MAX_STEP = 2 ** 31 - 1
 
@@ -45,7 +46,6 @@ def _schedule(cls):
 
 
 def _fields() -> dict:
-    from rookworld_debug.grpo.multistep import MODES
     from rookworld_debug.grpo.schedules import BetaSchedule, LRSchedule
     return {
         "version": lambda v: isinstance(v, int) and not isinstance(v, bool),

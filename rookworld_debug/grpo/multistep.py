@@ -38,6 +38,7 @@ import torch
 from rookworld_debug.config import StepConfig
 from rookworld_debug.data.loaders import select_batch
 from rookworld_debug.errors import ConfigError, DataError
+from rookworld_debug.grpo.checkpoint_state import MODES  # noqa: F401 - batch modes, shared with the checkpoint schema
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.schedules import (BETA_KINDS, LR_KINDS, BetaController, BetaSchedule,  # noqa: F401
                                             LRSchedule, _as_beta, _as_lr)
@@ -46,7 +47,6 @@ from rookworld_debug.grpo.setup import Setup, load_samples
 from rookworld_debug.grpo.start import setup as setup_phase
 from rookworld_debug.grpo.step import StepTrace, run_step
 
-MODES = ("overfit_single_batch", "fresh")
 CHECKPOINT_VERSION = 1
 
 
