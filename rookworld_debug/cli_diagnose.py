@@ -1,6 +1,7 @@
 """`rookworld-debug diagnose PATH`: what is likely wrong, with evidence and fix, for a step trace, a TRL capture, a
-captures folder or a run folder. Exit 1 when an error-level finding exists (a gate for scripts and CI), 0 otherwise,
-2 on bad input.
+captures folder or a run folder. Exit codes (a gate for scripts and CI):
+0 = no error-level finding, 1 = an error-level finding, 2 = the diagnosis did not complete: bad input (a named
+error) or a failure of the tool itself (the message says which).
 
     rookworld-debug diagnose runs/demo                 # ranked findings, text
     rookworld-debug diagnose runs/demo --json          # {"findings": [...]}, most likely first
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -19,14 +21,39 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help='print {"findings": [...]} (ranked, most likely first)')
     ap.add_argument("--all", action="store_true", help="also list the phases' informational notes")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    from rookworld_debug.diagnosis import diagnose_path
     from rookworld_debug.diagnosis.text import format_findings
-    findings = diagnose_path(a.path)
-    if a.json:
-        print(json.dumps({"path": a.path, "findings": [f.to_dict() for f in findings]}, indent=1, ensure_ascii=False))
+    from rookworld_debug.errors import RookWorldError
+    try:
+        findings = _diagnose(a.path)
+    except RookWorldError as err:
+        return _fail(f"bad input: {type(err).__name__}: {err}")
+    except KeyboardInterrupt:
+        return _fail("interrupted") + 128
+    except Exception as err:  # noqa: BLE001 - exit 1 means "an error finding": never for a crash
+        return _fail(f"failure of the tool (please report it): {type(err).__name__}: {str(err)[:300]}")
+    if a.json:   # ASCII-escaped: valid JSON under any locale; the path's undecodable bytes as \xNN text
+        print(json.dumps({"path": printable(a.path), "findings": [f.to_dict() for f in findings]}, indent=1,
+                         ensure_ascii=True))
     else:
+        if hasattr(sys.stdout, "reconfigure"):           # a strict locale never fails on a path's bytes
+            sys.stdout.reconfigure(errors="backslashreplace")
         print(format_findings(findings, notes=a.all))
     return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def _diagnose(path):
+    from rookworld_debug.diagnosis import diagnose_path
+    return diagnose_path(path)
+
+
+def printable(path: str) -> str:
+    """A path as text: bytes that are not UTF-8 (a folder named on another system) shown as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _fail(message: str) -> int:
+    print(f"rookworld-debug diagnose: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -75,6 +75,15 @@ def _progress(arms: int, total_steps: int):
     return tick, bars
 
 
+def _check_before_work(a) -> None:
+    """The arguments that need no saved state, checked before anything is loaded or run."""
+    from rookworld_debug.safeio import check_output_dir
+    from rookworld_debug.whatif.symptoms import symptom
+    check_output_dir(a.out, "--out")
+    for name in a.symptom:
+        symptom(name)
+
+
 def main(argv=None) -> int:
     a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     from rookworld_debug.errors import ConfigError, TraceError
@@ -83,6 +92,7 @@ def main(argv=None) -> int:
         raise TraceError(f"{path}: no such folder")
     if a.steps < 0 or a.seeds < 1 or a.threads < 1:
         raise ConfigError("--steps/--seeds/--threads", "need --steps ≥ 0, --seeds ≥ 1, --threads ≥ 1")
+    _check_before_work(a)
     trl = _is_trl_capture(path)
     if trl and a.cluster:
         raise ConfigError("--cluster", "TRL branches run GRPOTrainer here; --cluster sends this package's own step")
@@ -91,6 +101,8 @@ def main(argv=None) -> int:
     import torch
     torch.set_num_threads(a.threads)
     arms, symptoms = _arms(a, path, trl)
+    from rookworld_debug.whatif.overrides import check_needs_steps
+    check_needs_steps(arms, a.steps)
     symptoms = tuple(a.symptom) or symptoms
     from rookworld_debug.whatif.overrides import SAMPLING_FIELDS
     one_step_arms = sum(not set(x.overrides) & set(SAMPLING_FIELDS) for x in arms)

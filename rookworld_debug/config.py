@@ -443,6 +443,8 @@ def _normalise(c: StepConfig) -> None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(name, f"must be a number, got {v!r}")
+        if isinstance(v, int) and not -2 ** 63 <= v < 2 ** 63:
+            raise ConfigError(name, f"must be finite, got an integer of {v.bit_length()} bits")
         if not math.isfinite(v):
             raise ConfigError(name, f"must be finite, got {v!r}")
         s(c, name, float(v))
@@ -455,6 +457,8 @@ def _normalise(c: StepConfig) -> None:
             s(c, name, v)
         if isinstance(v, bool) or not isinstance(v, int):
             raise ConfigError(name, f"must be an integer, got {v!r}")
+        if not -2 ** 63 <= v < 2 ** 63:
+            raise ConfigError(name, f"must be a 64-bit integer, got one of {v.bit_length()} bits")
     for name in _BOOL_FIELDS:
         if not isinstance(getattr(c, name), bool):
             raise ConfigError(name, f"must be True or False, got {getattr(c, name)!r}")
@@ -554,7 +558,8 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("vllm_importance_sampling_mode", lambda c: not c.vllm_importance_sampling_correction
           or c.loss_type != "vespo" or c.vllm_importance_sampling_mode.startswith("token"),
           "vespo needs a token_* mode (as TRL)"),
-    _Rule("rlvr_pitfalls", lambda c: isinstance(c.rlvr_pitfalls, tuple) and set(c.rlvr_pitfalls) <= set(RLVR_PITFALLS),
+    _Rule("rlvr_pitfalls", lambda c: isinstance(c.rlvr_pitfalls, tuple) and all(isinstance(x, str) for x in c.rlvr_pitfalls)
+          and set(c.rlvr_pitfalls) <= set(RLVR_PITFALLS),
           lambda c: f"must be names from {list(RLVR_PITFALLS)}, got {c.rlvr_pitfalls!r}", False),
     _Rule("rlvr_pitfalls", lambda c: "pad_first_token" not in c.rlvr_pitfalls or "prompt_mask_left_pad" in c.rlvr_pitfalls,
           "'pad_first_token' reaches the loss only through 'prompt_mask_left_pad' (add both)", False),

@@ -35,6 +35,8 @@ from typing import Mapping, Optional, Sequence
 
 import chess
 
+from rookworld_debug.errors import ConfigError, DataError
+
 P_WEIGHTS = {"best_move": 4.0, "format": 2.0, "candidates": 1.5, "evaluations": 1.0}
 A_WEIGHTS = {"format": 4.0, "fen_match": 3.0, "game_state": 2.0, "reward_value": 1.0}
 DEFAULT_COMPONENTS = {"fen_similarity": "exponential", "evaluations": "linear"}
@@ -314,14 +316,29 @@ def score_single(prompt: str, completion: str, ground_truth: Optional[str] = Non
 
 def score_batch(prompts: Sequence[str], completions: Sequence[str], ground_truths: Optional[Sequence] = None,
                 cfg: RlvrScorerConfig = RlvrScorerConfig()) -> list[RlvrScore]:
-    """Every row (the mini's `score_batch` passes no ground truth: `ground_truths=None`)."""
+    """Every row (the mini's `score_batch` passes no ground truth: `ground_truths=None`); DataError when the
+    completions or ground truths are not one per prompt (a row is never dropped)."""
+    _check_lengths(prompts, completions, ground_truths)
     gts = ground_truths if ground_truths is not None else [None] * len(prompts)
     return [score_single(p, c, g, cfg) for p, c, g in zip(prompts, completions, gts)]
 
 
+def _check_lengths(prompts, completions, ground_truths) -> None:
+    n = len(prompts)
+    if len(completions) != n or (ground_truths is not None and len(ground_truths) != n):
+        gt = "" if ground_truths is None else f", {len(ground_truths)} ground truths"
+        raise DataError(f"the rlvr scorer needs one completion{'' if ground_truths is None else ' and one ground truth'}"
+                        f" per prompt: got {n} prompts, {len(completions)} completions{gt}")
+
+
 def group_advantages(rewards: Sequence[float], group_size: Optional[int]) -> list[float]:
     """The scorer's own group helper: r − mean, divided by (population std + 1e-8) only if that std > 0.01.
-    group_size None: the whole batch is one group."""
+    group_size None: the whole batch is one group (a last group shorter than group_size is its own group, as in
+    the mini). No rewards, or a group size that is not a whole number ≥ 1: ConfigError/DataError by name."""
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+        raise ConfigError("group_size", f"must be a whole number ≥ 1 or None, got {group_size!r}")
+    if len(rewards) == 0:
+        raise DataError("group_advantages: no rewards (an empty group has no mean)")
     k = group_size or len(rewards)
     out = []
     for s in range(0, len(rewards), k):

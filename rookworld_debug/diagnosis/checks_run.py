@@ -22,16 +22,28 @@ def series(rows, key: str) -> list[tuple]:
 
 
 def _jumps(pts, floor: float, direction: int = 1) -> list[tuple]:
-    """(step, value, median before) where the value jumps over its running median (module doc)."""
-    out, hist = [], []
-    for step, v in pts:
-        if len(hist) >= MIN_HISTORY:
-            med = statistics.median(hist[-WINDOW:])
-            scale = max(1.4826 * statistics.median(abs(x - med) for x in hist[-WINDOW:]), floor)
-            if direction * (v - med) > K * scale:
-                out.append((step, v, med))
-        hist.append(v)
-    return out
+    """(step, value, median before) where the value jumps over its running median (module doc). Each point is
+    compared with the ≤ WINDOW values before it (from the MIN_HISTORY-th point on), all windows at once."""
+    import numpy as np
+    if len(pts) <= MIN_HISTORY:
+        return []
+    steps = [s for s, _ in pts]
+    v = np.asarray([x for _, x in pts], dtype=np.float64)                                 # (n,)
+    idx = np.arange(MIN_HISTORY, len(v))
+    lo = np.maximum(idx - WINDOW, 0)
+    full = idx >= WINDOW                       # a full window: the WINDOW values before the point
+    med, mad = np.empty(len(idx)), np.empty(len(idx))
+    if full.any():
+        win = np.lib.stride_tricks.sliding_window_view(v[:-1], WINDOW)[idx[full] - WINDOW]   # (m, WINDOW)
+        med[full] = np.median(win, axis=1)
+        mad[full] = np.median(np.abs(win - med[full, None]), axis=1)
+    for j in np.flatnonzero(~full):            # the first few points: shorter windows
+        w = v[lo[j]:idx[j]]
+        med[j] = np.median(w)
+        mad[j] = np.median(np.abs(w - med[j]))
+    scale = np.maximum(1.4826 * mad, floor)
+    hit = np.flatnonzero(direction * (v[idx] - med) > K * scale)
+    return [(steps[idx[j]], float(v[idx[j]]), float(med[j])) for j in hit]
 
 
 def _lr_rise(rows, step: int):
@@ -104,13 +116,23 @@ def _t975(df: int) -> float:
 
 
 def _sign_test_p(up: int, down: int) -> float:
-    """Two-sided exact binomial p-value of `up` successes in up + down fair-coin trials."""
+    """Two-sided exact binomial p-value of `up` successes in up + down fair-coin trials: 2 · P(X ≤ min), capped at 1.
+
+    Summed in log space (log-binomials from lgamma, terms relative to the largest), from the tail's largest term
+    outwards until a term no longer changes the sum: linear at worst, about √n terms on a long log, where
+    exact big-integer binomials grow about as n^2.7."""
     n = up + down
-    if n == 0:
-        return 1.0
     k = min(up, down)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+    if n == 0 or 2 * k >= n - 1:
+        return 1.0                          # the tail holds half the mass or more: p = 1 after the cap
+    log_top = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2.0)
+    total, term = 1.0, 1.0                  # Σ_{i ≤ k} C(n, i) / C(n, k), from i = k downwards
+    for i in range(k, 0, -1):
+        term *= i / (n - i + 1)             # C(n, i−1) / C(n, i)
+        total += term
+        if term < 1e-17 * total:
+            break
+    return min(1.0, 2.0 * math.exp(log_top + math.log(total)))
 
 
 def check_no_net_trend(rows) -> list[Finding]:

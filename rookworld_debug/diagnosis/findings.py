@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from rookworld_debug.errors import DataError
+
 SEVERITIES = ("error", "warning", "info")
 
 
@@ -60,22 +62,9 @@ class Finding:
 
     @staticmethod
     def from_dict(d: Mapping) -> "Finding":
-        """The inverse of `to_dict` over a closed schema (a file's finding: only these keys, plain values)."""
-        if not isinstance(d, Mapping):
-            raise ValueError("a finding is a JSON object")
-        fix = d.get("fix") or {}
-        return Finding(code=str(d["code"]), severity=str(d["severity"]), cause=str(d.get("cause", "")),
-                       evidence=tuple(Evidence(name=str(e.get("name", "")), value=_float(e.get("value")),
-                                               definition=str(e.get("definition", "")), batch=str(e.get("batch", "")),
-                                               where=str(e.get("where", ""))) for e in d.get("evidence") or ()
-                                      if isinstance(e, Mapping)),
-                       fix=Fix(description=str(fix.get("description", "")),
-                               step_config=dict(fix.get("step_config") or {}),
-                               grpo_config=dict(fix.get("grpo_config") or {}),
-                               code_change=fix.get("code_change") if isinstance(fix.get("code_change"), str) else None),
-                       alternatives=tuple(str(a) for a in d.get("alternatives") or ()),
-                       score=_float(d.get("score", 0.0)),
-                       step=d.get("step") if isinstance(d.get("step"), int) else None)
+        """The inverse of `to_dict` over a closed schema (a file's finding: only these keys, each of its type);
+        DataError names the first field that does not fit."""
+        return _finding_from_dict(d)
 
 
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
@@ -98,13 +87,6 @@ def _num(x):
     return x if math.isfinite(x) else repr(x)
 
 
-def _float(x) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _plain(v):
     if isinstance(v, (str, bool, int)) or v is None:
         return v
@@ -122,3 +104,95 @@ def _evidence_dict(e: Evidence) -> dict:
 def _fix_dict(f: Fix) -> dict:
     return {"description": f.description, "step_config": {k: _plain(v) for k, v in f.step_config.items()},
             "grpo_config": {k: _plain(v) for k, v in f.grpo_config.items()}, "code_change": f.code_change}
+
+
+# ------------------------------------------------------------------ reading a finding from a file (closed schema)
+_KEYS = {"code", "title", "severity", "cause", "evidence", "fix", "alternatives", "score", "step"}
+_EVIDENCE_KEYS = {"name", "value", "definition", "batch", "where"}
+_FIX_KEYS = {"description", "step_config", "grpo_config", "code_change"}
+_NONFINITE = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf, "-inf": -math.inf,
+              "-Infinity": -math.inf}
+
+
+def _bad(field: str, message: str):
+    return DataError(f"finding field {field!r}: {message}")
+
+
+def _closed(d, keys: set, field: str) -> Mapping:
+    if not isinstance(d, Mapping):
+        raise _bad(field, f"is a {type(d).__name__}, not a JSON object")
+    extra = sorted(map(str, set(d) - keys))
+    if extra:
+        raise _bad(field, f"unknown key(s) {', '.join(map(repr, extra[:5]))[:200]}")
+    return d
+
+
+def _str(d: Mapping, key: str, field: str, *, required: bool = False, default: str = "") -> str:
+    if key not in d:
+        if required:
+            raise _bad(field, "is missing")
+        return default
+    v = d[key]
+    if not isinstance(v, str):
+        raise _bad(field, f"is a {type(v).__name__}, not a string")
+    return v
+
+
+def _number(v, field: str) -> float:
+    """A number as to_dict writes it: int/float, or the text of a non-finite float."""
+    if isinstance(v, str) and v in _NONFINITE:
+        return _NONFINITE[v]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(field, f"is a {type(v).__name__}, not a number")
+    try:
+        return float(v)
+    except OverflowError:
+        raise _bad(field, "is an integer too large for a number") from None
+
+
+def _settings(v, field: str) -> dict:
+    """A fix's configuration changes: {name: plain JSON value}."""
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+        raise _bad(field, f"is a {type(v).__name__}, not an object of settings")
+    return dict(v)
+
+
+def _evidence(e, i: int) -> Evidence:
+    f = f"evidence[{i}]"
+    e = _closed(e, _EVIDENCE_KEYS, f)
+    return Evidence(name=_str(e, "name", f + ".name"), value=_number(e.get("value", "nan"), f + ".value"),
+                    definition=_str(e, "definition", f + ".definition"), batch=_str(e, "batch", f + ".batch"),
+                    where=_str(e, "where", f + ".where"))
+
+
+def _fix_from(v) -> Fix:
+    fix = _closed({} if v is None else v, _FIX_KEYS, "fix")
+    code = fix.get("code_change")
+    if code is not None and not isinstance(code, str):
+        raise _bad("fix.code_change", f"is a {type(code).__name__}, not a string")
+    return Fix(description=_str(fix, "description", "fix.description"),
+               step_config=_settings(fix.get("step_config"), "fix.step_config"),
+               grpo_config=_settings(fix.get("grpo_config"), "fix.grpo_config"), code_change=code)
+
+
+def _finding_from_dict(d) -> Finding:
+    d = _closed(d, _KEYS, "finding")
+    severity = _str(d, "severity", "severity", required=True)
+    if severity not in SEVERITIES:
+        raise _bad("severity", f"must be one of {SEVERITIES}, got {severity[:40]!r}")
+    evidence, alternatives, step = d.get("evidence") or [], d.get("alternatives") or [], d.get("step")
+    if not isinstance(evidence, list):
+        raise _bad("evidence", f"is a {type(evidence).__name__}, not a list")
+    if not isinstance(alternatives, list) or not all(isinstance(a, str) for a in alternatives):
+        raise _bad("alternatives", "is not a list of strings")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2 ** 63):
+        raise _bad("step", f"is {type(step).__name__} {str(step)[:40]}, not a step number")
+    _str(d, "title", "title")
+    code = _str(d, "code", "code", required=True)
+    if not code:
+        raise _bad("code", "is empty")
+    return Finding(code=code, severity=severity, cause=_str(d, "cause", "cause"),
+                   evidence=tuple(_evidence(e, i) for i, e in enumerate(evidence)), fix=_fix_from(d.get("fix")),
+                   alternatives=tuple(alternatives), score=_number(d.get("score", 0.0), "score"), step=step)

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -71,7 +70,13 @@ def diagnose_trace(trace, step: Optional[int] = None) -> list[Finding]:
 
 
 def diagnose_rows(rows) -> list[Finding]:
-    rows = [r for r in rows if isinstance(r, dict) and isinstance(r.get("step"), int)]
+    """Every run check on rows given by a caller (read through the log's closed schema first)."""
+    from rookworld_debug.diagnosis.runlog import clean_rows
+    return _run_checks(clean_rows(rows))
+
+
+def _run_checks(rows) -> list[Finding]:
+    """Every run check on rows a reader of this package made (runlog: closed schema already applied)."""
     return rank_run([f for check in RUN_CHECKS for f in _guarded(check, rows)])
 
 
@@ -80,28 +85,37 @@ def diagnose_run(run_dir_or_log) -> list[Finding]:
     log_history list, or rows already read ({"step": int, metric: value})."""
     from rookworld_debug.diagnosis.runlog import read_rows, rows_from_history
     if isinstance(run_dir_or_log, (str, Path)):
-        rows = read_rows(run_dir_or_log)
-    else:
-        log = [d for d in (run_dir_or_log or []) if isinstance(d, dict)]
-        # TRL's log_history (entries that logged a loss, merged per step), else rows as given
-        rows = rows_from_history(log) if any("loss" in d for d in log) else log
-    return diagnose_rows(rows)
+        return _run_checks(read_rows(run_dir_or_log))
+    log = [d for d in (run_dir_or_log or []) if isinstance(d, dict)]
+    # TRL's log_history (entries that logged a loss, merged per step), else rows as given
+    return _run_checks(rows_from_history(log)) if any("loss" in d for d in log) else diagnose_rows(log)
 
 
 def captured_steps(folder: Path) -> dict:
     """{step: trace folder} of every captures.json under `folder` (paths must stay inside their index's folder)."""
+    from rookworld_debug.diagnosis.runlog import read_json, step_of
     out = {}
     for index in sorted(Path(folder).rglob("captures.json")):
-        try:
-            data = json.loads(index.read_text())
-        except (OSError, ValueError) as err:
-            raise DataError(f"{index} is not readable JSON ({err})") from None
-        for e in data.get("captures", []) if isinstance(data, dict) else []:
-            if isinstance(e, dict) and isinstance(e.get("step"), int) and isinstance(e.get("path"), str):
-                p = (index.parent / e["path"]).resolve()
-                if p.is_relative_to(index.parent.resolve()) and (p / "trace.json").is_file():
+        data = read_json(index)
+        entries = data.get("captures", []) if isinstance(data, dict) else []
+        for e in entries if isinstance(entries, list) else ():
+            if isinstance(e, dict) and step_of(e.get("step")) is not None:
+                p = _inside(index.parent, e.get("path"))
+                if p is not None:
                     out[e["step"]] = p
     return out
+
+
+def _inside(folder: Path, rel):
+    """`folder / rel` when `rel` names a trace folder inside `folder`, else None (a path that leaves the folder,
+    is not a string, or no file system can hold: a NUL, an unpaired surrogate, too long)."""
+    if not isinstance(rel, str) or not rel:
+        return None
+    try:
+        p = (folder / rel).resolve()
+        return p if p.is_relative_to(folder.resolve()) and (p / "trace.json").is_file() else None
+    except (OSError, ValueError):                 # UnicodeEncodeError is a ValueError
+        return None
 
 
 def merge(findings) -> list[Finding]:
@@ -130,7 +144,7 @@ def diagnose_path(path) -> list[Finding]:
     if not rows and not caps:
         raise DataError(f"{p} is neither a step trace (trace.json), a captures folder (captures.json) nor a run "
                         "(trainer_state.json, table.csv)")
-    found = list(diagnose_rows(rows))
+    found = list(_run_checks(rows))
     for step, folder in sorted(caps.items()):
         found += [replace_step(f, step) for f in diagnose_trace(StepTrace.load(folder))]
     return rank_run(merge(found))

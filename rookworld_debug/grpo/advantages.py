@@ -32,7 +32,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from rookworld_debug.errors import ConfigError
+from rookworld_debug.errors import ConfigError, DataError
 from rookworld_debug.grpo import rlvr_baselines as rb
 
 SCALE_REWARDS = ("group", "batch", "none")
@@ -257,12 +257,20 @@ def rlvr_advantages(rewards: Sequence[float] | torch.Tensor, num_generations: in
                     use_gae: bool = False, gae_lambda: float = 0.95,
                     baseline_tracker: Optional[dict] = None) -> Advantages:
     """The mini's advantages as this package's Advantages record (method "rlvr_mini"). NaN rewards (unscorable)
-    are set to the batch's valid mean before the baselines (the mini has no NaN) and get advantage 0; flagged."""
+    are set to the batch's valid mean before the baselines (the mini has no NaN) and get advantage 0; flagged.
+    Non-finite `values` (the learned baseline's) are likewise set to their valid mean, so one NaN does not
+    turn its group's baseline into NaN."""
     G = num_generations
     raw_r = _as_rewards(rewards, G).to(torch.float64)                                  # (N,)
+    if raw_r.numel() == 0:
+        raise DataError("rlvr advantages: no rewards (an empty batch has no groups)")
     bad = ~torch.isfinite(raw_r)                                                        # (N,)
-    fill = raw_r[~bad].mean() if bool((~bad).any()) else torch.zeros((), dtype=raw_r.dtype)
-    r = torch.where(bad, fill, raw_r)                                                   # (N,)
+    r = _fill_valid_mean(raw_r)                                                         # (N,)
+    if values is not None:
+        values = torch.as_tensor(values).to(torch.float64).reshape(-1)                 # (N,)
+        if values.shape != r.shape:
+            raise DataError(f"rlvr advantages: {values.numel()} values for {r.numel()} rewards")
+        values = _fill_valid_mean(values)
     raw, base = rb.raw_advantages(r, G, baseline_type, baseline_tracker, values, use_gae, gae_lambda)
     adv = rb.normalise(raw).masked_fill(bad, 0.0)                                          # (N,)
     grouped = r.view(-1, G)                                                             # (B, G)
@@ -278,6 +286,13 @@ def rlvr_advantages(rewards: Sequence[float] | torch.Tensor, num_generations: in
                   normalization=formula, method="rlvr_mini", scale="batch", eps=rb.NORM_EPS, ddof=1, clip=None,
                   raw=raw_r)
     return replace(rec, flags=_zero_std_push_flags(rec, baseline_type))
+
+
+def _fill_valid_mean(x: torch.Tensor) -> torch.Tensor:
+    """(N,) `x` with its non-finite entries set to the mean of the finite ones (0 when none is finite)."""
+    bad = ~torch.isfinite(x)
+    fill = x[~bad].mean() if bool((~bad).any()) else torch.zeros((), dtype=x.dtype)
+    return torch.where(bad, fill, x)
 
 
 def _zero_std_push_flags(rec: Advantages, baseline_type: str) -> tuple:

@@ -38,6 +38,7 @@ import torch
 from rookworld_debug.config import StepConfig
 from rookworld_debug.data.loaders import select_batch
 from rookworld_debug.errors import ConfigError, DataError
+from rookworld_debug.grpo.checkpoint_state import MODES  # noqa: F401 - batch modes, shared with the checkpoint schema
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.schedules import (BETA_KINDS, LR_KINDS, BetaController, BetaSchedule,  # noqa: F401
                                             LRSchedule, _as_beta, _as_lr)
@@ -47,7 +48,6 @@ from rookworld_debug.grpo.start import setup as setup_phase
 from rookworld_debug.grpo.step import StepTrace, run_step
 from rookworld_debug.models.devices import cpu_state
 
-MODES = ("overfit_single_batch", "fresh")
 CHECKPOINT_VERSION = 1
 
 
@@ -472,9 +472,13 @@ def _read_checkpoint(path) -> dict:
         state = json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"{f} is not valid JSON ({err})") from None
+    except RecursionError:
+        raise DataError(f"{f} is nested too deeply to be a checkpoint") from None
     if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
         found = state.get("version") if isinstance(state, dict) else type(state).__name__
         raise DataError(f"checkpoint {path} has version {found}, expected {CHECKPOINT_VERSION}")
+    from rookworld_debug.grpo.checkpoint_state import built, check_state
+    built(check_state(state, path), path)          # its config and schedules pass their own rules
     return state
 
 

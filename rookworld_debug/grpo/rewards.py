@@ -26,7 +26,7 @@ import torch
 
 from rookworld_debug.chess import rewards as chess_rewards
 from rookworld_debug.chess.formats import parse_p
-from rookworld_debug.errors import FormatError
+from rookworld_debug.errors import DataError, FormatError
 
 RewardFn = Callable[..., Sequence[Optional[float]]]
 
@@ -63,6 +63,9 @@ def builtin_breakdowns(prompts: Sequence[str], completions: Sequence[str], label
     All P: rows are scored with ONE batched engine call (engine mode) or against their label."""
     if reward_mode in ("rlvr", "rlvr_gt"):            # rookworld-rlvr's scorer (no engine)
         from rookworld_debug.chess.rlvr_rewards import score_breakdowns
+        if reward_mode == "rlvr_gt" and len(labels or ()) != len(prompts):
+            raise DataError(f"reward_mode='rlvr_gt' scores against one ground-truth label per row: got "
+                            f"{len(labels or ())} labels for {len(prompts)} rows")
         return score_breakdowns(prompts, completions, labels if reward_mode == "rlvr_gt" else None)
     label_samples = [_label(p, c) if p.lstrip().startswith("P:") else None
                      for p, c in zip(prompts, labels)] if labels else None

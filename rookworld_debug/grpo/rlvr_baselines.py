@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from rookworld_debug.errors import ConfigError
+from rookworld_debug.errors import ConfigError, DataError
 
 BASELINES = ("group_mean", "ema", "learned", "adaptive")
 EMA_ALPHA = 0.1                      # hard-coded in the mini
@@ -65,16 +65,28 @@ def _gae(adv: torch.Tensor, lam: float) -> torch.Tensor:
     return out
 
 
+def _check_inputs(rewards: torch.Tensor, group_size, baseline_type: str, values) -> None:
+    """Named errors for what would otherwise divide by zero, return nothing or pair rows with other rows' values."""
+    if baseline_type not in BASELINES:
+        raise ConfigError("rlvr_baseline", f"unknown value {baseline_type!r}; expected one of {list(BASELINES)}")
+    if isinstance(group_size, bool) or not hasattr(group_size, "__index__") or group_size < 1:
+        raise ConfigError("group_size", f"must be a whole number ≥ 1, got {group_size!r}")
+    if rewards.ndim != 1 or rewards.shape[0] == 0:
+        raise DataError(f"rewards must be a non-empty 1-D tensor, got shape {tuple(rewards.shape)}")
+    if values is not None and tuple(values.shape) != tuple(rewards.shape):
+        raise DataError(f"values must hold one value per reward: shape {tuple(values.shape)} for rewards "
+                        f"{tuple(rewards.shape)}")
+
+
 def raw_advantages(rewards: torch.Tensor, group_size: int, baseline_type: str = "group_mean",
                    baseline_tracker: Optional[dict] = None, values: Optional[torch.Tensor] = None,
                    use_gae: bool = False, gae_lambda: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """(raw advantages (N,), baseline per complete group (B,)) before the global normalisation.
     `baseline_tracker` (ema) is mutated in place; None = a fresh one the caller never sees."""
-    if baseline_type not in BASELINES:
-        raise ConfigError("rlvr_baseline", f"unknown value {baseline_type!r}; expected one of {list(BASELINES)}")
+    _check_inputs(rewards, group_size, baseline_type, values)
     tracker = {} if baseline_tracker is None else baseline_tracker
     adv = torch.zeros_like(rewards)                                                     # (N,)
-    k = int(group_size)
+    k = group_size.__index__()
     n_groups = rewards.shape[0] // k
     base = torch.zeros(n_groups, dtype=rewards.dtype)                                   # (B,)
     for g in range(n_groups):

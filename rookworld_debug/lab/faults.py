@@ -284,11 +284,7 @@ def run_all(out: Path, only: Optional[str] = None, progress: bool = True) -> Pat
     res = out / "results.jsonl"
     done = set()
     if res.is_file():
-        for line in res.read_text().splitlines():
-            try:
-                done.add(json.loads(line)["id"])
-            except (ValueError, KeyError):
-                continue
+        done = {r["id"] for r in _read_results(res)}
     todo = [(k, fn) for k, fn in cases(only) if k not in done]
     for i, (key, fn) in enumerate(todo):
         t0 = time.perf_counter()
@@ -306,13 +302,88 @@ def run_all(out: Path, only: Optional[str] = None, progress: bool = True) -> Pat
     return res
 
 
+def _is(t):
+    """A value of type t (a bool is not an int; an int fits 64 bits)."""
+    return lambda v: (isinstance(v, t) and not (isinstance(v, bool) and t is not bool)
+                      and not (isinstance(v, int) and not -2 ** 63 <= v < 2 ** 63))
+
+
+def _num_or_none(v) -> bool:
+    return v is None or isinstance(v, float) or _is(int)(v)          # NaN reads back as a float
+
+
+def _list_of(pred):
+    return lambda v: isinstance(v, list) and all(pred(x) for x in v)
+
+
+def _finding_row(v) -> bool:
+    return (isinstance(v, dict) and isinstance(v.get("code"), str) and isinstance(v.get("severity"), str)
+            and set(v) <= {"code", "severity", "step"})
+
+
+# a results line's closed schema: key -> type check (what the cases write; `id` and `kind` are required)
+RESULT_FIELDS = {
+    "id": _is(str), "kind": lambda v: v in ("step", "trl", "control", "crash"), "fault": lambda v: v is None or
+    isinstance(v, str), "seed": _is(int), "name": _is(str), "accept": _list_of(_is(str)), "how": _is(str),
+    "effective": _is(bool), "changed": _list_of(_is(str)), "findings": _list_of(_finding_row),
+    "first_named_step": lambda v: v is None or _is(int)(v), "errors": _is(int), "settings": _is(dict),
+    "error": _is(str), "diagnose_seconds": _num_or_none, "seconds": _num_or_none,
+    "per_step": lambda v: isinstance(v, dict) and all(_list_of(_finding_row)(x) for x in v.values()),
+    "capture_errors": _is(dict),
+}
+
+
+def check_result(rec, where: str) -> dict:
+    """One results line through RESULT_FIELDS; DataError naming the line and the first field that does not fit."""
+    from rookworld_debug.errors import DataError
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: a result is a JSON object, got a {type(rec).__name__}")
+    for key in ("id", "kind"):
+        if key not in rec:
+            raise DataError(f"{where}: the result has no {key!r}")
+    for key, v in rec.items():
+        ok = RESULT_FIELDS.get(key)
+        if ok is None:
+            raise DataError(f"{where}: unknown field {str(key)[:60]!r}")
+        if not ok(v):
+            raise DataError(f"{where}: field {key!r} has the wrong type or value ({str(v)[:60]!r})")
+    if rec["kind"] in ("step", "trl") and rec.get("fault") is not None:
+        for key in ("seed", "accept"):
+            if key not in rec:
+                raise DataError(f"{where}: a faulted case's result has no {key!r}")
+    return rec
+
+
 def load_results(out: Path) -> list[dict]:
+    """The saved results (the last line per case id); DataError when there are none or a line that is JSON is
+    not a result."""
+    from rookworld_debug.errors import DataError
+    path = out / "results.jsonl"
+    if not path.is_file():
+        raise DataError(f"{path} does not exist: no results to tabulate (run the benchmark first)")
+    results = _read_results(path)
+    if not results:
+        raise DataError(f"{path} holds no results")
+    return results
+
+
+def _read_results(path: Path) -> list[dict]:
+    """Every result of `path` through its closed schema, the last line per id; a line cut short by an
+    interrupted run (not JSON) is skipped."""
+    from rookworld_debug.errors import DataError
     by_id = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{path} is not readable text ({type(err).__name__})") from None
+    for i, line in enumerate(lines, 1):
         try:
             rec = json.loads(line)
         except ValueError:
             continue
+        except RecursionError:
+            raise DataError(f"{path}:{i}: nested too deeply to be a result") from None
+        rec = check_result(rec, f"{path}:{i}")
         by_id[rec["id"]] = rec
     return list(by_id.values())
 
@@ -367,7 +438,21 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="run only the cases whose id contains this text")
     ap.add_argument("--table", action="store_true", help="print the table from the saved results; run nothing")
     a = ap.parse_args(argv)
-    out = Path(a.out)
+    from rookworld_debug.errors import RookWorldError
+    try:
+        return _main(a)
+    except RookWorldError as err:
+        print(f"python -m rookworld_debug.lab.faults: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+
+
+def _main(a) -> int:
+    """Every argument checked before any case runs."""
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.safeio import check_output_dir
+    out = check_output_dir(a.out, "--out")
+    if a.only is not None and not any(a.only in k for k, _ in cases()):
+        raise ConfigError("--only", f"no case id contains {a.only!r} (ids look like 'dropout/0', 'trl-control-1')")
     if not a.table:
         run_all(out, a.only)
     text = table(load_results(out))

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rookworld_debug.errors import DataError
+
 EOT = "<|endoftext|>"
 
 
@@ -245,21 +247,45 @@ def save_docs(path: Path, key: str, p_docs, a_docs) -> None:
     os.replace(tmp, path)
 
 
+CACHE_KEYS = {"key", "p_len", "p_ids", "p_w", "a_len", "a_ids", "a_w"}
+
+
 def load_docs(path: Path, key: str):
-    """(p_docs, a_docs) from a cache written by :func:`save_docs`, or None when absent or stale."""
+    """(p_docs, a_docs) from a cache written by :func:`save_docs`, or None when absent or stale; DataError when
+    the file is not such a cache (damaged, or arrays of other names, kinds or sizes; never unpickled)."""
     if not path.exists():
         return None
-    z = np.load(path)
-    if str(z["key"]) != key:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files} if set(z.files) == CACHE_KEYS else None
+    except Exception as err:  # noqa: BLE001 - zipfile, numpy and OS errors all mean "not a readable cache"
+        raise DataError(f"{path} is not a document cache this package wrote ({type(err).__name__}: "
+                        f"{str(err)[:160]}); delete it to rebuild") from None
+    if arrays is None:
+        raise DataError(f"{path} holds other arrays than a document cache ({sorted(CACHE_KEYS)}); delete it to "
+                        "rebuild")
+    if arrays["key"].shape != () or arrays["key"].dtype.kind != "U" or str(arrays["key"]) != key:
         return None
     out = []
     for name in ("p", "a"):
-        lens, ids, w = z[f"{name}_len"], z[f"{name}_ids"], z[f"{name}_w"]
+        lens, ids, w = arrays[f"{name}_len"], arrays[f"{name}_ids"], arrays[f"{name}_w"]
+        _check_docs(path, name, lens, ids, w)
         ends = np.cumsum(lens)
         starts = ends - lens
         wstarts = starts - np.arange(len(lens))  # each doc has len-1 weights
         out.append([Doc(ids[a:b], w[c:c + (b - a) - 1]) for a, b, c in zip(starts, ends, wstarts)])
     return out[0], out[1]
+
+
+def _check_docs(path: Path, name: str, lens, ids, w) -> None:
+    """The arrays of one task's documents agree: 1-D, integer lengths ≥ 1 summing to the ids, one weight less
+    than ids per document."""
+    ok = (lens.ndim == ids.ndim == w.ndim == 1 and lens.dtype.kind == "i" and ids.dtype.kind in "iu"
+          and w.dtype.kind == "f" and bool((lens >= 1).all()) and int(lens.sum()) == ids.shape[0]
+          and w.shape[0] == ids.shape[0] - lens.shape[0])
+    if not ok:
+        raise DataError(f"{path}: its {name!r} documents' arrays do not agree (lengths, ids, weights); delete it "
+                        "to rebuild")
 
 
 def read_jsonl(path):

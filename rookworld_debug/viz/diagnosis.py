@@ -20,7 +20,17 @@ _E = html.escape
 
 
 def _d(f: Any) -> dict:
-    return f.to_dict() if hasattr(f, "to_dict") else dict(f)
+    """A finding as the card reads it: a Finding's to_dict, or a file's dict read through Finding's closed schema;
+    one that does not fit is shown as a flagged item naming why (never dropped, never shown half-read)."""
+    from rookworld_debug.diagnosis.findings import Finding
+    from rookworld_debug.errors import DataError
+    if isinstance(f, Finding):
+        return f.to_dict()
+    try:
+        return Finding.from_dict(f).to_dict()
+    except DataError as err:
+        return {"code": "unreadable_finding", "title": "unreadable finding", "severity": "warning",
+                "cause": f"This finding could not be read: {err}", "evidence": [], "fix": {}, "alternatives": []}
 
 
 def _v(x) -> str:

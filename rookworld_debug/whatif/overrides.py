@@ -21,10 +21,13 @@ BOTH_EPSILONS = ("eps", "epsilon")
 # fields that choose WHAT is trained, not HOW: a branch that changed them would not start from the saved state
 FIXED = ("model", "dataset", "task", "prompt_indices", "init_policy", "init_optimizer", "warmup_steps",
          "warmup_lr", "device", "dtype", "on_bad_sample")
-# fields the one-step counterfactual cannot change on the recorded rollout (they shape the sampling)
+# fields the one-step counterfactual cannot change on the recorded rollout (they shape the sampling, or, for
+# rookworld-rlvr's pitfalls, the rollout the step trains on): an arm that sets one runs in k-step branches only
 SAMPLING_FIELDS = ("num_generations", "batch_size", "seed", "max_new_tokens", "p_temperature", "p_top_p",
                    "a_temperature", "a_top_p", "top_k", "sampling_autocast", "reward_mode", "engine_depth",
-                   "engine_multipv")
+                   "engine_multipv", "rlvr_pitfalls")
+# fields every arm shares by design: the k-step branches pair arms on the same seeds (--seeds)
+SHARED = ("seed",)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ def canonical(overrides: Mapping[str, object]) -> dict:
                               f"(e.g. beta, lr, epsilon_low, loss_type, max_grad_norm, scale_rewards, "
                               f"importance_sampling_level, entropy_coef, num_iterations, num_generations) or "
                               f"{sorted(ALIASES)}")
+        if name in SHARED:
+            raise ConfigError(key, "every arm runs with the same seeds (the saved seed + 0 … S−1, --seeds S), so arms "
+                              "form pairs; an arm cannot change it (branch from another saved state, or raise --seeds)")
         if name in FIXED:
             raise ConfigError(key, "chooses the model, data or start state, not the update: a branch keeps the "
                               "saved state's (use another saved state instead)")
@@ -110,3 +116,16 @@ def arms_from_dicts(items: Iterable[Mapping[str, object]]) -> tuple:
         ov = canonical(dict(d))
         arms.append(Arm(arm_name(ov), ov, "parameters"))
     return tuple(arms)
+
+
+def check_needs_steps(arms, steps: int) -> None:
+    """ConfigError naming the arm and its settings when an arm changes what is sampled but no k-step branch runs
+    (the one-step counterfactual reuses the recorded rollout, so that arm would show nothing)."""
+    if steps:
+        return
+    for arm in arms:
+        bad = sorted(set(arm.overrides) & set(SAMPLING_FIELDS))
+        if bad:
+            raise ConfigError("--steps", f"arm {arm.name!r} changes {bad}, which shape the sampled rollout: the "
+                              "one-step counterfactual reuses the recorded one, so this arm needs k-step branches "
+                              "(--steps k, e.g. --steps 3)")

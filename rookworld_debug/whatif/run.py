@@ -93,8 +93,11 @@ def whatif(path, arms: Sequence[Arm], *, steps: int = 0, seeds: int = 1, before=
     from rookworld_debug.whatif import onestep, selfcheck
     from rookworld_debug.whatif.branch import branch
     from rookworld_debug.whatif.state import load_state
+    from rookworld_debug.whatif.overrides import check_needs_steps
     t0 = time.perf_counter()
     tick = progress or (lambda kind, n=1: None)
+    check_needs_steps(arms, steps)
+    sym_names = tuple(named_symptom(n).name for n in symptoms)     # unknown names refused before any work
     state = load_state(path, before=before, device=device)
     for a in arms:
         a.config(state.config)                        # every override checked before any work
@@ -110,7 +113,7 @@ def whatif(path, arms: Sequence[Arm], *, steps: int = 0, seeds: int = 1, before=
     runs, chosen, verdicts = (), (), ()
     if steps:
         runs = branch(state, arms, steps=steps, seeds=seeds, on_step=lambda: tick("step"), cluster=cluster)
-        sym = tuple(named_symptom(n, state.history) for n in symptoms) or default_symptoms(state.history)
+        sym = tuple(named_symptom(n, state.history) for n in sym_names) or default_symptoms(state.history)
         chosen, verdicts = judge(runs, arms, sym, pick=not symptoms)
     extra = {}
     if steps and any("num_generations" in a.overrides for a in arms):

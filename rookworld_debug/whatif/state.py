@@ -109,27 +109,29 @@ def _read_json(f: Path) -> dict:
         d = json.loads(f.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{f}: not readable JSON ({err})") from None
+    except RecursionError:
+        raise CheckpointError(f"{f}: nested too deeply to be a checkpoint's JSON") from None
     if not isinstance(d, dict):
         raise CheckpointError(f"{f}: expected an object")
     return d
 
 
 def _from_checkpoint(path: Path, before, device: str) -> SavedState:
-    from rookworld_debug.grpo.multistep import CHECKPOINT_VERSION, BetaController, BetaSchedule, LRSchedule, step_seed
+    from rookworld_debug.grpo.multistep import CHECKPOINT_VERSION, BetaController, step_seed
     from rookworld_debug.grpo.start import setup
     from rookworld_debug.safeio import check_fits, load_state_into, load_torch
-    st = _read_json(path / "state.json")
+    from rookworld_debug.grpo.checkpoint_state import built, read_state
+    st = read_state(path)
     if st.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"{path}: checkpoint version {st.get('version')!r}, expected {CHECKPOINT_VERSION}")
     if st.get("mode") != "overfit_single_batch":
         raise CheckpointError(f"{path}: a '{st.get('mode')}' run; branches start from overfit_single_batch runs "
                               "(the batch of a fresh run's next step is not in the checkpoint's session)")
-    k = int(st["next_step"])
-    base = StepConfig.from_dict(st["config"])
-    beta = BetaController(BetaSchedule(**st["beta_schedule"]))
+    k = st["next_step"]
+    base, beta_schedule, lr_schedule = built(st, path)
+    beta = BetaController(beta_schedule)
     beta.load_state_dict(st["beta_state"])
-    config = base.replace(beta=beta.beta_for(k), lr=LRSchedule(**st["lr_schedule"]).lr_at(k),
-                          seed=step_seed(base.seed, k))
+    config = base.replace(beta=beta.beta_for(k), lr=lr_schedule.lr_at(k), seed=step_seed(base.seed, k))
     session = setup(_start_config(base, None, device))
     src = Path(before) if before is not None else path
     pol = load_torch(src / "policy.pt", "checkpoint")
@@ -152,20 +154,24 @@ def _from_checkpoint(path: Path, before, device: str) -> SavedState:
 
 def _later_row(path: Path, k: int) -> Optional[dict]:
     """Step k's row of the per-step table, from a later checkpoint of the same run or a table.csv beside it."""
+    from rookworld_debug.grpo.checkpoint_state import read_state
     for other in sorted(path.parent.glob("*/state.json")):
         try:
-            rows = _read_json(other).get("rows", [])
+            rows = read_state(other.parent)["rows"]
         except CheckpointError:
-            continue
-        for r in rows if isinstance(rows, list) else []:
-            if isinstance(r, dict) and r.get("step") == k:
+            continue                                  # another folder's damaged checkpoint is not this one's record
+        for r in rows:
+            if r.get("step") == k:
                 return _row_numbers(r)
     for table in (path.parent / "table.csv", path.parent.parent / "table.csv"):
         if table.is_file():
-            with table.open(newline="") as f:
-                for r in csv.DictReader(f):
-                    if str(r.get("step")) == str(k):
-                        return _row_numbers(r)
+            try:
+                with table.open(newline="", encoding="utf-8") as f:
+                    for r in csv.DictReader(f):
+                        if str(r.get("step")) == str(k):
+                            return _row_numbers(r)
+            except (OSError, csv.Error, UnicodeDecodeError) as err:
+                raise CheckpointError(f"{table}: not a readable table ({type(err).__name__})") from None
     return None
 
 
@@ -173,7 +179,7 @@ def _row_numbers(r: dict) -> dict:
     def num(key):
         try:
             return float(r.get(key))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return math.nan
     return {"rollout_reward": num("rollout_reward"), "loss": num("loss"), "update_loss": math.nan,
             "grad_norm_pre_clip": num("grad_norm_pre_clip"), "param_delta_norm": num("param_delta_norm"),

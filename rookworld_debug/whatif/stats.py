@@ -13,7 +13,8 @@ largest KL over the branch's steps); its verdict compares the fix arm with the u
   interval lies at or below 0 (no improvement); otherwise "cannot tell at this S", with the S a two-sided
   5 % test at 80 % power would need to see the improvement that removes the symptom (δ = how far the
   unchanged arm is beyond the threshold; no threshold: the observed mean improvement): the smallest S with
-  (t_0.975,S−1 + t_0.8,S−1) · sd(d) / √S ≤ δ.
+  (t_0.975,S−1 + t_0.8,S−1) · sd(d) / √S ≤ δ;
+- "absent in both": the symptom has a threshold and no seed of either arm is beyond it (nothing to remove).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import torch
 
 B_BOOT = 2000
 Z_975, Z_80 = 1.959964, 0.841621
-VERDICTS = ("removed", "not removed", "cannot tell at this S")
+VERDICTS = ("removed", "not removed", "cannot tell at this S", "absent in both")
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,10 @@ def verdict(symptom: Symptom, arm: str, fix: Sequence[float], unchanged: Sequenc
     if s == 0:
         return Verdict(symptom.name, arm, VERDICTS[2], mean, ci, tuple(fix), tuple(unchanged), (), 0, math.nan,
                        "no seed has a finite value in both arms")
+    if symptom.threshold is not None and not any(present) and not any(symptom.present(u) for _, u in pairs):
+        return Verdict(symptom.name, arm, VERDICTS[3], mean, ci, tuple(f for f, _ in pairs),
+                       tuple(u for _, u in pairs), present, s, float(s),
+                       f"no seed of either arm is beyond the threshold {symptom.threshold:.3g}: nothing to remove")
     still = symptom.threshold is not None and all(present)
     gone = symptom.threshold is None or not any(present)
     if s >= 2 and ci[0] > 0 and gone:
