@@ -213,7 +213,7 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
             engine.close()
         raise
     policy, reference, tokenizer, prov = loaded
-    from rookworld_debug.models.precision import set_autocast
+    from rookworld_debug.models.precision import set_autocast, step_precision
     set_autocast(config.autocast, policy, reference)   # every phase's forwards autocast the same way
 
     from rookworld_debug.grpo.update import make_optimizer
@@ -225,7 +225,8 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
                   "dataset": config.dataset, "batch": batch.describe(),
                   "engine": None if engine is None else {"version": getattr(engine, "version", None),
                                                          "depth": config.engine_depth,
-                                                         "multipv": config.engine_multipv, "threads": 1}}
+                                                         "multipv": config.engine_multipv, "threads": 1},
+                  "precision": step_precision(policy, reference, config.sampling_autocast)}
     s = Setup(config=config, policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
               optimizer=optimizer, provenance=provenance, batch=batch, heldout=heldout,
               invariants=invariants, seconds=time.perf_counter() - t0, data_flags=data_flags)

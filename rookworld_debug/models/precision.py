@@ -59,3 +59,20 @@ def sampling_autocast(mode, model):
     if mode is None:
         return contextlib.nullcontext()
     return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
+
+
+def forward_precision(model, sampling: str | None = None) -> dict:
+    """How `model`'s forwards run, as the trace records it: {"device", "dtype" (the weights'), "autocast" (bf16 or
+    None), "compute" (the matmuls' precision)}. `sampling`: StepConfig.sampling_autocast, for the sampler's row."""
+    p = next(model.parameters())
+    auto = torch.bfloat16 if sampling == "bf16" else autocast_dtype(model)
+    return {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch."),
+            "autocast": None if auto is None else str(auto).removeprefix("torch."),
+            "compute": str(auto or p.dtype).removeprefix("torch.")}
+
+
+def step_precision(policy, reference, sampling: str | None = None) -> dict:
+    """{"policy", "reference", "sampler"}: `forward_precision` of each forward a step runs (the sampler is the policy
+    under `sampling_autocast` when set)."""
+    return {"policy": forward_precision(policy), "reference": forward_precision(reference),
+            "sampler": forward_precision(policy, sampling)}
