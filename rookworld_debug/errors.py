@@ -61,3 +61,12 @@ class IncompatibleTraceError(TraceError):
 class CheckpointError(ModelLoadError):
     """A checkpoint/cache file (policy.pt, optimizer.pt, rng.pt) is missing, damaged, of another model, or
     holds something other than tensors and plain values (it is never unpickled)."""
+
+
+class DeviceMemoryError(RookWorldError, MemoryError):
+    """The device ran out of memory in a named phase; the message says which setting would fit."""
+
+    def __init__(self, phase: str, advice: str, detail: str = ""):
+        self.phase, self.advice = phase, advice
+        first = (detail.strip().splitlines() or [""])[0][:160]
+        super().__init__(f"out of device memory in the {phase} phase{f' ({first})' if first else ''}: {advice}")

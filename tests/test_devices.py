@@ -126,3 +126,47 @@ def test_runs_checkpoints_and_whatif_on_a_second_device(tmp_path):
     assert out.self_check.passed is not False
     assert len(out.one_step) == 2 and all(a.refused is None for a in out.one_step)
     assert len(out.branches) == 2
+
+
+# ------------------------------------------------------------------------------------------ memory and errors
+def test_the_memory_budget_follows_the_device():
+    """The CPU keeps its fixed rule; a CUDA card plans for half of what is free on it (its own reading)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from rookworld_debug.grpo.scoring import TRAIN_BUDGET_BYTES, auto_micro_batch_size
+    from rookworld_debug.models.memory import memory_budget
+    assert memory_budget("cpu", TRAIN_BUDGET_BYTES) == TRAIN_BUDGET_BYTES
+    with torch.device("meta"):
+        big = GPT2LMHeadModel(GPT2Config())                    # GPT-2 124M's shapes, no memory
+    assert auto_micro_batch_size(big, 192, 170) == 4           # the CPU rule: 1 GiB → 4 rows of 170 tokens
+    free = {"h200": 140 * 2**30, "12gb": 11 * 2**30}
+    with um.patch("torch.cuda.mem_get_info", lambda d=None: (free["h200"], free["h200"])):
+        assert memory_budget("cuda:0", TRAIN_BUDGET_BYTES) == 70 * 2**30
+        assert auto_micro_batch_size(big, 192, 170, memory_budget("cuda:0", TRAIN_BUDGET_BYTES)) == 192
+    with um.patch("torch.cuda.mem_get_info", lambda d=None: (free["12gb"], free["12gb"])):
+        k = auto_micro_batch_size(big, 192, 170, memory_budget("cuda:0", TRAIN_BUDGET_BYTES))
+        assert 4 < k < 192 and 192 % k == 0
+
+
+def test_out_of_device_memory_names_the_phase_and_a_setting_that_fits(monkeypatch):
+    import rookworld_debug.grpo.step as step
+    from rookworld_debug import run_step
+    from rookworld_debug.errors import DeviceMemoryError
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+    monkeypatch.setattr(step, "run_iterations", oom)
+    with pytest.raises(DeviceMemoryError) as e:
+        run_step(_small(device="cpu", heldout_n=0))
+    assert e.value.phase == "update"
+    assert "micro_batch_size=" in str(e.value) and "9.00 GiB" in str(e.value)
+
+
+def test_a_missing_gpu_is_one_line_and_exit_2():
+    from cli import run_cli
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the missing-GPU path cannot be shown here")
+    for args in (["step", "--set", "device=cuda"], ["step", "--set", "reference_device=cuda:3"]):
+        r = run_cli(*args, timeout=120)
+        assert r.returncode == 2, r.stderr
+        lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+        assert len(lines) == 1 and "CUDA" in lines[0] and "Traceback" not in r.stderr, r.stderr

@@ -29,11 +29,14 @@ def step_seed(seed: int, step: int) -> int:
 
 
 class PhaseTimer:
-    """Seconds per phase. `PhaseTimer.current` names the phase running now (a memory sampler's label)."""
+    """Seconds per phase. `PhaseTimer.current` names the phase running now (a memory sampler's label).
+    Running out of device memory in a phase becomes DeviceMemoryError naming the phase, with `advice(phase)`
+    (set once the models are loaded: `memory_advice`) saying which setting would fit."""
     current: Optional[str] = None
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.advice = lambda phase: "lower batch_size or num_generations"
 
     @contextmanager
     def __call__(self, phase: str):
@@ -41,9 +44,30 @@ class PhaseTimer:
         PhaseTimer.current = phase
         try:
             yield
+        except torch.OutOfMemoryError as err:
+            from rookworld_debug.errors import DeviceMemoryError
+            raise DeviceMemoryError(phase, self.advice(phase), str(err)) from None
         finally:
             PhaseTimer.current = outer
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+
+def memory_advice(s: Setup, config: StepConfig, phase: str) -> str:
+    """What would fit after running out of device memory in `phase`, from the project's own estimate
+    (`scoring.train_bytes_per_row`) and the memory free on the policy's device now."""
+    from rookworld_debug.grpo.scoring import train_bytes_per_row
+    from rookworld_debug.models.memory import memory_budget
+    n = config.batch_size * config.num_generations
+    seq = max(len(s.tokenizer(p).input_ids) for p in s.batch.prompts) + config.max_new_tokens
+    per_row = train_bytes_per_row(s.policy, seq)
+    budget = memory_budget(next(s.policy.parameters()).device, 2**30)
+    fit = [k for k in range(1, n + 1) if n % k == 0 and k * per_row <= budget] or [1]
+    tips = [f"micro_batch_size={fit[-1]} (estimated {per_row / 2**30:.2f} GiB per row of {seq} tokens, "
+            f"{budget / 2**30:.1f} GiB to plan for)"] if phase in ("update", "diagnostics", "loss") else []
+    if config.reference_device == "same" and next(s.policy.parameters()).device.type != "cpu":
+        tips.append("reference_device=cpu (or another GPU) frees the reference's weights and activations")
+    tips.append("or a smaller batch_size × num_generations / max_new_tokens")
+    return "; ".join(tips)
 
 
 def rows(values, g: int) -> list:

@@ -50,7 +50,7 @@ def replay_rows(policy, prompt_ids, prompt_mask, completion_ids, completion_mask
     ids = completion_ids.to(device)                                                         # (n, T)
     head, sample = policy.get_output_embeddings(), temperatures is not None
     # row chunks as the scoring forwards take them: a chunk's KV cache (prompt + T) is what the forward holds
-    chunk = _auto_chunk(n, t, head.weight.shape[0])
+    chunk = _auto_chunk(n, t, head.weight.shape[0], device)
     hidden = torch.cat([_forward_completion_hidden(policy, prompt_ids[r].to(device), prompt_mask[r].to(device), ids[r],
                                                    completion_mask[r].to(device))
                         for r in (slice(i, i + chunk) for i in range(0, n, chunk))])         # (n, T, d)

@@ -12,10 +12,13 @@ from collections.abc import Iterator
 
 import torch
 
+from ..models.memory import memory_budget
 from ..models.precision import autocast_for
 from .decoding import cache_kw
 
+# CPU budgets; on CUDA a share of the memory free on the card (models.memory.memory_budget)
 LOGITS_BUDGET_BYTES = 128 * 2**20  # one fp32 (rows, T, V) tensor per chunk; scoring peaks at a few of these
+LOGITS_SHARE = 0.125               # of the card's free memory for that one tensor (so a few of them fit)
 
 
 def _token_stats(logits: torch.Tensor, ids: torch.Tensor, with_entropy: bool = True):
@@ -44,27 +47,34 @@ def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)  # (n, P+T)
 
 
-TRAIN_BUDGET_BYTES = 2**30  # what one micro-batch of the grad forward may hold (activations + logits), estimated
+TRAIN_BUDGET_BYTES = 2**30  # on the CPU: what one micro-batch of the grad forward may hold (activations + logits)
 
 
-def auto_micro_batch_size(model, n_rows: int, seq_len: int, budget: int = TRAIN_BUDGET_BYTES) -> int:
-    """Rows per grad forward when the config leaves it open: all N unless the estimated memory of the
-    forward exceeds `budget`, then the largest divisor of N that fits (true accumulation, same gradient).
-
-    Estimate per token (fp32): ~68·d_model bytes per layer of saved activations (Korthikanti et al. 2022,
-    ×2 for fp32, flash attention: no s² term) + 3 (·, V) fp32 tensors at the head (logits, tempered,
-    logsumexp's backward). GPT-2 124M, P+T ≈ 170: ≈ 0.21 GB per row → 4 rows; the tiny model: all 32.
-    """
+def train_bytes_per_row(model, seq_len: int) -> int:
+    """Estimated memory of one row's grad forward. Per token (fp32): ~68·d_model bytes per layer of saved
+    activations (Korthikanti et al. 2022, ×2 for fp32, flash attention: no s² term) + 3 (·, V) fp32 tensors at the
+    head (logits, tempered, logsumexp's backward). GPT-2 124M, P+T ≈ 170: ≈ 0.21 GB per row."""
     cfg = model.config
     layers, d = getattr(cfg, "num_hidden_layers", 12), getattr(cfg, "hidden_size", 768)
     vocab = model.get_output_embeddings().weight.shape[0]
-    per_row = seq_len * (layers * 68 * d + 3 * 4 * vocab)
-    fit = max(1, budget // max(per_row, 1))
+    return seq_len * (layers * 68 * d + 3 * 4 * vocab)
+
+
+def auto_micro_batch_size(model, n_rows: int, seq_len: int, budget: int | None = None) -> int:
+    """Rows per grad forward when the config leaves it open: all N unless the estimated memory of the
+    forward exceeds `budget`, then the largest divisor of N that fits (true accumulation, same gradient).
+    `budget` None: the model's device's (`memory_budget`: 1 GiB on the CPU — GPT-2 124M at P+T ≈ 170 → 4 rows,
+    the tiny model all 32 —, half the free memory on a CUDA card — all 192 rows on an empty 80 GB card)."""
+    if budget is None:
+        budget = memory_budget(next(model.parameters()).device, TRAIN_BUDGET_BYTES)
+    fit = max(1, budget // max(train_bytes_per_row(model, seq_len), 1))
     return max(k for k in range(1, n_rows + 1) if n_rows % k == 0 and (k <= fit or k == 1))
 
 
-def _auto_chunk(n_rows: int, t: int, vocab: int) -> int:
-    return max(1, min(n_rows, LOGITS_BUDGET_BYTES // max(1, 4 * t * vocab)))
+def _auto_chunk(n_rows: int, t: int, vocab: int, device="cpu") -> int:
+    """Rows per scoring chunk: one fp32 (rows, T, V) tensor within the device's logits budget."""
+    budget = memory_budget(device, LOGITS_BUDGET_BYTES, LOGITS_SHARE)
+    return max(1, min(n_rows, budget // max(1, 4 * t * vocab)))
 
 
 def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
@@ -121,7 +131,7 @@ def _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, comple
     """Yield (rows, fp32 logits / T) for each row chunk; logits (n, T, V) predict completion_ids[rows]."""
     device = next(model.parameters()).device
     n, t = completion_ids.shape
-    chunk = chunk or _auto_chunk(n, t, model.get_output_embeddings().weight.shape[0])
+    chunk = chunk or _auto_chunk(n, t, model.get_output_embeddings().weight.shape[0], device)
     for start in range(0, n, chunk):
         rows = slice(start, min(n, start + chunk))
         with autocast_for(model):                     # bf16 autocast on CUDA (fp32 weights), else a no-op

@@ -22,7 +22,7 @@ from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_aft
 from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
 from rookworld_debug.grpo.rewards import Rewards, compute_rewards
-from rookworld_debug.grpo.phases import PhaseTimer, loss_for, rows, sample_and_score  # noqa: F401 - re-exported
+from rookworld_debug.grpo.phases import PhaseTimer, loss_for, memory_advice, rows, sample_and_score  # noqa: F401
 from rookworld_debug.grpo.setup import Setup, check_context, check_inject
 from rookworld_debug.grpo.start import setup as setup_phase
 from rookworld_debug.grpo.iterations import run_iterations
@@ -131,6 +131,7 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
             check_context(config, s.policy, s.tokenizer, s.batch.prompts, [x.prompt for x in s.heldout])
         if inject:                        # before the evaluations and sampling, not after
             check_inject(inject, s, config)
+    timer.advice = lambda phase: memory_advice(s, config, phase)
     heldout_labels = [x.completion for x in s.heldout]
     batch = (s.batch.prompts, s.batch.tasks, s.batch.completions)
     heldout = ([x.prompt for x in s.heldout], [x.task for x in s.heldout], heldout_labels) if s.heldout else None

@@ -53,3 +53,20 @@ def update_memory(model):
         yield
     finally:
         set_mmap_threshold(DEFAULT_MMAP_THRESHOLD)
+
+
+DEVICE_SHARE = 0.5     # of the memory free on an accelerator: what one phase's working set may plan for
+
+
+def memory_budget(device, cpu_bytes: int, share: float = DEVICE_SHARE) -> int:
+    """Bytes a phase may plan one chunk or micro-batch for on `device`.
+
+    On CUDA: `share` of the memory free there now (`torch.cuda.mem_get_info`), so a 141 GB card runs a batch in
+    one pass where a 12 GB card splits it. Elsewhere `cpu_bytes`: host memory is shared with everything else on
+    the machine and freed memory is not returned at once, so the CPU keeps a fixed, modest rule."""
+    import torch
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(cpu_bytes, int(free * share))
+    return cpu_bytes
