@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="print the JSON")
     ap.add_argument("--cluster", help="Dask scheduler address (tcp://host:8786): run the arms there")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", help="where the arms run: 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto' (default: the "
+                    "saved step's own device setting; the unchanged arm reproduces the record only on the same kind "
+                    "of device)")
     return ap
 
 
@@ -93,6 +96,9 @@ def main(argv=None) -> int:
     if a.steps < 0 or a.seeds < 1 or a.threads < 1:
         raise ConfigError("--steps/--seeds/--threads", "need --steps ≥ 0, --seeds ≥ 1, --threads ≥ 1")
     _check_before_work(a)
+    if a.device is not None:
+        from rookworld_debug.models.devices import check_device
+        check_device(a.device, "--device")          # a typo or a missing GPU: before any loading
     trl = _is_trl_capture(path)
     if trl and a.cluster:
         raise ConfigError("--cluster", "TRL branches run GRPOTrainer here; --cluster sends this package's own step")
@@ -115,7 +121,7 @@ def main(argv=None) -> int:
         else:
             from rookworld_debug.whatif import whatif
             res = whatif(path, arms, steps=a.steps, seeds=a.seeds, before=a.before, symptoms=symptoms,
-                         cluster=a.cluster, progress=tick)
+                         cluster=a.cluster, progress=tick, device=a.device)
     finally:
         for b in bars.values():
             if b is not None:

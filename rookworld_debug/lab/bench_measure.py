@@ -73,9 +73,15 @@ def run_once(variant: str, spec: BenchSpec) -> dict:
         prep = time.perf_counter() - t_prep
         gc.collect()
         before = rss_mb()
+        cuda = spec.device.startswith("cuda") and torch.cuda.is_available()
+        if cuda:                       # the step's own high-water mark, kernels of the prepare finished
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         with RssSampler() as mem:
             t0 = time.perf_counter()
             res = v.step()
+            if cuda:
+                torch.cuda.synchronize()   # the clock stops when the GPU is done, not when the launches are
             seconds = time.perf_counter() - t0
     finally:
         try:
@@ -88,6 +94,8 @@ def run_once(variant: str, spec: BenchSpec) -> dict:
     res.update(wall_seconds=seconds, prepare_seconds=prep, rss_before_mb=before, peak_rss_mb=mem.peak,
                peak_rss_delta_mb=mem.peak - before, maxrss_process_mb=maxrss_mb(), peak_rss_by_phase_mb=mem.by_phase,
                loadavg_1m=os.getloadavg()[0])   # the machine's load right after the run (shared machines)
+    if cuda:
+        res["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20   # torch's allocator, this step only
     return res
 
 

@@ -38,6 +38,8 @@ def summarize_variant(runs: list[dict]) -> dict:
            "median_tokens_generated": _median([r.get("tokens_generated", math.nan) for r in ok]),
            "median_reward": _median([r.get("reward_mean", math.nan) for r in ok]),
            "median_prepare_seconds": _median([r.get("prepare_seconds", math.nan) for r in ok])}
+    if any("peak_gpu_mb" in r for r in ok):           # CUDA: torch.cuda.max_memory_allocated of the timed step
+        out["peak_gpu_mb"] = max(r.get("peak_gpu_mb", math.nan) for r in ok)
     for extra in ("seconds_core", "train_call_seconds", "trl_step_time", "capture_seconds", "held_bytes",
                   "write_one_step_seconds", "recorder_share", "log_steps", "arms", "branch_steps",
                   "one_step_seconds", "branch_seconds"):

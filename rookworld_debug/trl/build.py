@@ -219,7 +219,9 @@ def _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weight
                                "torch": torch.__version__}, "global_step": step,
                   "output_dir": str(args.output_dir), "reward_funcs": list(names), "reward_weights": list(weights),
                   "num_processes": num_processes,
-                  "rows_per_process": list(gen.get("local_rows", [n]))}
+                  "rows_per_process": list(gen.get("local_rows", [n])),
+                  "trl_logprob_path": trl_logprob_path(policy, args),
+                  "precision": _capture_precision(policy, getattr(trainer, "ref_model", None), args)}
     batch_prompts = tuple(prompts[::g])
     batch = Batch(prompts=batch_prompts, completions=tuple(gen.get("columns", {}).get("label", [""] * n)[::g]),
                   tasks=tuple(rollout.tasks[::g]), indices=tuple(range(len(batch_prompts))), task_filter=config.task,
@@ -227,6 +229,36 @@ def _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weight
                   source=f"TRL train_dataset, step {step}")
     return Setup(config=config, policy=None, reference=None, tokenizer=None, engine=None, optimizer=None,
                  provenance=provenance, batch=batch, heldout=(), invariants=None, seconds=math.nan)
+
+
+def trl_logprob_path(policy, args) -> str:
+    """How TRL's GRPOTrainer computed the captured step's log-probs, and what that means for the comparison with the
+    record (which recomputes them with one full-vocabulary fp32 log-softmax per position)."""
+    try:
+        from trl.kernels.chunked_logprob import _use_triton
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as chunk
+    except ImportError:                  # a TRL without the fused head: the logits path
+        return "TRL's logits path (log-softmax of the full logits, gathered): the record's own computation"
+    dev = next(policy.parameters()).device
+    kernel = ("Triton kernels on the valid positions only" if _use_triton(dev) else
+              "PyTorch on every position (no Triton for this device)")
+    lm_fp32 = " with the LM head cast to fp32" if getattr(args, "cast_lm_head_to_fp32", False) else ""
+    amp = " under bf16 autocast" if getattr(args, "bf16", False) and dev.type == "cuda" else ""
+    return (f"TRL's fused LM head on {dev.type}: log-probs and entropy from the hidden states in vocabulary chunks of "
+            f"{chunk}, {kernel}{lm_fp32}{amp}; the (N, T, V) logits are never built. The record's full log-softmax "
+            "sums in another order: expect agreement to float32 rounding in fp32, to bf16 rounding under autocast")
+
+
+def _capture_precision(policy, ref_model, args) -> dict:
+    """The captured forwards' precision, in the shape run_step records (models.precision.forward_precision):
+    TRL runs every forward under the accelerator's autocast (bf16=True: bf16 on CUDA). No ref_model (β = 0):
+    the reference row is None."""
+    def one(model):
+        p = next(model.parameters())
+        auto = "bfloat16" if getattr(args, "bf16", False) and p.device.type == "cuda" else None
+        return {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch."), "autocast": auto,
+                "compute": auto or str(p.dtype).removeprefix("torch.")}
+    return {"policy": one(policy), "reference": None if ref_model is None else one(ref_model), "sampler": one(policy)}
 
 
 def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optional[dict], step: int,

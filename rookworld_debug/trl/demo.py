@@ -56,7 +56,7 @@ def _save_at(steps):
 
 
 def run_demo(out, *, steps: int = 12, jump_at: int = 8, lr_factor: float = 1e4, keep_last: int = 3, seed: int = 0,
-             checkpoints: tuple = (), max_completion_length: int = MAX_COMPLETION_LENGTH):
+             checkpoints: tuple = (), max_completion_length: int = MAX_COMPLETION_LENGTH, device: str = "cpu"):
     from rookworld_debug.trl.capture import capture_steps
     from rookworld_debug.trl.example import make_trainer, tiny_dataset
     out = Path(out)
@@ -65,12 +65,13 @@ def run_demo(out, *, steps: int = 12, jump_at: int = 8, lr_factor: float = 1e4, 
                                    __doc__.split("How it goes wrong")[1].replace("``--jump-at``", str(jump_at))
                                    .replace("``--lr-factor``", f"{lr_factor:g}"))
     trainer = make_trainer(out, max_steps=steps, learning_rate=1e-5, lr_scheduler_type="constant", seed=seed,
-                           dataset=tiny_dataset(8), max_completion_length=max_completion_length)
+                           dataset=tiny_dataset(8), max_completion_length=max_completion_length, device=device)
     for cb in _callbacks(out, jump_at, lr_factor):
         trainer.add_callback(cb)
     if checkpoints:
         trainer.add_callback(_save_at(set(checkpoints)))
-    _write_meta(out, trainer, steps=steps, jump_at=jump_at, lr_factor=lr_factor, seed=seed, checkpoints=checkpoints)
+    _write_meta(out, trainer, steps=steps, jump_at=jump_at, lr_factor=lr_factor, seed=seed, checkpoints=checkpoints,
+                device=device)
     cap = capture_steps(trainer, out_dir=out / "captures", keep_last=keep_last, triggers="default")
     trainer.train()
     return trainer, cap
@@ -97,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-completion-length", type=int, default=MAX_COMPLETION_LENGTH,
                     help=f"completion budget (default {MAX_COMPLETION_LENGTH}: the completions end; 48 cuts them all)")
+    ap.add_argument("--device", default="cpu", help="'cpu' (default) or 'cuda': TRL trains on the GPU under bf16 "
+                    "autocast, as its users run it")
     ap.add_argument("--checkpoints-around-jump", action="store_true",
                     help="save Trainer checkpoints after steps jump-at − 2 and jump-at − 1 (what `whatif` branches from)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -107,12 +110,16 @@ def main(argv=None) -> int:
         raise ConfigError("--lr-factor", f"the learning rate is multiplied by it: a finite number > 0, got {a.lr_factor}")
     if a.keep_last < 0:
         raise ConfigError("--keep-last", f"a number of held steps ≥ 0, got {a.keep_last}")
+    from rookworld_debug.models.devices import check_device
+    if check_device(a.device, "--device").type not in ("cpu", "cuda"):
+        raise ConfigError("--device", f"TRL's demo runs on 'cpu' or 'cuda', got {a.device!r}")
     import torch
     torch.set_num_threads(min(2, torch.get_num_threads()))
     from tqdm.auto import tqdm
     with tqdm(total=1, desc="trl-demo (GRPOTrainer)", disable=None, file=sys.stderr) as bar:
         trainer, cap = run_demo(a.out, steps=a.steps, jump_at=a.jump_at, lr_factor=a.lr_factor,
                                 keep_last=a.keep_last, seed=a.seed, max_completion_length=a.max_completion_length,
+                                device=a.device,
                                 checkpoints=(a.jump_at - 2, a.jump_at - 1) if a.checkpoints_around_jump else ())
         bar.update(1)
     print(f"trained {trainer.state.global_step} steps; captured {sorted(cap.paths)} "

@@ -33,13 +33,15 @@ def tiny_dataset(n_prompts: int = 4):
 
 
 def grpo_config(output_dir, *, max_steps: int = 3, seed: int = 0, num_generations: int = 4, prompts_per_step: int = 2,
-                max_completion_length: int = 48, beta: float = 0.1, learning_rate: float = 1e-5, **overrides):
-    """A small, CPU-friendly GRPOConfig: fp32, no dropout, one generation batch per optimizer step, log every step."""
+                max_completion_length: int = 48, beta: float = 0.1, learning_rate: float = 1e-5, device: str = "cpu",
+                **overrides):
+    """A small, CPU-friendly GRPOConfig: fp32, no dropout, one generation batch per optimizer step, log every step.
+    `device` 'cuda': TRL picks the GPU (accelerate) and trains under bf16 autocast (`bf16=True`), as users run it."""
     from trl import GRPOConfig
     kw = dict(output_dir=str(output_dir), per_device_train_batch_size=num_generations * prompts_per_step,
               num_generations=num_generations, max_steps=max_steps, max_completion_length=max_completion_length,
               temperature=1.0, beta=beta, learning_rate=learning_rate, logging_steps=1, report_to="none",
-              save_strategy="no", use_cpu=True, bf16=False, disable_dropout=True, seed=seed, disable_tqdm=True,
+              save_strategy="no", use_cpu=device == "cpu", bf16=device.startswith("cuda"), disable_dropout=True, seed=seed, disable_tqdm=True,
               model_init_kwargs={"dtype": "float32"}, shuffle_dataset=False, dataloader_num_workers=0)
     kw.update(overrides)
     return GRPOConfig(**kw)

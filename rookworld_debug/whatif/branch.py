@@ -115,7 +115,7 @@ def _on_cluster(state, arms, steps, seed_list, cluster, on_step) -> tuple:
         client = cluster if isinstance(cluster, distributed.Client) else distributed.Client(cluster, timeout="30s")
     except Exception as err:  # noqa: BLE001 - any connection failure names the address
         raise ConfigError("cluster", f"cannot reach the Dask scheduler at {cluster!r} within 30 s: {err}") from None
-    specs = [{"path": state.path, "before": state.before, "device": state.config.device, "arm": a.name,
+    specs = [{"path": state.path, "before": state.before, "device": state.session.config.device, "arm": a.name,
               "overrides": dict(a.overrides), "seed": s, "steps": steps} for a in arms for s in seed_list]
     try:
         futs = client.map(branch_job, specs, pure=False)

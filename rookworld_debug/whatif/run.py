@@ -86,9 +86,10 @@ def judge(branches: Sequence, arms: Sequence[Arm], symptoms: Sequence, *, pick: 
 
 
 def whatif(path, arms: Sequence[Arm], *, steps: int = 0, seeds: int = 1, before=None, symptoms: Sequence[str] = (),
-           cluster=None, device: str = "cpu", progress: Optional[Callable] = None, require_self_check: bool = True
+           cluster=None, device: Optional[str] = None, progress: Optional[Callable] = None, require_self_check: bool = True
            ) -> WhatIfResult:
-    """The whole branch from a run_step trace or run_steps checkpoint (`whatif.state.load_state`).
+    """The whole branch from a run_step trace or run_steps checkpoint (`whatif.state.load_state`). `device`: where
+    the arms run (None: the saved configuration's own `device`).
     `arms[0]` must be the unchanged arm (no overrides). `progress(kind, n)`: kind 'arm' / 'step' ticks."""
     from rookworld_debug.whatif import onestep, selfcheck
     from rookworld_debug.whatif.branch import branch

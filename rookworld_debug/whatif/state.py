@@ -51,9 +51,10 @@ def restore(state: SavedState) -> None:
     state.session.optimizer.load_state_dict(copy.deepcopy(state.optimizer_state))
 
 
-def load_state(path, *, before=None, device: str = "cpu") -> SavedState:
+def load_state(path, *, before=None, device: Optional[str] = None) -> SavedState:
     """A run_step trace folder (trace.json) or a run_steps checkpoint folder (state.json). `before`: a run_steps
-    checkpoint or HF model folder whose weights (and optimizer.pt, when there) replace the recorded start."""
+    checkpoint or HF model folder whose weights (and optimizer.pt, when there) replace the recorded start.
+    `device`: where the session runs (None: the saved configuration's own `device`)."""
     path = Path(path)
     if (path / "trace.json").is_file():
         return _from_trace(path, before, device)
@@ -63,8 +64,8 @@ def load_state(path, *, before=None, device: str = "cpu") -> SavedState:
                      "policy.pt); a TRL capture folder needs the checkpoint before it (--before)")
 
 
-def _start_config(config: StepConfig, before, device: str) -> StepConfig:
-    kw = {"device": device}
+def _start_config(config: StepConfig, before, device: Optional[str]) -> StepConfig:
+    kw = {} if device is None else {"device": device}
     if before is not None:
         b = Path(before)
         if not ((b / "policy.pt").is_file() or (b / "config.json").is_file()):
@@ -75,7 +76,7 @@ def _start_config(config: StepConfig, before, device: str) -> StepConfig:
     return config.replace(**kw)
 
 
-def _from_trace(path: Path, before, device: str) -> SavedState:
+def _from_trace(path: Path, before, device: Optional[str]) -> SavedState:
     from rookworld_debug.grpo.start import setup
     from rookworld_debug.grpo.step import StepTrace
     trace = StepTrace.load(path)
@@ -93,7 +94,7 @@ def _from_trace(path: Path, before, device: str) -> SavedState:
     start = (trace.setup.provenance or {}).get("start") or {} if trace.setup is not None else {}
     rec["start_weights_sha256"] = start.get("start_weights_sha256") or \
         ((trace.setup.provenance or {}).get("weights_sha256") if trace.setup is not None else None)
-    return SavedState("run_step trace", str(path), config.replace(device=trace.config.device), 0, session, w, o,
+    return SavedState("run_step trace", str(path), config, 0, session, w, o,
                       trace=trace, recorded=rec, before=None if before is None else str(before))
 
 
@@ -116,7 +117,7 @@ def _read_json(f: Path) -> dict:
     return d
 
 
-def _from_checkpoint(path: Path, before, device: str) -> SavedState:
+def _from_checkpoint(path: Path, before, device: Optional[str]) -> SavedState:
     from rookworld_debug.grpo.multistep import CHECKPOINT_VERSION, BetaController, step_seed
     from rookworld_debug.grpo.start import setup
     from rookworld_debug.safeio import check_fits, load_state_into, load_torch
@@ -147,7 +148,7 @@ def _from_checkpoint(path: Path, before, device: str) -> SavedState:
     if rec is None:
         notes.append(f"no record of step {k} next to the checkpoint (a later checkpoint or table.csv): the "
                      "self-check can compare nothing")
-    return SavedState("run_steps checkpoint", str(path), config.replace(device=base.device), k, session, w, o,
+    return SavedState("run_steps checkpoint", str(path), config.replace(device=session.config.device), k, session, w, o,
                       recorded=rec or {}, history=history, before=None if before is None else str(before),
                       notes=tuple(notes))
 

@@ -1,0 +1,216 @@
+"""The GPU check's driver (run it through scripts/gpu_check.sh, which prepares the environment).
+
+Each part runs as a user runs it — a subprocess with stdin closed and a deadline — and lands in one JSON:
+machine, the default test suite on the device, `step` / `run` / `whatif` / `diagnose` of the embedded model, a
+captured TRL run (its recomputed loss against TRL's logged loss, and how TRL computed its log-probs), and the
+benchmark of (a) our core step, (b) our instrumented step and (c) TRL's GRPOTrainer step at B = 8, G = 24,
+128 new tokens on the 124M GPT-2 architecture. A part that fails is recorded with its exit code and output tail;
+the others still run.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = str(REPO / ".venv/bin/rookworld-debug")
+PY = str(REPO / ".venv/bin/python")
+
+# test files that need what a bare GPU machine lacks, skipped there by name (and only when it lacks it)
+NEEDS = {
+    "papermill": ["tests/test_notebooks.py", "tests/test_report.py", "tests/test_whatif_notebook.py",
+                  "tests/test_readme.py", "tests/test_report_glance.py", "tests/test_widgets.py",
+                  "tests/test_widgets_drifted.py", "tests/test_triage.py", "tests/test_triage_hostile.py"],
+    "playwright": ["tests/test_browser_jupyterlab.py", "tests/test_token_render_browser.py",
+                   "tests/test_viz_browser.py"],
+    "chromium": ["tests/test_browser_jupyterlab.py", "tests/test_token_render_browser.py",
+                 "tests/test_viz_browser.py"],
+}
+
+
+def run(name: str, cmd: list, timeout: float, env: dict | None = None) -> dict:
+    """One part: exit code, seconds, the output's last lines."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                           cwd=REPO, env={**os.environ, **(env or {})})
+        rc, out = p.returncode, (p.stdout + p.stderr)
+    except subprocess.TimeoutExpired as e:
+        rc, out = "timeout", f"{e.stdout or ''}{e.stderr or ''}"
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+    res = {"name": name, "command": " ".join(map(str, cmd)), "exit": rc,
+           "seconds": round(time.perf_counter() - t0, 2), "tail": out.strip().splitlines()[-12:]}
+    print(f"[gpu-check] {name}: exit {rc} in {res['seconds']} s", flush=True)
+    return res
+
+
+def machine(device: str) -> dict:
+    import torch
+    info = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
+            "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        info.update(gpu=torch.cuda.get_device_name(0),
+                    gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))
+    for mod in ("transformers", "trl", "accelerate", "chess", "triton"):
+        spec = importlib.util.find_spec(mod)
+        info[mod] = None if spec is None else getattr(__import__(mod), "__version__", "present")
+    return info
+
+
+def skipped_files() -> dict:
+    """{test file: why} for the tests this machine cannot run (a missing package or browser)."""
+    out = {}
+    have = {"papermill": importlib.util.find_spec("papermill") is not None,
+            "playwright": importlib.util.find_spec("playwright") is not None,
+            "chromium": Path("/usr/bin/chromium").exists()}
+    for need, files in NEEDS.items():
+        if not have[need]:
+            for f in files:
+                out.setdefault(f, f"needs {need}, which this machine lacks")
+    return out
+
+
+def suite(quick: bool, workers: int, tmp: Path) -> dict:
+    skips = skipped_files()
+    junit = tmp / "junit.xml"
+    files = ["tests/test_devices.py", "tests/test_config.py"] if quick else []
+    cmd = [PY, "-m", "pytest", "-m", "not slow", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+           *(["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []),
+           *[f"--ignore={f}" for f in skips], *files]
+    res = run("test suite", cmd, timeout=240 if quick else 400, env={"RW_TEST_DEVICE": "auto"})
+    res["skipped_files"] = skips
+    res.update(_junit(junit))
+    return res
+
+
+def _junit(path: Path) -> dict:
+    import xml.etree.ElementTree as ET
+    if not path.exists():
+        return {"counts": None}
+    root = ET.parse(path).getroot()
+    cases = root.iter("testcase")
+    failed, skipped, total = [], [], 0
+    for c in cases:
+        total += 1
+        name = f"{c.get('classname')}::{c.get('name')}"
+        if c.find("failure") is not None or c.find("error") is not None:
+            bad = c.find("failure") if c.find("failure") is not None else c.find("error")
+            failed.append({"test": name, "message": (bad.get("message") or "")[:300]})
+        elif c.find("skipped") is not None:
+            skipped.append({"test": name, "why": (c.find("skipped").get("message") or "")[:200]})
+    return {"counts": {"total": total, "failed": len(failed), "skipped": len(skipped),
+                       "passed": total - len(failed) - len(skipped)}, "failed": failed, "skipped": skipped}
+
+
+def commands(device: str, quick: bool, tmp: Path) -> list:
+    small = ["--set", "batch_size=2", "--set", "num_generations=4", "--set", "max_new_tokens=32"] if quick else []
+    step, ck = tmp / "step", tmp / "run"
+    parts = [
+        run("step", [CLI, "step", "--set", f"device={device}", *small, "--out", step], 300),
+        run("run", [CLI, "run", "--steps", "3", "--set", f"device={device}", *small, "--set", "heldout_n=2",
+                    "--checkpoint-every", "1", "--out", ck], 300),
+        run("whatif", [CLI, "whatif", step, "--set", "beta=0.1", "--steps", "2", "--seeds", "1", "--device", device,
+                       "--out", tmp / "whatif", "--json"], 300),
+        run("diagnose", [CLI, "diagnose", step, "--json"], 120),
+    ]
+    parts[-1]["note"] = "exit 0: no error-level finding; 1: an error-level finding (the step's own); 2: a failure"
+    return parts
+
+
+def trl_capture(device: str, tmp: Path) -> dict:
+    """A TRL run on the machine's device (accelerate picks it), flight recorder on; each captured step's recomputed
+    loss against the loss TRL computed and logged."""
+    out = tmp / "demo"
+    res = run("trl-demo", [CLI, "trl-demo", "--out", out, "--device", device], 300)
+    res["diagnose"] = run("diagnose trl run", [CLI, "diagnose", out, "--json"], 120)
+    steps = []
+    for trace in sorted(out.glob("captures/step-*/trace.json")):
+        d = json.loads(trace.read_text())
+        prov = (d.get("fields", {}).get("setup") or {}).get("fields", {}).get("provenance") or {}
+        flags = [f for f in d.get("fields", {}).get("flags", []) if "loss" in str(f)]
+        steps.append({"step": trace.parent.name, "trl_logprob_path": prov.get("trl_logprob_path"),
+                      "precision": prov.get("precision"), "loss_flags": flags,
+                      "loss_check": _loss_check(trace.parent)})
+    res["captures"] = steps
+    return res
+
+
+def _loss_check(folder: Path) -> dict:
+    """|recomputed − TRL's loss| of one captured step (the record's loss vs the capture's TRL loss)."""
+    try:
+        from rookworld_debug.grpo.step import StepTrace
+        t = StepTrace.load(folder)
+        c = t.capture
+        return {"trl_loss": c.trl_loss, "recomputed_loss": c.recomputed_loss,
+                "abs_diff": c.loss_recompute_diff, "logged_loss": (c.logged_metrics or {}).get("loss")}
+    except Exception as err:   # a report, not a gate: say what could not be read
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
+def bench(device: str, quick: bool, tmp: Path) -> dict:
+    size = (["--model", "tiny", "-B", "2", "-G", "4", "--max-new-tokens", "16", "--reps", "1", "--warmup", "0"]
+            if quick else ["--model", "gpt2-124m", "-B", "8", "-G", "24", "--max-new-tokens", "128", "--reps", "3",
+                           "--warmup", "1"])
+    res = run("bench", [CLI, "bench", *size, "--variants", "abc", "--device", device, "--engine-reps", "0",
+                        "--no-widget", "--heldout-n", "0", "--out", tmp / "bench", "--json-only"], 420)
+    found = sorted((tmp / "bench").glob("*.json"))
+    if found:
+        b = json.loads(found[-1].read_text())
+        v = b.get("variants", {})
+        res["variants"] = {k: {x: v[k].get(x) for x in ("median_seconds", "min_seconds", "median_phases",
+                                                         "peak_gpu_mb", "peak_rss_mb", "errors")} for k in v}
+        res["ratios"] = b.get("ratios")
+        res["ratios_min"] = b.get("ratios_min")
+        res["settings"] = b.get("settings")
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="a rehearsal: two test files, small steps, the tiny bench")
+    ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
+    ap.add_argument("--out", default=str(REPO / "docs" / "bench"))
+    ap.add_argument("--skip", default="", help="comma-separated parts to leave out: suite, commands, trl, bench")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    t0 = time.perf_counter()
+    result = {"schema": "rookworld_debug.gpu_check/1", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "quick": a.quick, "machine": machine(a.device)}
+    with tempfile.TemporaryDirectory(prefix="rookworld-gpu-check-") as d:
+        tmp = Path(d)
+        if "suite" not in skip:
+            result["suite"] = suite(a.quick, a.workers, tmp)
+        if "commands" not in skip:
+            result["commands"] = commands(a.device, a.quick, tmp)
+        if "trl" not in skip:
+            result["trl"] = trl_capture(a.device, tmp)
+        if "bench" not in skip:
+            result["bench"] = bench(a.device, a.quick, tmp)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", result["machine"].get("gpu") or a.device).strip("-").lower()
+    path = out / f"gpu-check-{time.strftime('%Y%m%d')}-{tag}{'-quick' if a.quick else ''}.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print(f"[gpu-check] {path} ({result['seconds']} s)")
+    s = result.get("suite", {}).get("counts")
+    if s:
+        print(f"[gpu-check] suite: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped")
+    r = result.get("bench", {}).get("ratios")
+    if r:
+        print(f"[gpu-check] bench ratios (median): {r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
