@@ -25,16 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 CLI = str(REPO / ".venv/bin/rookworld-debug")
 PY = str(REPO / ".venv/bin/python")
 
-# test files that need what a bare GPU machine lacks, skipped there by name (and only when it lacks it)
-NEEDS = {
-    "papermill": ["tests/test_notebooks.py", "tests/test_report.py", "tests/test_whatif_notebook.py",
-                  "tests/test_readme.py", "tests/test_report_glance.py", "tests/test_widgets.py",
-                  "tests/test_widgets_drifted.py", "tests/test_triage.py", "tests/test_triage_hostile.py"],
-    "playwright": ["tests/test_browser_jupyterlab.py", "tests/test_token_render_browser.py",
-                   "tests/test_viz_browser.py"],
-    "chromium": ["tests/test_browser_jupyterlab.py", "tests/test_token_render_browser.py",
-                 "tests/test_viz_browser.py"],
-}
+# what the test suite imports beyond the package's core needs; a bare GPU machine may lack some of them
+TEST_MODULES = ("papermill", "nbformat", "nbconvert", "nbclient", "ipykernel", "ipywidgets", "anywidget", "jupyterlab",
+                "playwright", "dask", "distributed", "grimp", "importlinter", "latex2mathml", "hypothesis", "filelock",
+                "trl", "datasets", "chess", "plotly", "accelerate")
 
 
 def run(name: str, cmd: list, timeout: float, env: dict | None = None) -> dict:
@@ -66,28 +60,35 @@ def machine(device: str) -> dict:
     return info
 
 
-def skipped_files() -> dict:
-    """{test file: why} for the tests this machine cannot run (a missing package or browser)."""
+def absent_modules() -> list:
+    return sorted(m for m in TEST_MODULES if importlib.util.find_spec(m) is None)
+
+
+def skipped_files(absent: list) -> dict:
+    """{test file: why} for the files whose module-level imports this machine lacks: left out by name. Tests that
+    import such a module inside the test are reported as skipped by tests/conftest.py (RW_ABSENT_MODULES)."""
+    import ast
     out = {}
-    have = {"papermill": importlib.util.find_spec("papermill") is not None,
-            "playwright": importlib.util.find_spec("playwright") is not None,
-            "chromium": Path("/usr/bin/chromium").exists()}
-    for need, files in NEEDS.items():
-        if not have[need]:
-            for f in files:
-                out.setdefault(f, f"needs {need}, which this machine lacks")
+    for f in sorted((REPO / "tests").glob("test_*.py")):
+        tree = ast.parse(f.read_text())
+        names = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names} | \
+                {(n.module or "").split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom)}
+        missing = sorted(names & set(absent))
+        if missing:
+            out[f"tests/{f.name}"] = f"imports {', '.join(missing)}, which this machine lacks"
     return out
 
 
 def suite(quick: bool, workers: int, tmp: Path) -> dict:
-    skips = skipped_files()
+    absent = absent_modules()
+    skips = skipped_files(absent)
     junit = tmp / "junit.xml"
     files = ["tests/test_devices.py", "tests/test_config.py"] if quick else []
     cmd = [PY, "-m", "pytest", "-m", "not slow", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
            *(["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []),
            *[f"--ignore={f}" for f in skips], *files]
-    res = run("test suite", cmd, timeout=240 if quick else 400, env={"RW_TEST_DEVICE": "auto"})
-    res["skipped_files"] = skips
+    res = run("test suite", cmd, timeout=240 if quick else 400, env={"RW_ABSENT_MODULES": ",".join(absent)})
+    res["absent_modules"], res["skipped_files"] = absent, skips
     res.update(_junit(junit))
     return res
 

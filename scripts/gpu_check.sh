@@ -39,5 +39,6 @@ if [ -z "${ROOKWORLD_STOCKFISH:-}" ] && ! command -v stockfish >/dev/null && [ !
     echo "[gpu-check] WARNING: no Stockfish (apt-get install stockfish, or .gpu/stockfish.xz from gpu_pack.sh)" >&2
   fi
 fi
+[ -z "${ROOKWORLD_SHARED:-}" ] && [ -d .gpu/shared/fixtures ] && export ROOKWORLD_SHARED="$PWD/.gpu/shared"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
 exec .venv/bin/python scripts/gpu_check.py "$@"

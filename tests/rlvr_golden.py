@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 
 CANDIDATES = (Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "rlvr_mini_golden.json",
-              Path("/work/shared/fixtures/rlvr_mini_golden.json"))
+              Path("/work/shared/fixtures/rlvr_mini_golden.json"),
+              *([Path(os.environ["ROOKWORLD_SHARED"]) / "fixtures" / "rlvr_mini_golden.json"]
+                if os.environ.get("ROOKWORLD_SHARED") else []))
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 

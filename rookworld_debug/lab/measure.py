@@ -38,7 +38,7 @@ from pathlib import Path
 
 import chess
 
-from rookworld_debug.errors import ModelLoadError
+from rookworld_debug.errors import ConfigError, ModelLoadError
 from rookworld_debug.models.loading import TINY_DIR  # the bundled weights stay in models/
 
 P_SAMPLING = dict(temperature=0.5, top_p=0.9)
@@ -53,7 +53,9 @@ BAND_TARGETS = {"a_band_exact": 0.95, "a_kind_legal": 0.97, "a_kind_illegal": 0.
 REAL_P_LINES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "rook_p_lines.txt"
 
 
-def _load(model_or_path, tokenizer=None):
+def _load(model_or_path, tokenizer=None, device: str = "cpu"):
+    from rookworld_debug.models.devices import check_device
+    dev = check_device(device, "--device")             # a typo or a missing GPU: before any loading
     if not isinstance(model_or_path, (str, Path)):
         if tokenizer is None:
             raise ModelLoadError("measure(model) needs tokenizer= when given a loaded model")
@@ -78,7 +80,7 @@ def _load(model_or_path, tokenizer=None):
         model = AutoModelForCausalLM.from_pretrained(src, dtype="float32")
     except Exception as e:
         raise ModelLoadError(f"cannot load {name!r}: {type(e).__name__}: {e}") from None
-    return model, tok, name
+    return model.to(dev), tok, name
 
 
 def sample_completions(model, tok, prompts, *, n: int, temperature: float | None, top_p: float = 1.0,
@@ -98,7 +100,7 @@ def sample_completions(model, tok, prompts, *, n: int, temperature: float | None
     try:
         for i in range(0, len(prompts), per):
             chunk = prompts[i:i + per]
-            enc = tok(chunk, return_tensors="pt", padding=True)
+            enc = tok(chunk, return_tensors="pt", padding=True).to(model.device)   # the prompts cross here
             with torch.no_grad():
                 decode = (dict(do_sample=False) if temperature is None
                           else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0))
@@ -144,7 +146,7 @@ def _default_p_reward(engine_depth: int = 10):
 
 def measure(model_or_path="tiny", *, tokenizer=None, n_prompts: int = 50, seed: int = 0, group_size: int = 8,
             a_samples: int = 1, max_new_tokens: int = 160, engine_depth: int = 10, reward_fn=None,
-            with_rewards: bool = True, batch_size: int = 96, progress=None) -> dict:
+            with_rewards: bool = True, batch_size: int = 96, progress=None, device: str = "cpu") -> dict:
     """Sample on held-out prompts and compute the held-out measurement's metrics (see module doc)."""
     import torch
 
@@ -153,7 +155,7 @@ def measure(model_or_path="tiny", *, tokenizer=None, n_prompts: int = 50, seed: 
     from rookworld_debug.data.loaders import load_heldout
 
     t0 = time.time()
-    model, tok, name = _load(model_or_path, tokenizer)
+    model, tok, name = _load(model_or_path, tokenizer, device)
     p_held = load_heldout("P")[:n_prompts]
     a_held = load_heldout("A")[:n_prompts]
     torch.manual_seed(seed)
@@ -237,12 +239,12 @@ def _stat(flags) -> dict:
 
 def measure_fresh(model_or_path="tiny", *, tokenizer=None, n_positions: int = 200, seed: int = 777,
                   group_size: int = 8, max_new_tokens: int = 160, batch_size: int = 96, progress=None,
-                  n_per_band: int = 60, real_p=REAL_P_LINES, n_real_p: int | None = None) -> dict:
+                  n_per_band: int = 60, real_p=REAL_P_LINES, n_real_p: int | None = None, device: str = "cpu") -> dict:
     """The fresh-position rates on fresh random-play positions (see module doc); each as value/k/n/ci95."""
     from rookworld_debug.data.positions import a_cases, random_play_positions
 
     t0 = time.time()
-    model, tok, name = _load(model_or_path, tokenizer)
+    model, tok, name = _load(model_or_path, tokenizer, device)
     t_load = time.time() - t0
     fens = [f for f, _ in random_play_positions(n_positions, seed)]
     prompts = [f"P: {f}" for f in fens]
@@ -418,6 +420,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-depth", type=int, default=10)
     ap.add_argument("--no-rewards", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="'cpu' (default), 'cuda', 'cuda:N', 'mps' or 'auto'")
     ap.add_argument("--json", default=None, help="write the result dict here")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     a.model = a.model_opt or a.model
@@ -433,12 +436,13 @@ def main(argv=None) -> int:
     try:
         if a.heldout:
             res = measure(a.model, n_prompts=a.n_prompts, seed=a.seed, group_size=a.group_size,
-                          engine_depth=a.engine_depth, with_rewards=not a.no_rewards, progress=progress)
+                          engine_depth=a.engine_depth, with_rewards=not a.no_rewards, progress=progress,
+                          device=a.device)
         else:
             res = measure_fresh(a.model, n_positions=a.n_positions, seed=a.seed, group_size=a.group_size,
                                 progress=progress, n_per_band=a.n_per_band, real_p=a.real_p or None,
-                                n_real_p=a.n_real_p)
-    except ModelLoadError as e:
+                                n_real_p=a.n_real_p, device=a.device)
+    except (ModelLoadError, ConfigError) as e:
         print(f"rookworld-debug measure: error: {e}", file=sys.stderr)
         return 2
     print(format_table(res) if a.heldout else format_fresh_table(res))
