@@ -38,9 +38,9 @@ def run(name: str, cmd: list, timeout: float, env: dict | None = None) -> dict:
         p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
                            cwd=REPO, env={**os.environ, **(env or {})})
         rc, out = p.returncode, (p.stdout + p.stderr)
-    except subprocess.TimeoutExpired as e:
-        rc, out = "timeout", f"{e.stdout or ''}{e.stderr or ''}"
-        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+    except subprocess.TimeoutExpired as e:      # its output so far arrives as bytes
+        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+        rc, out = "timeout", text(e.stdout) + text(e.stderr)
     res = {"name": name, "command": " ".join(map(str, cmd)), "exit": rc,
            "seconds": round(time.perf_counter() - t0, 2), "tail": out.strip().splitlines()[-12:]}
     print(f"[gpu-check] {name}: exit {rc} in {res['seconds']} s", flush=True)
@@ -127,11 +127,12 @@ def commands(device: str, quick: bool, tmp: Path) -> list:
     return parts
 
 
-def trl_capture(device: str, tmp: Path) -> dict:
+def trl_capture(device: str, quick: bool, tmp: Path) -> dict:
     """A TRL run on the machine's device (accelerate picks it), flight recorder on; each captured step's recomputed
     loss against the loss TRL computed and logged."""
     out = tmp / "demo"
-    res = run("trl-demo", [CLI, "trl-demo", "--out", out, "--device", device], 300)
+    short = ["--steps", "5", "--jump-at", "4"] if quick else []
+    res = run("trl-demo", [CLI, "trl-demo", "--out", out, "--device", device, *short], 420)
     res["diagnose"] = run("diagnose trl run", [CLI, "diagnose", out, "--json"], 120)
     steps = []
     for trace in sorted(out.glob("captures/step-*/trace.json")):
@@ -194,7 +195,7 @@ def main() -> int:
         if "commands" not in skip:
             result["commands"] = commands(a.device, a.quick, tmp)
         if "trl" not in skip:
-            result["trl"] = trl_capture(a.device, tmp)
+            result["trl"] = trl_capture(a.device, a.quick, tmp)
         if "bench" not in skip:
             result["bench"] = bench(a.device, a.quick, tmp)
     result["seconds"] = round(time.perf_counter() - t0, 1)
