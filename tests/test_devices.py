@@ -90,10 +90,11 @@ def test_the_loss_runs_where_its_inputs_are(loss_type):
 
 # ----------------------------------------------------------------------------------------------- whole steps
 @pytest.mark.parametrize("kw", [
-    dict(diagnostics=True),                                             # the update + signal-or-noise diagnostics
+    dict(diagnostics=True, num_generations=3),       # the update + signal-or-noise diagnostics, G′ sweep included
+    dict(diagnostics=True, beta=0.0, max_new_tokens=2),   # no gradient anywhere: the diagnostics' zero paths
     dict(kl_estimator="full", reference_device="cpu", num_iterations=2),   # the reference on another device
     dict(loss_type="rlvr_mini", reference_device="cpu"),
-], ids=["diagnostics", "reference-on-cpu", "rlvr-mini"])
+], ids=["diagnostics", "no-signal", "reference-on-cpu", "rlvr-mini"])
 def test_a_step_on_a_second_device_matches_the_cpu_step(kw):
     from rookworld_debug import run_step
     torch.set_num_threads(1)

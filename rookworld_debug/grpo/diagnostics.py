@@ -113,6 +113,7 @@ def noise_scale_skipped(num_groups: int, reason: str, level: float = 0.9) -> Noi
 def _snr_bootstrap(gram: torch.Tensor, n_boot: int, seed: int, level: float) -> tuple[float, float]:
     """Percentile interval of the SNR when the B groups are resampled with replacement (on the Gram matrix:
     no (B, P) copies). Resamples that repeat one group only (tr Σ̂ = 0) count as SNR = inf."""
+    gram = gram.cpu()                          # (B, B): resampled on the CPU, where its generator draws
     b = gram.shape[0]
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, b, (n_boot, b), generator=gen)                  # (n_boot, B)
@@ -199,7 +200,7 @@ class GradForward:
     def grad(self, loss: torch.Tensor) -> torch.Tensor:
         """(P,) ∂loss/∂θ through the shared graph (kept for the next backward)."""
         if not loss.requires_grad:                # e.g. every advantage 0 and β = c_H = 0
-            return torch.zeros(sum(p.numel() for p in self.params))
+            return torch.zeros(sum(p.numel() for p in self.params), device=self.params[0].device)
         gs = torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True)
         return torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1) for x, p in zip(gs, self.params)])
 
@@ -222,7 +223,7 @@ def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps:
     rec = fw.loss(None, advantages.advantages, g, old_per_token_logps)
     outs = [t for t in (fw.logps, fw.entropy) if t.requires_grad]
     if not outs:                                   # no gradient anywhere (e.g. every advantage 0, β = c_H = 0)
-        return torch.zeros((fw.logps.shape[0] // g, sum(p.numel() for p in fw.params)))
+        return torch.zeros((fw.logps.shape[0] // g, sum(p.numel() for p in fw.params)), device=fw.params[0].device)
     ups = torch.autograd.grad(rec.loss, outs, retain_graph=True, allow_unused=True)     # ∂loss/∂ℓ, ∂loss/∂H
     n = fw.logps.shape[0]
     rows = []

@@ -28,7 +28,8 @@ def mini_position_ids(attention_mask: Optional[torch.Tensor], seq_len: int, past
         pos = attention_mask.long().cumsum(-1) - 1                                      # (N, S)
         return pos.clamp(min=0).masked_fill(attention_mask == 0, 0)
     n = 1 if attention_mask is None else attention_mask.shape[0]
-    return torch.arange(past_length, past_length + seq_len).unsqueeze(0).expand(n, seq_len)
+    device = None if attention_mask is None else attention_mask.device
+    return torch.arange(past_length, past_length + seq_len, device=device).unsqueeze(0).expand(n, seq_len)
 
 
 def _attention(x, w: Mapping[str, torch.Tensor], prefix: str, n_head: int, key_mask) -> torch.Tensor:
