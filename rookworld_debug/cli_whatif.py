@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         raise TraceError(f"{path}: no such folder")
     if a.steps < 0 or a.seeds < 1 or a.threads < 1:
         raise ConfigError("--steps/--seeds/--threads", "need --steps ≥ 0, --seeds ≥ 1, --threads ≥ 1")
-    from rookworld_debug.trl.whatif_pick import is_run_folder, pick_branch
+    from rookworld_debug.trl.whatif_branch import is_run_folder, pick_branch
     if is_run_folder(path):                 # a TRL run folder: its flagged step and the checkpoint before it
         pick = pick_branch(path, a.before)
         path, a.before = pick.capture, str(pick.before)

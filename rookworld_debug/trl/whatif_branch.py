@@ -13,6 +13,7 @@ from rookworld_debug.errors import ConfigError
 from rookworld_debug.whatif.branch import BranchRun
 from rookworld_debug.whatif.overrides import SAMPLING_FIELDS, Arm
 from rookworld_debug.trl.whatif import _LOGGED, TRLState, grpo_overrides, load_trl_state, one_step_arm, trl_self_check
+from rookworld_debug.trl.whatif_pick import BranchPoint, is_run_folder, pick_branch  # noqa: F401 - the CLI's entry
 
 # GRPOConfig fields a branch sets itself (where it writes, how long, what it logs)
 _BRANCH_ARGS = {"save_strategy": "no", "logging_steps": 1, "report_to": "none", "disable_tqdm": True,

@@ -8,6 +8,7 @@ else the flagged step itself. With --before checkpoint-N the captured step N + 1
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -45,12 +46,34 @@ def _fired(reasons) -> list:
     return [str(r.get("trigger")) for r in reasons if isinstance(r, dict) and r.get("kind") not in ("lead-up", "named")]
 
 
+def _captures(run: Path) -> dict:
+    """{step: {"path", "reasons"}} of the captured steps the run's captures.json files name whose folder (inside
+    its index's folder) holds a trace.json; entries of any other shape are left out."""
+    out = {}
+    for index in sorted(run.rglob("captures.json")):
+        try:
+            data = json.loads(index.read_text())
+        except (OSError, ValueError, RecursionError) as err:
+            raise TraceError(f"{index} is not readable JSON ({type(err).__name__})") from None
+        home = index.parent.resolve()
+        for e in data.get("captures", []) if isinstance(data, dict) and isinstance(data.get("captures"), list) else []:
+            if not (isinstance(e, dict) and type(e.get("step")) is int and isinstance(e.get("path"), str)):
+                continue
+            try:
+                path = (index.parent / e["path"]).resolve()
+                ok = path.is_relative_to(home) and path != home and (path / "trace.json").is_file()
+            except (OSError, ValueError, RuntimeError):
+                ok = False
+            if ok:
+                out[e["step"]] = {"path": path, "reasons": e["reasons"] if isinstance(e.get("reasons"), list) else []}
+    return out
+
+
 def pick_branch(run, before=None) -> BranchPoint:
     """The captured step and checkpoint a what-if of this run folder starts from (module doc); TraceError or
     CheckpointError naming what is missing."""
-    from rookworld_debug.report.triage import _captures
     run = Path(run)
-    captures, _ = _captures(run, [])
+    captures = _captures(run)
     if not captures:
         raise TraceError(f"{run}: no captured step opens (captures.json names none that can be read)")
     ckpts = _checkpoints(run)
