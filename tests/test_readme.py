@@ -213,3 +213,4 @@ def test_way_3_a_run_that_went_wrong(tmp_path, trl_demo_run):
     whatif = next(v for k, v in ran.items() if k.startswith("rookworld-debug whatif"))
     assert "whatif: step 8 was flagged" in whatif.stderr and "checkpoint-6" in whatif.stderr, whatif.stderr[-2000:]
     assert "self-check passed" in whatif.stdout and "whatif.json" in whatif.stdout, whatif.stdout[-2000:]
+    assert "{'loss'" not in whatif.stdout                  # the branches' trainers do not print their raw logs

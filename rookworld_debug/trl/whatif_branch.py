@@ -64,6 +64,7 @@ def grpo_args(st: TRLState, arm: Arm, steps: int, out_dir):
 def trl_branch(st: TRLState, arms: Sequence[Arm], *, steps: int, seeds: int, trainer_factory: Callable,
                seed0: int = 0, on_step: Optional[Callable] = None) -> tuple:
     """BranchRun per (arm, seed): GRPOTrainer from --before for `steps` optimizer steps (module doc of trl.whatif)."""
+    from transformers.trainer_callback import PrinterCallback
     start = st.trace.capture.global_step - 1
     out = []
     for arm in arms:
@@ -72,6 +73,7 @@ def trl_branch(st: TRLState, arms: Sequence[Arm], *, steps: int, seeds: int, tra
             with tempfile.TemporaryDirectory(prefix="whatif-trl-") as tmp:
                 args = grpo_args(st, arm, steps, tmp)
                 trainer = trainer_factory(args)
+                trainer.remove_callback(PrinterCallback)       # the branch's log is its rows, not raw dicts on stdout
                 lr = float(arm.overrides["lr"]) if "lr" in arm.overrides else None
                 for cb in _callbacks(seed0 + j, lr, on_step):
                     trainer.add_callback(cb)
