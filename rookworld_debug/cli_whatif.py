@@ -1,11 +1,14 @@
 """`rookworld-debug whatif`: branch a saved step or run from its state, apply fixes, measure whether they work.
 
     rookworld-debug whatif runs/step0 --set beta=0.1 --set lr=1e-6 --steps 10 --seeds 3
+    rookworld-debug whatif runs/demo --set lr=1e-5 --steps 3          # a TRL run folder: its flagged step
     rookworld-debug whatif runs/demo/captures/step-000007 --before runs/demo/checkpoint-6 --set lr=1e-5 --steps 3
     rookworld-debug whatif runs/step0 --from-findings --steps 10
 
 PATH: a saved step (`rookworld-debug step --save`, trace.json), a `run_steps` checkpoint folder (state.json), or a
-TRL capture (with --before: the Trainer checkpoint saved before the captured step). Each --set is one arm
+TRL capture (with --before: the Trainer checkpoint saved before the captured step), or a TRL run folder (its
+flight-recorder captures and Trainer checkpoints, e.g. a trl-demo run): the captured step whose update led to the
+first flagged step is branched from the checkpoint saved before it, and one line says which. Each --set is one arm
 (several settings in one arm: --set "beta=0.1 lr=1e-6"); the unchanged arm is always run first and must
 reproduce the record (the self-check) before anything else is trusted. Writes OUT/whatif.json and
 OUT/whatif.html; --json prints the JSON. Exit 0 on success, 2 on bad input or a failed self-check.
@@ -21,7 +24,7 @@ from pathlib import Path
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rookworld-debug whatif", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", help="saved step folder, run_steps checkpoint folder, or TRL capture folder")
+    ap.add_argument("path", help="saved step folder, run_steps checkpoint folder, TRL capture folder or TRL run folder")
     ap.add_argument("--set", action="append", default=[], metavar="'KEY=VALUE ...'",
                     help="one arm: settings to change (StepConfig names or lr, eps, G, importance_sampling, mu)")
     ap.add_argument("--from-findings", action="store_true", help="one arm per finding of the diagnosis with a "
@@ -99,6 +102,11 @@ def main(argv=None) -> int:
     if a.device is not None:
         from rookworld_debug.models.devices import check_device
         check_device(a.device, "--device")          # a typo or a missing GPU: before any loading
+    from rookworld_debug.trl.whatif_branch import is_run_folder, pick_branch
+    if is_run_folder(path):                 # a TRL run folder: its flagged step and the checkpoint before it
+        pick = pick_branch(path, a.before)
+        path, a.before = pick.capture, str(pick.before)
+        print(f"whatif: {pick.why}", file=sys.stderr)
     trl = _is_trl_capture(path)
     if trl and a.cluster:
         raise ConfigError("--cluster", "TRL branches run GRPOTrainer here; --cluster sends this package's own step")

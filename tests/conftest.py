@@ -119,7 +119,8 @@ def trl_checkpointed_run(tmp_path_factory) -> Path:
         from rookworld_debug.trl.capture import capture_steps
         from rookworld_debug.trl.example import make_trainer
         os.environ["HF_HUB_OFFLINE"] = "1"
-        trainer = make_trainer(folder / "run", max_steps=3, save_steps=1, save_strategy="steps")
+        trainer = make_trainer(folder / "run", max_steps=3, save_steps=1, save_strategy="steps",
+                               max_completion_length=48)             # short budget: fast (mechanics only)
         cap = capture_steps(trainer, steps=[2, 3], out_dir=folder / "captures")
         trainer.train()
         assert cap.errors == {} and sorted(cap.paths) == [2, 3]

@@ -17,11 +17,11 @@ from rookworld_debug.trl.example import make_trainer, tiny_dataset  # noqa: E402
 if mode == "spg":
     trainer = make_trainer(os.path.join(out, f"run-{mode}"), max_steps=2, prompts_per_step=1, num_generations=4,
                            dataset=tiny_dataset(8), gradient_accumulation_steps=2, steps_per_generation=4,
-                           loss_type="dapo")
+                           loss_type="dapo", max_completion_length=48)
     cap = capture_steps(trainer, steps=[1, 2], out_dir=os.path.join(out, "captures-spg"))
 else:
     trainer = make_trainer(os.path.join(out, f"run-{mode}"), max_steps=3, prompts_per_step=2, num_generations=4,
-                           dataset=tiny_dataset(8))
+                           dataset=tiny_dataset(8), max_completion_length=48)
     cap = capture_steps(trainer, steps=[2, 3], out_dir=os.path.join(out, "captures"), keep_last=1,
                         triggers="default") if mode == "capture" else None
 trainer.train()

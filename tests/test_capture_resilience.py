@@ -22,7 +22,7 @@ def _trainer(out: Path, steps: int = 2):
     from rookworld_debug.trl.example import make_trainer
     os.environ["HF_HUB_OFFLINE"] = "1"
     torch.set_num_threads(1)
-    return make_trainer(out, max_steps=steps)
+    return make_trainer(out, max_steps=steps, max_completion_length=48)   # short budget: fast (mechanics only)
 
 
 def _capture_warnings(caught) -> list[str]:

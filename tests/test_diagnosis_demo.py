@@ -19,7 +19,7 @@ JUMP = 8                     # trl-demo's default: the session's shared demo run
 def test_demo_with_48_tokens_first_finding_is_truncation(tmp_path):
     out = tmp_path / "run48"
     r = _cli("trl-demo", "--out", str(out), "--steps", "4", "--jump-at", "3", "--max-completion-length", "48",
-             cwd=tmp_path)
+             "--no-checkpoints", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     r = _cli("diagnose", str(out), "--json", cwd=tmp_path)
     assert r.returncode == 1, r.stderr[-2000:]
@@ -29,6 +29,16 @@ def test_demo_with_48_tokens_first_finding_is_truncation(tmp_path):
     assert first["fix"]["grpo_config"]["max_completion_length"] > 48
     cap = json.loads((out / "captures" / "captures.json").read_text())
     assert cap["captures"][0]["top_finding"]["code"] == "all_truncated"     # the flight recorder says why
+    # one fix value per cause: the log of the steps before the jump (all cut) and the captured step 1 propose the
+    # same budget
+    from rookworld_debug import StepTrace
+    from rookworld_debug.diagnosis.registry import diagnose_run, diagnose_trace
+    from rookworld_debug.diagnosis.runlog import rows_from_history
+    rows = rows_from_history(json.loads((out / "trainer_state.json").read_text())["log_history"])[:2]
+    run_fix = {f.code: f.fix for f in diagnose_run(rows)}["all_truncated"]
+    step_fix = {f.code: f.fix for f in diagnose_trace(StepTrace.load(out / "captures" / "step-000001"))}["all_truncated"]
+    assert run_fix.grpo_config == step_fix.grpo_config == first["fix"]["grpo_config"], (run_fix, step_fix)
+    assert run_fix.description == step_fix.description
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,8 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fr")
     runs = {}
     for name, with_capture in (("captured", True), ("plain", False)):
-        trainer = make_trainer(out / name, max_steps=STEPS, learning_rate=1e-5, lr_scheduler_type="constant")
+        trainer = make_trainer(out / name, max_steps=STEPS, learning_rate=1e-5, lr_scheduler_type="constant",
+                               max_completion_length=48)              # short budget: fast
         trainer.add_callback(_lr_jump())
         cap = capture_steps(trainer, out_dir=out / "captures", keep_last=K, triggers="default") if with_capture else None
         trainer.train()
@@ -94,7 +95,7 @@ def test_user_trigger_and_every(tmp_path):
         seen.append((step, sorted(metrics)[:3], record["gen"]["completion_ids"].shape[0]))
         return Firing("mine", float(step), 3.0, "user") if step == 3 else None
 
-    trainer = make_trainer(tmp_path / "t", max_steps=4)
+    trainer = make_trainer(tmp_path / "t", max_steps=4, max_completion_length=48)
     cap = capture_steps(trainer, out_dir=tmp_path / "c", every=2, keep_last=1, triggers=[on_step_three])
     trainer.train()
     index = json.loads((tmp_path / "c" / "captures.json").read_text())

@@ -62,6 +62,18 @@ def test_report_notebook_declares_every_sweep_parameter():
     assert (cfg.p_temperature, cfg.a_temperature, cfg.p_top_p, cfg.a_top_p) == (0.7, 0.9, 0.8, 0.8)
 
 
+def test_every_shipped_notebook_validates_without_warnings():
+    """Each cell has its own id (nbformat 4.5): papermill, nbconvert and `main` print no MissingIDFieldWarning."""
+    import warnings
+    for path in sorted(NB_DIR.glob("*.ipynb")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            nb = nbformat.read(path, as_version=4)
+            nbformat.validate(nb)
+        ids = [c.get("id") for c in nb.cells]
+        assert all(ids) and len(set(ids)) == len(ids), (path.name, ids)
+
+
 # ------------------------------------------------------------------------- papermill runs
 def _execute(name: str, tmp: Path, **params) -> tuple[Path, dict, object]:
     import papermill as pm

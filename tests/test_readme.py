@@ -1,61 +1,162 @@
-"""The README's ways in work as written: every command its table names exists, and the three copy-paste blocks
-run as a user runs them (subprocesses in a fresh folder, stdin closed, with a deadline, exit status checked).
+"""The README is a contract: every fenced block in README.md, read from the file itself, runs as a user runs it
+(in order, each ```bash line a subprocess in a fresh folder with stdin closed and a deadline, each ```python block
+a `python -c`), and exits as the README says. Editing a command in the README changes what this test runs.
 
-The three blocks take minutes on a CPU (a report, two TRL runs, triage pages, what-if re-runs): slow tests.
+Where a README command would take minutes, the test runs the same command through the same code path, smaller
+(each substitution below says what and why):
+
+- `bash scripts/main.sh` is set-up (scripts/setup.sh, idempotent: a ready venv here) + `rookworld-debug main`:
+  the test checks that main.sh is exactly that and runs `rookworld-debug main` with a small step
+  (MAIN_SMALL: 2 prompts × 4 completions, 32 tokens, no warm-up) through the same notebook, sweep and report.
+- `bash scripts/test.sh` runs this suite: checked for syntax, not run from inside itself.
+- `pip install -e ".[trl]"`: every requirement of the extra is already installed in this venv (a no-op here).
+- `rookworld-debug trl-demo --out DIR` with its defaults is the suite's shared demo run (conftest.trl_demo_run,
+  built once per session by that very command): copied to DIR.
+- `rookworld-debug whatif ... --steps K --seeds S`: 2 steps × 1 seed (the branch, self-check and verdict path
+  is the same; fewer re-runs).
 """
 from __future__ import annotations
 
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
-CLI = [sys.executable, "-m", "rookworld_debug.cli"]
+CLI = str(REPO / ".venv/bin/rookworld-debug")
+# a user's environment: warnings are NOT silenced (a newcomer sees them), the hub is offline, one thread per process
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}, "HF_HUB_OFFLINE": "1",
+       "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+MAIN_SMALL = ["-p", "batch_size=2", "-p", "num_generations=4", "-p", "max_new_tokens=32", "-p", "heldout_n=2",
+              "-p", "eval_max_new_tokens=32", "-p", "warmup_steps=0", "-p", "num_iterations=1"]
+SMALLER = {"--steps": "2", "--seeds": "1"}                  # whatif's re-runs (module doc)
+EXIT = {("diagnose", "runs/demo"): 1}                       # diagnose exits 1 when it finds an error: the demo's
+SECTIONS = ("# rookworld_debug", "### 1.", "### 2.", "### 3.")
+TIMEOUT = 900
 
 
-def blocks_under(heading: str) -> list[tuple[str, str]]:
-    """(language, code) of every fenced block between `heading` and the next heading of its level or above."""
-    start = README.index(heading)
-    level = heading.split(" ")[0]
-    nxt = re.search(rf"^#{{1,{len(level)}}} ", README[start + len(heading):], re.M)
-    section = README[start: start + len(heading) + (nxt.start() if nxt else len(README))]
-    return re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+@dataclass(frozen=True)
+class Block:
+    section: str        # the heading it sits under
+    lang: str
+    code: str
+    line: int           # where it starts in README.md
 
 
-def commands(code: str) -> list[list[str]]:
-    """The shell lines of a bash block, comments dropped, as argv lists."""
-    out = []
-    for line in code.splitlines():
-        argv = shlex.split(line, comments=True)
-        if argv:
-            out.append(argv)
+def blocks() -> list[Block]:
+    """Every fenced block of README.md, in order, with the heading it sits under."""
+    out, heading, fence, buf, start = [], "", None, [], 0
+    for n, line in enumerate(README.splitlines(), 1):
+        if fence is None and line.startswith("#"):
+            heading = line.strip()
+        elif fence is None and line.startswith("```"):
+            fence, buf, start = line[3:].strip(), [], n
+        elif fence is not None and line.startswith("```"):
+            out.append(Block(heading, fence, "\n".join(buf) + "\n", start))
+            fence = None
+        elif fence is not None:
+            buf.append(line)
+    assert fence is None, f"README.md: the block at line {start} is not closed"
     return out
 
 
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def section(prefix: str) -> list[Block]:
+    return [b for b in blocks() if b.section.startswith(prefix)]
 
 
-def run_user_line(argv: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
-    """One README line as a user types it: `rookworld-debug ...` is the installed console script."""
-    if argv[0] == "rookworld-debug":
-        argv = CLI + argv[1:]
-    r = subprocess.run(argv, cwd=cwd, env=_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, (argv, r.returncode, r.stderr[-3000:])
+def lines(block: Block) -> list[list[str]]:
+    """The commands of a bash block as argv lists (comments dropped)."""
+    return [argv for argv in (shlex.split(x, comments=True) for x in block.code.splitlines()) if argv]
+
+
+# ------------------------------------------------------------------------------------------- running a line
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, cwd=cwd, env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    print(f"[readme] {shlex.join(argv)[:160]}: exit {r.returncode} after {time.perf_counter() - t0:.1f} s")
     return r
 
 
-def test_the_two_setup_commands_stay_at_the_top():
-    first = blocks_under("# rookworld_debug")[0]
-    assert first[0] == "bash" and [c[:2] for c in commands(first[1])] == [["bash", "scripts/main.sh"],
-                                                                          ["bash", "scripts/test.sh"]]
+def _check_exit(line: list[str], r: subprocess.CompletedProcess, want: int = 0) -> None:
+    assert r.returncode == want, (f"README line `{shlex.join(line)}` exited {r.returncode}, the README says "
+                                  f"{want}", r.stdout[-2000:], r.stderr[-3000:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "MissingIDFieldWarning" not in r.stderr, "a library warning reaches the user"
+
+
+def _pip_extra_is_installed(line: list[str]) -> None:
+    """`pip install -e ".[EXTRA]"`: every requirement of EXTRA is satisfied by this venv."""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+    assert line[:3] == ["pip", "install", "-e"] and line[3].startswith(".["), line
+    extra = line[3][2:-1]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extra in extras, f"README installs the extra [{extra}], pyproject.toml has {sorted(extras)}"
+    for spec in extras[extra]:
+        req = Requirement(spec)
+        try:
+            have = version(req.name)
+        except PackageNotFoundError:
+            pytest.fail(f"{req.name} of the [{extra}] extra is not installed")
+        assert req.specifier.contains(have, prereleases=True), (str(req), have)
+
+
+def _main_sh_is_setup_then_main() -> None:
+    text = (REPO / "scripts/main.sh").read_text()
+    assert "bash scripts/setup.sh" in text and re.search(r"^exec \.venv/bin/rookworld-debug main \"\$@\"$", text, re.M)
+
+
+def run_block(block: Block, cwd: Path, demo: Path | None = None) -> dict:
+    """Run one README block in `cwd` (module doc for the substitutions); {command: CompletedProcess}."""
+    done = {}
+    if block.lang == "python":
+        r = _run([sys.executable, "-c", block.code], cwd)
+        _check_exit(["python", f"README.md:{block.line}"], r)
+        return {"python": r}
+    assert block.lang == "bash", f"README.md:{block.line}: a ```{block.lang} block; this test runs bash and python"
+    for line in lines(block):
+        if line[:2] == ["bash", "scripts/main.sh"]:
+            _main_sh_is_setup_then_main()
+            r = _run([CLI, "main", *line[2:], *MAIN_SMALL], cwd)
+        elif line[:2] == ["bash", "scripts/test.sh"]:
+            r = _run(["bash", "-n", str(REPO / "scripts/test.sh")], cwd)
+        elif line[:2] == ["pip", "install"]:
+            _pip_extra_is_installed(line)
+            continue
+        elif line[:2] == ["rookworld-debug", "trl-demo"]:
+            assert line[2:4] == ["--out", line[3]] and len(line) == 4, \
+                f"README's trl-demo line `{shlex.join(line)}` is not the shared demo run's command (trl-demo --out DIR)"
+            assert demo is not None
+            shutil.copytree(demo, cwd / line[3])
+            continue
+        elif line[0] == "rookworld-debug":
+            args = [SMALLER.get(line[i - 1], a) if line[1] == "whatif" else a for i, a in enumerate(line) if i]
+            r = _run([CLI, *args], cwd)
+        else:
+            pytest.fail(f"README.md:{block.line}: `{shlex.join(line)}`: this test does not know how to run it")
+        _check_exit(line, r, EXIT.get(tuple(line[1:3]), 0))
+        done[shlex.join(line)] = r
+    return done
+
+
+# ------------------------------------------------------------------------------------------------- the tests
+def test_every_block_is_in_a_section_this_test_runs():
+    found = blocks()
+    assert len(found) >= 7, found
+    stray = [b for b in found if not b.section.startswith(SECTIONS)]
+    assert not stray, f"README blocks no test runs (add their section to SECTIONS and a test): {stray}"
+    assert [lines(b)[0][:2] for b in section("# rookworld_debug")] == [["bash", "scripts/main.sh"]]
 
 
 def test_every_command_in_the_table_exists():
@@ -66,44 +167,50 @@ def test_every_command_in_the_table_exists():
     assert len(names) >= 12, names
     missing = []
     for name in names:
-        r = subprocess.run(CLI + [name, "--help"], env=_env(), stdin=subprocess.DEVNULL, capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run([CLI, name, "--help"], env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=120)
         if r.returncode != 0:
             missing.append(f"{name}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
     assert not missing, missing
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_way_in_1_one_step_of_the_embedded_model(tmp_path):
-    (lang, code), (py_lang, py_code) = blocks_under("### 1.")[:2]
-    assert lang == "bash" and commands(code)[0] == ["bash", "scripts/main.sh"]
-    # scripts/main.sh = set-up + `rookworld-debug main`; the set-up is the CI's own first step, so run the job
-    r = run_user_line(["rookworld-debug", "main", "--out", str(tmp_path / "reports")], REPO, timeout=1100)
-    assert (tmp_path / "reports" / "main" / "run" / "report.html").is_file(), r.stdout[-2000:]
-    assert py_lang == "python"
-    run_user_line([sys.executable, "-c", py_code], tmp_path, timeout=600)
-    assert (tmp_path / "reports" / "my_step").is_dir()
-
-
-@pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_way_in_2_your_own_trl_run(tmp_path):
-    found = blocks_under("### 2.")
-    langs = [lang for lang, _ in found]
-    assert langs[:2] == ["bash", "python"] and "bash" in langs[2:], langs
-    assert commands(found[0][1])[0][:3] == ["pip", "install", "-e"]     # the [trl] extra: installed in this venv
-    run_user_line([sys.executable, "-c", found[1][1]], tmp_path, timeout=900)
-    for argv in commands(found[2][1]):
-        run_user_line(argv, tmp_path, timeout=900)
+def test_the_set_up_block_and_way_1(tmp_path):
+    """The top block (main.sh → `main`, test.sh) and way 1 (main.sh again, then the Python block)."""
+    ran = {}
+    for b in section("# rookworld_debug") + section("### 1."):
+        if b.lang == "bash" and lines(b)[0][:2] == ["bash", "scripts/main.sh"] and "main" in ran:
+            continue                                   # one `main` run covers both main.sh lines (same command)
+        ran.update({("main" if "main.sh" in k else k): v for k, v in run_block(b, tmp_path).items()})
+    from rookworld_debug.report import run_id
+    report = re.search(r"^report: (.*report\.html)$", ran["main"].stdout, re.M)
+    assert report and Path(report.group(1)).is_file() and Path(report.group(1)).parent.parent == \
+        tmp_path / "reports" / "main", ran["main"].stdout
+    assert run_id({}) == "run"                        # with no -p the README's reports/main/run/report.html
+    assert "python" in ran and (tmp_path / "reports" / "my_step" / "trace.json").is_file()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(3000)
-def test_way_in_3_a_run_that_went_wrong(tmp_path):
-    (lang, code), = [b for b in blocks_under("### 3.") if b[0] == "bash"]
-    lines = commands(code)
-    assert [a[1] for a in lines] == ["trl-demo", "triage", "diagnose", "whatif"]
-    for argv in lines:
-        run_user_line(argv, tmp_path, timeout=1500)
+@pytest.mark.timeout(1800)
+def test_way_2_your_own_trl_run(tmp_path):
+    """The capture block trains a healthy run: diagnose of its step 4 finds no error (exit 0)."""
+    ran = {}
+    for b in section("### 2."):
+        ran.update(run_block(b, tmp_path))
+    step = next(k for k in ran if k.startswith("rookworld-debug diagnose"))
+    assert "ERROR" not in ran[step].stdout, ran[step].stdout
+    assert (tmp_path / "runs" / "mine" / "captures" / "triage" / "triage.html").is_file()
+
+
+@pytest.mark.timeout(1800)
+def test_way_3_a_run_that_went_wrong(tmp_path, trl_demo_run):
+    """From the demo run to a what-if verdict without naming a checkpoint: whatif says what it branched."""
+    ran = {}
+    for b in section("### 3."):
+        ran.update(run_block(b, tmp_path, demo=trl_demo_run))
     assert (tmp_path / "runs" / "demo" / "triage" / "triage.html").is_file()
+    diag = next(v for k, v in ran.items() if k.startswith("rookworld-debug diagnose"))
+    assert "lr_too_large (step 8)" in diag.stdout, diag.stdout[-2000:]
+    whatif = next(v for k, v in ran.items() if k.startswith("rookworld-debug whatif"))
+    assert "whatif: step 8 was flagged" in whatif.stderr and "checkpoint-6" in whatif.stderr, whatif.stderr[-2000:]
+    assert "self-check passed" in whatif.stdout and "whatif.json" in whatif.stdout, whatif.stdout[-2000:]
+    assert "{'loss'" not in whatif.stdout                  # the branches' trainers do not print their raw logs

@@ -34,6 +34,17 @@ def test_triage_names_the_trigger_at_the_jump_and_links_its_report(demo):
     assert set(range(JUMP - 3, JUMP + 1)) <= set(t["captured_steps"])      # the lead-up is there
 
 
+def test_page_headers_say_what_the_page_shows(demo):
+    """The triage page and its step reports are headed by the run they show, not by the sweep that made them."""
+    import re
+    step = next((demo / "triage" / "steps").rglob("report.html"))
+    for page, says in ((demo / "triage" / "triage.html", "triage of the run "),
+                       (step, f"step {JUMP} of the run ")):
+        header = re.search(r"<header class='rookworld-run-banner'.*?</header>", page.read_text(), re.S).group(0)
+        assert says + str(demo.resolve()) in header, header
+        assert "triage_json" not in header and "content=" not in header and "trace_path" not in header, header
+
+
 def test_second_triage_rerenders_nothing(demo):
     page = demo / "triage" / "triage.html"
     reports = sorted((demo / "triage" / "steps").rglob("report.html"))

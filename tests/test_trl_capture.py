@@ -45,12 +45,12 @@ def runs(tmp_path_factory):
                                                "rewards": {k: list(v) for k, v in logs["rewards"].items()}}
 
     out = tmp_path_factory.mktemp("trl")
-    trainer = make_trainer(out / "a", max_steps=STEPS)
+    trainer = make_trainer(out / "a", max_steps=STEPS, max_completion_length=48)   # short budget: fast
     oracle = TRLLogs(trainer)
     trainer.add_callback(oracle)
     cap = capture_steps(trainer, CAPTURED, out / "captures")
     trainer.train()
-    plain = make_trainer(out / "b", max_steps=STEPS)       # same seed, no capture
+    plain = make_trainer(out / "b", max_steps=STEPS, max_completion_length=48)       # same seed, no capture
     plain.train()
     return {"trainer": trainer, "cap": cap, "oracle": oracle.by_step, "out": out,
             "logged": {d["step"]: d for d in trainer.state.log_history if "loss" in d},
@@ -329,6 +329,6 @@ def test_step_numbers_that_would_capture_another_step_are_refused(tmp_path, step
     from rookworld_debug.trl.capture import capture_steps
     from rookworld_debug.trl.example import make_trainer
 
-    trainer = make_trainer(tmp_path / "t", max_steps=1)
+    trainer = make_trainer(tmp_path / "t", max_steps=1, max_completion_length=48)
     with pytest.raises(ConfigError, match="steps"):
         capture_steps(trainer, steps, tmp_path / "c")

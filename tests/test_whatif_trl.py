@@ -12,7 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = str(REPO / ".venv/bin/rookworld-debug")
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+       "PYTHONPATH": str(REPO)}                                  # this checkout, not the installed copy
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 
 
@@ -84,3 +85,38 @@ def test_k_step_branch_in_grpo_trainer_shares_seeds(run):
     assert runs[("unchanged", 0)].rows[0]["rollout_reward"] != runs[("unchanged", 1)].rows[0]["rollout_reward"] or \
         runs[("unchanged", 0)].rows[0]["kl"] != runs[("unchanged", 1)].rows[0]["kl"]
     assert res.verdicts
+
+
+def _run_folder(root: Path, captured: dict, checkpoints: tuple) -> Path:
+    """A TRL run folder's layout: captures/captures.json naming step folders (reasons as the recorder writes them)
+    and checkpoint-N folders with an optimizer.pt."""
+    caps = root / "captures"
+    entries = []
+    for step, kind in captured.items():
+        (caps / f"step-{step:06d}").mkdir(parents=True)
+        (caps / f"step-{step:06d}" / "trace.json").write_text("{}")
+        entries.append({"step": step, "path": f"step-{step:06d}", "reasons": [{"trigger": "kl" if kind != "lead-up"
+                        else "lead-up", "kind": kind}]})
+    (caps / "captures.json").write_text(json.dumps({"format": 1, "captures": entries}))
+    for n in checkpoints:
+        (root / f"checkpoint-{n}").mkdir()
+        (root / f"checkpoint-{n}" / "optimizer.pt").write_bytes(b"")
+    return root
+
+
+def test_a_run_folder_branches_the_update_before_the_flagged_step(tmp_path):
+    from rookworld_debug.errors import CheckpointError
+    from rookworld_debug.trl.whatif_branch import is_run_folder, pick_branch
+    lead = {5: "lead-up", 6: "lead-up", 7: "lead-up", 8: "relative"}
+    run = _run_folder(tmp_path / "a", lead, (6, 7))
+    assert is_run_folder(run) and not is_run_folder(run / "captures" / "step-000008")
+    p = pick_branch(run)
+    assert (p.step, p.flagged, p.before.name) == (7, 8, "checkpoint-6") and "step 8 was flagged (kl)" in p.why
+    assert pick_branch(run, run / "checkpoint-7").step == 8                 # --before checkpoint-N: step N + 1
+    p = pick_branch(_run_folder(tmp_path / "b", lead, (7,)))               # only the checkpoint before the flagged
+    assert (p.step, p.before.name) == (8, "checkpoint-7")
+    with pytest.raises(CheckpointError, match="step 8 was flagged.*checkpoint-6 or checkpoint-7"):
+        pick_branch(_run_folder(tmp_path / "c", lead, ()))
+    r = subprocess.run([CLI, "whatif", str(tmp_path / "c"), "--set", "lr=1e-5"], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120, env=ENV)
+    assert r.returncode == 2 and "CheckpointError" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]

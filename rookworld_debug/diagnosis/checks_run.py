@@ -248,9 +248,19 @@ def check_truncated_run(rows) -> list[Finding]:
         code="all_truncated", severity="error",
         cause="No learning signal: on nearly every step every completion is cut at the completion budget before it "
               "ends, so rewards score unfinished answers and most groups are flat.",
-        evidence=tuple(evs), fix=Fix("Raise the completion budget so completions can end.",
-                                     step_config={"max_new_tokens": 160}, grpo_config={"max_completion_length": 160}),
-        alternatives=("a policy that never emits EOS",), score=9.5, step=bad[0])]
+        evidence=tuple(evs), fix=_truncation_fix(rows), alternatives=("a policy that never emits EOS",), score=9.5,
+        step=bad[0])]
+
+
+def _truncation_fix(rows) -> Fix:
+    """The step finding's rule (checks_signal.budget_that_fits) on the log: the budget is the longest completion
+    logged (cut completions are budget-long), the longest ended one TRL's max_terminated_length."""
+    from rookworld_debug.diagnosis.checks_signal import budget_that_fits, truncation_fix
+    budget = max((v for _, v in series(rows, "completions/max_length")), default=0.0)
+    if budget <= 0:
+        return Fix("Raise the completion budget so completions can end.")
+    ended = max((v for _, v in series(rows, "completions/max_terminated_length")), default=0.0)
+    return truncation_fix(budget_that_fits(budget, ended))
 
 
 def check_reward_vs_format(rows) -> list[Finding]:

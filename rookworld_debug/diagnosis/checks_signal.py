@@ -54,9 +54,7 @@ def check_truncation(trace) -> list[Finding]:
            E.ev("completions/mean_terminated_length", float(term.mean()) if term.numel() else math.nan,
                 "TRL: mean length of the completions that ended with EOS")]
     need = _needed_tokens(trace)
-    fix = Fix(f"Raise the completion budget so completions can end (to ~{need} tokens for this task).",
-              step_config={"max_new_tokens": need, "eval_max_new_tokens": max(need, trace.config.eval_max_new_tokens)},
-              grpo_config={"max_completion_length": need})
+    fix = truncation_fix(need, trace.config.eval_max_new_tokens)
     step = E.step_of(trace, current_step())
     if frac >= 0.9:
         zero, b, _ = _zero(trace)
@@ -75,13 +73,22 @@ def check_truncation(trace) -> list[Finding]:
 
 
 def _needed_tokens(trace) -> int:
-    """A budget that fits: 1.5 × the longest terminated completion, else 2 × the current budget (multiple of 16)."""
     r = trace.rollout
-    lengths = r.completion_mask.sum(1).float()
-    term = lengths[~r.is_truncated]
-    base = 1.5 * float(term.max()) if term.numel() else 2.0 * r.max_new_tokens
-    base = max(base, r.max_new_tokens * 1.25)
-    return int(math.ceil(base / 16.0) * 16)
+    term = r.completion_mask.sum(1).float()[~r.is_truncated]
+    return budget_that_fits(r.max_new_tokens, float(term.max()) if term.numel() else 0.0)
+
+
+def budget_that_fits(budget: float, longest_terminated: float) -> int:
+    """The completion budget the truncation fixes propose (the step's and the run's alike): 1.5 × the longest
+    completion that ended, else 2 × the current budget; at least 1.25 × the budget, a multiple of 16."""
+    base = 1.5 * longest_terminated if longest_terminated > 0 else 2.0 * budget
+    return int(math.ceil(max(base, 1.25 * budget) / 16.0) * 16)
+
+
+def truncation_fix(need: int, eval_budget: int = 0) -> Fix:
+    return Fix(f"Raise the completion budget so completions can end (to ~{need} tokens for this task).",
+               step_config={"max_new_tokens": need, "eval_max_new_tokens": max(need, eval_budget)},
+               grpo_config={"max_completion_length": need})
 
 
 def check_no_signal(trace) -> list[Finding]:

@@ -267,7 +267,7 @@ def plan_sweep(notebook, grid, *, sweep_name: str | None = None, out_root="repor
 def run_sweep(notebook, grid, *, sweep_name: str | None = None, out_root="reports", workers: int = 1,
               cluster=None, resume: bool = True, timeout_per_cell: float | None = 1800,
               kernel_name: str = "python3", progress: bool = True, start_timeout: float = 120,
-              strict_params: bool = True, require_summary: bool = True) -> SweepResult:
+              strict_params: bool = True, require_summary: bool = True, title=None) -> SweepResult:
     """Execute ``notebook`` once per parameter set of ``grid`` (a :class:`Grid`, a mapping name → list
     of values, or a list of parameter dicts) into ``out_root/<sweep_name>/<run-id>/`` and write the
     sweep's ``index.html``/``index.json``. See the module docstring for the layout and guarantees.
@@ -277,7 +277,9 @@ def run_sweep(notebook, grid, *, sweep_name: str | None = None, out_root="report
     sends each run to Dask instead. ``resume`` skips complete runs. ``timeout_per_cell`` (seconds, None
     = no limit) is papermill's per-cell execution timeout. ``strict_params`` refuses grid names the
     notebook's parameters cell does not declare. A KeyboardInterrupt stops the sweep cleanly (finished
-    runs are kept, running ones are stopped) and returns ``interrupted=True``."""
+    runs are kept, running ones are stopped) and returns ``interrupted=True``. ``title`` (a string, or a function
+    of a run's parameters) heads each report instead of the sweep, run id and parameters: for pages a reader opens
+    without knowing they were made by a sweep (the triage page, its step reports)."""
     t_start = time.perf_counter()
     notebook, sweep_dir, runs, grid_record = plan_sweep(notebook, grid, sweep_name=sweep_name, out_root=out_root,
                                                         workers=workers, strict_params=strict_params)
@@ -288,7 +290,8 @@ def run_sweep(notebook, grid, *, sweep_name: str | None = None, out_root="report
                                                                    "OPENBLAS_NUM_THREADS")}
     tasks = {r["run_id"]: {**r, "notebook": str(notebook), "sweep": sweep_dir.name, "kernel_name": kernel_name,
                            "timeout_per_cell": timeout_per_cell, "start_timeout": start_timeout,
-                           "resume": resume, "require_summary": require_summary, "env": thread_env}
+                           "resume": resume, "require_summary": require_summary, "env": thread_env,
+                           "title": title(r["params"]) if callable(title) else title}
              for r in runs}
 
     outcomes: dict[str, RunOutcome] = {}

@@ -80,8 +80,10 @@ def _render_step_reports(t: dict, out: Path, progress: bool, limit: int = MAX_ST
     if not steps:
         return {}, {}
     grid = [{"trace_path": t["capture_paths"][str(s)]} for s in steps]
+    step_of = {t["capture_paths"][str(s)]: s for s in steps}
     res = run_sweep(notebook_path("01_grpo_step.ipynb"), grid, sweep_name="steps", out_root=out, workers=workers,
-                    resume=True, progress=progress)
+                    resume=True, progress=progress,
+                    title=lambda p: f"step {step_of[p['trace_path']]} of the run {t['run_dir']}, as it was captured")
     by_trace = {r.params["trace_path"]: r for r in res.runs}
     done, failed = {}, {}
     for s in steps:
@@ -94,13 +96,13 @@ def _render_step_reports(t: dict, out: Path, progress: bool, limit: int = MAX_ST
     return done, failed
 
 
-def _render_page(json_path: Path, out: Path, progress: bool) -> Path:
+def _render_page(json_path: Path, out: Path, progress: bool, run_dir: str) -> Path:
     from rookworld_debug.notebook import notebook_path
     from rookworld_debug.report import run_sweep
     digest = hashlib.sha256(json_path.read_bytes()).hexdigest()[:16]
     res = run_sweep(notebook_path("04_run_triage.ipynb"), [{"triage_json": str(json_path), "content": digest}],
                     sweep_name="page", out_root=out, workers=1, resume=True, progress=progress,
-                    strict_params=False, require_summary=False)
+                    strict_params=False, require_summary=False, title=f"triage of the run {run_dir}")
     run = res.runs[0]
     html = Path(run.run_dir) / "report.html"
     if not html.is_file():
@@ -132,7 +134,7 @@ def triage(run_dir, out=None, *, progress: bool = True, render_steps: bool = Tru
             f["report_rendered"] = (out / rel).is_file()
             f["report"], f["report_command"] = rel, (None if f["report_rendered"] else cmd)
     json_path = atomic_write_json(out / "triage.json", t)
-    page = _render_page(json_path, out, progress)
+    page = _render_page(json_path, out, progress, str(t["run_dir"]))
     dest = out / "triage.html"
     if not dest.is_file() or dest.read_bytes() != page.read_bytes():
         shutil.copyfile(page, dest)

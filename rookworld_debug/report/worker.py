@@ -45,6 +45,11 @@ def _run_banner(task: Mapping[str, Any]) -> str:
     esc = html.escape
     params = " ".join(f"<code>{esc(k)}={esc(_fmt_value(v))}</code>" for k, v in task["params"].items())
     nb = Path(str(task.get("notebook") or "")).stem
+    if task.get("title"):                       # a page of its own (triage): what it shows, not how it was made
+        return ("<header class='rookworld-run-banner' style='font:13px system-ui,sans-serif;color:#57606a;"
+                "border-bottom:1px solid #d0d7de;padding:.4rem 0 .5rem;margin-bottom:.5rem'>"
+                f"<div style='font-size:15px;color:#1f2328'><b>rookworld_debug</b> · {esc(str(task['title']))}</div>"
+                "</header>")                    # no links: the page is copied away from its run folder
     return ("<header class='rookworld-run-banner' style='font:13px system-ui,sans-serif;color:#57606a;"
             "border-bottom:1px solid #d0d7de;padding:.4rem 0 .5rem;margin-bottom:.5rem'>"
             f"<div style='font-size:15px;color:#1f2328'><b>rookworld_debug report</b>"

@@ -10,13 +10,20 @@ mistake would. The update of step ``--jump-at`` − 1 is huge, so at step ``--ju
 measured before its own update) the policy has moved far from the reference: the KL jumps by orders of magnitude, the entropy collapses and the reward falls. The flight
 recorder (``keep_last=3``, the built-in triggers) writes the step where the triggers fire and the three held
 steps before it into OUT/captures; OUT/trainer_state.json is TRL's log history, kept up to date every step.
+The Trainer checkpoints saved after steps ``--jump-at`` − 2 and ``--jump-at`` − 1 (OUT/checkpoint-N, weights and
+optimizer state) are what `rookworld-debug whatif OUT` branches from: the step before the jump, re-run with a fix.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from pathlib import Path
+
+# the example's budget, which the tiny model's completions fit in: the run is healthy until the jump (with 48
+# every completion is cut: no learning signal at all)
+from rookworld_debug.trl.example import MAX_COMPLETION_LENGTH
 
 
 def _callbacks(out: Path, jump_at: int, factor: float):
@@ -39,9 +46,6 @@ def _callbacks(out: Path, jump_at: int, factor: float):
     return [LRJump(), StateWriter()]
 
 
-# the tiny model's completions end within ~140 tokens (P:) and ~60 (A:): a budget they fit in, so the run is
-# healthy until the jump (with 48 every completion is cut: no learning signal at all)
-MAX_COMPLETION_LENGTH = 160
 
 
 def _save_at(steps):
@@ -100,8 +104,10 @@ def main(argv=None) -> int:
                     help=f"completion budget (default {MAX_COMPLETION_LENGTH}: the completions end; 48 cuts them all)")
     ap.add_argument("--device", default="cpu", help="'cpu' (default) or 'cuda': TRL trains on the GPU under bf16 "
                     "autocast, as its users run it")
-    ap.add_argument("--checkpoints-around-jump", action="store_true",
-                    help="save Trainer checkpoints after steps jump-at − 2 and jump-at − 1 (what `whatif` branches from)")
+    ap.add_argument("--no-checkpoints", action="store_true",
+                    help="do not save the Trainer checkpoints after steps jump-at − 2 and jump-at − 1 (saved by "
+                    "default: what `rookworld-debug whatif OUT` branches from; about 60 MB each)")
+    ap.add_argument("--checkpoints-around-jump", action="store_true", help=argparse.SUPPRESS)   # the default now
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from rookworld_debug.errors import ConfigError
     if not 3 <= a.jump_at <= a.steps:
@@ -120,11 +126,14 @@ def main(argv=None) -> int:
         trainer, cap = run_demo(a.out, steps=a.steps, jump_at=a.jump_at, lr_factor=a.lr_factor,
                                 keep_last=a.keep_last, seed=a.seed, max_completion_length=a.max_completion_length,
                                 device=a.device,
-                                checkpoints=(a.jump_at - 2, a.jump_at - 1) if a.checkpoints_around_jump else ())
+                                checkpoints=() if a.no_checkpoints else (a.jump_at - 2, a.jump_at - 1))
         bar.update(1)
     print(f"trained {trainer.state.global_step} steps; captured {sorted(cap.paths)} "
           f"(why: {Path(a.out) / 'captures' / 'captures.json'})")
-    print(f"next: rookworld-debug triage {a.out}")
+    out = shlex.quote(str(a.out))
+    print(f"next: rookworld-debug triage {out}")
+    if not a.no_checkpoints:
+        print(f"then: rookworld-debug whatif {out} --set lr=1e-5 --steps 3   (branches from checkpoint-{a.jump_at - 2})")
     return 1 if cap.errors else 0
 
 

@@ -13,6 +13,7 @@ from rookworld_debug.errors import ConfigError
 from rookworld_debug.whatif.branch import BranchRun
 from rookworld_debug.whatif.overrides import SAMPLING_FIELDS, Arm
 from rookworld_debug.trl.whatif import _LOGGED, TRLState, grpo_overrides, load_trl_state, one_step_arm, trl_self_check
+from rookworld_debug.trl.whatif_pick import BranchPoint, is_run_folder, pick_branch  # noqa: F401 - the CLI's entry
 
 # GRPOConfig fields a branch sets itself (where it writes, how long, what it logs)
 _BRANCH_ARGS = {"save_strategy": "no", "logging_steps": 1, "report_to": "none", "disable_tqdm": True,
@@ -63,6 +64,7 @@ def grpo_args(st: TRLState, arm: Arm, steps: int, out_dir):
 def trl_branch(st: TRLState, arms: Sequence[Arm], *, steps: int, seeds: int, trainer_factory: Callable,
                seed0: int = 0, on_step: Optional[Callable] = None) -> tuple:
     """BranchRun per (arm, seed): GRPOTrainer from --before for `steps` optimizer steps (module doc of trl.whatif)."""
+    from transformers.trainer_callback import PrinterCallback
     start = st.trace.capture.global_step - 1
     out = []
     for arm in arms:
@@ -71,6 +73,7 @@ def trl_branch(st: TRLState, arms: Sequence[Arm], *, steps: int, seeds: int, tra
             with tempfile.TemporaryDirectory(prefix="whatif-trl-") as tmp:
                 args = grpo_args(st, arm, steps, tmp)
                 trainer = trainer_factory(args)
+                trainer.remove_callback(PrinterCallback)       # the branch's log is its rows, not raw dicts on stdout
                 lr = float(arm.overrides["lr"]) if "lr" in arm.overrides else None
                 for cb in _callbacks(seed0 + j, lr, on_step):
                     trainer.add_callback(cb)
