@@ -22,6 +22,9 @@ from rookworld_debug.metrics import term_balance, tiny_std_groups
 
 # a group reward range 1000× below the batch's reward spread is below any difference the reward means to make
 RESOLUTION = 1e-3
+# a group σ an order of magnitude below the batch's turns its reward gaps into advantages ≥ 10× what batch scaling
+# gives them: noise-sized gaps become full-size pushes (below that, small groups are ordinary)
+AMPLIFIED = 10.0
 
 
 def _step(trace):
@@ -55,16 +58,19 @@ def check_advantage_noise(trace) -> list[Finding]:
     tiny = tiny_std_groups(adv.group_std, adv.batch_std, trace.config.tiny_std_fraction)
     if not tiny:
         return []
-    b = tiny[0]
+    b = min(tiny, key=lambda k: float(adv.group_std[k]))
+    amp = bstd / max(float(adv.group_std[b]), 1e-12)
     return [Finding(
-        code="tiny_sigma_groups", severity="warning",
+        code="tiny_sigma_groups", severity="warning" if amp >= AMPLIFIED else "info",
         cause=f"{len(tiny)} group(s) have a reward σ far below the batch's: dividing by their tiny σ turns small "
               "reward gaps (often reward noise) into full-size advantages.",
         evidence=(E.ev("tiny_std_groups", len(tiny), f"groups with 0 < σ_g < {trace.config.tiny_std_fraction:g} × "
                        "batch σ", where="report: Advantages"),
                   E.ev("group_std", float(adv.group_std[b]), f"σ_g of group {b}"),
                   E.ev("reward_std", bstd, "TRL `reward_std`: std of the N rewards"),
-                  E.ev("group_max_abs_advantage", float(amax[b]), f"max |A| in group {b}")),
+                  E.ev("group_max_abs_advantage", float(amax[b]), f"max |A| in group {b}"),
+                  E.ev("amplification", amp, f"batch σ / σ_g of group {b}: how much more its reward gaps count "
+                       f"than under batch scaling (a warning from {AMPLIFIED:g}×)")),
         fix=Fix("Scale advantages by the batch σ (Lite PPO) so a tiny group σ cannot amplify noise.",
                 step_config={"scale_rewards": "batch"}, grpo_config={"scale_rewards": "batch"}),
         alternatives=("std_floor_blowup",), score=5.0 + len(tiny) / max(rng.numel(), 1), step=_step(trace))]
