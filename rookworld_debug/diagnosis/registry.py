@@ -12,6 +12,7 @@ from typing import Optional
 from rookworld_debug.diagnosis import checks_invariants as IN
 from rookworld_debug.diagnosis import checks_logprob as LP
 from rookworld_debug.diagnosis import checks_run as RUN
+from rookworld_debug.diagnosis import checks_run_invariants as RIN
 from rookworld_debug.diagnosis import checks_sampler as SA
 from rookworld_debug.diagnosis import checks_signal as SI
 from rookworld_debug.diagnosis import checks_update as UP
@@ -50,6 +51,7 @@ RUN_CHECKS = (
     RUN.check_truncated_run, RUN.check_update_jump, RUN.check_no_net_trend, RUN.check_kl_runaway,
     RUN.check_entropy_collapse, RUN.check_grad_spikes, RUN.check_reward_vs_format, RUN.check_little_signal,
     RUN.check_kl_dominates_run,
+    RIN.check_optimizer_run, RIN.check_kl_zero_run, RIN.check_reward_task_diverge, RIN.check_objective_run,
 )
 
 
@@ -148,8 +150,10 @@ def diagnose_path(path) -> list[Finding]:
         raise DataError(f"{p} is neither a step trace (trace.json), a captures folder (captures.json) nor a run "
                         "(trainer_state.json, table.csv)")
     found = list(_run_checks(rows))
-    for step, folder in sorted(caps.items()):
-        found += [replace_step(f, step) for f in diagnose_trace(StepTrace.load(folder))]
+    traces = {step: StepTrace.load(folder) for step, folder in sorted(caps.items())}
+    for step, trace in traces.items():
+        found += [replace_step(f, step) for f in diagnose_trace(trace)]
+    found += _guarded(RIN.check_captured_weights, traces)
     return rank_run(merge(found))
 
 

@@ -201,6 +201,22 @@ def _capture_flags(args, gen, trained, notes, rollout, rewards, ours, advantages
     return flags
 
 
+def _precision(trainer, policy) -> dict:
+    """The precision of each forward of TRL's step (policy, reference, sampler = the policy without vLLM)."""
+    args = trainer.args
+    auto = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else None
+
+    def one(model):
+        p = next(model.parameters())
+        dtype = str(p.dtype).removeprefix("torch.")
+        return {"device": str(p.device), "dtype": dtype, "autocast": auto, "compute": auto or dtype}
+    ref = getattr(trainer, "ref_model", None)
+    out = {"policy": one(policy), "sampler": one(policy)}
+    if ref is not None:
+        out["reference"] = one(ref)
+    return out
+
+
 def _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weights, *, step: int, reasons: tuple,
                    weights_sha256: Optional[str], num_processes: int) -> Setup:
     """The Setup record of a captured step: provenance (versions, weights hash, ranks) and the batch it trained on."""
@@ -219,7 +235,7 @@ def _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weight
                                "torch": torch.__version__}, "global_step": step,
                   "output_dir": str(args.output_dir), "reward_funcs": list(names), "reward_weights": list(weights),
                   "num_processes": num_processes,
-                  "rows_per_process": list(gen.get("local_rows", [n]))}
+                  "rows_per_process": list(gen.get("local_rows", [n])), "precision": _precision(trainer, policy)}
     batch_prompts = tuple(prompts[::g])
     batch = Batch(prompts=batch_prompts, completions=tuple(gen.get("columns", {}).get("label", [""] * n)[::g]),
                   tasks=tuple(rollout.tasks[::g]), indices=tuple(range(len(batch_prompts))), task_filter=config.task,
