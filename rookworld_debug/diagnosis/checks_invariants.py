@@ -142,8 +142,7 @@ def check_loss_path(trace) -> list[Finding]:
     if first is None or not math.isfinite(first.loss_record_diff):
         return []
     diff = float(first.loss_record_diff)
-    rep = E.repeat_forward_gap(trace)
-    if diff <= LOSS_PATH_TOLERANCE or (rep is not None and float(rep.abs().max()) > SAME_LOGP * 100):
+    if diff <= LOSS_PATH_TOLERANCE or _forwards_differ(trace):
         return []                     # agree, or the two forwards differ (forward_mismatch / dropout_active says why)
     return [Finding(
         code="loss_path_mismatch", severity="error",
@@ -160,6 +159,13 @@ def check_loss_path(trace) -> list[Finding]:
                 code_change="one loss function for the record and the backward pass; micro-batch weights summing to 1"),
         alternatives=("micro-batch / gradient-accumulation weights that do not sum to one step",
                       "a loss term added or rescaled in the update only"), score=10.3, step=_step(trace))]
+
+
+def _forwards_differ(trace) -> bool:
+    """Two forwards of the same weights already disagree (a fresh grad forward then recomputes another loss)."""
+    from rookworld_debug.diagnosis.checks_logprob import check_dropout
+    rep = E.repeat_forward_gap(trace)
+    return (rep is not None and float(rep.abs().max()) > SAME_LOGP * 100) or bool(check_dropout(trace))
 
 
 def _pg_share(trace) -> float:
