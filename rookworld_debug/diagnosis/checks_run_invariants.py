@@ -144,7 +144,38 @@ def check_objective_run(rows) -> list[Finding]:
 
 
 def check_captured_weights(traces: dict) -> list[Finding]:
-    """Captured steps t < t' with the same weights hash at their starts although step t asked to move them."""
+    """Captured steps t < t' with the same weights hash at their starts although step t asked to move them; or
+    weights that did move while a later capture's reference log-probs still equal the policy's (β > 0)."""
+    return _no_op_captures(traces) or _reference_follows(traces)
+
+
+def _reference_follows(traces: dict) -> list[Finding]:
+    steps = sorted(traces)
+    start = _hash(traces[steps[0]]) if steps else None
+    for s in steps[1:]:
+        t = traces[s]
+        h, r = _hash(t), t.rollout
+        if start is None or h is None or h == start or r.ref_per_token_logps is None or not float(t.loss.beta) > 0:
+            continue
+        m = r.completion_mask.bool()
+        gap = (r.per_token_logps.float() - r.ref_per_token_logps.float())[m]
+        if gap.numel() and float(gap.abs().max()) <= 1e-6:
+            return [Finding(
+                code="reference_tracks_policy", severity="error",
+                cause=f"The reference moves with the policy: at step {s} the weights differ from the run's start "
+                      "(their hash changed) yet the reference's log-probs equal the policy's on every token.",
+                evidence=(ev("max_abs_logp_gap", float(gap.abs().max()), "max |ℓ − ℓ^ref| on the masked sampled "
+                             "tokens of the captured step", "captures"),
+                          ev("weights_changed", 1.0, f"the weights' sha256 at step {s} differs from step "
+                             f"{steps[0]}'s", "captures"),
+                          ev("beta", float(t.loss.beta), "β of the KL term", "config")),
+                fix=Fix("Create the reference as a separate, frozen copy of the start weights.",
+                        code_change="reference = copy.deepcopy(policy).eval() (TRL: never ref_model = model)"),
+                score=10.1, step=s)]
+    return []
+
+
+def _no_op_captures(traces: dict) -> list[Finding]:
     steps = sorted(traces)
     for a, b in zip(steps, steps[1:]):
         ta, tb = traces[a], traces[b]

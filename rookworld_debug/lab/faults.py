@@ -428,6 +428,8 @@ def table(results: list[dict]) -> str:
     for r in ctrls:
         lines.append(f"| {r.get('name')} | {json.dumps(r.get('settings', {}))} | "
                      f"{(top(r, 1) or ['none'])[0]} | {r.get('errors', 0)} |")
+    from rookworld_debug.lab.faults_heldout import heldout_report
+    lines += heldout_report(results)
     if inert:
         lines += ["", "Inert cases (the fault did not change the run): " +
                   ", ".join(f"{r['fault']}/{r['seed']}" for r in inert)]

@@ -170,3 +170,45 @@ HELDOUT = frozenset(f.name for f in (*HELDOUT_STEP_FAULTS, *HELDOUT_TRL_FAULTS))
 
 def family_of(name: str) -> str:
     return next((fam for fam, names in FAMILIES.items() if name in names), "other")
+
+
+# ------------------------------------------------------------------------------------------ the report
+def _top(r, k):
+    return [c["code"] for c in (r.get("findings") or [])[:k]]
+
+
+def _acc(rs) -> str:
+    if not rs:
+        return "— (no effective case)"
+    h1 = sum(bool(set(_top(r, 1)) & set(r["accept"])) for r in rs)
+    h3 = sum(bool(set(_top(r, 3)) & set(r["accept"])) for r in rs)
+    return f"top-1 {h1}/{len(rs)} = {h1 / len(rs):.1%}, top-3 {h3}/{len(rs)} = {h3 / len(rs):.1%}"
+
+
+def heldout_report(results: list[dict]) -> list[str]:
+    """Held-out vs earlier fault types, leave-one-family-out accuracy and the confusion matrix (Markdown lines)."""
+    eff = [r for r in results if r.get("kind") in ("step", "trl") and r.get("fault") is not None and r.get("effective")]
+    new = [r for r in eff if r["fault"] in HELDOUT]
+    old = [r for r in eff if r["fault"] not in HELDOUT]
+    lines = ["", "Held-out fault types (written after the checks and their thresholds were frozen): "
+             f"{len({r['fault'] for r in new})} types, {len(new)} effective cases — {_acc(new)}",
+             f"Earlier fault types: {len({r['fault'] for r in old})} types, {len(old)} effective cases — {_acc(old)}",
+             "", "Leave-one-family-out (each family's cases scored with the checks as frozen; no threshold is fitted "
+             "to a family, so holding one out changes no check):", "",
+             "| family | types (held-out) | all cases | held-out cases |", "| --- | --- | --- | --- |"]
+    for fam in FAMILIES:
+        rs = [r for r in eff if family_of(r["fault"]) == fam]
+        hs = [r for r in rs if r["fault"] in HELDOUT]
+        lines.append(f"| {fam} | {len({r['fault'] for r in rs})} ({len({r['fault'] for r in hs})}) | {_acc(rs)} | "
+                     f"{_acc(hs)} |")
+    codes = sorted({(_top(r, 1) or ["none"])[0] for r in new})
+    lines += ["", "Confusion matrix of the held-out cases (fault type × first finding; ✓ = an accepted diagnosis):", "",
+              "| fault | accepted | " + " | ".join(codes) + " |", "| --- | --- | " + " | ".join("---" for _ in codes) + " |"]
+    for name in dict.fromkeys(r["fault"] for r in new):
+        rs = [r for r in new if r["fault"] == name]
+        cells = []
+        for c in codes:
+            n = sum((_top(r, 1) or ["none"])[0] == c for r in rs)
+            cells.append("" if not n else f"{n}{' ✓' if c in rs[0]['accept'] else ''}")
+        lines.append(f"| {name} | {', '.join(rs[0]['accept'])} | " + " | ".join(cells) + " |")
+    return lines
