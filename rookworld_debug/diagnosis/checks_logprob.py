@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+import torch
+
 from rookworld_debug.diagnosis import evidence as E
 from rookworld_debug.diagnosis.context import current_step
 from rookworld_debug.diagnosis.findings import Finding, Fix
@@ -35,9 +37,27 @@ _REPEAT = ("ℓ(update's grad forward) − ℓ(rollout scoring forward) on the f
 
 
 def _dropout_evidence(trace):
+    """(non-deterministic forwards seen, the evidence); see `_forward_evidence` for what tells dropout apart."""
+    nondet, _, out = _forward_evidence(trace)
+    return nondet, out
+
+
+def _live_dropout(trace) -> int:
+    """Dropout modules with p > 0 in training mode in the live policy (0 for a saved trace)."""
+    pol = getattr(trace.setup, "policy", None) if trace.setup is not None else None
+    try:
+        return sum(1 for m in pol.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0 and m.training)
+    except (AttributeError, TypeError):
+        return 0
+
+
+def _forward_evidence(trace):
+    """(two forwards of the same weights differ, dropout itself was seen active, the evidence). Dropout is seen
+    through modules with p > 0 in training mode (setup, sampling flags, the live policy) or TRL's own settings;
+    a gap without any of them is a mismatch between two forward paths, not dropout."""
     inv = trace.setup.invariants if trace.setup is not None else None
     rep = E.repeat_forward_gap(trace)
-    out, nondet = [], False
+    out, nondet, seen = [], False, False
     if rep is not None:
         st = E.stats(rep)
         out.append(E.ev("repeat_forward_max_abs", st["max_abs"], _REPEAT, where="report: Update"))
@@ -47,20 +67,22 @@ def _dropout_evidence(trace):
                         "forwards of the dataset completions at setup", "dataset completions", "report: Step-0 invariants"))
         nondet = nondet or inv.max_ratio_dev > EXACT or bool(inv.dropout_active)
         if inv.dropout_active:
+            seen = True
             out.append(E.ev("dropout_modules_active", len(inv.dropout_active), "modules with p > 0 in training mode "
                             "at setup", "model", "report: Step-0 invariants"))
     counts = [int(m.group(1)) for f in trace.flags for m in [_DROPOUT_FLAG.search(f)] if m]
-    if counts:
-        nondet = True
-        out.append(E.ev("dropout_modules_active_in_sampling", max(counts), "dropout modules with p > 0 in train "
-                        "mode while the rollout was sampled and scored", "model", "step log: WARNINGS"))
-    return nondet, out
+    live = _live_dropout(trace)
+    if counts or live:
+        nondet = seen = True
+        out.append(E.ev("dropout_modules_active_in_sampling", max(counts + [live]), "dropout modules with p > 0 in "
+                        "train mode while the rollout was sampled and scored", "model", "step log: WARNINGS"))
+    return nondet, seen, out
 
 
 def check_dropout(trace) -> list[Finding]:
     """Dropout active: the same weights scored twice give different log-probs (and the reference, in eval mode,
     disagrees with the policy before any update)."""
-    nondet, evs = _dropout_evidence(trace)
+    nondet, seen, evs = _forward_evidence(trace)
     gap = E.ref_gap(trace)
     cap = trace.capture
     if not nondet and cap is not None and gap is not None and E.before_any_update(trace, current_step()):
@@ -68,18 +90,20 @@ def check_dropout(trace) -> list[Finding]:
         cfg = cap.grpo_config or {}
         st = E.stats(gap)
         if cfg.get("disable_dropout") is False and st["mean_abs"] > EXACT:
-            nondet = True
+            nondet = seen = True
             evs.append(E.ev("disable_dropout", 0.0, "GRPOConfig.disable_dropout (False: TRL leaves the policy's "
                             "dropout on in training mode while the reference runs in eval mode)", "config"))
     if not nondet and cap is not None:
         # no reference forward to compare (β = 0): TRL's own settings say whether dropout ran
         p = dropout_on_in_trl(cap)
         if p:
-            nondet = True
+            nondet = seen = True
             evs.append(E.ev("model_dropout", p, "largest *_pdrop the policy was loaded with (GRPOConfig."
                             "model_init_kwargs), left on by disable_dropout=False", "config"))
     if not nondet:
         return []
+    if not seen:
+        return _forward_mismatch(trace, evs)
     if gap is not None:
         st = E.stats(gap)
         evs.insert(0, E.ev("step0_logp_gap_mean_abs", st["mean_abs"], "mean |" + _GAP + "| at the step's start",
@@ -99,6 +123,23 @@ def check_dropout(trace) -> list[Finding]:
                       "deterministic one",), score=10.5, step=E.step_of(trace, current_step()))]
 
 
+def _forward_mismatch(trace, evs) -> list[Finding]:
+    return [Finding(
+        code="forward_mismatch", severity="error",
+        cause="Two forwards of the same weights on the same tokens give different log-probs (the update's "
+              "gradient forward vs the rollout's scoring forward), and no dropout module was found active: the two "
+              "paths do not compute the same function, so the PPO ratio and the gradient describe another policy.",
+        evidence=tuple(evs),
+        fix=Fix("Score the rollout and compute the gradient with one forward function: same temperature, position "
+                "ids, precision/autocast, mask and model mode.",
+                code_change="one scoring function for the rollout's log-probs and the update's forward"),
+        alternatives=("dropout_active: dropout switched on where the records do not show it",
+                      "another precision or autocast in one of the two forwards",
+                      "temperature or position ids applied in one path only",
+                      "non-deterministic kernels (GPU atomics) — tiny gaps only"),
+        score=10.4, step=E.step_of(trace, current_step()))]
+
+
 def check_reference(trace) -> list[Finding]:
     """Before any update the policy IS the reference: their log-probs must agree exactly. A deterministic gap is
     other weights (large) or another precision (at rounding size)."""
@@ -110,6 +151,8 @@ def check_reference(trace) -> list[Finding]:
     st = E.stats(gap)
     if st["max_abs"] <= EXACT:
         return []
+    if _trainer_is_odd(trace, st):
+        return []                                   # the sampler agrees with the reference: the sampler checks
     nondet, _ = _dropout_evidence(trace)
     if nondet or (trace.capture is not None and (trace.capture.grpo_config or {}).get("disable_dropout") is False):
         return []                                   # dropout explains a step-0 gap (check_dropout)
@@ -149,14 +192,44 @@ def check_reference(trace) -> list[Finding]:
         score=10.0, step=step)]
 
 
+def _trainer_is_odd(trace, st) -> bool:
+    """True when the sampler's log-probs agree with the reference's far better than the trainer's do: the policy
+    and the reference are the same weights, and it is the trainer's forward that computes something else."""
+    r = trace.rollout
+    s = r.sampling_per_token_logps
+    if s is None or r.ref_per_token_logps is None:
+        return False
+    m = E.mask(trace)
+    d = (s.float() - r.ref_per_token_logps.float())[m]
+    d = d[~torch.isnan(d)]
+    if d.numel() == 0:
+        return False
+    return float(d.abs().mean()) <= 0.1 * st["mean_abs"] and float(d.abs().max()) < st["max_abs"]
+
+
 def _dtypes(trace):
-    """(policy dtype, reference dtype) of the live models, or None (a saved trace keeps no model)."""
+    """(policy compute dtype, reference compute dtype): the live models', else what the trace recorded
+    (setup provenance "precision"); None when neither is known (an older saved trace)."""
     s = trace.setup
     pol, ref = getattr(s, "policy", None), getattr(s, "reference", None)
     try:
         return str(next(pol.parameters()).dtype), str(next(ref.parameters()).dtype)
     except (AttributeError, StopIteration, TypeError):
-        return None
+        pass
+    prec = recorded_precision(trace)
+    if prec and "policy" in prec and "reference" in prec:
+        return prec["policy"], prec["reference"]
+    return None
+
+
+def recorded_precision(trace) -> dict:
+    """{"policy" | "reference" | "sampler": compute dtype} as the trace's setup recorded them ({} if it did not)."""
+    prov = getattr(trace.setup, "provenance", None) if trace.setup is not None else None
+    prec = prov.get("precision") if isinstance(prov, dict) else None
+    if not isinstance(prec, dict):
+        return {}
+    return {k: str(v.get("compute")) for k, v in prec.items()
+            if isinstance(v, dict) and isinstance(v.get("compute"), str)}
 
 
 def dropout_on_in_trl(cap) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from rookworld_debug.diagnosis import evidence as E
-from rookworld_debug.diagnosis.checks_logprob import BF16_MEAN_ABS, EXACT, _SGAP, _dropout_evidence
+from rookworld_debug.diagnosis.checks_logprob import BF16_MEAN_ABS, EXACT, _SGAP, _forward_evidence, recorded_precision
 from rookworld_debug.diagnosis.context import current_step
 from rookworld_debug.diagnosis.findings import Finding, Fix
 
@@ -77,7 +77,7 @@ def check_sampler_trainer(trace) -> list[Finding]:
     if gap is None:
         return []
     st = E.stats(gap)
-    if st["max_abs"] <= EXACT or _dropout_evidence(trace)[0] or _after_eos(trace)[0]:
+    if st["max_abs"] <= EXACT or _forward_evidence(trace)[1] or _after_eos(trace)[0]:
         return []                                # agree, or dropout / the mask explain it (their checks)
     step = E.step_of(trace, current_step())
     evs = [E.ev("sampler_gap_mean_abs", st["mean_abs"], "mean |" + _SGAP + "|", where="report: token view"),
@@ -90,7 +90,7 @@ def check_sampler_trainer(trace) -> list[Finding]:
         code="sampler_trainer_mismatch", severity="error",
         cause="The training log-probs are not the sampler's: the same tokens under the same weights get different "
               "log-probs in training than when they were sampled, so the ratio, KL and gradient describe another "
-              "distribution.", evidence=tuple(evs),
+              "distribution.", evidence=(*evs, *_where_gap(trace), *_temperature_ratio(trace)),
         fix=Fix("Score exactly the sampled ids with the sampler's temperature, position ids and precision.",
                 code_change="score the sampled token ids (never re-tokenized text) with logits ÷ T"),
         alternatives=("retokenized_completions", "temperature_not_applied", "position_ids_left_pad",
@@ -159,9 +159,57 @@ def _temperature(trace, st, evs, step):
                       "sampler's log-probs)",), score=10.0, step=step)]
 
 
+def _where_gap(trace) -> list:
+    """Per row and per task: where the sampler–trainer gap sits (all rows alike vs some rows or one task)."""
+    rows = E.row_gap(trace)
+    if rows is None:
+        return []
+    ok = ~torch.isnan(rows)
+    out = [E.ev("rows_with_gap_share", float((rows[ok] > EXACT).double().mean()) if bool(ok.any()) else 0.0,
+                f"share of rows whose mean |ℓ^sampler − ℓ^trainer| per token > {EXACT:g}"),
+           E.ev("worst_row_gap", float(rows[ok].max()) if bool(ok.any()) else 0.0, "the largest row's mean |gap|")]
+    tasks = list(getattr(trace.rollout, "tasks", ()) or ())
+    for task in sorted(set(tasks))[:4] if len(set(tasks)) > 1 else ():
+        sel = torch.tensor([t == task for t in tasks]) & ok
+        if bool(sel.any()):
+            out.append(E.ev(f"gap_task_{task}", float(rows[sel].mean()), f"mean |gap| per token on the {task} rows"))
+    return out
+
+
+# scales c of the trainer's logits tried for the sampler: log-spaced over [1/4, 4] (temperature ratios)
+_RATIOS = torch.logspace(-0.602, 0.602, 49)
+
+
+def _temperature_ratio(trace) -> list:
+    """The temperature ratio that would explain the gap: the scale c for which log_softmax(c · trainer top-k)
+    best reproduces the sampler's log-probs, and the gap left there (c = 1: no temperature explains it)."""
+    r = trace.rollout
+    m = E.mask(trace)
+    if r.topk_ids is None or r.topk_ids.ndim != 3 or r.topk_ids.shape[-1] < 2:
+        return []
+    hit = (r.topk_ids == r.completion_ids[..., None]) & m[..., None]                         # (N, T, K)
+    sel = hit.any(-1)
+    if int(sel.sum()) < 5:
+        return []
+    top = r.topk_logps.float()[sel]                                                       # (n, K)
+    h = hit[sel].float()                                                                  # (n, K)
+    samp = r.sampling_per_token_logps.float()[sel]                                        # (n,)
+    pred = (torch.log_softmax(top[None] * _RATIOS[:, None, None], -1) * h[None]).sum(-1)  # (R, n)
+    err = (pred - samp[None]).abs().nanmean(1)                                            # (R,)
+    best = int(torch.argmin(err))
+    one = int(torch.argmin((_RATIOS - 1).abs()))
+    return [E.ev("temperature_ratio_fit", float(_RATIOS[best]), "the scale c of the trainer's logits (over its "
+                 "recorded top-k) that best reproduces the sampler's log-probs: c = T_trainer / T_sampler"),
+            E.ev("gap_at_ratio_fit", float(err[best]), "mean |gap| left at that scale"),
+            E.ev("gap_at_ratio_1", float(err[one]), "mean |gap| over the same tokens at c = 1")]
+
+
 def _precision(trace, st, evs, step):
     if st["mean_abs"] > BF16_MEAN_ABS:
         return []
+    prec = recorded_precision(trace)
+    if prec.get("sampler") and prec.get("policy") and prec["sampler"] == prec["policy"]:
+        return []                                # recorded: the sampler ran in the trainer's precision
     ac = getattr(trace.config, "sampling_autocast", None)
     return [Finding(
         code="sampler_precision", severity="warning",

@@ -22,6 +22,9 @@ from rookworld_debug.metrics import term_balance, tiny_std_groups
 
 # a group reward range 1000× below the batch's reward spread is below any difference the reward means to make
 RESOLUTION = 1e-3
+# a group σ an order of magnitude below the batch's turns its reward gaps into advantages ≥ 10× what batch scaling
+# gives them: noise-sized gaps become full-size pushes (below that, small groups are ordinary)
+AMPLIFIED = 10.0
 
 
 def _step(trace):
@@ -55,16 +58,19 @@ def check_advantage_noise(trace) -> list[Finding]:
     tiny = tiny_std_groups(adv.group_std, adv.batch_std, trace.config.tiny_std_fraction)
     if not tiny:
         return []
-    b = tiny[0]
+    b = min(tiny, key=lambda k: float(adv.group_std[k]))
+    amp = bstd / max(float(adv.group_std[b]), 1e-12)
     return [Finding(
-        code="tiny_sigma_groups", severity="warning",
+        code="tiny_sigma_groups", severity="warning" if amp >= AMPLIFIED else "info",
         cause=f"{len(tiny)} group(s) have a reward σ far below the batch's: dividing by their tiny σ turns small "
               "reward gaps (often reward noise) into full-size advantages.",
         evidence=(E.ev("tiny_std_groups", len(tiny), f"groups with 0 < σ_g < {trace.config.tiny_std_fraction:g} × "
                        "batch σ", where="report: Advantages"),
                   E.ev("group_std", float(adv.group_std[b]), f"σ_g of group {b}"),
                   E.ev("reward_std", bstd, "TRL `reward_std`: std of the N rewards"),
-                  E.ev("group_max_abs_advantage", float(amax[b]), f"max |A| in group {b}")),
+                  E.ev("group_max_abs_advantage", float(amax[b]), f"max |A| in group {b}"),
+                  E.ev("amplification", amp, f"batch σ / σ_g of group {b}: how much more its reward gaps count "
+                       f"than under batch scaling (a warning from {AMPLIFIED:g}×)")),
         fix=Fix("Scale advantages by the batch σ (Lite PPO) so a tiny group σ cannot amplify noise.",
                 step_config={"scale_rewards": "batch"}, grpo_config={"scale_rewards": "batch"}),
         alternatives=("std_floor_blowup",), score=5.0 + len(tiny) / max(rng.numel(), 1), step=_step(trace))]
@@ -147,25 +153,53 @@ def _nonfinite(trace) -> list[Finding]:
         alternatives=("lr_too_large",), score=9.5, step=_step(trace))]
 
 
+def _adam_neutral(trace, u) -> tuple:
+    """(clipping leaves an Adam step as it was, per-weight RMS of the clipped gradient, Adam's ε). Adam divides
+    the gradient's moments by each other, so scaling every gradient by the same clip factor changes its step only
+    where the clipped gradient nears ε; far above it (100×) clipping only re-weights steps against each other."""
+    cfg = trace.capture.grpo_config if trace.capture is not None else None
+    if cfg is not None:
+        adam = "adam" in str(cfg.get("optim", "adamw_torch")).lower()
+        eps = float(cfg.get("adam_epsilon", 1e-8) or 1e-8)
+    else:
+        adam, eps = True, float(getattr(trace.config, "adam_eps", 1e-8))
+    prov = trace.setup.provenance if trace.setup is not None and isinstance(trace.setup.provenance, dict) else {}
+    n = prov.get("num_parameters")
+    if not adam or not isinstance(n, int) or n <= 0 or not math.isfinite(u.grad_norm_post_clip):
+        return False, math.nan, eps
+    rms = float(u.grad_norm_post_clip) / math.sqrt(n)
+    return rms > ADAM_NEUTRAL * eps, rms, eps
+
+
+# clipped per-weight gradients this far above Adam's ε keep Adam's step unchanged (see _adam_neutral)
+ADAM_NEUTRAL = 100.0
+
+
 def check_grad_clip(trace) -> list[Finding]:
     u = trace.update
     if u is None or not math.isfinite(u.clip_coef) or u.clip_coef >= 0.5:
         return []
     mx = trace.config.max_grad_norm
-    sev = "error" if u.clip_coef < 0.01 else "warning"
+    neutral, rms, eps = _adam_neutral(trace, u)
+    sev = "info" if neutral else "error" if u.clip_coef < 0.01 else "warning"
+    effect = ("AdamW's step is invariant to the gradient's scale, so clipping only re-weights this step against "
+              "the moments of earlier ones" if neutral else
+              "every update is a fixed-length step of size lr × max_grad_norm whatever the advantages say")
     return [Finding(
         code="grad_clip_binding", severity=sev,
-        cause=f"Gradient clipping binds: only {u.clip_coef:.2%} of the gradient was applied, so every update is a "
-              "fixed-length step of size lr × max_grad_norm whatever the advantages say.",
+        cause=f"Gradient clipping binds: only {u.clip_coef:.2%} of the gradient was applied; {effect}.",
         evidence=(E.ev("grad_norm_pre_clip", u.grad_norm_pre_clip, "global gradient L2 norm before clipping",
                        where="report: Update"),
                   E.ev("max_grad_norm", mx if mx is not None else math.nan, "the clip threshold", "config"),
-                  E.ev("clip_coef", u.clip_coef, "min(1, max_grad_norm / pre-clip norm)")),
+                  E.ev("clip_coef", u.clip_coef, "min(1, max_grad_norm / pre-clip norm)"),
+                  E.ev("clipped_grad_rms_per_weight", rms, "‖g_clipped‖ / √(number of weights) (NaN: unknown)"),
+                  E.ev("adam_eps", eps, f"Adam's ε: clipping changes Adam's step once the RMS nears it (info above "
+                       f"{ADAM_NEUTRAL:g}×)", "config")),
         fix=Fix("Raise max_grad_norm above the typical gradient norm (or lower the loss scale).",
                 step_config={"max_grad_norm": round_sig(max(2 * u.grad_norm_pre_clip, 1.0))},
                 grpo_config={"max_grad_norm": round_sig(max(2 * u.grad_norm_pre_clip, 1.0))}),
-        alternatives=("a gradient spike (one step only) also makes clipping bind",), score=6.0 + (1 - u.clip_coef),
-        step=_step(trace))]
+        alternatives=("a gradient spike (one step only) also makes clipping bind",),
+        score=(1.0 if neutral else 6.0) + (1 - u.clip_coef), step=_step(trace))]
 
 
 def check_noise(trace) -> list[Finding]:

@@ -69,17 +69,42 @@ class Finding:
 
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 
+# broken invariants upstream of every other number: the log-probs, the reference, the optimizer, the loss, the
+# objective's signs. When one holds, the signal-quality findings below are (or may be) its symptoms.
+UPSTREAM = frozenset({
+    "dropout_active", "forward_mismatch", "reference_not_start", "reference_precision", "reference_tracks_policy",
+    "temperature_not_applied", "position_ids_left_pad", "pad_in_mask", "tokens_after_eos_trained",
+    "sampler_precision", "sampler_trainer_mismatch", "optimizer_no_op", "loss_path_mismatch",
+    "update_against_advantages", "objective_inverted", "non_finite"})
+# what a broken upstream invariant produces downstream: noise-amplified advantages, a noisy or clipped update, a
+# KL term that dominates for the wrong reason, a flat run
+SYMPTOMS = frozenset({
+    "tiny_sigma_groups", "std_floor_blowup", "update_mostly_noise", "grad_clip_binding", "kl_dominates",
+    "no_signal_deterministic", "little_signal", "no_net_trend", "kl_runaway", "update_too_large",
+    "grad_norm_spikes", "length_bias", "entropy_collapse", "phase_note"})
+
+
+def _tier(findings):
+    """1 for a symptom when an upstream invariant is broken (it ranks after every upstream finding), else 0."""
+    broken = any(f.code in UPSTREAM for f in findings)
+    return lambda f: 1 if broken and f.code in SYMPTOMS else 0
+
 
 def rank(findings) -> list:
-    """Most likely / most important first: by severity, then score (stable for ties)."""
-    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], -float(f.score)))
+    """Most likely / most important first: a broken upstream invariant before the symptoms it produces, then by
+    severity (a generic warning never outranks an error), then score (stable for ties)."""
+    findings = list(findings)
+    tier = _tier(findings)
+    return sorted(findings, key=lambda f: (tier(f), SEVERITY_RANK[f.severity], -float(f.score)))
 
 
 def rank_run(findings) -> list:
-    """A run's findings: by severity, then the earliest step they hold at (a cause present from the start comes
-    before what followed it), then score."""
-    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.step if f.step is not None else 1 << 60,
-                                           -float(f.score)))
+    """A run's findings: upstream causes before their symptoms, by severity, then the earliest step they hold at
+    (a cause present from the start comes before what followed it), then score."""
+    findings = list(findings)
+    tier = _tier(findings)
+    return sorted(findings, key=lambda f: (tier(f), SEVERITY_RANK[f.severity],
+                                           f.step if f.step is not None else 1 << 60, -float(f.score)))
 
 
 def _num(x):

@@ -14,6 +14,8 @@ COVERED = (
     (r"NaN reward|unscorable|infinite reward", "unscorable_rows"),
     (r"dropout (modules )?active|policy is in training mode", "dropout_active"),
     (r"completions truncated", "all_truncated / truncation"),
+    (r"loss used by the update differs from the displayed loss|recomputed loss .* differs from TRL's",
+     "loss_path_mismatch"),
     (r"recomputed log-probs differ|policy and reference log-probs differ|KL at step 0|ratio deviates from 1",
      "log-prob checks"),
 )

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from rookworld_debug.diagnosis import checks_invariants as IN
 from rookworld_debug.diagnosis import checks_logprob as LP
 from rookworld_debug.diagnosis import checks_run as RUN
+from rookworld_debug.diagnosis import checks_run_invariants as RIN
 from rookworld_debug.diagnosis import checks_sampler as SA
 from rookworld_debug.diagnosis import checks_signal as SI
 from rookworld_debug.diagnosis import checks_update as UP
@@ -33,6 +35,8 @@ def _optional_checks(module: str) -> tuple:
 
 # every check over one StepTrace: check(trace) -> list[Finding]
 STEP_CHECKS = (
+    IN.check_optimizer_applied, IN.check_reference_frozen, IN.check_loss_path, IN.check_moved_with_advantages,
+    IN.check_objective_signs, IN.check_sampler_record,
     LP.check_dropout, LP.check_reference,
     SA.check_mask_after_eos, SA.check_sampler_trainer,
     SI.check_truncation, SI.check_no_signal, SI.check_reward_determinism, SI.check_unscorable,
@@ -47,6 +51,7 @@ RUN_CHECKS = (
     RUN.check_truncated_run, RUN.check_update_jump, RUN.check_no_net_trend, RUN.check_kl_runaway,
     RUN.check_entropy_collapse, RUN.check_grad_spikes, RUN.check_reward_vs_format, RUN.check_little_signal,
     RUN.check_kl_dominates_run,
+    RIN.check_optimizer_run, RIN.check_kl_zero_run, RIN.check_reward_task_diverge, RIN.check_objective_run,
 )
 
 
@@ -145,8 +150,10 @@ def diagnose_path(path) -> list[Finding]:
         raise DataError(f"{p} is neither a step trace (trace.json), a captures folder (captures.json) nor a run "
                         "(trainer_state.json, table.csv)")
     found = list(_run_checks(rows))
-    for step, folder in sorted(caps.items()):
-        found += [replace_step(f, step) for f in diagnose_trace(StepTrace.load(folder))]
+    traces = {step: StepTrace.load(folder) for step, folder in sorted(caps.items())}
+    for step, trace in traces.items():
+        found += [replace_step(f, step) for f in diagnose_trace(trace)]
+    found += _guarded(RIN.check_captured_weights, traces)
     return rank_run(merge(found))
 
 

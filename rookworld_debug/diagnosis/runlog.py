@@ -15,7 +15,9 @@ MAX_STEP = 2 ** 31 - 1        # a step past this is not a training run's (and it
 RUN_TABLE_NAMES = {"rollout_reward": "reward", "grad_norm_pre_clip": "grad_norm", "lr": "learning_rate",
                    "reward_std": "reward_std", "kl": "kl", "entropy": "entropy", "loss": "loss",
                    "frac_reward_zero_std": "frac_reward_zero_std", "kl_grad_share": "kl_grad_share",
-                   "format_valid": "format_valid"}
+                   "format_valid": "format_valid", "param_delta_norm": "param_delta_norm", "beta": "beta",
+                   "heldout_reward_after": "heldout_reward", "builtin_reward_after": "task_score",
+                   "corr_adv_delta_logp": "corr_adv_delta_logp"}
 
 
 def _num(v):

@@ -150,7 +150,10 @@ TABLE_COLUMNS = {
     "advantage_min": "min advantage over the N rows", "advantage_max": "max advantage over the N rows",
     "frac_reward_zero_std": "fraction of groups whose G rewards are all equal (no PG signal)",
     "grad_norm_pre_clip": "global L2 grad norm before clipping", "grad_norm_post_clip": "after clipping",
-    "param_delta_norm": "‖θ_after − θ_before‖₂", "updated": "False when the step refused to update (NaN/inf)",
+    "param_delta_norm": "‖θ_after − θ_before‖₂",
+    "format_valid": "share of the N sampled completions with no format problem flagged",
+    "corr_adv_delta_logp": "Pearson(A_i, mean Δℓ_i per token) over the N rows after the update (NaN: no evaluation)",
+    "updated": "False when the step refused to update (NaN/inf)",
     "n_flags": "number of warnings raised by the step's phases",
 }
 
@@ -307,6 +310,8 @@ def _rows(k, trace: StepTrace, batch, epoch, cur, reward_funcs, reward_weights) 
         "frac_reward_zero_std": summ["frac_reward_zero_std"],
         "grad_norm_pre_clip": summ["grad_norm_pre_clip"], "grad_norm_post_clip": summ["grad_norm_post_clip"],
         "param_delta_norm": trace.update.param_delta_norm if trace.update else math.nan,
+        "format_valid": sum(map(bool, trace.rewards.format_valid)) / max(len(trace.rewards.format_valid), 1),
+        "corr_adv_delta_logp": ev.corr_adv_delta_logp if ev is not None else math.nan,
         "updated": trace.update is not None, "n_flags": len(trace.flags),
     }
     row.update({f"sec/{phase}": v for phase, v in trace.timings.items()})

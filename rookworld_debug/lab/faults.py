@@ -268,10 +268,15 @@ def _named(codes, accept, k) -> bool:
 
 def cases(only: Optional[str] = None):
     """(id, runner) for every case: step faults × seeds, TRL faults × seeds, step controls, TRL controls."""
+    from rookworld_debug.lab import faults_heldout as H
     from rookworld_debug.lab import faults_trl as T
     twins, trl_twins = {}, {}
     out = [(f"{f.name}/{s}", (lambda f=f, s=s: step_case(f, s, twins))) for f in STEP_FAULTS for s in SEEDS]
     out += [(f"{f.name}/{s}", (lambda f=f, s=s: T.trl_case(f, s, trl_twins))) for f in T.TRL_FAULTS for s in SEEDS]
+    out += [(f"{f.name}/{s}", (lambda f=f, s=s: step_case(f, s, twins))) for f in H.HELDOUT_STEP_FAULTS
+            for s in SEEDS]
+    out += [(f"{f.name}/{s}", (lambda f=f, s=s: T.trl_case(f, s, trl_twins))) for f in H.HELDOUT_TRL_FAULTS
+            for s in SEEDS]
     out += [(c["name"], (lambda c=c: control_case(c))) for c in CONTROLS]
     out += [(f"trl-control-{s}", (lambda s=s: T.trl_case(None, s, trl_twins))) for s in SEEDS]
     return [(k, fn) for k, fn in out if only is None or only in k]
@@ -423,6 +428,8 @@ def table(results: list[dict]) -> str:
     for r in ctrls:
         lines.append(f"| {r.get('name')} | {json.dumps(r.get('settings', {}))} | "
                      f"{(top(r, 1) or ['none'])[0]} | {r.get('errors', 0)} |")
+    from rookworld_debug.lab.faults_heldout import heldout_report
+    lines += heldout_report(results)
     if inert:
         lines += ["", "Inert cases (the fault did not change the run): " +
                   ", ".join(f"{r['fault']}/{r['seed']}" for r in inert)]

@@ -201,6 +201,22 @@ def _capture_flags(args, gen, trained, notes, rollout, rewards, ours, advantages
     return flags
 
 
+def _precision(trainer, policy) -> dict:
+    """The precision of each forward of TRL's step (policy, reference, sampler = the policy without vLLM)."""
+    args = trainer.args
+    auto = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else None
+
+    def one(model):
+        p = next(model.parameters())
+        dtype = str(p.dtype).removeprefix("torch.")
+        return {"device": str(p.device), "dtype": dtype, "autocast": auto, "compute": auto or dtype}
+    ref = getattr(trainer, "ref_model", None)
+    out = {"policy": one(policy), "sampler": one(policy)}
+    if ref is not None:
+        out["reference"] = one(ref)
+    return out
+
+
 def _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weights, *, step: int, reasons: tuple,
                    weights_sha256: Optional[str], num_processes: int) -> Setup:
     """The Setup record of a captured step: provenance (versions, weights hash, ranks) and the batch it trained on."""
@@ -219,9 +235,8 @@ def _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weight
                                "torch": torch.__version__}, "global_step": step,
                   "output_dir": str(args.output_dir), "reward_funcs": list(names), "reward_weights": list(weights),
                   "num_processes": num_processes,
-                  "rows_per_process": list(gen.get("local_rows", [n])),
-                  "trl_logprob_path": trl_logprob_path(policy, args),
-                  "precision": _capture_precision(policy, getattr(trainer, "ref_model", None), args)}
+                  "rows_per_process": list(gen.get("local_rows", [n])), "precision": _precision(trainer, policy),
+                  "trl_logprob_path": trl_logprob_path(policy, args)}
     batch_prompts = tuple(prompts[::g])
     batch = Batch(prompts=batch_prompts, completions=tuple(gen.get("columns", {}).get("label", [""] * n)[::g]),
                   tasks=tuple(rollout.tasks[::g]), indices=tuple(range(len(batch_prompts))), task_filter=config.task,
@@ -247,18 +262,6 @@ def trl_logprob_path(policy, args) -> str:
     return (f"TRL's fused LM head on {dev.type}: log-probs and entropy from the hidden states in vocabulary chunks of "
             f"{chunk}, {kernel}{lm_fp32}{amp}; the (N, T, V) logits are never built. The record's full log-softmax "
             "sums in another order: expect agreement to float32 rounding in fp32, to bf16 rounding under autocast")
-
-
-def _capture_precision(policy, ref_model, args) -> dict:
-    """The captured forwards' precision, in the shape run_step records (models.precision.forward_precision):
-    TRL runs every forward under the accelerator's autocast (bf16=True: bf16 on CUDA). No ref_model (β = 0):
-    the reference row is None."""
-    def one(model):
-        p = next(model.parameters())
-        auto = "bfloat16" if getattr(args, "bf16", False) and p.device.type == "cuda" else None
-        return {"device": str(p.device), "dtype": str(p.dtype).removeprefix("torch."), "autocast": auto,
-                "compute": auto or str(p.dtype).removeprefix("torch.")}
-    return {"policy": one(policy), "reference": None if ref_model is None else one(ref_model), "sampler": one(policy)}
 
 
 def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optional[dict], step: int,

@@ -1,0 +1,214 @@
+"""Held-out fault types: written after the diagnosis checks and their thresholds were frozen, each injected the
+way a user's bug happens (a setting, a model wired wrong, a patched phase), and scored against the frozen checks.
+
+Step faults run through `run_step` (faults.py's harness), TRL faults through TRL 1.16's GRPOTrainer (faults_trl's
+harness); four of the TRL faults are GRPOConfig settings only.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+
+from rookworld_debug.lab.faults import P_TASK, Fault
+from rookworld_debug.lab.faults_trl import TRLFault
+
+
+# ------------------------------------------------------------------------------------------ step injections
+def _set(s, name, value):
+    object.__setattr__(s, name, value)          # the Setup record is frozen; the bug rewires the live session
+
+
+def _optimizer_over_copy(s):
+    from rookworld_debug.grpo.update import make_optimizer
+    _set(s, "optimizer", make_optimizer(copy.deepcopy(s.policy), s.config))   # steps a copy, never the policy
+    return contextlib.nullcontext()
+
+
+def _optimizer_step_skipped(s):
+    s.optimizer.step = lambda *a, **k: None     # a gradient-accumulation counter that never reaches its step
+    return contextlib.nullcontext()
+
+
+def _reference_is_policy(s):
+    _set(s, "reference", s.policy)              # "ref_model = model": no frozen copy
+    return contextlib.nullcontext()
+
+
+def _advantages_flipped(s):
+    from unittest import mock
+
+    from rookworld_debug.grpo import phases
+    orig = phases.advantages_from_config
+
+    def flipped(rewards, config):               # mean − r instead of r − mean
+        a = orig(rewards, config)
+        return dataclasses.replace(a, advantages=-a.advantages)
+    return mock.patch.object(phases, "advantages_from_config", flipped)
+
+
+def _update_reads_negated_advantages(s):
+    from unittest import mock
+
+    from rookworld_debug.grpo import update
+    orig = update._micro_batch_terms
+
+    def terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, *rest, **kw):
+        return orig(policy, reference, rollout, g_rows, mask_rows, -adv_rows, *rest, **kw)
+    return mock.patch.object(update, "_micro_batch_terms", terms)
+
+
+def _update_forward_bf16(s):
+    from unittest import mock
+
+    import torch
+
+    from rookworld_debug.grpo import update
+    orig = update.per_token_logps_and_entropy
+
+    def bf16(*a, **kw):                         # autocast switched on around the training forward only
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return orig(*a, **kw)
+    return mock.patch.object(update, "per_token_logps_and_entropy", bf16)
+
+
+def _sampler_temperature(s):
+    from unittest import mock
+
+    from rookworld_debug.grpo import generation
+    orig = generation.row_sampling
+
+    def cooler(settings, rows_tasks):           # the generation config's temperature set apart from the trainer's
+        temps, top_p, top_k = orig(settings, rows_tasks)
+        return temps * 0.7, top_p, top_k
+    return mock.patch.object(generation, "row_sampling", cooler)
+
+
+def _mask_drops_eos(s):
+    from unittest import mock
+
+    from rookworld_debug.grpo import generation
+    orig = generation._cut_after_eos
+
+    def cut(generated, eos_id, pad_id):         # the mask stops one token early: EOS is never trained
+        ids, mask, has_eos = orig(generated, eos_id, pad_id)
+        n = mask.sum(1)
+        rows = has_eos.nonzero().flatten()
+        mask = mask.clone()
+        mask[rows, (n[rows] - 1).clamp(min=0)] = 0
+        return ids, mask, has_eos
+    return mock.patch.object(generation, "_cut_after_eos", cut)
+
+
+HELDOUT_STEP_FAULTS = (
+    Fault("optimizer_over_copy", frozenset({"optimizer_no_op"}), "the optimizer is built over a deep copy of the "
+          "policy (it steps the copy)", base=P_TASK, patch=_optimizer_over_copy),
+    Fault("optimizer_step_skipped", frozenset({"optimizer_no_op"}), "optimizer.step() never runs (an accumulation "
+          "counter that never fires)", base=P_TASK, patch=_optimizer_step_skipped),
+    Fault("reference_is_policy", frozenset({"reference_tracks_policy"}), "the reference is the policy object "
+          "(one warm-up update before the step, so the fault can change it)",
+          base={**P_TASK, "warmup_steps": 1, "warmup_lr": 1e-5}, patch=_reference_is_policy),
+    Fault("advantages_flipped", frozenset({"update_against_advantages", "reward_task_diverge"}),
+          "advantages computed as mean − r", base=P_TASK, patch=_advantages_flipped),
+    Fault("update_negates_advantages", frozenset({"loss_path_mismatch", "update_against_advantages"}),
+          "the update's loss reads −A (the record reads A)", base=P_TASK, patch=_update_reads_negated_advantages),
+    Fault("update_forward_bf16", frozenset({"forward_mismatch"}), "bf16 autocast around the update's forward only",
+          base=P_TASK, patch=_update_forward_bf16),
+    Fault("sampler_temperature", frozenset({"sampler_trainer_mismatch", "temperature_not_applied"}),
+          "the sampler samples at 0.7 × the temperature the trainer scores with", patch=_sampler_temperature),
+    Fault("mask_drops_eos", frozenset({"pad_in_mask", "tokens_after_eos_trained", "sampler_trainer_mismatch"}),
+          "the completion mask stops before EOS", patch=_mask_drops_eos),
+    Fault("entropy_coef_negative", frozenset({"entropy_coef_negative", "objective_inverted"}),
+          "entropy_coef = −0.5", config={"entropy_coef": -0.5}, base=P_TASK),
+)
+
+
+# ------------------------------------------------------------------------------------------ TRL injections
+def _trl_ref_is_policy(trainer):
+    trainer.ref_model = trainer.model
+
+
+def _trl_optimizer_over_copy(trainer):
+    import torch
+    shadow = copy.deepcopy(trainer.model)
+    trainer.optimizer = torch.optim.AdamW(shadow.parameters(), lr=trainer.args.learning_rate)
+
+
+HELDOUT_TRL_FAULTS = (
+    TRLFault("trl_beta_negative", frozenset({"objective_inverted"}), "GRPOConfig beta = −0.1",
+             config={"beta": -0.1}),
+    TRLFault("trl_reward_weights_negative", frozenset({"objective_inverted"}), "GRPOConfig reward_weights = "
+             "[−1, −1]", config={"reward_weights": [-1.0, -1.0]}),
+    TRLFault("trl_epsilon_negative", frozenset({"objective_inverted"}), "GRPOConfig epsilon = −0.2",
+             config={"epsilon": -0.2}),
+    TRLFault("trl_generation_temperature", frozenset({"sampler_trainer_mismatch", "temperature_not_applied"}),
+             "GRPOConfig generation_kwargs temperature 0.5 while the trainer scores at temperature 1",
+             config={"generation_kwargs": {"temperature": 0.5}}),
+    TRLFault("trl_reference_is_policy", frozenset({"reference_tracks_policy"}), "trainer.ref_model = trainer.model",
+             patch=_trl_ref_is_policy),
+    TRLFault("trl_optimizer_over_copy", frozenset({"optimizer_no_op"}), "trainer.optimizer built over a deep copy "
+             "of the model", patch=_trl_optimizer_over_copy),
+)
+
+# the fault families: every type, old and held-out, in one of six
+FAMILIES = {
+    "log-probs and sampling": ("dropout", "temperature_not_applied", "position_ids", "sampler_bf16", "trl_dropout",
+                               "update_forward_bf16", "sampler_temperature", "trl_generation_temperature"),
+    "the reference": ("reference_other_weights", "reference_bf16", "trl_reference_other", "reference_is_policy",
+                      "trl_reference_is_policy"),
+    "the optimizer and accumulation": ("lr_too_large", "grad_clip_tiny", "kl_dominates", "trl_lr_too_large",
+                                       "trl_grad_clip_tiny", "optimizer_over_copy", "optimizer_step_skipped",
+                                       "update_negates_advantages", "trl_optimizer_over_copy"),
+    "the reward": ("reward_constant", "reward_prompt_only", "reward_random", "reward_jitter", "std_floor_removed",
+                   "reward_inf", "trl_reward_constant", "trl_unscorable", "advantages_flipped"),
+    "data and masks": ("pad_in_mask", "all_truncated", "budget_short", "trl_truncation", "mask_drops_eos"),
+    "the config": ("temperature_low", "entropy_bonus", "trl_temperature_low", "entropy_coef_negative",
+                   "trl_beta_negative", "trl_reward_weights_negative", "trl_epsilon_negative"),
+}
+HELDOUT = frozenset(f.name for f in (*HELDOUT_STEP_FAULTS, *HELDOUT_TRL_FAULTS))
+
+
+def family_of(name: str) -> str:
+    return next((fam for fam, names in FAMILIES.items() if name in names), "other")
+
+
+# ------------------------------------------------------------------------------------------ the report
+def _top(r, k):
+    return [c["code"] for c in (r.get("findings") or [])[:k]]
+
+
+def _acc(rs) -> str:
+    if not rs:
+        return "— (no effective case)"
+    h1 = sum(bool(set(_top(r, 1)) & set(r["accept"])) for r in rs)
+    h3 = sum(bool(set(_top(r, 3)) & set(r["accept"])) for r in rs)
+    return f"top-1 {h1}/{len(rs)} = {h1 / len(rs):.1%}, top-3 {h3}/{len(rs)} = {h3 / len(rs):.1%}"
+
+
+def heldout_report(results: list[dict]) -> list[str]:
+    """Held-out vs earlier fault types, leave-one-family-out accuracy and the confusion matrix (Markdown lines)."""
+    eff = [r for r in results if r.get("kind") in ("step", "trl") and r.get("fault") is not None and r.get("effective")]
+    new = [r for r in eff if r["fault"] in HELDOUT]
+    old = [r for r in eff if r["fault"] not in HELDOUT]
+    lines = ["", "Held-out fault types (written after the checks and their thresholds were frozen): "
+             f"{len({r['fault'] for r in new})} types, {len(new)} effective cases — {_acc(new)}",
+             f"Earlier fault types: {len({r['fault'] for r in old})} types, {len(old)} effective cases — {_acc(old)}",
+             "", "Leave-one-family-out (each family's cases scored with the checks as frozen; no threshold is fitted "
+             "to a family, so holding one out changes no check):", "",
+             "| family | types (held-out) | all cases | held-out cases |", "| --- | --- | --- | --- |"]
+    for fam in FAMILIES:
+        rs = [r for r in eff if family_of(r["fault"]) == fam]
+        hs = [r for r in rs if r["fault"] in HELDOUT]
+        lines.append(f"| {fam} | {len({r['fault'] for r in rs})} ({len({r['fault'] for r in hs})}) | {_acc(rs)} | "
+                     f"{_acc(hs)} |")
+    codes = sorted({(_top(r, 1) or ["none"])[0] for r in new})
+    lines += ["", "Confusion matrix of the held-out cases (fault type × first finding; ✓ = an accepted diagnosis):", "",
+              "| fault | accepted | " + " | ".join(codes) + " |", "| --- | --- | " + " | ".join("---" for _ in codes) + " |"]
+    for name in dict.fromkeys(r["fault"] for r in new):
+        rs = [r for r in new if r["fault"] == name]
+        cells = []
+        for c in codes:
+            n = sum((_top(r, 1) or ["none"])[0] == c for r in rs)
+            cells.append("" if not n else f"{n}{' ✓' if c in rs[0]['accept'] else ''}")
+        lines.append(f"| {name} | {', '.join(rs[0]['accept'])} | " + " | ".join(cells) + " |")
+    return lines
