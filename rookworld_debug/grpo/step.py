@@ -29,7 +29,7 @@ from rookworld_debug.grpo.iterations import run_iterations
 from rookworld_debug.grpo.update import UpdateResult
 from rookworld_debug.metrics import term_balance, tiny_std_groups
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2            # 2: records named by class name (1: "module:Class"; still read)
 LOSS_PATH_TOLERANCE = 1e-5   # |loss(grad path) − loss(record)|, fp32 recompute noise is ~1e-7
 
 
@@ -72,7 +72,7 @@ class StepTrace:
         """A saved step or TRL capture; TraceError names what is wrong with a folder that is neither,
         IncompatibleTraceError a capture from an unsupported TRL version."""
         from rookworld_debug.grpo.trace_check import check_trace
-        trace = serialize.read_trace(path, f"{__name__}:StepTrace", TRACE_VERSION)
+        trace = serialize.read_trace(path, "StepTrace", TRACE_VERSION)
         check_trace(trace, str(path))          # tensors whose shapes disagree: refused here, not in a view
         return trace
 
