@@ -167,12 +167,13 @@ def test_mixed_batches_contain_both_tasks_alternating():
 def no_generation(monkeypatch):
     """Generation must never start when the config cannot fit the context."""
     import rookworld_debug.grpo.evaluation as ev
+    import rookworld_debug.grpo.phases as phases
     import rookworld_debug.grpo.step as step
 
     def refuse(*a, **k):
         raise AssertionError("generation started before the context check")
 
-    monkeypatch.setattr(step, "generate", refuse)
+    monkeypatch.setattr(phases, "generate_with_greedy", refuse)      # where the step samples
     monkeypatch.setattr(step, "greedy_evals", refuse)
     monkeypatch.setattr(ev, "greedy_completions", refuse)
 

@@ -232,7 +232,7 @@ def _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos,
 def sampling_logps_for(rollout: Rollout, config, rows=slice(None)) -> torch.Tensor | None:
     """The sampler's log-probs (N, T) for the loss when the sampling IS correction is on (TRL passes them with
     vLLM, whose sampler differs from the trainer; off: None, so OPSM compares the old log-probs, as TRL)."""
-    if not getattr(config, "vllm_importance_sampling_correction", False):
+    if not config.vllm_importance_sampling_correction:
         return None
     return rollout.sampling_per_token_logps[rows]
 

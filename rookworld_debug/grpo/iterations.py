@@ -177,8 +177,7 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
     A pure recompute from recorded tensors (autograd on a detached copy of the log-probs, no forward pass)."""
     from rookworld_debug.grpo.loss import LOSS_TYPES
     out = []
-    seq_is = getattr(config, "vllm_importance_sampling_correction", False) and \
-        str(getattr(config, "vllm_importance_sampling_mode", "")).startswith("sequence")
+    seq_is = config.vllm_importance_sampling_correction and config.vllm_importance_sampling_mode.startswith("sequence")
     for lt in loss_types or LOSS_TYPES:
         if lt == "vespo" and seq_is and loss_types is None:
             continue                       # TRL refuses vespo with a sequence-level IS correction: not comparable

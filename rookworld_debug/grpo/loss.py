@@ -75,9 +75,10 @@ from typing import Optional, Union
 
 import torch
 
+from rookworld_debug.config import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, VLLM_IS_MODES
 from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.aggregation import Aggregation, AggregationInputs, entropy_bonus
-from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, VLLM_IS_MODES, Masks, ObjectiveInputs,
+from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, Masks, ObjectiveInputs,
                                              PolicyTerm, high_entropy_mask, importance_weights,
                                              off_policy_sequence_mask, per_token_kl, sampling_importance_ratio,
                                              sampling_ratio_metrics, vespo_phi)
@@ -89,14 +90,11 @@ __all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "V
            "compute_loss", "high_entropy_mask", "Objective", "LossBatch", "sampling_importance_ratio", "vespo_phi",
            "VLLM_IS_MODES"]
 
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual", "rlvr_mini")
 PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")      # hard PPO clip (TRL's clip_ratio/* metrics)
 TRL_LOSS_TYPES = LOSS_TYPES[:-2]                                   # not manual (rookworld-trl's) nor rlvr_mini
 # TRL 1.16 GRPOConfig defaults of the loss-specific parameters
 SAPO_DEFAULTS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
 VESPO_DEFAULTS = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
-KL_ESTIMATORS = ("k3", "k1", "k2", "full")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 KL_FORMULAS = {
     "k3": "k3 = exp(ref−logp) − (ref−logp) − 1 (TRL)",

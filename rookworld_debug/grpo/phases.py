@@ -114,14 +114,13 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
             max_new_tokens=config.max_new_tokens, sampling={t: config.sampling_for(t) for t in set(b.tasks)},
             seed=config.seed, top_k_alternatives=config.top_k_alternatives, greedy_prompts=greedy_prompts,
             greedy_max_new_tokens=config.eval_max_new_tokens,
-            sampling_autocast=getattr(config, "sampling_autocast", None),
-            rlvr_pitfalls=tuple(getattr(config, "rlvr_pitfalls", ()) or ()))
+            sampling_autocast=config.sampling_autocast, rlvr_pitfalls=tuple(config.rlvr_pitfalls))
         if inject:
             rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
-        if getattr(config, "rlvr_pitfalls", ()):       # rookworld-rlvr's layout faults: what its loss trains
+        if config.rlvr_pitfalls:       # rookworld-rlvr's layout faults: what its loss trains
             from rookworld_debug.grpo.rlvr_pitfalls import apply_layout_faults
             rollout = apply_layout_faults(rollout, config, s.policy, s.reference, s.tokenizer)
-    if getattr(config, "sampling_autocast", None):
+    if config.sampling_autocast:
         rollout = replace(rollout, warnings=rollout.warnings + (
             f"sampling_autocast={config.sampling_autocast!r}: the sampling loop (samples and greedy rows) ran under "
             "bf16 autocast, as a bf16 sampler (vLLM) would; the rollout's scoring forwards and the update are the "

@@ -1,14 +1,13 @@
 """ONE GRPO step, phase by phase. Read `run_step` top to bottom: it is the algorithm.
 
-setup → baseline eval (greedy, before) → generation → rewards → advantages → loss → update → evaluation
+setup → generation (the sampled rows, and the greedy before-update rows in the same decoding loop) → rewards →
+advantages → loss → baseline eval (the greedy rows' rewards) → diagnostics (optional, at the step's start) →
+update → evaluation
 """
 from __future__ import annotations
 
-import json
 import math
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -17,11 +16,12 @@ import torch
 from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.grpo import serialize
-from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
+from rookworld_debug.grpo.advantages import Advantages
 from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
-from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
-from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
-from rookworld_debug.grpo.rewards import Rewards, compute_rewards
+from rookworld_debug.grpo.generation import Rollout
+from rookworld_debug.grpo.loss import LossBreakdown
+from rookworld_debug.grpo.rewards import Rewards
+# loss_for is re-exported: views and notebooks import it from here
 from rookworld_debug.grpo.phases import PhaseTimer, loss_for, memory_advice, rows, sample_and_score  # noqa: F401
 from rookworld_debug.grpo.setup import Setup, check_context, check_inject
 from rookworld_debug.grpo.start import setup as setup_phase
@@ -122,7 +122,7 @@ class StepTrace:
 
 def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_funcs: Optional[Mapping] = None,
              reward_weights: Optional[Mapping] = None, inject: Optional[Mapping[int, str]] = None) -> StepTrace:
-    """One fully instrumented GRPO step. Pass `session` (a Setup) to reuse loaded models/engine;
+    """One fully instrumented GRPO step, its phases in the order of the module docstring. Pass `session` (a Setup) to reuse loaded models/engine;
     `inject` = {row: text} to put chosen completions into the rollout (debugging "what if")."""
     timer = PhaseTimer()
     with timer("setup"):
