@@ -165,11 +165,11 @@ class GradForward:
 
     def __init__(self, policy, rollout, config):
         from rookworld_debug.grpo.generation import per_token_logps_and_entropy
-        from rookworld_debug.grpo.iterations import effective_mask
+        from rookworld_debug.grpo.generation import loss_mask
         from rookworld_debug.grpo.objective_params import Objective
         self.rollout, self.config = rollout, config
         self.params = [p for _, p in policy.named_parameters() if p.requires_grad]
-        self.mask = effective_mask(rollout, config)                                          # (N, T)
+        self.mask = loss_mask(rollout, config)                                          # (N, T)
         self.objective = Objective.from_config(config)
         self.need_entropy = self.objective.entropy_coef != 0 or self.objective.top_entropy_quantile < 1
         policy.train(False)                      # as update(): dropout off

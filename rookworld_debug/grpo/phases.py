@@ -15,7 +15,8 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
-from rookworld_debug.grpo.generation import Rollout, generate_with_greedy, inject_completions, sampling_logps_for
+from rookworld_debug.grpo.generation import (Rollout, generate_with_greedy, inject_completions, loss_mask,
+                                             sampling_logps_for)
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.rewards import compute_rewards
@@ -80,9 +81,7 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
     """The loss record from the rollout's tensors — no forward pass (widgets recompute it per slider move).
     On-policy (μ = 1) the old log-probs ARE the rollout's, so ratio = 1 exactly as in TRL; a saved off-policy
     step (e.g. a TRL capture with num_iterations > 1) passes its stored `old_per_token_logps` (N, T)."""
-    mask = rollout.completion_mask
-    if config.mask_truncated_completions:
-        mask = mask * (~rollout.is_truncated)[:, None]                                   # (N, T)
+    mask = loss_mask(rollout, config)                                                    # (N, T)
     old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
     objective, extra = Objective.from_config(config), {}
     if config.loss_type == "rlvr_mini":          # the mini's KL controller and values, once per step

@@ -173,8 +173,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                 flags.append(f"post-update evaluation failed: {err}")
     if diag is not None:
         from rookworld_debug.grpo.diagnostics import with_delta_ci
-        from rookworld_debug.grpo.iterations import effective_mask
-        diag = with_delta_ci(diag, evaluation, config.seed, iterations=iterations, mask=effective_mask(rollout, config))
+        from rookworld_debug.grpo.generation import loss_mask
+        diag = with_delta_ci(diag, evaluation, config.seed, iterations=iterations, mask=loss_mask(rollout, config))
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
                      timings=dict(timer.seconds), counts=_counts(rollout, rewards, iterations, upd, evaluation),

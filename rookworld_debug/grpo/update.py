@@ -24,7 +24,8 @@ from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.models import memory
 from rookworld_debug.models.devices import model_device, on_device
 from rookworld_debug.grpo.generation import (auto_micro_batch_size, per_token_logps_and_entropy,
-                                             per_token_logps_entropy_full_kl, sampling_logps_for)
+                                             per_token_logps_entropy_full_kl, sampling_logps_for,
+                                             loss_mask)
 from rookworld_debug.grpo.loss import compute_loss
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 
@@ -208,10 +209,7 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     step_rows = rows if rows is not None else slice(0, rollout.completion_ids.shape[0])
     n = step_rows.stop - step_rows.start
     adv = advantages.advantages.to(rollout.per_token_logps.dtype)[step_rows]  # (n,)
-    mask = rollout.completion_mask                                         # (N, T)
-    if config.mask_truncated_completions:              # as step.loss_for: the record and the step agree
-        mask = mask * (~rollout.is_truncated)[:, None]                     # (N, T)
-    mask = mask[step_rows]                                                 # (n, T)
+    mask = loss_mask(rollout, config)[step_rows]                           # (n, T) as the record's mask
     ref_all = None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[step_rows]  # (n, T)
     old_all = None if old_per_token_logps is None else old_per_token_logps[step_rows]                # (n, T)
     num_items = float(mask.sum()) if num_items_in_batch is None else float(num_items_in_batch)
