@@ -14,10 +14,11 @@ from typing import Mapping, Optional
 import torch
 
 from rookworld_debug.config import StepConfig
-from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
+from rookworld_debug.grpo.advantages import Advantages
 from rookworld_debug.grpo.generation import (Rollout, generate_with_greedy, inject_completions, loss_mask,
                                              sampling_logps_for)
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
+from rookworld_debug.grpo.families import advantages_from_config
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup, check_inject

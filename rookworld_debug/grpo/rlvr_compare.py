@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from rookworld_debug.grpo.advantages import advantages_from_config
+from rookworld_debug.grpo.families import advantages_from_config
 from rookworld_debug.grpo.loss import compute_loss
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 

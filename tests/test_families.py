@@ -1,0 +1,59 @@
+"""Objective families (grpo/families.py): every loss type has one; the micro-batch weighting and the advantages
+come from it; the update and the advantages phase test no family's loss-type name."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from rookworld_debug.config import LOSS_TYPES, StepConfig
+from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo import advantages as adv
+from rookworld_debug.grpo.families import Family, advantages_from_config, family_of, register
+
+GRPO = Path(adv.__file__).parent
+
+
+def test_every_loss_type_has_a_family_and_an_unknown_one_is_named():
+    assert {family_of(lt).name for lt in LOSS_TYPES} == {"TRL GRPOTrainer", "rookworld-trl manual loop",
+                                                          "rookworld-rlvr mini"}
+    with pytest.raises(ConfigError, match="no registered objective family"):
+        family_of("nope")
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_micro_batch_weights_add_up_to_the_full_batch(loss_type):
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.float32)   # (n=4, T=3)
+    fam = family_of(loss_type)
+    for entropy in (False, True):
+        ws = [fam.mb_weight(loss_type, slice(i, i + 2), 4, mask, entropy=entropy) for i in (0, 2)]
+        kind = (entropy and fam.entropy_weighting) or fam.pg_weighting[loss_type]
+        assert sum(ws) == pytest.approx(2.0 if kind == "global" else 1.0)
+        if kind == "tokens":                          # rows 0-1 hold 3 of the 7 tokens
+            assert ws == pytest.approx([3 / 7, 4 / 7])
+
+
+def test_advantages_come_from_the_family():
+    r = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    cfg = StepConfig(num_generations=2)
+    assert torch.equal(advantages_from_config(r, cfg).advantages,
+                       adv.compute_advantages(r, 2, scale_rewards=cfg.scale_rewards, eps=cfg.adv_eps,
+                                              std_ddof=cfg.std_ddof, clip=cfg.adv_clip).advantages)
+    m = cfg.replace(loss_type="manual")
+    assert advantages_from_config(r, m).method == "manual"
+
+
+def test_a_family_registered_in_test_code_answers_its_loss_type():
+    toy = register(Family("toy", ("toy_loss",), lambda rewards, config: rewards, {"toy_loss": "rows"}))
+    assert family_of("toy_loss") is toy and toy.mb_weight("toy_loss", slice(0, 1), 4, torch.ones(4, 2)) == 0.25
+    with pytest.raises(ValueError, match="weighting"):
+        register(Family("bad", ("x",), lambda r, c: r, {"x": "per-moon"}))
+
+
+@pytest.mark.parametrize("module", ["update.py", "advantages.py"])
+def test_the_update_and_advantages_dispatch_test_no_family_name(module):
+    src = (GRPO / module).read_text()
+    hits = re.findall(r"loss_type\s*(?:==|!=|in)\s*[(\"']", src)
+    assert not hits, f"{module} tests loss-type names: {hits}"
