@@ -57,3 +57,40 @@ def test_the_update_and_advantages_dispatch_test_no_family_name(module):
     src = (GRPO / module).read_text()
     hits = re.findall(r"loss_type\s*(?:==|!=|in)\s*[(\"']", src)
     assert not hits, f"{module} tests loss-type names: {hits}"
+
+
+# ------------------------------------------------------------------ a new family, in test code alone
+def _sign_advantages(rewards, config):
+    """The toy's advantages: the sign of r − mean_g (what a rank-based trainer would push)."""
+    import dataclasses
+    a = adv.compute_advantages(rewards, config.num_generations, scale_rewards="none", eps=config.adv_eps,
+                               std_ddof=config.std_ddof)
+    return dataclasses.replace(a, advantages=torch.sign(a.advantages), normalization="A = sign(r − mean_g)",
+                               method="toy_sign")
+
+
+def _toy_loss(logps, old, ref, advantages, mask, objective, batch):
+    """dr_grpo's loss table on the sign advantages, recorded under the toy's name."""
+    import dataclasses
+
+    from rookworld_debug.grpo.loss import compute_loss
+    rec = compute_loss(logps, old, ref, advantages, mask, objective.replace(loss_type="dr_grpo"), batch)
+    return dataclasses.replace(rec, loss_type="toy_sign")
+
+
+def test_a_toy_family_registered_in_test_code_runs_a_step(tiny_byte_model_dir, fixtures_dir):
+    import warnings
+
+    from rookworld_debug.grpo.step import run_step
+
+    register(Family("toy sign", ("toy_sign",), _sign_advantages, {"toy_sign": "rows"}, loss=_toy_loss))
+    cfg = StepConfig(model=str(tiny_byte_model_dir), reward_mode="dataset", task="P", loss_type="toy_sign",
+                     dataset=str(fixtures_dir / "rook_p_lines.txt"), batch_size=2, num_generations=2,
+                     max_new_tokens=8, eval_max_new_tokens=4, heldout_n=0, micro_batch_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = run_step(cfg)
+    assert t.advantages.method == "toy_sign" and set(t.advantages.advantages.tolist()) <= {-1.0, 0.0, 1.0}
+    assert t.loss.loss_type == "toy_sign" and t.update is not None
+    assert t.iterations[0].updates[0].loss_record_diff <= 1e-5       # the optimized loss is the displayed one
+    assert not [f for f in t.flags if "differs from the displayed" in f]

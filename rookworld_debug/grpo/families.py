@@ -33,6 +33,11 @@ class Family:
     advantages: Callable                            # (rewards (N,), StepConfig) -> Advantages
     pg_weighting: Mapping[str, str]                 # loss_type -> one of WEIGHTINGS (the pg and KL terms)
     entropy_weighting: Optional[str] = None         # the entropy bonus's; None = as the pg term
+    # (ℓ, ℓ_old, ℓ_ref, A, m, Objective, LossBatch) -> LossBreakdown, or its fields as a dict (normalizer as
+    # (name, value, description)); None = the loss table (grpo/loss.py)
+    loss: Optional[Callable] = None
+    # (rollout, Advantages, Objective, m) -> (Objective, LossBatch fields): once per step, before the loss record
+    prepare: Optional[Callable] = None
 
     def mb_weight(self, loss_type: str, rows: slice, n: int, mask: torch.Tensor, *, entropy: bool = False) -> float:
         """Weight that turns a micro-batch loss (rows of the n-row batch, mask (n, T)) into its share of the
@@ -53,8 +58,10 @@ def register(family: Family) -> Family:
     bad = {k: v for k, v in family.pg_weighting.items() if v not in WEIGHTINGS}
     if family.entropy_weighting not in (None, *WEIGHTINGS) or bad or set(family.pg_weighting) != set(family.loss_types):
         raise ValueError(f"family {family.name}: a weighting for each loss type, each one of {WEIGHTINGS}")
+    from rookworld_debug.config import allow_loss_type
     for lt in family.loss_types:
         _FAMILIES[lt] = family
+        allow_loss_type(lt)
     return family
 
 
@@ -93,7 +100,20 @@ def _builtin() -> None:
                                      **dict.fromkeys(("dapo", "cispo", "vespo"), "global")},
                     entropy_weighting="tokens"))
     register(Family("rookworld-trl manual loop", ("manual",), manual_advantages, {"manual": "rows"}))
-    register(Family("rookworld-rlvr mini", ("rlvr_mini",), adv.rlvr_advantages_from_config, {"rlvr_mini": "rows"}))
+    register(Family("rookworld-rlvr mini", ("rlvr_mini",), adv.rlvr_advantages_from_config, {"rlvr_mini": "rows"},
+                    loss=_rlvr_loss, prepare=_rlvr_prepare))
+
+
+def _rlvr_loss(logps, old, ref, advantages, mask, objective, batch):
+    from types import SimpleNamespace
+
+    from rookworld_debug.grpo.rlvr_loss import compute_rlvr_loss
+    return compute_rlvr_loss(logps, ref, advantages, mask, SimpleNamespace(**vars(objective), **vars(batch)))
+
+
+def _rlvr_prepare(rollout, advantages, objective, mask):
+    from rookworld_debug.grpo.rlvr_loss import rlvr_step       # the mini's KL controller and values
+    return rlvr_step(rollout, advantages, objective, mask)
 
 
 _BUILTIN_DONE: list = []

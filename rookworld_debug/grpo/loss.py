@@ -83,7 +83,7 @@ from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, Masks, Obj
                                              off_policy_sequence_mask, per_token_kl, sampling_importance_ratio,
                                              sampling_ratio_metrics, vespo_phi)
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
-from rookworld_debug.grpo.rlvr_loss import compute_rlvr_loss
+from rookworld_debug.grpo.families import family_of
 
 __all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "VESPO_DEFAULTS", "KL_ESTIMATORS",
            "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LOSS_TABLE", "LossBreakdown", "Normalizer",
@@ -254,10 +254,13 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
                           f"{type(objective).__name__}")
     if batch is not None and not isinstance(batch, LossBatch):
         raise ConfigError("batch", f"must be a LossBatch or None, got {type(batch).__name__}")
+    family = family_of(objective.loss_type)                 # ConfigError naming the known loss types
+    if family.loss is not None:                             # a family with its own loss (e.g. the rlvr mini)
+        out = family.loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
+                          objective, batch or LossBatch())
+        return out if isinstance(out, LossBreakdown) else LossBreakdown(
+            **{**out, "normalizer": Normalizer(*out["normalizer"])})
     o = SimpleNamespace(**vars(objective), **vars(batch or LossBatch()))
-    if o.loss_type == "rlvr_mini":
-        fields = compute_rlvr_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask, o)
-        return LossBreakdown(**{**fields, "normalizer": Normalizer(*fields["normalizer"])})
     if isinstance(per_token_logps, torch.Tensor):
         with _SmallCpuOps(per_token_logps):
             return _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,

@@ -19,6 +19,7 @@ from rookworld_debug.grpo.generation import (Rollout, generate_with_greedy, inje
                                              sampling_logps_for)
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
 from rookworld_debug.grpo.families import advantages_from_config
+from rookworld_debug.grpo.families import family_of
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup, check_inject
@@ -85,9 +86,9 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
     mask = loss_mask(rollout, config)                                                    # (N, T)
     old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
     objective, extra = Objective.from_config(config), {}
-    if config.loss_type == "rlvr_mini":          # the mini's KL controller and values, once per step
-        from rookworld_debug.grpo.rlvr_loss import rlvr_step
-        objective, extra = rlvr_step(rollout, advantages, objective, mask)
+    family = family_of(config.loss_type)
+    if family.prepare is not None:               # once per step (the rlvr mini: its KL controller and values)
+        objective, extra = family.prepare(rollout, advantages, objective, mask)
     batch = LossBatch(entropy=rollout.per_token_entropy, per_token_full_kl=rollout.per_token_full_kl,
                       num_generations=config.num_generations,
                       sampling_per_token_logps=sampling_logps_for(rollout, config), **extra)
