@@ -1,5 +1,6 @@
-"""Objective families (grpo/families.py): every loss type has one; the micro-batch weighting and the advantages
-come from it; the update and the advantages phase test no family's loss-type name."""
+"""Objective families (grpo/families.py): every loss type has one; advantages, micro-batch weighting, loss record
+and per-step preparation come from it; the step's modules test no family's loss-type name; a family registered
+in this file alone runs a step."""
 from __future__ import annotations
 
 import re
@@ -52,8 +53,8 @@ def test_a_family_registered_in_test_code_answers_its_loss_type():
         register(Family("bad", ("x",), lambda r, c: r, {"x": "per-moon"}))
 
 
-@pytest.mark.parametrize("module", ["update.py", "advantages.py"])
-def test_the_update_and_advantages_dispatch_test_no_family_name(module):
+@pytest.mark.parametrize("module", ["update.py", "advantages.py", "step.py", "phases.py", "iterations.py"])
+def test_the_step_modules_test_no_family_name(module):
     src = (GRPO / module).read_text()
     hits = re.findall(r"loss_type\s*(?:==|!=|in)\s*[(\"']", src)
     assert not hits, f"{module} tests loss-type names: {hits}"

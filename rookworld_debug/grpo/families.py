@@ -38,6 +38,9 @@ class Family:
     loss: Optional[Callable] = None
     # (rollout, Advantages, Objective, m) -> (Objective, LossBatch fields): once per step, before the loss record
     prepare: Optional[Callable] = None
+    # (StepConfig, the step's LossBreakdown) -> the StepConfig the update runs with (the mini: its controlled β)
+    update_config: Optional[Callable] = None
+    needs_reference: bool = False                   # the loss reads ℓ_ref whatever β (the mini's ratio)
 
     def mb_weight(self, loss_type: str, rows: slice, n: int, mask: torch.Tensor, *, entropy: bool = False) -> float:
         """Weight that turns a micro-batch loss (rows of the n-row batch, mask (n, T)) into its share of the
@@ -101,7 +104,11 @@ def _builtin() -> None:
                     entropy_weighting="tokens"))
     register(Family("rookworld-trl manual loop", ("manual",), manual_advantages, {"manual": "rows"}))
     register(Family("rookworld-rlvr mini", ("rlvr_mini",), adv.rlvr_advantages_from_config, {"rlvr_mini": "rows"},
-                    loss=_rlvr_loss, prepare=_rlvr_prepare))
+                    loss=_rlvr_loss, prepare=_rlvr_prepare, update_config=_rlvr_update_config, needs_reference=True))
+
+
+def _rlvr_update_config(config, loss):
+    return config.replace(beta=loss.beta) if config.rlvr_adaptive_kl else config   # the controller's kl_coef
 
 
 def _rlvr_loss(logps, old, ref, advantages, mask, objective, batch):

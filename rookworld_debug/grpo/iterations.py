@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import NumericalError
+from rookworld_debug.grpo.families import family_of
 from rookworld_debug.grpo.generation import loss_mask, sampling_logps_for
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, high_entropy_mask
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
@@ -173,8 +174,8 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
     for lt in loss_types or LOSS_TYPES:
         if lt == "vespo" and seq_is and loss_types is None:
             continue                       # TRL refuses vespo with a sequence-level IS correction: not comparable
-        if lt == "rlvr_mini" and rollout.ref_per_token_logps is None:
-            continue                       # the mini's ratio is against the reference: nothing to compare to
+        if family_of(lt).needs_reference and rollout.ref_per_token_logps is None:
+            continue                       # e.g. the mini's ratio is against the reference: nothing to compare to
         cfg = config.replace(loss_type=lt)
         base = iteration.per_token_logps if iteration is not None else rollout.per_token_logps
         leaf = base.detach().clone().requires_grad_(True)                  # (N, T)

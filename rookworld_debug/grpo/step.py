@@ -17,6 +17,7 @@ from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.grpo import serialize
 from rookworld_debug.grpo.advantages import Advantages
+from rookworld_debug.grpo.families import family_of
 from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
 from rookworld_debug.grpo.generation import Rollout
 from rookworld_debug.grpo.loss import LossBreakdown
@@ -184,9 +185,9 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
 def _update_phase(s: Setup, rollout, advantages, loss, config: StepConfig, flags: list) -> tuple:
     """(the inner iterations' records, the optimizer step TRL logs last — None when refused). A refusal (NaN/inf)
     and a loss that differs from the displayed record go into `flags`."""
-    upd_config, iterations, upd = config, (), None
-    if config.loss_type == "rlvr_mini" and config.rlvr_adaptive_kl:   # the controller's kl_coef of this step
-        upd_config = config.replace(beta=loss.beta)
+    iterations, upd = (), None
+    family = family_of(config.loss_type)
+    upd_config = family.update_config(config, loss) if family.update_config is not None else config
     try:
         iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, upd_config, reference=s.reference,
                                     loss_record=loss, flags=flags)
