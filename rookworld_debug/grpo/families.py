@@ -112,10 +112,8 @@ def _rlvr_update_config(config, loss):
 
 
 def _rlvr_loss(logps, old, ref, advantages, mask, objective, batch):
-    from types import SimpleNamespace
-
     from rookworld_debug.grpo.rlvr_loss import compute_rlvr_loss
-    return compute_rlvr_loss(logps, ref, advantages, mask, SimpleNamespace(**vars(objective), **vars(batch)))
+    return compute_rlvr_loss(logps, ref, advantages, mask, objective, batch)
 
 
 def _rlvr_prepare(rollout, advantages, objective, mask):
