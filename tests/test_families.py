@@ -13,6 +13,7 @@ from rookworld_debug.config import LOSS_TYPES, StepConfig
 from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo import advantages as adv
 from rookworld_debug.grpo.families import Family, advantages_from_config, family_of, register
+from tinymodels import tiny_step_config
 
 GRPO = Path(adv.__file__).parent
 
@@ -85,9 +86,8 @@ def test_a_toy_family_registered_in_test_code_runs_a_step(tiny_byte_model_dir, f
     from rookworld_debug.grpo.step import run_step
 
     register(Family("toy sign", ("toy_sign",), _sign_advantages, {"toy_sign": "rows"}, loss=_toy_loss))
-    cfg = StepConfig(model=str(tiny_byte_model_dir), reward_mode="dataset", task="P", loss_type="toy_sign",
-                     dataset=str(fixtures_dir / "rook_p_lines.txt"), batch_size=2, num_generations=2,
-                     max_new_tokens=8, eval_max_new_tokens=4, heldout_n=0, micro_batch_size=2)
+    cfg = tiny_step_config(tiny_byte_model_dir, loss_type="toy_sign", dataset=str(fixtures_dir / "rook_p_lines.txt"),
+                           eval_max_new_tokens=4, micro_batch_size=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = run_step(cfg)
