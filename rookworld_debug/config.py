@@ -409,7 +409,17 @@ _BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_ada
                 "rlvr_adaptive_kl", "rlvr_use_gae", "rlvr_length_normalize",
                 "vllm_importance_sampling_correction")
 _STR_FIELDS = ("model", "dataset", "device", "reference_device")
-_CHOICES = {"task": TASKS, "loss_type": LOSS_TYPES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
+# the built-in loss types and those of objective families registered at run time (grpo.families.register)
+_LOSS_TYPE_CHOICES = list(LOSS_TYPES)
+
+
+def allow_loss_type(name: str) -> None:
+    """Accept `name` as a loss_type: an objective family registered by grpo.families.register answers it."""
+    if name not in _LOSS_TYPE_CHOICES:
+        _LOSS_TYPE_CHOICES.append(name)
+
+
+_CHOICES = {"task": TASKS, "loss_type": _LOSS_TYPE_CHOICES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
             "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip"),
             "engine_on_failure": ("raise", "flag"), "vllm_importance_sampling_mode": VLLM_IS_MODES,
             "sampling_autocast": (None, "bf16"), "rlvr_kl_type": RLVR_KL_TYPES, "rlvr_baseline": RLVR_BASELINES,

@@ -1,5 +1,5 @@
 """ipywidgets panels over the SAME pure phase functions the step uses. No GRPO math lives here: a
-slider move calls `grpo.advantages.advantages_from_config` + `grpo.step.loss_for` on the rollout's
+slider move calls `grpo.families.advantages_from_config` + `grpo.step.loss_for` on the rollout's
 recorded tensors (no forward pass) and re-renders the library's views; "Regenerate" calls
 `grpo.step.sample_and_score` (generation → rewards → advantages → loss, no update).
 
@@ -117,7 +117,7 @@ def recompute(state: _State, changes: dict, *, fixed_advantages=None, old_per_to
     'manual'); `iteration`: an inner pass (its log-probs vs the frozen old ones); else `old_per_token_logps`
     (a saved off-policy step's). Returns (new state, seconds spent in the loss call). Bad values raise
     ConfigError (from StepConfig)."""
-    from rookworld_debug.grpo.advantages import advantages_from_config
+    from rookworld_debug.grpo.families import advantages_from_config
     from rookworld_debug.grpo.step import loss_for
     bad = sorted(set(changes) - set(LOSS_KNOBS))
     if bad:

@@ -19,7 +19,8 @@ from trl.trainer.utils import nanstd as trl_nanstd  # noqa: E402
 from rookworld_debug.config import StepConfig  # noqa: E402
 from rookworld_debug.errors import ConfigError  # noqa: E402
 from rookworld_debug.grpo.advantages import (  # noqa: E402
-    Advantages, advantages_from_config, compute_advantages, manual_advantages, nanstd)
+    Advantages, compute_advantages, manual_advantages, nanstd)
+from rookworld_debug.grpo.families import advantages_from_config  # noqa: E402
 
 NAN = float("nan")
 

@@ -129,7 +129,7 @@ def test_group_size_sweep_matches_a_fresh_forward_on_the_kept_rows(tiny_byte_mod
     """Oracle: a G′ draw's gradient through the shared forward = a fresh forward + backward on only the kept rows
     (advantages recomputed on their rewards); zero-std and NaN rewards come back flagged, not as numbers."""
     from rookworld_debug.config import StepConfig
-    from rookworld_debug.grpo.advantages import advantages_from_config
+    from rookworld_debug.grpo.families import advantages_from_config
     from rookworld_debug.grpo.diagnostics import GradForward, per_group_grads
     from rookworld_debug.grpo.generation import per_token_logps_and_entropy
     from rookworld_debug.grpo.group_size import _cos, group_size_sweep

@@ -1,13 +1,13 @@
-"""Inner PPO iterations (issue 14): μ passes over one rollout with old log-probs frozen at sampling,
+"""Inner PPO iterations: μ passes over one rollout with old log-probs frozen at sampling,
 steps_per_generation optimizer steps per pass, per-iteration records; a real (tiny) transformers model."""
 import math
 
 import pytest
 import torch
 
-from rookworld_debug import StepConfig, StepTrace, run_step
+from rookworld_debug import StepTrace, run_step
 from rookworld_debug.grpo.start import setup
-from tinymodels import save_tiny_gpt2
+from tinymodels import save_tiny_gpt2, tiny_step_config
 
 B, G = 2, 4
 
@@ -15,8 +15,7 @@ B, G = 2, 4
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     folder = save_tiny_gpt2(tmp_path_factory.mktemp("tiny_iter"))
-    return StepConfig(model=str(folder), task="P", batch_size=B, num_generations=G, max_new_tokens=16,
-                      eval_max_new_tokens=8, heldout_n=0, reward_mode="dataset", lr=3e-3, beta=0.1, seed=3)
+    return tiny_step_config(folder, batch_size=B, num_generations=G, max_new_tokens=16, lr=3e-3, beta=0.1, seed=3)
 
 
 def _run(config, inject_dataset=True):

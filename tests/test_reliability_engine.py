@@ -21,6 +21,7 @@ from rookworld_debug.chess import rewards as R
 from rookworld_debug.chess.engine import Engine
 from rookworld_debug.chess.formats import parse_p, split_p
 from rookworld_debug.config import StepConfig
+from tinymodels import tiny_step_config
 from rookworld_debug.errors import EngineNotFound
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,8 +112,7 @@ def test_missing_binary_with_dataset_mode_runs_on_ground_truth(monkeypatch, tiny
     from rookworld_debug.grpo.step import run_step
 
     monkeypatch.setenv("ROOKWORLD_STOCKFISH", "/nonexistent/stockfish")
-    cfg = StepConfig(model=str(tiny_byte_model_dir), reward_mode="dataset", task="P", batch_size=2,
-                     num_generations=2, max_new_tokens=8, eval_max_new_tokens=8, heldout_n=0, top_k_alternatives=2)
+    cfg = tiny_step_config(tiny_byte_model_dir, top_k_alternatives=2)
     trace = run_step(cfg)
     assert trace.setup.engine is None and trace.setup.provenance["engine"] is None
     assert trace.rewards.reward_mode == "dataset" and trace.rewards.engine_stats == {}
@@ -124,8 +124,7 @@ def test_a_only_batch_needs_no_engine_even_in_engine_mode(monkeypatch, tiny_byte
     from rookworld_debug.grpo.start import setup
 
     monkeypatch.setenv("ROOKWORLD_STOCKFISH", "/nonexistent/stockfish")
-    s = setup(StepConfig(model=str(tiny_byte_model_dir), reward_mode="engine", task="A", batch_size=2,
-                         num_generations=2, max_new_tokens=8, eval_max_new_tokens=8, heldout_n=0))
+    s = setup(tiny_step_config(tiny_byte_model_dir, reward_mode="engine", task="A"))
     assert s.engine is None
 
 

@@ -16,6 +16,7 @@ from rookworld_debug.chess import rewards as R
 from rookworld_debug.chess.formats import PSample, parse_a, parse_number, parse_p, parse_p_completion
 from rookworld_debug.config import StepConfig
 from rookworld_debug.data import loaders
+from tinymodels import tiny_step_config
 from rookworld_debug.errors import ConfigError, DataError, FormatError
 
 P_LINE = ("P: rnbqkbnr/ppp1pppp/8/3p4/8/P7/1PPPPPPP/RNBQKBNR w KQkq - 0 2                               "
@@ -110,9 +111,7 @@ def test_run_step_refuses_a_file_with_a_bad_line_and_flags_skips_when_asked(tmp_
 
     f, lines = _dataset_file(tmp_path)
     f.write_text("\n".join(lines) + "\n")
-    cfg = StepConfig(model=str(tiny_byte_model_dir), dataset=str(f), task="P", reward_mode="dataset",
-                     batch_size=2, num_generations=2, max_new_tokens=8, eval_max_new_tokens=8, heldout_n=0,
-                     top_k_alternatives=0)
+    cfg = tiny_step_config(tiny_byte_model_dir, dataset=str(f), top_k_alternatives=0)
     with pytest.raises(DataError, match=r"nine\.txt:4: malformed"):
         run_step(cfg)
     trace = run_step(cfg.replace(on_bad_sample="skip"))
@@ -167,12 +166,13 @@ def test_mixed_batches_contain_both_tasks_alternating():
 def no_generation(monkeypatch):
     """Generation must never start when the config cannot fit the context."""
     import rookworld_debug.grpo.evaluation as ev
+    import rookworld_debug.grpo.phases as phases
     import rookworld_debug.grpo.step as step
 
     def refuse(*a, **k):
         raise AssertionError("generation started before the context check")
 
-    monkeypatch.setattr(step, "generate", refuse)
+    monkeypatch.setattr(phases, "generate_with_greedy", refuse)      # where the step samples
     monkeypatch.setattr(step, "greedy_evals", refuse)
     monkeypatch.setattr(ev, "greedy_completions", refuse)
 
@@ -189,8 +189,7 @@ def test_token_limits_past_the_context_are_config_errors_before_generation(tiny_
     from rookworld_debug.grpo.step import run_step
 
     ctx = _ctx(tiny_byte_model_dir)
-    cfg = StepConfig(model=str(tiny_byte_model_dir), reward_mode="dataset", batch_size=2, num_generations=2,
-                     heldout_n=2, max_new_tokens=8, eval_max_new_tokens=8).replace(**{field: ctx + extra})
+    cfg = tiny_step_config(tiny_byte_model_dir, heldout_n=2).replace(**{field: ctx + extra})
     with pytest.raises(ConfigError) as e:
         run_step(cfg)
     assert e.value.field == field and f"n_positions={ctx}" in str(e.value)
@@ -199,8 +198,7 @@ def test_token_limits_past_the_context_are_config_errors_before_generation(tiny_
 def test_inject_too_long_or_invalid_text_is_a_config_error(tiny_byte_model_dir, no_generation):
     from rookworld_debug.grpo.step import run_step
 
-    cfg = StepConfig(model=str(tiny_byte_model_dir), reward_mode="dataset", batch_size=2, num_generations=2,
-                     max_new_tokens=8, eval_max_new_tokens=8, heldout_n=0)
+    cfg = tiny_step_config(tiny_byte_model_dir)
     ctx = _ctx(tiny_byte_model_dir)
     for inject, why in (({0: " x" * ctx}, f"n_positions={ctx}"), ({1: "M: e2e4 \ud800"}, "Unicode"),
                         ({0: 5}, "string"), ({9: "M: e2e4"}, "row 9")):
@@ -276,9 +274,8 @@ def test_numerical_fault_after_the_update_still_returns_the_trace_with_the_flag(
     from rookworld_debug.grpo.step import run_step
     from rookworld_debug.steplog import format_step_log
 
-    cfg = StepConfig(model=str(tiny_byte_model_dir), lr=1e12, max_grad_norm=None, task="A", batch_size=2,
-                     num_generations=4, max_new_tokens=24, eval_max_new_tokens=24, heldout_n=0,
-                     reward_mode="dataset", top_k_alternatives=0)
+    cfg = tiny_step_config(tiny_byte_model_dir, lr=1e12, max_grad_norm=None, task="A", num_generations=4,
+                           max_new_tokens=24, eval_max_new_tokens=24, top_k_alternatives=0)
     # the label and garbage in group 0: rewards differ whatever the model samples → a non-zero gradient
     label = loaders.select_batch(loaders.load_bundled(split="train"), task="A", batch_size=2, seed=0).completions[0]
     trace = run_step(cfg, inject={0: label, 1: "zz"})

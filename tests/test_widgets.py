@@ -58,7 +58,7 @@ def test_recompute_is_well_under_a_second(panel):
 
 
 def test_loss_type_and_estimator_knobs(panel):
-    from rookworld_debug.grpo.advantages import advantages_from_config
+    from rookworld_debug.grpo.families import advantages_from_config
     panel.w_loss_type.value = "manual"
     ref = advantages_from_config(panel.state.rewards.rewards, panel.config)
     assert panel.loss.loss_type == "manual"

@@ -44,7 +44,18 @@ def save_tiny_gpt2(folder: Path, *, seed: int = 0, n_embd: int = 32, n_positions
     return folder
 
 
-# ----------------------------------------------------------------------------- GPT-2 BPE (issue 15)
+# the small step most tests run: P: tasks, dataset reward (no engine), one group of two, a few tokens
+SMALL_STEP = dict(task="P", reward_mode="dataset", batch_size=2, num_generations=2, max_new_tokens=8,
+                  eval_max_new_tokens=8, heldout_n=0)
+
+
+def tiny_step_config(model_dir, **overrides):
+    """A StepConfig for a tiny model folder: SMALL_STEP with `overrides` (any StepConfig field)."""
+    from rookworld_debug.config import StepConfig
+    return StepConfig(model=str(model_dir), **{**SMALL_STEP, **overrides})
+
+
+# ----------------------------------------------------------------------------- GPT-2 BPE
 BPE_CONFIG = dict(n_layer=1, n_head=2, n_embd=32, n_positions=256)
 
 

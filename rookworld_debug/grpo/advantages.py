@@ -239,18 +239,6 @@ def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generat
                    scale="group", eps=std_clamp, ddof=std_ddof, clip=clip, raw=raw)
 
 
-def advantages_from_config(rewards, config) -> Advantages:
-    """Dispatch on a StepConfig: manual_advantages for loss_type='manual', the rookworld-rlvr mini's baselines
-    for 'rlvr_mini' (grpo/rlvr_baselines.py), else compute_advantages."""
-    if config.loss_type == "rlvr_mini":
-        return rlvr_advantages_from_config(rewards, config)
-    if config.loss_type == "manual":
-        return manual_advantages(rewards, config.num_generations, std_clamp=config.manual_std_clamp,
-                                 clip=config.manual_adv_clip, std_ddof=config.std_ddof)
-    return compute_advantages(rewards, config.num_generations, scale_rewards=config.scale_rewards,
-                              eps=config.adv_eps, std_ddof=config.std_ddof, clip=config.adv_clip)
-
-
 # ---------------------------------------------------------------- rookworld-rlvr's "mini" (grpo/rlvr_baselines.py)
 def rlvr_advantages(rewards: Sequence[float] | torch.Tensor, num_generations: int, *,
                     baseline_type: str = "group_mean", values: Optional[torch.Tensor] = None,

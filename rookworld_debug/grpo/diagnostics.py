@@ -166,11 +166,11 @@ class GradForward:
 
     def __init__(self, policy, rollout, config):
         from rookworld_debug.grpo.generation import per_token_logps_and_entropy
-        from rookworld_debug.grpo.iterations import effective_mask
+        from rookworld_debug.grpo.generation import loss_mask
         from rookworld_debug.grpo.objective_params import Objective
         self.rollout, self.config = rollout, config
         self.params = [p for _, p in policy.named_parameters() if p.requires_grad]
-        self.mask = effective_mask(rollout, config)                                          # (N, T)
+        self.mask = loss_mask(rollout, config)                                          # (N, T)
         self.objective = Objective.from_config(config)
         self.need_entropy = self.objective.entropy_coef != 0 or self.objective.top_entropy_quantile < 1
         policy.train(False)                      # as update(): dropout off
@@ -260,7 +260,7 @@ class SignalNoise:
 
 def sampler_label(config) -> str:
     """How the sampling loop ran (the sampler side of the gap)."""
-    if getattr(config, "sampling_autocast", None) == "bf16":
+    if config.sampling_autocast == "bf16":
         return "bf16 autocast (sampling_autocast='bf16')"
     return "bf16 autocast (autocast on CUDA)" if config.autocast == "bf16" else f"as the model (autocast={config.autocast!r})"
 
@@ -298,7 +298,7 @@ def signal_noise(policy, rollout, advantages, loss_record, config, *, n_boot: in
     t2 = time.perf_counter()
     logps, ent = fw.logps.detach(), fw.entropy.detach()                                  # (N, T) trainer, θ_0
     em = entropy_mechanism(logps, ent, advantages.advantages, fw.mask, config.lr)
-    cap = getattr(config, "vllm_importance_sampling_clip_max", None) or TRL_IS_CAP     # C of the truncated weights
+    cap = config.vllm_importance_sampling_clip_max or TRL_IS_CAP     # C of the truncated weights
     gap = sampler_trainer_gap(rollout.sampling_per_token_logps, logps, fw.mask, cap=cap, sampler=sampler_label(config),
                               trainer="fp32 teacher-forced forward at the step's start (the diagnostics' grad forward)")
     del fw

@@ -49,7 +49,7 @@ from .scoring import (LOGITS_BUDGET_BYTES, TRAIN_BUDGET_BYTES, _auto_chunk, _for
                       _forward_completion_logits, _position_ids, _score, _score_ref, _selected_logps, _token_stats,
                       auto_micro_batch_size, per_token_logps_and_entropy, per_token_logps_entropy_full_kl)
 
-__all__ = ["Rollout", "generate", "generate_with_greedy", "inject_completions", "sampling_logps_for", "row_sampling",
+__all__ = ["Rollout", "generate", "generate_with_greedy", "inject_completions", "sampling_logps_for", "loss_mask", "row_sampling",
            "GreedyTexts", "completion_texts", "per_token_logps_and_entropy", "per_token_logps_entropy_full_kl",
            "auto_micro_batch_size", "untrained_warning", "LOGP_DIFF_TOLERANCE"]
 
@@ -229,10 +229,20 @@ def _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos,
     return warn
 
 
+def loss_mask(rollout: Rollout, config) -> torch.Tensor:
+    """(N, T) the tokens the loss reads: completion_mask, zeroed on truncated rows when
+    mask_truncated_completions (TRL). The one definition: the record, the update, the inner iterations and
+    the diagnostics all mask with it, so the displayed loss and the optimized loss agree."""
+    mask = rollout.completion_mask                                                          # (N, T)
+    if config.mask_truncated_completions:
+        mask = mask * (~rollout.is_truncated)[:, None]                                      # (N, T)
+    return mask
+
+
 def sampling_logps_for(rollout: Rollout, config, rows=slice(None)) -> torch.Tensor | None:
     """The sampler's log-probs (N, T) for the loss when the sampling IS correction is on (TRL passes them with
     vLLM, whose sampler differs from the trainer; off: None, so OPSM compares the old log-probs, as TRL)."""
-    if not getattr(config, "vllm_importance_sampling_correction", False):
+    if not config.vllm_importance_sampling_correction:
         return None
     return rollout.sampling_per_token_logps[rows]
 

@@ -25,7 +25,8 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import NumericalError
-from rookworld_debug.grpo.generation import sampling_logps_for
+from rookworld_debug.grpo.families import family_of
+from rookworld_debug.grpo.generation import loss_mask, sampling_logps_for
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss, high_entropy_mask
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.update import UpdateResult, update
@@ -49,14 +50,6 @@ class IterationRecord:
         """TRL-named metrics of this pass: loss, kl, entropy, clip_ratio/*, grad_norm."""
         return {"loss": float(self.loss.loss), **self.loss.metrics, "grad_norm": self.grad_norm_pre_clip,
                 "entropy_coef": self.entropy_coef}
-
-
-def effective_mask(rollout, config) -> torch.Tensor:
-    """(N, T) loss mask: completion_mask, zeroed for truncated rows when mask_truncated_completions."""
-    mask = rollout.completion_mask
-    if config.mask_truncated_completions:
-        mask = mask * (~rollout.is_truncated)[:, None]
-    return mask
 
 
 class AdaptiveEntropy:
@@ -100,7 +93,7 @@ def run_iterations(policy, optimizer, rollout, advantages, config, *, reference=
     rows_per_step = n // steps
     freeze = config.freezes_old_logps
     old = rollout.per_token_logps.detach() if freeze else None             # (N, T) frozen at sampling
-    mask = effective_mask(rollout, config)                                 # (N, T)
+    mask = loss_mask(rollout, config)                                 # (N, T)
     # TRL: dapo-family normaliser = generation-batch tokens · g / (steps·g) = tokens per optimizer step on average
     num_items = float(mask.sum()) / steps if steps > 1 else None
     ent = AdaptiveEntropy(config)
@@ -146,7 +139,7 @@ def loss_for_iteration(rollout, advantages, config, it: IterationRecord) -> Loss
     """Pass `it`'s loss record recomputed with (possibly new) loss knobs — no forward pass: its recorded
     log-probs against the frozen old log-probs (widgets' β/ε sliders on a drifted, off-policy pass)."""
     from rookworld_debug.errors import ConfigError
-    mask = effective_mask(rollout, config)                                 # (N, T)
+    mask = loss_mask(rollout, config)                                 # (N, T)
     old = (rollout.per_token_logps if config.freezes_old_logps else it.per_token_logps).detach()   # (N, T)
     full_kl = None
     if config.kl_estimator == "full":
@@ -177,13 +170,12 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
     A pure recompute from recorded tensors (autograd on a detached copy of the log-probs, no forward pass)."""
     from rookworld_debug.grpo.loss import LOSS_TYPES
     out = []
-    seq_is = getattr(config, "vllm_importance_sampling_correction", False) and \
-        str(getattr(config, "vllm_importance_sampling_mode", "")).startswith("sequence")
+    seq_is = config.vllm_importance_sampling_correction and config.vllm_importance_sampling_mode.startswith("sequence")
     for lt in loss_types or LOSS_TYPES:
         if lt == "vespo" and seq_is and loss_types is None:
             continue                       # TRL refuses vespo with a sequence-level IS correction: not comparable
-        if lt == "rlvr_mini" and rollout.ref_per_token_logps is None:
-            continue                       # the mini's ratio is against the reference: nothing to compare to
+        if family_of(lt).needs_reference and rollout.ref_per_token_logps is None:
+            continue                       # e.g. the mini's ratio is against the reference: nothing to compare to
         cfg = config.replace(loss_type=lt)
         base = iteration.per_token_logps if iteration is not None else rollout.per_token_logps
         leaf = base.detach().clone().requires_grad_(True)                  # (N, T)
@@ -192,7 +184,7 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
             rec = loss_for_iteration(rollout, advantages, cfg, it)
         else:                              # the sampling-time record (step.loss_for), old = ℓ.detach()
             rec = compute_loss(leaf, base.detach(), rollout.ref_per_token_logps, advantages.advantages.to(base.dtype),
-                               effective_mask(rollout, cfg), Objective.from_config(cfg),
+                               loss_mask(rollout, cfg), Objective.from_config(cfg),
                                LossBatch(entropy=rollout.per_token_entropy, per_token_full_kl=rollout.per_token_full_kl,
                                          num_generations=cfg.num_generations,
                                          sampling_per_token_logps=sampling_logps_for(rollout, cfg)))

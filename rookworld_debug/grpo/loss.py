@@ -70,33 +70,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Optional, Union
 
 import torch
 
+from rookworld_debug.config import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, VLLM_IS_MODES
 from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.aggregation import Aggregation, AggregationInputs, entropy_bonus
-from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, VLLM_IS_MODES, Masks, ObjectiveInputs,
+from rookworld_debug.grpo.objectives import (LOSS_PARAMS, LOSS_TABLE, Masks, ObjectiveInputs,
                                              PolicyTerm, high_entropy_mask, importance_weights,
                                              off_policy_sequence_mask, per_token_kl, sampling_importance_ratio,
                                              sampling_ratio_metrics, vespo_phi)
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
-from rookworld_debug.grpo.rlvr_loss import compute_rlvr_loss
+from rookworld_debug.grpo.families import family_of
 
 __all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "VESPO_DEFAULTS", "KL_ESTIMATORS",
            "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LOSS_TABLE", "LossBreakdown", "Normalizer",
            "compute_loss", "high_entropy_mask", "Objective", "LossBatch", "sampling_importance_ratio", "vespo_phi",
            "VLLM_IS_MODES"]
 
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual", "rlvr_mini")
 PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")      # hard PPO clip (TRL's clip_ratio/* metrics)
 TRL_LOSS_TYPES = LOSS_TYPES[:-2]                                   # not manual (rookworld-trl's) nor rlvr_mini
 # TRL 1.16 GRPOConfig defaults of the loss-specific parameters
 SAPO_DEFAULTS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
 VESPO_DEFAULTS = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
-KL_ESTIMATORS = ("k3", "k1", "k2", "full")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 KL_FORMULAS = {
     "k3": "k3 = exp(ref−logp) − (ref−logp) − 1 (TRL)",
@@ -256,78 +253,80 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
                           f"{type(objective).__name__}")
     if batch is not None and not isinstance(batch, LossBatch):
         raise ConfigError("batch", f"must be a LossBatch or None, got {type(batch).__name__}")
-    o = SimpleNamespace(**vars(objective), **vars(batch or LossBatch()))
-    if o.loss_type == "rlvr_mini":
-        fields = compute_rlvr_loss(per_token_logps, ref_per_token_logps, advantages, completion_mask, o)
-        return LossBreakdown(**{**fields, "normalizer": Normalizer(*fields["normalizer"])})
+    family = family_of(objective.loss_type)                 # ConfigError naming the known loss types
+    if family.loss is not None:                             # a family with its own loss (e.g. the rlvr mini)
+        out = family.loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
+                          objective, batch or LossBatch())
+        return out if isinstance(out, LossBreakdown) else LossBreakdown(
+            **{**out, "normalizer": Normalizer(*out["normalizer"])})
     if isinstance(per_token_logps, torch.Tensor):
         with _SmallCpuOps(per_token_logps):
             return _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
-                                 completion_mask, o)
+                                 completion_mask, objective, batch or LossBatch())
     raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
 
 
 def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
-                  o: SimpleNamespace) -> LossBreakdown:
+                  ob: Objective, b: LossBatch) -> LossBreakdown:
     """The loss table composed: weights → KL → objective → masks → aggregation → entropy bonus → records."""
-    advantages = _validate(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, o)
+    advantages = _validate(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, ob, b)
     dtype = logps.dtype
     mask = completion_mask.to(dtype)                                            # (N, T)
     adv = advantages.to(device=logps.device, dtype=dtype).unsqueeze(1)          # (N, 1)
     old = logps.detach() if old_per_token_logps is None else old_per_token_logps.to(dtype)  # (N, T)
-    objective, aggregation = LOSS_TABLE[o.loss_type]
-    manual = o.loss_type == "manual"
+    objective, aggregation = LOSS_TABLE[ob.loss_type]
+    manual = ob.loss_type == "manual"
 
-    log_ratio, coef_1 = importance_weights(logps, old, mask, o.importance_sampling_level)  # (N, T), r
-    kl = per_token_kl(logps, ref_per_token_logps, o.per_token_full_kl, coef_1, estimator=o.kl_estimator,
-                      bias_correction=o.use_bias_correction_kl and not manual)          # (N, T) | None
-    loss_params = {k: float(getattr(o, k)) for k in LOSS_PARAMS.get(o.loss_type, ())}
-    masks = _masks(adv, logps, old, mask, o)
-    pol = objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, o.epsilon_low, o.epsilon_high, o.delta,
+    log_ratio, coef_1 = importance_weights(logps, old, mask, ob.importance_sampling_level)  # (N, T), r
+    kl = per_token_kl(logps, ref_per_token_logps, b.per_token_full_kl, coef_1, estimator=ob.kl_estimator,
+                      bias_correction=ob.use_bias_correction_kl and not manual)          # (N, T) | None
+    loss_params = {k: float(getattr(ob, k)) for k in LOSS_PARAMS.get(ob.loss_type, ())}
+    masks = _masks(adv, logps, old, mask, ob, b)
+    pol = objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, ob.epsilon_low, ob.epsilon_high, ob.delta,
                                     loss_params, masks.is_ratio))
-    per_token_pg = masks.apply(pol.per_token_pg, o.loss_type)                   # (N, T) | (N, 1)
-    agg = aggregation(AggregationInputs(mask, o.loss_type, o.gradient_accumulation_steps, o.max_completion_length,
-                                        o.num_items_in_batch, o.steps_per_generation))
+    per_token_pg = masks.apply(pol.per_token_pg, ob.loss_type)                   # (N, T) | (N, 1)
+    agg = aggregation(AggregationInputs(mask, ob.loss_type, b.gradient_accumulation_steps, ob.max_completion_length,
+                                        b.num_items_in_batch, b.steps_per_generation))
 
-    norm = Normalizer(o.loss_type, agg.denominator, agg.description)
-    kl_active = o.beta != 0.0 and kl is not None
+    norm = Normalizer(ob.loss_type, agg.denominator, agg.description)
+    kl_active = ob.beta != 0.0 and kl is not None
     zero = torch.zeros((), dtype=dtype, device=logps.device)
     pg_loss = agg.reduce(per_token_pg)                                          # ()
-    kl_loss = agg.reduce(o.beta * kl) if kl_active else zero                    # ()
-    ent = None if o.entropy is None else entropy_bonus(
-        o.entropy, mask, masks.entropy, entropy_coef=o.entropy_coef, g=float(o.gradient_accumulation_steps),
+    kl_loss = agg.reduce(ob.beta * kl) if kl_active else zero                    # ()
+    ent = None if b.entropy is None else entropy_bonus(
+        b.entropy, mask, masks.entropy, entropy_coef=ob.entropy_coef, g=float(b.gradient_accumulation_steps),
         manual=manual)
     entropy_loss, entropy_term = (zero, zero) if ent is None else (ent.entropy_loss, ent.entropy_term)
     loss = pg_loss + kl_loss + entropy_term                                     # ()
 
     with torch.no_grad():
-        rec = _records(logps, mask, per_token_pg, kl, coef_1, pol, agg, ent, o, kl_active)
-        metrics = _metrics(rec, mask, pol, o, pg_loss, kl_loss)
+        rec = _records(logps, mask, per_token_pg, kl, coef_1, pol, agg, ent, ob, b, kl_active)
+        metrics = _metrics(rec, mask, pol, ob, b, pg_loss, kl_loss)
         if masks.is_ratio is not None:
-            metrics.update(sampling_ratio_metrics(masks.is_ratio, old, o.sampling_per_token_logps.to(dtype), mask))
+            metrics.update(sampling_ratio_metrics(masks.is_ratio, old, b.sampling_per_token_logps.to(dtype), mask))
         kl_share, undefined = _kl_share(pg_loss, kl_loss, entropy_term)
-        flags = _flags(loss, mask, logps, old_per_token_logps, ref_per_token_logps, advantages, rec, o, undefined)
+        flags = _flags(loss, mask, logps, old_per_token_logps, ref_per_token_logps, advantages, rec, ob, b, undefined)
     return LossBreakdown(
         loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, entropy_loss=entropy_loss, entropy_term=entropy_term,
         completion_mask=mask.detach(), advantages=advantages.detach(), **rec,
         kl=metrics.pop("_kl"), entropy=metrics.pop("_entropy"), kl_share=kl_share, kl_share_undefined=undefined,
-        normalizer=norm, metrics=metrics, loss_type=o.loss_type, beta=float(o.beta),
-        epsilon_low=float(o.epsilon_low), epsilon_high=float(o.epsilon_high), delta=_scalar(o.delta),
-        importance_sampling_level=o.importance_sampling_level, kl_estimator=o.kl_estimator,
-        use_bias_correction_kl=bool(o.use_bias_correction_kl and not manual and o.kl_estimator != "full"),
-        entropy_coef=float(o.entropy_coef), gradient_accumulation_steps=int(o.gradient_accumulation_steps),
-        num_generations=o.num_generations,
-        definition=_definition(o, norm, loss_params, _is_mode(o, masks)),
+        normalizer=norm, metrics=metrics, loss_type=ob.loss_type, beta=float(ob.beta),
+        epsilon_low=float(ob.epsilon_low), epsilon_high=float(ob.epsilon_high), delta=_scalar(ob.delta),
+        importance_sampling_level=ob.importance_sampling_level, kl_estimator=ob.kl_estimator,
+        use_bias_correction_kl=bool(ob.use_bias_correction_kl and not manual and ob.kl_estimator != "full"),
+        entropy_coef=float(ob.entropy_coef), gradient_accumulation_steps=int(b.gradient_accumulation_steps),
+        num_generations=b.num_generations,
+        definition=_definition(ob, b, norm, loss_params, _is_mode(ob, b, masks)),
         flags=flags,
         off_policy_mask=None if masks.off_policy is None else (masks.off_policy.squeeze(1) > 0).detach(),
         entropy_mask=None if masks.entropy is None else masks.entropy.detach(),
-        off_policy_mask_threshold=_scalar(o.off_policy_mask_threshold),
-        top_entropy_quantile=float(o.top_entropy_quantile), loss_params=loss_params,
-        steps_per_generation=o.steps_per_generation, importance_sampling_ratio=masks.is_ratio,
-        vllm_importance_sampling_mode=_is_mode(o, masks))
+        off_policy_mask_threshold=_scalar(ob.off_policy_mask_threshold),
+        top_entropy_quantile=float(ob.top_entropy_quantile), loss_params=loss_params,
+        steps_per_generation=b.steps_per_generation, importance_sampling_ratio=masks.is_ratio,
+        vllm_importance_sampling_mode=_is_mode(ob, b, masks))
 
 
-def _validate(logps, old, ref, advantages, completion_mask, o: SimpleNamespace) -> torch.Tensor:
+def _validate(logps, old, ref, advantages, completion_mask, ob: Objective, b: LossBatch) -> torch.Tensor:
     """Named errors for every input compute_loss cannot take; returns the advantages as an (N,) tensor."""
     if not isinstance(logps, torch.Tensor) or logps.dim() != 2:
         raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
@@ -335,9 +334,9 @@ def _validate(logps, old, ref, advantages, completion_mask, o: SimpleNamespace) 
         raise ConfigError("per_token_logps", f"must be floating point, got {logps.dtype}")
     N, T = logps.shape
     for name, x in (("old_per_token_logps", old), ("ref_per_token_logps", ref),
-                    ("completion_mask", completion_mask), ("entropy", o.entropy),
-                    ("per_token_full_kl", o.per_token_full_kl),
-                    ("sampling_per_token_logps", o.sampling_per_token_logps)):
+                    ("completion_mask", completion_mask), ("entropy", b.entropy),
+                    ("per_token_full_kl", b.per_token_full_kl),
+                    ("sampling_per_token_logps", b.sampling_per_token_logps)):
         _check_2d(name, x, (N, T))
     if completion_mask is None:
         raise ConfigError("completion_mask", "is required")
@@ -347,58 +346,58 @@ def _validate(logps, old, ref, advantages, completion_mask, o: SimpleNamespace) 
         advantages = advantages.squeeze(1)
     if tuple(advantages.shape) != (N,):
         raise ConfigError("advantages", f"shape {tuple(advantages.shape)} must be (N,) = ({N},)")
-    _validate_options(N, ref, o)
+    _validate_options(N, ref, ob, b)
     return advantages
 
 
-def _validate_options(N: int, ref, o: SimpleNamespace) -> None:
+def _validate_options(N: int, ref, ob: Objective, b: LossBatch) -> None:
     for name, allowed in (("loss_type", LOSS_TYPES), ("kl_estimator", KL_ESTIMATORS),
                           ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)):
-        if getattr(o, name) not in allowed:
-            raise ConfigError(name, f"unknown value {getattr(o, name)!r}; expected one of {list(allowed)}")
-    if o.beta < 0:
-        raise ConfigError("beta", f"must be ≥ 0, got {o.beta!r}")
-    if o.epsilon_low < 0 or o.epsilon_high < 0:
-        raise ConfigError("epsilon_low" if o.epsilon_low < 0 else "epsilon_high", "must be ≥ 0")
-    if o.delta is not None and not o.delta > 0:
-        raise ConfigError("delta", f"must be > 0 or None, got {o.delta!r}")
-    if o.loss_type == "dr_grpo" and not (o.max_completion_length and o.max_completion_length > 0):
+        if getattr(ob, name) not in allowed:
+            raise ConfigError(name, f"unknown value {getattr(ob, name)!r}; expected one of {list(allowed)}")
+    if ob.beta < 0:
+        raise ConfigError("beta", f"must be ≥ 0, got {ob.beta!r}")
+    if ob.epsilon_low < 0 or ob.epsilon_high < 0:
+        raise ConfigError("epsilon_low" if ob.epsilon_low < 0 else "epsilon_high", "must be ≥ 0")
+    if ob.delta is not None and not ob.delta > 0:
+        raise ConfigError("delta", f"must be > 0 or None, got {ob.delta!r}")
+    if ob.loss_type == "dr_grpo" and not (ob.max_completion_length and ob.max_completion_length > 0):
         raise ConfigError("max_completion_length", f"dr_grpo needs a positive max_completion_length, got "
-                          f"{o.max_completion_length!r}")
-    if o.gradient_accumulation_steps < 1:
-        raise ConfigError("gradient_accumulation_steps", f"must be ≥ 1, got {o.gradient_accumulation_steps!r}")
-    if o.num_generations is not None and (o.num_generations < 1 or N % o.num_generations):
-        raise ConfigError("num_generations", f"{o.num_generations!r} does not divide N = {N}")
-    if o.entropy_coef != 0 and o.entropy is None:
-        raise ConfigError("entropy", f"entropy_coef={o.entropy_coef} needs the per-token entropy tensor")
-    if not 0.0 <= o.top_entropy_quantile <= 1.0:
-        raise ConfigError("top_entropy_quantile", f"must be in [0, 1], got {o.top_entropy_quantile!r}")
-    if o.top_entropy_quantile < 1.0 and o.entropy is None:
-        raise ConfigError("entropy", f"top_entropy_quantile={o.top_entropy_quantile} needs the per-token entropy")
-    if o.off_policy_mask_threshold is not None and not o.off_policy_mask_threshold >= 0:
-        raise ConfigError("off_policy_mask_threshold", f"must be ≥ 0 or None, got {o.off_policy_mask_threshold!r}")
-    if o.steps_per_generation is not None and o.steps_per_generation < 1:
-        raise ConfigError("steps_per_generation", f"must be ≥ 1 or None, got {o.steps_per_generation!r}")
-    if o.loss_type == "sapo" and not (o.sapo_temperature_pos > 0 and o.sapo_temperature_neg > 0):
-        raise ConfigError("sapo_temperature_pos" if not o.sapo_temperature_pos > 0 else "sapo_temperature_neg",
+                          f"{ob.max_completion_length!r}")
+    if b.gradient_accumulation_steps < 1:
+        raise ConfigError("gradient_accumulation_steps", f"must be ≥ 1, got {b.gradient_accumulation_steps!r}")
+    if b.num_generations is not None and (b.num_generations < 1 or N % b.num_generations):
+        raise ConfigError("num_generations", f"{b.num_generations!r} does not divide N = {N}")
+    if ob.entropy_coef != 0 and b.entropy is None:
+        raise ConfigError("entropy", f"entropy_coef={ob.entropy_coef} needs the per-token entropy tensor")
+    if not 0.0 <= ob.top_entropy_quantile <= 1.0:
+        raise ConfigError("top_entropy_quantile", f"must be in [0, 1], got {ob.top_entropy_quantile!r}")
+    if ob.top_entropy_quantile < 1.0 and b.entropy is None:
+        raise ConfigError("entropy", f"top_entropy_quantile={ob.top_entropy_quantile} needs the per-token entropy")
+    if ob.off_policy_mask_threshold is not None and not ob.off_policy_mask_threshold >= 0:
+        raise ConfigError("off_policy_mask_threshold", f"must be ≥ 0 or None, got {ob.off_policy_mask_threshold!r}")
+    if b.steps_per_generation is not None and b.steps_per_generation < 1:
+        raise ConfigError("steps_per_generation", f"must be ≥ 1 or None, got {b.steps_per_generation!r}")
+    if ob.loss_type == "sapo" and not (ob.sapo_temperature_pos > 0 and ob.sapo_temperature_neg > 0):
+        raise ConfigError("sapo_temperature_pos" if not ob.sapo_temperature_pos > 0 else "sapo_temperature_neg",
                           "sapo temperatures must be > 0")
-    _validate_sampling_correction(o)
-    if o.kl_estimator == "full":
-        if o.per_token_full_kl is None and (o.beta != 0 or ref is not None):
+    _validate_sampling_correction(ob, b)
+    if ob.kl_estimator == "full":
+        if b.per_token_full_kl is None and (ob.beta != 0 or ref is not None):
             raise ConfigError("per_token_full_kl", "kl_estimator='full' needs the exact per-token full-vocab KL")
-    elif o.beta != 0 and ref is None:
-        raise ConfigError("ref_per_token_logps", f"beta={o.beta} needs the reference log-probs")
+    elif ob.beta != 0 and ref is None:
+        raise ConfigError("ref_per_token_logps", f"beta={ob.beta} needs the reference log-probs")
 
 
-def _validate_sampling_correction(o: SimpleNamespace) -> None:
-    if not o.vllm_importance_sampling_correction:
+def _validate_sampling_correction(ob: Objective, b: LossBatch) -> None:
+    if not ob.vllm_importance_sampling_correction:
         return
-    mode = o.vllm_importance_sampling_mode
-    lo, hi = o.vllm_importance_sampling_clip_min, o.vllm_importance_sampling_clip_max
+    mode = ob.vllm_importance_sampling_mode
+    lo, hi = ob.vllm_importance_sampling_clip_min, ob.vllm_importance_sampling_clip_max
     if mode not in VLLM_IS_MODES:
         raise ConfigError("vllm_importance_sampling_mode", f"unknown value {mode!r}; expected one of "
                           f"{list(VLLM_IS_MODES)}")
-    if o.loss_type == "vespo" and not mode.startswith("token"):          # TRL refuses it too
+    if ob.loss_type == "vespo" and not mode.startswith("token"):          # TRL refuses it too
         raise ConfigError("vllm_importance_sampling_mode", f"vespo needs a token_* mode, got {mode!r}")
     if mode.endswith("truncate") and lo is None and hi is None:
         raise ConfigError("vllm_importance_sampling_clip_max", f"{mode} needs a bound (clip_min or clip_max)")
@@ -406,28 +405,28 @@ def _validate_sampling_correction(o: SimpleNamespace) -> None:
         raise ConfigError("vllm_importance_sampling_clip_min", f"must be ≤ clip_max = {hi!r}, got {lo!r}")
 
 
-def _is_mode(o: SimpleNamespace, masks: Masks) -> Optional[str]:
+def _is_mode(ob: Objective, b: LossBatch, masks: Masks) -> Optional[str]:
     """The sampling-correction mode in effect (None when off or without sampling log-probs)."""
-    return None if masks.is_ratio is None else o.vllm_importance_sampling_mode
+    return None if masks.is_ratio is None else ob.vllm_importance_sampling_mode
 
 
-def _masks(adv, logps, old, mask, o: SimpleNamespace) -> Masks:
+def _masks(adv, logps, old, mask, ob: Objective, b: LossBatch) -> Masks:
     """OPSM (against the sampling log-probs, else the old ones, as TRL without vLLM), the entropy mask and
     the sampling-time IS weight ρ (needs the sampling log-probs)."""
     opsm = ent_mask = is_ratio = None
-    if o.off_policy_mask_threshold is not None:
-        sampling = old if o.sampling_per_token_logps is None else o.sampling_per_token_logps.to(logps.dtype)
-        opsm = off_policy_sequence_mask(adv, logps, sampling, mask, o.off_policy_mask_threshold)  # (N, 1)
-    if o.top_entropy_quantile < 1.0:
-        ent_mask = high_entropy_mask(o.entropy, mask, 1 - o.top_entropy_quantile)  # (N, T) bool
-    if o.vllm_importance_sampling_correction and o.sampling_per_token_logps is not None:
+    if ob.off_policy_mask_threshold is not None:
+        sampling = old if b.sampling_per_token_logps is None else b.sampling_per_token_logps.to(logps.dtype)
+        opsm = off_policy_sequence_mask(adv, logps, sampling, mask, ob.off_policy_mask_threshold)  # (N, 1)
+    if ob.top_entropy_quantile < 1.0:
+        ent_mask = high_entropy_mask(b.entropy, mask, 1 - ob.top_entropy_quantile)  # (N, T) bool
+    if ob.vllm_importance_sampling_correction and b.sampling_per_token_logps is not None:
         is_ratio = sampling_importance_ratio(
-            old.detach(), o.sampling_per_token_logps.to(logps.dtype), mask, mode=o.vllm_importance_sampling_mode,
-            clip_min=o.vllm_importance_sampling_clip_min, clip_max=o.vllm_importance_sampling_clip_max)
+            old.detach(), b.sampling_per_token_logps.to(logps.dtype), mask, mode=ob.vllm_importance_sampling_mode,
+            clip_min=ob.vllm_importance_sampling_clip_min, clip_max=ob.vllm_importance_sampling_clip_max)
     return Masks(off_policy=opsm, entropy=ent_mask, is_ratio=is_ratio)
 
 
-def _records(logps, mask, per_token_pg, kl, coef_1, pol: PolicyTerm, agg: Aggregation, ent, o: SimpleNamespace,
+def _records(logps, mask, per_token_pg, kl, coef_1, pol: PolicyTerm, agg: Aggregation, ent, ob: Objective, b: LossBatch,
              kl_active: bool) -> dict:
     """The detached per-token, per-sequence and per-group fields of LossBreakdown (no grad)."""
     N, T = logps.shape
@@ -437,17 +436,17 @@ def _records(logps, mask, per_token_pg, kl, coef_1, pol: PolicyTerm, agg: Aggreg
     seq_len_c = seq_len.clamp(min=1.0)                                          # (N,)
     pt_pg = (per_token_pg.expand(N, T) * mask).detach()                         # (N, T)
     pt_kl = (kl.expand(N, T) * mask).detach() if kl is not None else None       # (N, T)
-    pt_loss = pt_pg + o.beta * pt_kl if kl_active else pt_pg.clone()            # (N, T)
+    pt_loss = pt_pg + ob.beta * pt_kl if kl_active else pt_pg.clone()            # (N, T)
     ratio = coef_1.detach().expand(N, T).clone()                                # (N, T)
     w = agg.row_weights.to(dtype)                                               # (N,)
     zeros = torch.zeros(N, dtype=dtype, device=logps.device)                    # (N,)
     per_seq_pg = pt_pg.sum(-1) * w                                              # (N,)
-    per_seq_kl_loss = o.beta * pt_kl.sum(-1) * w if kl_active else zeros        # (N,)
+    per_seq_kl_loss = ob.beta * pt_kl.sum(-1) * w if kl_active else zeros        # (N,)
     per_seq_ent = zeros if ent is None else ent.per_seq_entropy_term            # (N,)
     per_seq_loss = per_seq_pg + per_seq_kl_loss + per_seq_ent                   # (N,)
     per_token_entropy = None if ent is None else ent.per_token_entropy          # (N, T)
-    if o.num_generations:
-        per_group = [x.view(-1, o.num_generations).sum(1) for x in (per_seq_pg, per_seq_kl_loss, per_seq_loss)]
+    if b.num_generations:
+        per_group = [x.view(-1, b.num_generations).sum(1) for x in (per_seq_pg, per_seq_kl_loss, per_seq_loss)]
     else:
         per_group = [None, None, None]
     return dict(
@@ -462,7 +461,7 @@ def _records(logps, mask, per_token_pg, kl, coef_1, pol: PolicyTerm, agg: Aggreg
         per_group_pg=per_group[0], per_group_kl_loss=per_group[1], per_group_loss=per_group[2])
 
 
-def _metrics(rec: dict, mask, pol: PolicyTerm, o: SimpleNamespace, pg_loss, kl_loss) -> dict:
+def _metrics(rec: dict, mask, pol: PolicyTerm, ob: Objective, b: LossBatch, pg_loss, kl_loss) -> dict:
     """TRL-named metrics, exactly as TRL logs them (num_processes = 1), plus "_kl"/"_entropy" (the
     record's always-present values, popped by the caller)."""
     pt_kl, per_token_entropy = rec["per_token_kl"], rec["per_token_entropy"]
@@ -474,14 +473,14 @@ def _metrics(rec: dict, mask, pol: PolicyTerm, o: SimpleNamespace, pg_loss, kl_l
         metrics["kl"] = metrics["_kl"]                                          # TRL logs it only when β ≠ 0
     if per_token_entropy is not None:
         metrics["entropy"] = metrics["_entropy"]
-    if o.loss_type in PPO_LOSS_TYPES:
+    if ob.loss_type in PPO_LOSS_TYPES:
         metrics.update(_clip_metrics(pol.is_low, pol.is_high, mask))
-    elif o.loss_type == "cispo":
+    elif ob.loss_type == "cispo":
         metrics["cispo_clip_ratio"] = _global_masked_mean(pol.is_high.float(), mask.float())  # TRL: .float()
-    elif o.loss_type == "vespo":
+    elif ob.loss_type == "vespo":
         metrics["vespo/phi_seq_mean"] = _global_masked_mean(pol.phi_seq, mask)
-    if o.entropy is not None and o.entropy_coef != 0:
-        per_g = 1.0 if o.loss_type in ("dapo", "cispo", "vespo") else float(o.gradient_accumulation_steps)
+    if b.entropy is not None and ob.entropy_coef != 0:
+        per_g = 1.0 if ob.loss_type in ("dapo", "cispo", "vespo") else float(b.gradient_accumulation_steps)
         metrics["policy_loss"] = float((pg_loss + kl_loss) * per_g)
     return metrics
 
@@ -494,7 +493,7 @@ def _kl_share(pg_loss, kl_loss, entropy_term) -> tuple[float, bool]:
     return (0.0 if undefined else a_kl / share_den), undefined
 
 
-def _flags(loss, mask, logps, old, ref, advantages, rec: dict, o: SimpleNamespace,
+def _flags(loss, mask, logps, old, ref, advantages, rec: dict, ob: Objective, b: LossBatch,
            kl_share_undefined: bool) -> tuple:
     """Human-readable warnings: non-finite values at unmasked positions, empty completions, 0/0 shares."""
     flags = []
@@ -502,7 +501,7 @@ def _flags(loss, mask, logps, old, ref, advantages, rec: dict, o: SimpleNamespac
     if not math.isfinite(float(loss)):
         flags.append(f"non-finite loss ({float(loss)}): the optimizer step must refuse")
     for name, x in (("per_token_logps", logps), ("old_per_token_logps", old), ("ref_per_token_logps", ref),
-                    ("entropy", o.entropy), ("per_token_full_kl", o.per_token_full_kl)):
+                    ("entropy", b.entropy), ("per_token_full_kl", b.per_token_full_kl)):
         if x is not None:
             bad = int((~torch.isfinite(x.detach()) & m_bool).sum())
             if bad:
@@ -514,7 +513,7 @@ def _flags(loss, mask, logps, old, ref, advantages, rec: dict, o: SimpleNamespac
         flags.append(f"{len(empty)} completion(s) fully masked (rows {list(empty)}): no loss contribution")
     if kl_share_undefined:
         flags.append("kl_share undefined (all terms are 0): reported as 0")
-    if o.vllm_importance_sampling_correction and o.sampling_per_token_logps is None:
+    if ob.vllm_importance_sampling_correction and b.sampling_per_token_logps is None:
         flags.append("vllm_importance_sampling_correction is on but no sampling log-probs were given: ρ = 1 "
                      "(no correction)")
     return tuple(flags)
@@ -555,11 +554,11 @@ def _clip_metrics(is_low: torch.Tensor, is_high: torch.Tensor, mask: torch.Tenso
     }
 
 
-def _definition(o: SimpleNamespace, norm, params: dict, is_mode: Optional[str]) -> str:
+def _definition(ob: Objective, b: LossBatch, norm, params: dict, is_mode: Optional[str]) -> str:
     """The formula with this call's settings (LossBreakdown.definition)."""
-    loss_type, beta, el, eh, delta = o.loss_type, o.beta, o.epsilon_low, o.epsilon_high, o.delta
-    level, est, bias, coef = o.importance_sampling_level, o.kl_estimator, o.use_bias_correction_kl, o.entropy_coef
-    opsm, rho = o.off_policy_mask_threshold, o.top_entropy_quantile
+    loss_type, beta, el, eh, delta = ob.loss_type, ob.beta, ob.epsilon_low, ob.epsilon_high, ob.delta
+    level, est, bias, coef = ob.importance_sampling_level, ob.kl_estimator, ob.use_bias_correction_kl, ob.entropy_coef
+    opsm, rho = ob.off_policy_mask_threshold, ob.top_entropy_quantile
     r = "r_it = exp(logp − old)" if level == "token" else "r_i = exp(mean_t(logp − old))"
     if loss_type == "manual":
         pg = "PG_it = −A_i·logπ_it (no ratio, no clip)"

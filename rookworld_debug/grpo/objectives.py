@@ -29,7 +29,6 @@ from rookworld_debug.grpo.aggregation import (Aggregation, AggregationInputs, ba
                                               global_token_mean, sequence_mean, sequence_sum_mean)
 from rookworld_debug.grpo.rlvr_mini import clipped_sequence_surrogate, row_sum_mean
 
-VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 @dataclass(frozen=True)
 class ObjectiveInputs:

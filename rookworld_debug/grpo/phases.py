@@ -14,9 +14,12 @@ from typing import Mapping, Optional
 import torch
 
 from rookworld_debug.config import StepConfig
-from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
-from rookworld_debug.grpo.generation import Rollout, generate_with_greedy, inject_completions, sampling_logps_for
+from rookworld_debug.grpo.advantages import Advantages
+from rookworld_debug.grpo.generation import (Rollout, generate_with_greedy, inject_completions, loss_mask,
+                                             sampling_logps_for)
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
+from rookworld_debug.grpo.families import advantages_from_config
+from rookworld_debug.grpo.families import family_of
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup, check_inject
@@ -80,14 +83,12 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
     """The loss record from the rollout's tensors — no forward pass (widgets recompute it per slider move).
     On-policy (μ = 1) the old log-probs ARE the rollout's, so ratio = 1 exactly as in TRL; a saved off-policy
     step (e.g. a TRL capture with num_iterations > 1) passes its stored `old_per_token_logps` (N, T)."""
-    mask = rollout.completion_mask
-    if config.mask_truncated_completions:
-        mask = mask * (~rollout.is_truncated)[:, None]                                   # (N, T)
+    mask = loss_mask(rollout, config)                                                    # (N, T)
     old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
     objective, extra = Objective.from_config(config), {}
-    if config.loss_type == "rlvr_mini":          # the mini's KL controller and values, once per step
-        from rookworld_debug.grpo.rlvr_loss import rlvr_step
-        objective, extra = rlvr_step(rollout, advantages, objective, mask)
+    family = family_of(config.loss_type)
+    if family.prepare is not None:               # once per step (the rlvr mini: its KL controller and values)
+        objective, extra = family.prepare(rollout, advantages, objective, mask)
     batch = LossBatch(entropy=rollout.per_token_entropy, per_token_full_kl=rollout.per_token_full_kl,
                       num_generations=config.num_generations,
                       sampling_per_token_logps=sampling_logps_for(rollout, config), **extra)
@@ -114,14 +115,13 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
             max_new_tokens=config.max_new_tokens, sampling={t: config.sampling_for(t) for t in set(b.tasks)},
             seed=config.seed, top_k_alternatives=config.top_k_alternatives, greedy_prompts=greedy_prompts,
             greedy_max_new_tokens=config.eval_max_new_tokens,
-            sampling_autocast=getattr(config, "sampling_autocast", None),
-            rlvr_pitfalls=tuple(getattr(config, "rlvr_pitfalls", ()) or ()))
+            sampling_autocast=config.sampling_autocast, rlvr_pitfalls=tuple(config.rlvr_pitfalls))
         if inject:
             rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
-        if getattr(config, "rlvr_pitfalls", ()):       # rookworld-rlvr's layout faults: what its loss trains
+        if config.rlvr_pitfalls:       # rookworld-rlvr's layout faults: what its loss trains
             from rookworld_debug.grpo.rlvr_pitfalls import apply_layout_faults
             rollout = apply_layout_faults(rollout, config, s.policy, s.reference, s.tokenizer)
-    if getattr(config, "sampling_autocast", None):
+    if config.sampling_autocast:
         rollout = replace(rollout, warnings=rollout.warnings + (
             f"sampling_autocast={config.sampling_autocast!r}: the sampling loop (samples and greedy rows) ran under "
             "bf16 autocast, as a bf16 sampler (vLLM) would; the rollout's scoring forwards and the update are the "

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from rookworld_debug.grpo.advantages import advantages_from_config
+from rookworld_debug.grpo.families import advantages_from_config, family_of
 from rookworld_debug.grpo.loss import compute_loss
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 
@@ -68,9 +68,9 @@ def _objective(rollout, rewards, config, mask) -> tuple[ObjectiveView, torch.Ten
     adv = advantages_from_config(rewards, config)
     leaf = rollout.per_token_logps.detach().clone().requires_grad_(True)               # (N, T)
     objective, extra = Objective.from_config(config), {}
-    if config.loss_type == "rlvr_mini":
-        from rookworld_debug.grpo.rlvr_loss import rlvr_step
-        objective, extra = rlvr_step(rollout, adv, objective, mask)
+    family = family_of(config.loss_type)
+    if family.prepare is not None:               # once per step (the mini: its KL controller and values)
+        objective, extra = family.prepare(rollout, adv, objective, mask)
     rec = compute_loss(leaf, leaf.detach(), rollout.ref_per_token_logps, adv.advantages.to(leaf.dtype), mask,
                        objective, LossBatch(entropy=rollout.per_token_entropy,
                                             per_token_full_kl=rollout.per_token_full_kl,

@@ -18,12 +18,12 @@ are in `metrics["rlvr/..."]`; `clip_ratio/*` are the rows where the clip binds (
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import torch
 
 from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.aggregation import AggregationInputs
+from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.objectives import LOSS_TABLE, ObjectiveInputs
 from rookworld_debug.grpo.rlvr_mini import (KL_TYPE_FORMULAS, entropy_surrogate, kl_divergence, mini_metrics,
                                            mini_terms, per_token_kl_terms)
@@ -34,39 +34,39 @@ def effective_mask(mask: torch.Tensor, length_normalize: bool) -> torch.Tensor:
 
 
 def compute_rlvr_loss(logps: torch.Tensor, ref, advantages: torch.Tensor, completion_mask: torch.Tensor,
-                      o: SimpleNamespace) -> dict:
+                      ob: Objective, b: LossBatch) -> dict:
     """The fields of the mini's LossBreakdown (loss.compute_loss builds the record for loss_type 'rlvr_mini';
     `normalizer` comes as (name, value, description))."""
-    opts = {"rlvr_kl_type": o.rlvr_kl_type, "rlvr_length_normalize": o.rlvr_length_normalize, "values": o.values,
-            "value_targets": o.value_targets, "value_loss_coef": o.rlvr_value_loss_coef}
-    adv = _validate(logps, ref, advantages, completion_mask, o)
+    opts = {"rlvr_kl_type": ob.rlvr_kl_type, "rlvr_length_normalize": ob.rlvr_length_normalize, "values": b.values,
+            "value_targets": b.value_targets, "value_loss_coef": ob.rlvr_value_loss_coef}
+    adv = _validate(logps, ref, advantages, completion_mask, ob, b)
     dtype = logps.dtype
     mask = completion_mask.to(dtype)                                                  # (N, T)
     ref = ref.to(dtype)                                                               # (N, T)
     m_eff = effective_mask(mask, opts["rlvr_length_normalize"])                       # (N, T)
-    kl_type, beta, c_h = opts["rlvr_kl_type"], float(o.beta), float(o.entropy_coef)
-    t = mini_terms(logps, ref, adv, m_eff, kl_coef=beta, eps_low=o.epsilon_low, eps_high=o.epsilon_high,
+    kl_type, beta, c_h = opts["rlvr_kl_type"], float(ob.beta), float(ob.entropy_coef)
+    t = mini_terms(logps, ref, adv, m_eff, kl_coef=beta, eps_low=ob.epsilon_low, eps_high=ob.epsilon_high,
                    kl_type=kl_type, entropy_coef=c_h, values=opts["values"], value_targets=opts["value_targets"],
                    value_loss_coef=opts["value_loss_coef"])
     objective, aggregation = LOSS_TABLE["rlvr_mini"]
     s = (m_eff * (logps - ref)).sum(-1, keepdim=True)                                 # (N, 1)
     r = torch.exp(torch.clamp(s, -20.0, 20.0))                                        # (N, 1)
-    pol = objective(ObjectiveInputs(logps, adv.unsqueeze(1), logps - ref, r, mask, o.epsilon_low, o.epsilon_high,
+    pol = objective(ObjectiveInputs(logps, adv.unsqueeze(1), logps - ref, r, mask, ob.epsilon_low, ob.epsilon_high,
                                     None, {}))
-    agg = aggregation(AggregationInputs(mask, "rlvr_mini", o.gradient_accumulation_steps, o.max_completion_length,
+    agg = aggregation(AggregationInputs(mask, "rlvr_mini", b.gradient_accumulation_steps, ob.max_completion_length,
                                         None, None))
-    g = float(o.gradient_accumulation_steps)
+    g = float(b.gradient_accumulation_steps)
     pg_loss = agg.reduce(pol.per_token_pg)                                            # () = t.pg_loss / g
     kl_loss = beta * t.kl_div / g
     entropy_term = (t.entropy_loss if c_h > 0 else torch.zeros((), dtype=dtype)) / g
     loss = pg_loss + kl_loss + entropy_term + opts["value_loss_coef"] * t.value_loss / g
     with torch.no_grad():
-        rec = _records(logps.detach(), ref, mask, m_eff, t, pol, kl_type, beta, c_h, g, o.num_generations)
+        rec = _records(logps.detach(), ref, mask, m_eff, t, pol, kl_type, beta, c_h, g, b.num_generations)
         metrics = {f"rlvr/{k}": v for k, v in mini_metrics(t, logps.detach(), ref, adv, m_eff, kl_coef=beta,
-                                                            eps_low=o.epsilon_low, eps_high=o.epsilon_high).items()}
+                                                            eps_low=ob.epsilon_low, eps_high=ob.epsilon_high).items()}
         metrics.update(_binding_clip(pol, mask))
-        if o.k1_observation is not None:           # what the KL controller saw before the loss
-            metrics["rlvr/k1_observation"] = float(o.k1_observation)
+        if b.k1_observation is not None:           # what the KL controller saw before the loss
+            metrics["rlvr/k1_observation"] = float(b.k1_observation)
         metrics["kl"] = float(rec["per_token_kl"].sum() / mask.sum().clamp(min=1.0))
         metrics["entropy"] = float(rec["per_token_entropy"].sum() / mask.sum().clamp(min=1.0))
         share, undefined = _kl_share(pg_loss, kl_loss, entropy_term)
@@ -74,7 +74,7 @@ def compute_rlvr_loss(logps: torch.Tensor, ref, advantages: torch.Tensor, comple
     norm = agg.description
     lnorm = " (÷ |o_i|: rlvr_length_normalize)" if opts["rlvr_length_normalize"] else " (summed, not averaged)"
     definition = (f"r_i = exp(clamp(Σ_t (logp − ref){lnorm}, ±20)) against the REFERENCE; PG = −mean_i min(r_i·A_i, "
-                  f"clip(r_i, {1 - o.epsilon_low:g}, {1 + o.epsilon_high:g})·A_i); + {beta:g}·mean_i KL_i, "
+                  f"clip(r_i, {1 - ob.epsilon_low:g}, {1 + ob.epsilon_high:g})·A_i); + {beta:g}·mean_i KL_i, "
                   f"KL_i = {KL_TYPE_FORMULAS[kl_type]}" + (f"; − {c_h:g}·mean_i Σ_t −e^logp·logp" if c_h else "")
                   + f"; aggregated by {norm}")
     return dict(
@@ -82,14 +82,14 @@ def compute_rlvr_loss(logps: torch.Tensor, ref, advantages: torch.Tensor, comple
         completion_mask=mask.detach(), advantages=adv.detach(), **rec, kl=metrics["kl"], entropy=metrics["entropy"],
         kl_share=share, kl_share_undefined=undefined, normalizer=("rlvr_mini", agg.denominator, norm), metrics=metrics,
         loss_type="rlvr_mini",
-        beta=beta, epsilon_low=float(o.epsilon_low), epsilon_high=float(o.epsilon_high), delta=None,
+        beta=beta, epsilon_low=float(ob.epsilon_low), epsilon_high=float(ob.epsilon_high), delta=None,
         importance_sampling_level="sequence", kl_estimator=f"rlvr_{kl_type}", use_bias_correction_kl=False,
-        entropy_coef=c_h, gradient_accumulation_steps=int(o.gradient_accumulation_steps),
-        num_generations=o.num_generations, definition=definition, flags=flags,
+        entropy_coef=c_h, gradient_accumulation_steps=int(b.gradient_accumulation_steps),
+        num_generations=b.num_generations, definition=definition, flags=flags,
         loss_params={"rlvr_kl_type": kl_type, "rlvr_length_normalize": bool(opts["rlvr_length_normalize"])})
 
 
-def _validate(logps, ref, advantages, completion_mask, o) -> torch.Tensor:
+def _validate(logps, ref, advantages, completion_mask, ob, b) -> torch.Tensor:
     if not isinstance(logps, torch.Tensor) or logps.dim() != 2 or not logps.is_floating_point():
         raise ConfigError("per_token_logps", "must be a 2-D floating (N, T) tensor")
     if ref is None:
@@ -101,10 +101,10 @@ def _validate(logps, ref, advantages, completion_mask, o) -> torch.Tensor:
     adv = torch.as_tensor(advantages).to(device=logps.device, dtype=logps.dtype).reshape(-1)
     if adv.shape[0] != logps.shape[0]:
         raise ConfigError("advantages", f"shape {tuple(adv.shape)} must be (N,) = ({logps.shape[0]},)")
-    if o.beta < 0 or o.epsilon_low < 0 or o.epsilon_high < 0:
-        raise ConfigError("beta" if o.beta < 0 else "epsilon_low", "must be ≥ 0")
-    if o.num_generations is not None and (o.num_generations < 1 or logps.shape[0] % o.num_generations):
-        raise ConfigError("num_generations", f"{o.num_generations!r} does not divide N = {logps.shape[0]}")
+    if ob.beta < 0 or ob.epsilon_low < 0 or ob.epsilon_high < 0:
+        raise ConfigError("beta" if ob.beta < 0 else "epsilon_low", "must be ≥ 0")
+    if b.num_generations is not None and (b.num_generations < 1 or logps.shape[0] % b.num_generations):
+        raise ConfigError("num_generations", f"{b.num_generations!r} does not divide N = {logps.shape[0]}")
     return adv
 
 

@@ -1,6 +1,7 @@
 """Generic (de)serialization of frozen record dataclasses: tensors → safetensors, the rest → JSON.
 
-A record is encoded as {"__record__": "module:Class", "fields": {...}}; a tensor as
+A record is encoded as {"__record__": "Class", "fields": {...}}, by its stable name (the class name,
+whatever module defines it; version-1 traces wrote "module:Class" and still load); a tensor as
 {"__tensor__": key} pointing into the safetensors file. Fields that cannot be serialized (models,
 tokenizers, optimizers) are declared by the record in `__transient__` and come back as None, so
 every view can be re-rendered from the file without a model.
@@ -26,8 +27,7 @@ def _encode(obj: Any, tensors: dict, path: str) -> Any:
         for f in dataclasses.fields(obj):
             value = None if f.name in transient else getattr(obj, f.name)
             fields[f.name] = _encode(value, tensors, f"{path}.{f.name}" if path else f.name)
-        cls = type(obj)
-        return {"__record__": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+        return {"__record__": type(obj).__qualname__, "fields": fields}
     if isinstance(obj, dict):
         return {"__dict__": [[_encode(k, tensors, f"{path}.k{i}"), _encode(v, tensors, f"{path}.{i}")]
                              for i, (k, v) in enumerate(obj.items())]}
@@ -46,7 +46,8 @@ def _encode(obj: Any, tensors: dict, path: str) -> Any:
 
 # The only places a record type can come from. A name read from a file is looked up in the table built
 # from these modules (names written here, in code); nothing is ever imported or called by a name a file
-# supplies, so opening a trace is as safe as opening a CSV.
+# supplies, so opening a trace is as safe as opening a CSV. Moving a record to another module: change this
+# list only; saved traces name records by class name, not by module.
 RECORD_MODULES = (
     "rookworld_debug.config", "rookworld_debug.metrics", "rookworld_debug.chess.arbiter",
     "rookworld_debug.chess.engine", "rookworld_debug.chess.formats", "rookworld_debug.chess.rewards",
@@ -57,21 +58,49 @@ RECORD_MODULES = (
     "rookworld_debug.grpo.update", "rookworld_debug.grpo.captured", "rookworld_debug.grpo.diagnostics",
     "rookworld_debug.grpo.group_size", "rookworld_debug.grpo.entropy_mechanism", "rookworld_debug.grpo.sampler_gap",
 )
-# record names older versions wrote → the module the class lives in now
-_RENAMED = {"rookworld_debug.trl.record:TRLCapture": "rookworld_debug.grpo.captured:TRLCapture"}
+# Trace version 1 wrote "module:Class" with these modules (frozen: they name where records lived THEN, not
+# now); such a name is read as its class name. rookworld_debug.trl.record held TRLCapture before version 1 ended.
+V1_MODULES = frozenset((
+    "rookworld_debug.config", "rookworld_debug.metrics", "rookworld_debug.chess.arbiter",
+    "rookworld_debug.chess.engine", "rookworld_debug.chess.formats", "rookworld_debug.chess.rewards",
+    "rookworld_debug.data.loaders", "rookworld_debug.models.provenance", "rookworld_debug.grpo.advantages",
+    "rookworld_debug.grpo.decoding", "rookworld_debug.grpo.evaluation", "rookworld_debug.grpo.generation",
+    "rookworld_debug.grpo.iterations", "rookworld_debug.grpo.loss", "rookworld_debug.grpo.multistep",
+    "rookworld_debug.grpo.rewards", "rookworld_debug.grpo.setup", "rookworld_debug.grpo.step",
+    "rookworld_debug.grpo.update", "rookworld_debug.grpo.captured", "rookworld_debug.grpo.diagnostics",
+    "rookworld_debug.grpo.group_size", "rookworld_debug.grpo.entropy_mechanism", "rookworld_debug.grpo.sampler_gap",
+    "rookworld_debug.trl.record",
+))
 _RECORDS: dict[str, type] = {}
 _FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def record_types() -> dict[str, type]:
-    """"module:Class" → class for every dataclass defined in RECORD_MODULES (the closed allowlist)."""
+    """Stable name (class name) → class for every dataclass defined in RECORD_MODULES (the closed allowlist)."""
     if not _RECORDS:
+        table: dict[str, type] = {}
         for name in RECORD_MODULES:
             mod = importlib.import_module(name)
             for obj in vars(mod).values():
                 if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == name:
-                    _RECORDS[f"{name}:{obj.__qualname__}"] = obj
+                    if obj.__qualname__ in table:    # two records, one name: a trace could not tell them apart
+                        raise RuntimeError(f"record name {obj.__qualname__} is defined in {name} and "
+                                           f"{table[obj.__qualname__].__module__}")
+                    table[obj.__qualname__] = obj
+        _RECORDS.update(table)
     return _RECORDS
+
+
+def stable_name(name: Any) -> str | None:
+    """The stable record name a trace's `__record__` value stands for (a version-1 "module:Class" read as its
+    class name when the module is one version 1 wrote), or None for anything else."""
+    if not isinstance(name, str):
+        return None
+    if ":" in name:
+        module, _, name = name.partition(":")
+        if module not in V1_MODULES:
+            return None
+    return name if name in record_types() else None
 
 
 class _Bad(Exception):
@@ -80,7 +109,8 @@ class _Bad(Exception):
 
 def _make_record(obj: dict, tensors: dict, where: str) -> Any:
     name = obj["__record__"]
-    cls = record_types().get(_RENAMED.get(name, name)) if isinstance(name, str) else None
+    stable = stable_name(name)
+    cls = record_types()[stable] if stable is not None else None
     if cls is None:
         raise _Bad(f"{where}: record type {name!r} is not one of this package's records")
     fields = obj.get("fields")
@@ -168,7 +198,7 @@ def _not_a_trace(path, why: str):
 
 
 def read_trace(path, record: str, version: int | None = None) -> Any:
-    """Decode the `record` ("module:Class") saved in folder `path`, refusing anything else with a named error:
+    """Decode the `record` (a stable record name, e.g. "StepTrace") saved in folder `path`, refusing anything else with a named error:
     TraceError (not a trace: missing/corrupt files, another record, unknown/missing fields or tensors) or
     IncompatibleTraceError (written by a newer trace `version`, or a TRL capture from a TRL version this
     package does not read)."""
@@ -187,7 +217,7 @@ def read_trace(path, record: str, version: int | None = None) -> Any:
         raise _not_a_trace(path, f"trace.json is not valid JSON ({err})") from None
     except RecursionError:
         raise _not_a_trace(path, "trace.json is nested too deeply to be a trace") from None
-    if not isinstance(payload, dict) or payload.get("__record__") != record:
+    if not isinstance(payload, dict) or stable_name(payload.get("__record__")) != record:
         found = payload.get("__record__") if isinstance(payload, dict) else type(payload).__name__
         raise _not_a_trace(path, f"trace.json holds {found!r}, not {record!r}")
     fields = payload.get("fields")

@@ -1,14 +1,13 @@
 """ONE GRPO step, phase by phase. Read `run_step` top to bottom: it is the algorithm.
 
-setup → baseline eval (greedy, before) → generation → rewards → advantages → loss → update → evaluation
+setup → generation (the sampled rows, and the greedy before-update rows in the same decoding loop) → rewards →
+advantages → loss → baseline eval (the greedy rows' rewards) → diagnostics (optional, at the step's start) →
+update → evaluation
 """
 from __future__ import annotations
 
-import json
 import math
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -17,11 +16,13 @@ import torch
 from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.grpo import serialize
-from rookworld_debug.grpo.advantages import Advantages, advantages_from_config
+from rookworld_debug.grpo.advantages import Advantages
+from rookworld_debug.grpo.families import family_of
 from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
-from rookworld_debug.grpo.generation import Rollout, generate, inject_completions
-from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
-from rookworld_debug.grpo.rewards import Rewards, compute_rewards
+from rookworld_debug.grpo.generation import Rollout
+from rookworld_debug.grpo.loss import LossBreakdown
+from rookworld_debug.grpo.rewards import Rewards
+# loss_for is re-exported: views and notebooks import it from here
 from rookworld_debug.grpo.phases import PhaseTimer, loss_for, memory_advice, rows, sample_and_score  # noqa: F401
 from rookworld_debug.grpo.setup import Setup, check_context, check_inject
 from rookworld_debug.grpo.start import setup as setup_phase
@@ -29,7 +30,7 @@ from rookworld_debug.grpo.iterations import run_iterations
 from rookworld_debug.grpo.update import UpdateResult
 from rookworld_debug.metrics import term_balance, tiny_std_groups
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2            # 2: records named by class name (1: "module:Class"; still read)
 LOSS_PATH_TOLERANCE = 1e-5   # |loss(grad path) − loss(record)|, fp32 recompute noise is ~1e-7
 
 
@@ -72,7 +73,7 @@ class StepTrace:
         """A saved step or TRL capture; TraceError names what is wrong with a folder that is neither,
         IncompatibleTraceError a capture from an unsupported TRL version."""
         from rookworld_debug.grpo.trace_check import check_trace
-        trace = serialize.read_trace(path, f"{__name__}:StepTrace", TRACE_VERSION)
+        trace = serialize.read_trace(path, "StepTrace", TRACE_VERSION)
         check_trace(trace, str(path))          # tensors whose shapes disagree: refused here, not in a view
         return trace
 
@@ -122,7 +123,7 @@ class StepTrace:
 
 def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_funcs: Optional[Mapping] = None,
              reward_weights: Optional[Mapping] = None, inject: Optional[Mapping[int, str]] = None) -> StepTrace:
-    """One fully instrumented GRPO step. Pass `session` (a Setup) to reuse loaded models/engine;
+    """One fully instrumented GRPO step, its phases in the order of the module docstring. Pass `session` (a Setup) to reuse loaded models/engine;
     `inject` = {row: text} to put chosen completions into the rollout (debugging "what if")."""
     timer = PhaseTimer()
     with timer("setup"):
@@ -173,8 +174,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                 flags.append(f"post-update evaluation failed: {err}")
     if diag is not None:
         from rookworld_debug.grpo.diagnostics import with_delta_ci
-        from rookworld_debug.grpo.iterations import effective_mask
-        diag = with_delta_ci(diag, evaluation, config.seed, iterations=iterations, mask=effective_mask(rollout, config))
+        from rookworld_debug.grpo.generation import loss_mask
+        diag = with_delta_ci(diag, evaluation, config.seed, iterations=iterations, mask=loss_mask(rollout, config))
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
                      timings=dict(timer.seconds), counts=_counts(rollout, rewards, iterations, upd, evaluation),
@@ -184,9 +185,9 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
 def _update_phase(s: Setup, rollout, advantages, loss, config: StepConfig, flags: list) -> tuple:
     """(the inner iterations' records, the optimizer step TRL logs last — None when refused). A refusal (NaN/inf)
     and a loss that differs from the displayed record go into `flags`."""
-    upd_config, iterations, upd = config, (), None
-    if config.loss_type == "rlvr_mini" and config.rlvr_adaptive_kl:   # the controller's kl_coef of this step
-        upd_config = config.replace(beta=loss.beta)
+    iterations, upd = (), None
+    family = family_of(config.loss_type)
+    upd_config = family.update_config(config, loss) if family.update_config is not None else config
     try:
         iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, upd_config, reference=s.reference,
                                     loss_record=loss, flags=flags)

@@ -24,7 +24,9 @@ from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.models import memory
 from rookworld_debug.models.devices import model_device, on_device
 from rookworld_debug.grpo.generation import (auto_micro_batch_size, per_token_logps_and_entropy,
-                                             per_token_logps_entropy_full_kl, sampling_logps_for)
+                                             per_token_logps_entropy_full_kl, sampling_logps_for,
+                                             loss_mask)
+from rookworld_debug.grpo.families import family_of
 from rookworld_debug.grpo.loss import compute_loss
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 
@@ -68,16 +70,6 @@ def layer_name(param_name: str) -> str:
 def _micro_slices(n: int, size: int | None) -> list[slice]:
     size = n if not size or size >= n else size
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def _mb_weight(loss_type: str, rows: slice, n: int, mask: torch.Tensor) -> float:
-    """Weight that turns a micro-batch loss into its share of the full-batch loss."""
-    n_mb = rows.stop - rows.start
-    if loss_type in ("grpo", "dr_grpo", "sapo", "luspo", "manual", "rlvr_mini"):  # means over sequences → by rows
-        return n_mb / n
-    if loss_type == "bnpo":                               # token mean → weight by tokens
-        return float(mask[rows].sum().clamp(min=1)) / float(mask.sum().clamp(min=1))
-    return 1.0                                            # dapo/cispo/vespo: global token count passed in
 
 
 def make_optimizer(policy: torch.nn.Module, config) -> torch.optim.Optimizer:
@@ -208,14 +200,12 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     step_rows = rows if rows is not None else slice(0, rollout.completion_ids.shape[0])
     n = step_rows.stop - step_rows.start
     adv = advantages.advantages.to(rollout.per_token_logps.dtype)[step_rows]  # (n,)
-    mask = rollout.completion_mask                                         # (N, T)
-    if config.mask_truncated_completions:              # as step.loss_for: the record and the step agree
-        mask = mask * (~rollout.is_truncated)[:, None]                     # (N, T)
-    mask = mask[step_rows]                                                 # (n, T)
+    mask = loss_mask(rollout, config)[step_rows]                           # (n, T) as the record's mask
     ref_all = None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[step_rows]  # (n, T)
     old_all = None if old_per_token_logps is None else old_per_token_logps[step_rows]                # (n, T)
     num_items = float(mask.sum()) if num_items_in_batch is None else float(num_items_in_batch)
     objective = Objective.from_config(config) if objective is None else objective
+    family = family_of(config.loss_type)
     if not per_term_grads:                   # lean path: .backward() accumulates into .grad in place, as TRL
         for _, p in params:
             p.grad = None
@@ -229,9 +219,8 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
             rec = _micro_batch_terms(policy, reference, rollout, g_rows, mask[mb], adv[mb],
                                      None if old_all is None else old_all[mb],
                                      None if ref_all is None else ref_all[mb], config, objective, num_items, acc)
-            w = _mb_weight(config.loss_type, mb, n, mask)
-            # TRL's entropy bonus is a token mean of the micro-batch for every loss type → weight by token share
-            w_ent = w if config.loss_type in ("manual", "rlvr_mini") else _mb_weight("bnpo", mb, n, mask)
+            w = family.mb_weight(config.loss_type, mb, n, mask)          # the family's share of the batch loss
+            w_ent = family.mb_weight(config.loss_type, mb, n, mask, entropy=True)
             terms = {"pg": rec.pg_loss * w, "kl": rec.kl_loss * w, "entropy": rec.entropy_term * w_ent}
             total = terms["pg"] + terms["kl"] + terms["entropy"]
             if not torch.isfinite(total):

@@ -108,7 +108,7 @@ class OursCore(_Variant):
             prestart(self.s.engine)
 
     def step(self) -> dict:
-        from rookworld_debug.grpo.advantages import advantages_from_config
+        from rookworld_debug.grpo.families import advantages_from_config
         from rookworld_debug.grpo.generation import generate
         from rookworld_debug.grpo.rewards import compute_rewards
         from rookworld_debug.grpo.step import PhaseTimer, loss_for, rows

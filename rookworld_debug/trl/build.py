@@ -16,7 +16,7 @@ import torch
 
 from rookworld_debug.data.loaders import Batch
 from rookworld_debug.errors import FormatError
-from rookworld_debug.grpo.advantages import advantages_from_config
+from rookworld_debug.grpo.families import advantages_from_config
 from rookworld_debug.grpo.generation import Rollout, _unique_per_group
 from rookworld_debug.grpo.loss import compute_loss
 from rookworld_debug.grpo.objective_params import LossBatch, Objective

@@ -114,7 +114,7 @@ def _restore(st: TRLState, lr: Optional[float]):
 
 def _replay_update(st: TRLState, arm: Arm):
     """The captured update under the arm: (pre-clip grad norm, loss, config, advantages)."""
-    from rookworld_debug.grpo.advantages import advantages_from_config
+    from rookworld_debug.grpo.families import advantages_from_config
     from rookworld_debug.trl.verify import replay
     tr, cap = st.trace, st.trace.capture
     cfg = arm.config(tr.config)
@@ -205,7 +205,7 @@ def _greedy(st: TRLState) -> tuple:
 
 def trl_self_check(st: TRLState, unchanged: OneStepArm):
     """Stages of the unchanged arm's replay vs the capture (module doc); the update vs checkpoint-<step>."""
-    from rookworld_debug.grpo.advantages import advantages_from_config
+    from rookworld_debug.grpo.families import advantages_from_config
     from rookworld_debug.trl.verify import compare, trl_logps_and_entropy
     from rookworld_debug.whatif.selfcheck import _max_diff
     tr, cap, r = st.trace, st.trace.capture, st.trace.rollout

@@ -101,7 +101,7 @@ def check_same_rollout(arm: Arm) -> None:
 
 def run_arm(state: SavedState, rec: Recorded, arm: Arm) -> OneStepArm:
     """Restore the start, update the recorded rollout under the arm's config, measure (module doc)."""
-    from rookworld_debug.grpo.advantages import advantages_from_config
+    from rookworld_debug.grpo.families import advantages_from_config
     from rookworld_debug.grpo.iterations import run_iterations
     from rookworld_debug.grpo.phases import loss_for
     check_same_rollout(arm)

@@ -1,4 +1,4 @@
-"""Issue 24: the full-game generator (terminal vs non-terminal cannot be read off the move number) and measure's
+"""The full-game generator (terminal vs non-terminal cannot be read off the move number) and measure's
 second generator (A: cases by band of game length), plus the real P: line reader."""
 from __future__ import annotations
 
