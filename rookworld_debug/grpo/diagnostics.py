@@ -212,13 +212,13 @@ def per_group_grads(policy, rollout, advantages, config, *, old_per_token_logps:
     ``forward``: a GradForward to reuse (one forward for every diagnostic)."""
     from rookworld_debug.models.devices import model_device, on_device
     g = num_generations or config.num_generations
-    rollout, advantages = on_device(rollout, model_device(policy)), on_device(advantages, model_device(policy))
-    old_per_token_logps = on_device(old_per_token_logps, model_device(policy))
     n_rows = rollout.completion_ids.shape[0]
     if g < 1 or n_rows % g or advantages.advantages.shape != (n_rows,):
         from rookworld_debug.errors import ConfigError
         raise ConfigError("num_generations", f"{n_rows} rollout rows do not form groups of G = {g} with one advantage "
                                              f"each (advantages {tuple(advantages.advantages.shape)})")
+    dev = model_device(policy)                 # the records cross to the model's device (no-op when already there)
+    rollout, advantages, old_per_token_logps = (on_device(x, dev) for x in (rollout, advantages, old_per_token_logps))
     fw = forward or GradForward(policy, rollout, config)
     rec = fw.loss(None, advantages.advantages, g, old_per_token_logps)
     outs = [t for t in (fw.logps, fw.entropy) if t.requires_grad]

@@ -10,7 +10,7 @@ import contextlib
 import copy
 import dataclasses
 
-from rookworld_debug.lab.faults import P_TASK, Fault
+from rookworld_debug.lab.fault_kinds import P_TASK, Fault
 from rookworld_debug.lab.faults_trl import TRLFault
 
 
