@@ -12,8 +12,8 @@ Where a README command would take minutes, the test runs the same command throug
 - `pip install -e ".[trl]"`: every requirement of the extra is already installed in this venv (a no-op here).
 - `rookworld-debug trl-demo --out DIR` with its defaults is the suite's shared demo run (conftest.trl_demo_run,
   built once per session by that very command): copied to DIR.
-- `rookworld-debug whatif ... --steps K --seeds S`: 2 steps × 1 seed (the branch, self-check and verdict path
-  is the same; fewer re-runs).
+- `rookworld-debug whatif ... --steps K --seeds S`: 1 step × 1 seed (the pick of the branch point, the self-check,
+  a GRPOTrainer branch and the verdict run the same code; fewer re-runs).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}, "HF_HUB
        "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 MAIN_SMALL = ["-p", "batch_size=2", "-p", "num_generations=4", "-p", "max_new_tokens=32", "-p", "heldout_n=2",
               "-p", "eval_max_new_tokens=32", "-p", "warmup_steps=0", "-p", "num_iterations=1"]
-SMALLER = {"--steps": "2", "--seeds": "1"}                  # whatif's re-runs (module doc)
+SMALLER = {"--steps": "1", "--seeds": "1"}                  # whatif's re-runs (module doc)
 EXIT = {("diagnose", "runs/demo"): 1}                       # diagnose exits 1 when it finds an error: the demo's
 SECTIONS = ("# rookworld_debug", "### 1.", "### 2.", "### 3.")
 TIMEOUT = 900
