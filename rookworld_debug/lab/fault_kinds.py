@@ -1,4 +1,4 @@
-"""The fault benchmark's shared vocabulary: what a fault is (`Fault`), the seeds and the base settings of a case.
+"""The fault benchmark's shared vocabulary: what a fault is (`Fault`), each case's seeds (SEEDS) and base settings.
 Its own module so that the benchmark and its held-out fault types both import it, and neither the other."""
 from __future__ import annotations
 
