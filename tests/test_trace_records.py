@@ -17,20 +17,14 @@ from rookworld_debug.grpo.step import TRACE_VERSION, StepTrace
 V1 = Path(__file__).parent / "fixtures" / "trace_v1"
 
 
-def _names(node, out):
-    if isinstance(node, dict):
-        if "__record__" in node:
-            out.add(node["__record__"])
-        for v in node.values():
-            _names(v, out)
-    elif isinstance(node, list):
-        for v in node:
-            _names(v, out)
-    return out
+def _names(payload) -> set:
+    """The record names a trace.json payload holds."""
+    from test_trace_security import _records
+    return {r["__record__"] for r in _records(payload, [])}
 
 
 def test_a_version_1_trace_still_loads():
-    names = _names(json.loads((V1 / "trace.json").read_text()), set())
+    names = _names(json.loads((V1 / "trace.json").read_text()))
     assert names and all(n.startswith("rookworld_debug.") and ":" in n for n in names)   # really the old format
     t = StepTrace.load(V1)
     assert t.version == 1 and t.config.batch_size == 1 and t.config.num_generations == 2
@@ -42,7 +36,7 @@ def test_a_version_1_trace_still_loads():
 def test_a_resaved_version_1_trace_names_records_by_class_and_round_trips(tmp_path):
     t = StepTrace.load(V1)
     out = StepTrace(**{**{f: getattr(t, f) for f in t.__dataclass_fields__}, "version": TRACE_VERSION}).save(tmp_path / "s")
-    names = _names(json.loads((out / "trace.json").read_text()), set())
+    names = _names(json.loads((out / "trace.json").read_text()))
     assert names and all(":" not in n and n in serialize.record_types() for n in names)
     back = StepTrace.load(out)
     assert back.version == TRACE_VERSION

@@ -18,8 +18,7 @@ from rookworld_debug.grpo.advantages import Advantages
 from rookworld_debug.grpo.generation import (Rollout, generate_with_greedy, inject_completions, loss_mask,
                                              sampling_logps_for)
 from rookworld_debug.grpo.loss import LossBreakdown, compute_loss
-from rookworld_debug.grpo.families import advantages_from_config
-from rookworld_debug.grpo.families import family_of
+from rookworld_debug.grpo.families import advantages_from_config, family_of
 from rookworld_debug.grpo.objective_params import LossBatch, Objective
 from rookworld_debug.grpo.rewards import compute_rewards
 from rookworld_debug.grpo.setup import Setup, check_inject
@@ -58,14 +57,13 @@ class PhaseTimer:
 def memory_advice(s: Setup, config: StepConfig, phase: str) -> str:
     """What would fit after running out of device memory in `phase`, from the project's own estimate
     (`scoring.train_bytes_per_row`) and the memory free on the policy's device now."""
-    from rookworld_debug.grpo.scoring import train_bytes_per_row
+    from rookworld_debug.grpo.scoring import TRAIN_BUDGET_BYTES, auto_micro_batch_size, train_bytes_per_row
     from rookworld_debug.models.memory import memory_budget
     n = config.batch_size * config.num_generations
     seq = max(len(s.tokenizer(p).input_ids) for p in s.batch.prompts) + config.max_new_tokens
     per_row = train_bytes_per_row(s.policy, seq)
-    budget = memory_budget(next(s.policy.parameters()).device, 2**30)
-    fit = [k for k in range(1, n + 1) if n % k == 0 and k * per_row <= budget] or [1]
-    tips = [f"micro_batch_size={fit[-1]} (estimated {per_row / 2**30:.2f} GiB per row of {seq} tokens, "
+    budget = memory_budget(next(s.policy.parameters()).device, TRAIN_BUDGET_BYTES)
+    tips = [f"micro_batch_size={auto_micro_batch_size(s.policy, n, seq, budget)} (estimated {per_row / 2**30:.2f} GiB per row of {seq} tokens, "
             f"{budget / 2**30:.1f} GiB to plan for)"] if phase in ("update", "diagnostics", "loss") else []
     if config.reference_device == "same" and next(s.policy.parameters()).device.type != "cpu":
         tips.append("reference_device=cpu (or another GPU) frees the reference's weights and activations")
