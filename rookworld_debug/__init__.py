@@ -16,6 +16,6 @@ def __getattr__(name):  # lazy: `import rookworld_debug` must not import torch/t
         from rookworld_debug.grpo import step
         return getattr(step, name)
     if name == "run_steps":
-        from rookworld_debug.grpo.multistep import run_steps
+        from rookworld_debug.grpo.multistep.loop import run_steps
         return run_steps
     raise AttributeError(name)

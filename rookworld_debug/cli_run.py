@@ -29,7 +29,7 @@ def format_step_line(row: dict, steps: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rookworld_debug.grpo.multistep import BETA_KINDS, LR_KINDS, MODES
+    from rookworld_debug.grpo.multistep.loop import BETA_KINDS, LR_KINDS, MODES
     from rookworld_debug.cli_step import config_keys_help
     p = argparse.ArgumentParser(prog="rookworld-debug run", description=__doc__, epilog=config_keys_help(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,7 +70,7 @@ def _main(argv: list[str] | None = None) -> int:
 
     from rookworld_debug.errors import RookWorldError
     from rookworld_debug.cli_step import config_from_args
-    from rookworld_debug.grpo.multistep import BetaSchedule, LRSchedule, run_steps
+    from rookworld_debug.grpo.multistep.loop import BetaSchedule, LRSchedule, run_steps
 
     from rookworld_debug.safeio import check_input_file, check_output_dir
     out = check_output_dir(args.out, "--out")          # before the run: a bad --out must not cost N steps

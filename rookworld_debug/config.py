@@ -8,7 +8,7 @@ Defaults follow rookworld-trl's manual debug run (B=4 prompts, G=4 generations, 
 wd 0, grad-clip 1.0, task-conditional sampling); every *convention* (loss_type, KL estimator, advantage
 scaling, ε, δ, importance-sampling level, entropy normalisation) defaults to what TRL's `GRPOConfig` does,
 so a fresh config reproduces TRL's math on our rollout. `loss_type="manual"` selects that run's
-sequence-level REINFORCE variant instead (see `grpo/loss.py`).
+sequence-level REINFORCE variant instead (see `grpo/objective/loss.py`).
 
 Impossible values are rejected at construction with `ConfigError(field, message)`.
 """
@@ -95,7 +95,7 @@ class StepConfig:
                         "weight of the sequence ratio, dapo normaliser). 'rlvr_mini' = rookworld-rlvr's pure-PyTorch "
                         "GRPO: r_i = exp(clamp(Σ_t (logp − ref), ±20)) against the REFERENCE, −mean_i min(r_i·A_i, "
                         "clip(r_i)·A_i) + β·mean_i KL_i − c_H·mean_i H_i, sums not means (knobs rlvr_*; β is its "
-                        "kl_coef, epsilon_low/high its clip_range). Formulas: grpo/loss.py, grpo/rlvr_mini.py.",
+                        "kl_coef, epsilon_low/high its clip_range). Formulas: grpo/objective/loss.py, grpo/families/rlvr_mini/objective.py.",
                         choices=LOSS_TYPES, group="objective")
     beta: float = _f(0.1, "β: KL coefficient; loss adds β·KL(π‖π_ref) per token. TRL's default is 0.0 (no "
                      "reference loaded); 0.1 is rookworld-trl's manual debug run's value.", group="objective")
@@ -217,7 +217,7 @@ class StepConfig:
     warmup_steps: int = _f(0, "k short GRPO warm-up steps on this same batch (same config, seeds derived from "
                            "`seed`) run BEFORE the debugged step, from `init_policy` or the base; the debugged step "
                            "then starts from the drifted policy and its AdamW state. Cached on disk by config "
-                           "(rookworld_debug.grpo.drift). 0 = none.", group="drift")
+                           "(rookworld_debug.grpo.multistep.drift). 0 = none.", group="drift")
     warmup_lr: Optional[float] = _f(None, "Learning rate of the warm-up steps (None = lr). A larger value drifts "
                                     "the policy in few steps while the debugged step keeps its own lr.",
                                     group="drift")

@@ -102,7 +102,7 @@ GLOSSARY: dict[str, str] = {
     "max_abs_logp_diff_recompute": "max |ℓ captured while sampling − ℓ from a fresh teacher-forced forward| "
                                    "(> 1e-4 flags padding / position-id / temperature bugs).",
     "heldout_n": "Number of held-out prompts in heldout_reward_before/after.",
-    # rookworld-rlvr's "mini" (loss_type='rlvr_mini'): its own metrics, its names (grpo/rlvr_mini.py)
+    # rookworld-rlvr's "mini" (loss_type='rlvr_mini'): its own metrics, its names (grpo/families/rlvr_mini/objective.py)
     "loss_type/rlvr_mini": "rookworld-rlvr's objective: s_i = Σ_t m(ℓ − ℓ^ref) (SUMMED, against the REFERENCE), "
                            "r_i = exp(clamp(s_i, ±20)), loss = −mean_i min(r_i A_i, clip(r_i, 1−ε, 1+ε) A_i) + "
                            "β·mean_i KL_i − c_H·mean_i Σ_t −m e^ℓ ℓ (+ c_V·mean (v − v̂)²); A from its baseline + "

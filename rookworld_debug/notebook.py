@@ -110,7 +110,7 @@ def drift_policy(setup, config: StepConfig, *, steps: int = 0, lr: Optional[floa
     import torch
 
     from rookworld_debug.grpo.step import sample_and_score
-    from rookworld_debug.grpo.update import make_optimizer, update
+    from rookworld_debug.grpo.phases.update import make_optimizer, update
     t0 = time.perf_counter()
     policy = setup.policy
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}

@@ -130,7 +130,7 @@ def recompute(state: _State, changes: dict, *, fixed_advantages=None, old_per_to
         adv = advantages_from_config(state.rewards.rewards, cfg)
     t1 = time.perf_counter()
     if iteration is not None:                        # an off-policy pass: its log-probs vs the frozen old ones
-        from rookworld_debug.grpo.iterations import loss_for_iteration
+        from rookworld_debug.grpo.phases.iterations import loss_for_iteration
         loss = loss_for_iteration(state.rollout, adv, cfg, iteration)
     else:
         loss = loss_for(state.rollout, adv, cfg, old_per_token_logps=old_per_token_logps)
@@ -259,7 +259,7 @@ class TunePanel:
                  metric: str = "kl", reward_funcs=None, reward_weights=None, iterations: tuple = (),
                  iteration: Optional[int] = None):
         self.setup = setup
-        # inner PPO passes of a step over this rollout (grpo.iterations): the loss knobs then recompute a pass's
+        # inner PPO passes of a step over this rollout (grpo.phases.iterations): the loss knobs then recompute a pass's
         # record (its log-probs vs the old ones frozen at sampling) — where r ≠ 1 and ε acts
         self.iterations = tuple(iterations or ())
         self.reward_funcs, self.reward_weights = reward_funcs, reward_weights

@@ -12,7 +12,7 @@ import json
 import torch
 
 from rookworld_debug.config import StepConfig
-from rookworld_debug.grpo import serialize
+from rookworld_debug.grpo.trace import serialize
 from rookworld_debug.grpo.step import StepTrace, run_step
 
 # wall-clock fields (durations, the provenance load timestamp); everything else must be identical

@@ -72,8 +72,8 @@ def test_the_simulated_device_computes_and_raises_on_mixing():
 def test_the_loss_runs_where_its_inputs_are(loss_type):
     """compute_loss allocates nothing on the CPU: every input on the device → every output there."""
     from rookworld_debug import StepConfig
-    from rookworld_debug.grpo.loss import compute_loss
-    from rookworld_debug.grpo.objective_params import LossBatch, Objective
+    from rookworld_debug.grpo.objective.loss import compute_loss
+    from rookworld_debug.grpo.objective.params import LossBatch, Objective
     g = torch.Generator().manual_seed(0)
     n, t = 4, 5
     logps = -torch.rand(n, t, generator=g)
@@ -112,7 +112,7 @@ def test_a_step_on_a_second_device_matches_the_cpu_step(kw):
 
 
 def test_runs_checkpoints_and_whatif_on_a_second_device(tmp_path):
-    from rookworld_debug.grpo.multistep import run_steps
+    from rookworld_debug.grpo.multistep.loop import run_steps
     from rookworld_debug.whatif.overrides import arms_from_sets
     from rookworld_debug.whatif.run import whatif
     torch.set_num_threads(1)
@@ -133,7 +133,7 @@ def test_runs_checkpoints_and_whatif_on_a_second_device(tmp_path):
 def test_the_memory_budget_follows_the_device():
     """The CPU keeps its fixed rule; a CUDA card plans for half of what is free on it (its own reading)."""
     from transformers import GPT2Config, GPT2LMHeadModel
-    from rookworld_debug.grpo.scoring import TRAIN_BUDGET_BYTES, auto_micro_batch_size
+    from rookworld_debug.grpo.phases.scoring import TRAIN_BUDGET_BYTES, auto_micro_batch_size
     from rookworld_debug.models.memory import memory_budget
     assert memory_budget("cpu", TRAIN_BUDGET_BYTES) == TRAIN_BUDGET_BYTES
     with torch.device("meta"):

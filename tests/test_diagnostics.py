@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld_debug.grpo.diagnostics import gram64, noise_scale, paired_bootstrap_ci, per_group_grads
-from rookworld_debug.grpo.generation import LOGP_DIFF_TOLERANCE
+from rookworld_debug.grpo.signal.noise import gram64, noise_scale, paired_bootstrap_ci, per_group_grads
+from rookworld_debug.grpo.phases.generation import LOGP_DIFF_TOLERANCE
 
 
 def test_noise_scale_recovers_a_known_sigma():
@@ -59,10 +59,10 @@ def test_paired_bootstrap_matches_a_reference_loop():
 
 def test_group_gradients_sum_to_the_step_gradient(fixtures_dir):
     from rookworld_debug.config import StepConfig
-    from rookworld_debug.grpo.generation import per_token_logps_and_entropy
-    from rookworld_debug.grpo.loss import compute_loss
-    from rookworld_debug.grpo.objective_params import LossBatch, Objective
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.phases.generation import per_token_logps_and_entropy
+    from rookworld_debug.grpo.objective.loss import compute_loss
+    from rookworld_debug.grpo.objective.params import LossBatch, Objective
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.grpo.step import sample_and_score
 
     torch.set_num_threads(2)

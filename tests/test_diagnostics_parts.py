@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.entropy_mechanism import clip_events, entropy_mechanism, token_covariance, with_measured
-from rookworld_debug.grpo.group_size import check_sizes, default_sizes, subsample_rows
-from rookworld_debug.grpo.loss import compute_loss
-from rookworld_debug.grpo.objective_params import LossBatch, Objective
-from rookworld_debug.grpo.sampler_gap import TRL_IS_CAP, ess, sampler_trainer_gap
+from rookworld_debug.grpo.signal.entropy_mechanism import clip_events, entropy_mechanism, token_covariance, with_measured
+from rookworld_debug.grpo.signal.group_size import check_sizes, default_sizes, subsample_rows
+from rookworld_debug.grpo.objective.loss import compute_loss
+from rookworld_debug.grpo.objective.params import LossBatch, Objective
+from rookworld_debug.grpo.signal.sampler_gap import TRL_IS_CAP, ess, sampler_trainer_gap
 
 
 def test_gap_weights_and_ess_by_hand():
@@ -104,8 +104,8 @@ def test_group_size_rules():
 @pytest.mark.slow          # bf16 matmuls on a CPU without bf16 units: ~20 s idle, 80 s on a loaded machine
 def test_bf16_sampler_makes_a_real_gap_on_the_cpu(fixtures_dir):
     from rookworld_debug.config import StepConfig
-    from rookworld_debug.grpo.diagnostics import GradForward
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.signal.noise import GradForward
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.grpo.step import sample_and_score
 
     torch.set_num_threads(2)
@@ -130,10 +130,10 @@ def test_group_size_sweep_matches_a_fresh_forward_on_the_kept_rows(tiny_byte_mod
     (advantages recomputed on their rewards); zero-std and NaN rewards come back flagged, not as numbers."""
     from rookworld_debug.config import StepConfig
     from rookworld_debug.grpo.families import advantages_from_config
-    from rookworld_debug.grpo.diagnostics import GradForward, per_group_grads
-    from rookworld_debug.grpo.generation import per_token_logps_and_entropy
-    from rookworld_debug.grpo.group_size import _cos, group_size_sweep
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.signal.noise import GradForward, per_group_grads
+    from rookworld_debug.grpo.phases.generation import per_token_logps_and_entropy
+    from rookworld_debug.grpo.signal.group_size import _cos, group_size_sweep
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.grpo.step import sample_and_score
 
     cfg = StepConfig().replace(model=str(tiny_byte_model_dir), reward_mode="dataset", heldout_n=0, batch_size=2,

@@ -6,8 +6,8 @@ import torch
 
 from rookworld_debug import StepConfig, run_step
 from rookworld_debug.errors import ConfigError, ModelLoadError
-from rookworld_debug.grpo.multistep import run_steps
-from rookworld_debug.grpo.start import setup
+from rookworld_debug.grpo.multistep.loop import run_steps
+from rookworld_debug.grpo.multistep.start import setup
 from tinymodels import save_tiny_gpt2
 
 B, G = 2, 4

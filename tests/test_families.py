@@ -11,7 +11,7 @@ import torch
 
 from rookworld_debug.config import LOSS_TYPES, StepConfig
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo import advantages as adv
+from rookworld_debug.grpo.phases.shared import advantages as adv
 from rookworld_debug.grpo.families import Family, advantages_from_config, family_of, register
 from tinymodels import tiny_step_config
 
@@ -75,7 +75,7 @@ def _toy_loss(logps, old, ref, advantages, mask, objective, batch):
     """dr_grpo's loss table on the sign advantages, recorded under the toy's name."""
     import dataclasses
 
-    from rookworld_debug.grpo.loss import compute_loss
+    from rookworld_debug.grpo.objective.loss import compute_loss
     rec = compute_loss(logps, old, ref, advantages, mask, objective.replace(loss_type="dr_grpo"), batch)
     return dataclasses.replace(rec, loss_type="toy_sign")
 

@@ -1,10 +1,10 @@
-"""grpo.generation: sampling on the sampled ids, TRL-exact log-probs, padding, determinism, EOS, consistency."""
+"""grpo.phases.generation: sampling on the sampled ids, TRL-exact log-probs, padding, determinism, EOS, consistency."""
 import pytest
 import torch
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo import generation as gen
-from rookworld_debug.grpo.generation import Rollout, generate, per_token_logps_and_entropy
+from rookworld_debug.grpo.phases.shared import generation as gen
+from rookworld_debug.grpo.phases.generation import Rollout, generate, per_token_logps_and_entropy
 from rookworld_debug.models import load_policy_and_reference
 from tinymodels import save_tiny_gpt2
 
@@ -161,8 +161,8 @@ def test_greedy_rows_in_the_sampling_loop_change_nothing(models, rollout, greedy
     """Issue 30: the before-update greedy rows ride in the sampling loop. The rollout is the one a loop of
     its own gives (same ids, masks, sampling-time log-probs to float noise), and the greedy completions are
     `greedy_completions`' — whether the greedy rows stop before the samples (6) or go on after them (40)."""
-    from rookworld_debug.grpo.evaluation import greedy_completions
-    from rookworld_debug.grpo.generation import generate_with_greedy
+    from rookworld_debug.grpo.phases.evaluation import greedy_completions
+    from rookworld_debug.grpo.phases.generation import generate_with_greedy
     pol, ref, tok, _ = models
     greedy_prompts = [P_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1", A_PROMPT + "e2e4+"]   # a longer prompt too
     merged, greedy = generate_with_greedy(
@@ -192,7 +192,7 @@ def test_decode_matches_generate_tokens_and_logits(models, temp, top_p, top_k):
     over all N rows), and its sampling-time log-probs are log_softmax(raw logits / T) of generate's logits."""
     from transformers import GenerationConfig
 
-    from rookworld_debug.grpo.decoding import SamplingParams, decode
+    from rookworld_debug.grpo.phases.decoding import SamplingParams, decode
     pol, _, tok, _ = models
     g, t = 3, 16
     enc, ids_b, mask_b = _rows(tok, [P_PROMPT, A_PROMPT], g)
@@ -212,8 +212,8 @@ def test_decode_matches_generate_tokens_and_logits(models, temp, top_p, top_k):
 
 
 def test_greedy_decode_matches_generate(models):
-    from rookworld_debug.grpo.decoding import SamplingParams, decode
-    from rookworld_debug.grpo.evaluation import greedy_completions
+    from rookworld_debug.grpo.phases.decoding import SamplingParams, decode
+    from rookworld_debug.grpo.phases.evaluation import greedy_completions
     pol, _, tok, _ = models
     prompts = [P_PROMPT, A_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"]
     enc = tok(prompts, padding=True, padding_side="left", return_tensors="pt")
@@ -228,7 +228,7 @@ def test_greedy_decode_matches_generate(models):
 def test_decode_drops_finished_rows_without_changing_tokens(models):
     """Dropping finished rows (checked every step) and never dropping (no check before the end) decode
     the same tokens; the dropped rows are not forwarded any more."""
-    from rookworld_debug.grpo.decoding import SamplingParams, decode
+    from rookworld_debug.grpo.phases.decoding import SamplingParams, decode
     pol, _, tok, _ = models
     g, t = 6, 24
     _, ids_b, mask_b = _rows(tok, [P_PROMPT, "P: 8/8/8/8/8/8/8/K6k w - - 0 1"], g)
@@ -251,7 +251,7 @@ def test_decode_drops_finished_rows_without_changing_tokens(models):
 def test_per_row_settings_in_one_loop(models):
     """A top-k = 1 task decodes greedily (argmax of the tempered logits) while the other task samples, in the
     same loop: per-row warpers, not one setting for the batch."""
-    from rookworld_debug.grpo.evaluation import greedy_completions
+    from rookworld_debug.grpo.phases.evaluation import greedy_completions
     pol, ref, tok, _ = models
     r = generate(pol, ref, tok, [P_PROMPT, A_PROMPT], ["P", "A"], num_generations=4, max_new_tokens=12,
                  sampling={"P": (1.0, 1.0, None), "A": (0.9, 1.0, 1)}, seed=2, compute_ref=False)
@@ -297,7 +297,7 @@ def test_nan_logits_raise_named_error(models):
 def test_wrong_position_ids_are_flagged(models, monkeypatch):
     """With position ids 0..L-1 (a plain forward on left-padded rows) the consistency check fires."""
     pol, ref, tok, _ = models
-    from rookworld_debug.grpo import scoring          # the teacher-forced forwards' module
+    from rookworld_debug.grpo.phases.shared import scoring          # the teacher-forced forwards' module
     monkeypatch.setattr(scoring, "_position_ids", lambda attn: torch.arange(attn.shape[1]).expand_as(attn))
     r = generate(pol, ref, tok, [P_PROMPT, "P: 8/8/8/8/8/8/8/K6k w"], ["P", "P"], num_generations=2,
                  max_new_tokens=6, sampling=SAMPLING, seed=0)
@@ -391,7 +391,7 @@ def test_auto_micro_batch_size_splits_124m_not_tiny(models):
 def test_shared_prompt_forward_equals_the_full_forward(models, t):
     # issue 18: a group's G rows share one prompt forward (KV cache indexed out to the rows); logits and
     # gradients must be the full per-row forward's up to float summation order
-    from rookworld_debug.grpo.generation import _forward_completion_logits, _position_ids
+    from rookworld_debug.grpo.phases.generation import _forward_completion_logits, _position_ids
     pol = models.policy
     g_ = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, 200, (3, 10), generator=g_).repeat_interleave(4, 0)          # (12, 10), B=3, G=4
@@ -429,7 +429,7 @@ def test_kv_cache_keyword_follows_the_installed_transformers(models):
     import inspect
     import warnings
 
-    from rookworld_debug.grpo.decoding import cache_kw
+    from rookworld_debug.grpo.phases.decoding import cache_kw
 
     class New(torch.nn.Module):
         def forward(self, input_ids=None, cache=None):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rookworld_debug import StepTrace, run_step
-from rookworld_debug.grpo.start import setup
+from rookworld_debug.grpo.multistep.start import setup
 from tinymodels import save_tiny_gpt2, tiny_step_config
 
 B, G = 2, 4
@@ -83,7 +83,7 @@ def test_iterations_round_trip(mu3, tmp_path):
 
 
 def test_loss_for_iteration_recomputes_the_pass_and_eps_acts(mu3):
-    from rookworld_debug.grpo.iterations import loss_for_iteration
+    from rookworld_debug.grpo.phases.iterations import loss_for_iteration
     it = mu3.iterations[-1]
     same = loss_for_iteration(mu3.rollout, mu3.advantages, mu3.config, it)
     assert float(same.loss) == pytest.approx(float(it.loss.loss), abs=1e-7)
@@ -95,8 +95,8 @@ def test_loss_for_iteration_recomputes_the_pass_and_eps_acts(mu3):
 
 
 def test_compare_loss_types_is_a_pure_recompute(mu3):
-    from rookworld_debug.grpo.iterations import compare_loss_types
-    from rookworld_debug.grpo.loss import LOSS_TYPES
+    from rookworld_debug.grpo.phases.iterations import compare_loss_types
+    from rookworld_debug.grpo.objective.loss import LOSS_TYPES
     rows = compare_loss_types(mu3.rollout, mu3.advantages, mu3.config, iteration=mu3.iterations[-1])
     assert [r.loss_type for r in rows] == list(LOSS_TYPES)
     m = mu3.rollout.completion_mask.bool()

@@ -26,8 +26,8 @@ from trl.trainer import grpo_trainer as trl_grpo_module  # noqa: E402
 
 from rookworld_debug.config import StepConfig  # noqa: E402
 from rookworld_debug.errors import ConfigError  # noqa: E402
-from rookworld_debug.grpo.loss import LossBreakdown, compute_loss  # noqa: E402
-from rookworld_debug.grpo.objective_params import LossBatch, Objective  # noqa: E402
+from rookworld_debug.grpo.objective.loss import LossBreakdown, compute_loss  # noqa: E402
+from rookworld_debug.grpo.objective.params import LossBatch, Objective  # noqa: E402
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 L_MAX = 16
@@ -586,9 +586,9 @@ def test_opsm_uses_sampling_logps_when_given():
 
 
 def test_adaptive_entropy_controller_matches_trl():
-    """grpo.iterations.AdaptiveEntropy (applied c_H, then the ± delta update) against TRL's own controller
+    """grpo.phases.iterations.AdaptiveEntropy (applied c_H, then the ± delta update) against TRL's own controller
     state across 4 optimizer steps (one micro-batch each), with the loss of every step compared too."""
-    from rookworld_debug.grpo.iterations import AdaptiveEntropy
+    from rookworld_debug.grpo.phases.iterations import AdaptiveEntropy
     cfg = StepConfig(use_adaptive_entropy=True, entropy_coef=0.02, entropy_target=1.4, entropy_coef_delta=0.005,
                      entropy_coef_min=0.0, entropy_coef_max=0.03)
     t = object.__new__(GRPOTrainer)

@@ -1,4 +1,4 @@
-"""grpo.multistep: β/LR schedules at the step they name, adaptive β on RAW KL, cursor wrap, bit-identical
+"""grpo.multistep.loop: β/LR schedules at the step they name, adaptive β on RAW KL, cursor wrap, bit-identical
 resume, and an overfit run that learns a deliberately rewarded behaviour. Tiny byte-level GPT-2 built here."""
 import json
 import math
@@ -10,7 +10,7 @@ import torch
 from rookworld_debug.config import StepConfig
 from rookworld_debug.data.loaders import Sample
 from rookworld_debug.errors import ConfigError, DataError
-from rookworld_debug.grpo.multistep import (BatchCursor, BetaController, BetaSchedule, LRSchedule, run_steps,
+from rookworld_debug.grpo.multistep.loop import (BatchCursor, BetaController, BetaSchedule, LRSchedule, run_steps,
                                             step_seed, summary_stats, t975)
 from rookworld_debug.models import load_policy_and_reference
 
@@ -299,5 +299,5 @@ def test_notebook_runs_under_papermill_and_writes_summary(model_dir, tmp_path):
     assert html.count('class="rw-completions"') == 2                    # steps 0 and 1 (first and last)
     assert "1.000000" not in html and ">nan<" not in html.lower()
     assert "n/a: needs more than 10 steps (this run has 2)" in html
-    from rookworld_debug.grpo.multistep import TABLE_COLUMNS
+    from rookworld_debug.grpo.multistep.loop import TABLE_COLUMNS
     assert TABLE_COLUMNS["kl_share"].replace("&", "&amp;")[:60].replace("<", "&lt;").replace(">", "&gt;") in html

@@ -57,7 +57,7 @@ def _table_text(rng: random.Random, atoms: list) -> bytes:
 
 def _seed_checkpoint() -> dict:
     from rookworld_debug.config import StepConfig
-    from rookworld_debug.grpo.schedules import BetaSchedule, LRSchedule
+    from rookworld_debug.grpo.multistep.schedules import BetaSchedule, LRSchedule
     rows = [{"step": k, "epoch": k, "cursor": 0, "batch_indices": "[0, 1]", "batch_hash": "ab", "n_prompts": 2,
              "seed": 3, "beta": 0.04, "lr": 1e-5, "loss": 0.1, "kl": float("nan"), "updated": True,
              "sec/rollout": 0.5} for k in range(2)]
@@ -78,7 +78,7 @@ def _seed_finding() -> dict:
 
 
 def _checkpoint_once(folder: Path) -> str:
-    from rookworld_debug.grpo.checkpoint_state import built, read_state
+    from rookworld_debug.grpo.multistep.checkpoint import built, read_state
     try:
         built(read_state(folder), folder)
     except RookWorldError:

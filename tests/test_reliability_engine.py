@@ -85,7 +85,7 @@ def test_killed_stockfish_mid_batch_gives_identical_rewards(batch, undisturbed, 
 def test_missing_binary_is_engine_not_found_up_front_from_setup_and_run_step(monkeypatch, tmp_path):
     """reward_mode='engine' with a P: batch and no Stockfish: EngineNotFound from setup()/run_step before any
     model is loaded (so a big model is never loaded for nothing)."""
-    from rookworld_debug.grpo import start as setup_mod
+    from rookworld_debug.grpo.multistep.loop import start as setup_mod
     from rookworld_debug.grpo.step import run_step
     import rookworld_debug.models as models
 
@@ -121,7 +121,7 @@ def test_missing_binary_with_dataset_mode_runs_on_ground_truth(monkeypatch, tiny
 
 
 def test_a_only_batch_needs_no_engine_even_in_engine_mode(monkeypatch, tiny_byte_model_dir):
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.multistep.start import setup
 
     monkeypatch.setenv("ROOKWORLD_STOCKFISH", "/nonexistent/stockfish")
     s = setup(tiny_step_config(tiny_byte_model_dir, reward_mode="engine", task="A"))

@@ -165,8 +165,8 @@ def test_mixed_batches_contain_both_tasks_alternating():
 @pytest.fixture
 def no_generation(monkeypatch):
     """Generation must never start when the config cannot fit the context."""
-    import rookworld_debug.grpo.evaluation as ev
-    import rookworld_debug.grpo.phases as phases
+    import rookworld_debug.grpo.phases.evaluation as ev
+    import rookworld_debug.grpo.phases.shared as phases
     import rookworld_debug.grpo.step as step
 
     def refuse(*a, **k):
@@ -209,7 +209,7 @@ def test_inject_too_long_or_invalid_text_is_a_config_error(tiny_byte_model_dir, 
 
 def test_unavailable_or_invalid_device_is_a_config_error_before_any_model_loads(monkeypatch):
     import rookworld_debug.models as models
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.models.devices import check_device
 
     def must_not_load(*a, **k):

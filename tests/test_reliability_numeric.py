@@ -1,7 +1,7 @@
 """Issue 9 — numerical faults: every one is flagged in its record, in StepTrace.flags and in the banner,
 and no NaN ever steps the optimizer.
 
-Decisions documented here (and in grpo/rewards.py, grpo/advantages.py):
+Decisions documented here (and in grpo/phases/rewards.py, grpo/phases/advantages.py):
 - a reward function returning None or NaN → that function's value is "not applicable" (TRL: nansum over
   functions); the row is unscorable (NaN total, advantage 0) only when EVERY function returned None/NaN;
 - a reward function returning ±inf → the row is UNSCORABLE (NaN total → advantage 0, excluded from its
@@ -23,11 +23,11 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import NumericalError
-from rookworld_debug.grpo.advantages import compute_advantages, manual_advantages
-from rookworld_debug.grpo.rewards import compute_rewards
-from rookworld_debug.grpo.start import setup
+from rookworld_debug.grpo.phases.advantages import compute_advantages, manual_advantages
+from rookworld_debug.grpo.phases.rewards import compute_rewards
+from rookworld_debug.grpo.multistep.start import setup
 from rookworld_debug.grpo.step import run_step
-from rookworld_debug.grpo.update import update
+from rookworld_debug.grpo.phases.update import update
 from rookworld_debug.models import load_policy_and_reference
 from rookworld_debug.viz.adapters import banner_from_trace, flags_from_trace
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from rookworld_debug.errors import ConfigError, DataError
-from rookworld_debug.grpo.diagnostics import noise_scale, paired_bootstrap_ci, per_group_grads
-from rookworld_debug.grpo.entropy_mechanism import entropy_mechanism, token_covariance
-from rookworld_debug.grpo.group_size import group_size_sweep
-from rookworld_debug.grpo.sampler_gap import sampler_trainer_gap
+from rookworld_debug.grpo.signal.noise import noise_scale, paired_bootstrap_ci, per_group_grads
+from rookworld_debug.grpo.signal.entropy_mechanism import entropy_mechanism, token_covariance
+from rookworld_debug.grpo.signal.group_size import group_size_sweep
+from rookworld_debug.grpo.signal.sampler_gap import sampler_trainer_gap
 
 ROOT = Path(__file__).resolve().parents[1]
 

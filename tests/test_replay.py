@@ -1,14 +1,14 @@
-"""grpo.replay: the after-update resample and greedy rows decode only the rows an update changed, and give the
+"""grpo.phases.replay: the after-update resample and greedy rows decode only the rows an update changed, and give the
 texts a full decode loop gives (issue 30)."""
 import pytest
 import torch
 
 from rookworld_debug.errors import NumericalError
-from rookworld_debug.grpo.decoding import SamplingParams, decode
-from rookworld_debug.grpo.evaluation import _resample_loop, greedy_prompts
-from rookworld_debug.grpo.generation import generate, generate_with_greedy, per_token_logps_and_entropy
-from rookworld_debug.grpo.generation import row_sampling
-from rookworld_debug.grpo.replay import replay_rows, resample_after_update
+from rookworld_debug.grpo.phases.decoding import SamplingParams, decode
+from rookworld_debug.grpo.phases.evaluation import _resample_loop, greedy_prompts
+from rookworld_debug.grpo.phases.generation import generate, generate_with_greedy, per_token_logps_and_entropy
+from rookworld_debug.grpo.phases.generation import row_sampling
+from rookworld_debug.grpo.phases.replay import replay_rows, resample_after_update
 from rookworld_debug.models import load_policy_and_reference
 from tinymodels import save_tiny_gpt2
 

@@ -25,7 +25,7 @@ def test_the_scorer_refuses_rows_that_do_not_pair_up():
 
 @pytest.mark.parametrize("labels", [(), ("M: e2e4",)])
 def test_rlvr_gt_without_a_label_per_row_is_a_named_error(labels):
-    from rookworld_debug.grpo.rewards import compute_rewards
+    from rookworld_debug.grpo.phases.rewards import compute_rewards
     with pytest.raises(DataError, match="rlvr_gt"):
         compute_rewards([P, P], ["M: e2e4", "x"], ["P", "P"], labels=labels, reward_mode="rlvr_gt")
 
@@ -42,13 +42,13 @@ def test_rlvr_gt_without_a_label_per_row_is_a_named_error(labels):
 ])
 def test_empty_and_degenerate_groups_are_named(call, error, words):
     from rookworld_debug.chess import rlvr_rewards as R
-    from rookworld_debug.grpo import rlvr_baselines as B
+    from rookworld_debug.grpo.families.rlvr_mini import baselines as B
     with pytest.raises(error, match=words):
         call(R, B)
 
 
 def test_rlvr_advantages_refuse_an_empty_batch_and_mismatched_values():
-    from rookworld_debug.grpo.advantages import rlvr_advantages
+    from rookworld_debug.grpo.phases.advantages import rlvr_advantages
     with pytest.raises(DataError):
         rlvr_advantages([], 2)
     with pytest.raises(DataError, match="values"):
@@ -58,8 +58,8 @@ def test_rlvr_advantages_refuse_an_empty_batch_and_mismatched_values():
 def test_a_nan_reward_with_the_learned_baseline_is_filled_with_the_valid_mean():
     """Group 0 holds one NaN: its baseline is the mean of values whose NaN is the batch's valid mean, the
     batch is normalised, the NaN row gets 0 and the group's other rows keep their signal."""
-    from rookworld_debug.grpo.advantages import rlvr_advantages
-    from rookworld_debug.grpo.rlvr_baselines import compute_advantages
+    from rookworld_debug.grpo.phases.advantages import rlvr_advantages
+    from rookworld_debug.grpo.families.rlvr_mini.baselines import compute_advantages
     r = torch.tensor([1.0, 0.0, math.nan, 0.5, 0.2, 0.9, 0.1, 0.3], dtype=torch.float64)
     got = rlvr_advantages(r, 4, baseline_type="learned", values=r.clone()).advantages
     fill = float(r[~torch.isnan(r)].mean())

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo import rlvr_baselines as B
-from rookworld_debug.grpo import rlvr_mini as M
-from rookworld_debug.grpo.rlvr_model import mini_forward
+from rookworld_debug.grpo.families.rlvr_mini import baselines as B
+from rookworld_debug.grpo.families.rlvr_mini import objective as M
+from rookworld_debug.grpo.families.rlvr_mini.model import mini_forward
 from tests.rlvr_golden import golden, number, tensor, tol_ok
 
 COUNTS: dict = defaultdict(int)

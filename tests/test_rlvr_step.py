@@ -13,10 +13,10 @@ import torch
 from rookworld_debug.config import StepConfig
 from rookworld_debug.diagnosis import rlvr_mini as D
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.iterations import compare_loss_types
-from rookworld_debug.grpo.rlvr_pitfalls import trained_prompt_tokens
+from rookworld_debug.grpo.phases.iterations import compare_loss_types
+from rookworld_debug.grpo.families.rlvr_mini.pitfalls import trained_prompt_tokens
 from rookworld_debug.grpo.step import run_step
-from rookworld_debug.grpo.start import setup
+from rookworld_debug.grpo.multistep.start import setup
 
 # a short P: prompt beside a long A: prompt: the P: rows get more left pads than prompt tokens
 BASE = dict(loss_type="rlvr_mini", reward_mode="rlvr", task="mixed", batch_size=2, num_generations=2,
@@ -124,7 +124,7 @@ def test_summed_logprobs_weight_rows_by_length(plain):
 
 
 def test_zero_std_groups_pushed_by_the_global_normalisation():
-    from rookworld_debug.grpo.advantages import rlvr_advantages
+    from rookworld_debug.grpo.phases.advantages import rlvr_advantages
     rewards = [-0.3, -0.3, 1.0, 0.2]                                           # group 0 constant
     flat = rlvr_advantages(rewards, 2, baseline_type="group_mean")
     ema = rlvr_advantages(rewards, 2, baseline_type="ema")

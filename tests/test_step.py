@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rookworld_debug import StepConfig, StepTrace, run_step
-from rookworld_debug.grpo.start import setup
+from rookworld_debug.grpo.multistep.start import setup
 from rookworld_debug.steplog import format_step_log
 from tinymodels import save_tiny_gpt2
 
@@ -124,8 +124,8 @@ def test_merged_greedy_rows_give_the_separate_loops_numbers(config):
     """Issue 30: run_step decodes the before-update greedy rows inside the sampling loop. On a fresh session the
     old order (a greedy loop of its own, then the sampling loop) gives the same before-update records, the same
     rollout and the same rewards."""
-    from rookworld_debug.grpo.evaluation import greedy_evals
-    from rookworld_debug.grpo.phases import sample_and_score
+    from rookworld_debug.grpo.phases.evaluation import greedy_evals
+    from rookworld_debug.grpo.phases.shared import sample_and_score
     cfg = config.replace(max_new_tokens=16, eval_max_new_tokens=20, seed=11)
     merged = run_step(cfg)
     s = setup(cfg)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rookworld_debug.errors import TraceError
-from rookworld_debug.grpo import serialize
+from rookworld_debug.grpo.trace import serialize
 from rookworld_debug.grpo.step import TRACE_VERSION, StepTrace
 
 V1 = Path(__file__).parent / "fixtures" / "trace_v1"

@@ -116,7 +116,7 @@ def _run_folder(base: Path) -> Path:
         d.mkdir(parents=True)
         metrics = {"__dict__": [["loss", 0.5], ["kl", {"__float__": "inf"}], ["reward", 0.1]]}
         (d / "trace.json").write_text(json.dumps({"__record__": "rookworld_debug.grpo.step:StepTrace", "fields": {
-            "version": 1, "capture": {"__record__": "rookworld_debug.grpo.captured:TRLCapture",
+            "version": 1, "capture": {"__record__": "rookworld_debug.grpo.trace.captured:TRLCapture",
                                       "fields": {"logged_metrics": metrics}}}}))
         save_file({"x": torch.zeros(2)}, str(d / "trace.safetensors"))
     return run

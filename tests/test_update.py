@@ -1,4 +1,4 @@
-"""grpo.update: micro-batch accumulation is exact, per-term grads sum to the total, NaN refuses."""
+"""grpo.phases.update: micro-batch accumulation is exact, per-term grads sum to the total, NaN refuses."""
 import copy
 
 import pytest
@@ -6,10 +6,10 @@ import torch
 
 from rookworld_debug import StepConfig
 from rookworld_debug.errors import NumericalError
-from rookworld_debug.grpo.advantages import compute_advantages
-from rookworld_debug.grpo.generation import generate
+from rookworld_debug.grpo.phases.advantages import compute_advantages
+from rookworld_debug.grpo.phases.generation import generate
 from rookworld_debug.grpo.step import loss_for
-from rookworld_debug.grpo.update import make_optimizer, update
+from rookworld_debug.grpo.phases.update import make_optimizer, update
 from rookworld_debug.models import load_policy_and_reference
 from tinymodels import save_tiny_gpt2
 

@@ -22,9 +22,9 @@ P1 = "A: rnbqkbnr/pppppppp/8/8/8/1P6/P1PPPPPP/RNBQKBNR b KQkq - 0 1+a7a5+b2b3 a7
 
 @pytest.fixture(scope="module")
 def trace():
-    from rookworld_debug.grpo.advantages import compute_advantages
-    from rookworld_debug.grpo.loss import compute_loss
-    from rookworld_debug.grpo.objective_params import LossBatch, Objective
+    from rookworld_debug.grpo.phases.advantages import compute_advantages
+    from rookworld_debug.grpo.objective.loss import compute_loss
+    from rookworld_debug.grpo.objective.params import LossBatch, Objective
 
     g = torch.Generator().manual_seed(0)
     lengths = [5, 4, 5, 3]

@@ -97,7 +97,7 @@ def _cfg(**kw):
 def saved(tmp_path_factory):
     """A saved run_step trace and a run_steps run with a checkpoint after each step."""
     from rookworld_debug import run_step
-    from rookworld_debug.grpo.multistep import run_steps
+    from rookworld_debug.grpo.multistep.loop import run_steps
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("whatif")
     run_step(_cfg()).save(out / "step")

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWa
 def ckpt(tmp_path_factory):
     """A one-step run_steps run of the embedded tiny model with its checkpoint."""
     from rookworld_debug import StepConfig
-    from rookworld_debug.grpo.multistep import run_steps
+    from rookworld_debug.grpo.multistep.loop import run_steps
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("whatif_args")
     cfg = StepConfig(reward_mode="dataset", batch_size=2, num_generations=2, max_new_tokens=16,
@@ -92,10 +92,10 @@ CHANGES = {
 
 @pytest.mark.parametrize("name", list(CHANGES))
 def test_an_altered_checkpoint_is_a_checkpoint_error(ckpt, tmp_path, name):
-    from rookworld_debug.grpo.checkpoint_state import read_state
+    from rookworld_debug.grpo.multistep.checkpoint import read_state
     bad = _altered(ckpt, tmp_path, CHANGES[name])
     with pytest.raises(CheckpointError, match="state.json"):
-        from rookworld_debug.grpo.checkpoint_state import built
+        from rookworld_debug.grpo.multistep.checkpoint import built
         built(read_state(bad), bad)
 
 
@@ -104,13 +104,13 @@ def test_whatif_and_resume_on_an_altered_checkpoint(ckpt, tmp_path, name):
     bad = _altered(ckpt, tmp_path, CHANGES[name])
     _one_line(run_cli("whatif", bad, "--set", "beta=0.5", "--out", tmp_path / "o", "--threads", "1", timeout=120),
               "CheckpointError", "state.json")
-    from rookworld_debug.grpo.multistep import run_steps
+    from rookworld_debug.grpo.multistep.loop import run_steps
     with pytest.raises(CheckpointError, match="state.json"):
         run_steps(None, 2, resume_from=bad)
 
 
 def test_the_real_checkpoint_fits_its_schema(ckpt):
-    from rookworld_debug.grpo.checkpoint_state import built, read_state
+    from rookworld_debug.grpo.multistep.checkpoint import built, read_state
     cfg, beta, lr = built(read_state(ckpt), ckpt)
     assert cfg.batch_size == 2 and beta.kind and lr.kind
 

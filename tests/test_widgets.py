@@ -15,7 +15,7 @@ pytest.importorskip("ipywidgets")
 @pytest.fixture(scope="module")
 def panel():
     from rookworld_debug import StepConfig
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.notebook import drift_policy
     from rookworld_debug.widgets import TunePanel
     torch.set_num_threads(1)

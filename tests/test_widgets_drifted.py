@@ -14,7 +14,7 @@ B, G = 2, 4
 @pytest.fixture(scope="module")
 def drifted(tmp_path_factory):
     from rookworld_debug import StepConfig, run_step
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.multistep.start import setup
     from tinymodels import save_tiny_gpt2
     folder = save_tiny_gpt2(tmp_path_factory.mktemp("tiny_panel"))
     cfg = StepConfig(model=str(folder), task="P", batch_size=B, num_generations=G, max_new_tokens=16,
@@ -29,7 +29,7 @@ def _attr(p, name: str) -> float:
 
 
 def test_beta_and_eps_change_the_record_of_a_drifted_pass(drifted):
-    from rookworld_debug.grpo.iterations import loss_for_iteration
+    from rookworld_debug.grpo.phases.iterations import loss_for_iteration
     from rookworld_debug.widgets import tune_panel_from_trace
     p = tune_panel_from_trace(drifted)
     assert p.iteration == 1 and "pass 2 of μ = 2" in dict((v, k) for k, v in p.w_iter.options)[1]

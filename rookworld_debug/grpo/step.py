@@ -15,19 +15,19 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.grpo import serialize
-from rookworld_debug.grpo.advantages import Advantages
+from rookworld_debug.grpo.trace import serialize
+from rookworld_debug.grpo.phases.advantages import Advantages
 from rookworld_debug.grpo.families import family_of
-from rookworld_debug.grpo.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
-from rookworld_debug.grpo.generation import Rollout
-from rookworld_debug.grpo.loss import LossBreakdown
-from rookworld_debug.grpo.rewards import Rewards
+from rookworld_debug.grpo.phases.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
+from rookworld_debug.grpo.phases.generation import Rollout
+from rookworld_debug.grpo.objective.loss import LossBreakdown
+from rookworld_debug.grpo.phases.rewards import Rewards
 # loss_for is re-exported: views and notebooks import it from here
-from rookworld_debug.grpo.phases import PhaseTimer, loss_for, memory_advice, rows, sample_and_score  # noqa: F401
-from rookworld_debug.grpo.setup import Setup, check_context, check_inject
-from rookworld_debug.grpo.start import setup as setup_phase
-from rookworld_debug.grpo.iterations import run_iterations
-from rookworld_debug.grpo.update import UpdateResult
+from rookworld_debug.grpo.phases.shared import PhaseTimer, loss_for, memory_advice, rows, sample_and_score  # noqa: F401
+from rookworld_debug.grpo.phases.setup import Setup, check_context, check_inject
+from rookworld_debug.grpo.multistep.start import setup as setup_phase
+from rookworld_debug.grpo.phases.iterations import run_iterations
+from rookworld_debug.grpo.phases.update import UpdateResult
 from rookworld_debug.metrics import term_balance, tiny_std_groups
 
 TRACE_VERSION = 2            # 2: records named by class name (1: "module:Class"; still read)
@@ -53,7 +53,7 @@ class StepTrace:
     version: int = TRACE_VERSION
     capture: Optional[object] = None        # rookworld_debug.trl.TRLCapture when the step was taken by TRL's GRPOTrainer
     iterations: tuple = ()                  # IterationRecord per PPO pass (μ = num_iterations); () = no update
-    diagnostics: Optional[object] = None    # grpo.diagnostics.SignalNoise when config.diagnostics
+    diagnostics: Optional[object] = None    # grpo.signal.noise.SignalNoise when config.diagnostics
 
     def save(self, path) -> Path:
         """Write `<path>/trace.safetensors` (tensors) + `<path>/trace.json` (everything else)."""
@@ -72,7 +72,7 @@ class StepTrace:
     def load(path) -> "StepTrace":
         """A saved step or TRL capture; TraceError names what is wrong with a folder that is neither,
         IncompatibleTraceError a capture from an unsupported TRL version."""
-        from rookworld_debug.grpo.trace_check import check_trace
+        from rookworld_debug.grpo.trace.check import check_trace
         trace = serialize.read_trace(path, "StepTrace", TRACE_VERSION)
         check_trace(trace, str(path))          # tensors whose shapes disagree: refused here, not in a view
         return trace
@@ -151,7 +151,7 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     evaluation, diag = None, None
     if config.diagnostics:                     # at the step's start, before the update moves the policy
         with timer("diagnostics"):
-            from rookworld_debug.grpo.diagnostics import signal_noise
+            from rookworld_debug.grpo.signal.noise import signal_noise
             try:
                 diag = signal_noise(s.policy, rollout, advantages, loss, config)
             except (ConfigError, NumericalError) as err:   # a batch they cannot run on: the step goes on
@@ -173,8 +173,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
             except NumericalError as err:      # e.g. lr=1e12 broke the weights: keep the trace and its flags
                 flags.append(f"post-update evaluation failed: {err}")
     if diag is not None:
-        from rookworld_debug.grpo.diagnostics import with_delta_ci
-        from rookworld_debug.grpo.generation import loss_mask
+        from rookworld_debug.grpo.signal.noise import with_delta_ci
+        from rookworld_debug.grpo.phases.generation import loss_mask
         diag = with_delta_ci(diag, evaluation, config.seed, iterations=iterations, mask=loss_mask(rollout, config))
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,

@@ -41,7 +41,7 @@ class RssSampler:
     def _run(self):
         import psutil
 
-        from rookworld_debug.grpo.phases import PhaseTimer
+        from rookworld_debug.grpo.phases.shared import PhaseTimer
         proc = psutil.Process()
         while not self._stop.is_set():
             rss, phase = proc.memory_info().rss / 2**20, PhaseTimer.current or "other"
@@ -230,7 +230,7 @@ def engine_bench(prompts, completions, depth: int, multipv: int = 5, workers: in
 def engine_sets(spec: BenchSpec, rollout_prompts, rollout_completions) -> dict:
     """Completion sets for the engine benchmark: the (a) rollout's, and N distinct dataset P: samples
     (their own labels: well-formed, so every completion needs searches; no group repeats)."""
-    from rookworld_debug.grpo.setup import load_samples
+    from rookworld_debug.grpo.phases.setup import load_samples
     n = spec.batch_size * spec.num_generations
     train, _ = load_samples("bundled", "P")
     p_samples = [s for s in train if s.task == "P"][:n]
@@ -247,7 +247,7 @@ def widget_bench(n: int = 64, t: int = 128, calls: int = 20, seed: int = 0) -> d
     import torch
 
     from rookworld_debug.config import StepConfig
-    from rookworld_debug.grpo.advantages import compute_advantages
+    from rookworld_debug.grpo.phases.advantages import compute_advantages
     from rookworld_debug.grpo.step import loss_for
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(t // 4, t + 1, (n,), generator=g)                                   # (N,)

@@ -52,7 +52,7 @@ TOOL_LABELS = {"g": "diagnose a saved step", "h": f"diagnose a {LOG_STEPS:,}-ste
 
 def save_step(spec, folder) -> str:
     """One run_step of (b)'s configuration on freshly loaded weights, saved to `folder` (trace.json + tensors)."""
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.grpo.step import run_step
     from rookworld_debug.models import load_policy_and_reference
     cfg = spec.step_config()

@@ -100,7 +100,7 @@ class OursCore(_Variant):
     """(a): the phase functions composed, nothing a trainer would not compute."""
 
     def prepare(self):
-        from rookworld_debug.grpo.start import setup
+        from rookworld_debug.grpo.multistep.start import setup
         from rookworld_debug.models import load_policy_and_reference
         loaded = load_policy_and_reference(self.spec.model_dir, dtype=self.cfg.dtype, device=self.cfg.device)
         self.s = setup(self.cfg, loaded=loaded)
@@ -109,10 +109,10 @@ class OursCore(_Variant):
 
     def step(self) -> dict:
         from rookworld_debug.grpo.families import advantages_from_config
-        from rookworld_debug.grpo.generation import generate
-        from rookworld_debug.grpo.rewards import compute_rewards
+        from rookworld_debug.grpo.phases.generation import generate
+        from rookworld_debug.grpo.phases.rewards import compute_rewards
         from rookworld_debug.grpo.step import PhaseTimer, loss_for, rows
-        from rookworld_debug.grpo.update import update
+        from rookworld_debug.grpo.phases.update import update
         s, cfg, timer = self.s, self.cfg, PhaseTimer()
         b, g = s.batch, cfg.num_generations
         with _autocast(self.spec):
@@ -207,7 +207,7 @@ class TrlStep(_Variant):
         from rookworld_debug.chess.engine import Engine
         from rookworld_debug.chess.rewards import default_p_reward_fn
         from rookworld_debug.data.loaders import select_batch
-        from rookworld_debug.grpo.setup import load_samples
+        from rookworld_debug.grpo.phases.setup import load_samples
         from rookworld_debug.models import load_policy_and_reference
 
         cfg = self.cfg
@@ -286,8 +286,8 @@ class ManualLoop(_Variant):
     def prepare(self):
         from rookworld_debug.chess.engine import Engine
         from rookworld_debug.data.loaders import select_batch
-        from rookworld_debug.grpo.setup import load_samples
-        from rookworld_debug.grpo.update import make_optimizer
+        from rookworld_debug.grpo.phases.setup import load_samples
+        from rookworld_debug.grpo.phases.update import make_optimizer
         from rookworld_debug.models import load_policy_and_reference
         cfg = self.cfg
         self.m = load_policy_and_reference(self.spec.model_dir, dtype=cfg.dtype, device=cfg.device)

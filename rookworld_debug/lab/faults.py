@@ -54,7 +54,7 @@ def _reference_bf16(s):
 def _no_temperature(s):
     from unittest import mock
 
-    from rookworld_debug.grpo import scoring
+    from rookworld_debug.grpo.phases.shared import scoring
     orig = scoring._iter_tempered_logits
 
     def untempered(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk):
@@ -68,7 +68,7 @@ def _position_ids(s):
 
     import torch
 
-    from rookworld_debug.grpo import scoring
+    from rookworld_debug.grpo.phases.shared import scoring
 
     def positions(attention_mask):                   # the bug: count from the first column, pads included
         return torch.arange(attention_mask.shape[1]).expand_as(attention_mask).contiguous()
@@ -78,7 +78,7 @@ def _position_ids(s):
 def _pad_in_mask(s):
     from unittest import mock
 
-    from rookworld_debug.grpo import generation as gen
+    from rookworld_debug.grpo.phases.shared import generation as gen
     orig = gen._cut_after_eos
 
     def cut(generated, eos_id, pad_id):
@@ -207,7 +207,7 @@ def changed(a: dict, b: dict) -> list[str]:
 def run_one(settings: dict, *, patch=None, rewards=None, seed: int = 0):
     """One step of the tiny model under `settings` (StepConfig fields) with an optional injection."""
     from rookworld_debug.config import StepConfig
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.grpo.step import run_step
     cfg = StepConfig(**{**BASE, **settings, "seed": settings.get("seed", seed)})
     s = setup(cfg)

@@ -43,7 +43,7 @@ def _row(k: int, t) -> dict:
 def run(*, steps: int = 4, lr: float = 1e-5, policy_bf16: bool = False, seed: int = 0, batch_size: int = 4,
         num_generations: int = 4, max_new_tokens: int = 160, **overrides) -> list[dict]:
     """One arm: `steps` rlvr_mini steps on the same prompts, a new sample each step, the policy trained in place."""
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.grpo.step import run_step
     from rookworld_debug.models.precision import set_autocast
     cfg = StepConfig(loss_type="rlvr_mini", reward_mode="rlvr", task="mixed", batch_size=batch_size,

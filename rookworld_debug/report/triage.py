@@ -239,7 +239,7 @@ def _get(d, key) -> dict:
 def _plain(encoded, path) -> dict:
     """A trace.json sub-value decoded by the trace format's own (allowlisted) decoder; {} if it is not a dict."""
     from rookworld_debug.errors import TraceError
-    from rookworld_debug.grpo.serialize import decode
+    from rookworld_debug.grpo.trace.serialize import decode
     try:
         value = decode(encoded, {}, str(path))
     except TraceError:

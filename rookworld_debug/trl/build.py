@@ -17,13 +17,13 @@ import torch
 from rookworld_debug.data.loaders import Batch
 from rookworld_debug.errors import FormatError
 from rookworld_debug.grpo.families import advantages_from_config
-from rookworld_debug.grpo.generation import Rollout, _unique_per_group
-from rookworld_debug.grpo.loss import compute_loss
-from rookworld_debug.grpo.objective_params import LossBatch, Objective
-from rookworld_debug.grpo.rewards import compute_rewards
-from rookworld_debug.grpo.setup import Setup
+from rookworld_debug.grpo.phases.generation import Rollout, _unique_per_group
+from rookworld_debug.grpo.objective.loss import compute_loss
+from rookworld_debug.grpo.objective.params import LossBatch, Objective
+from rookworld_debug.grpo.phases.rewards import compute_rewards
+from rookworld_debug.grpo.phases.setup import Setup
 from rookworld_debug.grpo.step import StepTrace, rewards_flags, zero_std_flags
-from rookworld_debug.grpo.update import UpdateResult
+from rookworld_debug.grpo.phases.update import UpdateResult
 from rookworld_debug.trl.config_map import grpo_config_to_step_config, model_name, task_of
 from rookworld_debug.trl.record import CAPTURE_FORMAT, TRLCapture
 
@@ -133,7 +133,7 @@ def _mb_items(mb: dict, default):
 
 def _loss(logps, old, ref, adv, mask, entropy, config, num_items, ga: int = 1, num_generations=None,
           spg: Optional[int] = None):
-    """grpo.loss.compute_loss with the config's objective."""
+    """grpo.objective.loss.compute_loss with the config's objective."""
     return compute_loss(logps, old, ref, adv, mask, Objective.from_config(config),
                         LossBatch(entropy=entropy, num_items_in_batch=num_items, gradient_accumulation_steps=ga,
                                   steps_per_generation=spg, num_generations=num_generations))
@@ -194,7 +194,7 @@ def _capture_flags(args, gen, trained, notes, rollout, rewards, ours, advantages
         flags.append(f"recomputed loss {recomputed:.8g} differs from TRL's {trl_loss:.8g} by "
                      f"{abs(recomputed - trl_loss):.3g} (> {LOSS_TOLERANCE:g}): views may not describe TRL's step")
     if not adv_diff <= ADVANTAGE_TOLERANCE:
-        flags.append(f"grpo.advantages differs from TRL's advantages by up to {adv_diff:.3g}; the record shows TRL's")
+        flags.append(f"grpo.phases.advantages differs from TRL's advantages by up to {adv_diff:.3g}; the record shows TRL's")
     if logs is not None and "loss" in logs and abs(float(logs["loss"]) - trl_loss) > LOSS_TOLERANCE:
         flags.append(f"TRL logged loss {logs['loss']} ≠ this step's loss {trl_loss:.8g}: logging_steps > 1 averages "
                      "several steps")

@@ -293,7 +293,7 @@ class _Recorder:
 
     def record_layer_norms(self) -> None:
         """Per-layer gradient norms AFTER clipping (as the optimizer sees them), and the LR this update uses."""
-        from rookworld_debug.grpo.update import layer_name
+        from rookworld_debug.grpo.phases.update import layer_name
         sq: dict[str, float] = {}
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         named = [(n, p.grad.detach()) for n, p in model.named_parameters() if p.grad is not None]

@@ -4,7 +4,7 @@
 
 From the `--before` checkpoint (weights + AdamW state, as TRL's Trainer saved them) the captured step's
 update is applied again from the captured batch alone, with no generation: every micro-batch's loss is
-recomputed with gradients (grpo.loss on the captured ids, old/ref log-probs and advantages, TRL's
+recomputed with gradients (grpo.objective.loss on the captured ids, old/ref log-probs and advantages, TRL's
 per-micro-batch normalization), the gradient is clipped at `max_grad_norm`, and one AdamW step is taken
 at the captured learning rate. The result is compared, layer by layer, with the `--after` checkpoint:
 max |θ_replayed − θ_after| absolute, and relative to the layer's true update max |θ_after − θ_before|.
@@ -107,7 +107,7 @@ def _optimizer(model, cfg: dict, lr: float) -> torch.optim.Optimizer:
 def trl_logps_and_entropy(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature: float):
     """Per-token log-probs and entropies as TRL 1.16's GRPOTrainer computes them for the loss: one forward of
     prompt + completion with the attention mask only (no position ids: left-padded rows get the model's
-    default positions, unlike grpo.generation, so the replay must do the same), logits / temperature in fp32."""
+    default positions, unlike grpo.phases.generation, so the replay must do the same), logits / temperature in fp32."""
     ids = torch.cat([prompt_ids, completion_ids], 1)                                   # (n, P+T)
     mask = torch.cat([prompt_mask, completion_mask], 1)
     t = completion_ids.shape[1]
@@ -137,7 +137,7 @@ def replay(trace, model) -> float:
 
 
 def compare(replayed, before_state: dict, after, rtol: float = RTOL, atol: float = ATOL) -> list[LayerCheck]:
-    from rookworld_debug.grpo.update import layer_name
+    from rookworld_debug.grpo.phases.update import layer_name
     acc: dict[str, list[float]] = {}
     after_params = dict(after.named_parameters())
     for name, p in replayed.named_parameters():

@@ -153,7 +153,7 @@ def _replay(trace, model) -> tuple:
 
 
 def one_step_arm(st: TRLState, arm: Arm) -> OneStepArm:
-    from rookworld_debug.grpo.evaluation import _pearson
+    from rookworld_debug.grpo.phases.evaluation import _pearson
     from rookworld_debug.trl.verify import trl_logps_and_entropy
     t0 = time.perf_counter()
     tr, r = st.trace, st.trace.rollout
@@ -183,7 +183,7 @@ def one_step_arm(st: TRLState, arm: Arm) -> OneStepArm:
 def _greedy(st: TRLState) -> tuple:
     """Greedy on the captured prompts before (the --before weights) and after the arm's update: mean built-in
     reward (dataset labels) and how many completions changed; NaN without the checkpoint's tokenizer."""
-    from rookworld_debug.grpo.evaluation import greedy_evals
+    from rookworld_debug.grpo.phases.evaluation import greedy_evals
     if st.tokenizer is None:
         return math.nan, math.nan, 0
     b = st.trace.setup.batch
@@ -246,7 +246,7 @@ def trl_self_check(st: TRLState, unchanged: OneStepArm):
 
 
 def _rewards_stage(st: TRLState) -> StageCheck:
-    from rookworld_debug.grpo.rewards import compute_rewards
+    from rookworld_debug.grpo.phases.rewards import compute_rewards
     from rookworld_debug.whatif.selfcheck import _max_diff
     tr, cap, r = st.trace, st.trace.capture, st.trace.rollout
     names = tuple(cap.reward_func_names)

@@ -24,7 +24,7 @@ def _callbacks(seed: int, lr: Optional[float], on_step: Optional[Callable]):
     import torch
     from transformers import TrainerCallback
 
-    from rookworld_debug.grpo.phases import step_seed
+    from rookworld_debug.grpo.phases.shared import step_seed
 
     class SharedSeed(TrainerCallback):
         """Every arm samples step k with the same torch seed: step_seed(seed, k)."""

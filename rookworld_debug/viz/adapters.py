@@ -97,7 +97,7 @@ def _metric_for(metric: str, loss: Any) -> Metric:
     if metric == "kl":
         est = str(getattr(loss, "kl_estimator", "k3"))
         try:
-            from rookworld_debug.grpo.loss import KL_FORMULAS
+            from rookworld_debug.grpo.objective.loss import KL_FORMULAS
             formula = KL_FORMULAS.get(est, est)
         except ImportError:
             formula = est
@@ -409,7 +409,7 @@ def flags_from_trace(trace: Any) -> list[Flag]:
             if msg in covered or "zero reward std" in msg or "zero-std" in msg:
                 continue
             refused = msg.startswith("update refused")
-            if msg.startswith("policy looks untrained"):       # grpo.generation.untrained_warning
+            if msg.startswith("policy looks untrained"):       # grpo.phases.generation.untrained_warning
                 flags.append(Flag("looks_untrained", msg, "warning", "rollout.per_token_entropy vs ln V"))
                 continue
             flags.append(Flag("update_refused" if refused else "step", msg, "error" if refused else "warning",
@@ -438,7 +438,7 @@ def invariants_table_from_trace(trace: Any):
     inv = getattr(getattr(trace, "setup", None), "invariants", None) or getattr(trace, "invariants", None)
     if inv is None:
         raise ValueError("no setup.invariants in this trace")
-    crit = "exactly 0 (criterion of grpo.setup)"
+    crit = "exactly 0 (criterion of grpo.phases.setup)"
     checks = {
         "policy logps == reference logps": {"passed": inv.max_abs_logp_diff == 0.0, "value": inv.max_abs_logp_diff,
                                             "expected": crit, "definition": "max |logπ − logπ_ref| over tokens"},

@@ -15,12 +15,12 @@ __all__ = ["capture_table_from_trace"]
 # (label, TRL's logged key, record value getter, definition)
 _ROWS = (
     ("loss", "loss", lambda t: float(t.loss.loss),
-     "TRL: Σ over the step's micro-batches of compute_loss's return (Trainer log) · record: grpo.loss.compute_loss "
+     "TRL: Σ over the step's micro-batches of compute_loss's return (Trainer log) · record: grpo.objective.loss.compute_loss "
      "on TRL's tensors (LossBreakdown.loss)"),
     ("grad_norm", "grad_norm", lambda t: t.update.grad_norm_pre_clip if t.update else math.nan,
      "global L2 norm of the gradient before clipping (Trainer) · record: the captured value"),
     ("reward", "reward", lambda t: t.rewards.metrics.get("reward", math.nan),
-     "mean over rows of Σ_k w_k·r_k (nansum; unscorable rows excluded) · record: grpo.rewards on TRL's per-function values"),
+     "mean over rows of Σ_k w_k·r_k (nansum; unscorable rows excluded) · record: grpo.phases.rewards on TRL's per-function values"),
     ("reward_std", "reward_std", lambda t: t.rewards.metrics.get("reward_std", math.nan),
      "std (n−1) of the summed rewards over the batch"),
     ("frac_reward_zero_std", "frac_reward_zero_std", lambda t: t.advantages.frac_reward_zero_std,
@@ -61,8 +61,8 @@ def capture_table_from_trace(trace: Any) -> HTMLView:
         f"model <code>{esc(str(prov.get('model')))}</code>, weights sha256 <code>{esc(str(prov.get('weights_sha256'))[:16])}…</code> "
         "(before this step's update)",
         f"loss as TRL returned it: {fmt(cap.trl_loss)} over {len(cap.micro_batch_losses)} micro-batch(es); recomputed per "
-        f"micro-batch by grpo.loss: {fmt(cap.recomputed_loss)} (|Δ| {fmt(cap.loss_recompute_diff)})",
-        f"advantages are TRL's own; grpo.advantages on TRL's rewards agrees to {fmt(cap.advantages_recompute_diff)}",
+        f"micro-batch by grpo.objective.loss: {fmt(cap.recomputed_loss)} (|Δ| {fmt(cap.loss_recompute_diff)})",
+        f"advantages are TRL's own; grpo.phases.advantages on TRL's rewards agrees to {fmt(cap.advantages_recompute_diff)}",
         f"capture cost for this step: {cap.capture_seconds:.3f} s, {cap.capture_bytes:,} bytes copied (steps not captured: 0)",
         f"GRPOConfig mapped onto StepConfig; {len(cap.unmapped)} GRPOConfig fields without a counterpart are kept "
         "verbatim in trace.capture.unmapped",

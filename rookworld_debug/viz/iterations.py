@@ -120,7 +120,7 @@ def loss_type_comparison_table(rows: Sequence[Any], *, batch: str) -> HTMLView:
     note = (f"Batch: {html.escape(batch)}. The SAME tensors under each loss_type — a pure recompute, no forward "
             "pass. token weight = −∂loss/∂logπ_it: how much each token's ∇logπ enters the gradient (sign = push up "
             "/ down). ‖∂loss/∂logπ‖₂ is the gradient norm with respect to the per-token log-probs, not the model "
-            "weights. Definitions: each record's `definition` (grpo/loss.py).")
+            "weights. Definitions: each record's `definition` (grpo/objective/loss.py).")
     return _table("Loss-type comparison", header, out, note, "rwd-loss-types")
 
 
@@ -128,7 +128,7 @@ def loss_type_comparison_from_trace(trace: Any, iteration: Optional[int] = -1, l
     """(table, figure) of `compare_loss_types` on pass `iteration` (None = the sampling-time record)."""
     import plotly.graph_objects as go
 
-    from rookworld_debug.grpo.iterations import compare_loss_types
+    from rookworld_debug.grpo.phases.iterations import compare_loss_types
     its = tuple(getattr(trace, "iterations", ()) or ())
     if iteration is not None and its and not (isinstance(iteration, int) and -len(its) <= iteration < len(its)):
         from rookworld_debug.errors import ConfigError

@@ -1,6 +1,6 @@
 """Views of rookworld-rlvr's "mini" beside TRL's objectives on the same rollout, and of its diagnosis findings.
 
-Numbers come from `grpo.rlvr_compare.SideBySide` (advantages, token / row gradient weights, cosines) and
+Numbers come from `grpo.families.rlvr_mini.compare.SideBySide` (advantages, token / row gradient weights, cosines) and
 `diagnosis.rlvr_mini` (findings); nothing here computes GRPO math.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ ROW_WEIGHT_DEF = ("row weight = Σ_t −∂loss/∂log π_it over the row's trai
 
 def rlvr_side_by_side_from_trace(trace, *, objectives: Sequence[str] = ("grpo", "dapo", "rlvr_mini"),
                                  policy=None):
-    """`grpo.rlvr_compare.side_by_side` on a trace's rollout and rewards (policy: also parameter cosines)."""
-    from rookworld_debug.grpo.rlvr_compare import side_by_side
+    """`grpo.families.rlvr_mini.compare.side_by_side` on a trace's rollout and rewards (policy: also parameter cosines)."""
+    from rookworld_debug.grpo.families.rlvr_mini.compare import side_by_side
     return side_by_side(trace.rollout, trace.rewards, trace.config, objectives=tuple(objectives), policy=policy)
 
 

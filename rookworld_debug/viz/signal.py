@@ -1,4 +1,4 @@
-"""Signal or noise: the view of `StepTrace.diagnostics` (grpo.diagnostics.SignalNoise).
+"""Signal or noise: the view of `StepTrace.diagnostics` (grpo.signal.noise.SignalNoise).
 
 Every number says its estimator and its batch (definitions: `metrics.GLOSSARY` snr, b_simple, delta_reward_ci,
 group_cos_step). Nothing is recomputed here.

@@ -1,8 +1,8 @@
-"""Views over a multi-step run (`grpo.multistep.MultiStepResult.table` / `.per_prompt`): reward before/after
+"""Views over a multi-step run (`grpo.multistep.loop.MultiStepResult.table` / `.per_prompt`): reward before/after
 curves, KL share and β/lr across steps, a per-prompt reward heatmap, and the summary as a table.
 
 Views only format: every number is a column of the per-step table (defined in
-`grpo.multistep.TABLE_COLUMNS`) or a key of `summary_stats`; nothing here computes GRPO math.
+`grpo.multistep.loop.TABLE_COLUMNS`) or a key of `summary_stats`; nothing here computes GRPO math.
 """
 from __future__ import annotations
 

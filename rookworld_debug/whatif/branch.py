@@ -1,7 +1,7 @@
 """k-step branches: from the saved state, k steps per arm with fresh rollouts, S seeds shared across arms.
 
 Every (arm, seed) run starts from the same weights and AdamW moments (`state.restore`) and runs
-`grpo.multistep.run_steps` (the project's own step, k times) with the arm's configuration and seed s_j =
+`grpo.multistep.loop.run_steps` (the project's own step, k times) with the arm's configuration and seed s_j =
 config.seed + j: step k of every arm samples with `step_seed(s_j, k)` on the same prompts, so arm and unchanged
 arm form paired trajectories (`stats.verdict`). β and the learning rate are held at the arm's values over the
 branch (constant schedules). On a Dask cluster each (arm, seed) run is one task that opens the saved state itself.
@@ -63,7 +63,7 @@ def seeds_for(config, n: int) -> tuple:
 def run_arm_seed(state: SavedState, arm: Arm, seed: int, steps: int, *, on_step: Optional[Callable] = None) -> BranchRun:
     """k steps of one arm from the start state with sampling seed `seed` (module doc)."""
     import time
-    from rookworld_debug.grpo.multistep import run_steps
+    from rookworld_debug.grpo.multistep.loop import run_steps
     from rookworld_debug.whatif.onestep import _set_optimizer
     t0 = time.perf_counter()
     cfg = arm.config(state.config).replace(seed=seed)

@@ -6,7 +6,7 @@ reward (the `reward_noise` symptom); the ratio mean_s v(G_new) / mean_s v(G_old)
 bootstrap over seeds (seed indices resampled jointly for both arms, which share their seeds).
 
 Predicted, from ONE step at G_new taken from the start state with the diagnostics' G′ sweep
-(`grpo.group_size`: ‖g_{G′}‖ / ‖g_G‖ for subsampled groups):
+(`grpo.signal.group_size`: ‖g_{G′}‖ / ‖g_G‖ for subsampled groups):
 
 - gradient: fit ρ²(G′) = ‖g_{G′}‖² / ‖g_G‖² = 1 + b·(1/G′ − 1/G) (noise energy ∝ 1/G′, least squares over the
   sweep's draws); predicted E‖g_{G_new}‖² / E‖g_{G_old}‖² = 1 / (1 + b·(1/G_old − 1/G_new));
@@ -26,8 +26,8 @@ from rookworld_debug.whatif.stats import B_BOOT, Symptom, _num
 
 def g_prime_curve(state, config_new) -> dict:
     """The G′ sweep of one step at G_new from the start state."""
-    from rookworld_debug.grpo.diagnostics import signal_noise
-    from rookworld_debug.grpo.phases import sample_and_score
+    from rookworld_debug.grpo.signal.noise import signal_noise
+    from rookworld_debug.grpo.phases.shared import sample_and_score
     restore(state)
     rollout, rewards, adv, loss = sample_and_score(state.session, config_new)
     diag = signal_noise(state.session.policy, rollout, adv, loss, config_new)

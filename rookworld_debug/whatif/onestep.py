@@ -4,7 +4,7 @@ Shape legend: B prompts, G generations, N = B·G rows, T completion tokens.
 
 No generation per arm: every arm starts from the same weights and AdamW moments (`state.restore`), takes the
 recorded rollout, recomputes the advantages from the recorded rewards under its own settings (scale_rewards,
-loss_type='manual'...), and runs the update with the project's own phases (`grpo.iterations.run_iterations`:
+loss_type='manual'...), and runs the update with the project's own phases (`grpo.phases.iterations.run_iterations`:
 μ passes × steps per generation). Measured after the update, on the same rows and prompts for every arm:
 
 - update size: ‖θ_after − θ_start‖₂ and, per layer, ‖Δθ_l‖₂ / ‖θ_l‖₂ (update-to-weight ratio);
@@ -32,11 +32,11 @@ from rookworld_debug.whatif.state import SavedState, restore
 @dataclass(frozen=True)
 class Recorded:
     """The step every arm re-updates: its rollout and what was computed from it."""
-    rollout: object                     # grpo.generation.Rollout (N rows)
-    rewards: object                     # grpo.rewards.Rewards
-    advantages: object                  # grpo.advantages.Advantages (the recorded ones)
-    loss: object                        # grpo.loss.LossBreakdown (the recorded record)
-    before: object                      # grpo.evaluation.GreedyEval: greedy on the B prompts at the start
+    rollout: object                     # grpo.phases.generation.Rollout (N rows)
+    rewards: object                     # grpo.phases.rewards.Rewards
+    advantages: object                  # grpo.phases.advantages.Advantages (the recorded ones)
+    loss: object                        # grpo.objective.loss.LossBreakdown (the recorded record)
+    before: object                      # grpo.phases.evaluation.GreedyEval: greedy on the B prompts at the start
     regenerated: bool                   # True: sampled again from the step's seed (checkpoint source)
 
 
@@ -75,8 +75,8 @@ class OneStepArm:
 
 def recorded(state: SavedState) -> Recorded:
     """The trace's rollout, or (checkpoint source) the step sampled again from its seed at the start state."""
-    from rookworld_debug.grpo.evaluation import greedy_evals, greedy_prompts
-    from rookworld_debug.grpo.phases import sample_and_score
+    from rookworld_debug.grpo.phases.evaluation import greedy_evals, greedy_prompts
+    from rookworld_debug.grpo.phases.shared import sample_and_score
     s, c = state.session, state.config
     batch = (s.batch.prompts, s.batch.tasks, s.batch.completions)
     if state.trace is not None:
@@ -102,8 +102,8 @@ def check_same_rollout(arm: Arm) -> None:
 def run_arm(state: SavedState, rec: Recorded, arm: Arm) -> OneStepArm:
     """Restore the start, update the recorded rollout under the arm's config, measure (module doc)."""
     from rookworld_debug.grpo.families import advantages_from_config
-    from rookworld_debug.grpo.iterations import run_iterations
-    from rookworld_debug.grpo.phases import loss_for
+    from rookworld_debug.grpo.phases.iterations import run_iterations
+    from rookworld_debug.grpo.phases.shared import loss_for
     check_same_rollout(arm)
     t0 = time.perf_counter()
     cfg = arm.config(state.config)
@@ -136,7 +136,7 @@ def _refused(arm: Arm, why: str, rec: Recorded, seconds: float) -> OneStepArm:
 
 def update_to_weight(policy, start: dict) -> tuple[float, dict]:
     """(‖θ − θ_start‖₂, {layer: ‖Δθ_l‖₂ / ‖θ_start,l‖₂})."""
-    from rookworld_debug.grpo.update import layer_name
+    from rookworld_debug.grpo.phases.update import layer_name
     d2: dict = {}
     w2: dict = {}
     for name, p in policy.named_parameters():
@@ -150,8 +150,8 @@ def update_to_weight(policy, start: dict) -> tuple[float, dict]:
 
 
 def _measure(state, rec: Recorded, arm: Arm, cfg, adv, ups, seconds: float) -> OneStepArm:
-    from rookworld_debug.grpo.evaluation import _pearson, greedy_evals
-    from rookworld_debug.grpo.generation import per_token_logps_and_entropy
+    from rookworld_debug.grpo.phases.evaluation import _pearson, greedy_evals
+    from rookworld_debug.grpo.phases.generation import per_token_logps_and_entropy
     s, r = state.session, rec.rollout
     t0 = time.perf_counter()
     with torch.no_grad():                    # measured against the records, on the CPU

@@ -88,9 +88,9 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: Optional[torch.Tensor] = N
 def input_stages(state, rec) -> list:
     """rewards, advantages, log-probs: what the step computed before its update (the start weights' forward)."""
     from rookworld_debug.grpo.families import advantages_from_config
-    from rookworld_debug.grpo.generation import per_token_logps_and_entropy
-    from rookworld_debug.grpo.phases import rows
-    from rookworld_debug.grpo.rewards import compute_rewards
+    from rookworld_debug.grpo.phases.generation import per_token_logps_and_entropy
+    from rookworld_debug.grpo.phases.shared import rows
+    from rookworld_debug.grpo.phases.rewards import compute_rewards
     from rookworld_debug.whatif.state import restore
     s, c, r = state.session, state.config, rec.rollout
     out = []

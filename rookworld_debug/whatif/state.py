@@ -30,7 +30,7 @@ class SavedState:
     path: str
     config: StepConfig                  # the configuration of the step that starts the branch
     step: int                           # its index in its run (0 for a single run_step trace)
-    session: object = field(repr=False)                 # grpo.setup.Setup at the start state
+    session: object = field(repr=False)                 # grpo.phases.setup.Setup at the start state
     weights: dict = field(repr=False, default=None)     # policy state_dict at the start (CPU clones)
     optimizer_state: dict = field(repr=False, default=None)   # AdamW state at the start
     trace: Optional[object] = None      # the recorded StepTrace (trace source); None: regenerate from the seed
@@ -77,7 +77,7 @@ def _start_config(config: StepConfig, before, device: Optional[str]) -> StepConf
 
 
 def _from_trace(path: Path, before, device: Optional[str]) -> SavedState:
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.grpo.step import StepTrace
     trace = StepTrace.load(path)
     if trace.capture is not None:
@@ -118,10 +118,10 @@ def _read_json(f: Path) -> dict:
 
 
 def _from_checkpoint(path: Path, before, device: Optional[str]) -> SavedState:
-    from rookworld_debug.grpo.multistep import CHECKPOINT_VERSION, BetaController, step_seed
-    from rookworld_debug.grpo.start import setup
+    from rookworld_debug.grpo.multistep.loop import CHECKPOINT_VERSION, BetaController, step_seed
+    from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.safeio import check_fits, load_state_into, load_torch
-    from rookworld_debug.grpo.checkpoint_state import built, read_state
+    from rookworld_debug.grpo.multistep.checkpoint import built, read_state
     st = read_state(path)
     if st.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"{path}: checkpoint version {st.get('version')!r}, expected {CHECKPOINT_VERSION}")
@@ -155,7 +155,7 @@ def _from_checkpoint(path: Path, before, device: Optional[str]) -> SavedState:
 
 def _later_row(path: Path, k: int) -> Optional[dict]:
     """Step k's row of the per-step table, from a later checkpoint of the same run or a table.csv beside it."""
-    from rookworld_debug.grpo.checkpoint_state import read_state
+    from rookworld_debug.grpo.multistep.checkpoint import read_state
     for other in sorted(path.parent.glob("*/state.json")):
         try:
             rows = read_state(other.parent)["rows"]

@@ -1,0 +1,79 @@
+"""The loss's parameters as one record: `Objective` (every knob, built once from a StepConfig) and `LossBatch`
+(what one call adds besides the five (N, T) tensors: entropy, exact KL, sampling log-probs, the batch's
+normalisers, the mini's per-step values).
+
+Adding a loss knob: a field here (with TRL's name and default) and its StepConfig field of the same name;
+`Objective.from_config` copies every field by name, and `grpo.objective.loss.compute_loss` reads it from the record.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Optional, Union
+
+import torch
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Every parameter of the GRPO loss (TRL 1.16 GRPOConfig names; `max_completion_length` is StepConfig's
+    `max_new_tokens`). Formulas: grpo/objective/loss.py's module docstring; the mini's knobs: grpo/families/rlvr_mini/loss.py."""
+    loss_type: str                                  # dapo | grpo | bnpo | dr_grpo | cispo | sapo | luspo | vespo | manual | rlvr_mini
+    beta: float                                     # β: KL coefficient
+    epsilon_low: float                              # ε_low: lower clip 1 − ε_low
+    epsilon_high: float                             # ε_high: upper clip 1 + ε_high (cispo: the cap ε_max)
+    max_completion_length: int                      # dr_grpo's constant normaliser
+    importance_sampling_level: str = "token"        # "token" | "sequence" (GSPO)
+    delta: Optional[float] = None                   # δ: two-sided clipping (None = off)
+    entropy_coef: float = 0.0                       # c_H: entropy bonus
+    kl_estimator: str = "k3"                        # k3 | k1 | k2 | full
+    use_bias_correction_kl: bool = True             # KL × r (sampled-token estimators)
+    off_policy_mask_threshold: Optional[float] = None  # OPSM τ (None = off)
+    top_entropy_quantile: float = 1.0               # ρ: entropy mask (1 = off)
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    vllm_importance_sampling_correction: bool = False  # sampling-time IS correction ρ (off by default here)
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_min: Optional[float] = None
+    vllm_importance_sampling_clip_max: Optional[float] = 3.0
+    # rookworld-rlvr's mini (loss_type="rlvr_mini")
+    rlvr_kl_type: str = "forward"                   # forward | reverse | symmetric KL surrogate
+    rlvr_length_normalize: bool = False             # per-token means instead of sums
+    rlvr_value_loss_coef: float = 0.1               # coefficient of mean (v − v̂)²
+    rlvr_adaptive_kl: bool = True                   # the step's kl_coef from a fresh adaptive controller
+    rlvr_kl_target: float = 0.01
+    rlvr_kl_horizon: int = 10000
+    rlvr_values: str = "none"                       # "none" | "rewards"
+
+    @classmethod
+    def from_config(cls, config) -> "Objective":
+        """The record of a StepConfig (any object with these attribute names; `max_new_tokens` gives
+        max_completion_length). Fields the object lacks keep their defaults."""
+        kw = {f.name: getattr(config, f.name) for f in fields(cls)
+              if f.name != "max_completion_length" and hasattr(config, f.name)}
+        return cls(max_completion_length=config.max_new_tokens, **kw)
+
+    def replace(self, **changes) -> "Objective":
+        """A copy with some knobs changed (β/ε sliders, an annealed c_H, the mini's controlled kl_coef)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class LossBatch:
+    """What one loss call needs besides (ℓ, ℓ_old, ℓ_ref, A, m): optional tensors and the batch's normalisers."""
+    entropy: Optional[torch.Tensor] = None                  # (N, T) H_it (needed by c_H ≠ 0 and ρ < 1)
+    per_token_full_kl: Optional[torch.Tensor] = None        # (N, T) exact KL (kl_estimator="full")
+    sampling_per_token_logps: Optional[torch.Tensor] = None  # (N, T) sampler's log-probs (OPSM, IS correction)
+    num_items_in_batch: Union[int, float, torch.Tensor, None] = None  # Σ m over the generation batch (dapo)
+    num_generations: Optional[int] = None                   # G: enables per-group values
+    gradient_accumulation_steps: int = 1                    # TRL's g
+    steps_per_generation: Optional[int] = None              # TRL's (None = g)
+    values: Optional[torch.Tensor] = None                   # (N,) the mini's values v (rlvr_values="rewards")
+    value_targets: Optional[torch.Tensor] = None            # (N,) its targets v̂
+    k1_observation: Optional[float] = None                  # what the mini's KL controller saw this step
+
+    def replace(self, **changes) -> "LossBatch":
+        return replace(self, **changes)
