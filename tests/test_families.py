@@ -11,7 +11,7 @@ import torch
 
 from rookworld_debug.config import LOSS_TYPES, StepConfig
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.phases.shared import advantages as adv
+from rookworld_debug.grpo.phases import advantages as adv
 from rookworld_debug.grpo.families import Family, advantages_from_config, family_of, register
 from tinymodels import tiny_step_config
 

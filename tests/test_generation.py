@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.phases.shared import generation as gen
+from rookworld_debug.grpo.phases import generation as gen
 from rookworld_debug.grpo.phases.generation import Rollout, generate, per_token_logps_and_entropy
 from rookworld_debug.models import load_policy_and_reference
 from tinymodels import save_tiny_gpt2
@@ -297,7 +297,7 @@ def test_nan_logits_raise_named_error(models):
 def test_wrong_position_ids_are_flagged(models, monkeypatch):
     """With position ids 0..L-1 (a plain forward on left-padded rows) the consistency check fires."""
     pol, ref, tok, _ = models
-    from rookworld_debug.grpo.phases.shared import scoring          # the teacher-forced forwards' module
+    from rookworld_debug.grpo.phases import scoring          # the teacher-forced forwards' module
     monkeypatch.setattr(scoring, "_position_ids", lambda attn: torch.arange(attn.shape[1]).expand_as(attn))
     r = generate(pol, ref, tok, [P_PROMPT, "P: 8/8/8/8/8/8/8/K6k w"], ["P", "P"], num_generations=2,
                  max_new_tokens=6, sampling=SAMPLING, seed=0)

@@ -85,7 +85,7 @@ def test_killed_stockfish_mid_batch_gives_identical_rewards(batch, undisturbed, 
 def test_missing_binary_is_engine_not_found_up_front_from_setup_and_run_step(monkeypatch, tmp_path):
     """reward_mode='engine' with a P: batch and no Stockfish: EngineNotFound from setup()/run_step before any
     model is loaded (so a big model is never loaded for nothing)."""
-    from rookworld_debug.grpo.multistep.loop import start as setup_mod
+    from rookworld_debug.grpo.multistep import start as setup_mod
     from rookworld_debug.grpo.step import run_step
     import rookworld_debug.models as models
 

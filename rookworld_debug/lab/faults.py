@@ -54,7 +54,7 @@ def _reference_bf16(s):
 def _no_temperature(s):
     from unittest import mock
 
-    from rookworld_debug.grpo.phases.shared import scoring
+    from rookworld_debug.grpo.phases import scoring
     orig = scoring._iter_tempered_logits
 
     def untempered(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk):
@@ -68,7 +68,7 @@ def _position_ids(s):
 
     import torch
 
-    from rookworld_debug.grpo.phases.shared import scoring
+    from rookworld_debug.grpo.phases import scoring
 
     def positions(attention_mask):                   # the bug: count from the first column, pads included
         return torch.arange(attention_mask.shape[1]).expand_as(attention_mask).contiguous()
@@ -78,7 +78,7 @@ def _position_ids(s):
 def _pad_in_mask(s):
     from unittest import mock
 
-    from rookworld_debug.grpo.phases.shared import generation as gen
+    from rookworld_debug.grpo.phases import generation as gen
     orig = gen._cut_after_eos
 
     def cut(generated, eos_id, pad_id):

@@ -38,7 +38,7 @@ def _reference_is_policy(s):
 def _advantages_flipped(s):
     from unittest import mock
 
-    from rookworld_debug.grpo.phases.shared import shared as phases
+    from rookworld_debug.grpo.phases import shared as phases
     orig = phases.advantages_from_config
 
     def flipped(rewards, config):               # mean − r instead of r − mean
@@ -50,7 +50,7 @@ def _advantages_flipped(s):
 def _update_reads_negated_advantages(s):
     from unittest import mock
 
-    from rookworld_debug.grpo.phases.shared import update
+    from rookworld_debug.grpo.phases import update
     orig = update._micro_batch_terms
 
     def terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, *rest, **kw):
@@ -63,7 +63,7 @@ def _update_forward_bf16(s):
 
     import torch
 
-    from rookworld_debug.grpo.phases.shared import update
+    from rookworld_debug.grpo.phases import update
     orig = update.per_token_logps_and_entropy
 
     def bf16(*a, **kw):                         # autocast switched on around the training forward only
@@ -75,7 +75,7 @@ def _update_forward_bf16(s):
 def _sampler_temperature(s):
     from unittest import mock
 
-    from rookworld_debug.grpo.phases.shared import generation
+    from rookworld_debug.grpo.phases import generation
     orig = generation.row_sampling
 
     def cooler(settings, rows_tasks):           # the generation config's temperature set apart from the trainer's
@@ -87,7 +87,7 @@ def _sampler_temperature(s):
 def _mask_drops_eos(s):
     from unittest import mock
 
-    from rookworld_debug.grpo.phases.shared import generation
+    from rookworld_debug.grpo.phases import generation
     orig = generation._cut_after_eos
 
     def cut(generated, eos_id, pad_id):         # the mask stops one token early: EOS is never trained

@@ -87,7 +87,7 @@ def _builtin() -> None:
     if _BUILTIN_DONE:
         return
     _BUILTIN_DONE.append(True)
-    from rookworld_debug.grpo.phases.shared import advantages as adv
+    from rookworld_debug.grpo.phases import advantages as adv
 
     def trl_advantages(rewards, config):
         return adv.compute_advantages(rewards, config.num_generations, scale_rewards=config.scale_rewards,
