@@ -515,10 +515,9 @@ _RULES: tuple[_Rule, ...] = (
     # ---- run / data
     _Rule("batch_size", lambda c: c.batch_size >= 1, "must be ≥ 1"),
     _Rule("num_generations", lambda c: c.num_generations >= 1, "must be ≥ 1"),
-    _Rule("num_generations", lambda c: not (c.num_generations < 2 and (c.scale_rewards != "none"
-                                                                        or c.loss_type == "manual")),
+    _Rule("num_generations", lambda c: not (c.num_generations < 2 and c.scale_rewards != "none"),
           lambda c: f"G={c.num_generations} < 2: a group std needs at least two samples (scale_rewards="
-                    f"{c.scale_rewards!r}, loss_type={c.loss_type!r}); use G ≥ 2 or scale_rewards='none'", False),
+                    f"{c.scale_rewards!r}); use G ≥ 2 or scale_rewards='none'", False),
     _Rule("prompt_indices", _optional("prompt_indices", lambda pi: isinstance(pi, tuple) and all(
         isinstance(i, int) and not isinstance(i, bool) for i in pi)),
           lambda c: f"must be a list of integers, got {c.prompt_indices!r}", False),
@@ -565,9 +564,6 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("vllm_importance_sampling_mode", lambda c: not (c.vllm_importance_sampling_correction and _is_truncate(c))
           or c.vllm_importance_sampling_clip_min is not None or c.vllm_importance_sampling_clip_max is not None,
           "a *_truncate mode needs clip_min or clip_max"),
-    _Rule("vllm_importance_sampling_mode", lambda c: not c.vllm_importance_sampling_correction
-          or c.loss_type != "vespo" or c.vllm_importance_sampling_mode.startswith("token"),
-          "vespo needs a token_* mode (as TRL)"),
     _Rule("rlvr_pitfalls", lambda c: isinstance(c.rlvr_pitfalls, tuple) and all(isinstance(x, str) for x in c.rlvr_pitfalls)
           and set(c.rlvr_pitfalls) <= set(RLVR_PITFALLS),
           lambda c: f"must be names from {list(RLVR_PITFALLS)}, got {c.rlvr_pitfalls!r}", False),

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+from rookworld_debug.grpo.families import family_of
+
 
 def _f(x, nd=4) -> str:
     if x is None:
@@ -84,7 +86,7 @@ def _setup(trace) -> list:
           f"{str(p.get('weights_sha256'))[:12]}…, loss as TRL returned it {cap.trl_loss:.6g}")
     w(f"  batch: {s.batch.describe()}")
     w(f"  B={c.batch_size} G={c.num_generations} β={c.beta} lr={c.lr} loss_type={c.loss_type} "
-      f"kl={getattr(c, 'rlvr_kl_type', '') if c.loss_type == 'rlvr_mini' else c.kl_estimator} "
+      f"kl={getattr(c, family_of(c.loss_type).kl_knob)} "
       f"scale_rewards={c.scale_rewards} reward_mode={c.reward_mode}")
     inv = s.invariants
     if inv is None:
@@ -161,7 +163,7 @@ def _advantages(trace) -> list:
 def _loss(trace) -> list:
     from rookworld_debug.metrics import term_balance
     lo = trace.loss
-    clip = ("" if lo.loss_type in ("manual",) or "clip_ratio/region_mean" not in lo.metrics else
+    clip = ("" if "clip_ratio/region_mean" not in lo.metrics else
             f"  clip_ratio/region_mean={_f(lo.metrics.get('clip_ratio/region_mean'))}")
     return [f"LOSS (sampled rollout, loss_type={lo.loss_type}; {lo.normalizer.description})",
             f"  PG: {(lo.definition or '').split('; L = ')[0]}",          # the formula of THIS loss type

@@ -110,21 +110,22 @@ class _State:
     loss: Any
 
 
-def recompute(state: _State, changes: dict, *, fixed_advantages=None, old_per_token_logps=None,
-              iteration=None) -> tuple[_State, float]:
+def recompute(state: _State, changes: dict, *, fixed_advantages=None, fixed_loss_type: Optional[str] = None,
+              old_per_token_logps=None, iteration=None) -> tuple[_State, float]:
     """The panel's loss recompute, pure: advantages + loss record for new loss knobs (any of LOSS_KNOBS) on
-    `state`'s rollout, no forward pass. `fixed_advantages`: a saved step's own (used unless loss_type is
-    'manual'); `iteration`: an inner pass (its log-probs vs the frozen old ones); else `old_per_token_logps`
+    `state`'s rollout, no forward pass. `fixed_advantages`: a saved step's own, made under
+    `fixed_loss_type` (used while the loss type stays in that objective family, whose advantages they are);
+    `iteration`: an inner pass (its log-probs vs the frozen old ones); else `old_per_token_logps`
     (a saved off-policy step's). Returns (new state, seconds spent in the loss call). Bad values raise
     ConfigError (from StepConfig)."""
-    from rookworld_debug.grpo.families import advantages_from_config
+    from rookworld_debug.grpo.families import advantages_from_config, family_of
     from rookworld_debug.grpo.step import loss_for
     bad = sorted(set(changes) - set(LOSS_KNOBS))
     if bad:
         from rookworld_debug.errors import ConfigError
         raise ConfigError(bad[0], f"not a loss knob (those are {LOSS_KNOBS}); use regenerate() for sampling")
     cfg = state.config.replace(**changes)
-    if fixed_advantages is not None and cfg.loss_type != "manual":
+    if fixed_advantages is not None and family_of(cfg.loss_type) is family_of(fixed_loss_type or cfg.loss_type):
         adv = fixed_advantages                       # a saved step's own advantages (TRL's, bit for bit)
     else:
         adv = advantages_from_config(state.rewards.rewards, cfg)
@@ -252,7 +253,8 @@ class TunePanel:
     `set_loss_params(**kw)` and `regenerate(**kw)` are the same code paths the controls call (for
     scripts and tests); `last_recompute_s` is the measured wall time of the last loss recompute."""
 
-    fixed_advantages = None     # set for a saved step: its recorded advantages (no loss knob changes them but 'manual')
+    fixed_advantages = None     # set for a saved step: its recorded advantages (no knob of their family changes them)
+    fixed_loss_type = None      # the saved step's loss type (its family made those advantages)
     old_per_token_logps = None  # (N, T) a saved off-policy step's stored old log-probs (None: on-policy, ratio 1)
 
     def __init__(self, setup, config: Optional[StepConfig] = None, *, scored=None, row: int = 0,
@@ -343,7 +345,8 @@ class TunePanel:
         returns the new LossBreakdown. Bad values raise ConfigError (from StepConfig)."""
         t0 = time.perf_counter()
         self.state, self.last_loss_for_s = recompute(
-            self.state, changes, fixed_advantages=self.fixed_advantages, old_per_token_logps=self.old_per_token_logps,
+            self.state, changes, fixed_advantages=self.fixed_advantages, fixed_loss_type=self.fixed_loss_type,
+            old_per_token_logps=self.old_per_token_logps,
             iteration=self.iterations[self.iteration] if self.iterations and self.iteration >= 0 else None)
         self._render(t0)
         return self.state.loss
@@ -492,6 +495,7 @@ def tune_panel_from_trace(trace, *, row: int = 0, metric: str = "kl") -> TunePan
     sampling knobs are disabled, since a saved step has no model to sample from."""
     class _SavedStepPanel(TunePanel):
         fixed_advantages = trace.advantages
+        fixed_loss_type = trace.config.loss_type
         old_per_token_logps = getattr(getattr(trace, "capture", None), "old_per_token_logps", None)
     panel = _SavedStepPanel(trace.setup, trace.config, row=row, metric=metric,
                             scored=(trace.rollout, trace.rewards, trace.advantages, trace.loss),

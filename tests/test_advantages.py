@@ -18,8 +18,8 @@ from trl.trainer.utils import nanstd as trl_nanstd  # noqa: E402
 
 from rookworld_debug.config import StepConfig  # noqa: E402
 from rookworld_debug.errors import ConfigError  # noqa: E402
-from rookworld_debug.grpo.phases.advantages import (  # noqa: E402
-    Advantages, compute_advantages, manual_advantages, nanstd)
+from rookworld_debug.grpo.families.manual import manual_advantages  # noqa: E402
+from rookworld_debug.grpo.phases.advantages import Advantages, compute_advantages, nanstd  # noqa: E402
 from rookworld_debug.grpo.families import advantages_from_config  # noqa: E402
 
 NAN = float("nan")

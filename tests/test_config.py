@@ -76,10 +76,19 @@ def test_trl_bool_scale_rewards_is_mapped():
     assert StepConfig(scale_rewards=False).scale_rewards == "none"
 
 
+def test_a_family_refuses_what_it_cannot_run_before_anything_loads():
+    from rookworld_debug.grpo.families import check_settings
+    cfg = StepConfig(num_generations=1, scale_rewards="none", loss_type="manual")     # fine for StepConfig
+    with pytest.raises(ConfigError, match="num_generations.*manual advantages"):
+        check_settings(cfg)                      # rookworld-trl's manual advantages divide by the group std
+    with pytest.raises(ConfigError, match="rlvr_pitfalls.*only rookworld-rlvr mini"):
+        check_settings(StepConfig(loss_type="grpo", rlvr_pitfalls=("train_past_eos",)))
+    check_settings(StepConfig(loss_type="rlvr_mini", reward_mode="rlvr", rlvr_pitfalls=("train_past_eos",)))
+
+
 BAD = [
     ("num_generations", dict(num_generations=1)),                     # G < 2 with std scaling
     ("num_generations", dict(num_generations=1, scale_rewards="batch")),
-    ("num_generations", dict(num_generations=1, scale_rewards="none", loss_type="manual")),
     ("num_generations", dict(num_generations=0, scale_rewards="none")),
     ("max_new_tokens", dict(max_new_tokens=0)),
     ("max_new_tokens", dict(max_new_tokens=-5)),

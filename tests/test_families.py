@@ -1,26 +1,30 @@
-"""Objective families (grpo/families.py): every loss type has one; advantages, micro-batch weighting, loss record
-and per-step preparation come from it; the step's modules test no family's loss-type name; a family registered
-in this file alone runs a step."""
+"""Objective families (grpo/families/): every loss type has one; advantages, the loss table's rows, micro-batch
+weighting and per-step preparation come from it; no module outside a family compares a loss-type name of that
+family, and the core imports no family module; a family registered in this file alone runs a step."""
 from __future__ import annotations
 
-import re
+import ast
 from pathlib import Path
 
 import pytest
 import torch
 
+import rookworld_debug
 from rookworld_debug.config import LOSS_TYPES, StepConfig
 from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo.families import Family, LossRule, advantages_from_config, families, family_of, register
 from rookworld_debug.grpo.phases import advantages as adv
-from rookworld_debug.grpo.families import Family, advantages_from_config, family_of, register
 from tinymodels import tiny_step_config
 
-GRPO = Path(adv.__file__).parent
+PACKAGE = Path(rookworld_debug.__file__).parent
+FAMILIES = PACKAGE / "grpo" / "families"
 
 
 def test_every_loss_type_has_a_family_and_an_unknown_one_is_named():
     assert {family_of(lt).name for lt in LOSS_TYPES} == {"TRL GRPOTrainer", "rookworld-trl manual loop",
                                                           "rookworld-rlvr mini"}
+    builtin = {lt for f in families() for lt in f.loss_types if f.name != "toy sign"}
+    assert builtin == set(LOSS_TYPES)                 # the config's choices are the registered built-ins
     with pytest.raises(ConfigError, match="no registered objective family"):
         family_of("nope")
 
@@ -29,12 +33,55 @@ def test_every_loss_type_has_a_family_and_an_unknown_one_is_named():
 def test_micro_batch_weights_add_up_to_the_full_batch(loss_type):
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.float32)   # (n=4, T=3)
     fam = family_of(loss_type)
+    rule = fam.rules[loss_type]
     for entropy in (False, True):
         ws = [fam.mb_weight(loss_type, slice(i, i + 2), 4, mask, entropy=entropy) for i in (0, 2)]
-        kind = (entropy and fam.entropy_weighting) or fam.pg_weighting[loss_type]
+        kind = rule.entropy_weighting if entropy else rule.weighting
         assert sum(ws) == pytest.approx(2.0 if kind == "global" else 1.0)
         if kind == "tokens":                          # rows 0-1 hold 3 of the 7 tokens
             assert ws == pytest.approx([3 / 7, 4 / 7])
+
+
+def _owner_paths() -> dict:
+    """loss type → the path prefix of its family's own code (its module, or its package)."""
+    out = {}
+    for fam in families():
+        src = Path(fam.advantages.__code__.co_filename)
+        own = src.parent if src.name == "family.py" else src
+        for lt in fam.loss_types:
+            out[lt] = own
+    return out
+
+
+def _compared_loss_types(tree, names) -> list:
+    """(line, loss type) for each comparison (==, !=, in, not in) with a loss-type string literal."""
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for x in (node.left, *node.comparators):
+                for v in ([x] if isinstance(x, ast.Constant) else getattr(x, "elts", [])):
+                    if isinstance(v, ast.Constant) and v.value in names:
+                        hits.append((node.lineno, v.value))
+    return hits
+
+
+def test_no_loss_type_name_is_compared_outside_its_own_family():
+    owners = _owner_paths()
+    assert {lt: p.relative_to(PACKAGE).as_posix() for lt, p in owners.items() if lt in LOSS_TYPES} == {
+        **dict.fromkeys(("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"), "grpo/families/trl.py"),
+        "manual": "grpo/families/manual.py", "rlvr_mini": "grpo/families/rlvr_mini"}
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for line, lt in _compared_loss_types(ast.parse(path.read_text()), owners):
+            own = owners[lt]
+            if not (path == own or own in path.parents):
+                bad.append(f"{path.relative_to(PACKAGE)}:{line} compares {lt!r}")
+    assert not bad, bad
+
+
+def test_the_scan_sees_a_comparison():
+    tree = ast.parse("if lo.loss_type == 'manual' or x in ('grpo', 'y'): pass")
+    assert _compared_loss_types(tree, {"manual", "grpo"}) == [(1, "manual"), (1, "grpo")]
 
 
 def test_advantages_come_from_the_family():
@@ -48,17 +95,10 @@ def test_advantages_come_from_the_family():
 
 
 def test_a_family_registered_in_test_code_answers_its_loss_type():
-    toy = register(Family("toy", ("toy_loss",), lambda rewards, config: rewards, {"toy_loss": "rows"}))
+    toy = register(Family("toy", {"toy_loss": LossRule("rows")}, lambda rewards, config: rewards))
     assert family_of("toy_loss") is toy and toy.mb_weight("toy_loss", slice(0, 1), 4, torch.ones(4, 2)) == 0.25
     with pytest.raises(ValueError, match="weighting"):
-        register(Family("bad", ("x",), lambda r, c: r, {"x": "per-moon"}))
-
-
-@pytest.mark.parametrize("module", ["update.py", "advantages.py", "step.py", "phases.py", "iterations.py"])
-def test_the_step_modules_test_no_family_name(module):
-    src = (GRPO / module).read_text()
-    hits = re.findall(r"loss_type\s*(?:==|!=|in)\s*[(\"']", src)
-    assert not hits, f"{module} tests loss-type names: {hits}"
+        register(Family("bad", {"x": LossRule("per-moon")}, lambda r, c: r))
 
 
 # ------------------------------------------------------------------ a new family, in test code alone
@@ -71,13 +111,8 @@ def _sign_advantages(rewards, config):
                                method="toy_sign")
 
 
-def _toy_loss(logps, old, ref, advantages, mask, objective, batch):
-    """dr_grpo's loss table on the sign advantages, recorded under the toy's name."""
-    import dataclasses
-
-    from rookworld_debug.grpo.objective.loss import compute_loss
-    rec = compute_loss(logps, old, ref, advantages, mask, objective.replace(loss_type="dr_grpo"), batch)
-    return dataclasses.replace(rec, loss_type="toy_sign")
+def _sign_text(ob, params, ratio):
+    return f"{ratio}; PG = −min(r·sign(A), clip(r)·sign(A))"
 
 
 def test_a_toy_family_registered_in_test_code_runs_a_step(tiny_byte_model_dir, fixtures_dir):
@@ -85,13 +120,18 @@ def test_a_toy_family_registered_in_test_code_runs_a_step(tiny_byte_model_dir, f
 
     from rookworld_debug.grpo.step import run_step
 
-    register(Family("toy sign", ("toy_sign",), _sign_advantages, {"toy_sign": "rows"}, loss=_toy_loss))
+    from rookworld_debug.grpo.objective.aggregation import fixed_length
+    from rookworld_debug.grpo.objective.terms import clipped_surrogate
+    # the whole family: PPO's clipped surrogate on sign advantages, Dr. GRPO's constant normaliser
+    register(Family("toy sign", {"toy_sign": LossRule("rows", clipped_surrogate, fixed_length, text=_sign_text)},
+                    _sign_advantages))
     cfg = tiny_step_config(tiny_byte_model_dir, loss_type="toy_sign", dataset=str(fixtures_dir / "rook_p_lines.txt"),
                            eval_max_new_tokens=4, micro_batch_size=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = run_step(cfg)
     assert t.advantages.method == "toy_sign" and set(t.advantages.advantages.tolist()) <= {-1.0, 0.0, 1.0}
-    assert t.loss.loss_type == "toy_sign" and t.update is not None
+    assert t.loss.loss_type == "toy_sign" and t.update is not None and "sign(A)" in t.loss.definition
+    assert t.loss.normalizer.description.startswith("toy_sign: N·L_max")
     assert t.iterations[0].updates[0].loss_record_diff <= 1e-5       # the optimized loss is the displayed one
     assert not [f for f in t.flags if "differs from the displayed" in f]

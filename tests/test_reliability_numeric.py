@@ -23,7 +23,8 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import NumericalError
-from rookworld_debug.grpo.phases.advantages import compute_advantages, manual_advantages
+from rookworld_debug.grpo.families.manual import manual_advantages
+from rookworld_debug.grpo.phases.advantages import compute_advantages
 from rookworld_debug.grpo.phases.rewards import compute_rewards
 from rookworld_debug.grpo.multistep.start import setup
 from rookworld_debug.grpo.step import run_step

@@ -48,7 +48,7 @@ def test_empty_and_degenerate_groups_are_named(call, error, words):
 
 
 def test_rlvr_advantages_refuse_an_empty_batch_and_mismatched_values():
-    from rookworld_debug.grpo.phases.advantages import rlvr_advantages
+    from rookworld_debug.grpo.families.rlvr_mini.advantages import rlvr_advantages
     with pytest.raises(DataError):
         rlvr_advantages([], 2)
     with pytest.raises(DataError, match="values"):
@@ -58,7 +58,7 @@ def test_rlvr_advantages_refuse_an_empty_batch_and_mismatched_values():
 def test_a_nan_reward_with_the_learned_baseline_is_filled_with_the_valid_mean():
     """Group 0 holds one NaN: its baseline is the mean of values whose NaN is the batch's valid mean, the
     batch is normalised, the NaN row gets 0 and the group's other rows keep their signal."""
-    from rookworld_debug.grpo.phases.advantages import rlvr_advantages
+    from rookworld_debug.grpo.families.rlvr_mini.advantages import rlvr_advantages
     from rookworld_debug.grpo.families.rlvr_mini.baselines import compute_advantages
     r = torch.tensor([1.0, 0.0, math.nan, 0.5, 0.2, 0.9, 0.1, 0.3], dtype=torch.float64)
     got = rlvr_advantages(r, 4, baseline_type="learned", values=r.clone()).advantages

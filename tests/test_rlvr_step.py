@@ -124,7 +124,7 @@ def test_summed_logprobs_weight_rows_by_length(plain):
 
 
 def test_zero_std_groups_pushed_by_the_global_normalisation():
-    from rookworld_debug.grpo.phases.advantages import rlvr_advantages
+    from rookworld_debug.grpo.families.rlvr_mini.advantages import rlvr_advantages
     rewards = [-0.3, -0.3, 1.0, 0.2]                                           # group 0 constant
     flat = rlvr_advantages(rewards, 2, baseline_type="group_mean")
     ema = rlvr_advantages(rewards, 2, baseline_type="ema")

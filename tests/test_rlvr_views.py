@@ -30,9 +30,9 @@ def test_side_by_side_numbers(step):
     assert names == ["grpo", "dapo", "rlvr_mini"]
     grpo, dapo, mini = sbs.objectives
     # grpo and dapo share TRL's advantages; the mini normalises over the whole batch
-    assert torch.equal(grpo.phases.advantages, dapo.advantages) and not torch.allclose(grpo.phases.advantages, mini.advantages)
+    assert torch.equal(grpo.advantages, dapo.advantages) and not torch.allclose(grpo.advantages, mini.advantages)
     # at π = π_ref TRL's k3 KL has no gradient, so rows with A = 0 are not moved by grpo ...
-    still = grpo.phases.advantages == 0
+    still = grpo.advantages == 0
     assert bool((grpo.row_weight[still].abs() <= 1e-12).all())
     # ... but the mini's forward KL surrogate pushes every trained token by −β·e^ℓ/N
     if bool(still.any()):

@@ -297,8 +297,10 @@ def check_capture_drift(trace) -> list[Finding]:
 
 
 def check_length_bias(trace) -> list[Finding]:
+    from rookworld_debug.grpo.families import rule_of
+    from rookworld_debug.grpo.objective.aggregation import sequence_mean
     lo = trace.loss
-    if lo.loss_type not in ("grpo", "sapo"):
+    if rule_of(lo.loss_type).aggregation is not sequence_mean:     # each row's tokens averaged over its length
         return []
     m = E.mask(trace)
     lengths = m.sum(1).double()

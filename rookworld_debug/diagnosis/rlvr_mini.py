@@ -128,10 +128,17 @@ def check_trained_past_eos(trace) -> list[Finding]:
         score=3.0)]
 
 
+def _is_mini(loss) -> bool:
+    """Whether the loss record is the mini family's (its checks read the mini's own metrics)."""
+    from rookworld_debug.grpo.families import family_of
+    from rookworld_debug.grpo.families.rlvr_mini.family import FAMILY
+    return family_of(loss.loss_type) is FAMILY
+
+
 def check_summed_logprobs(trace) -> list[Finding]:
     """The mini sums log-ratios over tokens: each row's gradient weight grows with its length."""
     lo = trace.loss
-    if lo.loss_type != "rlvr_mini" or lo.loss_params.get("rlvr_length_normalize"):
+    if not _is_mini(lo) or lo.loss_params.get("rlvr_length_normalize"):
         return []
     lengths = lo.seq_len[lo.seq_len > 0].double()
     if lengths.numel() < 2 or float(lengths.max() / lengths.min()) < LENGTH_RATIO:
@@ -172,7 +179,7 @@ def check_zero_std_push(trace) -> list[Finding]:
 def check_ratio_against_reference(trace) -> list[Finding]:
     """What the mini's clipped_frac / kl_div measure: the ratio is against the REFERENCE, summed over tokens."""
     lo = trace.loss
-    if lo.loss_type != "rlvr_mini":
+    if not _is_mini(lo):
         return []
     frac = lo.metrics.get("rlvr/clipped_frac", math.nan)
     binding = lo.metrics.get("clip_ratio/region_mean", math.nan)

@@ -169,7 +169,7 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                     batch_labels=s.batch.completions, heldout_labels=heldout_labels, reward_mode=config.reward_mode,
                     engine=s.engine, eval_max_new_tokens=config.eval_max_new_tokens,
                     sampling_autocast=config.sampling_autocast,
-                    replay=not config.rlvr_pitfalls)   # a faulty sampler/layout cannot be replayed exactly
+                    replay=family_of(config.loss_type).exact_sampler(config))  # a faulty sampler: no exact replay
             except NumericalError as err:      # e.g. lr=1e12 broke the weights: keep the trace and its flags
                 flags.append(f"post-update evaluation failed: {err}")
     if diag is not None:

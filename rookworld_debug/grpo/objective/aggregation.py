@@ -19,7 +19,7 @@ import torch
 class AggregationInputs:
     """What the aggregations need besides the per-token term (all of it fixed per micro-batch)."""
     mask: torch.Tensor                  # (N, T) float completion mask
-    loss_type: str
+    label: str                          # the loss type's name in the description
     gradient_accumulation_steps: int    # g
     max_completion_length: int          # dr_grpo's L_max
     num_items_in_batch: Union[int, float, torch.Tensor, None]  # dapo/cispo/vespo: Σ m of the generation batch
@@ -49,8 +49,7 @@ def sequence_mean(a: AggregationInputs) -> Aggregation:
 
     def reduce(x):
         return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / g
-    label = "manual (seeds)" if a.loss_type == "manual" else a.loss_type
-    text = f"{label}: mean over {N} sequences of per-sequence token means (÷ |o_i|, then ÷ {N})" + a.per_g()
+    text = f"{a.label}: mean over {N} sequences of per-sequence token means (÷ |o_i|, then ÷ {N})" + a.per_g()
     return Aggregation(reduce, 1.0 / (mask.sum(-1).clamp(min=1.0) * N * g), float(N), text)
 
 
@@ -63,7 +62,7 @@ def batch_token_mean(a: AggregationInputs) -> Aggregation:
 
     def reduce(x):
         return (x * mask).sum() / mask.sum().clamp(min=1.0) / g
-    text = f"bnpo: Σ mask = {int(total)} tokens (this micro-batch)" + a.per_g()
+    text = f"{a.label}: Σ mask = {int(total)} tokens (this micro-batch)" + a.per_g()
     return Aggregation(reduce, (1.0 / (den * g)).expand(N), float(den), text)
 
 
@@ -75,7 +74,7 @@ def fixed_length(a: AggregationInputs) -> Aggregation:
 
     def reduce(x):
         return (x * mask).sum() / (N * L) / g
-    text = f"dr_grpo: N·L_max = {N}·{L} = {int(den)}" + a.per_g()
+    text = f"{a.label}: N·L_max = {N}·{L} = {int(den)}" + a.per_g()
     return Aggregation(reduce, torch.full((N,), 1.0 / (den * g), dtype=mask.dtype, device=mask.device), den, text)
 
 
@@ -86,7 +85,7 @@ def sequence_sum_mean(a: AggregationInputs) -> Aggregation:
 
     def reduce(x):
         return (x * mask).sum(-1).mean() / g
-    text = (f"luspo: mean over {N} sequences of per-sequence token SUMS (each weighted by its length |o_i|)"
+    text = (f"{a.label}: mean over {N} sequences of per-sequence token SUMS (each weighted by its length |o_i|)"
             + a.per_g())
     w = torch.full((N,), 1.0 / (N * g), dtype=mask.dtype, device=mask.device)   # (N,)
     return Aggregation(reduce, w, float(N), text)
@@ -111,7 +110,7 @@ def global_token_mean(a: AggregationInputs) -> Aggregation:
         return (x * mask).sum() / den_t
     src = "this batch" if a.num_items_in_batch is None else "num_items_in_batch"
     rescale = f" · g/steps_per_generation = {a.gradient_accumulation_steps}/{spg}" if rescaled else ""
-    text = f"{a.loss_type}: Σ mask = {_fmt_count(float(den_t))} tokens ({src}{rescale})"
+    text = f"{a.label}: Σ mask = {_fmt_count(float(den_t))} tokens ({src}{rescale})"
     return Aggregation(reduce, (1.0 / den_t).expand(N), float(den_t), text)
 
 
@@ -128,16 +127,17 @@ class EntropyBonus:
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, entropy_mask: Optional[torch.Tensor], *,
-                  entropy_coef: float, g: float, manual: bool) -> EntropyBonus:
+                  entropy_coef: float, g: float, per_sequence: bool = False) -> EntropyBonus:
     """The entropy bonus −c_H·H̄, with H̄ a token mean of this micro-batch for every TRL loss type:
         H̄ = Σ m' H / max(Σ m', 1) / g,  m' = m·E (E the entropy mask, if any; TRL: the same tokens as PG)
-    and for rookworld-trl's manual variant the mean of per-sequence token means: H̄ = mean_i(Σ_t m H / |o_i|) / g."""
+    and with `per_sequence` (rookworld-trl's manual loop) the mean of per-sequence token means:
+        H̄ = mean_i(Σ_t m H / |o_i|) / g."""
     H = entropy.to(mask.dtype)                                                  # (N, T)
     N = mask.shape[0]
     seq_len_c = mask.sum(-1).clamp(min=1.0)                                     # (N,)
     per_token_entropy = (H * mask).detach()                                     # (N, T)
     eff = mask if entropy_mask is None else mask * entropy_mask                 # (N, T)
-    if manual:
+    if per_sequence:
         entropy_loss = ((H * mask).sum(-1) / seq_len_c).mean() / g              # ()
         row_w = 1.0 / (seq_len_c * N * g)                                       # (N,)
     else:
@@ -147,7 +147,7 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, entropy_mask: Optio
     entropy_term = -entropy_coef * entropy_loss if entropy_coef != 0 else zero  # ()
     with torch.no_grad():
         if entropy_coef != 0:
-            tok = per_token_entropy if entropy_mask is None or manual else per_token_entropy * entropy_mask
+            tok = per_token_entropy if entropy_mask is None or per_sequence else per_token_entropy * entropy_mask
             per_seq = -entropy_coef * tok.sum(-1) * row_w                       # (N,)
         else:
             per_seq = torch.zeros(N, dtype=mask.dtype, device=mask.device)      # (N,)

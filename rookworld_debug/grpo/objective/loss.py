@@ -59,7 +59,7 @@ the total (they sum to it); `per_seq_kl`, `per_seq_entropy`, `per_seq_ratio` are
 
 Code layout: each line above is one small function — the per-token objectives, importance weights, KL and
 masks in `grpo.objective.terms`, the aggregations and the entropy bonus in `grpo.objective.aggregation` — and
-`objectives.LOSS_TABLE[loss_type] = (objective, aggregation)`; `compute_loss` composes them and keeps the
+each family's `LossRule` names the objective and aggregation of its loss types (grpo/families/); `compute_loss` composes them and keeps the
 records (per token / sequence / group), TRL's metrics and the flags.
 
 The function is pure and vectorised: calling it again on the stored (detached) tensors with a new β/ε/δ/
@@ -77,23 +77,15 @@ import torch
 from rookworld_debug.config import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, VLLM_IS_MODES
 from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.objective.aggregation import Aggregation, AggregationInputs, entropy_bonus
-from rookworld_debug.grpo.objective.terms import (LOSS_PARAMS, LOSS_TABLE, Masks, ObjectiveInputs,
-                                             PolicyTerm, high_entropy_mask, importance_weights,
-                                             off_policy_sequence_mask, per_token_kl, sampling_importance_ratio,
-                                             sampling_ratio_metrics, vespo_phi)
+from rookworld_debug.grpo.families import LossRule, family_of
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
-from rookworld_debug.grpo.families import family_of
+from rookworld_debug.grpo.objective.terms import (Masks, ObjectiveInputs, PolicyTerm, high_entropy_mask,
+                                                  importance_weights, off_policy_sequence_mask, per_token_kl,
+                                                  sampling_importance_ratio, sampling_ratio_metrics, vespo_phi)
 
-__all__ = ["LOSS_TYPES", "PPO_LOSS_TYPES", "TRL_LOSS_TYPES", "SAPO_DEFAULTS", "VESPO_DEFAULTS", "KL_ESTIMATORS",
-           "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LOSS_TABLE", "LossBreakdown", "Normalizer",
+__all__ = ["LOSS_TYPES", "KL_ESTIMATORS", "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LossBreakdown", "Normalizer",
            "compute_loss", "high_entropy_mask", "Objective", "LossBatch", "sampling_importance_ratio", "vespo_phi",
            "VLLM_IS_MODES"]
-
-PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")      # hard PPO clip (TRL's clip_ratio/* metrics)
-TRL_LOSS_TYPES = LOSS_TYPES[:-2]                                   # not manual (rookworld-trl's) nor rlvr_mini
-# TRL 1.16 GRPOConfig defaults of the loss-specific parameters
-SAPO_DEFAULTS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
-VESPO_DEFAULTS = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
 
 KL_FORMULAS = {
     "k3": "k3 = exp(ref−logp) − (ref−logp) − 1 (TRL)",
@@ -254,6 +246,7 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
     if batch is not None and not isinstance(batch, LossBatch):
         raise ConfigError("batch", f"must be a LossBatch or None, got {type(batch).__name__}")
     family = family_of(objective.loss_type)                 # ConfigError naming the known loss types
+    rule = family.rules[objective.loss_type]
     if family.loss is not None:                             # a family with its own loss (e.g. the rlvr mini)
         out = family.loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
                           objective, batch or LossBatch())
@@ -262,31 +255,30 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
     if isinstance(per_token_logps, torch.Tensor):
         with _SmallCpuOps(per_token_logps):
             return _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
-                                 completion_mask, objective, batch or LossBatch())
+                                 completion_mask, objective, batch or LossBatch(), rule)
     raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
 
 
 def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
-                  ob: Objective, b: LossBatch) -> LossBreakdown:
-    """The loss table composed: weights → KL → objective → masks → aggregation → entropy bonus → records."""
-    advantages = _validate(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, ob, b)
+                  ob: Objective, b: LossBatch, rule: LossRule) -> LossBreakdown:
+    """The loss type's row composed: weights → KL → objective → masks → aggregation → entropy bonus → records."""
+    advantages = _validate(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, ob, b, rule)
     dtype = logps.dtype
     mask = completion_mask.to(dtype)                                            # (N, T)
     adv = advantages.to(device=logps.device, dtype=dtype).unsqueeze(1)          # (N, 1)
     old = logps.detach() if old_per_token_logps is None else old_per_token_logps.to(dtype)  # (N, T)
-    objective, aggregation = LOSS_TABLE[ob.loss_type]
-    manual = ob.loss_type == "manual"
+    bias_correction = ob.use_bias_correction_kl and rule.kl_bias_correction
 
     log_ratio, coef_1 = importance_weights(logps, old, mask, ob.importance_sampling_level)  # (N, T), r
     kl = per_token_kl(logps, ref_per_token_logps, b.per_token_full_kl, coef_1, estimator=ob.kl_estimator,
-                      bias_correction=ob.use_bias_correction_kl and not manual)          # (N, T) | None
-    loss_params = {k: float(getattr(ob, k)) for k in LOSS_PARAMS.get(ob.loss_type, ())}
+                      bias_correction=bias_correction)                                     # (N, T) | None
+    loss_params = {k: float(getattr(ob, k)) for k in rule.params}
     masks = _masks(adv, logps, old, mask, ob, b)
-    pol = objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, ob.epsilon_low, ob.epsilon_high, ob.delta,
+    pol = rule.objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, ob.epsilon_low, ob.epsilon_high, ob.delta,
                                     loss_params, masks.is_ratio))
-    per_token_pg = masks.apply(pol.per_token_pg, ob.loss_type)                   # (N, T) | (N, 1)
-    agg = aggregation(AggregationInputs(mask, ob.loss_type, b.gradient_accumulation_steps, ob.max_completion_length,
-                                        b.num_items_in_batch, b.steps_per_generation))
+    per_token_pg = masks.apply(pol.per_token_pg, rule.sampling_ratio_inside)    # (N, T) | (N, 1)
+    agg = rule.aggregation(AggregationInputs(mask, rule.label or ob.loss_type, b.gradient_accumulation_steps,
+                                             ob.max_completion_length, b.num_items_in_batch, b.steps_per_generation))
 
     norm = Normalizer(ob.loss_type, agg.denominator, agg.description)
     kl_active = ob.beta != 0.0 and kl is not None
@@ -295,13 +287,13 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
     kl_loss = agg.reduce(ob.beta * kl) if kl_active else zero                    # ()
     ent = None if b.entropy is None else entropy_bonus(
         b.entropy, mask, masks.entropy, entropy_coef=ob.entropy_coef, g=float(b.gradient_accumulation_steps),
-        manual=manual)
+        per_sequence=rule.entropy == "sequences")
     entropy_loss, entropy_term = (zero, zero) if ent is None else (ent.entropy_loss, ent.entropy_term)
     loss = pg_loss + kl_loss + entropy_term                                     # ()
 
     with torch.no_grad():
         rec = _records(logps, mask, per_token_pg, kl, coef_1, pol, agg, ent, ob, b, kl_active)
-        metrics = _metrics(rec, mask, pol, ob, b, pg_loss, kl_loss)
+        metrics = _metrics(rec, mask, pol, ob, b, pg_loss, kl_loss, rule)
         if masks.is_ratio is not None:
             metrics.update(sampling_ratio_metrics(masks.is_ratio, old, b.sampling_per_token_logps.to(dtype), mask))
         kl_share, undefined = _kl_share(pg_loss, kl_loss, entropy_term)
@@ -313,10 +305,10 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
         normalizer=norm, metrics=metrics, loss_type=ob.loss_type, beta=float(ob.beta),
         epsilon_low=float(ob.epsilon_low), epsilon_high=float(ob.epsilon_high), delta=_scalar(ob.delta),
         importance_sampling_level=ob.importance_sampling_level, kl_estimator=ob.kl_estimator,
-        use_bias_correction_kl=bool(ob.use_bias_correction_kl and not manual and ob.kl_estimator != "full"),
+        use_bias_correction_kl=bool(bias_correction and ob.kl_estimator != "full"),
         entropy_coef=float(ob.entropy_coef), gradient_accumulation_steps=int(b.gradient_accumulation_steps),
         num_generations=b.num_generations,
-        definition=_definition(ob, b, norm, loss_params, _is_mode(ob, b, masks)),
+        definition=_definition(ob, rule, norm, loss_params, _is_mode(ob, b, masks)),
         flags=flags,
         off_policy_mask=None if masks.off_policy is None else (masks.off_policy.squeeze(1) > 0).detach(),
         entropy_mask=None if masks.entropy is None else masks.entropy.detach(),
@@ -326,7 +318,7 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
         vllm_importance_sampling_mode=_is_mode(ob, b, masks))
 
 
-def _validate(logps, old, ref, advantages, completion_mask, ob: Objective, b: LossBatch) -> torch.Tensor:
+def _validate(logps, old, ref, advantages, completion_mask, ob: Objective, b: LossBatch, rule: LossRule) -> torch.Tensor:
     """Named errors for every input compute_loss cannot take; returns the advantages as an (N,) tensor."""
     if not isinstance(logps, torch.Tensor) or logps.dim() != 2:
         raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
@@ -347,11 +339,13 @@ def _validate(logps, old, ref, advantages, completion_mask, ob: Objective, b: Lo
     if tuple(advantages.shape) != (N,):
         raise ConfigError("advantages", f"shape {tuple(advantages.shape)} must be (N,) = ({N},)")
     _validate_options(N, ref, ob, b)
+    if rule.check is not None:
+        rule.check(ob)                                      # the loss type's own knobs (e.g. dr_grpo's L_max)
     return advantages
 
 
 def _validate_options(N: int, ref, ob: Objective, b: LossBatch) -> None:
-    for name, allowed in (("loss_type", LOSS_TYPES), ("kl_estimator", KL_ESTIMATORS),
+    for name, allowed in (("kl_estimator", KL_ESTIMATORS),
                           ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)):
         if getattr(ob, name) not in allowed:
             raise ConfigError(name, f"unknown value {getattr(ob, name)!r}; expected one of {list(allowed)}")
@@ -361,9 +355,6 @@ def _validate_options(N: int, ref, ob: Objective, b: LossBatch) -> None:
         raise ConfigError("epsilon_low" if ob.epsilon_low < 0 else "epsilon_high", "must be ≥ 0")
     if ob.delta is not None and not ob.delta > 0:
         raise ConfigError("delta", f"must be > 0 or None, got {ob.delta!r}")
-    if ob.loss_type == "dr_grpo" and not (ob.max_completion_length and ob.max_completion_length > 0):
-        raise ConfigError("max_completion_length", f"dr_grpo needs a positive max_completion_length, got "
-                          f"{ob.max_completion_length!r}")
     if b.gradient_accumulation_steps < 1:
         raise ConfigError("gradient_accumulation_steps", f"must be ≥ 1, got {b.gradient_accumulation_steps!r}")
     if b.num_generations is not None and (b.num_generations < 1 or N % b.num_generations):
@@ -378,9 +369,6 @@ def _validate_options(N: int, ref, ob: Objective, b: LossBatch) -> None:
         raise ConfigError("off_policy_mask_threshold", f"must be ≥ 0 or None, got {ob.off_policy_mask_threshold!r}")
     if b.steps_per_generation is not None and b.steps_per_generation < 1:
         raise ConfigError("steps_per_generation", f"must be ≥ 1 or None, got {b.steps_per_generation!r}")
-    if ob.loss_type == "sapo" and not (ob.sapo_temperature_pos > 0 and ob.sapo_temperature_neg > 0):
-        raise ConfigError("sapo_temperature_pos" if not ob.sapo_temperature_pos > 0 else "sapo_temperature_neg",
-                          "sapo temperatures must be > 0")
     _validate_sampling_correction(ob, b)
     if ob.kl_estimator == "full":
         if b.per_token_full_kl is None and (ob.beta != 0 or ref is not None):
@@ -397,8 +385,6 @@ def _validate_sampling_correction(ob: Objective, b: LossBatch) -> None:
     if mode not in VLLM_IS_MODES:
         raise ConfigError("vllm_importance_sampling_mode", f"unknown value {mode!r}; expected one of "
                           f"{list(VLLM_IS_MODES)}")
-    if ob.loss_type == "vespo" and not mode.startswith("token"):          # TRL refuses it too
-        raise ConfigError("vllm_importance_sampling_mode", f"vespo needs a token_* mode, got {mode!r}")
     if mode.endswith("truncate") and lo is None and hi is None:
         raise ConfigError("vllm_importance_sampling_clip_max", f"{mode} needs a bound (clip_min or clip_max)")
     if lo is not None and hi is not None and not lo <= hi:
@@ -461,7 +447,7 @@ def _records(logps, mask, per_token_pg, kl, coef_1, pol: PolicyTerm, agg: Aggreg
         per_group_pg=per_group[0], per_group_kl_loss=per_group[1], per_group_loss=per_group[2])
 
 
-def _metrics(rec: dict, mask, pol: PolicyTerm, ob: Objective, b: LossBatch, pg_loss, kl_loss) -> dict:
+def _metrics(rec: dict, mask, pol: PolicyTerm, ob: Objective, b: LossBatch, pg_loss, kl_loss, rule: LossRule) -> dict:
     """TRL-named metrics, exactly as TRL logs them (num_processes = 1), plus "_kl"/"_entropy" (the
     record's always-present values, popped by the caller)."""
     pt_kl, per_token_entropy = rec["per_token_kl"], rec["per_token_entropy"]
@@ -473,14 +459,10 @@ def _metrics(rec: dict, mask, pol: PolicyTerm, ob: Objective, b: LossBatch, pg_l
         metrics["kl"] = metrics["_kl"]                                          # TRL logs it only when β ≠ 0
     if per_token_entropy is not None:
         metrics["entropy"] = metrics["_entropy"]
-    if ob.loss_type in PPO_LOSS_TYPES:
-        metrics.update(_clip_metrics(pol.is_low, pol.is_high, mask))
-    elif ob.loss_type == "cispo":
-        metrics["cispo_clip_ratio"] = _global_masked_mean(pol.is_high.float(), mask.float())  # TRL: .float()
-    elif ob.loss_type == "vespo":
-        metrics["vespo/phi_seq_mean"] = _global_masked_mean(pol.phi_seq, mask)
+    if rule.metrics is not None:
+        metrics.update(rule.metrics(pol, mask))                                 # e.g. TRL's clip_ratio/*
     if b.entropy is not None and ob.entropy_coef != 0:
-        per_g = 1.0 if ob.loss_type in ("dapo", "cispo", "vespo") else float(b.gradient_accumulation_steps)
+        per_g = 1.0 if rule.global_normaliser else float(b.gradient_accumulation_steps)
         metrics["policy_loss"] = float((pg_loss + kl_loss) * per_g)
     return metrics
 
@@ -519,65 +501,16 @@ def _flags(loss, mask, logps, old, ref, advantages, rec: dict, ob: Objective, b:
     return tuple(flags)
 
 
-def _global_masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    """TRL's global_masked_mean (one process): a (N, 1) tensor counts sequences, (N, T) masked tokens."""
-    if x.shape[1] == 1:
-        return float(x.sum() / max(float(x.shape[0]), 1.0))
-    return float((x * mask).sum() / mask.sum().clamp(min=1.0))
-
-
-def _clip_metrics(is_low: torch.Tensor, is_high: torch.Tensor, mask: torch.Tensor) -> dict:
-    """TRL's clip_ratio/* metrics (global_masked_mean / masked_seq_mean + nanmin/nanmax), one process."""
-    def global_masked_mean(x):
-        if x.shape[1] == 1:                                                     # sequence IS: count sequences
-            return float(x.sum() / max(float(x.shape[0]), 1.0))
-        return float((x * mask).sum() / mask.sum().clamp(min=1.0))
-
-    def masked_seq_mean(x):
-        if x.shape[1] == 1:
-            return x.squeeze(1)
-        return (x * mask).sum(-1) / mask.sum(-1)                                # NaN for empty rows (TRL)
-
-    def nan_reduce(x, fn):
-        x = x[~torch.isnan(x)]
-        return float(fn(x)) if x.numel() else float("nan")
-
-    mask = mask.float()                                                         # TRL: bool.float() → float32
-    low, high = is_low.float(), is_high.float()
-    region = (is_low | is_high).float()
-    return {
-        "clip_ratio/low_mean": global_masked_mean(low),
-        "clip_ratio/high_mean": global_masked_mean(high),
-        "clip_ratio/region_mean": global_masked_mean(region),
-        "clip_ratio/low_min": nan_reduce(masked_seq_mean(low), torch.min),
-        "clip_ratio/high_max": nan_reduce(masked_seq_mean(high), torch.max),
-    }
-
-
-def _definition(ob: Objective, b: LossBatch, norm, params: dict, is_mode: Optional[str]) -> str:
+def _definition(ob: Objective, rule: LossRule, norm, params: dict, is_mode: Optional[str]) -> str:
     """The formula with this call's settings (LossBreakdown.definition)."""
-    loss_type, beta, el, eh, delta = ob.loss_type, ob.beta, ob.epsilon_low, ob.epsilon_high, ob.delta
-    level, est, bias, coef = ob.importance_sampling_level, ob.kl_estimator, ob.use_bias_correction_kl, ob.entropy_coef
+    est, coef = ob.kl_estimator, ob.entropy_coef
     opsm, rho = ob.off_policy_mask_threshold, ob.top_entropy_quantile
-    r = "r_it = exp(logp − old)" if level == "token" else "r_i = exp(mean_t(logp − old))"
-    if loss_type == "manual":
-        pg = "PG_it = −A_i·logπ_it (no ratio, no clip)"
-    elif loss_type == "cispo":
-        pg = f"{r}; PG = −sg(min(r, {eh:g}))·A·logπ (IS weight clipped, no trust region)"
-    elif loss_type == "sapo":
-        pg = (f"{r}; PG = −σ(τ·(r−1))·4/τ·A, τ = {params.get('sapo_temperature_pos', 1.0):g} if A > 0 "
-              f"else {params.get('sapo_temperature_neg', 1.05):g} (soft gate)")
-    elif loss_type == "vespo":
-        pg = (f"w_i = exp(Σ_t(logp − old)); PG = −sg(φ(w_i))·A·logπ, φ = e^(λ + k·log w − λw), (k, λ) = "
-              f"({params.get('vespo_k_pos', 2):g}, {params.get('vespo_lambda_pos', 3):g}) if A ≥ 0 else "
-              f"({params.get('vespo_k_neg', 3):g}, {params.get('vespo_lambda_neg', 2):g})")
-    else:
-        r = "r_it = exp(logp − old)" if level == "token" else "r_i = exp(mean_t(logp − old))"
-        dl = f", r' = min(r, {delta:g})" if delta is not None else ""
-        pg = f"{r}; PG = −min(r'·A, clip(r, {1 - el:g}, {1 + eh:g})·A){dl}"
-    kl = f"KL_it = {KL_FORMULAS[est]}" + (" × r" if bias and est != "full" and loss_type != "manual" else "")
+    r = "r_it = exp(logp − old)" if ob.importance_sampling_level == "token" else "r_i = exp(mean_t(logp − old))"
+    pg = rule.text(ob, params, r)
+    bias = ob.use_bias_correction_kl and rule.kl_bias_correction and est != "full"
+    kl = f"KL_it = {KL_FORMULAS[est]}" + (" × r" if bias else "")
     ent = f"; − {coef:g}·H̄" if coef else ""
     masks = (f"; PG × OPSM (drop A < 0 rows with mean(old − logp) > {opsm:g})" if opsm is not None else "") + \
         (f"; PG × entropy mask (top {rho:g} of tokens by entropy)" if rho < 1 else "") + \
         (f"; PG × ρ (sampling-time IS, {is_mode})" if is_mode else "")
-    return f"{pg}{masks}; L = PG + {beta:g}·KL, {kl}; aggregated by {norm}{ent}"
+    return f"{pg}{masks}; L = PG + {ob.beta:g}·KL, {kl}; aggregated by {norm}{ent}"

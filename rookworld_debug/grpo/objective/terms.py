@@ -8,26 +8,18 @@ Each function is TRL 1.16's `GRPOTrainer._compute_loss` (or `_generate_and_score
 sampling-time importance-sampling correction) restricted to one term, with the same float operations in the
 same order: the TRL oracle tests compare the composition to 1e-9.
 
-    LOSS_TABLE[loss_type] = (per-token objective, aggregation)
-    grpo     clipped_surrogate   sequence_mean         bnpo     clipped_surrogate   batch_token_mean
-    dr_grpo  clipped_surrogate   fixed_length          dapo     clipped_surrogate   global_token_mean
-    luspo    clipped_surrogate   sequence_sum_mean     cispo    cispo               global_token_mean
-    sapo     sapo_gate           sequence_mean         vespo    vespo               global_token_mean
-    manual   reinforce           sequence_mean         (rookworld-trl's REINFORCE, no ratio)
-    rlvr_mini  rlvr_sequence_surrogate  row_sum_mean    (rookworld-rlvr's mini: SEQUENCE ratio against the
-             reference, summed log-ratio; KL/entropy are its sampled-token surrogates: grpo/families/rlvr_mini/objective.py)
+Which loss type uses which objective and aggregation is each objective family's table (grpo/families/:
+TRL's eight loss types in `trl`, rookworld-trl's REINFORCE in `manual`, the mini's sequence surrogate in
+`rlvr_mini`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from rookworld_debug.grpo.objective.aggregation import (Aggregation, AggregationInputs, batch_token_mean, fixed_length,
-                                              global_token_mean, sequence_mean, sequence_sum_mean)
-from rookworld_debug.grpo.families.rlvr_mini.objective import clipped_sequence_surrogate, row_sum_mean
 
 
 @dataclass(frozen=True)
@@ -41,7 +33,7 @@ class ObjectiveInputs:
     epsilon_low: float
     epsilon_high: float
     delta: Optional[float]
-    params: dict                        # sapo temperatures / vespo (k, λ): LOSS_PARAMS[loss_type]
+    params: dict                        # the loss type's own knobs (sapo temperatures / vespo (k, λ))
     importance_sampling_ratio: Optional[torch.Tensor] = None  # (N, T) | (N, 1) sampling-time IS weight ρ
 
 
@@ -100,15 +92,6 @@ def reinforce(x: ObjectiveInputs) -> PolicyTerm:
     return PolicyTerm(-x.adv * x.logps, _no_clip(x), _no_clip(x))              # (N, T)
 
 
-def rlvr_sequence_surrogate(x: ObjectiveInputs) -> PolicyTerm:
-    """rlvr_mini: one PPO term per SEQUENCE, its ratio against the REFERENCE (coef_1 = r_i (N, 1)):
-        PG_i = −min(r_i·A_i, clip(r_i, 1 − ε_low, 1 + ε_high)·A_i),  r_i = exp(clamp(Σ_t m(ℓ − ℓ_ref), ±20))
-    clipped low: r < 1 − ε_low and A < 0; high: r > 1 + ε_high and A > 0 (where the clip binds)."""
-    r, adv = x.coef_1, x.adv                                                    # (N, 1) each
-    pg = clipped_sequence_surrogate(r, adv, x.epsilon_low, x.epsilon_high)      # (N, 1)
-    return PolicyTerm(pg, (r < 1 - x.epsilon_low) & (adv < 0), (r > 1 + x.epsilon_high) & (adv > 0))
-
-
 @torch.no_grad()
 def vespo_phi(adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, *, vespo_k_pos: float,
               vespo_lambda_pos: float, vespo_k_neg: float, vespo_lambda_neg: float,
@@ -126,24 +109,6 @@ def vespo_phi(adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, *,
     k = torch.where(nonneg, vespo_k_pos, vespo_k_neg)
     lam = torch.where(nonneg, vespo_lambda_pos, vespo_lambda_neg).clamp(min=1e-4)
     return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-
-
-# loss_type → (per-token objective, aggregation): TRL's formula table
-LOSS_TABLE: dict[str, tuple[Callable[[ObjectiveInputs], PolicyTerm], Callable[[AggregationInputs], Aggregation]]] = {
-    "grpo": (clipped_surrogate, sequence_mean),
-    "bnpo": (clipped_surrogate, batch_token_mean),
-    "dr_grpo": (clipped_surrogate, fixed_length),
-    "dapo": (clipped_surrogate, global_token_mean),
-    "luspo": (clipped_surrogate, sequence_sum_mean),
-    "cispo": (cispo, global_token_mean),
-    "sapo": (sapo_gate, sequence_mean),
-    "vespo": (vespo, global_token_mean),
-    "manual": (reinforce, sequence_mean),
-    "rlvr_mini": (rlvr_sequence_surrogate, row_sum_mean),
-}
-# the loss-specific parameters each objective reads (recorded in LossBreakdown.loss_params)
-LOSS_PARAMS = {"sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
-               "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")}
 
 
 def importance_weights(logps: torch.Tensor, old: torch.Tensor, mask: torch.Tensor,
@@ -243,12 +208,12 @@ class Masks:
     entropy: Optional[torch.Tensor] = None      # (N, T) bool high-entropy tokens
     is_ratio: Optional[torch.Tensor] = None     # (N, T) | (N, 1) sampling-time IS weight ρ
 
-    def apply(self, per_token_pg: torch.Tensor, loss_type: str) -> torch.Tensor:
-        """PG ← PG·M (OPSM) ·E (entropy) ·ρ (IS; not vespo, where ρ is inside φ), in TRL's order."""
+    def apply(self, per_token_pg: torch.Tensor, ratio_inside: bool = False) -> torch.Tensor:
+        """PG ← PG·M (OPSM) ·E (entropy) ·ρ (IS; not when ρ is inside the objective, vespo's φ), in TRL's order."""
         if self.off_policy is not None:
             per_token_pg = per_token_pg * self.off_policy                      # (N, T) | (N, 1)
         if self.entropy is not None:
             per_token_pg = per_token_pg * self.entropy                          # (N, T)
-        if self.is_ratio is not None and loss_type != "vespo":
+        if self.is_ratio is not None and not ratio_inside:
             per_token_pg = per_token_pg * self.is_ratio                         # (N, T) | (N, 1)
         return per_token_pg

@@ -1,4 +1,4 @@
-"""Advantages phase: rewards (N,) → per-completion advantages (N,), TRL-exact, plus rookworld-trl's manual variant.
+"""Advantages phase: rewards (N,) → per-completion advantages (N,), TRL-exact; the record every family's fills.
 
 Shape legend: B prompts, G generations per prompt (= num_generations), N = B·G rows. Row i belongs to
 group i // G (TRL's RepeatSampler puts a prompt's G copies consecutively).
@@ -22,18 +22,17 @@ is treated as unscorable, exactly like NaN/None: excluded from mean/std, advanta
 record's `rewards` keeps the inf so views show what the reward function returned.
 `std_ddof=0` (population std) and `clip` are our extensions; the defaults reproduce TRL exactly.
 
-The manual variant (`manual_advantages`, jorahn/rookworld-trl manual_grpo_debug.py):
-    A = clamp((r − mean_g) / max(std_g(ddof=1), std_clamp), −clip, clip)
+Other families' advantages (rookworld-trl's manual variant, rookworld-rlvr's mini) live with their family
+(grpo/families/) and return the same `Advantages` record, built by `finish_advantages`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
 
-from rookworld_debug.errors import ConfigError, DataError
-from rookworld_debug.grpo.families.rlvr_mini import baselines as rb
+from rookworld_debug.errors import ConfigError
 
 SCALE_REWARDS = ("group", "batch", "none")
 
@@ -96,7 +95,7 @@ def nanstd(x: torch.Tensor, dim: Optional[int] = None, ddof: int = 1) -> torch.T
     return std.squeeze(d) if dim is not None else std.reshape(())
 
 
-def _as_rewards(rewards, num_generations: int) -> torch.Tensor:
+def as_rewards(rewards, num_generations: int) -> torch.Tensor:
     if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 1:
         raise ConfigError("num_generations", f"must be an integer ≥ 1, got {num_generations!r}")
     r = torch.as_tensor(rewards)
@@ -109,12 +108,12 @@ def _as_rewards(rewards, num_generations: int) -> torch.Tensor:
     return r
 
 
-def _unscorable_inf(r: torch.Tensor) -> torch.Tensor:
+def unscorable_inf(r: torch.Tensor) -> torch.Tensor:
     """±inf → NaN (unscorable), so one inf cannot poison its group/batch; see the module docstring."""
     return r.masked_fill(torch.isinf(r), float("nan"))                     # (N,)
 
 
-def _finish(r, G, adv, group_mean, group_std, denom, is_std_zero, *, normalization, method, scale, eps, ddof,
+def finish_advantages(r, G, adv, group_mean, group_std, denom, is_std_zero, *, normalization, method, scale, eps, ddof,
             clip, raw=None) -> Advantages:
     """`r`: rewards as used (inf already → NaN); `raw`: the rewards as given (kept in the record)."""
     raw = r if raw is None else raw
@@ -180,8 +179,8 @@ def compute_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_genera
     if clip is not None and not clip > 0:
         raise ConfigError("adv_clip", f"must be > 0 or None, got {clip!r}")
     G = num_generations
-    raw = _as_rewards(rewards, G)                                           # (N,)
-    r = _unscorable_inf(raw)                                                # (N,)
+    raw = as_rewards(rewards, G)                                           # (N,)
+    r = unscorable_inf(raw)                                                # (N,)
     grouped = r.view(-1, G)                                                 # (B, G)
     group_mean = torch.nanmean(grouped, dim=1)                              # (B,)
     mean_rep = group_mean.repeat_interleave(G, dim=0)                       # (N,)
@@ -204,106 +203,5 @@ def compute_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_genera
     if clip is not None:
         formula += f", clipped to ±{clip:g}"
     is_std_zero = torch.isclose(std, torch.zeros_like(std))                 # (N,) TRL's logging rule
-    return _finish(r, G, adv, group_mean, group_std, denom, is_std_zero, normalization=formula, method="trl",
+    return finish_advantages(r, G, adv, group_mean, group_std, denom, is_std_zero, normalization=formula, method="trl",
                    scale=scale_rewards, eps=eps, ddof=std_ddof, clip=clip, raw=raw)
-
-
-def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generations: int, *,
-                      std_clamp: float = 0.05, clip: Optional[float] = 2.0, std_ddof: int = 1) -> Advantages:
-    """rookworld-trl's manual debug run's advantages: A = clamp((r − mean_g) / max(std_g(ddof=1), std_clamp), −clip, clip).
-
-    (rookworld-trl's manual debug run used std_clamp 0.05 at step 1 and 1e-6 afterwards; clip 2.) NaN rewards are excluded from
-    mean/std and get advantage 0 (that run had no NaN handling; flagged)."""
-    if std_ddof not in (0, 1):
-        raise ConfigError("std_ddof", f"must be 0 or 1, got {std_ddof!r}")
-    if std_clamp < 0:
-        raise ConfigError("manual_std_clamp", f"must be ≥ 0, got {std_clamp!r}")
-    if clip is not None and not clip > 0:
-        raise ConfigError("manual_adv_clip", f"must be > 0 or None, got {clip!r}")
-    G = num_generations
-    raw = _as_rewards(rewards, G)                                           # (N,)
-    r = _unscorable_inf(raw)                                                # (N,)
-    if G < 2:
-        raise ConfigError("num_generations", "manual advantages need G ≥ 2 (group std)")
-    grouped = r.view(-1, G)                                                 # (B, G)
-    group_mean = torch.nanmean(grouped, dim=1)                              # (B,)
-    group_std = nanstd(grouped, dim=1, ddof=std_ddof)                       # (B,)
-    denom = group_std.clamp(min=std_clamp).repeat_interleave(G, dim=0)      # (N,)
-    adv = (r - group_mean.repeat_interleave(G, dim=0)) / denom              # (N,)
-    formula = f"A=(r-mean_g)/max(std_g(ddof={std_ddof}),{std_clamp:g})"
-    if clip is not None:
-        formula = f"A=clip((r-mean_g)/max(std_g(ddof={std_ddof}),{std_clamp:g}),±{clip:g})"
-    formula += " [rookworld-trl's manual variant], NaN→0"
-    is_std_zero = torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G)  # (N,)
-    return _finish(r, G, adv, group_mean, group_std, denom, is_std_zero, normalization=formula, method="manual",
-                   scale="group", eps=std_clamp, ddof=std_ddof, clip=clip, raw=raw)
-
-
-# ---------------------------------------------------------------- rookworld-rlvr's "mini" (grpo/families/rlvr_mini/baselines.py)
-def rlvr_advantages(rewards: Sequence[float] | torch.Tensor, num_generations: int, *,
-                    baseline_type: str = "group_mean", values: Optional[torch.Tensor] = None,
-                    use_gae: bool = False, gae_lambda: float = 0.95,
-                    baseline_tracker: Optional[dict] = None) -> Advantages:
-    """The mini's advantages as this package's Advantages record (method "rlvr_mini"). NaN rewards (unscorable)
-    are set to the batch's valid mean before the baselines (the mini has no NaN) and get advantage 0; flagged.
-    Non-finite `values` (the learned baseline's) are likewise set to their valid mean, so one NaN does not
-    turn its group's baseline into NaN."""
-    G = num_generations
-    raw_r = _as_rewards(rewards, G).to(torch.float64)                                  # (N,)
-    if raw_r.numel() == 0:
-        raise DataError("rlvr advantages: no rewards (an empty batch has no groups)")
-    bad = ~torch.isfinite(raw_r)                                                        # (N,)
-    r = _fill_valid_mean(raw_r)                                                         # (N,)
-    if values is not None:
-        values = torch.as_tensor(values).to(torch.float64).reshape(-1)                 # (N,)
-        if values.shape != r.shape:
-            raise DataError(f"rlvr advantages: {values.numel()} values for {r.numel()} rewards")
-        values = _fill_valid_mean(values)
-    raw, base = rb.raw_advantages(r, G, baseline_type, baseline_tracker, values, use_gae, gae_lambda)
-    adv = rb.normalise(raw).masked_fill(bad, 0.0)                                          # (N,)
-    grouped = r.view(-1, G)                                                             # (B, G)
-    group_std = nanstd(grouped, dim=1, ddof=1) if G > 1 else torch.zeros(grouped.shape[0], dtype=r.dtype)
-    std = raw.std() if raw.numel() > 1 else torch.zeros((), dtype=r.dtype)
-    normalised = bool(std > rb.NORM_EPS)
-    denom = (std + rb.NORM_EPS if normalised else torch.ones((), dtype=r.dtype)).expand(r.shape[0]).clone()
-    gae = " + GAE(λ={:g}) over group members".format(gae_lambda) if use_gae and values is not None else ""
-    formula = (f"rlvr mini: raw = r − b_g, {rb.BASELINE_FORMULAS[baseline_type]}{gae}; A = (raw − mean_batch)/"
-               f"(std_batch(ddof=1) + 1e-8) {'applied' if normalised else 'skipped (std ≤ 1e-8)'}")
-    rec = _finish(torch.where(bad, torch.full_like(r, float("nan")), r), G, adv, base, group_std, denom,
-                  torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G),
-                  normalization=formula, method="rlvr_mini", scale="batch", eps=rb.NORM_EPS, ddof=1, clip=None,
-                  raw=raw_r)
-    return replace(rec, flags=_zero_std_push_flags(rec, baseline_type))
-
-
-def _fill_valid_mean(x: torch.Tensor) -> torch.Tensor:
-    """(N,) `x` with its non-finite entries set to the mean of the finite ones (0 when none is finite)."""
-    bad = ~torch.isfinite(x)
-    fill = x[~bad].mean() if bool((~bad).any()) else torch.zeros((), dtype=x.dtype)
-    return torch.where(bad, fill, x)
-
-
-def _zero_std_push_flags(rec: Advantages, baseline_type: str) -> tuple:
-    """Replace the generic 'no signal from zero-std groups' note by what the global normalisation did to them."""
-    G = rec.num_generations
-    out = [f for f in rec.flags if "zero reward std" not in f]
-    pushed = [b for b in rec.zero_std_groups if float(rec.advantages[b * G:(b + 1) * G].abs().max()) > 1e-6]
-    quiet = [b for b in rec.zero_std_groups if b not in pushed]
-    if pushed:
-        vals = ", ".join(f"p{b}: {float(rec.advantages[b * G]):+.3g}" for b in pushed)
-        out.append(f"zero-std group(s) {pushed} get a NON-zero advantage from the global normalisation "
-                   f"(baseline {baseline_type!r} does not centre each group): {vals} — a push with no reward "
-                   "difference behind it")
-    if quiet:
-        out.append(f"groups {quiet} have zero reward std: advantage ≈ 0 (each group centred on its own mean)")
-    return tuple(out)
-
-
-def rlvr_advantages_from_config(rewards, config) -> Advantages:
-    """`rlvr_advantages` with a StepConfig's knobs (rlvr_values='rewards': values = the rewards, as the mini's
-    training script passes them)."""
-    values = None
-    if config.rlvr_values == "rewards":
-        values = _as_rewards(rewards, config.num_generations).to(torch.float64)
-    return rlvr_advantages(rewards, config.num_generations, baseline_type=config.rlvr_baseline, values=values,
-                           use_gae=config.rlvr_use_gae, gae_lambda=config.rlvr_gae_lambda)

@@ -253,13 +253,17 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
                          top_k_alternatives: int = 5, compute_ref: bool = True, chunk: int | None = None,
                          score_policy: bool = True, greedy_prompts: Sequence[str] = (),
                          greedy_max_new_tokens: int | None = None,
-                         sampling_autocast: str | None = None, rlvr_pitfalls: tuple = ()) -> tuple[Rollout, GreedyTexts]:
+                         sampling_autocast: str | None = None,
+                         decode_options: Mapping[str, bool] | None = None) -> tuple[Rollout, GreedyTexts]:
     """`generate`, plus greedy completions of `greedy_prompts` (up to `greedy_max_new_tokens` each) decoded
     in the SAME loop as the samples (`decoding.decode`'s extra greedy rows): one decode loop where the
     step used two (the greedy evaluation's and the sampler's). The rollout is the one `generate` gives.
     `sampling_autocast` ('bf16'): the sampling loop only runs in bf16 autocast (a bf16 sampler beside an fp32
-    trainer); the scoring forwards stay in the model's own precision."""
+    trainer); the scoring forwards stay in the model's own precision. `decode_options` (a family's sampler, e.g.
+    rookworld-rlvr's faults): `mini_positions` (its KV-cache position ids), `continue_after_eos` (keep sampling
+    after EOS and train those tokens; the texts stay cut)."""
     t_start = time.perf_counter()
+    opts = decode_options or {}
     _validate(prompts, tasks, sampling, num_generations, max_new_tokens, tokenizer)
     g, eos_id, pad_id = num_generations, int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
     rows_prompts, rows_tasks, prompt_ids, prompt_mask, settings, temperatures = _rows(tokenizer, prompts, tasks,
@@ -269,14 +273,14 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
             policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_tokens, eos_id, pad_id, seed, g,
             None if score_policy else top_k_alternatives,
             _greedy_kw(tokenizer, greedy_prompts, greedy_max_new_tokens),
-            {"mini_positions": "kv_cache_positions" in rlvr_pitfalls,                     # rookworld-rlvr faults
-             "continue_after_eos": "train_past_eos" in rlvr_pitfalls})                   # (N, T), (N, T)
+            {"mini_positions": bool(opts.get("mini_positions")),
+             "continue_after_eos": bool(opts.get("continue_after_eos"))})                # (N, T), (N, T)
     greedy_ids = loop_stats.pop("greedy_tokens") if greedy_prompts else None                   # (E, L')
     greedy_texts = GreedyTexts(tokenizer.batch_decode(greedy_ids, skip_special_tokens=True) if greedy_prompts else (),
                                greedy_ids)
     completion_ids, completion_mask, has_eos = _cut_after_eos(raw, eos_id, pad_id)     # (N, T), (N, T), (N,)
     text_mask = completion_mask
-    if "train_past_eos" in rlvr_pitfalls:     # the mini trains what was sampled after EOS (texts stay cut)
+    if opts.get("continue_after_eos"):        # train what was sampled after EOS (texts stay cut)
         completion_ids, completion_mask = raw, torch.ones_like(completion_mask)
     t_generate = time.perf_counter() - t_start
 

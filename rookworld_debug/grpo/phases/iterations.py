@@ -24,11 +24,12 @@ from typing import Optional
 
 import torch
 
-from rookworld_debug.errors import NumericalError
+from rookworld_debug.errors import ConfigError, NumericalError
 from rookworld_debug.grpo.families import family_of
-from rookworld_debug.grpo.phases.generation import loss_mask, sampling_logps_for
-from rookworld_debug.grpo.objective.loss import LossBreakdown, compute_loss, high_entropy_mask
-from rookworld_debug.grpo.objective.params import LossBatch, Objective
+from rookworld_debug.grpo.objective.loss import LossBreakdown, high_entropy_mask
+from rookworld_debug.grpo.objective.params import Objective
+from rookworld_debug.grpo.phases.generation import loss_mask
+from rookworld_debug.grpo.phases.loss_inputs import loss_inputs
 from rookworld_debug.grpo.phases.update import UpdateResult, update
 
 
@@ -127,10 +128,8 @@ def _record(i, ups, rollout, advantages, config, old, mask) -> IterationRecord:
     entropy = torch.cat([u.per_token_entropy for u in ups])                  # (N, T)
     full_kl = torch.cat([u.per_token_full_kl for u in ups]) if ups[0].per_token_full_kl is not None else None
     objective = Objective.from_config(config).replace(entropy_coef=ups[-1].entropy_coef)
-    ref = None if config.kl_estimator == "full" and full_kl is None else rollout.ref_per_token_logps  # (N, T)
-    rec = compute_loss(logps, logps if old is None else old, ref, advantages.advantages.to(logps.dtype), mask,
-                       objective, LossBatch(entropy=entropy, per_token_full_kl=full_kl,
-                                            num_generations=config.num_generations))
+    rec = loss_inputs(rollout, advantages, config, logps=logps, old=logps if old is None else old, entropy=entropy,
+                      full_kl=full_kl, objective=objective, mask=mask).loss()
     return IterationRecord(index=i, loss=rec, updates=tuple(ups), per_token_logps=logps,
                            entropy_coef=ups[-1].entropy_coef)
 
@@ -138,8 +137,6 @@ def _record(i, ups, rollout, advantages, config, old, mask) -> IterationRecord:
 def loss_for_iteration(rollout, advantages, config, it: IterationRecord) -> LossBreakdown:
     """Pass `it`'s loss record recomputed with (possibly new) loss knobs — no forward pass: its recorded
     log-probs against the frozen old log-probs (widgets' β/ε sliders on a drifted, off-policy pass)."""
-    from rookworld_debug.errors import ConfigError
-    mask = loss_mask(rollout, config)                                 # (N, T)
     old = (rollout.per_token_logps if config.freezes_old_logps else it.per_token_logps).detach()   # (N, T)
     full_kl = None
     if config.kl_estimator == "full":
@@ -147,12 +144,9 @@ def loss_for_iteration(rollout, advantages, config, it: IterationRecord) -> Loss
             raise ConfigError("kl_estimator", "the exact KL of this pass was not recorded (run the step with "
                               "kl_estimator='full' and β > 0)")
         full_kl = it.loss.per_token_kl                                      # (N, T)
-    ref = None if config.kl_estimator == "full" else rollout.ref_per_token_logps
-    return compute_loss(it.per_token_logps, old, ref, advantages.advantages.to(it.per_token_logps.dtype), mask,
-                        Objective.from_config(config).replace(entropy_coef=it.entropy_coef),
-                        LossBatch(entropy=it.loss.per_token_entropy, per_token_full_kl=full_kl,
-                                  num_generations=config.num_generations,
-                                  sampling_per_token_logps=sampling_logps_for(rollout, config)))
+    return loss_inputs(rollout, advantages, config, logps=it.per_token_logps, old=old,
+                       entropy=it.loss.per_token_entropy, full_kl=full_kl,
+                       objective=Objective.from_config(config).replace(entropy_coef=it.entropy_coef)).loss()
 
 
 @dataclass(frozen=True)
@@ -168,30 +162,35 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
                        loss_types: Optional[tuple] = None) -> tuple:
     """The same rollout (or inner pass) under each loss type: terms, per-token weights, gradient norms.
     A pure recompute from recorded tensors (autograd on a detached copy of the log-probs, no forward pass)."""
-    from rookworld_debug.grpo.objective.loss import LOSS_TYPES
+    from rookworld_debug.config import LOSS_TYPES
     out = []
-    seq_is = config.vllm_importance_sampling_correction and config.vllm_importance_sampling_mode.startswith("sequence")
     for lt in loss_types or LOSS_TYPES:
-        if lt == "vespo" and seq_is and loss_types is None:
-            continue                       # TRL refuses vespo with a sequence-level IS correction: not comparable
+        cfg = config.replace(loss_type=lt)
+        if loss_types is None and _refused(cfg):
+            continue                       # e.g. TRL refuses vespo with a sequence-level IS correction
         if family_of(lt).needs_reference and rollout.ref_per_token_logps is None:
             continue                       # e.g. the mini's ratio is against the reference: nothing to compare to
-        cfg = config.replace(loss_type=lt)
         base = iteration.per_token_logps if iteration is not None else rollout.per_token_logps
         leaf = base.detach().clone().requires_grad_(True)                  # (N, T)
         if iteration is not None:
             it = IterationRecord(iteration.index, iteration.loss, iteration.updates, leaf, iteration.entropy_coef)
             rec = loss_for_iteration(rollout, advantages, cfg, it)
         else:                              # the sampling-time record (step.loss_for), old = ℓ.detach()
-            rec = compute_loss(leaf, base.detach(), rollout.ref_per_token_logps, advantages.advantages.to(base.dtype),
-                               loss_mask(rollout, cfg), Objective.from_config(cfg),
-                               LossBatch(entropy=rollout.per_token_entropy, per_token_full_kl=rollout.per_token_full_kl,
-                                         num_generations=cfg.num_generations,
-                                         sampling_per_token_logps=sampling_logps_for(rollout, cfg)))
+            rec = loss_inputs(rollout, advantages, cfg, logps=leaf, old=base.detach()).loss()
         grad = torch.autograd.grad(rec.loss, leaf, allow_unused=True)[0] if rec.loss.requires_grad else None
         grad = torch.zeros_like(base) if grad is None else grad
         out.append(LossTypeRow(lt, _detached(rec), (-grad).detach(), float(grad.norm())))
     return tuple(out)
+
+
+def _refused(config) -> bool:
+    """Whether the loss type's own checks refuse this config's knobs (then it has nothing to compare)."""
+    check = family_of(config.loss_type).rules[config.loss_type].check
+    try:
+        check is None or check(Objective.from_config(config))
+    except ConfigError:
+        return True
+    return False
 
 
 def _detached(rec: LossBreakdown) -> LossBreakdown:

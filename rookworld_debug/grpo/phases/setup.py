@@ -9,7 +9,6 @@ fails, every later KL/ratio number would be an artefact, so the views show this 
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -195,6 +194,8 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
                          indices=config.prompt_indices)
     heldout = tuple(heldout_all[: config.heldout_n])
 
+    from rookworld_debug.grpo.families import check_settings
+    check_settings(config)                      # before loading anything
     if config.reward_mode not in ("engine", "dataset", "rlvr", "rlvr_gt"):
         raise ConfigError("reward_mode", f"unknown {config.reward_mode!r}")
     needs_engine = config.reward_mode == "engine" and any(t == "P" for t in batch.tasks)

@@ -14,12 +14,11 @@ from typing import Mapping, Optional
 import torch
 
 from rookworld_debug.config import StepConfig
+from rookworld_debug.grpo.families import advantages_from_config, check_settings, family_of
+from rookworld_debug.grpo.objective.loss import LossBreakdown
 from rookworld_debug.grpo.phases.advantages import Advantages
-from rookworld_debug.grpo.phases.generation import (Rollout, generate_with_greedy, inject_completions, loss_mask,
-                                             sampling_logps_for)
-from rookworld_debug.grpo.objective.loss import LossBreakdown, compute_loss
-from rookworld_debug.grpo.families import advantages_from_config, family_of
-from rookworld_debug.grpo.objective.params import LossBatch, Objective
+from rookworld_debug.grpo.phases.generation import Rollout, generate_with_greedy, inject_completions
+from rookworld_debug.grpo.phases.loss_inputs import loss_inputs
 from rookworld_debug.grpo.phases.rewards import compute_rewards
 from rookworld_debug.grpo.phases.setup import Setup, check_inject
 
@@ -81,17 +80,8 @@ def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
     """The loss record from the rollout's tensors — no forward pass (widgets recompute it per slider move).
     On-policy (μ = 1) the old log-probs ARE the rollout's, so ratio = 1 exactly as in TRL; a saved off-policy
     step (e.g. a TRL capture with num_iterations > 1) passes its stored `old_per_token_logps` (N, T)."""
-    mask = loss_mask(rollout, config)                                                    # (N, T)
     old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
-    objective, extra = Objective.from_config(config), {}
-    family = family_of(config.loss_type)
-    if family.prepare is not None:               # once per step (the rlvr mini: its KL controller and values)
-        objective, extra = family.prepare(rollout, advantages, objective, mask)
-    batch = LossBatch(entropy=rollout.per_token_entropy, per_token_full_kl=rollout.per_token_full_kl,
-                      num_generations=config.num_generations,
-                      sampling_per_token_logps=sampling_logps_for(rollout, config), **extra)
-    return compute_loss(rollout.per_token_logps, old, rollout.ref_per_token_logps, advantages.advantages, mask,
-                        objective, batch)
+    return loss_inputs(rollout, advantages, config, old=old, prepare=True).loss()
 
 
 
@@ -104,7 +94,8 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
     `config.eval_max_new_tokens`), decoded in the sampling loop (`generate_with_greedy`): the before-update
     evaluation without a decode loop of its own."""
     timer = timer or PhaseTimer()
-    b, g = s.batch, config.num_generations
+    b, g, family = s.batch, config.num_generations, family_of(config.loss_type)
+    check_settings(config)                     # a field only another family reads: refused, not ignored
     if inject:
         check_inject(inject, s, config)        # bad text / too long for the context: ConfigError, before sampling
     with timer("generation"):
@@ -113,12 +104,11 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
             max_new_tokens=config.max_new_tokens, sampling={t: config.sampling_for(t) for t in set(b.tasks)},
             seed=config.seed, top_k_alternatives=config.top_k_alternatives, greedy_prompts=greedy_prompts,
             greedy_max_new_tokens=config.eval_max_new_tokens,
-            sampling_autocast=config.sampling_autocast, rlvr_pitfalls=tuple(config.rlvr_pitfalls))
+            sampling_autocast=config.sampling_autocast, decode_options=family.sampler_options(config))
         if inject:
             rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
-        if config.rlvr_pitfalls:       # rookworld-rlvr's layout faults: what its loss trains
-            from rookworld_debug.grpo.families.rlvr_mini.pitfalls import apply_layout_faults
-            rollout = apply_layout_faults(rollout, config, s.policy, s.reference, s.tokenizer)
+        if family.rollout_transform is not None:       # what the family's loss trains (e.g. the mini's layout)
+            rollout = family.rollout_transform(rollout, config, s.policy, s.reference, s.tokenizer)
     if config.sampling_autocast:
         rollout = replace(rollout, warnings=rollout.warnings + (
             f"sampling_autocast={config.sampling_autocast!r}: the sampling loop (samples and greedy rows) ran under "

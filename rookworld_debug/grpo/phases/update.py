@@ -21,14 +21,13 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import ConfigError, NumericalError
+from rookworld_debug.grpo.families import family_of
+from rookworld_debug.grpo.objective.params import Objective
+from rookworld_debug.grpo.phases.generation import (auto_micro_batch_size, loss_mask, per_token_logps_and_entropy,
+                                                    per_token_logps_entropy_full_kl)
+from rookworld_debug.grpo.phases.loss_inputs import loss_inputs
 from rookworld_debug.models import memory
 from rookworld_debug.models.devices import model_device, on_device
-from rookworld_debug.grpo.phases.generation import (auto_micro_batch_size, per_token_logps_and_entropy,
-                                             per_token_logps_entropy_full_kl, sampling_logps_for,
-                                             loss_mask)
-from rookworld_debug.grpo.families import family_of
-from rookworld_debug.grpo.objective.loss import compute_loss
-from rookworld_debug.grpo.objective.params import LossBatch, Objective
 
 TERMS = ("pg", "kl", "entropy")
 
@@ -90,11 +89,11 @@ class _Accumulated:
     full_kl: list = field(default_factory=list)
 
 
-def _micro_batch_terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, old_rows, ref_rows, config,
-                       objective: Objective,
-                       num_items, acc: _Accumulated):
-    """Forward one micro-batch with grad and return its loss terms {pg, kl, entropy} (unweighted record)."""
-    ids = (rollout.prompt_ids[g_rows], rollout.prompt_mask[g_rows], rollout.completion_ids[g_rows], mask_rows,
+def _micro_batch_terms(policy, reference, rollout, advantages, g_rows, mask, old_rows, config,
+                       objective: Objective, num_items, acc: _Accumulated):
+    """Forward one micro-batch (rows `g_rows` of the rollout; mask (N, T) its loss mask) with grad and return
+    its loss record (unweighted)."""
+    ids = (rollout.prompt_ids[g_rows], rollout.prompt_mask[g_rows], rollout.completion_ids[g_rows], mask[g_rows],
            rollout.temperatures[g_rows])
     full_kl = None
     if config.kl_estimator == "full" and config.beta:
@@ -110,10 +109,9 @@ def _micro_batch_terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, 
     if full_kl is not None:
         acc.full_kl.append(full_kl.detach())
     need_entropy = objective.entropy_coef != 0 or objective.top_entropy_quantile < 1 or config.use_adaptive_entropy
-    return compute_loss(logps, old_rows, ref_rows, adv_rows, mask_rows, objective,
-                        LossBatch(entropy=entropy if need_entropy else None, per_token_full_kl=full_kl,
-                                  num_items_in_batch=num_items,
-                                  sampling_per_token_logps=sampling_logps_for(rollout, config, g_rows)))
+    return loss_inputs(rollout, advantages, config, rows=g_rows, logps=logps, old=old_rows,
+                       entropy=entropy if need_entropy else None, full_kl=full_kl, objective=objective,
+                       num_items_in_batch=num_items, mask=mask).loss()
 
 
 def _backward(terms: dict, params, per_term_grads: bool, acc: _Accumulated) -> None:
@@ -199,10 +197,8 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     params = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
     step_rows = rows if rows is not None else slice(0, rollout.completion_ids.shape[0])
     n = step_rows.stop - step_rows.start
-    adv = advantages.advantages.to(rollout.per_token_logps.dtype)[step_rows]  # (n,)
-    mask = loss_mask(rollout, config)[step_rows]                           # (n, T) as the record's mask
-    ref_all = None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[step_rows]  # (n, T)
-    old_all = None if old_per_token_logps is None else old_per_token_logps[step_rows]                # (n, T)
+    full_mask = loss_mask(rollout, config)                                 # (N, T) the record's mask
+    mask = full_mask[step_rows]                                            # (n, T)
     num_items = float(mask.sum()) if num_items_in_batch is None else float(num_items_in_batch)
     objective = Objective.from_config(config) if objective is None else objective
     family = family_of(config.loss_type)
@@ -216,9 +212,9 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     with memory.update_memory(policy):       # large models: freed gradients go back to the OS (models/memory.py)
         for mb in slices:
             g_rows = slice(step_rows.start + mb.start, step_rows.start + mb.stop)   # rows of the rollout
-            rec = _micro_batch_terms(policy, reference, rollout, g_rows, mask[mb], adv[mb],
-                                     None if old_all is None else old_all[mb],
-                                     None if ref_all is None else ref_all[mb], config, objective, num_items, acc)
+            rec = _micro_batch_terms(policy, reference, rollout, advantages, g_rows, full_mask,
+                                     None if old_per_token_logps is None else old_per_token_logps[g_rows],
+                                     config, objective, num_items, acc)
             w = family.mb_weight(config.loss_type, mb, n, mask)          # the family's share of the batch loss
             w_ent = family.mb_weight(config.loss_type, mb, n, mask, entropy=True)
             terms = {"pg": rec.pg_loss * w, "kl": rec.kl_loss * w, "entropy": rec.entropy_term * w_ent}

@@ -185,17 +185,18 @@ class GradForward:
              old_per_token_logps: Optional[torch.Tensor] = None):
         """The step's loss record on `rows` (None = all N) with these advantages (len(rows),), the batch's
         normalizers recomputed for those rows (num_items_in_batch = their Σ mask)."""
-        from rookworld_debug.grpo.objective.loss import compute_loss
-        from rookworld_debug.grpo.objective.params import LossBatch
+        from rookworld_debug.grpo.phases.loss_inputs import loss_inputs
         sel = (lambda t: t) if rows is None else (lambda t: None if t is None else t[rows])
-        mask = sel(self.mask)
         # the rows' own graphs only (indexing the stacked tensor would reach every row's graph)
         logps, entropy = (self.logps, self.entropy) if rows is None else (
             torch.cat([self.parts[i][k] for i in rows.tolist()]) for k in (0, 1))             # (n, T) each
-        return compute_loss(logps, sel(old_per_token_logps), sel(self.rollout.ref_per_token_logps),
-                            advantages.to(self.logps.dtype), mask, self.objective,
-                            LossBatch(entropy=entropy if self.need_entropy else None,
-                                      num_items_in_batch=float(mask.sum()), num_generations=num_generations))
+        full = torch.zeros(self.mask.shape[0], dtype=advantages.dtype, device=advantages.device)
+        if rows is not None:
+            full[rows] = advantages                    # the builder reads the advantages of the selected rows
+        return loss_inputs(self.rollout, advantages if rows is None else full, self.config, rows=rows, logps=logps,
+                           old=sel(old_per_token_logps), entropy=entropy if self.need_entropy else None,
+                           full_kl=None, objective=self.objective, mask=self.mask,
+                           num_items_in_batch=float(sel(self.mask).sum()), num_generations=num_generations).loss()
 
     def grad(self, loss: torch.Tensor) -> torch.Tensor:
         """(P,) ∂loss/∂θ through the shared graph (kept for the next backward)."""

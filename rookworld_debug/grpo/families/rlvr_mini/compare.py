@@ -22,9 +22,8 @@ from typing import Optional
 
 import torch
 
-from rookworld_debug.grpo.families import advantages_from_config, family_of
-from rookworld_debug.grpo.objective.loss import compute_loss
-from rookworld_debug.grpo.objective.params import LossBatch, Objective
+from rookworld_debug.grpo.families import advantages_from_config
+from rookworld_debug.grpo.phases.loss_inputs import loss_inputs
 
 DEFAULT_OBJECTIVES = ("grpo", "dapo", "rlvr_mini")
 MOVE_TOLERANCE = 1e-12
@@ -67,14 +66,7 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 def _objective(rollout, rewards, config, mask) -> tuple[ObjectiveView, torch.Tensor]:
     adv = advantages_from_config(rewards, config)
     leaf = rollout.per_token_logps.detach().clone().requires_grad_(True)               # (N, T)
-    objective, extra = Objective.from_config(config), {}
-    family = family_of(config.loss_type)
-    if family.prepare is not None:               # once per step (the mini: its KL controller and values)
-        objective, extra = family.prepare(rollout, adv, objective, mask)
-    rec = compute_loss(leaf, leaf.detach(), rollout.ref_per_token_logps, adv.advantages.to(leaf.dtype), mask,
-                       objective, LossBatch(entropy=rollout.per_token_entropy,
-                                            per_token_full_kl=rollout.per_token_full_kl,
-                                            num_generations=config.num_generations, **extra))
+    rec = loss_inputs(rollout, adv, config, logps=leaf, old=leaf.detach(), mask=mask, prepare=True).loss()
     grad = torch.autograd.grad(rec.loss, leaf, allow_unused=True)[0] if rec.loss.requires_grad else None
     w = torch.zeros_like(leaf) if grad is None else -grad.detach()                     # (N, T)
     view = ObjectiveView(config.loss_type, adv.advantages.detach(), adv.normalization, rec.per_token_loss.detach(),

@@ -5,7 +5,7 @@ A (N,). The math is `grpo.families.rlvr_mini.objective` (checked against the min
 record every view reads:
 
     s_i = Σ_t m(ℓ − ℓ_ref)  (÷ |o_i| with rlvr_length_normalize)   r_i = exp(clamp(s_i, ±20))
-    pg_loss     = mean_i PG_i,  PG_i = −min(r_i A_i, clip(r_i) A_i)          LOSS_TABLE["rlvr_mini"]
+    pg_loss     = mean_i PG_i,  PG_i = −min(r_i A_i, clip(r_i) A_i)          rlvr_sequence_surrogate
     kl_loss     = β · mean_i KL_i  (forward / reverse / symmetric surrogate, β = the step's kl_coef)
     entropy_term = −c_H · mean_i Σ_t −m e^ℓ ℓ                                 (the mini's entropy surrogate)
     loss        = pg_loss + kl_loss + entropy_term (+ value_loss_coef · mean (v − v̂)² when values are given)
@@ -22,11 +22,23 @@ import math
 import torch
 
 from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo.families.rlvr_mini.objective import (KL_TYPE_FORMULAS, clipped_sequence_surrogate,
+                                                                mini_metrics, mini_terms, per_token_kl_terms,
+                                                                row_sum_mean)
 from rookworld_debug.grpo.objective.aggregation import AggregationInputs
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
-from rookworld_debug.grpo.objective.terms import LOSS_TABLE, ObjectiveInputs
-from rookworld_debug.grpo.families.rlvr_mini.objective import (KL_TYPE_FORMULAS, entropy_surrogate, kl_divergence, mini_metrics,
-                                           mini_terms, per_token_kl_terms)
+from rookworld_debug.grpo.objective.terms import ObjectiveInputs, PolicyTerm
+
+
+def rlvr_sequence_surrogate(x: ObjectiveInputs) -> PolicyTerm:
+    """rlvr_mini: one PPO term per SEQUENCE, its ratio against the REFERENCE (coef_1 = r_i (N, 1)):
+        PG_i = −min(r_i·A_i, clip(r_i, 1 − ε_low, 1 + ε_high)·A_i),  r_i = exp(clamp(Σ_t m(ℓ − ℓ_ref), ±20))
+    clipped low: r < 1 − ε_low and A < 0; high: r > 1 + ε_high and A > 0 (where the clip binds)."""
+    r, adv = x.coef_1, x.adv                                                    # (N, 1) each
+    pg = clipped_sequence_surrogate(r, adv, x.epsilon_low, x.epsilon_high)      # (N, 1)
+    return PolicyTerm(pg, (r < 1 - x.epsilon_low) & (adv < 0), (r > 1 + x.epsilon_high) & (adv > 0))
+
+
 
 def effective_mask(mask: torch.Tensor, length_normalize: bool) -> torch.Tensor:
     """m, or m/|o_i| (per-token means instead of sums)."""
@@ -48,12 +60,12 @@ def compute_rlvr_loss(logps: torch.Tensor, ref, advantages: torch.Tensor, comple
     t = mini_terms(logps, ref, adv, m_eff, kl_coef=beta, eps_low=ob.epsilon_low, eps_high=ob.epsilon_high,
                    kl_type=kl_type, entropy_coef=c_h, values=opts["values"], value_targets=opts["value_targets"],
                    value_loss_coef=opts["value_loss_coef"])
-    objective, aggregation = LOSS_TABLE["rlvr_mini"]
+    objective, aggregation = rlvr_sequence_surrogate, row_sum_mean
     s = (m_eff * (logps - ref)).sum(-1, keepdim=True)                                 # (N, 1)
     r = torch.exp(torch.clamp(s, -20.0, 20.0))                                        # (N, 1)
     pol = objective(ObjectiveInputs(logps, adv.unsqueeze(1), logps - ref, r, mask, ob.epsilon_low, ob.epsilon_high,
                                     None, {}))
-    agg = aggregation(AggregationInputs(mask, "rlvr_mini", b.gradient_accumulation_steps, ob.max_completion_length,
+    agg = aggregation(AggregationInputs(mask, ob.loss_type, b.gradient_accumulation_steps, ob.max_completion_length,
                                         None, None))
     g = float(b.gradient_accumulation_steps)
     pg_loss = agg.reduce(pol.per_token_pg)                                            # () = t.pg_loss / g

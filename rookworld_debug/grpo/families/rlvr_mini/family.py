@@ -1,0 +1,57 @@
+"""rookworld-rlvr's mini, registered as an objective family (loss_type "rlvr_mini").
+
+What it adds to the shared phases: its advantages (baselines, one global normalisation), its own loss record
+(`loss.compute_rlvr_loss`: a SEQUENCE ratio against the reference, so it needs ℓ_ref whatever β), a per-step
+preparation (its adaptive KL controller and values), the update's β (the controller's kl_coef) and the
+data-pipeline faults it can reproduce (`StepConfig.rlvr_pitfalls`): two in the sampler, two in the rollout.
+"""
+from __future__ import annotations
+
+from rookworld_debug.grpo.families import Family, LossRule, register
+
+
+def _advantages(rewards, config):
+    from rookworld_debug.grpo.families.rlvr_mini.advantages import rlvr_advantages_from_config
+    return rlvr_advantages_from_config(rewards, config)
+
+
+def _loss(logps, old, ref, advantages, mask, objective, batch):
+    from rookworld_debug.grpo.families.rlvr_mini.loss import compute_rlvr_loss
+    return compute_rlvr_loss(logps, ref, advantages, mask, objective, batch)
+
+
+def _prepare(rollout, advantages, objective, mask):
+    from rookworld_debug.grpo.families.rlvr_mini.loss import rlvr_step       # the KL controller and values
+    return rlvr_step(rollout, advantages, objective, mask)
+
+
+def _update_config(config, loss):
+    return config.replace(beta=loss.beta) if config.rlvr_adaptive_kl else config   # the controller's kl_coef
+
+
+def _sampler_options(config) -> dict:
+    """The decode loop's options for the mini's sampler faults."""
+    return {"mini_positions": "kv_cache_positions" in config.rlvr_pitfalls,
+            "continue_after_eos": "train_past_eos" in config.rlvr_pitfalls}
+
+
+def _rollout_transform(rollout, config, policy, reference, tokenizer):
+    """The mini's layout faults: what its loss trains (the rollout unchanged without them)."""
+    if not config.rlvr_pitfalls:
+        return rollout
+    from rookworld_debug.grpo.families.rlvr_mini.pitfalls import apply_layout_faults
+    return apply_layout_faults(rollout, config, policy, reference, tokenizer)
+
+
+def _own_settings(config) -> tuple:
+    return ("rlvr_pitfalls",) if config.rlvr_pitfalls else ()
+
+
+def _text(ob, params, ratio):
+    return "r_i = exp(clamp(Σ_t m(ℓ − ℓ_ref), ±20)); PG_i = −min(r_i·A_i, clip(r_i)·A_i)"
+
+
+FAMILY = register(Family(
+    "rookworld-rlvr mini", {"rlvr_mini": LossRule("rows", entropy="sequences", text=_text)}, _advantages,
+    loss=_loss, prepare=_prepare, update_config=_update_config, needs_reference=True, kl_knob="rlvr_kl_type",
+    sampler_options=_sampler_options, rollout_transform=_rollout_transform, own_settings=_own_settings))
