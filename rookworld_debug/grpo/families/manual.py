@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.families import Family, LossRule, register
+from rookworld_debug.grpo.families.base import Family, LossRule, register
 from rookworld_debug.grpo.objective.aggregation import sequence_mean
 from rookworld_debug.grpo.objective.terms import reinforce
 from rookworld_debug.grpo.phases.advantages import (Advantages, as_rewards, finish_advantages, nanstd,

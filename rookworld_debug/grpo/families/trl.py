@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.families import Family, LossRule, register
+from rookworld_debug.grpo.families.base import Family, LossRule, register
 from rookworld_debug.grpo.objective.aggregation import (batch_token_mean, fixed_length, global_token_mean,
                                                         sequence_mean, sequence_sum_mean)
 from rookworld_debug.grpo.objective.terms import cispo, clipped_surrogate, sapo_gate, vespo

@@ -7,7 +7,7 @@ data-pipeline faults it can reproduce (`StepConfig.rlvr_pitfalls`): two in the s
 """
 from __future__ import annotations
 
-from rookworld_debug.grpo.families import Family, LossRule, register
+from rookworld_debug.grpo.families.base import Family, LossRule, register
 
 
 def _advantages(rewards, config):
