@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -133,10 +134,6 @@ class StepConfig:
     mask_truncated_completions: bool = _f(False, "Zero the loss mask of completions that hit max_new_tokens "
                                           "without EOS (TRL option, default False). They still enter the "
                                           "group mean/std of the advantages.", group="objective")
-    manual_std_clamp: float = _f(0.05, "loss_type='manual' only: advantage denominator is max(std_g, this) "
-                                 "(rookworld-trl's manual debug run used 0.05 at step 1, 1e-6 later).", group="objective")
-    manual_adv_clip: Optional[float] = _f(2.0, "loss_type='manual' only: advantages clipped to ±this (rookworld-trl's manual debug run: "
-                                          "2.0). None = no clip.", group="objective")
     sapo_temperature_pos: float = _f(1.0, "sapo: gate temperature τ for A > 0 (TRL default 1.0).", group="objective")
     sapo_temperature_neg: float = _f(1.05, "sapo: gate temperature τ for A ≤ 0 (TRL default 1.05).", group="objective")
     vespo_k_pos: float = _f(2.0, "vespo: power k of φ(w) = e^(λ + k·log w − λw) for A ≥ 0 (TRL 2.0).", group="objective")
@@ -176,35 +173,41 @@ class StepConfig:
                                    group="objective")
     entropy_coef_min: float = _f(0.0, "Adaptive entropy: lower bound of c_H (TRL 0.0).", group="objective")
     entropy_coef_max: float = _f(1.0, "Adaptive entropy: upper bound of c_H (TRL 1.0).", group="objective")
-    rlvr_kl_type: str = _f("forward", "rlvr_mini: KL surrogate per row on the sampled tokens: 'forward' Σ e^p(p−q), "
-                           "'reverse' Σ e^q(q−p), 'symmetric' their mean (can be < 0).", choices=RLVR_KL_TYPES,
-                           group="objective")
-    rlvr_adaptive_kl: bool = _f(True, "rlvr_mini: a fresh adaptive KL controller sets the step's kl_coef from β: "
-                                "k1 = mean_i Σ_t (p − q), ×1.5 if > 2·target, ×0.8 if < 0.5·target, clamp [0.001, 1].",
-                                group="objective")
-    rlvr_kl_target: float = _f(0.01, "rlvr_mini: the KL controller's target.", group="objective")
-    rlvr_kl_horizon: int = _f(10000, "rlvr_mini: its history (mean of ≤ 100).", group="objective")
-    rlvr_baseline: str = _f("group_mean", "rlvr_mini: advantage baseline per group of G, then ONE global "
-                            "normalisation (A − mean)/(std + 1e-8) over the batch: 'group_mean'; 'ema' (α 0.1, fresh "
-                            "each step); 'learned' (mean of the values); 'adaptive' (lower median if std_g > 0.1).",
-                            choices=RLVR_BASELINES, group="objective")
-    rlvr_values: str = _f("none", "rlvr_mini: values for its baselines/value loss; 'rewards' = its training "
-                          "script's values = targets = rewards.", choices=("none", "rewards"), group="objective")
-    rlvr_use_gae: bool = _f(False, "rlvr_mini: raw advantages → reverse λ-sum per group (with values).", group="objective")
-    rlvr_gae_lambda: float = _f(0.95, "rlvr_mini: λ of that sum.", group="objective")
-    rlvr_value_loss_coef: float = _f(0.1, "rlvr_mini: coefficient of mean (v − v̂)².", group="objective")
-    rlvr_length_normalize: bool = _f(False, "rlvr_mini: average log-ratio, KL and entropy over a row's tokens "
-                                     "(the mini sums: long rows dominate).", group="objective")
-    rlvr_pitfalls: tuple = _f((), "rlvr data-pipeline faults to reproduce: 'prompt_mask_left_pad' (a right-padding "
-                              "prompt mask on left-padded rows trains their last min(pads, L) prompt tokens), "
-                              "'pad_first_token' (also the first prompt token predicted from a pad), "
-                              "'kv_cache_positions' (cached sampling steps at position P_max + j), 'train_past_eos' "
-                              "(tokens sampled after EOS trained).", group="objective")
     tiny_std_fraction: float = _f(0.5, "Flag a group whose reward std σ_g is > 0 but below this fraction of the "
                                   "batch reward std: dividing by a tiny σ_g turns a small reward gap into "
                                   "advantages of ±1 or more (0.5 = the group's gaps are amplified more than 2× "
                                   "compared with batch scaling). 0 = never flag. Display only (no effect on the "
                                   "math).", group="objective")
+
+    # the objective families' own knobs (read only under their loss types)
+    manual_std_clamp: float = _f(0.05, "loss_type='manual' only: advantage denominator is max(std_g, this) "
+                                 "(rookworld-trl's manual debug run used 0.05 at step 1, 1e-6 later).", group="manual")
+    manual_adv_clip: Optional[float] = _f(2.0, "loss_type='manual' only: advantages clipped to ±this (rookworld-trl's manual debug run: "
+                                          "2.0). None = no clip.", group="manual")
+    rlvr_kl_type: str = _f("forward", "rlvr_mini: KL surrogate per row on the sampled tokens: 'forward' Σ e^p(p−q), "
+                           "'reverse' Σ e^q(q−p), 'symmetric' their mean (can be < 0).", choices=RLVR_KL_TYPES,
+                           group="rlvr_mini")
+    rlvr_adaptive_kl: bool = _f(True, "rlvr_mini: a fresh adaptive KL controller sets the step's kl_coef from β: "
+                                "k1 = mean_i Σ_t (p − q), ×1.5 if > 2·target, ×0.8 if < 0.5·target, clamp [0.001, 1].",
+                                group="rlvr_mini")
+    rlvr_kl_target: float = _f(0.01, "rlvr_mini: the KL controller's target.", group="rlvr_mini")
+    rlvr_kl_horizon: int = _f(10000, "rlvr_mini: its history (mean of ≤ 100).", group="rlvr_mini")
+    rlvr_baseline: str = _f("group_mean", "rlvr_mini: advantage baseline per group of G, then ONE global "
+                            "normalisation (A − mean)/(std + 1e-8) over the batch: 'group_mean'; 'ema' (α 0.1, fresh "
+                            "each step); 'learned' (mean of the values); 'adaptive' (lower median if std_g > 0.1).",
+                            choices=RLVR_BASELINES, group="rlvr_mini")
+    rlvr_values: str = _f("none", "rlvr_mini: values for its baselines/value loss; 'rewards' = its training "
+                          "script's values = targets = rewards.", choices=("none", "rewards"), group="rlvr_mini")
+    rlvr_use_gae: bool = _f(False, "rlvr_mini: raw advantages → reverse λ-sum per group (with values).", group="rlvr_mini")
+    rlvr_gae_lambda: float = _f(0.95, "rlvr_mini: λ of that sum.", group="rlvr_mini")
+    rlvr_value_loss_coef: float = _f(0.1, "rlvr_mini: coefficient of mean (v − v̂)².", group="rlvr_mini")
+    rlvr_length_normalize: bool = _f(False, "rlvr_mini: average log-ratio, KL and entropy over a row's tokens "
+                                     "(the mini sums: long rows dominate).", group="rlvr_mini")
+    rlvr_pitfalls: tuple = _f((), "rlvr data-pipeline faults to reproduce: 'prompt_mask_left_pad' (a right-padding "
+                              "prompt mask on left-padded rows trains their last min(pads, L) prompt tokens), "
+                              "'pad_first_token' (also the first prompt token predicted from a pad), "
+                              "'kv_cache_positions' (cached sampling steps at position P_max + j), 'train_past_eos' "
+                              "(tokens sampled after EOS trained).", group="rlvr_mini")
 
     # ---------------------------------------------------------------- start policy and inner iterations
     init_policy: Optional[str] = _f(None, "Start the step from these policy weights instead of `model`: a "
@@ -392,23 +395,27 @@ class StepConfig:
         return "\n".join(rows)
 
 
-_OPTIONAL = {"prompt_indices", "rlvr_pitfalls", "delta", "adv_clip", "manual_adv_clip", "max_grad_norm", "micro_batch_size",
-             "off_policy_mask_threshold", "steps_per_generation", "init_policy", "init_optimizer", "warmup_lr",
-             "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"}
-_FLOAT_FIELDS = ("p_temperature", "p_top_p", "a_temperature", "a_top_p", "beta", "epsilon_low", "epsilon_high",
-                 "delta", "adv_eps", "adv_clip", "entropy_coef", "manual_std_clamp", "manual_adv_clip", "lr", "tiny_std_fraction",
-                 "adam_eps", "weight_decay", "max_grad_norm", "sapo_temperature_pos", "sapo_temperature_neg",
-                 "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "off_policy_mask_threshold",
-                 "top_entropy_quantile", "entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max", "warmup_lr",
-                 "rlvr_kl_target", "rlvr_gae_lambda", "rlvr_value_loss_coef",
-                 "engine_timeout", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
-_INT_FIELDS = ("batch_size", "num_generations", "seed", "max_new_tokens", "top_k", "std_ddof", "micro_batch_size",
-               "engine_depth", "engine_multipv", "engine_workers", "heldout_n", "eval_max_new_tokens",
-               "top_k_alternatives", "num_iterations", "steps_per_generation", "warmup_steps", "rlvr_kl_horizon")
-_BOOL_FIELDS = ("use_bias_correction_kl", "mask_truncated_completions", "use_adaptive_entropy", "diagnostics",
-                "rlvr_adaptive_kl", "rlvr_use_gae", "rlvr_length_normalize",
-                "vllm_importance_sampling_correction")
-_STR_FIELDS = ("model", "dataset", "device", "reference_device")
+def _field_kinds() -> dict:
+    """Each kind of field by its annotation (the one definition of a field's type): float, int, bool, the
+    non-optional free strings, and the optional ones (None allowed)."""
+    hints = typing.get_type_hints(StepConfig)
+    kinds: dict = {"float": [], "int": [], "bool": [], "str": [], "optional": set()}
+    for f in dataclasses.fields(StepConfig):
+        args = typing.get_args(hints[f.name])
+        optional = type(None) in args
+        t = next((a for a in args if a is not type(None)), hints[f.name]) if optional else hints[f.name]
+        if optional:
+            kinds["optional"].add(f.name)
+        if t in (float, int, bool):
+            kinds[t.__name__].append(f.name)
+        elif t is str and not optional and "choices" not in f.metadata:
+            kinds["str"].append(f.name)
+    return kinds
+
+
+_KINDS = _field_kinds()
+_OPTIONAL = _KINDS["optional"]
+_FLOAT_FIELDS, _INT_FIELDS, _BOOL_FIELDS, _STR_FIELDS = (tuple(_KINDS[k]) for k in ("float", "int", "bool", "str"))
 # the built-in loss types and those of objective families registered at run time (grpo.families.register)
 _LOSS_TYPE_CHOICES = list(LOSS_TYPES)
 
@@ -419,11 +426,9 @@ def allow_loss_type(name: str) -> None:
         _LOSS_TYPE_CHOICES.append(name)
 
 
-_CHOICES = {"task": TASKS, "loss_type": _LOSS_TYPE_CHOICES, "kl_estimator": KL_ESTIMATORS, "scale_rewards": SCALE_REWARDS,
-            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS, "reward_mode": REWARD_MODES, "dtype": DTYPES, "on_bad_sample": ("error", "skip"),
-            "engine_on_failure": ("raise", "flag"), "vllm_importance_sampling_mode": VLLM_IS_MODES,
-            "sampling_autocast": (None, "bf16"), "rlvr_kl_type": RLVR_KL_TYPES, "rlvr_baseline": RLVR_BASELINES,
-            "rlvr_values": ("none", "rewards")}
+# every field's choices from its metadata; loss_type's grow as objective families register
+_CHOICES = {**{f.name: f.metadata["choices"] for f in dataclasses.fields(StepConfig) if "choices" in f.metadata},
+            "loss_type": _LOSS_TYPE_CHOICES}
 
 
 def _device_name(name: str, default: str) -> bool:
@@ -615,5 +620,4 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("device", lambda c: _device_name(c.device, "auto"), "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
     _Rule("reference_device", lambda c: _device_name(c.reference_device, "same"),
           "must be 'same', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
-    _Rule("autocast", lambda c: c.autocast in ("auto", "bf16", "off"), "must be 'auto', 'bf16' or 'off'"),
 )

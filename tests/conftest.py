@@ -47,7 +47,7 @@ import sys as _sys
 _sys.path.insert(0, str(Path(__file__).parent))
 
 
-# --------------------------------------------------------------------- fuzz-case counts (issue 9)
+# --------------------------------------------------------------------- fuzz-case counts
 _FUZZ_COUNTS = pytest.StashKey[dict]()
 
 
@@ -65,7 +65,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.write_line(f"{label:<58} {n:>8,d}")
 
 
-# --------------------------------------------------------------------- a tiny byte-level model (issue 9)
+# --------------------------------------------------------------------- a tiny byte-level model
 @pytest.fixture(scope="session")
 def tiny_byte_model_dir(tmp_path_factory) -> Path:
     """A 2-layer GPT-2 with a 257-token byte tokenizer saved as a standard HF folder (fast in CI).
@@ -127,7 +127,7 @@ def trl_checkpointed_run(tmp_path_factory) -> Path:
     return _built_once(tmp_path_factory, "trl-checkpointed", build)
 
 
-# --------------------------------------------------------------------- offline browser pages (issue 27)
+# --------------------------------------------------------------------- offline browser pages
 @contextmanager
 def offline_page(path: Path, blocked: list | None = None):
     """Debian's Chromium, headless, with `path` loaded offline (requests other than file:// are aborted and listed

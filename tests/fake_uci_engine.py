@@ -1,4 +1,4 @@
-"""A real UCI engine process that misbehaves on purpose (issue 13): the engine-fault tests start it as
+"""A real UCI engine process that misbehaves on purpose: the engine-fault tests start it as
 the "Stockfish" of an Engine. Usage: ``fake_uci_engine.py MODE [COUNTER_FILE]``.
 
 Modes (what it does on ``go``; everything else is answered like a normal UCI engine):

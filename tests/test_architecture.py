@@ -1,4 +1,4 @@
-"""Issue 29: the layers hold (import-linter's contract in pyproject.toml, function-level imports included) and
+"""The layers hold (import-linter's contract in pyproject.toml, function-level imports included) and
 no module imports itself back through others (no import circle in the package)."""
 from __future__ import annotations
 

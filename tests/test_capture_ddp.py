@@ -1,4 +1,4 @@
-"""Issue 26: a 2-process CPU run (torchrun, accelerate MULTI_CPU, gloo) of TRL's GRPOTrainer on the tiny model,
+"""A 2-process CPU run (torchrun, accelerate MULTI_CPU, gloo) of TRL's GRPOTrainer on the tiny model,
 launched as a user launches it (subprocess, stdin closed, timeout). For every captured step: the captured loss
 equals TRL's logged loss, every row of the global batch is present exactly once (in generation order: our
 advantages from the gathered rewards equal TRL's), and the weights are bit-identical with and without capture."""

@@ -1,4 +1,4 @@
-"""Issue 25: every sub-command, run as a user runs it (subprocess, stdin closed, timeout), turns a bad path or a
+"""Every sub-command, run as a user runs it (subprocess, stdin closed, timeout), turns a bad path or a
 bad value into ONE line `rookworld-debug <cmd>: error: …` and exit 2, with no traceback, and checks paths
 before the work starts (a bad --out fails in seconds, not after a step)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13 — every `rookworld-debug` command, run as a user runs it (a real subprocess, stdin closed, a
+"""Every `rookworld-debug` command, run as a user runs it (a real subprocess, stdin closed, a
 timeout), EXITS with status 0. `rookworld-debug step` used to print its log and then hang at interpreter exit
 forever (engine threads); the default `step` is asserted in tests/test_engine_faults.py.
 

@@ -119,7 +119,7 @@ def _label_engine():
 @pytest.mark.slow        # ~55 s of depth-4 searches over the whole bundled set (a data-integrity check)
 @needs_sf
 def test_every_bundled_white_to_move_B_is_the_reward_engines_first():
-    # issue 13 item 11: each white-to-move B == #1 of the reward's search (FEN alone, fresh hash, meta settings)
+    # each white-to-move B == #1 of the reward's search (FEN alone, fresh hash, meta settings)
     white = [r for r in _bundled_p_records() if chess.Board(r["fen"]).turn == chess.WHITE]
     assert len(white) > 500
     with _label_engine() as eng:

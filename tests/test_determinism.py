@@ -1,4 +1,4 @@
-"""Issue 9 — the same config and seed give a bit-identical StepTrace on CPU.
+"""The same config and seed give a bit-identical StepTrace on CPU.
 
 Two complete `run_step` calls from scratch (model loaded from disk, data, Stockfish, optimizer each time):
 every tensor of the trace is `torch.equal`, every JSON field equal except wall-clock timings. Mixed P:/A:

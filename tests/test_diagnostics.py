@@ -1,4 +1,4 @@
-"""Issue 28 oracles: the group gradients sum to the step's gradient; noise_scale recovers a known Σ's figures on
+"""The group gradients sum to the step's gradient; noise_scale recovers a known Σ's figures on
 synthetic Gaussian gradients; the paired bootstrap equals a reference loop."""
 from __future__ import annotations
 
@@ -85,13 +85,13 @@ def test_group_gradients_sum_to_the_step_gradient(fixtures_dir):
     err = float((rows.sum(0).double() - full.double()).norm() / full.double().norm())
     assert err <= 1e-5, err
     assert float(full.norm()) > 0
-    # the 6.5e-4 "mystery" (issue 28): the update's grad_norm_pre_clip is a norm of per-parameter norms, while the
+    # the 6.5e-4 "mystery": the update's grad_norm_pre_clip is a norm of per-parameter norms, while the
     # diagnostics took ONE float32 reduction over all P ≈ 4.9·10⁶ entries, which is off by ~1e-3 here. The
     # gradients themselves agree (above); the diagnostics now take every norm and cosine in float64 (gram64).
     exact = float(full.double().norm())
     per_param = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
     assert abs(per_param / exact - 1) < 1e-5
-    # the diagnostics' forward runs row by row (issue 30): it rounds differently from this batched one, within
+    # the diagnostics' forward runs row by row: it rounds differently from this batched one, within
     # the same 1e-5 the gradients agree to above
     assert math.sqrt(float(gram64(rows).sum())) == pytest.approx(exact, rel=1e-5)
     assert abs(float(full.norm()) / exact - 1) > 1e-5, "float32 flat norm became exact: update the comment above"
@@ -112,7 +112,7 @@ def test_run_step_with_diagnostics_records_and_renders_them(fixtures_dir, tmp_pa
         return [float(i % 3) for i in range(len(completions))]
     tr = run_step(cfg, reward_funcs={"by_row": by_row})
     d = tr.diagnostics
-    # Σ_b g_b is the gradient the first optimizer step clipped. Two causes of disagreement (issue 28's "6.5e-4"):
+    # Σ_b g_b is the gradient the first optimizer step clipped. Two causes of disagreement (the "6.5e-4" gap):
     # (1) a float32 flat norm over all P (fixed: float64, see test_group_gradients_sum_to_the_step_gradient);
     # (2) here the tiny model samples the SAME completion G times, so the PG gradient Σ_i A_i ∇ℓ_i is a cancellation
     # (Σ A_i = 0) of per-token terms far larger than the net gradient (‖∇PG‖ ≈ 4e-8 against 8e-5 of entropy bonus):

@@ -1,4 +1,4 @@
-"""Issue 28, the parts added to the signal-or-noise diagnostics: the sampler–trainer gap (hand-computed ESS and
+"""The parts added to the signal-or-noise diagnostics: the sampler–trainer gap (hand-computed ESS and
 weights, NaN/empty flags), the entropy-mechanism covariance and clip events (on the real loss), the G′ subsampling
 rules, and the bf16 sampler making a real gap on the CPU."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Start the step from a drifted policy (issue 14): run_steps checkpoint, HF folder, cached warm-up steps."""
+"""Start the step from a drifted policy: run_steps checkpoint, HF folder, cached warm-up steps."""
 import zlib
 
 import pytest
@@ -100,7 +100,7 @@ def test_warmup_without_signal_says_so(base):
     assert not st["moved"] and "did not move" in st["note"]
 
 
-# ------------------------------------------------------------- issue 25: damaged or foreign start files
+# ------------------------------------------------------------- damaged or foreign start files
 @pytest.mark.parametrize("content", [b"", b"garbage \x00\x01 not a torch file", b"PK\x03\x04truncated-zip"])
 def test_damaged_torch_files_are_named(base, tmp_path, content):
     from rookworld_debug.errors import CheckpointError

@@ -1,4 +1,4 @@
-"""Issue 13 — nothing waits on an engine without a deadline, no engine outlives the code that made it.
+"""Nothing waits on an engine without a deadline, no engine outlives the code that made it.
 
 The misbehaving engines are REAL processes speaking UCI (``tests/fake_uci_engine.py``): one that goes
 mute on ``go``, one that never answers ``uci``, one whose ``bestmove`` is unparsable (``zzzz``), illegal
@@ -155,7 +155,7 @@ def test_step_cli_with_a_mute_engine_exits_2_naming_the_engine_error(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_step_cli_model_load_error_exits_2_without_hanging(tmp_path):
-    """Issue 15's exit hang: an HF id while offline → ModelLoadError printed, then Python hung at exit on the
+    """The exit hang: an HF id while offline → ModelLoadError printed, then Python hung at exit on the
     engine setup() had started before the model load failed."""
     out, elapsed = _run([str(REPO / ".venv/bin/rookworld-debug"), "step", "--set", "model=jrahn/RookWorld-LM-124M",
                          "--out", str(tmp_path / "out")], timeout=100)

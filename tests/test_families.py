@@ -79,6 +79,15 @@ def test_no_loss_type_name_is_compared_outside_its_own_family():
     assert not bad, bad
 
 
+def test_each_family_s_own_knobs_are_a_config_section_of_their_own():
+    groups = {name: e["group"] for name, e in StepConfig.glossary().items()}
+    assert {n for n, g in groups.items() if g == "manual"} == {"manual_std_clamp", "manual_adv_clip"}
+    assert {n for n, g in groups.items() if g == "rlvr_mini"} == {n for n in groups if n.startswith("rlvr_")}
+    from rookworld_debug.cli_step import config_keys_help
+    headers = [line.strip() for line in config_keys_help().splitlines() if line.startswith("  [")]
+    assert len(headers) == len(set(headers)) and {"[manual]", "[rlvr_mini]"} <= set(headers)   # each once
+
+
 def test_the_scan_sees_a_comparison():
     tree = ast.parse("if lo.loss_type == 'manual' or x in ('grpo', 'y'): pass")
     assert _compared_loss_types(tree, {"manual", "grpo"}) == [(1, "manual"), (1, "grpo")]

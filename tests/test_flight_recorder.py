@@ -1,4 +1,4 @@
-"""Issue 26: the flight recorder on a real TRL GRPOTrainer run (embedded tiny model). A callback multiplies the
+"""The flight recorder on a real TRL GRPOTrainer run (embedded tiny model). A callback multiplies the
 learning rate by 10^4 after step JUMP-2, so the update of step JUMP-1 is huge and the KL at step JUMP jumps; the recorder (K held steps, the
 built-in triggers) must write step JUMP and the K steps before it, name the trigger, keep captures.json up to
 date, leave training bit-identical, and every written step must open as a StepTrace."""

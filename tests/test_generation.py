@@ -158,7 +158,7 @@ def test_same_seed_same_ids_and_rng_untouched(models):
 
 @pytest.mark.parametrize("greedy_max", [6, 40])
 def test_greedy_rows_in_the_sampling_loop_change_nothing(models, rollout, greedy_max):
-    """Issue 30: the before-update greedy rows ride in the sampling loop. The rollout is the one a loop of
+    """The before-update greedy rows ride in the sampling loop. The rollout is the one a loop of
     its own gives (same ids, masks, sampling-time log-probs to float noise), and the greedy completions are
     `greedy_completions`' — whether the greedy rows stop before the samples (6) or go on after them (40)."""
     from rookworld_debug.grpo.phases.evaluation import greedy_completions
@@ -389,7 +389,7 @@ def test_auto_micro_batch_size_splits_124m_not_tiny(models):
 
 @pytest.mark.parametrize("t", [1, 7])
 def test_shared_prompt_forward_equals_the_full_forward(models, t):
-    # issue 18: a group's G rows share one prompt forward (KV cache indexed out to the rows); logits and
+    # a group's G rows share one prompt forward (KV cache indexed out to the rows); logits and
     # gradients must be the full per-row forward's up to float summation order
     from rookworld_debug.grpo.phases.generation import _forward_completion_logits, _position_ids
     pol = models.policy

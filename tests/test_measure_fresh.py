@@ -1,4 +1,4 @@
-"""Issue 12: the fresh random-play evaluation (data.positions) and `rookworld-debug measure` on it."""
+"""The fresh random-play evaluation (data.positions) and `rookworld-debug measure` on it."""
 from __future__ import annotations
 
 import json
@@ -77,7 +77,7 @@ def test_measure_cli_on_fresh_positions_exits_with_rates(tmp_path):
     for r_ in res["rates"].values():
         assert 0 <= r_["ci95"][0] <= r_["value"] <= r_["ci95"][1] <= 1
     assert "p_greedy_well_formed" in r.stdout and "n=" in r.stdout and "model tiny" in r.stdout
-    # issue 24: by band of game length (a second generator) and by kind, each with n and an interval
+    # by band of game length (a second generator) and by kind, each with n and an interval
     assert set(res["bands"]["by_band"]) == {"1-20", "21-40", "41-60", "61-80", "81+"}
     assert all(b["n"] == 2 for b in res["bands"]["by_band"].values()) and "band_a_cases" in res["bands"]["generator"]
     assert "a_band_exact[81+]" in r.stdout

@@ -1,4 +1,4 @@
-"""models.memory: freed host memory of large tensors goes back to the OS (issue 30: 124M peak RSS)."""
+"""models.memory: freed host memory of large tensors goes back to the OS (124M peak RSS)."""
 import subprocess
 import sys
 import textwrap

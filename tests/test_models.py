@@ -8,6 +8,7 @@ from rookworld_debug.errors import ModelLoadError
 from rookworld_debug.models import (LoadedModels, RandomInitWarning, gpt2_tokenizer, load_policy_and_reference,
                                     weights_sha256)
 from rookworld_debug.models import loading
+from tinymodels import save_tiny_bpe_gpt2
 
 DROPOUT = {"resid_pdrop": 0.1, "embd_pdrop": 0.2, "attn_pdrop": 0.3}
 
@@ -15,15 +16,7 @@ DROPOUT = {"resid_pdrop": 0.1, "embd_pdrop": 0.2, "attn_pdrop": 0.3}
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     """A tiny random GPT-2 (real GPT-2 vocab) + the GPT-2 tokenizer saved as an HF folder."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    folder = tmp_path_factory.mktemp("tiny_gpt2")
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=50257, n_positions=128, n_layer=2, n_head=2, n_embd=32,
-                                       bos_token_id=50256, eos_token_id=50256, **DROPOUT))
-    model.save_pretrained(folder)
-    gpt2_tokenizer().save_pretrained(folder)
-    return folder
+    return save_tiny_bpe_gpt2(tmp_path_factory.mktemp("tiny_gpt2"), n_positions=128, n_layer=2, **DROPOUT)
 
 
 @pytest.fixture(scope="module")

@@ -21,20 +21,14 @@ FENS = ["rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1", "8/8/8/8/8
 LABEL = "M: e2e4 d2d4 g1f3 c2c4 b1c3 E: 0.3 0.35 0.28 0.32 0.29 B: e2e4"
 
 
-from tinymodels import byte_tokenizer as _byte_tokenizer  # noqa: E402
+from tinymodels import save_tiny_gpt2  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from transformers import GPT2Config, GPT2LMHeadModel
-    tok = _byte_tokenizer()
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=192, n_layer=2, n_head=2, n_embd=32,
-                                       bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id))
-    folder = tmp_path_factory.mktemp("tiny_multistep")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
+    """The tiny byte-level GPT-2 as drawn (tied embeddings, no EOS bias: completions run to max_new_tokens)."""
+    return str(save_tiny_gpt2(tmp_path_factory.mktemp("tiny_multistep"), n_positions=192, eos_logit=None,
+                              tie_word_embeddings=True))
 
 
 def _samples(n):

@@ -1,4 +1,4 @@
-"""Issue 26: install like a TRL user. The `[trl]` extra pins the TRL minor the capture reads, and a wheel
+"""Install like a TRL user. The `[trl]` extra pins the TRL minor the capture reads, and a wheel
 works on its own: built from this checkout, installed into a fresh folder (not editable), it renders a
 capture with `report --trace` from a folder outside the checkout (the notebooks ship inside the package)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9 — engine faults: a Stockfish killed mid-batch, a missing binary, an engine never closed.
+"""Engine faults: a Stockfish killed mid-batch, a missing binary, an engine never closed.
 
 (`tests/test_engine.py::test_killed_engine_is_restarted_and_the_batch_completes` covers the same crash at
 the `analyse_many` level; here it is asserted where it matters: the REWARDS of `score_p_batch`.)
@@ -182,7 +182,7 @@ def _stockfish_children() -> list:
 
 
 def test_engine_under_fire_same_rewards_and_no_process_outlives_close(batch, undisturbed):
-    """Issue 25: every Stockfish child is SIGKILLed every 0.7 s (also during start-ups and restarts) while a
+    """Every Stockfish child is SIGKILLed every 0.7 s (also during start-ups and restarts) while a
     batch is scored three times; the rewards equal the undisturbed run's, and after close() no engine
     process of ours is alive."""
     import threading

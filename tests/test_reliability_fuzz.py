@@ -1,4 +1,4 @@
-"""Issue 9 — property-based fuzzing of the parsers, the arbiter and every reward function.
+"""Property-based fuzzing of the parsers, the arbiter and every reward function.
 
 Each hypothesis example carries a BATCH of completions (scored in one call, so the engine-backed reward
 stays fast): hypothesis-drawn random text plus near-misses made from real fixture lines by a seeded

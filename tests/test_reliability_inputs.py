@@ -1,4 +1,4 @@
-"""Issue 13 — bad input gets a named error or a flag, never a bare exception or a silently dropped record.
+"""Bad input gets a named error or a flag, never a bare exception or a silently dropped record.
 
 Loaders (file:line:why, BOM, skip only on request and flagged), batch selection (prompt_indices, mixed),
 context length and devices (checked before generation / before the model loads), ASCII-strict formats,

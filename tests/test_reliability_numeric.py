@@ -1,4 +1,4 @@
-"""Issue 9 — numerical faults: every one is flagged in its record, in StepTrace.flags and in the banner,
+"""Numerical faults: every one is flagged in its record, in StepTrace.flags and in the banner,
 and no NaN ever steps the optimizer.
 
 Decisions documented here (and in grpo/phases/rewards.py, grpo/phases/advantages.py):

@@ -1,5 +1,5 @@
 """grpo.phases.replay: the after-update resample and greedy rows decode only the rows an update changed, and give the
-texts a full decode loop gives (issue 30)."""
+texts a full decode loop gives."""
 import pytest
 import torch
 

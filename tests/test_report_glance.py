@@ -1,4 +1,4 @@
-"""The step at a glance (issue 16): offline math, GLOSSARY-filled definitions, the completions table,
+"""The step at a glance: offline math, GLOSSARY-filled definitions, the completions table,
 an honest KL share, and — in a real Chromium with the network blocked — the report (summary on the first
 screen, rendered MathML, the completions table) and the sweep index (fits 1,400 px). Screenshots go to
 reports/screenshots/ (git-ignored) so a person can look at them."""
@@ -149,7 +149,7 @@ def test_report_and_index_in_chromium_offline(tmp_path):
             assert table.locator("tbody tr").count() == 2 * 4
             table.scroll_into_view_if_needed()
             page.screenshot(path=str(SHOTS / "report_completions.png"))
-            # issue 28: the signal-or-noise section, each number with its batch and estimator
+            # the signal-or-noise section, each number with its batch and estimator
             sig = page.locator(".rw-signal")
             assert sig.count() == 1
             sig_text = sig.inner_text()

@@ -1,4 +1,4 @@
-"""One full GRPO step (issue 4 acceptance): real tiny transformers model, real Stockfish, bundled data."""
+"""One full GRPO step: real tiny transformers model, real Stockfish, bundled data."""
 import math
 
 import pytest
@@ -121,7 +121,7 @@ def test_step_log_has_every_phase(trace):
 
 
 def test_merged_greedy_rows_give_the_separate_loops_numbers(config):
-    """Issue 30: run_step decodes the before-update greedy rows inside the sampling loop. On a fresh session the
+    """run_step decodes the before-update greedy rows inside the sampling loop. On a fresh session the
     old order (a greedy loop of its own, then the sampling loop) gives the same before-update records, the same
     rollout and the same rewards."""
     from rookworld_debug.grpo.phases.evaluation import greedy_evals
@@ -149,7 +149,7 @@ def test_merged_greedy_rows_give_the_separate_loops_numbers(config):
 
 
 def test_sampling_is_correction_reaches_the_update(config):
-    """TRL's sampling IS correction (issue 28) in a real step: with bf16 sampling (a real sampler-trainer gap on
+    """TRL's sampling IS correction in a real step: with bf16 sampling (a real sampler-trainer gap on
     the CPU) the record and the update both weight PG by ρ from the rollout's sampling-time log-probs, and agree."""
     cfg = config.replace(sampling_autocast="bf16", vllm_importance_sampling_correction=True,
                          vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=2.0,

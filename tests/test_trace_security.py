@@ -1,4 +1,4 @@
-"""Issue 25: opening a trace never runs code, and a damaged or foreign trace is a named error.
+"""Opening a trace never runs code, and a damaged or foreign trace is a named error.
 
 A real trace (one tiny step, dataset reward) is saved once; every test copies and damages it. The fuzz
 mutates trace.json (hypothesis: replace/delete/rename nodes, record names that point at callables such
@@ -200,7 +200,7 @@ def _fuzz(saved, tmp_path, n: int, fuzz_counts):
         os.chdir(cwd)
     assert not canary.exists()
     assert outcomes["TraceError"] > n // 4, outcomes        # the mutations do reach the checks
-    fuzz_counts["trace.json mutations (issue 25)"] = fuzz_counts.get("trace.json mutations (issue 25)", 0) + n
+    fuzz_counts["trace.json mutations"] = fuzz_counts.get("trace.json mutations", 0) + n
 
 
 def _fuzz_tensors(saved, tmp_path, n: int, fuzz_counts):
@@ -238,7 +238,7 @@ def _fuzz_tensors(saved, tmp_path, n: int, fuzz_counts):
         trace.summary()                    # what loads, the headline view reads (shapes were checked at load)
 
     run()
-    fuzz_counts["trace.safetensors mutations (issue 25)"] = (fuzz_counts.get("trace.safetensors mutations (issue 25)", 0)
+    fuzz_counts["trace.safetensors mutations"] = (fuzz_counts.get("trace.safetensors mutations", 0)
                                                             + n)
 
 

@@ -55,7 +55,7 @@ def test_second_triage_rerenders_nothing(demo):
 
 
 def test_reports_on_demand_give_the_link_and_the_command_that_renders_there(demo, tmp_path):
-    """A large run (issue 27 at scale): with --max-step-reports 0 nothing is rendered now; every flagged captured
+    """A large run: with --max-step-reports 0 nothing is rendered now; every flagged captured
     step links to where its report will be and gives the command that renders it exactly there."""
     out = tmp_path / "lazy"
     r = _cli("triage", str(demo), "--out", str(out), "--max-step-reports", "0", "--no-progress", cwd=tmp_path,

@@ -1,4 +1,4 @@
-"""Issue 17: a real TRL GRPOTrainer run (embedded tiny model, the project's reward functions, 3 steps) with
+"""A real TRL GRPOTrainer run (embedded tiny model, the project's reward functions, 3 steps) with
 the capture on steps 1 and 3. Oracles: TRL's own logs (Trainer log_history, GRPOTrainer's completion log
 buffers snapshotted by a test callback at each step end) and a second run of the same seed WITHOUT the
 capture (weights must be bit-identical)."""

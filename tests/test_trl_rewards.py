@@ -1,4 +1,4 @@
-"""The project's rewards as TRL reward functions (issue 17): TRL's call signature, None on the other task,
+"""The project's rewards as TRL reward functions: TRL's call signature, None on the other task,
 the shared cached engine pool, per-component values kept for the capture, named errors on bad input."""
 from __future__ import annotations
 

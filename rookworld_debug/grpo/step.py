@@ -15,19 +15,20 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.grpo.trace import serialize
-from rookworld_debug.grpo.phases.advantages import Advantages
 from rookworld_debug.grpo.families import family_of
-from rookworld_debug.grpo.phases.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
-from rookworld_debug.grpo.phases.generation import Rollout
+from rookworld_debug.grpo.multistep.start import setup as setup_phase
 from rookworld_debug.grpo.objective.loss import LossBreakdown
+from rookworld_debug.grpo.phases.advantages import Advantages
+from rookworld_debug.grpo.phases.evaluation import Evaluation, GreedyEval, evaluate_after, greedy_evals, greedy_prompts
+from rookworld_debug.grpo.phases.generation import Rollout, loss_mask
+from rookworld_debug.grpo.phases.iterations import run_iterations
 from rookworld_debug.grpo.phases.rewards import Rewards
+from rookworld_debug.grpo.phases.setup import Setup, check_context, check_inject
 # loss_for is re-exported: views and notebooks import it from here
 from rookworld_debug.grpo.phases.shared import PhaseTimer, loss_for, memory_advice, rows, sample_and_score  # noqa: F401
-from rookworld_debug.grpo.phases.setup import Setup, check_context, check_inject
-from rookworld_debug.grpo.multistep.start import setup as setup_phase
-from rookworld_debug.grpo.phases.iterations import run_iterations
 from rookworld_debug.grpo.phases.update import UpdateResult
+from rookworld_debug.grpo.signal.noise import signal_noise, with_delta_ci
+from rookworld_debug.grpo.trace import serialize
 from rookworld_debug.metrics import term_balance, tiny_std_groups
 
 TRACE_VERSION = 2            # 2: records named by class name (1: "module:Class"; still read)
@@ -123,63 +124,91 @@ class StepTrace:
 
 def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_funcs: Optional[Mapping] = None,
              reward_weights: Optional[Mapping] = None, inject: Optional[Mapping[int, str]] = None) -> StepTrace:
-    """One fully instrumented GRPO step, its phases in the order of the module docstring. Pass `session` (a Setup) to reuse loaded models/engine;
-    `inject` = {row: text} to put chosen completions into the rollout (debugging "what if")."""
+    """One fully instrumented GRPO step, its phases in the order of the module docstring. Pass `session` (a Setup)
+    to reuse loaded models/engine; `inject` = {row: text} to put chosen completions into the rollout (debugging
+    "what if")."""
     timer = PhaseTimer()
     with timer("setup"):
-        s = replace(session, config=config) if session is not None else setup_phase(config)
-        if session is not None:           # a reused session may meet new token limits: same check as setup
-            check_context(config, s.policy, s.tokenizer, s.batch.prompts, [x.prompt for x in s.heldout])
-        if inject:                        # before the evaluations and sampling, not after
-            check_inject(inject, s, config)
+        s = _setup_phase(config, session, inject)
     timer.advice = lambda phase: memory_advice(s, config, phase)
-    heldout_labels = [x.completion for x in s.heldout]
-    batch = (s.batch.prompts, s.batch.tasks, s.batch.completions)
-    heldout = ([x.prompt for x in s.heldout], [x.task for x in s.heldout], heldout_labels) if s.heldout else None
-    # the greedy before-update rows (batch + held-out) ride in the sampling loop: same policy, one decode loop
+    batch, heldout = _greedy_batches(s)
+    # generation → rewards → advantages → loss; the greedy before-update rows ride in the sampling loop
     rollout, rewards, advantages, loss, greedy = sample_and_score(
         s, config, reward_funcs=reward_funcs, reward_weights=reward_weights, inject=inject, timer=timer,
         greedy_prompts=greedy_prompts(batch, heldout))
-    with timer("baseline_eval"):               # its rewards; the decoding was the generation phase's
+    with timer("baseline_eval"):               # their rewards; the decoding was the generation phase's
         before, before_heldout = greedy_evals(s.policy, s.tokenizer, batch, heldout,
                                               max_new_tokens=config.eval_max_new_tokens,
                                               reward_mode=config.reward_mode, engine=s.engine, completions=greedy)
-    start = s.provenance.get("start") or {}
-    flags = [*s.invariants.failures, *getattr(s, "data_flags", ()), *([start["note"]] if start.get("note") else []), *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
-             *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]
-
-    evaluation, diag = None, None
+    flags = _step_flags(s, rollout, rewards, advantages, loss, config)
+    diag = None
     if config.diagnostics:                     # at the step's start, before the update moves the policy
         with timer("diagnostics"):
-            from rookworld_debug.grpo.signal.noise import signal_noise
-            try:
-                diag = signal_noise(s.policy, rollout, advantages, loss, config)
-            except (ConfigError, NumericalError) as err:   # a batch they cannot run on: the step goes on
-                flags.append(f"signal-or-noise diagnostics skipped: {err}")
-            if diag is not None and diag.noise.num_groups < 2:
-                flags.append(f"signal or noise: {diag.noise.note}")
+            diag = _diagnostics_phase(s, rollout, advantages, loss, config, flags)
     with timer("update"):                      # μ passes × steps_per_generation optimizer steps (μ = 1: one)
         iterations, upd = _update_phase(s, rollout, advantages, loss, config, flags)
+    evaluation = None
     if upd is not None:
         with timer("evaluation"):
-            try:
-                evaluation = evaluate_after(
-                    s.policy, s.reference, s.tokenizer, rollout, advantages, before, before_heldout,
-                    labels_per_row=rows(s.batch.completions, config.num_generations),
-                    batch_labels=s.batch.completions, heldout_labels=heldout_labels, reward_mode=config.reward_mode,
-                    engine=s.engine, eval_max_new_tokens=config.eval_max_new_tokens,
-                    sampling_autocast=config.sampling_autocast,
-                    replay=family_of(config.loss_type).exact_sampler(config))  # a faulty sampler: no exact replay
-            except NumericalError as err:      # e.g. lr=1e12 broke the weights: keep the trace and its flags
-                flags.append(f"post-update evaluation failed: {err}")
-    if diag is not None:
-        from rookworld_debug.grpo.signal.noise import with_delta_ci
-        from rookworld_debug.grpo.phases.generation import loss_mask
+            evaluation = _evaluation_phase(s, rollout, advantages, before, before_heldout, config, flags)
+    if diag is not None:                       # the diagnostics' predictions next to what the update did
         diag = with_delta_ci(diag, evaluation, config.seed, iterations=iterations, mask=loss_mask(rollout, config))
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
                      timings=dict(timer.seconds), counts=_counts(rollout, rewards, iterations, upd, evaluation),
                      flags=tuple(flags), iterations=iterations, diagnostics=diag)
+
+
+def _setup_phase(config: StepConfig, session: Optional[Setup], inject) -> Setup:
+    """The loaded models, data and engine (a reused `session` re-checked against the config's token limits)."""
+    s = replace(session, config=config) if session is not None else setup_phase(config)
+    if session is not None:               # a reused session may meet new token limits: same check as setup
+        check_context(config, s.policy, s.tokenizer, s.batch.prompts, [x.prompt for x in s.heldout])
+    if inject:                            # before the evaluations and sampling, not after
+        check_inject(inject, s, config)
+    return s
+
+
+def _greedy_batches(s: Setup) -> tuple:
+    """(batch, held-out) as (prompts, tasks, labels) for the greedy evaluations (held-out None when empty)."""
+    batch = (s.batch.prompts, s.batch.tasks, s.batch.completions)
+    heldout = ([x.prompt for x in s.heldout], [x.task for x in s.heldout], [x.completion for x in s.heldout]) \
+        if s.heldout else None
+    return batch, heldout
+
+
+def _step_flags(s: Setup, rollout, rewards, advantages, loss, config: StepConfig) -> list:
+    """Every flag raised before the update: invariants, data, the start, sampling, rewards, advantages, loss."""
+    start = s.provenance.get("start") or {}
+    return [*s.invariants.failures, *getattr(s, "data_flags", ()), *([start["note"]] if start.get("note") else []),
+            *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
+            *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]
+
+
+def _diagnostics_phase(s: Setup, rollout, advantages, loss, config: StepConfig, flags: list):
+    """Signal or noise at the step's start (None, with a flag, for a batch it cannot run on)."""
+    try:
+        diag = signal_noise(s.policy, rollout, advantages, loss, config)
+    except (ConfigError, NumericalError) as err:   # the step goes on without them
+        flags.append(f"signal-or-noise diagnostics skipped: {err}")
+        return None
+    if diag.noise.num_groups < 2:
+        flags.append(f"signal or noise: {diag.noise.note}")
+    return diag
+
+
+def _evaluation_phase(s: Setup, rollout, advantages, before, before_heldout, config: StepConfig, flags: list):
+    """The post-update evaluation (None, with a flag, when the updated weights cannot be evaluated)."""
+    try:
+        return evaluate_after(
+            s.policy, s.reference, s.tokenizer, rollout, advantages, before, before_heldout,
+            labels_per_row=rows(s.batch.completions, config.num_generations), batch_labels=s.batch.completions,
+            heldout_labels=[x.completion for x in s.heldout], reward_mode=config.reward_mode, engine=s.engine,
+            eval_max_new_tokens=config.eval_max_new_tokens, sampling_autocast=config.sampling_autocast,
+            replay=family_of(config.loss_type).exact_sampler(config))   # a faulty sampler: no exact replay
+    except NumericalError as err:              # e.g. lr=1e12 broke the weights: keep the trace and its flags
+        flags.append(f"post-update evaluation failed: {err}")
+        return None
 
 
 def _update_phase(s: Setup, rollout, advantages, loss, config: StepConfig, flags: list) -> tuple:

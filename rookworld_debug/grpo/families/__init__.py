@@ -7,8 +7,8 @@ gradient equals the full-batch one only with the family's own weighting), and an
 transform it needs. The phases ask `family_of(config.loss_type)`; they test no loss-type name and import no
 family module.
 
-Built in (`_load_builtin`, one import line each): TRL's GRPOTrainer losses (`trl`: grpo, bnpo, dr_grpo, dapo, cispo, sapo,
-luspo, vespo), rookworld-trl's manual debug loop (`manual`) and rookworld-rlvr's mini (`rlvr_mini`).
+Built in (`_load_builtin`, one import line each): TRL's GRPOTrainer losses (`trl`: grpo, bnpo, dr_grpo, dapo,
+cispo, sapo, luspo, vespo), rookworld-trl's manual debug loop (`manual`) and rookworld-rlvr's mini (`rlvr_mini`).
 `register` adds another; docs/DEVELOPING.md has the recipe.
 
 Micro-batch weightings, w = the share of the full-batch loss one micro-batch's loss stands for:
