@@ -18,8 +18,8 @@ from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.families.base import Family, LossRule, register
 from rookworld_debug.grpo.objective.aggregation import sequence_mean
 from rookworld_debug.grpo.objective.terms import reinforce
-from rookworld_debug.grpo.phases.advantages import (Advantages, as_rewards, finish_advantages, nanstd,
-                                                    unscorable_inf)
+from rookworld_debug.grpo.phases.advantages import (Advantages, as_rewards, check_knobs, finish_advantages,
+                                                    nanstd, unscorable_inf)
 
 
 def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generations: int, *,
@@ -28,12 +28,7 @@ def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generat
 
     (rookworld-trl's manual debug run used std_clamp 0.05 at step 1 and 1e-6 afterwards; clip 2.) NaN rewards are excluded from
     mean/std and get advantage 0 (that run had no NaN handling; flagged)."""
-    if std_ddof not in (0, 1):
-        raise ConfigError("std_ddof", f"must be 0 or 1, got {std_ddof!r}")
-    if std_clamp < 0:
-        raise ConfigError("manual_std_clamp", f"must be ≥ 0, got {std_clamp!r}")
-    if clip is not None and not clip > 0:
-        raise ConfigError("manual_adv_clip", f"must be > 0 or None, got {clip!r}")
+    check_knobs(std_ddof, ("manual_std_clamp", std_clamp), ("manual_adv_clip", clip))
     G = num_generations
     raw = as_rewards(rewards, G)                                           # (N,)
     r = unscorable_inf(raw)                                                # (N,)

@@ -95,6 +95,17 @@ def nanstd(x: torch.Tensor, dim: Optional[int] = None, ddof: int = 1) -> torch.T
     return std.squeeze(d) if dim is not None else std.reshape(())
 
 
+def check_knobs(std_ddof: int, floor: tuple, clip: tuple) -> None:
+    """ConfigError for a std ddof other than 0/1, a negative std floor (name, value) or a clip (name, value) that
+    is neither None nor > 0."""
+    if std_ddof not in (0, 1):
+        raise ConfigError("std_ddof", f"must be 0 or 1, got {std_ddof!r}")
+    if floor[1] < 0:
+        raise ConfigError(floor[0], f"must be ≥ 0, got {floor[1]!r}")
+    if clip[1] is not None and not clip[1] > 0:
+        raise ConfigError(clip[0], f"must be > 0 or None, got {clip[1]!r}")
+
+
 def as_rewards(rewards, num_generations: int) -> torch.Tensor:
     if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 1:
         raise ConfigError("num_generations", f"must be an integer ≥ 1, got {num_generations!r}")
@@ -172,12 +183,7 @@ def compute_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_genera
         scale_rewards = "none"
     if scale_rewards not in SCALE_REWARDS:
         raise ConfigError("scale_rewards", f"unknown value {scale_rewards!r}; expected one of {list(SCALE_REWARDS)}")
-    if std_ddof not in (0, 1):
-        raise ConfigError("std_ddof", f"must be 0 or 1, got {std_ddof!r}")
-    if eps < 0:
-        raise ConfigError("adv_eps", f"must be ≥ 0, got {eps!r}")
-    if clip is not None and not clip > 0:
-        raise ConfigError("adv_clip", f"must be > 0 or None, got {clip!r}")
+    check_knobs(std_ddof, ("adv_eps", eps), ("adv_clip", clip))
     G = num_generations
     raw = as_rewards(rewards, G)                                           # (N,)
     r = unscorable_inf(raw)                                                # (N,)
