@@ -24,10 +24,9 @@ from rookworld_debug.grpo.objective.aggregation import (batch_token_mean, fixed_
 from rookworld_debug.grpo.objective.terms import cispo, clipped_surrogate, sapo_gate, vespo
 from rookworld_debug.grpo.phases.advantages import compute_advantages
 
-PPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")      # hard PPO clip (TRL's clip_ratio/* metrics)
-# TRL 1.16 GRPOConfig defaults of the loss-specific parameters
-SAPO_DEFAULTS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
-VESPO_DEFAULTS = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0, "vespo_lambda_neg": 2.0}
+# the loss-specific knobs each objective reads (recorded in LossBreakdown.loss_params)
+SAPO_PARAMS = ("sapo_temperature_pos", "sapo_temperature_neg")
+VESPO_PARAMS = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
 
 def trl_advantages(rewards, config):
@@ -127,10 +126,10 @@ RULES = {
     "dr_grpo": _ppo(fixed_length, "rows", check=_check_dr_grpo),
     "cispo": LossRule("global", cispo, global_token_mean, metrics=_cispo_metrics, text=_cispo_text,
                       global_normaliser=True),
-    "sapo": LossRule("rows", sapo_gate, sequence_mean, params=tuple(SAPO_DEFAULTS), text=_sapo_text,
+    "sapo": LossRule("rows", sapo_gate, sequence_mean, params=SAPO_PARAMS, text=_sapo_text,
                      check=_check_sapo),
     "luspo": _ppo(sequence_sum_mean, "rows"),
-    "vespo": LossRule("global", vespo, global_token_mean, params=tuple(VESPO_DEFAULTS), metrics=_vespo_metrics,
+    "vespo": LossRule("global", vespo, global_token_mean, params=VESPO_PARAMS, metrics=_vespo_metrics,
                       text=_vespo_text, check=_check_vespo, global_normaliser=True, sampling_ratio_inside=True),
 }
 LOSS_TYPES = tuple(RULES)

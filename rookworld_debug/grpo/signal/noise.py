@@ -190,10 +190,9 @@ class GradForward:
         # the rows' own graphs only (indexing the stacked tensor would reach every row's graph)
         logps, entropy = (self.logps, self.entropy) if rows is None else (
             torch.cat([self.parts[i][k] for i in rows.tolist()]) for k in (0, 1))             # (n, T) each
-        full = torch.zeros(self.mask.shape[0], dtype=advantages.dtype, device=advantages.device)
-        if rows is not None:
-            full[rows] = advantages                    # the builder reads the advantages of the selected rows
-        return loss_inputs(self.rollout, advantages if rows is None else full, self.config, rows=rows, logps=logps,
+        if rows is not None:                           # the builder indexes (N,) advantages by rows: put these there
+            advantages = advantages.new_zeros(self.mask.shape[0]).index_copy(0, rows, advantages)     # (N,)
+        return loss_inputs(self.rollout, advantages, self.config, rows=rows, logps=logps,
                            old=sel(old_per_token_logps), entropy=entropy if self.need_entropy else None,
                            full_kl=None, objective=self.objective, mask=self.mask,
                            num_items_in_batch=float(sel(self.mask).sum()), num_generations=num_generations).loss()
