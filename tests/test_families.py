@@ -144,3 +144,20 @@ def test_a_toy_family_registered_in_test_code_runs_a_step(tiny_byte_model_dir, f
     assert t.loss.normalizer.description.startswith("toy_sign: N·L_max")
     assert t.iterations[0].updates[0].loss_record_diff <= 1e-5       # the optimized loss is the displayed one
     assert not [f for f in t.flags if "differs from the displayed" in f]
+
+
+@pytest.mark.parametrize("loss_type,flagged", [("grpo", True), ("sapo", True), ("manual", True), ("dapo", False),
+                                               ("dr_grpo", False), ("bnpo", False), ("rlvr_mini", False)])
+def test_length_bias_follows_the_aggregation_not_a_list_of_names(loss_type, flagged):
+    """The finding fires on loss types whose aggregation averages each row over its own length (the mechanism),
+    whatever family they belong to."""
+    from types import SimpleNamespace
+
+    from rookworld_debug.diagnosis.checks_update import check_length_bias
+    lengths = torch.tensor([2, 9, 3, 12, 4, 10, 2, 11])                              # (N,) varied: cv > 0.2
+    mask = (torch.arange(12)[None, :] < lengths[:, None]).float()                    # (N, T)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.7, -0.7])                # (N,)
+    loss = SimpleNamespace(loss_type=loss_type, advantages=adv)
+    trace = SimpleNamespace(loss=loss, rollout=SimpleNamespace(completion_mask=mask), capture=None)
+    found = check_length_bias(trace)
+    assert bool(found) is flagged and all(f.code == "length_bias" for f in found)
