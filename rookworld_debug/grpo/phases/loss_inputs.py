@@ -6,7 +6,8 @@ signal diagnostics, the widgets and the objective comparisons all build their in
 reference side, the sampler's log-probs and the batch's normalisers are chosen by one set of rules:
 
 - mask: `generation.loss_mask(rollout, config)` (the completion mask; the family's layout faults included);
-- ref: the rollout's reference log-probs, unless kl_estimator="full" has no exact KL to read (then None);
+- ref: the rollout's reference log-probs, unless kl_estimator="full" has no exact KL to read (then None, for a
+  loss that does not read ℓ_ref itself);
 - sampling log-probs: the sampler's, when the config asks for them (OPSM, the sampling-time IS correction);
 - num_generations: only when every group is whole (all rows), so per-group values are defined.
 """
@@ -69,12 +70,14 @@ def loss_inputs(rollout, advantages, config, *, rows: Rows = None, logps=ROLLOUT
     full_kl = _take(rollout.per_token_full_kl, rows) if _is_default(full_kl) else full_kl      # (n, T) | None
     if _is_default(num_generations):
         num_generations = config.num_generations if rows is None else None
-    no_exact_kl = config.kl_estimator == "full" and full_kl is None
-    ref = None if no_exact_kl else _take(rollout.ref_per_token_logps, rows)             # (n, T) | None
+    family = family_of(config.loss_type)
+    # exact KL asked for but not computed: no reference side (KL needs the exact one), unless the loss reads ℓ_ref
+    no_ref = config.kl_estimator == "full" and full_kl is None and not family.needs_reference
+    ref = None if no_ref else _take(rollout.ref_per_token_logps, rows)                  # (n, T) | None
     objective = Objective.from_config(config) if objective is None else objective
     extra = {}
-    if prepare and family_of(config.loss_type).prepare is not None:
-        objective, extra = family_of(config.loss_type).prepare(rollout, advantages, objective, mask)
+    if prepare and family.prepare is not None:
+        objective, extra = family.prepare(rollout, advantages, objective, mask)
     batch = LossBatch(entropy=entropy, per_token_full_kl=full_kl,
                       sampling_per_token_logps=sampling_logps_for(rollout, config, slice(None) if rows is None else rows),
                       num_items_in_batch=num_items_in_batch, num_generations=num_generations, **extra)
