@@ -191,7 +191,7 @@ class GradForward:
         logps, entropy = (self.logps, self.entropy) if rows is None else (
             torch.cat([self.parts[i][k] for i in rows.tolist()]) for k in (0, 1))             # (n, T) each
         if rows is not None:                           # the builder indexes (N,) advantages by rows: put these there
-            advantages = advantages.new_zeros(self.mask.shape[0]).index_copy(0, rows, advantages)     # (N,)
+            advantages = advantages.new_zeros(self.mask.shape[0]).index_copy(0, rows.to(advantages.device), advantages)
         return loss_inputs(self.rollout, advantages, self.config, rows=rows, logps=logps,
                            old=sel(old_per_token_logps), entropy=entropy if self.need_entropy else None,
                            full_kl=None, objective=self.objective, mask=self.mask,
