@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import math
 
-from rookworld_debug.grpo.families import family_of
+
+def _kl_knob(config) -> str:
+    """The config field naming the KL estimator of the step's objective family."""
+    from rookworld_debug.grpo.families import family_of
+    return family_of(config.loss_type).kl_knob
 
 
 def _f(x, nd=4) -> str:
@@ -86,7 +90,7 @@ def _setup(trace) -> list:
           f"{str(p.get('weights_sha256'))[:12]}…, loss as TRL returned it {cap.trl_loss:.6g}")
     w(f"  batch: {s.batch.describe()}")
     w(f"  B={c.batch_size} G={c.num_generations} β={c.beta} lr={c.lr} loss_type={c.loss_type} "
-      f"kl={getattr(c, family_of(c.loss_type).kl_knob)} "
+      f"kl={getattr(c, _kl_knob(c))} "
       f"scale_rewards={c.scale_rewards} reward_mode={c.reward_mode}")
     inv = s.invariants
     if inv is None:

@@ -3,7 +3,7 @@ objective) and `register`. Families import this module; the phases find them thr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 import torch
@@ -22,7 +22,6 @@ class LossRule:
     objective: Optional[Callable] = None            # ObjectiveInputs -> PolicyTerm; None: the family's own `loss`
     aggregation: Optional[Callable] = None          # AggregationInputs -> Aggregation
     params: tuple = ()                              # the Objective fields the objective reads (loss_params)
-    label: str = ""                                 # the name in the normaliser's text ("" = the loss type)
     kl_bias_correction: bool = True                 # KL × r when use_bias_correction_kl (sampled-token estimators)
     entropy: str = "tokens"                         # H̄: "tokens" (micro-batch token mean) | "sequences" (row means)
     global_normaliser: bool = False                 # the policy_loss metric is not × g (dapo, cispo, vespo)
@@ -56,7 +55,6 @@ class Family:
     rollout_transform: Optional[Callable] = None
     own_settings: Callable = lambda config: ()      # StepConfig -> the fields set that only this family reads
     check_config: Callable = lambda config: None    # StepConfig -> None; ConfigError for what it cannot run
-    extra: dict = field(default_factory=dict)       # anything else a family's own views read
 
     @property
     def loss_types(self) -> tuple:

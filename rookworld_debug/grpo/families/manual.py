@@ -59,8 +59,7 @@ def _text(ob, params, ratio):
     return "PG_it = −A_i·logπ_it (no ratio, no clip)"
 
 
-RULE = LossRule("rows", reinforce, sequence_mean, label="manual", kl_bias_correction=False, entropy="sequences",
-                text=_text)
+RULE = LossRule("rows", reinforce, sequence_mean, kl_bias_correction=False, entropy="sequences", text=_text)
 def _check_config(config) -> None:
     if config.num_generations < 2:
         raise ConfigError("num_generations", f"G={config.num_generations} < 2: rookworld-trl's manual advantages "

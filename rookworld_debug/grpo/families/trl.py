@@ -132,6 +132,5 @@ RULES = {
     "vespo": LossRule("global", vespo, global_token_mean, params=VESPO_PARAMS, metrics=_vespo_metrics,
                       text=_vespo_text, check=_check_vespo, global_normaliser=True, sampling_ratio_inside=True),
 }
-LOSS_TYPES = tuple(RULES)
 
 FAMILY = register(Family("TRL GRPOTrainer", RULES, trl_advantages))

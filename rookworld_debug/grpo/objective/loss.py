@@ -76,8 +76,8 @@ import torch
 
 from rookworld_debug.config import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, VLLM_IS_MODES
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.objective.aggregation import Aggregation, AggregationInputs, entropy_bonus
 from rookworld_debug.grpo.families import LossRule, family_of
+from rookworld_debug.grpo.objective.aggregation import Aggregation, AggregationInputs, entropy_bonus
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.objective.terms import (Masks, ObjectiveInputs, PolicyTerm, high_entropy_mask,
                                                   importance_weights, off_policy_sequence_mask, per_token_kl,
@@ -277,7 +277,7 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
     pol = rule.objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, ob.epsilon_low, ob.epsilon_high, ob.delta,
                                     loss_params, masks.is_ratio))
     per_token_pg = masks.apply(pol.per_token_pg, rule.sampling_ratio_inside)    # (N, T) | (N, 1)
-    agg = rule.aggregation(AggregationInputs(mask, rule.label or ob.loss_type, b.gradient_accumulation_steps,
+    agg = rule.aggregation(AggregationInputs(mask, ob.loss_type, b.gradient_accumulation_steps,
                                              ob.max_completion_length, b.num_items_in_batch, b.steps_per_generation))
 
     norm = Normalizer(ob.loss_type, agg.denominator, agg.description)

@@ -1,4 +1,4 @@
-"""Advantages phase: rewards (N,) → per-completion advantages (N,), TRL-exact; the record every family's fills.
+"""Advantages phase: rewards (N,) → per-completion advantages (N,), TRL-exact; the record every family fills.
 
 Shape legend: B prompts, G generations per prompt (= num_generations), N = B·G rows. Row i belongs to
 group i // G (TRL's RepeatSampler puts a prompt's G copies consecutively).

@@ -186,8 +186,10 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
 def _refused(config) -> bool:
     """Whether the loss type's own checks refuse this config's knobs (then it has nothing to compare)."""
     check = family_of(config.loss_type).rules[config.loss_type].check
+    if check is None:
+        return False
     try:
-        check is None or check(Objective.from_config(config))
+        check(Objective.from_config(config))
     except ConfigError:
         return True
     return False

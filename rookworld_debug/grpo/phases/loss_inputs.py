@@ -24,7 +24,7 @@ from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.phases.generation import loss_mask, sampling_logps_for
 
 Rows = Union[slice, torch.Tensor, None]
-ROLLOUT = "rollout"          # a tensor argument left at this: the rollout's own, for the selected rows
+ROLLOUT = object()           # a tensor argument left at this: the rollout's own, for the selected rows
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,6 @@ class LossInputs:
     def loss(self) -> LossBreakdown:
         return compute_loss(self.per_token_logps, self.old_per_token_logps, self.ref_per_token_logps,
                             self.advantages, self.completion_mask, self.objective, self.batch)
-
-
-def _is_default(x) -> bool:
-    return isinstance(x, str) and x == ROLLOUT
 
 
 def _take(x: Optional[torch.Tensor], rows: Rows) -> Optional[torch.Tensor]:
@@ -65,10 +61,10 @@ def loss_inputs(rollout, advantages, config, *, rows: Rows = None, logps=ROLLOUT
     rlvr mini's KL controller and values): the displayed record does; the update reuses its β."""
     mask = loss_mask(rollout, config) if mask is None else mask                          # (N, T)
     adv = getattr(advantages, "advantages", advantages)                                  # (N,)
-    logps = _take(rollout.per_token_logps, rows) if _is_default(logps) else logps        # (n, T)
-    entropy = _take(rollout.per_token_entropy, rows) if _is_default(entropy) else entropy      # (n, T) | None
-    full_kl = _take(rollout.per_token_full_kl, rows) if _is_default(full_kl) else full_kl      # (n, T) | None
-    if _is_default(num_generations):
+    logps = _take(rollout.per_token_logps, rows) if logps is ROLLOUT else logps        # (n, T)
+    entropy = _take(rollout.per_token_entropy, rows) if entropy is ROLLOUT else entropy      # (n, T) | None
+    full_kl = _take(rollout.per_token_full_kl, rows) if full_kl is ROLLOUT else full_kl      # (n, T) | None
+    if num_generations is ROLLOUT:
         num_generations = config.num_generations if rows is None else None
     family = family_of(config.loss_type)
     # exact KL asked for but not computed: no reference side (KL needs the exact one), unless the loss reads ℓ_ref

@@ -47,11 +47,9 @@ def _own_settings(config) -> tuple:
     return ("rlvr_pitfalls",) if config.rlvr_pitfalls else ()
 
 
-def _text(ob, params, ratio):
-    return "r_i = exp(clamp(Σ_t m(ℓ − ℓ_ref), ±20)); PG_i = −min(r_i·A_i, clip(r_i)·A_i)"
-
-
+# its own loss record (`loss`) replaces the table's objective, aggregation and definition; the rule keeps the
+# update's weighting: the mini's terms are means over rows
 FAMILY = register(Family(
-    "rookworld-rlvr mini", {"rlvr_mini": LossRule("rows", entropy="sequences", text=_text)}, _advantages,
+    "rookworld-rlvr mini", {"rlvr_mini": LossRule("rows", entropy="sequences")}, _advantages,
     loss=_loss, prepare=_prepare, update_config=_update_config, needs_reference=True, kl_knob="rlvr_kl_type",
     sampler_options=_sampler_options, rollout_transform=_rollout_transform, own_settings=_own_settings))

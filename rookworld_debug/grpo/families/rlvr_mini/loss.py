@@ -1,4 +1,4 @@
-"""`loss_type="rlvr_mini"`: rookworld-rlvr's objective composed from the loss table into a LossBreakdown.
+"""`loss_type="rlvr_mini"`: rookworld-rlvr's objective composed from its terms into a LossBreakdown.
 
 Shape legend: N rows, T completion tokens; ℓ = per_token_logps (N, T, grad), ℓ_ref (N, T), m = completion mask,
 A (N,). The math is `grpo.families.rlvr_mini.objective` (checked against the mini's golden numbers); this module only fills the
@@ -37,7 +37,6 @@ def rlvr_sequence_surrogate(x: ObjectiveInputs) -> PolicyTerm:
     r, adv = x.coef_1, x.adv                                                    # (N, 1) each
     pg = clipped_sequence_surrogate(r, adv, x.epsilon_low, x.epsilon_high)      # (N, 1)
     return PolicyTerm(pg, (r < 1 - x.epsilon_low) & (adv < 0), (r > 1 + x.epsilon_high) & (adv > 0))
-
 
 
 def effective_mask(mask: torch.Tensor, length_normalize: bool) -> torch.Tensor:
