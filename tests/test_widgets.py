@@ -121,7 +121,7 @@ def test_kl_share_never_100_percent_on_policy(panel):
 def test_panel_shows_g_rows_after_regenerate(panel):
     """After Regenerate the completions table shows the WHOLE new rollout: G rows per group, named p<b>·g<j>,
     with reward, advantage and the zero-σ groups named in the batch label."""
-    panel.regenerate(num_generations=3)
+    panel.regenerate(num_generations=3, temperature=0.7)   # its own settings, whatever ran before
     n = len(panel.state.rollout.completions)
     assert n == 2 * 3
     table = panel.w_table.value
