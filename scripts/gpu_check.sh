@@ -17,8 +17,15 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   echo "[gpu-check] creating .venv over the system packages"
   "$PY" -m venv --without-pip --system-site-packages .venv
+  touch .venv/.made-by-gpu-check
 fi
 SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# a machine whose python3 is itself a virtual environment (torch installed there, e.g. /opt/torch/.venv): a venv
+# made from it sees only the base interpreter's packages, so ours also reads the parent's (after its own)
+if [ -f .venv/.made-by-gpu-check ]; then
+  "$PY" -c 'import sys, sysconfig; p = sysconfig.get_paths()
+if sys.prefix != sys.base_prefix: print(p["purelib"]); print(p["platlib"])' > "$SITE/parent-python.pth"
+fi
 # this checkout first on the import path, as `pip install -e .` would put it
 echo "$PWD" > "$SITE/rookworld-debug-checkout.pth"
 if [ -d .gpu/whl ] && ! .venv/bin/python -c 'import trl, datasets, chess, plotly' 2>/dev/null; then

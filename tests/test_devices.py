@@ -94,7 +94,10 @@ def test_the_loss_runs_where_its_inputs_are(loss_type):
     dict(diagnostics=True, beta=0.0, max_new_tokens=2),   # no gradient anywhere: the diagnostics' zero paths
     dict(kl_estimator="full", reference_device="cpu", num_iterations=2),   # the reference on another device
     dict(loss_type="rlvr_mini", reference_device="cpu"),
-], ids=["diagnostics", "no-signal", "reference-on-cpu", "rlvr-mini"])
+    # a sampler that cannot be replayed exactly: the evaluation's own resample loop and Δlogp forward (the path a
+    # bf16 step on a GPU takes)
+    dict(loss_type="rlvr_mini", rlvr_pitfalls=("train_past_eos",)),
+], ids=["diagnostics", "no-signal", "reference-on-cpu", "rlvr-mini", "no-replay"])
 def test_a_step_on_a_second_device_matches_the_cpu_step(kw):
     from rookworld_debug import run_step
     torch.set_num_threads(1)
