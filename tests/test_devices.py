@@ -174,3 +174,25 @@ def test_a_missing_gpu_is_one_line_and_exit_2():
         assert r.returncode == 2, r.stderr
         lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
         assert len(lines) == 1 and "CUDA" in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_scoring_runs_on_the_model_and_returns_where_the_record_is(tiny_byte_model_dir):
+    """The teacher-forced forward runs on the model's device and hands its log-probs back on the device of the ids
+    it scored: a CPU rollout gets CPU results (the post-update evaluation and the what-if self-check compare them
+    with CPU records), a device batch keeps them there (the update's graph)."""
+    from transformers import AutoModelForCausalLM
+
+    from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_byte_model_dir).eval()
+    g = torch.Generator().manual_seed(0)
+    prompt, completion = torch.randint(0, 250, (2, 5), generator=g), torch.randint(0, 250, (2, 4), generator=g)
+    args = (prompt, torch.ones_like(prompt), completion, torch.ones_like(completion), torch.ones(2))
+    cpu_lp, _ = per_token_logps_and_entropy(model, *args)
+    with simulated_device():
+        model.to(SIM)
+        lp, ent = per_token_logps_and_entropy(model, *args)                   # CPU record, model on the device
+        assert lp.device.type == "cpu" and ent.device.type == "cpu"
+        assert torch.allclose(lp, cpu_lp, atol=1e-5)
+        on_dev, _ = per_token_logps_and_entropy(model, *(x.to(SIM) for x in args), with_grad=True)
+        assert on_dev.device == SIM and on_dev.requires_grad

@@ -18,7 +18,6 @@ from rookworld_debug.grpo.phases.decoding import decode
 from rookworld_debug.grpo.phases.generation import GreedyTexts, generate_with_greedy, per_token_logps_and_entropy
 from rookworld_debug.grpo.phases.replay import resample_after_update
 from rookworld_debug.grpo.phases.rewards import compute_rewards
-from rookworld_debug.models.devices import on_device
 
 
 @dataclass(frozen=True)
@@ -139,9 +138,6 @@ def evaluate_after(policy, reference, tokenizer, rollout, advantages, before_bat
         logps_after, entropy_after = per_token_logps_and_entropy(
             policy, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
             rollout.temperatures)                                                         # (N, T) each
-        # the forward ran on the policy's device; the records (and the rollout they are compared with) live on
-        # the CPU
-        logps_after, entropy_after = (on_device(x, "cpu") for x in (logps_after, entropy_after))
     batch_after, heldout_after = greedy_evals(policy, tokenizer, batch, heldout, max_new_tokens=eval_max_new_tokens,
                                               reward_mode=reward_mode, engine=engine, completions=greedy)
 

@@ -158,7 +158,8 @@ def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: to
     `entropy_grad` (default = with_grad): False keeps the entropy out of the graph, as TRL does unless
     its entropy bonus is on — the grad path then holds only gathered logit − logsumexp, not three more
     (n, T, V) tensors.
-    Returns (per_token_logps (N, T), per_token_entropy (N, T)), 0 where completion_mask is 0.
+    Returns (per_token_logps (N, T), per_token_entropy (N, T)), 0 where completion_mask is 0, on the device of
+    `completion_ids` (the forward runs on the model's; a CPU record gets CPU results, the graph kept).
     """
     if not torch.is_tensor(temperatures) or temperatures.ndim == 0:
         temperatures = torch.full((completion_ids.shape[0],), float(temperatures))     # (N,)
@@ -177,14 +178,15 @@ def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: to
             logps.append(lp)
             entropies.append(ent)
     mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
-    return torch.cat(logps).masked_fill(~mask, 0.0), torch.cat(entropies).masked_fill(~mask, 0.0)
+    return tuple(torch.cat(x).masked_fill(~mask, 0.0).to(completion_ids.device) for x in (logps, entropies))
 
 
 def per_token_logps_entropy_full_kl(policy, reference, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                     temperatures: torch.Tensor, *, chunk: int | None = None):
     """Like `per_token_logps_and_entropy(..., with_grad=True)` plus the exact full-vocabulary
     KL(π_θ‖π_ref) per token WITH its gradient (the 'full' estimator needs both distributions; the
-    reference side carries no grad). Returns (logps, entropy, full_kl), each (N, T), 0 where masked."""
+    reference side carries no grad). Returns (logps, entropy, full_kl), each (N, T), 0 where masked, on the device
+    of `completion_ids`."""
     args = (prompt_ids, prompt_mask, completion_ids, completion_mask, temperatures, chunk)
     logps, ents, kls = [], [], []
     ref_iter = _iter_tempered_logits(reference, *args)
@@ -197,7 +199,7 @@ def per_token_logps_entropy_full_kl(policy, reference, prompt_ids, prompt_mask, 
         ents.append(ent)
         kls.append((p_all * (logp_all - ref_all)).sum(-1))                             # (n, T)
     mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
-    return tuple(torch.cat(x).masked_fill(~mask, 0.0) for x in (logps, ents, kls))
+    return tuple(torch.cat(x).masked_fill(~mask, 0.0).to(completion_ids.device) for x in (logps, ents, kls))
 
 
 def _reference_side(ref_iter, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
