@@ -20,11 +20,14 @@ def main(argv=None) -> int:
     ap.add_argument("path", help="a step trace folder (trace.json), a capture, a captures folder or a run folder")
     ap.add_argument("--json", action="store_true", help='print {"findings": [...]} (ranked, most likely first)')
     ap.add_argument("--all", action="store_true", help="also list the phases' informational notes")
+    ap.add_argument("--no-replay", action="store_true",
+                    help="skip the replay (recomputing each phase from the previous phase's recorded output with "
+                         "the trusted implementation, weights included when the step kept them)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from rookworld_debug.diagnosis.text import format_findings
     from rookworld_debug.errors import RookWorldError
     try:
-        findings = _diagnose(a.path)
+        findings = _diagnose(a.path, replay=not a.no_replay)
     except RookWorldError as err:
         return _fail(f"bad input: {type(err).__name__}: {err}")
     except KeyboardInterrupt:
@@ -41,9 +44,9 @@ def main(argv=None) -> int:
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 
-def _diagnose(path):
+def _diagnose(path, replay: bool = True):
     from rookworld_debug.diagnosis import diagnose_path
-    return diagnose_path(path)
+    return diagnose_path(path, replay=replay)
 
 
 def printable(path: str) -> str:

@@ -28,8 +28,10 @@ def mask(trace) -> torch.Tensor:
 
 def first_step(trace) -> Optional[int]:
     """The step the trace is about, as TRL numbers it (a capture's global step), else None."""
-    cap = trace.capture
-    return int(cap.global_step) if cap is not None else None
+    cap, rec = trace.capture, getattr(trace, "recorded", None)
+    if cap is not None:
+        return int(cap.global_step)
+    return rec.step if rec is not None else None
 
 
 def before_any_update(trace, step: Optional[int] = None) -> bool:
@@ -38,6 +40,9 @@ def before_any_update(trace, step: Optional[int] = None) -> bool:
     cap = trace.capture
     if cap is not None:
         return int(cap.global_step) == 1 and int(getattr(cap, "generation_step", 1)) <= 1
+    rec = getattr(trace, "recorded", None)
+    if rec is not None:                 # the loop's own step number: 1 = its first update (None: no claim)
+        return rec.step == 1
     c = trace.config
     if getattr(c, "init_policy", None) or getattr(c, "warmup_steps", 0):
         return False

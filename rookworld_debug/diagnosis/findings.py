@@ -84,10 +84,16 @@ SYMPTOMS = frozenset({
     "grad_norm_spikes", "length_bias", "entropy_collapse", "phase_note"})
 
 
+def is_replay_disagreement(f) -> bool:
+    """The first phase a replay found disagreeing with its trusted recomputation (diagnosis.replay)."""
+    return f.severity == "error" and bool(f.evidence) and str(f.evidence[0].name).startswith("replay/")
+
+
 def _tier(findings):
-    """1 for a symptom when an upstream invariant is broken (it ranks after every upstream finding), else 0."""
-    broken = any(f.code in UPSTREAM for f in findings)
-    return lambda f: 1 if broken and f.code in SYMPTOMS else 0
+    """−1 for the first phase a replay found disagreeing (every other finding is downstream of it or beside it);
+    1 for a symptom when an upstream invariant is broken (it ranks after every upstream finding), else 0."""
+    broken = any(f.code in UPSTREAM or is_replay_disagreement(f) for f in findings)
+    return lambda f: -1 if is_replay_disagreement(f) else 1 if broken and f.code in SYMPTOMS else 0
 
 
 def rank(findings) -> list:

@@ -135,14 +135,17 @@ def merge(findings) -> list[Finding]:
     return [replace(f, step=first.get(f.code, f.step)) for f in best.values()]
 
 
-def diagnose_path(path) -> list[Finding]:
-    """A trace folder (run_step's or a capture), a captures folder, or a run folder (log + captures)."""
+def diagnose_path(path, *, replay: bool = True) -> list[Finding]:
+    """A trace folder (run_step's, a capture or a recorded step), a captures folder, or a run folder (log +
+    captures). `replay`: also recompute each phase from the previous one's recorded output (diagnosis.replay) and
+    rank the first phase that disagrees above everything else."""
     from rookworld_debug.grpo.step import StepTrace
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p} does not exist")
     if (p / "trace.json").is_file():
-        return diagnose_trace(StepTrace.load(p))
+        trace = StepTrace.load(p)
+        return rank(diagnose_trace(trace) + (_replayed(trace, p) if replay else []))
     from rookworld_debug.diagnosis.runlog import read_rows
     rows = read_rows(p)
     caps = captured_steps(p) if p.is_dir() else {}
@@ -152,9 +155,16 @@ def diagnose_path(path) -> list[Finding]:
     found = list(_run_checks(rows))
     traces = {step: StepTrace.load(folder) for step, folder in sorted(caps.items())}
     for step, trace in traces.items():
-        found += [replace_step(f, step) for f in diagnose_trace(trace)]
+        found += [replace_step(f, step) for f in diagnose_trace(trace) + (_replayed(trace, caps[step]) if replay
+                                                                           else [])]
     found += _guarded(RIN.check_captured_weights, traces)
     return rank_run(merge(found))
+
+
+def _replayed(trace, folder) -> list[Finding]:
+    """The replay's findings; a replay that fails is itself a finding, as a check's failure is."""
+    from rookworld_debug.diagnosis.replay import replay_findings, replay_trace
+    return _guarded(lambda t: replay_findings(replay_trace(t, folder)), trace)
 
 
 def replace_step(f: Finding, step: int) -> Finding:

@@ -55,6 +55,7 @@ class StepTrace:
     capture: Optional[object] = None        # rookworld_debug.trl.TRLCapture when the step was taken by TRL's GRPOTrainer
     iterations: tuple = ()                  # IterationRecord per PPO pass (μ = num_iterations); () = no update
     diagnostics: Optional[object] = None    # grpo.signal.noise.SignalNoise when config.diagnostics
+    recorded: Optional[object] = None       # grpo.trace.recorded.RecordedStep when the user's own loop recorded it
 
     def save(self, path) -> Path:
         """Write `<path>/trace.safetensors` (tensors) + `<path>/trace.json` (everything else)."""

@@ -20,7 +20,7 @@ from rookworld_debug.grpo.families import advantages_from_config
 from rookworld_debug.grpo.phases.generation import Rollout, _unique_per_group
 from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
-from rookworld_debug.grpo.phases.rewards import compute_rewards
+from rookworld_debug.grpo.phases.rewards import compute_rewards, with_breakdowns
 from rookworld_debug.grpo.phases.setup import Setup
 from rookworld_debug.grpo.step import StepTrace, rewards_flags, zero_std_flags
 from rookworld_debug.grpo.phases.update import UpdateResult
@@ -111,18 +111,7 @@ def _rewards(gen: dict, names, weights, prompts, completions, tasks, config):
     for bds in gen.get("breakdowns") or ():
         if bds is not None and len(bds) == len(prompts):
             per_row = [a if a is not None else b for a, b in zip(per_row, bds)]
-    if not any(b is not None for b in per_row):
-        return rw
-    comp_names = list(dict.fromkeys(k for b in per_row if b is not None for k in b.components))
-    details = [b.details if b is not None else {} for b in per_row]
-    return dataclasses.replace(
-        rw, breakdowns=tuple(per_row),
-        components={k: tuple(float(b.components.get(k, math.nan)) if b is not None else math.nan for b in per_row)
-                    for k in comp_names},
-        flags=tuple(tuple(b.flags) if b is not None else () for b in per_row),
-        matches_label=tuple(d.get("best_matches_label") for d in details),
-        matches_sf1=tuple(d.get("best_matches_sf1") for d in details),
-        format_valid=tuple(b is not None and b.format_ok for b in per_row))
+    return with_breakdowns(rw, per_row)
 
 
 def _mb_items(mb: dict, default):

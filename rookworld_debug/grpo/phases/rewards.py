@@ -17,6 +17,8 @@ Shape legend: B prompts, G generations, N = B·G completions, K reward functions
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import time
 from dataclasses import dataclass
@@ -143,6 +145,23 @@ def compute_rewards(prompts: Sequence[str], completions: Sequence[str], tasks: S
         format_valid=tuple(b is not None and b.format_ok for b in breakdowns),
         metrics=metrics, engine_stats=est, reward_mode=reward_mode, seconds=time.perf_counter() - t0,
         warnings=warnings)
+
+
+def with_breakdowns(rw: Rewards, per_row) -> Rewards:
+    """`rw` with the components, flags and format checks of the project's reward breakdowns of its rows (None: a
+    row another function scored); the reward values stay the ones given."""
+    if not any(b is not None for b in per_row):
+        return rw
+    comp_names = list(dict.fromkeys(k for b in per_row if b is not None for k in b.components))
+    details = [b.details if b is not None else {} for b in per_row]
+    return dataclasses.replace(
+        rw, breakdowns=tuple(per_row),
+        components={k: tuple(float(b.components.get(k, math.nan)) if b is not None else math.nan for b in per_row)
+                    for k in comp_names},
+        flags=tuple(tuple(b.flags) if b is not None else () for b in per_row),
+        matches_label=tuple(d.get("best_matches_label") for d in details),
+        matches_sf1=tuple(d.get("best_matches_sf1") for d in details),
+        format_valid=tuple(b is not None and b.format_ok for b in per_row))
 
 
 def _reward_metrics(total: torch.Tensor, per_func: torch.Tensor, names) -> dict:

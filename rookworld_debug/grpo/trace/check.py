@@ -27,6 +27,7 @@ SPECS = {
              "per_seq_ratio": "N", "per_seq_logp": "N", "per_group_pg": "B ?", "per_group_kl_loss": "B ?",
              "per_group_loss": "B ?", "loss": "", "pg_loss": "", "kl_loss": ""},
     "capture": {"old_per_token_logps": "N T ?", "sampling_per_token_logps": "N T ?"},
+    "recorded": {"per_token_loss": "N T ?", "old_per_token_logps": "N T ?"},
 }
 
 
@@ -66,7 +67,7 @@ def check_trace(trace, source: str) -> None:
     dims: dict = {}
     for record, fields in SPECS.items():
         rec = getattr(trace, record, None)
-        if rec is None and record in ("capture",):
+        if rec is None and record in ("capture", "recorded"):
             continue
         if rec is None:
             raise TraceError(f"{source}: the trace has no {record} record")

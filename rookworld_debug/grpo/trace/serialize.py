@@ -55,7 +55,7 @@ RECORD_MODULES = (
     "rookworld_debug.grpo.phases.decoding", "rookworld_debug.grpo.phases.evaluation", "rookworld_debug.grpo.phases.generation",
     "rookworld_debug.grpo.phases.iterations", "rookworld_debug.grpo.objective.loss", "rookworld_debug.grpo.multistep.loop",
     "rookworld_debug.grpo.phases.rewards", "rookworld_debug.grpo.phases.setup", "rookworld_debug.grpo.step",
-    "rookworld_debug.grpo.phases.update", "rookworld_debug.grpo.trace.captured", "rookworld_debug.grpo.signal.noise",
+    "rookworld_debug.grpo.phases.update", "rookworld_debug.grpo.trace.captured", "rookworld_debug.grpo.trace.recorded", "rookworld_debug.grpo.signal.noise",
     "rookworld_debug.grpo.signal.group_size", "rookworld_debug.grpo.signal.entropy_mechanism", "rookworld_debug.grpo.signal.sampler_gap",
 )
 # Trace version 1 wrote "module:Class" with these modules (frozen: they name where records lived THEN, not

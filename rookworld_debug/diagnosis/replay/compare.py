@@ -1,0 +1,94 @@
+"""Comparisons shared by the replay's phases: where two tensors differ, and which known mechanism (a variant of
+the trusted computation) reproduces the recorded values exactly."""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional
+
+import torch
+
+from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
+
+# tolerances by the precision the loop's forwards ran in: fp32 recomputes agree to ~1e-6 nats; bf16 to ~1e-2
+LOGP_TOL = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 5e-2, "float16": 1e-2}
+REL_TOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 5e-2, "float16": 2e-2}   # gradient / update, relative
+VALUE_TOL = 1e-5              # rewards, advantages, loss totals (float32 arithmetic of the same inputs)
+
+
+def skipped(phase: str, quantity: str, why: str) -> PhaseCheck:
+    return PhaseCheck(phase=phase, quantity=quantity, status=SKIPPED, explanation=why)
+
+
+def _where(diff: torch.Tensor, tol: float, unit: str) -> tuple[str, list]:
+    """('rows [1, 3]' / 'tokens (row, t) [(0, 5)]', the index tuples) of the entries beyond `tol`, worst first."""
+    bad = torch.nonzero(diff > tol)
+    order = diff[tuple(bad.T)].argsort(descending=True) if bad.numel() else bad
+    idx = [tuple(int(v) for v in bad[i]) for i in order.tolist()][:6]
+    count = int(bad.shape[0])
+    if diff.ndim == 1:
+        return f"{count} of {diff.numel()} {unit}s, e.g. {unit}s {[i[0] for i in idx]}", idx
+    return f"{count} of {diff.numel()} tokens, e.g. (row, t) {idx}", idx
+
+
+def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch.Tensor, tol: float, *,
+            mask: Optional[torch.Tensor] = None, unit: str = "row",
+            variants: Optional[Mapping[str, tuple]] = None) -> PhaseCheck:
+    """Recorded vs recomputed, elementwise (where `mask` is 1). `variants`: {code: (values, sentence)} — known
+    mechanisms; the first that reproduces the recorded values within `tol` names the cause."""
+    rec, ref = recorded.double(), recomputed.double()
+    if rec.shape != ref.shape:
+        return PhaseCheck(phase, quantity, DISAGREE, math.inf, tol, f"shape {tuple(rec.shape)}",
+                          "", f"shape {tuple(ref.shape)}", explanation="the recorded tensor has another shape")
+    both_nan = torch.isnan(rec) & torch.isnan(ref)
+    diff = (rec - ref).abs().masked_fill(both_nan, 0.0).nan_to_num(nan=math.inf)
+    if mask is not None:
+        diff = diff * mask.to(diff.dtype)
+    worst = float(diff.max()) if diff.numel() else 0.0
+    if worst <= tol:
+        return PhaseCheck(phase, quantity, AGREE, worst, tol)
+    where, idx = _where(diff, tol, unit)
+    code, sentence = match_variant(rec, variants or {}, tol, mask)
+    return PhaseCheck(phase, quantity, DISAGREE, worst, tol, where, fmt([float(rec[i]) for i in idx]),
+                      fmt([float(ref[i]) for i in idx]), code, sentence)
+
+
+def match_variant(rec: torch.Tensor, variants: Mapping[str, tuple], tol: float,
+                  mask: Optional[torch.Tensor] = None) -> tuple[str, str]:
+    """(code, sentence) of the first variant whose values reproduce `rec` within `tol`, else ("", "")."""
+    for code, (values, sentence) in variants.items():
+        v = values() if callable(values) else values
+        if v is None or tuple(v.shape) != tuple(rec.shape):
+            continue
+        d = (rec - v.double()).abs().nan_to_num(nan=math.inf)
+        if mask is not None:
+            d = d * mask.to(d.dtype)
+        if float(d.max()) <= tol:
+            return code.split("/")[0], sentence       # "code/variant": one cause, several ways to reach it
+    return "", ""
+
+
+def scalar(phase: str, quantity: str, recorded: float, recomputed: float, tol: float,
+           variants: Optional[Mapping[str, tuple]] = None) -> PhaseCheck:
+    """A total: |recorded − recomputed| ≤ tol · max(1, |recomputed|)."""
+    bound = tol * max(1.0, abs(recomputed))
+    d = abs(recorded - recomputed) if math.isfinite(recorded) or math.isfinite(recomputed) else 0.0
+    if not math.isfinite(d):
+        d = math.inf
+    if d <= bound:
+        return PhaseCheck(phase, quantity, AGREE, d, bound)
+    code, sentence = "", ""
+    for c, (v, s) in (variants or {}).items():
+        v = v() if callable(v) else v
+        if v is not None and abs(recorded - float(v)) <= tol * max(1.0, abs(float(v))):
+            code, sentence = c.split("/")[0], s
+            break
+    return PhaseCheck(phase, quantity, DISAGREE, d, bound, "the step's total", fmt(recorded), fmt(recomputed),
+                      code, sentence)
+
+
+def tol_for(table: dict, dtype: str) -> float:
+    return table.get(str(dtype).removeprefix("torch."), table["float32"])
+
+
+__all__ = ["AGREE", "DISAGREE", "SKIPPED", "compare", "scalar", "skipped", "match_variant", "tol_for",
+           "LOGP_TOL", "REL_TOL", "VALUE_TOL"]

@@ -1,0 +1,241 @@
+"""The phases a replay recomputes without weights: the rollout's own consistency, rewards, advantages, the loss.
+
+Shape legend: N rows (B groups of G), T completion tokens, P prompt tokens.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rookworld_debug.grpo.families import advantages_from_config, families
+from rookworld_debug.grpo.objective.loss import compute_loss
+from rookworld_debug.grpo.objective.params import LossBatch, Objective
+
+from .compare import DISAGREE, VALUE_TOL, compare, scalar, skipped
+from .records import AGREE, PhaseCheck
+
+BUILTIN_REWARDS = ("rookworld", "rookworld_p", "rookworld_a")   # the project's reward, under its names
+REPLAYABLE_REWARD_MODES = ("dataset", "rlvr", "rlvr_gt")        # no engine search: deterministic from the label
+
+
+def expected_mask(ids: torch.Tensor, eos: int) -> torch.Tensor:
+    """(N, T) 1 up to and including the first EOS (every token of a row without one): TRL's completion mask."""
+    is_eos = ids == eos
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(ids[:, 0], ids.shape[1]))
+    return (torch.arange(ids.shape[1])[None] <= first[:, None]).long()
+
+
+def generation_checks(trace, eos: int | None, tokenizer=None) -> list[PhaseCheck]:
+    """The rollout against itself: groups share their prompt, the loss mask ends at the first EOS, the texts the
+    rewards read are the decoded ids."""
+    r = trace.rollout
+    g = r.num_generations
+    out = [_grouping(r, g)]
+    if eos is None:
+        out.append(skipped("generation", "completion_mask (N, T)", "the EOS id is unknown (no tokenizer)"))
+    else:
+        out.append(_mask_check(r.completion_ids, r.completion_mask.long(), eos))
+    if tokenizer is not None:
+        out.append(_texts_check(r, tokenizer))
+    return out
+
+
+def _grouping(r, g: int) -> PhaseCheck:
+    ids, pm = r.prompt_ids, r.prompt_mask
+    n = ids.shape[0]
+    first = torch.arange(n) // g * g                                                     # (N,) the group's first row
+    same_ids = ((ids == ids[first]) | (pm == 0) & (pm[first] == 0)).all(1)                 # (N,)
+    same_text = torch.tensor([r.prompts[i] == r.prompts[int(first[i])] for i in range(n)])
+    bad = ~(same_ids & same_text)
+    if not bool(bad.any()):
+        return PhaseCheck("generation", "each group's G rows share one prompt", AGREE, 0.0, 0.0)
+    rows = torch.nonzero(bad).flatten().tolist()
+    stride = n // g
+    strided = all(r.prompts[i] == r.prompts[i % stride] for i in range(n)) if stride > 0 and n > g else False
+    return PhaseCheck("generation", "each group's G rows share one prompt", DISAGREE, float(bad.sum()), 0.0,
+                      f"{len(rows)} of {n} rows, e.g. rows {rows[:6]}",
+                      f"row {rows[0]}'s prompt {r.prompts[rows[0]][:40]!r}",
+                      f"its group's prompt {r.prompts[int(first[rows[0]])][:40]!r}",
+                      cause="rows_not_grouped",
+                      explanation=("the rows are laid out prompt-major with a stride of B (repeat instead of "
+                                   "repeat_interleave): a group mixes prompts, so its mean and std compare "
+                                   "different positions" if strided else
+                                   "rows of one group hold different prompts: group statistics mix positions"),
+                      measure="rows whose prompt differs from their group's first row")
+
+
+def _mask_check(ids, mask, eos: int) -> PhaseCheck:
+    want = expected_mask(ids, eos)                                                        # (N, T)
+    after_eos = (mask == 1) & (want == 0)
+    eos_dropped = (mask == 0) & (want == 1) & (ids == eos)
+    variants = {
+        "tokens_after_eos_trained": ((mask * 0 + 1) * (mask.sum(1, keepdim=True) > 0).long(),
+                                     "the mask keeps the padding after the first EOS: the loss trains pad tokens"),
+        "eos_not_in_mask": (want * (ids != eos).long(), "the mask stops before the EOS token: the loss never teaches "
+                                                        "the policy to stop"),
+    }
+    check = compare("generation", "completion_mask (N, T): 1 through the first EOS", mask, want, 0.0, unit="token",
+                    variants=variants)
+    if check.status == DISAGREE and not check.cause:
+        if bool(after_eos.any()) and not bool(((mask == 0) & (want == 1)).any()):
+            check = _with_cause(check, "tokens_after_eos_trained", "the mask is 1 on tokens after the first EOS")
+        elif bool(eos_dropped.any()) and not bool(after_eos.any()):
+            check = _with_cause(check, "eos_not_in_mask", "the mask is 0 on the EOS token")
+    return check
+
+
+def _with_cause(check: PhaseCheck, code: str, sentence: str) -> PhaseCheck:
+    from dataclasses import replace
+    return replace(check, cause=code, explanation=sentence)
+
+
+def _texts_check(r, tok) -> PhaseCheck:
+    """The completion strings the rewards read against the decoded ids (special tokens skipped)."""
+    ids, mask = r.completion_ids, r.completion_mask.bool()
+    decoded = [tok.decode(ids[i][mask[i]].tolist(), skip_special_tokens=True) for i in range(ids.shape[0])]
+    bad = [i for i, (a, b) in enumerate(zip(decoded, r.completions)) if a.strip() != str(b).strip()]
+    if not bad:
+        return PhaseCheck("generation", "completion texts = decoded completion ids", AGREE, 0.0, 0.0)
+    shifted = all(any(decoded[i].strip() == str(c).strip() for c in r.completions) for i in bad)
+    return PhaseCheck("generation", "completion texts = decoded completion ids", DISAGREE, float(len(bad)), 0.0,
+                      f"{len(bad)} of {len(decoded)} rows, e.g. rows {bad[:6]}", repr(str(r.completions[bad[0]])[:50]),
+                      repr(decoded[bad[0]][:50]), "completion_text_misaligned" if shifted else "",
+                      "the texts are the completions of other rows: rewards are joined to the wrong ids"
+                      if shifted else "", measure="rows whose text is not their decoded ids")
+
+
+def rewards_check(trace, labels) -> PhaseCheck:
+    rw, r = trace.rewards, trace.rollout
+    q = "rewards (N,): the project's RookWorld reward of each row's completion against its label"
+    names = tuple(rw.func_names)
+    if not names or any(n not in BUILTIN_REWARDS for n in names):
+        return skipped("rewards", q, f"the reward functions {list(names)} are the loop's own: pass them to "
+                                     "replay_trace(reward_funcs=...) to recompute them")
+    if rw.reward_mode not in REPLAYABLE_REWARD_MODES:
+        return skipped("rewards", q, f"reward_mode {rw.reward_mode!r} searches with Stockfish; a replay recomputes "
+                                     f"the label-based modes {REPLAYABLE_REWARD_MODES} only")
+    if not labels or not any(labels):
+        return skipped("rewards", q, "no dataset labels were recorded with the prompts")
+    from rookworld_debug.grpo.phases.rewards import builtin_breakdowns
+    scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(labels), reward_mode=rw.reward_mode)
+    ref = torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)   # (N,)
+    return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=reward_variants(ref, r.num_generations))
+
+
+def reward_variants(ref: torch.Tensor, g: int) -> dict:
+    n, b = ref.numel(), ref.numel() // g
+    out = {"reward_sign_flipped": (-ref, "the recorded rewards are the negated rewards: the step maximises the "
+                                         "opposite of the task")}
+    for s in (1, -1, g, -g):
+        if 0 < abs(s) < n:
+            out[f"reward_rows_misaligned/{s}"] = (torch.roll(ref, s), f"the recorded rewards are the right rewards "
+                                                  f"shifted by {s} row(s): each completion got another row's reward")
+    if b > 1:
+        out["reward_rows_misaligned/stride"] = (ref.view(b, g).T.reshape(-1), "the rewards are in prompt-major "
+                                                "order (stride B) while the rows are grouped: each completion got "
+                                                "another row's reward")
+    return out
+
+
+def advantages_check(trace) -> PhaseCheck:
+    adv, config = trace.advantages, trace.config
+    ours = advantages_from_config(trace.rewards.rewards, config)
+    return compare("advantages", f"advantages (N,): {ours.normalization}", adv.advantages.double(),
+                   ours.advantages.double(), VALUE_TOL * 10,
+                   variants=advantage_variants(trace.rewards.rewards.double(), config, ours.advantages.double()))
+
+
+def advantage_variants(r: torch.Tensor, config, ref: torch.Tensor) -> dict:
+    """What common mistakes in an advantage computation give, from the same rewards."""
+    g, n = config.num_generations, r.numel()
+    b = n // g
+    eps = float(getattr(config, "adv_eps", 1e-4))
+
+    def z(grouped, ddof=1, scale=True, centre=True):
+        m = grouped.mean(1, keepdim=True) if centre else 0.0
+        s = grouped.std(1, keepdim=True, correction=ddof) if scale else 1.0
+        return ((grouped - m) / (s + eps if scale else 1.0))
+
+    grouped = r.view(b, g)
+    out = {"advantage_sign_flipped": (-ref, "the advantages are negated: the update pushes down the better "
+                                            "completions"),
+           "advantage_grouping": (z(r.view(g, b).T).T.reshape(-1) if b > 1 else None,
+                                  "the groups were formed with a stride of B (view(G, B) instead of view(B, G)): "
+                                  "each 'group' mixes prompts"),
+           "advantage_std_ddof": (z(grouped, ddof=0).reshape(-1), "the std is the population std (ddof 0), not "
+                                                                  "TRL's unbiased std (ddof 1)"),
+           "advantage_not_scaled": (z(grouped, scale=False).reshape(-1), "the advantages are not divided by the "
+                                                                         "group std"),
+           "advantage_not_centered": (z(grouped, centre=False).reshape(-1), "the group mean is not subtracted: "
+                                                                            "every completion is pushed by its raw "
+                                                                            "reward"),
+           "advantage_batch_std": (((grouped - grouped.mean(1, keepdim=True)) / (r.std() + eps)).reshape(-1),
+                                   "the advantages are divided by the batch std, not the group std"),
+           "advantage_raw_rewards": (r, "the advantages are the raw rewards (no group baseline)")}
+    return out
+
+
+def loss_value(trace) -> tuple[float, str]:
+    """(the loss the step reported, whose)."""
+    if trace.recorded is not None:
+        return float(trace.recorded.loss), "the loop's backpropagated loss"
+    if trace.capture is not None:
+        return float(trace.capture.trl_loss), "TRL's loss (Σ of its micro-batch losses)"
+    if trace.update is not None and math.isfinite(trace.update.loss):
+        return float(trace.update.loss), "the loss the update differentiated"
+    return float(trace.loss.loss), "the loss record"
+
+
+def _loss_of(trace, objective, logps, old, ref, adv):
+    r = trace.rollout
+    mask = r.completion_mask
+    return compute_loss(logps, old, ref, adv, mask, objective,
+                        LossBatch(num_items_in_batch=mask.sum(), num_generations=r.num_generations))
+
+
+def loss_check(trace) -> PhaseCheck:
+    """The declared objective's loss from the recorded log-probs, π_old, reference and advantages."""
+    recorded, whose = loss_value(trace)
+    q = f"loss: {whose} against the declared objective ({trace.config.loss_type}, β = {trace.config.beta:g})"
+    if not math.isfinite(recorded):
+        return skipped("loss", q, "the loss was not recorded")
+    if trace.capture is not None:          # TRL scales per micro-batch: the capture recomputed it that way
+        cap = trace.capture
+        return scalar("loss", q, recorded, float(cap.recomputed_loss), VALUE_TOL)
+    r, adv = trace.rollout, trace.advantages.advantages
+    old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
+    ref = r.ref_per_token_logps
+    ob = Objective.from_config(trace.config)
+    value = float(_loss_of(trace, ob, r.per_token_logps, old, ref, adv).loss)
+    lp = r.per_token_logps
+
+    def v(objective=ob, a=adv, reference=ref, logps=lp):
+        return lambda: float(_loss_of(trace, objective, logps, old, reference, a).loss)
+    variants = {"loss_advantage_sign": (v(a=-adv), "the loss uses −A: it pushes down the better completions"),
+                "kl_sign_flipped": (v(objective=ob.replace(beta=-ob.beta)) if ob.beta else None,
+                                    "the KL term enters with −β: it pushes the policy away from the reference"),
+                "kl_not_applied": (v(objective=ob.replace(beta=0.0)) if ob.beta else None,
+                                   "the loss leaves out the β·KL term")}
+    for lt in sorted({lt for fam in families() for lt in fam.rules} - {ob.loss_type}):
+        variants[f"loss_aggregation/{lt}"] = (v(objective=ob.replace(loss_type=lt)),
+                                              f"the loss equals loss_type={lt!r}'s aggregation, not the declared "
+                                              f"{ob.loss_type!r}'s")
+    check = scalar("loss", q, recorded, value, VALUE_TOL, variants=_safe(variants))
+    return check
+
+
+def _safe(variants: dict) -> dict:
+    """Variants whose evaluation raises (a loss type refusing this batch's settings) are left out, not fatal."""
+    out = {}
+    for code, (fn, sentence) in variants.items():
+        if fn is None:
+            continue
+
+        def call(fn=fn):
+            try:
+                return fn()
+            except Exception:  # noqa: BLE001 - a variant that cannot run explains nothing
+                return None
+        out[code] = (call, sentence)
+    return out

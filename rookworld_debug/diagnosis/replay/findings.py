@@ -1,0 +1,81 @@
+"""A replay as findings: the first phase that disagrees (an error, ranked above everything downstream of it), the
+later disagreements, and what agreed or could not be replayed."""
+from __future__ import annotations
+
+import math
+
+from rookworld_debug.diagnosis.findings import Evidence, Finding, Fix
+
+from .records import PHASES, Replay
+
+# what to look at in a loop when a phase disagrees and no known mechanism names the cause
+FIXES = {
+    "generation": "Check how the rows are built: G consecutive rows per prompt (repeat_interleave), the loss mask "
+                  "1 through the first EOS and 0 after it, the texts decoded from the same ids.",
+    "rewards": "Check the join between completions and rewards: the row order the reward function saw, the labels "
+               "it was given, and the weights and signs of the reward functions.",
+    "advantages": "Check the advantage formula against the declared objective: the grouping (view(B, G)), the mean "
+                  "and std per group, the std's ddof and ε, the sign.",
+    "scoring": "Check the forward that computes log-probs: eval mode (no dropout), logits[:, P−1:−1] for the "
+               "completion tokens, ÷ temperature before log_softmax, position ids counted from the attention mask, "
+               "and the reference's own frozen weights.",
+    "loss": "Check the loss against the declared objective: the advantage's sign, β and the KL estimator's sign, "
+            "the aggregation (per-sequence mean, token sum ÷ tokens, …).",
+    "gradient": "Check the backward: zero_grad before the step's first micro-batch, each micro-batch's loss ÷ the "
+                "accumulation steps, backward on the loss that is logged.",
+    "update": "Check the optimizer step: built over the policy's own parameters, clip_grad_norm_ before step(), "
+              "one optimizer kept across steps, the learning rate it was given.",
+}
+REPLAY_SCORE = 100.0
+
+
+def _evidence(c) -> tuple:
+    return (Evidence(name=f"replay/{c.phase}/difference", value=float(c.max_abs_diff),
+                     definition=f"{c.measure} of {c.quantity}; tolerance {c.tolerance:.3g} (from the recorded "
+                                f"precision); recorded {c.recorded or '—'}, recomputed {c.recomputed or '—'}",
+                     batch="the recorded step", where=c.where or ""),)
+
+
+def _finding(c, first: bool, upstream: str = "") -> Finding:
+    code = c.cause or f"replay_{c.phase}"
+    what = c.explanation or "no known mechanism reproduces the recorded values; the place is the finding"
+    if first:
+        cause = (f"The first phase that disagrees with its replay is {c.phase}: {c.quantity} differs from the "
+                 f"trusted recomputation by {c.max_abs_diff:.4g} (tolerance {c.tolerance:.3g}) at {c.where}. {what}.")
+    else:
+        cause = (f"{c.phase} also disagrees with its replay ({c.quantity}: {c.max_abs_diff:.4g} at {c.where}); it "
+                 f"comes after {upstream}, which may explain it. {what}.")
+    return Finding(code=code, severity="error" if first else "warning", cause=cause, evidence=_evidence(c),
+                   fix=Fix(FIXES[c.phase], code_change=FIXES[c.phase]),
+                   alternatives=() if not c.cause else (f"replay_{c.phase}: another bug in the {c.phase} phase that "
+                                                        "happens to reproduce the same values",),
+                   score=REPLAY_SCORE if first else REPLAY_SCORE / 2 - PHASES.index(c.phase))
+
+
+def replay_findings(replay: Replay) -> list[Finding]:
+    first = replay.first_disagreement
+    out = []
+    if first is not None:
+        out.append(_finding(first, True))
+        out += [_finding(c, False, first.phase) for c in replay.checks
+                if c.status == "disagree" and c is not first]
+    else:
+        agreed = sorted({c.phase for c in replay.checks if c.status == "agree"}, key=PHASES.index)
+        out.append(Finding(code="replay_agrees", severity="info",
+                           cause=f"Every replayed phase agrees with the trusted recomputation ({', '.join(agreed)}); "
+                                 f"weights: {replay.weights}.",
+                           evidence=tuple(e for c in replay.checks if c.status == "agree" for e in _evidence(c)),
+                           fix=Fix("Nothing to fix in the phases that were replayed."), score=0.0))
+    if replay.skipped:
+        out.append(Finding(code="replay_incomplete", severity="info",
+                           cause="Not replayed: " + "; ".join(f"{c.phase} ({c.quantity}): {c.explanation}"
+                                                              for c in replay.skipped) + ".",
+                           evidence=(Evidence("replay/seconds", replay.seconds, "wall time of the replay",
+                                              "the recorded step"),),
+                           fix=Fix("Record the missing pieces (rookworld_debug.record.StepRecorder) to check them."),
+                           score=0.0))
+    return out
+
+
+def is_nan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)

@@ -1,0 +1,198 @@
+"""The weights a recorded step keeps beside its trace (`<trace>/state/`), written and read over a closed schema.
+
+    state/state.json              the schema below (no names that are imported or called)
+    state/before.safetensors      the policy's parameters before the update      {name: tensor}
+    state/after.safetensors       after it
+    state/gradient.safetensors    the gradient the optimizer was handed (before any clipping)
+    state/reference.safetensors   the reference model's parameters (absent: no reference recorded)
+    state/optimizer.safetensors   per-parameter optimizer state, keys "<state key>/<param name>"
+    state/tokenizer/              the tokenizer's own JSON files (tokenizer.json: parsed, never executed)
+
+The model is rebuilt from `model_config` with transformers' config class of an allowed `model_type` (a name
+looked up in a table written here), then the safetensors weights are loaded into it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from rookworld_debug.errors import TraceError
+
+STATE_FORMAT = 1
+MODEL_TYPES = ("gpt2",)                         # architectures a replay rebuilds (the embedded model and RookWorld-LM)
+OPTIMIZERS = ("AdamW", "Adam", "SGD")           # optimizers a replay re-runs (torch.optim, by this table only)
+OPTIMIZER_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize")
+STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
+FILES = ("before", "after", "gradient", "reference", "optimizer")
+
+
+@dataclass(frozen=True)
+class RecordedState:
+    """The weights of one recorded step, read back (tensors on the CPU; None: not recorded)."""
+    model_type: str
+    model_config: dict                  # the model's config.to_dict(), checked keys only
+    before: Optional[dict]              # {name: tensor}
+    after: Optional[dict]
+    gradient: Optional[dict]
+    reference: Optional[dict]
+    optimizer_state: Optional[dict]     # {name: {state key: tensor}} ("step" as a 0-dim tensor)
+    optimizer: str                      # one of OPTIMIZERS, "" when not recorded
+    optimizer_settings: dict            # OPTIMIZER_KEYS of the parameter group
+    trainable: tuple                    # names of the parameters the optimizer steps
+    tokenizer_dir: Optional[Path]
+
+
+def snapshot(model: torch.nn.Module) -> dict:
+    """{name: detached CPU fp32-or-own-dtype copy} of every parameter."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+
+
+def gradient_of(model: torch.nn.Module) -> dict:
+    """{name: copy of .grad} (zeros where a parameter got none: the optimizer saw no gradient there)."""
+    return {n: (p.grad.detach().to("cpu", copy=True) if p.grad is not None else torch.zeros_like(p, device="cpu"))
+            for n, p in model.named_parameters() if p.requires_grad}
+
+
+def optimizer_snapshot(model: torch.nn.Module, optimizer) -> tuple[str, dict, dict, tuple]:
+    """(kind, settings of its first group, {param name: {state key: tensor}}, trainable names) of `optimizer`."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    kind = type(optimizer).__name__
+    group = optimizer.param_groups[0]
+    settings = {k: _plain(group[k]) for k in OPTIMIZER_KEYS if k in group}
+    state, trainable = {}, []
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            name = names.get(id(p))
+            if name is None:
+                continue
+            trainable.append(name)
+            st = optimizer.state.get(p, {})
+            state[name] = {k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else torch.tensor(float(v)))
+                           for k, v in st.items() if k in STATE_KEYS + ("step",)}
+    return kind, settings, state, tuple(trainable)
+
+
+def _plain(v):
+    if isinstance(v, (tuple, list)):
+        return [float(x) for x in v]
+    if torch.is_tensor(v):
+        return float(v)
+    return v
+
+
+def write_state(folder: Path, *, model_config: dict, tokenizer=None, before=None, after=None, gradient=None,
+                reference=None, optimizer: str = "", optimizer_settings=None, optimizer_state=None,
+                trainable=()) -> Path:
+    from safetensors.torch import save_file
+    from rookworld_debug.safeio import atomic_write_json
+    folder = Path(folder) / "state"
+    folder.mkdir(parents=True, exist_ok=True)
+    flat_opt = {f"{k}/{n}": v.reshape(-1) if v.ndim == 0 else v for n, st in (optimizer_state or {}).items()
+                for k, v in st.items()}
+    written = []
+    for name, tensors in (("before", before), ("after", after), ("gradient", gradient), ("reference", reference),
+                          ("optimizer", flat_opt if optimizer_state is not None else None)):
+        if tensors is not None:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / f"{name}.safetensors"))
+            written.append(name)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder / "tokenizer"))
+    model_type = str(model_config.get("model_type", ""))
+    atomic_write_json(folder / "state.json", {
+        "format": STATE_FORMAT, "model_type": model_type, "model_config": model_config, "files": written,
+        "optimizer": optimizer, "optimizer_settings": optimizer_settings or {}, "trainable": list(trainable),
+        "tokenizer": tokenizer is not None})
+    return folder
+
+
+def _field(d: dict, key: str, kind, where: str):
+    v = d.get(key)
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        raise TraceError(f"{where}: {key} must be {getattr(kind, '__name__', kind)}, found {type(v).__name__}")
+    return v
+
+
+def read_state(trace_dir) -> Optional[RecordedState]:
+    """The recorded weights beside a trace (None when it has no state/ folder); TraceError names what is wrong."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    folder = Path(trace_dir) / "state"
+    where = str(folder / "state.json")
+    if not (folder / "state.json").is_file():
+        return None
+    try:
+        d = json.loads((folder / "state.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise TraceError(f"{where} is not valid JSON ({err})") from None
+    if not isinstance(d, dict) or d.get("format") != STATE_FORMAT:
+        raise TraceError(f"{where}: not a recorded state of format {STATE_FORMAT}")
+    files = _field(d, "files", list, where)
+    if not set(files) <= set(FILES):
+        raise TraceError(f"{where}: files {sorted(set(files) - set(FILES))} are not recorded-state files")
+    optimizer = _field(d, "optimizer", str, where)
+    if optimizer and optimizer not in OPTIMIZERS:
+        optimizer = ""                   # kept as not replayable; the replay says so
+    settings = {k: v for k, v in _field(d, "optimizer_settings", dict, where).items() if k in OPTIMIZER_KEYS}
+    loaded = {}
+    for name in files:
+        try:
+            loaded[name] = load_file(str(folder / f"{name}.safetensors"))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise TraceError(f"{folder / (name + '.safetensors')} is unreadable ({err})") from None
+    opt = None
+    if "optimizer" in loaded:
+        opt = {}
+        for key, v in loaded["optimizer"].items():
+            k, _, n = key.partition("/")
+            if k not in STATE_KEYS + ("step",):
+                raise TraceError(f"{where}: optimizer state key {k!r} is not one this package reads")
+            opt.setdefault(n, {})[k] = v.reshape(()) if k == "step" else v
+    trainable = tuple(str(x) for x in _field(d, "trainable", list, where))
+    tok = folder / "tokenizer" if d.get("tokenizer") is True and (folder / "tokenizer").is_dir() else None
+    return RecordedState(model_type=str(d.get("model_type")), model_config=_field(d, "model_config", dict, where),
+                         before=loaded.get("before"), after=loaded.get("after"), gradient=loaded.get("gradient"),
+                         reference=loaded.get("reference"), optimizer_state=opt, optimizer=optimizer,
+                         optimizer_settings=settings, trainable=trainable, tokenizer_dir=tok)
+
+
+def build_model(state: RecordedState, weights: dict):
+    """A model of the recorded architecture holding `weights` (eval mode, fp32 unless the weights say otherwise)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    if state.model_type not in MODEL_TYPES:
+        raise TraceError(f"recorded model_type {state.model_type!r}: a replay rebuilds {MODEL_TYPES} only")
+    kw = {k: v for k, v in state.model_config.items() if isinstance(k, str) and not k.startswith("_")
+          and isinstance(v, (int, float, str, bool, type(None))) and k not in ("model_type", "architectures",
+                                                                                 "auto_map", "torch_dtype", "dtype")}
+    config = AutoConfig.for_model(MODEL_TYPES[MODEL_TYPES.index(state.model_type)], **kw)
+    model = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [m for m in missing if not _tied(model, m)]
+    if missing or unexpected:
+        raise TraceError(f"recorded weights do not fit the recorded architecture (missing {missing[:3]}, "
+                         f"unexpected {list(unexpected)[:3]})")
+    dtype = next(iter(weights.values())).dtype
+    return model.to(dtype).eval()
+
+
+def _tied(model, name: str) -> bool:
+    """A parameter the model ties to another (GPT-2's lm_head to wte): not stored twice."""
+    return name.endswith("lm_head.weight") and bool(getattr(model.config, "tie_word_embeddings", True))
+
+
+def relative_error(a: dict, b: dict, names) -> tuple[float, str, float]:
+    """(‖a − b‖ / ‖b‖ over `names`, the name with the largest relative error, that error)."""
+    num = den = 0.0
+    worst, worst_err = "", 0.0
+    for n in names:
+        d = float((a[n].double() - b[n].double()).norm()) ** 2
+        s = float(b[n].double().norm()) ** 2
+        num, den = num + d, den + s
+        err = math.sqrt(d / s) if s > 0 else (math.inf if d > 0 else 0.0)
+        if err > worst_err:
+            worst, worst_err = n, err
+    return (math.sqrt(num / den) if den > 0 else (math.inf if num > 0 else 0.0)), worst, worst_err

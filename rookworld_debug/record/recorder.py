@@ -1,0 +1,194 @@
+"""`StepRecorder`: a hand-written GRPO loop hands the debugger one step, phase by phase, in a few added lines.
+
+    rec = StepRecorder(tokenizer, trainer="my loop", loss_type="grpo", num_generations=8, beta=0.04,
+                       temperature=1.0, reward="rookworld", reward_mode="dataset")
+    rec.batch(prompts, labels=labels)                      # the B prompts (or N rows) and their dataset labels
+    rec.model_before(model, optimizer, reference=ref)      # weights + optimizer state before the update
+    rec.rollout(prompt_ids=..., prompt_mask=..., completion_ids=..., completion_mask=..., sampling_logps=...)
+    rec.rewards(rewards, per_func={"rookworld": rewards})
+    rec.advantages(advantages)
+    rec.logprobs(per_token_logps=logps, old=old_logps, ref=ref_logps, training=model.training)
+    rec.loss(loss, per_token_loss=per_token_loss)          # what the loop backpropagated
+    rec.gradient(model)                                     # after backward, BEFORE clipping and step
+    rec.model_after(model)                                  # after optimizer.step()
+    rec.save("runs/mine/step-3")                            # a trace every view, diagnose and the replay open
+
+Every call is optional: what was not recorded is listed in the trace (`trace.recorded.missing`) with what cannot
+be checked without it. Rows are the loop's: N = B·G, the G completions of prompt b in rows b·G … b·G+G−1.
+Tensors are copied to the CPU at the call, so the loop may go on changing its own.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import torch
+
+from rookworld_debug.errors import ConfigError, DataError
+from rookworld_debug.grpo.trace.recorded import PIECES, RecordedStep, RECORD_FORMAT
+from rookworld_debug.grpo.trace import state as S
+
+# what each piece lets the replay check (said in the trace when the piece is missing)
+WITHOUT = {
+    "batch": "the prompts and labels: rewards cannot be recomputed",
+    "rollout": "the completion ids and mask: nothing can be replayed",
+    "sampling_logps": "the sampler's log-probs: the sampler is not compared with the policy",
+    "rewards": "the rewards: the reward join and the advantages are not checked",
+    "advantages": "the advantages: the advantage formula is not checked (the record shows the declared objective's)",
+    "old_logps": "π_old's log-probs: the ratio is taken against ℓ.detach() (μ = 1)",
+    "ref_logps": "the reference's log-probs: the KL term is not checked",
+    "policy_logps": "the loss forward's log-probs: the scoring is not checked",
+    "loss": "the backpropagated loss: the loss is not checked",
+    "per_token_loss": "the per-token loss: the loss is checked as a total only",
+    "weights_before": "the weights before the update: log-probs and the gradient cannot be recomputed",
+    "reference_weights": "the reference's weights: its log-probs cannot be recomputed",
+    "optimizer_state": "the optimizer's state: the update cannot be re-run",
+    "gradient": "the gradient: neither the gradient nor the update is checked",
+    "weights_after": "the weights after the update: the update is not checked",
+}
+
+
+def _cpu(x, what: str, dtype=None) -> torch.Tensor:
+    if not torch.is_tensor(x):
+        try:
+            x = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError):
+            raise DataError(f"{what}: a tensor expected, got {type(x).__name__}") from None
+    x = x.detach().to("cpu", copy=True)
+    return x.to(dtype) if dtype is not None else x
+
+
+class StepRecorder:
+    """Collects one step of any GRPO loop; `build()` makes the `StepTrace`, `save(path)` writes it with its weights."""
+
+    def __init__(self, tokenizer, *, trainer: str = "your own training loop", loss_type: str = "grpo",
+                 num_generations: int, beta: float = 0.0, epsilon: float = 0.2, epsilon_high: Optional[float] = None,
+                 temperature: float = 1.0, reward: str = "rookworld", reward_mode: str = "dataset",
+                 scale_rewards: str = "group", max_grad_norm: Optional[float] = None,
+                 gradient_accumulation_steps: int = 1, seed: int = 0, step: Optional[int] = None,
+                 notes: Sequence[str] = (), **settings):
+        if tokenizer is None or not hasattr(tokenizer, "convert_ids_to_tokens"):
+            raise ConfigError("tokenizer", "the loop's tokenizer (a transformers tokenizer) is needed to show tokens")
+        self.tokenizer = tokenizer
+        self.trainer = str(trainer)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
+            raise ConfigError("step", f"the loop's optimizer step is an int ≥ 1 (1 = its first update), got {step!r}")
+        self.step = step
+        self.declared = dict(loss_type=loss_type, num_generations=int(num_generations), beta=float(beta),
+                             epsilon_low=float(epsilon), epsilon_high=float(epsilon if epsilon_high is None
+                                                                           else epsilon_high),
+                             p_temperature=float(temperature), a_temperature=float(temperature),
+                             reward_mode=reward_mode, scale_rewards=scale_rewards, max_grad_norm=max_grad_norm,
+                             seed=int(seed), **settings)
+        self.reward = str(reward)
+        self.gradient_accumulation_steps = int(gradient_accumulation_steps)
+        self.notes = tuple(str(n) for n in notes)
+        self.pieces: dict = {}
+
+    # ---------------------------------------------------------------- the loop's calls, in step order
+    def batch(self, prompts: Sequence[str], labels: Optional[Sequence[str]] = None,
+              tasks: Optional[Sequence[str]] = None) -> None:
+        """The step's prompts (B, or N rows repeated per group) and their dataset completions (labels)."""
+        if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+            raise DataError("batch: prompts must be a sequence of strings")
+        self.pieces["batch"] = (tuple(prompts), None if labels is None else tuple(str(x) for x in labels),
+                                None if tasks is None else tuple(str(t) for t in tasks))
+
+    def model_before(self, model, optimizer=None, reference=None) -> None:
+        """The policy (and its optimizer's state, and the reference model) before the update."""
+        self.pieces["model_config"] = model.config.to_dict()
+        self.pieces["weights_before"] = S.snapshot(model)
+        self.pieces["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        if optimizer is not None:
+            self.pieces["optimizer_state"] = S.optimizer_snapshot(model, optimizer)
+        if reference is not None:
+            self.pieces["reference_weights"] = S.snapshot(reference)
+
+    def rollout(self, *, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                completions: Optional[Sequence[str]] = None, sampling_logps=None) -> None:
+        """The sampled rows: (N, P) left-padded prompt ids and mask, (N, T) completion ids and the loss mask, the
+        decoded completions the rewards read (decoded here when not given), the sampler's log-probs (N, T)."""
+        ids = _cpu(completion_ids, "completion_ids", torch.long)
+        mask = _cpu(completion_mask, "completion_mask", torch.long)
+        if ids.ndim != 2 or mask.shape != ids.shape:
+            raise DataError(f"rollout: completion_ids {tuple(ids.shape)} and completion_mask {tuple(mask.shape)} "
+                            "must both be (N, T)")
+        if completions is None:
+            completions = [self.tokenizer.decode(ids[i][mask[i].bool()], skip_special_tokens=True)
+                           for i in range(ids.shape[0])]
+        self.pieces["rollout"] = dict(prompt_ids=_cpu(prompt_ids, "prompt_ids", torch.long),
+                                      prompt_mask=_cpu(prompt_mask, "prompt_mask", torch.long),
+                                      completion_ids=ids, completion_mask=mask, completions=tuple(completions))
+        if sampling_logps is not None:
+            self.pieces["sampling_logps"] = _cpu(sampling_logps, "sampling_logps", torch.float32)
+
+    def rewards(self, rewards, per_func: Optional[Mapping[str, object]] = None) -> None:
+        """The (N,) rewards the advantages were computed from, and each reward function's (N,) column."""
+        total = _cpu(rewards, "rewards", torch.float64).reshape(-1)
+        cols = {str(k): _cpu(v, f"rewards[{k!r}]", torch.float64).reshape(-1) for k, v in (per_func or {}).items()}
+        self.pieces["rewards"] = (total, cols or {self.reward: total})
+
+    def advantages(self, advantages) -> None:
+        self.pieces["advantages"] = _cpu(advantages, "advantages", torch.float32).reshape(-1)
+
+    def logprobs(self, per_token_logps=None, *, old=None, ref=None, training: Optional[bool] = None) -> None:
+        """(N, T) log-probs the loss used: the policy's (the loss forward), π_old's and the reference's."""
+        for key, value in (("policy_logps", per_token_logps), ("old_logps", old), ("ref_logps", ref)):
+            if value is not None:
+                self.pieces[key] = _cpu(value, key, torch.float32)
+        if training is not None:
+            self.pieces["training"] = bool(training)
+
+    def loss(self, loss, per_token_loss=None) -> None:
+        """The scalar the loop called backward() on (summed over micro-batches as the loop logs it)."""
+        self.pieces["loss"] = float(loss.detach() if torch.is_tensor(loss) else loss)
+        if per_token_loss is not None:
+            self.pieces["per_token_loss"] = _cpu(per_token_loss, "per_token_loss", torch.float32)
+
+    def gradient(self, model) -> None:
+        """The parameters' .grad after backward (all micro-batches) and BEFORE clipping and optimizer.step()."""
+        self.pieces["gradient"] = S.gradient_of(model)
+
+    def model_after(self, model) -> None:
+        self.pieces["weights_after"] = S.snapshot(model)
+
+    # ---------------------------------------------------------------- out
+    def recorded_pieces(self) -> tuple:
+        have = set(self.pieces)
+        return tuple(p for p in PIECES if p in have)
+
+    def build(self):
+        """The `StepTrace` of the recorded step (a DataError names a piece whose shape disagrees with the others)."""
+        from rookworld_debug.record.build import build_trace
+        return build_trace(self)
+
+    def save(self, path) -> Path:
+        """trace.json + trace.safetensors (+ state/ with the weights when they were recorded); returns the folder."""
+        trace = self.build()
+        path = trace.save(path)
+        p = self.pieces
+        if "weights_before" in p:
+            kind, settings, opt_state, trainable = p.get("optimizer_state", ("", {}, None, ()))
+            S.write_state(path, model_config=p["model_config"], tokenizer=self.tokenizer,
+                          before=p["weights_before"], after=p.get("weights_after"), gradient=p.get("gradient"),
+                          reference=p.get("reference_weights"), optimizer=kind, optimizer_settings=settings,
+                          optimizer_state=opt_state, trainable=trainable or tuple(p["weights_before"]))
+        return path
+
+    def recorded_record(self, config, loss_value: float) -> RecordedStep:
+        p = self.pieces
+        kind, settings, _, _ = p.get("optimizer_state", ("", {}, None, ()))
+        have = self.recorded_pieces()
+        return RecordedStep(
+            format=RECORD_FORMAT, trainer=self.trainer, step=self.step, recorded=have,
+            missing=tuple(f"{k}: {WITHOUT[k]}" for k in PIECES if k not in have),
+            loss=loss_value, per_token_loss=p.get("per_token_loss"), old_per_token_logps=p.get("old_logps"),
+            policy_training_mode=p.get("training"), dtype=p.get("dtype", "float32"), optimizer=kind,
+            optimizer_settings=dict(settings), max_grad_norm=config.max_grad_norm,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            weights="state/" if "weights_before" in p else "", notes=self.notes)
+
+
+def nan_if_missing(x: Optional[float]) -> float:
+    return math.nan if x is None else float(x)
