@@ -14,8 +14,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    """The real RookWorld fixtures in ../shared/fixtures (or $ROOKWORLD_SHARED/fixtures)."""
-    candidates = [Path(__file__).parents[1].parent / "shared" / "fixtures"]
+    """The real RookWorld fixtures in tests/fixtures/rookworld (their provenance: its README.md)."""
+    candidates = [Path(__file__).parent / "fixtures" / "rookworld"]
     if os.environ.get("ROOKWORLD_SHARED"):
         candidates.append(Path(os.environ["ROOKWORLD_SHARED"]) / "fixtures")
     for path in candidates:

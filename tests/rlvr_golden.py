@@ -1,4 +1,4 @@
-"""Loader of the rookworld-rlvr "mini" golden file (../shared/fixtures/rlvr_mini_golden.json): tensors decoded
+"""Loader of the rookworld-rlvr "mini" golden file (tests/fixtures/rookworld/rlvr_mini_golden.json): tensors decoded
 exactly, non-finite strings restored. Shared by the tests that run its cases."""
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-CANDIDATES = (Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "rlvr_mini_golden.json",
-              Path("/work/shared/fixtures/rlvr_mini_golden.json"),
+CANDIDATES = (Path(__file__).resolve().parent / "fixtures" / "rookworld" / "rlvr_mini_golden.json",
               *([Path(os.environ["ROOKWORLD_SHARED"]) / "fixtures" / "rlvr_mini_golden.json"]
                 if os.environ.get("ROOKWORLD_SHARED") else []))
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}

@@ -39,7 +39,7 @@ MAIN_SMALL = ["-p", "batch_size=2", "-p", "num_generations=4", "-p", "max_new_to
               "-p", "eval_max_new_tokens=32", "-p", "warmup_steps=0", "-p", "num_iterations=1"]
 SMALLER = {"--steps": "1", "--seeds": "1"}                  # whatif's re-runs (module doc)
 EXIT = {("diagnose", "runs/demo"): 1}                       # diagnose exits 1 when it finds an error: the demo's
-SECTIONS = ("# rookworld_debug", "### 1.", "### 2.", "### 3.")
+SECTIONS = ("# rookworld_debug", "### 1.", "### 2.", "### 3.", "### 4.")
 TIMEOUT = 900
 
 
@@ -140,6 +140,8 @@ def run_block(block: Block, cwd: Path, demo: Path | None = None) -> dict:
             assert demo is not None
             shutil.copytree(demo, cwd / line[3])
             continue
+        elif line[0] == "python" and line[1].startswith("examples/"):     # an example trainer, run from the clone
+            r = _run([sys.executable, str(REPO / line[1]), *line[2:]], cwd)
         elif line[0] == "rookworld-debug":
             args = [SMALLER.get(line[i - 1], a) if line[1] == "whatif" else a for i, a in enumerate(line) if i]
             r = _run([CLI, *args], cwd)
@@ -188,6 +190,17 @@ def test_the_set_up_block_and_way_1(tmp_path):
         tmp_path / "reports" / "main", ran["main"].stdout
     assert run_id({}) == "run"                        # with no -p the README's reports/main/run/report.html
     assert "python" in ran and (tmp_path / "reports" / "my_step" / "trace.json").is_file()
+
+
+@pytest.mark.timeout(600)
+def test_way_4_your_own_training_loop(tmp_path):
+    """The example trainer records its step; diagnose replays it clean (exit 0); the Python block prints each phase."""
+    ran = {}
+    for b in section("### 4."):
+        ran.update(run_block(b, tmp_path))
+    assert (tmp_path / "runs" / "manual" / "step-2" / "state" / "state.json").is_file()
+    printed = ran["python"].stdout
+    assert all(p in printed for p in ("generation", "rewards", "advantages", "scoring", "loss", "gradient", "update"))
 
 
 @pytest.mark.timeout(1800)

@@ -1,4 +1,4 @@
-"""Every golden case of the rookworld-rlvr "mini" math (../shared/fixtures/rlvr_mini_golden.json): KL forms,
+"""Every golden case of the rookworld-rlvr "mini" math (tests/fixtures/rookworld/rlvr_mini_golden.json): KL forms,
 grpo_loss (value, metrics, gradient), prompt mask, advantages (all baselines, EMA sequences, GAE) in float64
 and float32, the adaptive KL controller, the value head and compute_log_probs (table model, pipeline, the
 mini's own GPT-2). Tolerances: float64 ≤ 1e-9 relative, float32 ≤ 1e-5. The module-level COUNTS/MAX_ERR are

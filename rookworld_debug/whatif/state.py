@@ -83,6 +83,9 @@ def _from_trace(path: Path, before, device: Optional[str]) -> SavedState:
     if trace.capture is not None:
         raise TraceError(f"{path} is a TRL capture: branch it with the checkpoint saved before it (--before "
                          "checkpoint-N)")
+    if trace.recorded is not None:
+        raise TraceError(f"{path} is a step recorded from your own training loop: what-if branches re-run this "
+                         "package's step, not your loop's; `rookworld-debug diagnose` replays it phase by phase")
     config = _start_config(trace.config, before, device)
     session = setup(config)
     want = getattr(trace.setup.batch, "batch_hash", None) if trace.setup is not None else None

@@ -50,11 +50,12 @@ def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
     else:
         checks.append(skipped("scoring", "log-probs from the weights", w.why))
     checks.append(loss_check(trace))
-    checks += _gradient_and_update(trace, w, dtype)
+    checks += _gradient_and_update(trace, w, dtype, any(c.status == "disagree" for c in checks))
+    checks.sort(key=lambda c: PHASES.index(c.phase))      # a gradient that shows a loss mistake is the loss's
     return Replay(checks=tuple(checks), weights=w.source, seconds=time.perf_counter() - t0)
 
 
-def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
+def _gradient_and_update(trace, w: Weights, dtype: str, upstream: bool) -> list[PhaseCheck]:
     from rookworld_debug.diagnosis.replay import model_phases as M
     from rookworld_debug.diagnosis.replay.compare import scalar, skipped, tol_for
     q = "gradient: ∇θ of the declared loss at the weights before the update"
@@ -62,10 +63,13 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
     if w.policy is None:
         out.append(skipped("gradient", q, w.why))
     elif w.state is not None and w.state.gradient is not None:
-        ours, _ = M.recompute_gradient(trace, w.policy, w.trainable)
-        out.append(M.gradient_check(w.state.gradient, ours, dtype, trace.recorded.gradient_accumulation_steps))
+        ours = M.recompute_gradient(trace, w.policy, w.trainable)
+        # a loss mistake its value hides shows in its gradient: tried only when no earlier phase disagreed
+        variants = () if upstream else M.loss_variant_gradients(trace, w.policy, w.trainable, ours)
+        out.append(M.gradient_check(w.state.gradient, ours, dtype, trace.recorded.gradient_accumulation_steps,
+                                    variants))
     elif trace.update is not None and w.state is None and _single_pass(trace.config):
-        ours, _ = M.recompute_gradient(trace, w.policy, w.trainable)
+        ours = M.recompute_gradient(trace, w.policy, w.trainable)
         norm = sum(float(v.double().pow(2).sum()) for v in ours.values()) ** 0.5
         out.append(scalar("gradient", q + " (its global L2 norm: the trace keeps no gradient)",
                           float(trace.update.grad_norm_pre_clip), norm, tol_for(M.REL_TOL, dtype)))

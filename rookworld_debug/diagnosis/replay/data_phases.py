@@ -187,11 +187,27 @@ def loss_value(trace) -> tuple[float, str]:
     return float(trace.loss.loss), "the loss record"
 
 
-def _loss_of(trace, objective, logps, old, ref, adv):
+def micro_batches(trace) -> list:
+    """The rows of each micro-batch the recorded loss was summed over: `gradient_accumulation_steps` contiguous,
+    equal chunks (torch.chunk) — the layout a recorder declares; TRL scales each one's loss by its own count."""
+    n = trace.rollout.completion_ids.shape[0]
+    ga = trace.recorded.gradient_accumulation_steps if trace.recorded is not None else 1
+    return list(torch.arange(n).chunk(max(1, min(int(ga), n))))
+
+
+def loss_total(trace, objective, logps, old, ref, adv):
+    """Σ over the micro-batches of the declared loss (a 0-dim tensor, differentiable through `logps`)."""
     r = trace.rollout
     mask = r.completion_mask
-    return compute_loss(logps, old, ref, adv, mask, objective,
-                        LossBatch(num_items_in_batch=mask.sum(), num_generations=r.num_generations))
+    chunks = micro_batches(trace)
+    total = 0.0
+    for rows in chunks:
+        def pick(x):
+            return None if x is None else x[rows]
+        total = total + compute_loss(pick(logps), pick(old), pick(ref), adv[rows], mask[rows], objective,
+                                     LossBatch(num_items_in_batch=mask.sum(), gradient_accumulation_steps=len(chunks),
+                                               num_generations=None)).loss
+    return total
 
 
 def loss_check(trace) -> PhaseCheck:
@@ -207,16 +223,17 @@ def loss_check(trace) -> PhaseCheck:
     old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
     ref = r.ref_per_token_logps
     ob = Objective.from_config(trace.config)
-    value = float(_loss_of(trace, ob, r.per_token_logps, old, ref, adv).loss)
+    value = float(loss_total(trace, ob, r.per_token_logps, old, ref, adv))
     lp = r.per_token_logps
 
     def v(objective=ob, a=adv, reference=ref, logps=lp):
-        return lambda: float(_loss_of(trace, objective, logps, old, reference, a).loss)
+        return lambda: float(loss_total(trace, objective, logps, old, reference, a))
+    no_kl = v(objective=ob.replace(beta=0.0))
     variants = {"loss_advantage_sign": (v(a=-adv), "the loss uses −A: it pushes down the better completions"),
-                "kl_sign_flipped": (v(objective=ob.replace(beta=-ob.beta)) if ob.beta else None,
+                # the loss is linear in β: L(−β) = 2·L(0) − L(β)
+                "kl_sign_flipped": ((lambda: 2 * no_kl() - value) if ob.beta else None,
                                     "the KL term enters with −β: it pushes the policy away from the reference"),
-                "kl_not_applied": (v(objective=ob.replace(beta=0.0)) if ob.beta else None,
-                                   "the loss leaves out the β·KL term")}
+                "kl_not_applied": (no_kl if ob.beta else None, "the loss leaves out the β·KL term")}
     for lt in sorted({lt for fam in families() for lt in fam.rules} - {ob.loss_type}):
         variants[f"loss_aggregation/{lt}"] = (v(objective=ob.replace(loss_type=lt)),
                                               f"the loss equals loss_type={lt!r}'s aggregation, not the declared "

@@ -18,6 +18,9 @@ from .compare import DISAGREE, LOGP_TOL, REL_TOL, compare, skipped, tol_for
 from .records import AGREE, PhaseCheck, fmt
 
 ROWS_PER_FORWARD = 16
+# a gradient difference below this L2 norm is float noise whatever the gradient's size (all-zero advantages leave
+# only a KL gradient of ~1e-9 at a policy one tiny step from its reference)
+GRAD_ATOL = 1e-6
 
 
 @torch.no_grad()
@@ -100,32 +103,57 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
                    variants=variants)
 
 
-def recompute_gradient(trace, policy, trainable) -> tuple[dict, float]:
-    """({name: ∇θ of the declared loss}, the loss) on the recorded rows, advantages, π_old and reference."""
-    r, config = trace.rollout, trace.config
-    ob = Objective.from_config(config)
+def recompute_gradient(trace, policy, trainable, objective=None, advantages=None) -> dict:
+    """{name: ∇θ of the declared loss} on the recorded rows, advantages, π_old and reference, summed over the
+    step's micro-batches as the loop accumulated them (`objective` / `advantages`: a variant's)."""
+    from rookworld_debug.diagnosis.replay.data_phases import micro_batches
+    r = trace.rollout
+    ob = objective or Objective.from_config(trace.config)
+    adv = trace.advantages.advantages if advantages is None else advantages
     names = set(trainable)
     for n, p in policy.named_parameters():
         p.requires_grad_(n in names)
         p.grad = None
-    logps, ent = per_token_logps_and_entropy(policy, r.prompt_ids, r.prompt_mask, r.completion_ids,
-                                             r.completion_mask, r.temperatures, with_grad=True,
-                                             entropy_grad=ob.entropy_coef != 0)
     old = getattr(trace.recorded, "old_per_token_logps", None)
-    loss = compute_loss(logps, old, r.ref_per_token_logps, trace.advantages.advantages, r.completion_mask, ob,
-                        LossBatch(entropy=ent, num_items_in_batch=r.completion_mask.sum(),
-                                  num_generations=r.num_generations))
-    loss.loss.backward()
-    grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
-             for n, p in policy.named_parameters() if n in names}
-    return grads, float(loss.loss.detach())
+    chunks = micro_batches(trace)
+    for rows in chunks:
+        logps, ent = per_token_logps_and_entropy(policy, r.prompt_ids[rows], r.prompt_mask[rows],
+                                                 r.completion_ids[rows], r.completion_mask[rows],
+                                                 r.temperatures[rows], with_grad=True,
+                                                 entropy_grad=ob.entropy_coef != 0)
+        pick = (lambda x: None if x is None else x[rows])
+        compute_loss(logps, pick(old), pick(r.ref_per_token_logps), adv[rows], r.completion_mask[rows], ob,
+                     LossBatch(entropy=ent, num_items_in_batch=r.completion_mask.sum(),
+                               gradient_accumulation_steps=len(chunks))).loss.backward()
+    return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+            for n, p in policy.named_parameters() if n in names}
+
+
+def loss_variant_gradients(trace, policy, trainable, ours: dict):
+    """(code, sentence, gradient) of the loss mistakes a loss value can hide (Σ A = 0 within a group at ratio 1),
+    each computed on demand."""
+    from rookworld_debug.grpo.families import families
+    ob = Objective.from_config(trace.config)
+
+    def grad(**kw):
+        return lambda: recompute_gradient(trace, policy, trainable, **kw)
+    yield ("loss_advantage_sign", "the loss uses −A (its value hides it: Σ A = 0 in a group; its gradient does "
+           "not): the update pushes down the better completions", grad(advantages=-trace.advantages.advantages))
+    if ob.beta:
+        no_kl = grad(objective=ob.replace(beta=0.0))
+        yield ("kl_not_applied", "the loss leaves out the β·KL term", no_kl)
+        yield ("kl_sign_flipped", "the KL term enters with −β: it pushes the policy away from the reference",
+               lambda: {n: 2 * v - ours[n] for n, v in no_kl().items()})     # linear in β: g(−β) = 2·g(0) − g(β)
+    for lt in sorted({lt for fam in families() for lt in fam.rules} - {ob.loss_type}):
+        yield (f"loss_aggregation/{lt}", f"the loss is loss_type={lt!r}'s aggregation, not the declared "
+               f"{ob.loss_type!r}'s", grad(objective=ob.replace(loss_type=lt)))
 
 
 def _dot(a: dict, b: dict, names) -> float:
     return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
 
 
-def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int) -> PhaseCheck:
+def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, loss_variants=()) -> PhaseCheck:
     from rookworld_debug.grpo.trace.state import relative_error
     names = [n for n in ours if n in recorded]
     q = "gradient: ∇θ of the declared loss at the weights before the update (before clipping)"
@@ -135,7 +163,7 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int) ->
     err, worst, worst_err = relative_error(recorded, ours, names)
     norm_ref = math.sqrt(_dot(ours, ours, names))
     norm_rec = math.sqrt(_dot(recorded, recorded, names))
-    if err <= tol:
+    if err <= tol or err * norm_ref <= GRAD_ATOL:
         return PhaseCheck("gradient", q, AGREE, err, tol, measure="‖g_recorded − g‖ / ‖g‖")
     k = _dot(recorded, ours, names) / (norm_ref ** 2) if norm_ref > 0 else math.nan
     resid = math.sqrt(max(norm_rec ** 2 - 2 * k * _dot(recorded, ours, names) + k * k * norm_ref ** 2, 0.0))
@@ -148,12 +176,34 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int) ->
                (f": the micro-batch losses were not divided by the {accumulation} accumulation steps"
                 if accumulation > 1 and abs(k - accumulation) < 0.05 * accumulation else
                 "" if k > 0 else ": it points the other way"))
-    elif 0.5 < k < 1.5 and norm_rec > 1.2 * norm_ref:
-        cause, why = "gradient_not_zeroed", ("the recorded gradient holds this loss's gradient plus another one "
-                                             "(gradients not zeroed since an earlier backward)")
+    else:
+        found = _loss_mistake(recorded, names, tol, loss_variants)
+        if found is not None:
+            code, why, err_v = found
+            return PhaseCheck("loss", "the loss's gradient: ∇θ of the declared loss (the value agrees; what it "
+                              "differentiates does not)", DISAGREE, err, tol, f"worst parameter {worst}",
+                              f"‖g‖ = {fmt(norm_rec)}", f"‖g‖ = {fmt(norm_ref)}", code.split("/")[0], why,
+                              measure="‖g_recorded − g‖ / ‖g‖")
+        if 0.5 < k < 1.5 and norm_rec > 1.2 * norm_ref:
+            cause, why = "gradient_not_zeroed", ("the recorded gradient holds this loss's gradient plus another "
+                                                 "one (gradients not zeroed since an earlier backward)")
     return PhaseCheck("gradient", q, DISAGREE, err, tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
                       f"‖g‖ = {fmt(norm_rec)}", f"‖g‖ = {fmt(norm_ref)}", cause, why,
                       measure="‖g_recorded − g‖ / ‖g‖")
+
+
+def _loss_mistake(recorded: dict, names, tol: float, variants):
+    """(code, sentence, error) of the first loss variant whose gradient is the recorded one, else None."""
+    from rookworld_debug.grpo.trace.state import relative_error
+    for code, sentence, grad in variants:
+        try:
+            g = grad()
+        except Exception:  # noqa: BLE001 - a variant the batch's settings refuse explains nothing
+            continue
+        err = relative_error(recorded, g, names)[0]
+        if err <= tol:
+            return code, sentence, err
+    return None
 
 
 OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}

@@ -1,0 +1,229 @@
+"""A small hand-written GRPO loop, independent of the project's step code, whose code can be broken on purpose at
+every phase; it records its step through `rookworld_debug.record.StepRecorder`, so the fault benchmark measures
+diagnosis by replay on bugs written into a loop, not into the project.
+
+Its own sampling loop (KV cache, one token per forward, fixed length T with EOS padding), the RookWorld reward
+against the dataset label, TRL's group advantages A = (r − mean_g) / (std_g + 1e-4), the PPO-clip objective with
+the k3 KL, aggregated as TRL's grpo / dapo / bnpo / dr_grpo, micro-batches with gradient accumulation, AdamW with
+grad clip. `FAULTS` maps each fault to the phase it breaks and the cause a diagnosis should name.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+# fault → (phase it breaks, the finding code that names it; "" = the phase alone: no known mechanism)
+FAULTS = {
+    "rows_prompt_major": ("generation", "rows_not_grouped"),
+    "mask_after_eos": ("generation", "tokens_after_eos_trained"),
+    "mask_drops_eos": ("generation", "eos_not_in_mask"),
+    "reward_shift": ("rewards", "reward_rows_misaligned"),
+    "reward_wrong_labels": ("rewards", ""),
+    "adv_no_std": ("advantages", "advantage_not_scaled"),
+    "adv_grouping_stride": ("advantages", "advantage_grouping"),
+    "adv_ddof0": ("advantages", "advantage_std_ddof"),
+    "sampler_no_temperature": ("scoring", "temperature_not_applied"),
+    "logps_no_temperature": ("scoring", "temperature_not_applied"),
+    "logps_no_position_ids": ("scoring", "position_ids_left_pad"),
+    "logps_unshifted": ("scoring", "logits_not_shifted"),
+    "ref_is_policy": ("scoring", "reference_tracks_policy"),
+    "loss_kl_sign": ("loss", "kl_sign_flipped"),
+    "loss_adv_sign": ("loss", "loss_advantage_sign"),
+    "loss_wrong_aggregation": ("loss", "loss_aggregation"),
+    "accum_no_divide": ("gradient", "gradient_scaled"),
+    "no_zero_grad": ("gradient", "gradient_not_zeroed"),
+    "optimizer_reset": ("update", "optimizer_state_reset"),
+    "no_clip": ("update", "grad_clip_not_applied"),
+    "lr_changed": ("update", "update_scaled"),
+    "no_step": ("update", "optimizer_no_op"),
+}
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    loss_type: str = "grpo"          # grpo | dapo | bnpo | dr_grpo (TRL's aggregations)
+    beta: float = 0.04
+    epsilon: float = 0.2
+    num_generations: int = 4
+    num_prompts: int = 2
+    temperature: float = 0.8
+    lr: float = 1e-4
+    max_grad_norm: float = 1.0
+    max_new_tokens: int = 160
+    micro_batches: int = 2
+    task: str = "P"                  # P | A
+    steps: int = 2                   # the last one is recorded
+    seed: int = 0
+    dtype: str = "float32"
+
+
+def _data(task: str, n: int, seed: int) -> list[dict]:
+    from rookworld_debug.record import BUNDLED_DATA
+    rows = [json.loads(x) for x in BUNDLED_DATA.read_text().splitlines()]
+    rows = [r for r in rows if r["task"] == task and r["split"] == "train"]
+    return random.Random(seed).sample(rows, n)
+
+
+def _positions(attn: torch.Tensor) -> torch.Tensor:
+    return (attn.cumsum(1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int, gen, fault: str = ""):
+    """(ids (N, T), mask (N, T) through the first EOS, the sampler's log-probs (N, T))."""
+    attn = prompt_mask.clone()
+    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=_positions(attn), use_cache=True)
+    past, logits = out.past_key_values, out.logits[:, -1]
+    pos = _positions(attn)[:, -1]
+    done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
+    ids, logps = [], []
+    for _ in range(t):
+        lp = (logits.float() / temperature).log_softmax(-1)                              # (N, V)
+        tok = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(1)
+        tok = torch.where(done, torch.full_like(tok, eos), tok)
+        raw = logits.float().log_softmax(-1) if fault == "sampler_no_temperature" else lp
+        ids.append(tok)
+        logps.append(raw.gather(1, tok[:, None]).squeeze(1))
+        done |= tok == eos
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+        pos = pos + 1
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos[:, None], past_key_values=past,
+                    use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1]
+    ids = torch.stack(ids, 1)
+    is_eos = ids == eos
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(ids[:, 0], t))
+    mask = (torch.arange(t)[None] <= first[:, None]).long()
+    if fault == "mask_after_eos":
+        mask = torch.ones_like(mask)
+    if fault == "mask_drops_eos":
+        mask = mask * (ids != eos).long()
+    return ids, mask, torch.stack(logps, 1) * mask
+
+
+def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, fault: str = ""):
+    full, attn = torch.cat([prompt_ids, ids], 1), torch.cat([prompt_mask, mask], 1)
+    kw = {} if fault == "logps_no_position_ids" else {"position_ids": _positions(attn)}
+    logits = model(input_ids=full, attention_mask=attn, **kw).logits
+    p = prompt_ids.shape[1]
+    at = logits[:, p:p + ids.shape[1]] if fault == "logps_unshifted" else logits[:, p - 1:-1]
+    t = 1.0 if fault == "logps_no_temperature" else temperature
+    return (at.float() / t).log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1) * mask
+
+
+def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
+    b = r.numel() // g
+    grouped = r.view(g, b).T if fault == "adv_grouping_stride" else r.view(b, g)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if fault == "adv_no_std":
+        a = centred
+    else:
+        a = centred / (grouped.std(1, keepdim=True, correction=0 if fault == "adv_ddof0" else 1) + 1e-4)
+    return a.T.reshape(-1) if fault == "adv_grouping_stride" else a.reshape(-1)
+
+
+def loss_of(logps, ref, adv, mask, c: LoopConfig, n_total: int, tokens_total, fault: str = ""):
+    """TRL's per-token PPO-clip + β·k3 KL, aggregated as `c.loss_type` (one micro-batch; ÷ micro-batches inside)."""
+    ratio = torch.exp(logps - logps.detach())
+    a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
+    pg = -torch.min(ratio * a, ratio.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
+    d = ref - logps
+    kl = (torch.exp(d) - d - 1) * ratio
+    beta = -c.beta if fault == "loss_kl_sign" else c.beta
+    per_token = pg + beta * kl
+    m = mask.float()
+    agg = {"grpo": "dapo", "dapo": "grpo", "bnpo": "grpo", "dr_grpo": "grpo"}[c.loss_type] \
+        if fault == "loss_wrong_aggregation" else c.loss_type
+    if agg == "grpo":
+        return ((per_token * m).sum(1) / m.sum(1).clamp(min=1)).sum() / n_total
+    if agg == "dapo":
+        return (per_token * m).sum() / tokens_total
+    if agg == "bnpo":
+        return (per_token * m).sum() / m.sum().clamp(min=1) / c.micro_batches
+    return (per_token * m).sum() / (n_total * c.max_new_tokens)
+
+
+def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
+    """Train `c.steps` steps with `fault` written into the loop; record the last. Returns the StepRecorder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rookworld_debug.record import EMBEDDED_MODEL, StepRecorder
+    from rookworld_debug.trl.rewards import rookworld_reward_funcs
+    if fault and fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {sorted(FAULTS)}")
+    torch.manual_seed(c.seed)
+    gen = torch.Generator().manual_seed(c.seed)
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
+    dtype = getattr(torch, c.dtype)
+    model = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL, dtype=dtype).eval()
+    ref = copy.deepcopy(model).requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
+    funcs = rookworld_reward_funcs("dataset")
+    g, rec = c.num_generations, None
+    for step in range(1, c.steps + 1):
+        last = step == c.steps
+        batch = _data(c.task, c.num_prompts, c.seed + step)
+        prompts, labels = [x["prompt"] for x in batch], [x["completion"] for x in batch]
+        enc = tok(prompts, return_tensors="pt", padding=True)
+        if fault == "rows_prompt_major":
+            p_ids, p_mask = enc.input_ids.repeat(g, 1), enc.attention_mask.repeat(g, 1)
+            rows_p, rows_l = prompts * g, labels * g
+        else:
+            p_ids, p_mask = enc.input_ids.repeat_interleave(g, 0), enc.attention_mask.repeat_interleave(g, 0)
+            rows_p, rows_l = [p for p in prompts for _ in range(g)], [x for x in labels for _ in range(g)]
+        if last:
+            rec = StepRecorder(tok, trainer="lab hand-written loop", step=step, loss_type=c.loss_type,
+                               num_generations=g, beta=c.beta, epsilon=c.epsilon, temperature=c.temperature,
+                               reward_mode="dataset", max_grad_norm=c.max_grad_norm,
+                               gradient_accumulation_steps=c.micro_batches, seed=c.seed)
+            rec.batch(rows_p, labels=rows_l)
+            rec.model_before(model, opt, reference=ref)
+        with torch.no_grad():
+            ids, mask, s_logps = sample(model, p_ids, p_mask, c.max_new_tokens, c.temperature, tok.eos_token_id, gen,
+                                        fault)
+            texts = tok.batch_decode(ids * mask + tok.eos_token_id * (1 - mask), skip_special_tokens=True)
+            use_labels = rows_l[g:] + rows_l[:g] if fault == "reward_wrong_labels" else rows_l
+            cols = [f(prompts=rows_p, completions=texts, label=use_labels) for f in funcs]
+            r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
+            if fault == "reward_shift":
+                r = torch.roll(r, 1)
+            adv = advantages(r, g, fault)
+            scorer = model if fault == "ref_is_policy" else ref
+            ref_logps = token_logps(scorer, p_ids, p_mask, ids, mask, c.temperature)
+        if last:
+            rec.rollout(prompt_ids=p_ids, prompt_mask=p_mask, completion_ids=ids, completion_mask=mask,
+                        completions=texts, sampling_logps=s_logps)
+            rec.rewards(r, per_func={"rookworld": r})
+            rec.advantages(adv)
+        if fault == "optimizer_reset":
+            opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
+        if fault != "no_zero_grad" or step == 1:
+            opt.zero_grad()
+        total, lp_rows, n, tokens = 0.0, [], ids.shape[0], mask.sum()
+        for rows in torch.arange(n).chunk(c.micro_batches):
+            lp = token_logps(model, p_ids[rows], p_mask[rows], ids[rows], mask[rows], c.temperature, fault)
+            loss = loss_of(lp, ref_logps[rows], adv[rows], mask[rows], c, n, tokens, fault)
+            (loss * (c.micro_batches if fault == "accum_no_divide" else 1)).backward()
+            total += float(loss.detach())
+            lp_rows.append(lp.detach())
+        if last:
+            rec.logprobs(torch.cat(lp_rows), ref=ref_logps, training=model.training)
+            rec.loss(total)
+            rec.gradient(model)
+        if fault != "no_clip":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
+        if fault == "lr_changed" and last:
+            for group in opt.param_groups:
+                group["lr"] = c.lr * 10
+        if fault != "no_step":
+            opt.step()
+        if last:
+            rec.model_after(model)
+    if out is not None:
+        rec.save(out)
+    return rec
