@@ -1,7 +1,7 @@
 """`rookworld-debug diagnose PATH`: what is likely wrong, with evidence and fix, for a step trace, a TRL capture, a
 captures folder or a run folder. Exit codes (a gate for scripts and CI):
 0 = no error-level finding, 1 = an error-level finding, 2 = the diagnosis did not complete: bad input (a named
-error) or a failure of the tool itself (the message says which).
+error), a check that could not run (named), or a failure of the tool itself (the message says which).
 
     rookworld-debug diagnose runs/demo                 # ranked findings, text
     rookworld-debug diagnose runs/demo --json          # {"findings": [...]}, most likely first
@@ -41,6 +41,9 @@ def main(argv=None) -> int:
         if hasattr(sys.stdout, "reconfigure"):           # a strict locale never fails on a path's bytes
             sys.stdout.reconfigure(errors="backslashreplace")
         print(format_findings(findings, notes=a.all))
+    crashed = [f.cause for f in findings if f.code == "check_failed"]
+    if crashed:      # a gate must not read a check that could not run as a healthy step
+        return _fail(f"{len(crashed)} check(s) could not run, so the diagnosis is incomplete: " + "; ".join(crashed))
     return 1 if any(f.severity == "error" for f in findings) else 0
 
 

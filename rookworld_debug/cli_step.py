@@ -68,11 +68,14 @@ def config_from_args(config_path: str | None, overrides: list[str]):
             d = yaml.safe_load(text) or {}
         else:
             d = json.loads(text)
+    choices = {k: e.get("choices") or () for k, e in StepConfig.glossary().items()}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set expects key=value, got {item!r}")
-        d[key.strip()] = parse_value(value)
+        key = key.strip()
+        # a documented choice spelled like a literal ('none' of scale_rewards) stays that choice
+        d[key] = value.strip() if value.strip() in choices.get(key, ()) else parse_value(value)
     return StepConfig.from_dict(d)
 
 

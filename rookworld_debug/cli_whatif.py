@@ -5,7 +5,7 @@
     rookworld-debug whatif runs/demo/captures/step-000007 --before runs/demo/checkpoint-6 --set lr=1e-5 --steps 3
     rookworld-debug whatif runs/step0 --from-findings --steps 10
 
-PATH: a saved step (`rookworld-debug step --save`, trace.json), a `run_steps` checkpoint folder (state.json), or a
+PATH: a saved step (`rookworld-debug step --out DIR`, trace.json), a `run_steps` checkpoint folder (state.json), or a
 TRL capture (with --before: the Trainer checkpoint saved before the captured step), or a TRL run folder (its
 flight-recorder captures and Trainer checkpoints, e.g. a trl-demo run): the captured step whose update led to the
 first flagged step is branched from the checkpoint saved before it, and one line says which. Each --set is one arm
@@ -20,6 +20,8 @@ import json
 import sys
 from pathlib import Path
 
+from rookworld_debug import cliargs
+
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rookworld-debug whatif", description=__doc__,
@@ -29,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="one arm: settings to change (StepConfig names or lr, eps, G, importance_sampling, mu)")
     ap.add_argument("--from-findings", action="store_true", help="one arm per finding of the diagnosis with a "
                     "configuration fix; the symptoms its evidence names")
-    ap.add_argument("--steps", type=int, default=0, help="k-step branches of this many steps (0: one step only)")
+    ap.add_argument("--steps", type=cliargs.int_in(0, cliargs.MAX_STEPS), default=0, help="k-step branches of this many steps (0: one step only)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per arm, shared across arms (default 3)")
     ap.add_argument("--before", help="the checkpoint the step starts from (TRL: checkpoint-N, N = step − 1; a saved "
                     "step: a run_steps checkpoint or model folder replacing the recorded start)")
@@ -38,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="whatif-out", help="folder for whatif.json and whatif.html")
     ap.add_argument("--json", action="store_true", help="print the JSON")
     ap.add_argument("--cluster", help="Dask scheduler address (tcp://host:8786): run the arms there")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=cliargs.threads, default=2)
     ap.add_argument("--device", help="where the arms run: 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto' (default: the "
                     "saved step's own device setting; the unchanged arm reproduces the record only on the same kind "
                     "of device)")

@@ -41,10 +41,21 @@ def run(name: str, cmd: list, timeout: float, env: dict | None = None) -> dict:
     except subprocess.TimeoutExpired as e:      # its output so far arrives as bytes
         text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
         rc, out = "timeout", text(e.stdout) + text(e.stderr)
-    res = {"name": name, "command": " ".join(map(str, cmd)), "exit": rc,
+    res = {"name": name, "command": " ".join(map(str, cmd)), "exit": rc, "device": _device_of(cmd),
            "seconds": round(time.perf_counter() - t0, 2), "tail": out.strip().splitlines()[-12:]}
     print(f"[gpu-check] {name}: exit {rc} in {res['seconds']} s", flush=True)
     return res
+
+
+def _device_of(cmd: list) -> str:
+    """The device a part ran on: its --device / device= argument, else the suite's (RW_TEST_DEVICE) or 'cpu'."""
+    args = [str(c) for c in cmd]
+    for i, c in enumerate(args):
+        if c == "--device" and i + 1 < len(args):
+            return args[i + 1]
+        if c.startswith("device="):
+            return c.split("=", 1)[1]
+    return os.environ.get("RW_TEST_DEVICE", "cpu")
 
 
 def machine(device: str) -> dict:
@@ -58,6 +69,17 @@ def machine(device: str) -> dict:
         spec = importlib.util.find_spec(mod)
         info[mod] = None if spec is None else getattr(__import__(mod), "__version__", "present")
     return info
+
+
+def device_refusal(device: str) -> str:
+    """Why the check cannot measure `device` here ("" when it can)."""
+    import torch
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return (f"--device {device}: this machine has no CUDA GPU (torch {torch.__version__}, "
+                f"cuda_available false); nothing written. Rehearse with --device cpu --quick")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        return "--device mps: this machine has no MPS device; nothing written"
+    return ""
 
 
 def absent_modules() -> list:
@@ -184,6 +206,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "bench"))
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: suite, commands, trl, bench")
     a = ap.parse_args()
+    refusal = device_refusal(a.device)
+    if refusal:                  # never a JSON that reads like a measurement of a GPU this machine does not have
+        print(f"gpu-check: error: {refusal}", file=sys.stderr)
+        return 2
     skip = set(filter(None, a.skip.split(",")))
     t0 = time.perf_counter()
     result = {"schema": "rookworld_debug.gpu_check/1", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

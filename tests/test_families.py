@@ -104,7 +104,10 @@ def test_advantages_come_from_the_family():
 
 
 def test_a_family_registered_in_test_code_answers_its_loss_type():
-    toy = register(Family("toy", {"toy_loss": LossRule("rows")}, lambda rewards, config: rewards))
+    from rookworld_debug.grpo.objective.aggregation import fixed_length
+    from rookworld_debug.grpo.objective.terms import clipped_surrogate
+    toy = register(Family("toy", {"toy_loss": LossRule("rows", clipped_surrogate, fixed_length)},
+                          lambda rewards, config: rewards))
     assert family_of("toy_loss") is toy and toy.mb_weight("toy_loss", slice(0, 1), 4, torch.ones(4, 2)) == 0.25
     with pytest.raises(ValueError, match="weighting"):
         register(Family("bad", {"x": LossRule("per-moon")}, lambda r, c: r))

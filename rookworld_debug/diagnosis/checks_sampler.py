@@ -204,12 +204,26 @@ def _temperature_ratio(trace) -> list:
             E.ev("gap_at_ratio_1", float(err[one]), "mean |gap| over the same tokens at c = 1")]
 
 
+HALF = ("bfloat16", "float16", "torch.bfloat16", "torch.float16")
+
+
 def _precision(trace, st, evs, step):
     if st["mean_abs"] > BF16_MEAN_ABS:
         return []
     prec = recorded_precision(trace)
-    if prec.get("sampler") and prec.get("policy") and prec["sampler"] == prec["policy"]:
-        return []                                # recorded: the sampler ran in the trainer's precision
+    same = bool(prec.get("sampler")) and prec.get("sampler") == prec.get("policy")
+    if same and prec["policy"] not in HALF:
+        return []                                # recorded: both fp32, a gap is not rounding
+    if same:                                     # both 16-bit: a KV-cached loop and a full forward round apart
+        return [Finding(
+            code="sampler_precision", severity="info",
+            cause=f"Sampler and trainer both run in {prec['policy']}: the KV-cached sampling loop and the full "
+                  "training forward round differently, so their log-probs differ slightly (both signs), as in any "
+                  "16-bit GRPO step.",
+            evidence=(*evs, E.ev("sampler_gap_pos_share", st["pos_share"], "share of tokens with ℓ^sampler > "
+                                 "ℓ^trainer")),
+            fix=Fix("Nothing to fix; for an exact ratio, score in float32 or correct with importance sampling.",
+                    step_config={"vllm_importance_sampling_correction": True}), score=1.0, step=step)]
     ac = getattr(trace.config, "sampling_autocast", None)
     return [Finding(
         code="sampler_precision", severity="warning",

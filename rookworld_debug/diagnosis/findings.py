@@ -213,7 +213,10 @@ def _finding_from_dict(d) -> Finding:
     severity = _str(d, "severity", "severity", required=True)
     if severity not in SEVERITIES:
         raise _bad("severity", f"must be one of {SEVERITIES}, got {severity[:40]!r}")
-    evidence, alternatives, step = d.get("evidence") or [], d.get("alternatives") or [], d.get("step")
+    # absent or null means none; any other value must be a list (0, "" and {} are wrong types, not "empty")
+    evidence, alternatives, step = d.get("evidence", []), d.get("alternatives", []), d.get("step")
+    evidence = [] if evidence is None else evidence
+    alternatives = [] if alternatives is None else alternatives
     if not isinstance(evidence, list):
         raise _bad("evidence", f"is a {type(evidence).__name__}, not a list")
     if not isinstance(alternatives, list) or not all(isinstance(a, str) for a in alternatives):

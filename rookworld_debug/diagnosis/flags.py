@@ -21,6 +21,7 @@ COVERED = (
 )
 # a flag that says the step's numbers cannot be trusted is a warning; the rest are notes
 SERIOUS = re.compile(r"non-finite|refused|failed|differs from|≠|must refuse|fully masked", re.I)
+MAX_NOTES = 200
 MALFORMED = re.compile(r"(\d+)/(\d+) completions malformed")
 
 
@@ -41,9 +42,18 @@ def check_phase_flags(trace) -> list:
                         "the prompt format and the completion budget."), score=1.0 + bad / max(n, 1)))
             continue
         notes.append(flag)
-    for flag in notes:
+    # one finding per distinct note, at most MAX_NOTES of them (a trace with 300,000 flags is read in a second)
+    distinct = list(dict.fromkeys(notes))
+    for flag in distinct[:MAX_NOTES]:
         serious = bool(SERIOUS.search(flag))
-        out.append(Finding(code="phase_note", severity="warning" if serious else "info", cause=flag, evidence=(),
-                           fix=Fix("See the phase's record named in the note."),
+        out.append(Finding(code="phase_note", severity="warning" if serious else "info", cause=flag[:2000],
+                           evidence=(), fix=Fix("See the phase's record named in the note."),
                            score=3.0 if serious else 0.5))
+    if len(distinct) > MAX_NOTES:
+        serious = sum(bool(SERIOUS.search(f)) for f in distinct[MAX_NOTES:])
+        out.append(Finding(code="phase_note", severity="warning" if serious else "info",
+                           cause=f"{len(distinct) - MAX_NOTES} more distinct phase notes ({serious} of them serious) "
+                                 f"not listed; {len(notes)} notes in all ({len(notes) - len(distinct)} repeats)",
+                           evidence=(Evidence("phase_notes", float(len(notes)), "flags the trace holds", "trace"),),
+                           fix=Fix("Read trace.flags for the full list."), score=3.0 if serious else 0.5))
     return out

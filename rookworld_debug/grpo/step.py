@@ -15,7 +15,7 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.grpo.families import family_of
+from rookworld_debug.grpo.families import checked, family_of
 from rookworld_debug.grpo.multistep.start import setup as setup_phase
 from rookworld_debug.grpo.objective.loss import LossBreakdown
 from rookworld_debug.grpo.phases.advantages import Advantages
@@ -217,7 +217,8 @@ def _update_phase(s: Setup, rollout, advantages, loss, config: StepConfig, flags
     and a loss that differs from the displayed record go into `flags`."""
     iterations, upd = (), None
     family = family_of(config.loss_type)
-    upd_config = family.update_config(config, loss) if family.update_config is not None else config
+    upd_config = checked(family, "update_config", family.update_config(config, loss), StepConfig, "a StepConfig") \
+        if family.update_config is not None else config
     try:
         iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, upd_config, reference=s.reference,
                                     loss_record=loss, flags=flags)

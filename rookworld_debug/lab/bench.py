@@ -52,6 +52,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from rookworld_debug import cliargs
+
 from rookworld_debug.lab.bench_measure import (GPT2_124M, _InProcessWorker, _ProcessWorker, _worker_main,  # noqa: F401
                                                engine_bench, engine_sets, machine_info, materialize_model,
                                                profile_variant, run_once, widget_bench)
@@ -83,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-workers", type=int, default=2)
     p.add_argument("--heldout-n", type=int, default=16, help="held-out prompts of (b)'s before/after eval")
     p.add_argument("--eval-max-new-tokens", type=int, default=196)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=cliargs.threads, default=2)
     p.add_argument("--micro-batch-size", type=int, default=None,
                    help="rows per backward (same gradient, bounded memory); TRL gets per-device batch m, GA N/m")
     p.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda'")
@@ -286,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                         ("--num-generations", args.num_generations, 2), ("--threads", args.threads, 1)):
         if v is not None and v < lo:
             raise ConfigError(flag, f"must be ≥ {lo}, got {v}")
+    if args.device != "auto":            # a device this machine lacks: one line, before any work
+        from rookworld_debug.models.devices import check_device
+        check_device(args.device, "--device")
     if args.profile is not None and args.profile not in VARIANTS:
         raise ConfigError("--profile", f"must be one of {''.join(VARIANTS)}, got {args.profile!r}")
     bad = sorted(set(args.variants) - set(VARIANTS))

@@ -337,6 +337,8 @@ def check_result(rec, where: str) -> dict:
             raise DataError(f"{where}: unknown field {str(key)[:60]!r}")
         if not ok(v):
             raise DataError(f"{where}: field {key!r} has the wrong type or value ({str(v)[:60]!r})")
+    if rec["kind"] == "crash" and "error" not in rec:
+        raise DataError(f"{where}: a crashed case's result has no 'error'")
     if rec["kind"] in ("step", "trl") and rec.get("fault") is not None:
         for key in ("seed", "accept"):
             if key not in rec:

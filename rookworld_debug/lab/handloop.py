@@ -42,6 +42,26 @@ FAULTS = {
     "lr_changed": ("update", "update_scaled"),
     "no_step": ("update", "optimizer_no_op"),
 }
+# written after the replay's checks were frozen, scored against them unchanged (docs/DIAGNOSIS.md): the cause is the
+# code a frozen mechanism should name, "" where none was written for it (the phase alone counts)
+HELDOUT_FAULTS = {
+    "sampler_top_k": ("scoring", ""),                   # samples from the top-5 renormalised; records those log-probs
+    "completion_texts_rolled": ("generation", "completion_text_misaligned"),   # texts of the next row scored
+    "mask_shifted": ("generation", ""),                 # the loss mask shifted one token right
+    "reward_negated": ("rewards", "reward_sign_flipped"),
+    "adv_not_centred": ("advantages", "advantage_not_centered"),
+    "adv_clipped": ("advantages", ""),                  # advantages clipped to ±0.5 (not declared)
+    "ref_refreshed": ("scoring", "reference_tracks_policy"),   # the reference re-copied from the policy each step
+    "scoring_bf16": ("scoring", ""),                    # the loss forward under bf16 autocast, declared fp32
+    "ratio_inverted": ("loss", ""),                     # ratio = exp(ℓ_old − ℓ)
+    "entropy_bonus_undeclared": ("loss", ""),           # − 0.01 · mean entropy added to the loss
+    "zero_grad_per_micro_batch": ("gradient", ""),      # only the last micro-batch's gradient survives
+    "grad_doubled_by_hook": ("gradient", "gradient_scaled"),   # a gradient hook that multiplies by 2
+    "weight_decay_changed": ("update", ""),             # the optimizer's weight decay raised after the snapshot
+    "clip_after_step": ("update", "grad_clip_not_applied"),
+    "lr_zero": ("update", "optimizer_no_op"),           # a schedule at 0 for this step
+}
+ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS}
 
 
 @dataclass(frozen=True)
@@ -84,6 +104,9 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
     ids, logps = [], []
     for _ in range(t):
         lp = (logits.float() / temperature).log_softmax(-1)                              # (N, V)
+        if fault == "sampler_top_k":
+            kth = lp.topk(5, -1).values[:, -1:]
+            lp = lp.masked_fill(lp < kth, -float("inf")).log_softmax(-1)
         tok = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(1)
         tok = torch.where(done, torch.full_like(tok, eos), tok)
         raw = logits.float().log_softmax(-1) if fault == "sampler_no_temperature" else lp
@@ -103,13 +126,16 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
         mask = torch.ones_like(mask)
     if fault == "mask_drops_eos":
         mask = mask * (ids != eos).long()
+    if fault == "mask_shifted":
+        mask = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
     return ids, mask, torch.stack(logps, 1) * mask
 
 
 def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, fault: str = ""):
     full, attn = torch.cat([prompt_ids, ids], 1), torch.cat([prompt_mask, mask], 1)
     kw = {} if fault == "logps_no_position_ids" else {"position_ids": _positions(attn)}
-    logits = model(input_ids=full, attention_mask=attn, **kw).logits
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fault == "scoring_bf16"):
+        logits = model(input_ids=full, attention_mask=attn, **kw).logits
     p = prompt_ids.shape[1]
     at = logits[:, p:p + ids.shape[1]] if fault == "logps_unshifted" else logits[:, p - 1:-1]
     t = 1.0 if fault == "logps_no_temperature" else temperature
@@ -120,32 +146,40 @@ def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
     b = r.numel() // g
     grouped = r.view(g, b).T if fault == "adv_grouping_stride" else r.view(b, g)
     centred = grouped - grouped.mean(1, keepdim=True)
+    if fault == "adv_not_centred":
+        centred = grouped
     if fault == "adv_no_std":
         a = centred
     else:
         a = centred / (grouped.std(1, keepdim=True, correction=0 if fault == "adv_ddof0" else 1) + 1e-4)
+    a = a.clamp(-0.5, 0.5) if fault == "adv_clipped" else a
     return a.T.reshape(-1) if fault == "adv_grouping_stride" else a.reshape(-1)
 
 
 def loss_of(logps, ref, adv, mask, c: LoopConfig, n_total: int, tokens_total, fault: str = ""):
     """TRL's per-token PPO-clip + β·k3 KL, aggregated as `c.loss_type` (one micro-batch; ÷ micro-batches inside)."""
-    ratio = torch.exp(logps - logps.detach())
+    ratio = torch.exp(logps.detach() - logps) if fault == "ratio_inverted" else torch.exp(logps - logps.detach())
     a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
     pg = -torch.min(ratio * a, ratio.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
     d = ref - logps
     kl = (torch.exp(d) - d - 1) * ratio
     beta = -c.beta if fault == "loss_kl_sign" else c.beta
     per_token = pg + beta * kl
+    if fault == "entropy_bonus_undeclared":       # a sampled-token entropy proxy, −ℓ, as a bonus
+        per_token = per_token + 0.01 * logps
     m = mask.float()
-    agg = {"grpo": "dapo", "dapo": "grpo", "bnpo": "grpo", "dr_grpo": "grpo"}[c.loss_type] \
-        if fault == "loss_wrong_aggregation" else c.loss_type
-    if agg == "grpo":
-        return ((per_token * m).sum(1) / m.sum(1).clamp(min=1)).sum() / n_total
-    if agg == "dapo":
-        return (per_token * m).sum() / tokens_total
-    if agg == "bnpo":
-        return (per_token * m).sum() / m.sum().clamp(min=1) / c.micro_batches
-    return (per_token * m).sum() / (n_total * c.max_new_tokens)
+    agg = WRONG_AGGREGATION[c.loss_type] if fault == "loss_wrong_aggregation" else c.loss_type
+    return AGGREGATIONS[agg](per_token * m, m, n_total, tokens_total, c)
+
+
+# TRL's aggregations of the masked per-token loss L·m over one micro-batch, as this loop writes them
+AGGREGATIONS = {
+    "grpo": lambda lm, m, n, tokens, c: (lm.sum(1) / m.sum(1).clamp(min=1)).sum() / n,   # per-sequence mean
+    "dapo": lambda lm, m, n, tokens, c: lm.sum() / tokens,                              # the batch's tokens
+    "bnpo": lambda lm, m, n, tokens, c: lm.sum() / m.sum().clamp(min=1) / c.micro_batches,   # the micro-batch's
+    "dr_grpo": lambda lm, m, n, tokens, c: lm.sum() / (n * c.max_new_tokens),           # a constant
+}
+WRONG_AGGREGATION = dict(zip(AGGREGATIONS, ("dapo", "grpo", "grpo", "grpo")))
 
 
 def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
@@ -154,8 +188,8 @@ def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
 
     from rookworld_debug.record import EMBEDDED_MODEL, StepRecorder
     from rookworld_debug.trl.rewards import rookworld_reward_funcs
-    if fault and fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; known: {sorted(FAULTS)}")
+    if fault and fault not in ALL_FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {sorted(ALL_FAULTS)}")
     torch.manual_seed(c.seed)
     gen = torch.Generator().manual_seed(c.seed)
     tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
@@ -167,6 +201,8 @@ def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
     g, rec = c.num_generations, None
     for step in range(1, c.steps + 1):
         last = step == c.steps
+        if fault == "ref_refreshed":
+            ref = copy.deepcopy(model).requires_grad_(False)
         batch = _data(c.task, c.num_prompts, c.seed + step)
         prompts, labels = [x["prompt"] for x in batch], [x["completion"] for x in batch]
         enc = tok(prompts, return_tensors="pt", padding=True)
@@ -187,11 +223,15 @@ def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
             ids, mask, s_logps = sample(model, p_ids, p_mask, c.max_new_tokens, c.temperature, tok.eos_token_id, gen,
                                         fault)
             texts = tok.batch_decode(ids * mask + tok.eos_token_id * (1 - mask), skip_special_tokens=True)
+            if fault == "completion_texts_rolled":
+                texts = texts[1:] + texts[:1]
             use_labels = rows_l[g:] + rows_l[:g] if fault == "reward_wrong_labels" else rows_l
             cols = [f(prompts=rows_p, completions=texts, label=use_labels) for f in funcs]
             r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
             if fault == "reward_shift":
                 r = torch.roll(r, 1)
+            if fault == "reward_negated":
+                r = -r
             adv = advantages(r, g, fault)
             scorer = model if fault == "ref_is_policy" else ref
             ref_logps = token_logps(scorer, p_ids, p_mask, ids, mask, c.temperature)
@@ -202,10 +242,15 @@ def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
             rec.advantages(adv)
         if fault == "optimizer_reset":
             opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
+        if fault == "grad_doubled_by_hook" and last:
+            for p_ in model.parameters():
+                p_.register_hook(lambda grad: grad * 2)
         if fault != "no_zero_grad" or step == 1:
             opt.zero_grad()
         total, lp_rows, n, tokens = 0.0, [], ids.shape[0], mask.sum()
         for rows in torch.arange(n).chunk(c.micro_batches):
+            if fault == "zero_grad_per_micro_batch":
+                opt.zero_grad()
             lp = token_logps(model, p_ids[rows], p_mask[rows], ids[rows], mask[rows], c.temperature, fault)
             loss = loss_of(lp, ref_logps[rows], adv[rows], mask[rows], c, n, tokens, fault)
             (loss * (c.micro_batches if fault == "accum_no_divide" else 1)).backward()
@@ -215,13 +260,15 @@ def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
             rec.logprobs(torch.cat(lp_rows), ref=ref_logps, training=model.training)
             rec.loss(total)
             rec.gradient(model)
-        if fault != "no_clip":
+        if fault not in ("no_clip", "clip_after_step"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
-        if fault == "lr_changed" and last:
-            for group in opt.param_groups:
-                group["lr"] = c.lr * 10
+        for group in opt.param_groups if last else ():
+            group["lr"] = c.lr * 10 if fault == "lr_changed" else 0.0 if fault == "lr_zero" else group["lr"]
+            group["weight_decay"] = 0.5 if fault == "weight_decay_changed" else group["weight_decay"]
         if fault != "no_step":
             opt.step()
+        if fault == "clip_after_step":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
         if last:
             rec.model_after(model)
     if out is not None:

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rookworld_debug import cliargs
+
 
 def measure(model: str = "tiny", *, steps: int = 6, keep_last: int = 4, max_completion_length: int = 48,
             num_generations: int = 4, prompts_per_step: int = 2, compare: bool = False, threads: int = 2) -> dict:
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--keep-last", type=int, default=4)
     ap.add_argument("--max-completion-length", type=int, default=48)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=cliargs.threads, default=2)
     ap.add_argument("--compare", action="store_true", help="also time an uncaptured run (wall clock)")
     ap.add_argument("--json", default=None, help="write the result here")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)

@@ -25,13 +25,13 @@ HEALTHY = tuple(
 
 
 # settings a fault needs to change the step at all (a clip that never binds changes nothing)
-FAULT_SETTINGS = {"no_clip": {"max_grad_norm": 1e-3}}
+FAULT_SETTINGS = {"no_clip": {"max_grad_norm": 1e-3}, "clip_after_step": {"max_grad_norm": 1e-3}}
 
 
 def diagnose_case(cfg, fault: str) -> dict:
     from rookworld_debug.diagnosis import diagnose_path
     from rookworld_debug.diagnosis.replay import replay_path
-    from rookworld_debug.lab.handloop import FAULTS, run
+    from rookworld_debug.lab.handloop import ALL_FAULTS as FAULTS, run
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         run(cfg, out=tmp, fault=fault)
@@ -49,24 +49,67 @@ def diagnose_case(cfg, fault: str) -> dict:
             "record_seconds": t1 - t0, "diagnose_seconds": t2 - t1}
 
 
+def _healthy_folder(kind: str, tmp: Path, kw: dict) -> Path:
+    """A healthy step of another trainer, saved: the project's run_step, TRL's GRPOTrainer (a capture), or one of
+    the example trainers (run as a user runs them)."""
+    import subprocess
+    import sys
+    if kind == "run_step":
+        from rookworld_debug import StepConfig, run_step
+        run_step(StepConfig(reward_mode="dataset", **kw)).save(tmp / "step")
+        return tmp / "step"
+    if kind == "trl":
+        from rookworld_debug.trl.example import run
+        run(tmp, steps=2, capture=(2,), **kw)
+        return next(tmp.glob("step-*"))
+    script = Path(__file__).resolve().parents[2] / "examples" / f"{kind}.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp / "step")], check=True, stdin=subprocess.DEVNULL,
+                   capture_output=True, timeout=600)
+    return tmp / "step"
+
+
+OTHER_HEALTHY = (("run_step", dict(loss_type="dapo", beta=0.04, batch_size=2, num_generations=4)),
+                 ("run_step", dict(loss_type="grpo", beta=0.0, batch_size=2, num_generations=3, task="A")),
+                 ("run_step", dict(loss_type="manual", beta=0.1, batch_size=2, num_generations=4)),
+                 ("run_step", dict(loss_type="bnpo", beta=0.04, batch_size=2, num_generations=4, dtype="bfloat16")),
+                 ("trl", dict(loss_type="dapo", beta=0.04)), ("trl", dict(loss_type="grpo", beta=0.0)),
+                 ("manual_loop", {}), ("mini_loop", {}))
+
+
+def healthy_case(kind: str, kw: dict) -> dict:
+    from rookworld_debug.diagnosis import diagnose_path
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _healthy_folder(kind, Path(tmp), kw)
+        t0 = time.perf_counter()
+        findings = diagnose_path(folder)
+        secs = time.perf_counter() - t0
+    codes = [f.code for f in findings if f.severity != "info"]
+    return {"fault": "", "config": {"trainer": kind, **kw}, "expected_phase": "", "expected_cause": "",
+            "first_phase": "", "codes": codes[:5], "errors": sum(f.severity == "error" for f in findings),
+            "error_codes": [f.code for f in findings if f.severity == "error"], "top1": False, "top3": False,
+            "record_seconds": 0.0, "diagnose_seconds": secs}
+
+
 def _names(code: str, cause: str, phase: str) -> bool:
     """A finding names the fault: its cause code, or — for a fault with no known mechanism — its phase."""
     return code == cause if cause else code == f"replay_{phase}"
 
 
-def run_all(out: Path, faults=None, healthy=HEALTHY) -> list:
+def run_all(out: Path, faults=None, healthy=HEALTHY, other_healthy=OTHER_HEALTHY) -> list:
     from rookworld_debug.lab.handloop import FAULTS, LoopConfig
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     with open(out / "results.jsonl", "w") as fh:
+        def keep(row):
+            rows.append(row)
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
         for fault in faults if faults is not None else FAULTS:
-            rows.append(diagnose_case(LoopConfig(**FAULT_SETTINGS.get(fault, {})), fault))
-            fh.write(json.dumps(rows[-1]) + "\n")
-            fh.flush()
+            keep(diagnose_case(LoopConfig(**FAULT_SETTINGS.get(fault, {})), fault))
         for kw in healthy:
-            rows.append(diagnose_case(LoopConfig(**kw), ""))
-            fh.write(json.dumps(rows[-1]) + "\n")
-            fh.flush()
+            keep(diagnose_case(LoopConfig(**kw), ""))
+        for kind, kw in other_healthy:
+            keep(healthy_case(kind, kw))
     (out / "table.md").write_text(table(rows))
     return rows
 
@@ -78,6 +121,8 @@ def table(rows) -> str:
              f"{sum(r['top3'] for r in faults)}/{len(faults)}, first disagreeing phase right "
              f"{sum(r['first_phase'] == r['expected_phase'] for r in faults)}/{len(faults)}; healthy steps "
              f"{len(healthy)}, with an error-level finding: {sum(r['errors'] > 0 for r in healthy)}", "",
+             *[f"healthy with an error: {r['config']} → {r.get('error_codes', r['codes'])}" for r in healthy
+               if r["errors"]], "",
              "| fault | phase broken | first disagreeing phase | top finding | top-1 | top-3 |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['fault']} | {r['expected_phase']} | {r['first_phase'] or '—'} | "
@@ -97,9 +142,12 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/replay_bench", help="folder for results.jsonl and table.md")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable); default: all")
+    ap.add_argument("--heldout", action="store_true", help="the faults written after the checks were frozen")
     ap.add_argument("--no-healthy", action="store_true", help="skip the healthy steps")
     a = ap.parse_args(argv)
-    rows = run_all(Path(a.out), a.fault, () if a.no_healthy else HEALTHY)
+    from rookworld_debug.lab.handloop import HELDOUT_FAULTS
+    faults = a.fault or (list(HELDOUT_FAULTS) if a.heldout else None)
+    rows = run_all(Path(a.out), faults, *(((), ()) if a.no_healthy else (HEALTHY, OTHER_HEALTHY)))
     print(table(rows))
     return 0
 

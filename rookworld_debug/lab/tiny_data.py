@@ -216,7 +216,7 @@ def prepare_docs(args, out: Path, log):
         build_tokenizer(args.tokenizer) if args.tokenizer != "bpe" else None)
     key = _docs_key(args, args.data, tok) if args.data and tok is not None else None
     cache = out / "docs_cache.npz"
-    cached = load_docs(cache, key) if key else None
+    cached = load_docs(cache, key, vocab_size=len(tok)) if key else None
     if cached is not None:
         log(f"encoded documents from {cache} (key {key})")
         return tok, cached[0], cached[1], {"files": [str(p) for p in args.data]}
@@ -250,7 +250,7 @@ def save_docs(path: Path, key: str, p_docs, a_docs) -> None:
 CACHE_KEYS = {"key", "p_len", "p_ids", "p_w", "a_len", "a_ids", "a_w"}
 
 
-def load_docs(path: Path, key: str):
+def load_docs(path: Path, key: str, vocab_size: int | None = None):
     """(p_docs, a_docs) from a cache written by :func:`save_docs`, or None when absent or stale; DataError when
     the file is not such a cache (damaged, or arrays of other names, kinds or sizes; never unpickled)."""
     if not path.exists():
@@ -270,6 +270,9 @@ def load_docs(path: Path, key: str):
     for name in ("p", "a"):
         lens, ids, w = arrays[f"{name}_len"], arrays[f"{name}_ids"], arrays[f"{name}_w"]
         _check_docs(path, name, lens, ids, w)
+        if vocab_size is not None and ids.size and not (int(ids.min()) >= 0 and int(ids.max()) < vocab_size):
+            raise DataError(f"{path}: its {name!r} documents hold token ids {int(ids.min())} … {int(ids.max())} "
+                            f"outside the tokenizer's {vocab_size}; delete it to rebuild")
         ends = np.cumsum(lens)
         starts = ends - lens
         wstarts = starts - np.arange(len(lens))  # each doc has len-1 weights

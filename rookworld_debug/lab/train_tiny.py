@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rookworld_debug import cliargs
+
 from rookworld_debug.lab.tiny_data import (EOT, build_tokenizer, collate, encode_docs,  # noqa: F401
                                            prepare_docs, read_jsonl, sort_m_field)
 
@@ -72,7 +74,7 @@ def parse_args(argv):
                     help="P: M:/E: pair order: as in the data (RookWorld: shuffled) or sorted by UCI move")
     ap.add_argument("--a-fraction", type=float, default=0.5, help="fraction of A: documents per batch")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=cliargs.threads, default=2)
     ap.add_argument("--bf16", action="store_true",
                     help="bf16 autocast (on CUDA: fast; on CPU only with AVX512-BF16, ~20x SLOWER on AVX2-only CPUs)")
     ap.add_argument("--device", default="cpu",

@@ -92,7 +92,8 @@ def _rollout(rec, config: StepConfig, prompts: tuple, tasks: tuple) -> Rollout:
         is_truncated=~((ids == eos) & mask.bool()).any(1), temperatures=torch.full((n,), float(temperature)),
         unique_per_group=_unique_per_group(ids, mask, g), prompts=prompts, tasks=tasks, completions=r["completions"],
         completion_tokens=tuple(tuple(tok.convert_ids_to_tokens(ids[i, :int(lengths[i])].tolist())) for i in range(n)),
-        topk_tokens=tuple(() for _ in range(n)), sampling={k: (float(temperature), None, None) for k in set(tasks)},
+        topk_tokens=tuple(() for _ in range(n)),
+        sampling={k: (float(temperature), config.p_top_p, config.top_k) for k in set(tasks)},
         num_generations=g, max_new_tokens=t, seed=config.seed, max_abs_logp_diff=math.nan, logp_diff_flagged=False,
         counts={"tokens": int(mask.sum())}, seconds=math.nan, timings={},
         warnings=("log-probs are the loop's own; entropy is not recorded by a loop (shown as NaN)",))

@@ -19,7 +19,6 @@ Tensors are copied to the CPU at the call, so the loop may go on changing its ow
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -29,6 +28,7 @@ from rookworld_debug.errors import ConfigError, DataError
 from rookworld_debug.grpo.trace.recorded import PIECES, RecordedStep, RECORD_FORMAT
 from rookworld_debug.grpo.trace import state as S
 
+PRECISIONS = ("float32", "bfloat16", "float16", "float64")
 # what each piece lets the replay check (said in the trace when the piece is missing)
 WITHOUT = {
     "batch": "the prompts and labels: rewards cannot be recomputed",
@@ -64,7 +64,8 @@ class StepRecorder:
 
     def __init__(self, tokenizer, *, trainer: str = "your own training loop", loss_type: str = "grpo",
                  num_generations: int, beta: float = 0.0, epsilon: float = 0.2, epsilon_high: Optional[float] = None,
-                 temperature: float = 1.0, reward: str = "rookworld", reward_mode: str = "dataset",
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, precision: Optional[str] = None,
+                 reward: str = "rookworld", reward_mode: str = "dataset",
                  scale_rewards: str = "group", max_grad_norm: Optional[float] = None,
                  gradient_accumulation_steps: int = 1, seed: int = 0, step: Optional[int] = None,
                  notes: Sequence[str] = (), **settings):
@@ -79,9 +80,14 @@ class StepRecorder:
                              epsilon_low=float(epsilon), epsilon_high=float(epsilon if epsilon_high is None
                                                                            else epsilon_high),
                              p_temperature=float(temperature), a_temperature=float(temperature),
+                             top_k=int(top_k), p_top_p=float(top_p), a_top_p=float(top_p),
                              reward_mode=reward_mode, scale_rewards=scale_rewards, max_grad_norm=max_grad_norm,
                              seed=int(seed), **settings)
         self.reward = str(reward)
+        if precision is not None and precision not in PRECISIONS:
+            raise ConfigError("precision", f"{precision!r}: one of {PRECISIONS} (the dtype the loop's forwards ran "
+                                           "in, e.g. 'bfloat16' under autocast)")
+        self.precision = precision
         self.gradient_accumulation_steps = int(gradient_accumulation_steps)
         self.notes = tuple(str(n) for n in notes)
         self.pieces: dict = {}
@@ -99,7 +105,7 @@ class StepRecorder:
         """The policy (and its optimizer's state, and the reference model) before the update."""
         self.pieces["model_config"] = model.config.to_dict()
         self.pieces["weights_before"] = S.snapshot(model)
-        self.pieces["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.pieces["dtype"] = self.precision or str(next(model.parameters()).dtype).removeprefix("torch.")
         if optimizer is not None:
             self.pieces["optimizer_state"] = S.optimizer_snapshot(model, optimizer)
         if reference is not None:
@@ -107,8 +113,9 @@ class StepRecorder:
 
     def rollout(self, *, prompt_ids, prompt_mask, completion_ids, completion_mask,
                 completions: Optional[Sequence[str]] = None, sampling_logps=None) -> None:
-        """The sampled rows: (N, P) left-padded prompt ids and mask, (N, T) completion ids and the loss mask, the
-        decoded completions the rewards read (decoded here when not given), the sampler's log-probs (N, T)."""
+        """The sampled rows: (N, P) prompt ids and mask (right padding is moved to the left), (N, T) completion ids and
+        the loss mask, the decoded completions the rewards read (decoded here when not given), the sampler's
+        log-probs (N, T) of the tempered distribution before any top-k / top-p (TRL's convention)."""
         ids = _cpu(completion_ids, "completion_ids", torch.long)
         mask = _cpu(completion_mask, "completion_mask", torch.long)
         if ids.ndim != 2 or mask.shape != ids.shape:
@@ -117,8 +124,9 @@ class StepRecorder:
         if completions is None:
             completions = [self.tokenizer.decode(ids[i][mask[i].bool()], skip_special_tokens=True)
                            for i in range(ids.shape[0])]
-        self.pieces["rollout"] = dict(prompt_ids=_cpu(prompt_ids, "prompt_ids", torch.long),
-                                      prompt_mask=_cpu(prompt_mask, "prompt_mask", torch.long),
+        p_ids, p_mask = left_padded(_cpu(prompt_ids, "prompt_ids", torch.long),
+                                    _cpu(prompt_mask, "prompt_mask", torch.long))
+        self.pieces["rollout"] = dict(prompt_ids=p_ids, prompt_mask=p_mask,
                                       completion_ids=ids, completion_mask=mask, completions=tuple(completions))
         if sampling_logps is not None:
             self.pieces["sampling_logps"] = _cpu(sampling_logps, "sampling_logps", torch.float32)
@@ -190,5 +198,15 @@ class StepRecorder:
             weights="state/" if "weights_before" in p else "", notes=self.notes)
 
 
-def nan_if_missing(x: Optional[float]) -> float:
-    return math.nan if x is None else float(x)
+def left_padded(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, P) prompts with their padding moved to the left (a right-padded loop's prompts, row by row): the same
+    tokens at the same positions once position ids count real tokens, and the last prompt token at the right edge,
+    where the completion starts."""
+    if ids.ndim != 2 or mask.shape != ids.shape:
+        raise DataError(f"rollout: prompt_ids {tuple(ids.shape)} and prompt_mask {tuple(mask.shape)} must both be "
+                        "(N, P)")
+    trailing = (mask.flip(1).cumsum(1) == 0).sum(1)                                  # (N,) pads after the prompt
+    if not bool(trailing.any()):
+        return ids, mask
+    idx = (torch.arange(ids.shape[1])[None] - trailing[:, None]) % ids.shape[1]     # (N, P) roll right per row
+    return ids.gather(1, idx), mask.gather(1, idx)

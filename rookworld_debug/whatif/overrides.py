@@ -6,6 +6,8 @@ overridden StepConfig is validated by StepConfig itself, so a bad override fails
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -41,7 +43,13 @@ class Arm:
         return apply_overrides(base, self.overrides)
 
 
-def _value(text: str):
+def _value(text: str, key: str = ""):
+    """A --set value: a documented choice as itself ('none' of scale_rewards), none/null as None, else JSON or text."""
+    entry = StepConfig.glossary().get(ALIASES.get(key, key)) or {}
+    if text in (entry.get("choices") or ()):
+        return text
+    if text.lower() in ("none", "null"):
+        return None
     try:
         return json.loads(text)
     except (json.JSONDecodeError, ValueError):
@@ -56,8 +64,25 @@ def parse_sets(items: Iterable[str]) -> dict:
         key = key.strip()
         if not sep or not key or not text.strip():
             raise ConfigError("--set", f"{item!r} is not KEY=VALUE (e.g. --set beta=0.1)")
-        out.update(canonical({key: _value(text.strip())}))
+        out.update(canonical({key: _value(text.strip(), key)}))
+    check_kinds(out)
     return out
+
+
+def check_kinds(overrides: Mapping[str, object]) -> None:
+    """A number where the setting is a number (before any model loads: `lr=abc` is named, not the model's error)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(StepConfig)}
+    for key, v in overrides.items():
+        d = defaults.get(key)
+        numeric = isinstance(d, (int, float)) and not isinstance(d, bool)
+        if numeric and (isinstance(v, (str, bool, list, tuple, dict)) or v is None and d is not None and
+                        key not in NULLABLE):
+            raise ConfigError(key, f"{v!r} is not a number (this setting is {type(d).__name__}, e.g. {d!r})")
+
+
+# numeric settings whose None means "off" (their default is a number)
+NULLABLE = frozenset({"max_grad_norm", "delta", "off_policy_mask_threshold", "manual_adv_clip",
+                      "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"})
 
 
 def canonical(overrides: Mapping[str, object]) -> dict:

@@ -35,7 +35,6 @@ __all__ = ["PHASES", "PhaseCheck", "Replay", "replay_trace", "replay_findings"]
 def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
     """Every phase the trace allows, recomputed and compared (see the module doc). `weights=False`: only the
     phases that need no model (generation, rewards, advantages, loss): well under a second."""
-    import torch
     from rookworld_debug.diagnosis.replay.compare import skipped
     from rookworld_debug.diagnosis.replay import model_phases as M
     t0 = time.perf_counter()
@@ -44,7 +43,6 @@ def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
     labels = [x for x in trace.setup.batch.completions for _ in range(g)] if trace.setup.batch.completions else []
     checks = [*generation_checks(trace, w.eos, w.tokenizer), rewards_check(trace, labels), advantages_check(trace)]
     dtype = getattr(trace.recorded, "dtype", None) or str(trace.config.dtype)
-    torch.manual_seed(0)
     if w.policy is not None:
         checks += M.scoring_checks(trace, w.policy, w.reference, dtype, have=w.have, ref_is_policy=w.ref_is_policy)
     else:

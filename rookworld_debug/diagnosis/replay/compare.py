@@ -11,7 +11,10 @@ from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
 
 # tolerances by the precision the loop's forwards ran in: fp32 recomputes agree to ~1e-6 nats; bf16 to ~1e-2
 LOGP_TOL = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 5e-2, "float16": 1e-2}
+# the sampler's KV-cached loop against a full forward: fp32 agrees to ~1e-5; 16-bit rounds apart by up to ~0.1 nats
+SAMPLER_TOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 0.25, "float16": 0.1}
 REL_TOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 5e-2, "float16": 2e-2}   # gradient / update, relative
+DISTINCT = 10.0              # a variant names a cause only when it is this many tolerances from the trusted value
 VALUE_TOL = 1e-5              # rewards, advantages, loss totals (float32 arithmetic of the same inputs)
 
 
@@ -47,22 +50,30 @@ def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch
     if worst <= tol:
         return PhaseCheck(phase, quantity, AGREE, worst, tol)
     where, idx = _where(diff, tol, unit)
-    code, sentence = match_variant(rec, variants or {}, tol, mask)
+    code, sentence = match_variant(rec, variants or {}, tol, mask, trusted=ref)
     return PhaseCheck(phase, quantity, DISAGREE, worst, tol, where, fmt([float(rec[i]) for i in idx]),
                       fmt([float(ref[i]) for i in idx]), code, sentence)
 
 
+def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: Optional[torch.Tensor]) -> float:
+    d = (a.double() - b.double()).abs().nan_to_num(nan=math.inf)
+    if mask is not None:
+        d = d * mask.to(d.dtype)
+    return float(d.max()) if d.numel() else 0.0
+
+
 def match_variant(rec: torch.Tensor, variants: Mapping[str, tuple], tol: float,
-                  mask: Optional[torch.Tensor] = None) -> tuple[str, str]:
-    """(code, sentence) of the first variant whose values reproduce `rec` within `tol`, else ("", "")."""
+                  mask: Optional[torch.Tensor] = None, trusted: Optional[torch.Tensor] = None) -> tuple[str, str]:
+    """(code, sentence) of the first variant whose values reproduce `rec` within `tol` AND differ from the trusted
+    values by more than `DISTINCT` × tol (a variant the data cannot tell from the right answer explains nothing),
+    else ("", "")."""
     for code, (values, sentence) in variants.items():
         v = values() if callable(values) else values
         if v is None or tuple(v.shape) != tuple(rec.shape):
             continue
-        d = (rec - v.double()).abs().nan_to_num(nan=math.inf)
-        if mask is not None:
-            d = d * mask.to(d.dtype)
-        if float(d.max()) <= tol:
+        if trusted is not None and _max_diff(v, trusted, mask) <= DISTINCT * tol:
+            continue
+        if _max_diff(rec, v, mask) <= tol:
             return code.split("/")[0], sentence       # "code/variant": one cause, several ways to reach it
     return "", ""
 
@@ -79,7 +90,9 @@ def scalar(phase: str, quantity: str, recorded: float, recomputed: float, tol: f
     code, sentence = "", ""
     for c, (v, s) in (variants or {}).items():
         v = v() if callable(v) else v
-        if v is not None and abs(recorded - float(v)) <= tol * max(1.0, abs(float(v))):
+        if v is None or abs(float(v) - recomputed) <= DISTINCT * bound:
+            continue
+        if abs(recorded - float(v)) <= tol * max(1.0, abs(float(v))):
             code, sentence = c.split("/")[0], s
             break
     return PhaseCheck(phase, quantity, DISAGREE, d, bound, "the step's total", fmt(recorded), fmt(recomputed),

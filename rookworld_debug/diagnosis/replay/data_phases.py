@@ -182,8 +182,7 @@ def loss_value(trace) -> tuple[float, str]:
         return float(trace.recorded.loss), "the loop's backpropagated loss"
     if trace.capture is not None:
         return float(trace.capture.trl_loss), "TRL's loss (Σ of its micro-batch losses)"
-    if trace.update is not None and math.isfinite(trace.update.loss):
-        return float(trace.update.loss), "the loss the update differentiated"
+    # a run_step trace: its loss record (the update's own forward is compared with it by the loss-path check)
     return float(trace.loss.loss), "the loss record"
 
 

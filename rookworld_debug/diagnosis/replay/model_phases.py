@@ -14,7 +14,7 @@ from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 
-from .compare import DISAGREE, LOGP_TOL, REL_TOL, compare, skipped, tol_for
+from .compare import DISAGREE, LOGP_TOL, REL_TOL, SAMPLER_TOL, compare, skipped, tol_for
 from .records import AGREE, PhaseCheck, fmt
 
 ROWS_PER_FORWARD = 16
@@ -24,7 +24,8 @@ GRAD_ATOL = 1e-6
 
 
 @torch.no_grad()
-def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, unshifted=False) -> torch.Tensor:
+def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, unshifted=False,
+                   warp=None) -> torch.Tensor:
     """(N, T) log-probs of the sampled ids under a common scoring mistake: logits not divided by the temperature,
     position ids that count the left padding, or logits not shifted by one (position t scoring token t)."""
     out = []
@@ -37,7 +38,13 @@ def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, un
         p, t = r.prompt_ids.shape[1], ids.shape[1]
         at = logits[:, p:p + t] if unshifted else logits[:, p - 1:p + t - 1]             # (n, T, V)
         temps = torch.ones(ids.shape[0]) if temperature_one else r.temperatures[rows].float()
-        lp = (at / temps[:, None, None]).log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+        tempered = at / temps[:, None, None]                                              # (n, T, V)
+        if warp is not None:                  # the sampler's top-k / top-p, as the decoding loop applies them
+            from rookworld_debug.grpo.phases.decoding import _warp
+            n_, t_, v_ = tempered.shape
+            k, p_ = (None if w is None else w[rows].repeat_interleave(t_) for w in warp)
+            tempered = _warp(tempered.reshape(n_ * t_, v_), k, p_).reshape(n_, t_, v_)
+        lp = tempered.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
         out.append(lp * mask)
     return torch.cat(out)
 
@@ -70,13 +77,29 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
              ("old", "old_per_token_logps (N, T): π_old (the weights before the update)",
               getattr(trace.recorded, "old_per_token_logps", None)),
              ("sampler", "sampling_per_token_logps (N, T): the sampler's log-probs", r.sampling_per_token_logps)]
+    warp = _sampler_warpers(trace)
+    if warp is not None:        # TRL's convention (and this package's) is the tempered distribution BEFORE top-k/p
+        variants["sampler_logps_after_warping"] = (
+            lambda: _variant_logps(policy, r, warp=warp), "the sampler recorded log-probs of the top-k / top-p "
+            "renormalised distribution, not of the tempered policy: a ratio against them is biased")
     for key, q, rec in named:
         if rec is None or (key == "policy" and "policy" not in have) or not bool(torch.isfinite(rec[mask.bool()]).all()):
             continue
-        c = compare("scoring", q, rec, ours, tol, mask=mask, unit="token", variants=variants)
+        c = compare("scoring", q, rec, ours, tol_for(SAMPLER_TOL, dtype) if key == "sampler" else tol, mask=mask,
+                    unit="token", variants=variants)
         out.append(_dropout(c, trace) if key == "policy" else c)
     out.append(_reference_check(trace, reference, ours, tol, ref_is_policy))
     return out
+
+
+def _sampler_warpers(trace):
+    """(top_k (N,), top_p (N,)) the sampler declared, each None when no row uses it; None when neither is on."""
+    from rookworld_debug.grpo.phases.decoding import active_warpers
+    settings = [trace.config.sampling_for(t) for t in trace.rollout.tasks]
+    k = torch.tensor([int(s[2] or 0) for s in settings])
+    p = torch.tensor([float(s[1] if s[1] is not None else 1.0) for s in settings])
+    k, p = active_warpers(k, p, "cpu")
+    return None if k is None and p is None else (k, p)
 
 
 def _dropout(check: PhaseCheck, trace) -> PhaseCheck:
@@ -95,6 +118,14 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
         return skipped("scoring", q, "no reference log-probs were recorded (β = 0 or the loop has no reference)")
     if reference is None:
         return skipped("scoring", q, "the reference's weights were not recorded")
+    step = getattr(trace.recorded, "step", None)
+    if ref_is_policy and step is not None and step > 1:
+        return PhaseCheck("scoring", "the reference's weights: frozen at the policy's start", DISAGREE, 0.0, 0.0,
+                          f"every weight (step {step})", "θ_ref = θ_policy", f"θ_ref = the start weights (policy "
+                          f"moved by {step - 1} update(s))", "reference_tracks_policy",
+                          f"at step {step} the reference's weights are the policy's own: a frozen reference keeps the "
+                          "start weights, so the KL term is 0 and holds nothing back (TRL's sync_ref_model copies "
+                          "them on purpose, at its sync steps only)", measure="max |θ_ref − θ_policy|")
     ours = recompute_logps(reference, r)
     variants = {} if ref_is_policy else {
         "reference_tracks_policy": (policy_logps, "the 'reference' log-probs are the policy's own: the KL term is "

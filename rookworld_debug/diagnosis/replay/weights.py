@@ -1,6 +1,7 @@
 """Where a replay's weights come from: the recorded state beside a trace, or the model a run_step trace names."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -60,6 +61,19 @@ def _recorded(trace, path) -> Weights:
                    source="the weights the loop recorded (state/)")
 
 
+@contextmanager
+def _quiet_loading():
+    """No weight-loading progress bar on the user's terminal from inside a diagnosis (restored after)."""
+    from transformers.utils import logging as tl
+    was = tl.is_progress_bar_enabled()
+    tl.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            tl.enable_progress_bar()
+
+
 def _run_step(trace) -> Weights:
     """run_step's model, reloaded by name; it is this step's policy only when the step's policy and reference
     log-probs agree (the step-0 identity): later steps of a run keep no weights."""
@@ -70,7 +84,8 @@ def _run_step(trace) -> Weights:
     if getattr(c, "init_policy", None) or getattr(c, "warmup_steps", 0) or (prov or {}).get("start"):
         return Weights.none("the step started from drifted weights the trace does not keep", eos=eos)
     try:
-        loaded = load_policy_and_reference(c.model, dtype=c.dtype)
+        with _quiet_loading():
+            loaded = load_policy_and_reference(c.model, dtype=c.dtype)
     except RookWorldError as err:
         return Weights.none(f"the model {c.model!r} cannot be loaded here ({err})", eos=eos)
     if prov.get("weights_sha256") and weights_sha256(loaded.policy) != prov.get("weights_sha256"):

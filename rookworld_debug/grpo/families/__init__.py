@@ -19,9 +19,9 @@ Micro-batch weightings, w = the share of the full-batch loss one micro-batch's l
 from __future__ import annotations
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.families.base import FAMILIES, WEIGHTINGS, Family, LossRule, register
+from rookworld_debug.grpo.families.base import FAMILIES, WEIGHTINGS, Family, LossRule, checked, register
 
-__all__ = ["WEIGHTINGS", "Family", "LossRule", "register", "family_of", "rule_of", "families",
+__all__ = ["WEIGHTINGS", "Family", "LossRule", "register", "checked", "family_of", "rule_of", "families",
            "advantages_from_config", "check_settings"]
 
 
@@ -47,7 +47,9 @@ def families() -> tuple:
 
 def advantages_from_config(rewards, config):
     """The Advantages record of the config's objective family."""
-    return family_of(config.loss_type).advantages(rewards, config)
+    from rookworld_debug.grpo.phases.advantages import Advantages
+    fam = family_of(config.loss_type)
+    return checked(fam, "advantages", fam.advantages(rewards, config), Advantages, "an Advantages record")
 
 
 def check_settings(config) -> None:
@@ -61,7 +63,8 @@ def check_settings(config) -> None:
     if rule.check is not None:
         rule.check(Objective.from_config(config))       # the loss type's own knobs (e.g. vespo's IS mode)
     for fam in families():
-        names = () if fam is active else fam.own_settings(config)
+        names = () if fam is active else checked(fam, "own_settings", fam.own_settings(config), (tuple, list),
+                                                 "a sequence of setting names")
         if names:
             raise ConfigError(names[0], f"only {fam.name} reads it (loss_type in {list(fam.loss_types)}); "
                                         f"loss_type={config.loss_type!r} would ignore it")

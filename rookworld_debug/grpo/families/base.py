@@ -3,6 +3,8 @@ objective) and `register`. Families import this module; the phases find them thr
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
@@ -79,15 +81,68 @@ class Family:
 FAMILIES: dict[str, Family] = {}     # loss_type -> its family
 
 
-def register(family: Family) -> Family:
-    """Make `family` answer its loss types (replacing whatever answered them)."""
-    bad = [lt for lt, r in family.rules.items() if r.weighting not in WEIGHTINGS or r.entropy not in
-           ("tokens", "sequences")]
-    if bad or not family.rules:
-        raise ValueError(f"family {family.name}: a rule for each loss type, its weighting one of {WEIGHTINGS} "
-                         f"and its entropy 'tokens' or 'sequences' (bad: {bad})")
+LOSS_TYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+HOOKS = ("loss", "prepare", "update_config", "rollout_transform")          # optional: None or callable
+CALLABLES = ("advantages", "sampler_options", "own_settings", "check_config")
+
+
+def _refuse(family, why: str):
+    from rookworld_debug.errors import ConfigError
+    name = getattr(family, "name", family)
+    raise ConfigError("register", f"family {name!r}: {why}")
+
+
+def _check_family(family) -> None:
+    if not isinstance(family, Family):
+        _refuse(family, f"a grpo.families.Family is registered, not a {type(family).__name__}")
+    if not isinstance(family.name, str) or not family.name.strip():
+        _refuse(family, "its name must be a non-empty string")
+    if not isinstance(family.rules, Mapping) or not family.rules:
+        _refuse(family, "rules must map at least one loss type to its LossRule")
+    for lt, rule in family.rules.items():
+        if not isinstance(lt, str) or not LOSS_TYPE_NAME.fullmatch(lt):
+            _refuse(family, f"loss type {lt!r} is not a name (lower-case letters, digits, _; a letter first)")
+        if not isinstance(rule, LossRule):
+            _refuse(family, f"the rule of {lt!r} is a {type(rule).__name__}, not a LossRule")
+        if rule.weighting not in WEIGHTINGS or rule.entropy not in ("tokens", "sequences"):
+            _refuse(family, f"the rule of {lt!r}: its weighting one of {WEIGHTINGS} and its entropy 'tokens' or "
+                            f"'sequences' (got {rule.weighting!r}, {rule.entropy!r})")
+        if rule.objective is None and family.loss is None:
+            _refuse(family, f"the rule of {lt!r} has no objective and the family no loss of its own")
+        if rule.objective is not None and not (callable(rule.objective) and callable(rule.aggregation)):
+            _refuse(family, f"the rule of {lt!r}: objective and aggregation must both be callables")
+    for hook in CALLABLES:
+        if not callable(getattr(family, hook)):
+            _refuse(family, f"its {hook} must be callable")
+    for hook in HOOKS:
+        if getattr(family, hook) is not None and not callable(getattr(family, hook)):
+            _refuse(family, f"its {hook} must be None or callable")
+
+
+def _same(a: Family, b: Family) -> bool:
+    """The same family registered again (its module imported twice): same name, advantages from the same module."""
+    return a is b or (a.name == b.name and getattr(a.advantages, "__module__", None) ==
+                      getattr(b.advantages, "__module__", None))
+
+
+def register(family: Family, *, replace: bool = False) -> Family:
+    """Make `family` answer its loss types. A loss type another family answers (a built-in included, whatever the
+    import order) is refused unless `replace=True`; ConfigError names the family and what is wrong."""
+    _check_family(family)
+    from rookworld_debug.grpo.families import _load_builtin
+    _load_builtin()                     # built-ins first: which family answers never depends on import order
+    taken = {lt: FAMILIES[lt].name for lt in family.rules if lt in FAMILIES and not _same(FAMILIES[lt], family)}
+    if taken and not replace:
+        _refuse(family, f"loss type(s) {taken} already answered by another family; pass replace=True to replace")
     from rookworld_debug.config import allow_loss_type
     for lt in family.rules:
         FAMILIES[lt] = family
         allow_loss_type(lt)
     return family
+
+
+def checked(family: Family, hook: str, result, kind, what: str):
+    """`result` of `family`'s `hook` when it is a `kind`; ConfigError naming the family and the hook otherwise."""
+    if not isinstance(result, kind):
+        _refuse(family, f"its {hook} returned a {type(result).__name__}, not {what}")
+    return result

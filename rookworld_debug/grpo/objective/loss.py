@@ -76,7 +76,7 @@ import torch
 
 from rookworld_debug.config import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, VLLM_IS_MODES
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.families import LossRule, family_of
+from rookworld_debug.grpo.families import LossRule, checked, family_of
 from rookworld_debug.grpo.objective.aggregation import Aggregation, AggregationInputs, entropy_bonus
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.objective.terms import (Masks, ObjectiveInputs, PolicyTerm, high_entropy_mask,
@@ -250,8 +250,10 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
     if family.loss is not None:                             # a family with its own loss (e.g. the rlvr mini)
         out = family.loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
                           objective, batch or LossBatch())
-        return out if isinstance(out, LossBreakdown) else LossBreakdown(
-            **{**out, "normalizer": Normalizer(*out["normalizer"])})
+        if isinstance(out, LossBreakdown):
+            return out
+        checked(family, "loss", out, dict, "a LossBreakdown or its fields as a dict")
+        return LossBreakdown(**{**out, "normalizer": Normalizer(*out["normalizer"])})
     if isinstance(per_token_logps, torch.Tensor):
         with _SmallCpuOps(per_token_logps):
             return _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,

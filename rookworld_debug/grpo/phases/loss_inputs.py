@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import torch
 
-from rookworld_debug.grpo.families import family_of
+from rookworld_debug.grpo.families import checked, family_of
 from rookworld_debug.grpo.objective.loss import LossBreakdown, compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.phases.generation import loss_mask, sampling_logps_for
@@ -73,7 +73,8 @@ def loss_inputs(rollout, advantages, config, *, rows: Rows = None, logps=ROLLOUT
     objective = Objective.from_config(config) if objective is None else objective
     extra = {}
     if prepare and family.prepare is not None:
-        objective, extra = family.prepare(rollout, advantages, objective, mask)
+        objective, extra = checked(family, "prepare", family.prepare(rollout, advantages, objective, mask), tuple,
+                                   "an (Objective, dict) pair")
     batch = LossBatch(entropy=entropy, per_token_full_kl=full_kl,
                       sampling_per_token_logps=sampling_logps_for(rollout, config, slice(None) if rows is None else rows),
                       num_items_in_batch=num_items_in_batch, num_generations=num_generations, **extra)

@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 import torch
 
 from rookworld_debug.config import StepConfig
-from rookworld_debug.grpo.families import advantages_from_config, check_settings, family_of
+from rookworld_debug.grpo.families import advantages_from_config, check_settings, checked, family_of
 from rookworld_debug.grpo.objective.loss import LossBreakdown
 from rookworld_debug.grpo.phases.advantages import Advantages
 from rookworld_debug.grpo.phases.generation import Rollout, generate_with_greedy, inject_completions
@@ -104,11 +104,13 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
             max_new_tokens=config.max_new_tokens, sampling={t: config.sampling_for(t) for t in set(b.tasks)},
             seed=config.seed, top_k_alternatives=config.top_k_alternatives, greedy_prompts=greedy_prompts,
             greedy_max_new_tokens=config.eval_max_new_tokens,
-            sampling_autocast=config.sampling_autocast, decode_options=family.sampler_options(config))
+            sampling_autocast=config.sampling_autocast,
+            decode_options=checked(family, "sampler_options", family.sampler_options(config), dict, "a dict"))
         if inject:
             rollout = inject_completions(rollout, inject, s.policy, s.reference, s.tokenizer)
         if family.rollout_transform is not None:       # what the family's loss trains (e.g. the mini's layout)
-            rollout = family.rollout_transform(rollout, config, s.policy, s.reference, s.tokenizer)
+            rollout = checked(family, "rollout_transform", family.rollout_transform(
+                rollout, config, s.policy, s.reference, s.tokenizer), Rollout, "a Rollout")
     if config.sampling_autocast:
         rollout = replace(rollout, warnings=rollout.warnings + (
             f"sampling_autocast={config.sampling_autocast!r}: the sampling loop (samples and greedy rows) ran under "

@@ -62,8 +62,32 @@ def _check(where: str, value, spec: str, dims: dict) -> None:
             raise TraceError(f"{where}: shape {shape} disagrees with {other} ({name} = {dims[name][0]}, here {size})")
 
 
+# the record type each typed field of a StepTrace holds (None allowed where the trace may lack the record)
+RECORD_FIELDS = {"config": ("StepConfig", False), "setup": ("Setup", False), "rollout": ("Rollout", False),
+                 "rewards": ("Rewards", False), "advantages": ("Advantages", False), "loss": ("LossBreakdown", False),
+                 "before": ("GreedyEval", True), "before_heldout": ("GreedyEval", True),
+                 "update": ("UpdateResult", True), "evaluation": ("Evaluation", True),
+                 "capture": ("TRLCapture", True), "recorded": ("RecordedStep", True),
+                 "diagnostics": ("SignalNoise", True)}
+
+
+def _check_record_types(trace, source: str) -> None:
+    for name, (kind, optional) in RECORD_FIELDS.items():
+        value = getattr(trace, name, None)
+        if value is None and optional:
+            continue
+        if type(value).__name__ != kind:
+            raise TraceError(f"{source}: {name} holds a {type(value).__name__}, not a {kind}")
+    for name in ("timings", "counts"):
+        if not isinstance(getattr(trace, name, None), dict):
+            raise TraceError(f"{source}: {name} must be a mapping, found {type(getattr(trace, name, None)).__name__}")
+    if not isinstance(trace.flags, (tuple, list)) or not all(isinstance(f, str) for f in trace.flags):
+        raise TraceError(f"{source}: flags must be a sequence of strings")
+
+
 def check_trace(trace, source: str) -> None:
-    """TraceError naming the first field whose type or shape disagrees with the others (see module doc)."""
+    """TraceError naming the first field whose record type, type or shape disagrees with the others (module doc)."""
+    _check_record_types(trace, source)
     dims: dict = {}
     for record, fields in SPECS.items():
         rec = getattr(trace, record, None)

@@ -226,8 +226,10 @@ def read_trace(path, record: str, version: int | None = None) -> Any:
     found = fields.get("version", 1)
     if version is not None and (not isinstance(found, int) or isinstance(found, bool) or found > version):
         from rookworld_debug.errors import IncompatibleTraceError
-        raise IncompatibleTraceError(f"{path}: trace version {found!r}; this rookworld_debug reads versions up to "
+        raise IncompatibleTraceError(f"{path}: trace version {found!r}; this rookworld_debug reads versions 1 up to "
                                      f"{version}: upgrade rookworld_debug to open it")
+    if version is not None and found < 1:
+        raise _not_a_trace(path, f"trace version {found!r} is no version this package ever wrote (1 … {version})")
     capture = fields.get("capture")
     if capture is not None:
         from rookworld_debug.grpo.trace.captured import check_compatible

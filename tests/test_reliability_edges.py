@@ -1,0 +1,235 @@
+"""Bad and hostile input at the edges: the families registry, traces that are not what they claim, the CLI's numbers,
+closed schemas, and a GPU check on a machine without a GPU. Each gets a named error or a flagged result, never a
+silent wrong answer or a bare traceback."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = str(ROOT / ".venv/bin/rookworld-debug")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([CLI, *map(str, args)], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout, env=ENV, cwd=ROOT)
+
+
+# ------------------------------------------------------------------------------------------- the registry
+def _family(name="edge", rules=None, **kw):
+    from rookworld_debug.grpo.families import Family, LossRule
+    from rookworld_debug.grpo.objective.aggregation import fixed_length
+    from rookworld_debug.grpo.objective.terms import clipped_surrogate
+    return Family(name, rules if rules is not None else {"edge_loss": LossRule("rows", clipped_surrogate,
+                                                                               fixed_length)},
+                  kw.pop("advantages", lambda r, c: r), **kw)
+
+
+@pytest.mark.parametrize("loss_type", ["", None, 5, "Has Space", "x" * 80, "ünï"])
+def test_register_refuses_a_loss_type_that_is_not_a_name(loss_type):
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.grpo.families import LossRule, register
+    from rookworld_debug.grpo.objective.aggregation import fixed_length
+    from rookworld_debug.grpo.objective.terms import clipped_surrogate
+    with pytest.raises(ConfigError, match=r"family 'edge'.*not a name"):
+        register(_family(rules={loss_type: LossRule("rows", clipped_surrogate, fixed_length)}))
+
+
+def test_a_built_in_loss_type_cannot_be_shadowed_by_load_order():
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.grpo.families import LossRule, family_of, register
+    from rookworld_debug.grpo.objective.aggregation import fixed_length
+    from rookworld_debug.grpo.objective.terms import clipped_surrogate
+    impostor = _family("impostor", {"grpo": LossRule("rows", clipped_surrogate, fixed_length)})
+    with pytest.raises(ConfigError, match=r"family 'impostor'.*'grpo'.*already answered.*replace=True"):
+        register(impostor)
+    assert family_of("grpo").name != "impostor"
+
+
+def test_replace_true_replaces_on_purpose_and_the_built_in_can_come_back():
+    from rookworld_debug.grpo.families import family_of, register
+    from rookworld_debug.grpo.families.base import FAMILIES
+    own = _family("own edge", {"edge_replaced": _family().rules["edge_loss"]})
+    register(own)
+    other = _family("other edge", {"edge_replaced": _family().rules["edge_loss"]})
+    register(other, replace=True)
+    assert family_of("edge_replaced") is other
+    FAMILIES.pop("edge_replaced")
+
+
+def test_a_rule_without_an_objective_is_refused_at_registration():
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.grpo.families import LossRule, register
+    with pytest.raises(ConfigError, match=r"family 'edge'.*no objective"):
+        register(_family(rules={"edge_noobj": LossRule("rows")}))
+
+
+def test_a_hook_that_returns_the_wrong_type_is_named_with_its_family():
+    from rookworld_debug.config import StepConfig
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.grpo.families import advantages_from_config, register
+    register(_family("edge hook", {"edge_hook": _family().rules["edge_loss"]}, advantages=lambda r, c: [0.0]))
+    with pytest.raises(ConfigError, match=r"family 'edge hook': its advantages returned a list, not an Advantages"):
+        advantages_from_config(torch.zeros(4), StepConfig(loss_type="edge_hook", num_generations=2, batch_size=2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(st.text(max_size=20), st.integers(), st.none(), st.floats(allow_nan=True)))
+def test_register_never_fails_other_than_by_name(loss_type):
+    """A fuzzed loss type either registers (a valid name) or is refused with a ConfigError naming the family."""
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.grpo.families import register
+    from rookworld_debug.grpo.families.base import FAMILIES
+    try:
+        register(_family("fuzz", {loss_type: _family().rules["edge_loss"]}))
+    except ConfigError as err:
+        assert "family 'fuzz'" in str(err)
+    else:
+        assert isinstance(loss_type, str) and FAMILIES.pop(loss_type).name == "fuzz"
+
+
+# ------------------------------------------------------------------------------------------- traces
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A recorded step (small, no weights): a real trace folder to corrupt."""
+    from transformers import AutoTokenizer
+
+    from rookworld_debug.record import EMBEDDED_MODEL, StepRecorder
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
+    rec = StepRecorder(tok, num_generations=2)
+    enc = tok(["A: 8/8/8/8/8/8/8/K6 w - - 0 1+a1a2++"] * 2, return_tensors="pt", padding=True)
+    ids = torch.tensor([[65, 66, tok.eos_token_id]] * 2)
+    rec.rollout(prompt_ids=enc.input_ids, prompt_mask=enc.attention_mask, completion_ids=ids,
+                completion_mask=torch.ones_like(ids))
+    rec.rewards(torch.tensor([1.0, 0.0]))
+    return rec.save(tmp_path_factory.mktemp("t") / "step")
+
+
+def _with(saved, tmp_path, edit):
+    import shutil
+    out = tmp_path / "edited"
+    shutil.copytree(saved, out)
+    payload = json.loads((out / "trace.json").read_text())
+    edit(payload)
+    (out / "trace.json").write_text(json.dumps(payload))
+    return out
+
+
+@pytest.mark.parametrize("version", [0, -7])
+def test_a_trace_version_no_package_wrote_is_refused(saved, tmp_path, version):
+    from rookworld_debug.errors import TraceError
+    from rookworld_debug.grpo.step import StepTrace
+    out = _with(saved, tmp_path, lambda p: p["fields"].__setitem__("version", version))
+    with pytest.raises(TraceError, match=rf"trace version {version} is no version"):
+        StepTrace.load(out)
+
+
+def test_a_record_of_another_type_in_a_typed_field_is_refused(saved, tmp_path):
+    from rookworld_debug.errors import TraceError
+    from rookworld_debug.grpo.step import StepTrace
+    out = _with(saved, tmp_path, lambda p: p["fields"].__setitem__("config", p["fields"]["setup"]["fields"]["batch"]))
+    with pytest.raises(TraceError, match="config holds a Batch, not a StepConfig"):
+        StepTrace.load(out)
+    r = _cli("diagnose", out)
+    assert r.returncode == 2 and "config holds a Batch" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_diagnose_exits_2_naming_a_check_that_could_not_run(saved, monkeypatch, capsys):
+    from rookworld_debug import cli_diagnose
+    from rookworld_debug.diagnosis import registry
+
+    def broken(trace):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(registry, "STEP_CHECKS", registry.STEP_CHECKS + (broken,))
+    assert cli_diagnose.main([str(saved), "--no-replay"]) == 2
+    err = capsys.readouterr().err
+    assert "check(s) could not run" in err and "check broken failed: RuntimeError: boom" in err
+
+
+def test_a_trace_with_300000_flags_gives_a_bounded_list_of_notes():
+    from types import SimpleNamespace
+
+    from rookworld_debug.diagnosis.flags import MAX_NOTES, check_phase_flags
+    found = check_phase_flags(SimpleNamespace(flags=tuple(f"note {i}" for i in range(300_000))))
+    assert len(found) == MAX_NOTES + 1 and "300000 notes in all" in found[-1].cause
+
+
+# ------------------------------------------------------------------------------------------- schemas
+@pytest.mark.parametrize("field,value", [("evidence", 0), ("alternatives", ""), ("evidence", {}),
+                                         ("alternatives", 0)])
+def test_a_finding_s_falsy_wrong_types_are_refused(field, value):
+    from rookworld_debug.diagnosis.findings import Finding
+    from rookworld_debug.errors import DataError
+    d = {"code": "x", "severity": "info", "cause": "c", "evidence": [], "fix": {"description": "d"},
+         "alternatives": [], field: value}
+    with pytest.raises(DataError, match=field):
+        Finding.from_dict(d)
+
+
+def test_a_crashed_benchmark_result_without_its_error_is_refused_by_name(tmp_path):
+    from rookworld_debug.errors import DataError
+    from rookworld_debug.lab.faults import load_results
+    (tmp_path / "results.jsonl").write_text(json.dumps({"id": "a", "kind": "crash"}) + "\n")
+    with pytest.raises(DataError, match="crashed case's result has no 'error'"):
+        load_results(tmp_path)
+
+
+def test_a_document_cache_with_ids_outside_the_vocabulary_is_refused(tmp_path):
+    import numpy as np
+
+    from rookworld_debug.errors import DataError
+    from rookworld_debug.lab.tiny_data import CACHE_KEYS, load_docs
+    arrays = {"key": np.array("k"), "p_len": np.array([3]), "p_ids": np.array([1, 2, 99999]),
+              "p_w": np.array([1.0, 1.0]), "a_len": np.array([2]), "a_ids": np.array([1, 2]), "a_w": np.array([1.0])}
+    assert set(arrays) == CACHE_KEYS
+    np.savez(tmp_path / "c.npz", **arrays)
+    with pytest.raises(DataError, match="outside the tokenizer's 257"):
+        load_docs(tmp_path / "c.npz", "k", vocab_size=257)
+
+
+# ------------------------------------------------------------------------------------------- the CLI's numbers
+@pytest.mark.parametrize("argv", [
+    ["whatif", "runs/x", "--set", "beta=0", "--threads", 10 ** 20],
+    ["whatif", "runs/x", "--set", "beta=0", "--steps", 1_000_000_000],
+    ["bench", "--threads", 10 ** 20], ["measure", "--threads", 10 ** 20], ["train-tiny", "--threads", 10 ** 20]])
+def test_integer_options_out_of_range_are_a_usage_error(argv):
+    r = _cli(*argv)
+    assert r.returncode == 2 and "is outside" in r.stderr and "Traceback" not in r.stderr, r.stderr[-800:]
+
+
+def test_a_documented_choice_spelled_none_stays_that_choice():
+    from rookworld_debug.cli_step import config_from_args
+    from rookworld_debug.whatif.overrides import parse_sets
+    assert config_from_args(None, ["scale_rewards=none"]).scale_rewards == "none"
+    assert parse_sets(["scale_rewards=none", "max_grad_norm=none"]) == {"scale_rewards": "none",
+                                                                        "max_grad_norm": None}
+
+
+def test_whatif_names_a_bad_value_before_loading_anything(saved):
+    r = _cli("whatif", saved, "--set", "lr=abc")
+    assert r.returncode == 2 and "lr: 'abc' is not a number" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_on_a_device_this_machine_lacks_is_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    r = _cli("bench", "--device", "cuda", "--variants", "a", "--out", "/tmp/rw-bench-nocuda")
+    assert r.returncode == 2 and "no CUDA support" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_gpu_check_refuses_to_write_a_measurement_without_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path)],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no CUDA GPU" in r.stderr
+    assert not list(tmp_path.iterdir())
