@@ -233,3 +233,53 @@ def test_the_gpu_check_refuses_to_write_a_measurement_without_cuda(tmp_path):
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no CUDA GPU" in r.stderr
     assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------------- devices
+def test_on_device_moves_tensors_at_any_depth():
+    import dataclasses
+
+    from rookworld_debug.models.devices import on_device
+
+    @dataclasses.dataclass(frozen=True)
+    class Inner:
+        a: object
+
+    @dataclasses.dataclass(frozen=True)
+    class Outer:
+        t: tuple
+        d: dict
+    rec = Outer(t=(Inner(torch.zeros(2)),), d={"x": {"y": torch.zeros(1)}, "z": [torch.ones(1)]})
+    moved = on_device(rec, "meta")
+    assert moved.t[0].a.device.type == "meta" and moved.d["x"]["y"].device.type == "meta"
+    assert moved.d["z"][0].device.type == "meta" and on_device(rec, "cpu") is rec
+
+
+def test_a_reused_session_applies_autocast_and_refuses_a_reload_by_name(tiny_byte_model_dir, fixtures_dir):
+    import warnings
+
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.grpo.multistep.start import setup
+    from rookworld_debug.grpo.step import run_step
+    from tinymodels import tiny_step_config
+    cfg = tiny_step_config(tiny_byte_model_dir, dataset=str(fixtures_dir / "rook_p_lines.txt"), eval_max_new_tokens=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = setup(cfg)
+        t = run_step(cfg.replace(autocast="bf16"), session=s)
+    assert t.setup.provenance["precision"]["policy"]["autocast"] == "bfloat16"     # what ran is what is recorded
+    assert t.config.autocast == "bf16"
+    with pytest.raises(ConfigError, match=r"dtype.*loaded with 'float32'.*new session"):
+        run_step(cfg.replace(dtype="bfloat16"), session=s)
+
+
+def test_a_step_saved_on_a_gpu_branches_on_this_machine_with_a_note():
+    from rookworld_debug.config import StepConfig
+    from rookworld_debug.models.devices import usable
+    from rookworld_debug.whatif.state import here
+    if usable("cuda"):
+        pytest.skip("this machine has CUDA: the fallback is for machines without it")
+    kw, notes = here(StepConfig(device="cuda", reference_device="cuda:1"), None)
+    assert kw == {"device": "cpu", "reference_device": "same"}
+    assert len(notes) == 2 and "this machine lacks it" in notes[0]
+    assert here(StepConfig(device="cuda"), "cpu") == ({"device": "cpu"}, ())

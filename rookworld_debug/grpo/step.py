@@ -160,9 +160,33 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                      flags=tuple(flags), iterations=iterations, diagnostics=diag)
 
 
+# settings that choose how the session's models were LOADED: a reused session cannot change them
+RELOAD_FIELDS = ("model", "dtype", "device", "init_policy")
+
+
+def _reuse(session: Setup, config: StepConfig) -> Setup:
+    """`session` under `config`: what can be applied to its models is (autocast, the reference's device), what
+    would need a reload is refused by name before any work; the precision recorded is the one that runs."""
+    from rookworld_debug.models.devices import check_device
+    from rookworld_debug.models.precision import set_autocast, step_precision
+    old = session.config
+    for name in RELOAD_FIELDS:
+        if getattr(old, name, None) != getattr(config, name, None):
+            raise ConfigError(name, f"{getattr(config, name)!r}, but the session's models were loaded with "
+                                    f"{getattr(old, name)!r}: load a new session (setup) to change it")
+    set_autocast(config.autocast, session.policy, session.reference)
+    if config.reference_device != old.reference_device and session.reference is not None:
+        target = (next(session.policy.parameters()).device if config.reference_device == "same"
+                  else check_device(config.reference_device, "reference_device"))
+        session.reference.to(target)
+    provenance = {**session.provenance, "precision": step_precision(session.policy, session.reference,
+                                                                    config.sampling_autocast)}
+    return replace(session, config=config, provenance=provenance)
+
+
 def _setup_phase(config: StepConfig, session: Optional[Setup], inject) -> Setup:
     """The loaded models, data and engine (a reused `session` re-checked against the config's token limits)."""
-    s = replace(session, config=config) if session is not None else setup_phase(config)
+    s = _reuse(session, config) if session is not None else setup_phase(config)
     if session is not None:               # a reused session may meet new token limits: same check as setup
         check_context(config, s.policy, s.tokenizer, s.batch.prompts, [x.prompt for x in s.heldout])
     if inject:                            # before the evaluations and sampling, not after

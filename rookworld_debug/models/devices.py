@@ -51,6 +51,18 @@ def _mps_available() -> bool:
     return bool(mps is not None and mps.is_available())
 
 
+def usable(device: str) -> bool:
+    """True when this machine can run `device` ('same' and 'auto' always can)."""
+    from rookworld_debug.errors import ConfigError
+    if str(device) in ("same", "auto", "cpu"):
+        return True
+    try:
+        check_device(device)
+    except ConfigError:
+        return False
+    return True
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device a model computes on (its first parameter's)."""
     return next(model.parameters()).device
@@ -82,15 +94,21 @@ def on_device(record, device: torch.device | str):
 
 
 def _moved_value(v, device: torch.device):
+    """`v` with every tensor on `device`, at any depth of records, tuples, lists and dicts; `v` itself (no copy)
+    when nothing inside it moved."""
     import dataclasses
     if dataclasses.is_dataclass(v) and not isinstance(v, type):   # a record inside a record
         return on_device(v, device)
     if isinstance(v, torch.Tensor):
         return v if v.device == device else v.to(device)
-    if isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v):
-        return type(v)(x.to(device) if isinstance(x, torch.Tensor) else x for x in v)
-    if isinstance(v, dict) and any(isinstance(x, torch.Tensor) for x in v.values()):
-        return {k: (x.to(device) if isinstance(x, torch.Tensor) else x) for k, x in v.items()}
+    if isinstance(v, (tuple, list)):
+        items = [_moved_value(x, device) for x in v]
+        if all(a is b for a, b in zip(items, v)):
+            return v
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)      # a namedtuple keeps its type
+    if isinstance(v, dict):
+        items = {k: _moved_value(x, device) for k, x in v.items()}
+        return v if all(items[k] is x for k, x in v.items()) else type(v)(items) if type(v) is dict else items
     return v
 
 

@@ -64,8 +64,24 @@ def load_state(path, *, before=None, device: Optional[str] = None) -> SavedState
                      "policy.pt); a TRL capture folder needs the checkpoint before it (--before)")
 
 
+def here(config: StepConfig, device: Optional[str]) -> tuple[dict, tuple]:
+    """(device settings, notes): `device` when given; else the saved ones when this machine has them, else the
+    CPU with a note (a step saved on a GPU opens, branches and resumes on any machine)."""
+    from rookworld_debug.models.devices import usable
+    if device is not None:
+        return {"device": device}, ()
+    kw, notes = {}, []
+    for name in ("device", "reference_device"):
+        saved = getattr(config, name)
+        if not usable(saved):
+            kw[name] = "cpu" if name == "device" else "same"
+            notes.append(f"{name}={saved!r} was saved but this machine lacks it: running on the CPU instead "
+                         "(--device to choose)")
+    return kw, tuple(notes)
+
+
 def _start_config(config: StepConfig, before, device: Optional[str]) -> StepConfig:
-    kw = {} if device is None else {"device": device}
+    kw, _ = here(config, device)
     if before is not None:
         b = Path(before)
         if not ((b / "policy.pt").is_file() or (b / "config.json").is_file()):
@@ -98,7 +114,8 @@ def _from_trace(path: Path, before, device: Optional[str]) -> SavedState:
     rec["start_weights_sha256"] = start.get("start_weights_sha256") or \
         ((trace.setup.provenance or {}).get("weights_sha256") if trace.setup is not None else None)
     return SavedState("run_step trace", str(path), config, 0, session, w, o,
-                      trace=trace, recorded=rec, before=None if before is None else str(before))
+                      trace=trace, recorded=rec, before=None if before is None else str(before),
+                      notes=here(trace.config, device)[1])
 
 
 def recorded_numbers(trace) -> dict:
@@ -147,7 +164,7 @@ def _from_checkpoint(path: Path, before, device: Optional[str]) -> SavedState:
     w, o = snapshot(session)
     rows = [r for r in st.get("rows", []) if isinstance(r, dict)]
     history = {c: [float(r[c]) for r in rows if isinstance(r.get(c), (int, float))] for c in HISTORY_COLUMNS}
-    rec, notes = _later_row(path, k), []
+    rec, notes = _later_row(path, k), list(here(base, device)[1])
     if rec is None:
         notes.append(f"no record of step {k} next to the checkpoint (a later checkpoint or table.csv): the "
                      "self-check can compare nothing")

@@ -246,13 +246,18 @@ def _step(k: int, config, s0: Setup, batch, beta: BetaController, lr_s: LRSchedu
     return trace
 
 
+PLACEMENT = ("device", "reference_device")       # where a run computes, not what: a resume may move it
+
+
 def _from_checkpoint(state: dict, resume_from, config, mode, beta_schedule, lr_schedule):
     """A resume takes the checkpoint's config, mode and schedules where none is given; a given config must match."""
     saved = StepConfig.from_dict(state["config"])
-    if config is None:
-        config = saved
-    elif config != saved:
-        diff = sorted(k for k in saved.field_names() if getattr(saved, k) != getattr(config, k))
+    if config is None:                    # the checkpoint's, placed on what this machine has (a GPU's run resumes here)
+        from rookworld_debug.models.devices import usable
+        config = saved if usable(saved.device) and usable(saved.reference_device) else \
+            saved.replace(device="cpu", reference_device="same")
+    diff = sorted(k for k in saved.field_names() if getattr(saved, k) != getattr(config, k) and k not in PLACEMENT)
+    if diff:
         raise ConfigError(", ".join(diff), f"the checkpoint in {resume_from} was written for another config "
                           f"(fields {diff} differ); pass config=None to take the checkpoint's")
     return (config, state["mode"] if mode is None else mode,

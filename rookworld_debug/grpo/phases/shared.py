@@ -62,8 +62,15 @@ def memory_advice(s: Setup, config: StepConfig, phase: str) -> str:
     seq = max(len(s.tokenizer(p).input_ids) for p in s.batch.prompts) + config.max_new_tokens
     per_row = train_bytes_per_row(s.policy, seq)
     budget = memory_budget(next(s.policy.parameters()).device, TRAIN_BUDGET_BYTES)
-    tips = [f"micro_batch_size={auto_micro_batch_size(s.policy, n, seq, budget)} (estimated {per_row / 2**30:.2f} GiB per row of {seq} tokens, "
-            f"{budget / 2**30:.1f} GiB to plan for)"] if phase in ("update", "diagnostics", "loss") else []
+    fit = auto_micro_batch_size(s.policy, n, seq, budget)
+    now = config.micro_batch_size or n          # what ran out of memory
+    tips = []
+    if phase in ("update", "diagnostics", "loss") and fit < now:      # advice that is smaller than what failed
+        tips.append(f"micro_batch_size={fit} (estimated {per_row / 2**30:.2f} GiB per row of {seq} tokens, "
+                    f"{budget / 2**30:.1f} GiB to plan for)")
+    elif phase in ("update", "diagnostics", "loss"):
+        tips.append(f"micro_batch_size={now} already holds at most what the estimate fits ({per_row / 2**30:.2f} GiB "
+                    f"per row of {seq} tokens): fewer tokens per row or more free memory is what helps")
     if config.reference_device == "same" and next(s.policy.parameters()).device.type != "cpu":
         tips.append("reference_device=cpu (or another GPU) frees the reference's weights and activations")
     tips.append("or a smaller batch_size × num_generations / max_new_tokens")
