@@ -25,6 +25,20 @@ def _cli(*args, timeout=120):
 
 
 # ------------------------------------------------------------------------------------------- the registry
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """Each test's registrations are undone after it (the registry is process-wide)."""
+    from rookworld_debug import config
+    from rookworld_debug.grpo.families import families
+    from rookworld_debug.grpo.families.base import FAMILIES
+    families()                                     # the built-ins loaded before the snapshot
+    saved, choices = dict(FAMILIES), list(config._LOSS_TYPE_CHOICES)
+    yield
+    FAMILIES.clear()
+    FAMILIES.update(saved)
+    config._LOSS_TYPE_CHOICES[:] = choices
+
+
 def _family(name="edge", rules=None, **kw):
     from rookworld_debug.grpo.families import Family, LossRule
     from rookworld_debug.grpo.objective.aggregation import fixed_length
@@ -62,8 +76,7 @@ def test_replace_true_replaces_on_purpose_and_the_built_in_can_come_back():
     register(own)
     other = _family("other edge", {"edge_replaced": _family().rules["edge_loss"]})
     register(other, replace=True)
-    assert family_of("edge_replaced") is other
-    FAMILIES.pop("edge_replaced")
+    assert family_of("edge_replaced") is other and FAMILIES["edge_replaced"] is other
 
 
 def test_a_rule_without_an_objective_is_refused_at_registration():
@@ -94,7 +107,7 @@ def test_register_never_fails_other_than_by_name(loss_type):
     except ConfigError as err:
         assert "family 'fuzz'" in str(err)
     else:
-        assert isinstance(loss_type, str) and FAMILIES.pop(loss_type).name == "fuzz"
+        assert isinstance(loss_type, str) and FAMILIES.pop(loss_type).name == "fuzz"     # (hypothesis: one fixture)
 
 
 # ------------------------------------------------------------------------------------------- traces

@@ -19,10 +19,20 @@ Micro-batch weightings, w = the share of the full-batch loss one micro-batch's l
 from __future__ import annotations
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.families.base import FAMILIES, WEIGHTINGS, Family, LossRule, checked, register
+from rookworld_debug.grpo.families import base
+from rookworld_debug.grpo.families.base import FAMILIES, WEIGHTINGS, Family, LossRule, checked
 
 __all__ = ["WEIGHTINGS", "Family", "LossRule", "register", "checked", "family_of", "rule_of", "families",
            "advantages_from_config", "check_settings"]
+
+
+def register(family: Family, *, replace: bool = False) -> Family:
+    """Make `family` answer its loss types (docs/DEVELOPING.md has the recipe). The built-in families load first,
+    so a loss type they answer is refused whatever the import order, unless `replace=True`; ConfigError names the
+    family and what is wrong with it (a loss type that is not a name, a rule without an objective, a hook that is
+    not callable)."""
+    _load_builtin()
+    return base.register(family, replace=replace)
 
 
 def family_of(loss_type: str) -> Family:

@@ -126,11 +126,10 @@ def _same(a: Family, b: Family) -> bool:
 
 
 def register(family: Family, *, replace: bool = False) -> Family:
-    """Make `family` answer its loss types. A loss type another family answers (a built-in included, whatever the
-    import order) is refused unless `replace=True`; ConfigError names the family and what is wrong."""
+    """Make `family` answer its loss types. A loss type another family answers is refused unless `replace=True`;
+    ConfigError names the family and what is wrong. (`grpo.families.register`, the public one, loads the built-in
+    families first, so a built-in is never shadowed by import order.)"""
     _check_family(family)
-    from rookworld_debug.grpo.families import _load_builtin
-    _load_builtin()                     # built-ins first: which family answers never depends on import order
     taken = {lt: FAMILIES[lt].name for lt in family.rules if lt in FAMILIES and not _same(FAMILIES[lt], family)}
     if taken and not replace:
         _refuse(family, f"loss type(s) {taken} already answered by another family; pass replace=True to replace")
