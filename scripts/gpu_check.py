@@ -141,6 +141,8 @@ def commands(device: str, quick: bool, tmp: Path) -> list:
         run("step", [CLI, "step", "--set", f"device={device}", *small, "--out", step], 300),
         run("run", [CLI, "run", "--steps", "3", "--set", f"device={device}", *small, "--set", "heldout_n=2",
                     "--checkpoint-every", "1", "--out", ck], 300),
+        run("whatif one-step", [CLI, "whatif", step, "--set", "beta=0.1", "--device", device,
+                                "--out", tmp / "whatif1", "--json"], 300),
         run("whatif", [CLI, "whatif", step, "--set", "beta=0.1", "--steps", "2", "--seeds", "1", "--device", device,
                        "--out", tmp / "whatif", "--json"], 300),
         run("diagnose", [CLI, "diagnose", step, "--json"], 120),
@@ -198,37 +200,30 @@ def bench(device: str, quick: bool, tmp: Path) -> dict:
     return res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--quick", action="store_true", help="a rehearsal: two test files, small steps, the tiny bench")
-    ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
-    ap.add_argument("--out", default=str(REPO / "docs" / "bench"))
-    ap.add_argument("--skip", default="", help="comma-separated parts to leave out: suite, commands, trl, bench")
-    a = ap.parse_args()
-    refusal = device_refusal(a.device)
-    if refusal:                  # never a JSON that reads like a measurement of a GPU this machine does not have
-        print(f"gpu-check: error: {refusal}", file=sys.stderr)
-        return 2
-    skip = set(filter(None, a.skip.split(",")))
+def measure(a, quick: bool, skip: set) -> dict:
+    """One pass of the check: each part not in `skip`, small (`quick`) or at the debug run's scale."""
     t0 = time.perf_counter()
     result = {"schema": "rookworld_debug.gpu_check/1", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "quick": a.quick, "machine": machine(a.device)}
+              "quick": quick, "machine": machine(a.device)}
     with tempfile.TemporaryDirectory(prefix="rookworld-gpu-check-") as d:
         tmp = Path(d)
         if "suite" not in skip:
-            result["suite"] = suite(a.quick, a.workers, tmp)
+            result["suite"] = suite(quick, a.workers, tmp)
         if "commands" not in skip:
-            result["commands"] = commands(a.device, a.quick, tmp)
+            result["commands"] = commands(a.device, quick, tmp)
         if "trl" not in skip:
-            result["trl"] = trl_capture(a.device, a.quick, tmp)
+            result["trl"] = trl_capture(a.device, quick, tmp)
         if "bench" not in skip:
-            result["bench"] = bench(a.device, a.quick, tmp)
+            result["bench"] = bench(a.device, quick, tmp)
     result["seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def write(result: dict, a) -> Path:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = re.sub(r"[^A-Za-z0-9]+", "-", result["machine"].get("gpu") or a.device).strip("-").lower()
-    path = out / f"gpu-check-{time.strftime('%Y%m%d')}-{tag}{'-quick' if a.quick else ''}.json"
+    path = out / f"gpu-check-{time.strftime('%Y%m%d')}-{tag}{'-quick' if result['quick'] else ''}.json"
     path.write_text(json.dumps(result, indent=1, default=str))
     print(f"[gpu-check] {path} ({result['seconds']} s)")
     s = result.get("suite", {}).get("counts")
@@ -237,6 +232,27 @@ def main() -> int:
     r = result.get("bench", {}).get("ratios")
     if r:
         print(f"[gpu-check] bench ratios (median): {r}")
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="only the quick pass: two test files, small steps, the "
+                                                         "tiny bench (a rehearsal, or a short loan)")
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--out", default=str(REPO / "docs" / "bench"))
+    ap.add_argument("--skip", default="", help="comma-separated parts to leave out: suite, commands, trl, bench")
+    a = ap.parse_args()
+    refusal = device_refusal(a.device)
+    if refusal:                  # never a JSON that reads like a measurement of a GPU this machine does not have
+        print(f"gpu-check: error: {refusal}", file=sys.stderr)
+        return 2
+    skip = set(filter(None, a.skip.split(",")))
+    # the quick pass first, its JSON written before the long pass starts: a short loan still yields numbers
+    write(measure(a, True, skip), a)
+    if not a.quick:
+        write(measure(a, False, skip), a)
     return 0
 
 

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check in one command: the default test suite on CUDA, `step` / `whatif` / `diagnose` of the embedded model on
 # CUDA, a captured TRL run on CUDA, and the benchmark of our step against TRL's at the rookworld debug run's scale.
-# Writes one JSON under docs/bench/ (gpu-check-<date>.json) and prints its summary.
+# A quick pass first (two test files, small steps, the tiny bench; ~1-2 minutes) writes
+# docs/bench/gpu-check-<date>-<gpu>-quick.json BEFORE the long pass starts, so a short loan still yields numbers;
+# the long pass (the suite on the machine's cores, every command, the TRL capture, the bench at B = 8, G = 24, 128
+# tokens with each variant's peak GPU memory) writes docs/bench/gpu-check-<date>-<gpu>.json. Each part records
+# the device it ran on. Without CUDA it refuses (exit 2, one line) and writes nothing.
 #
 #   bash scripts/gpu_check.sh                  # on a machine with a CUDA GPU (< 5 minutes on an H100/H200)
 #   bash scripts/gpu_check.sh --device cpu --quick   # a rehearsal of the same flow on a CPU-only machine

@@ -64,3 +64,42 @@ def test_greedy_decoding_is_the_dynamic_loop_s(model_and_prompts):
     model, tok, ids, mask = model_and_prompts
     dyn, sta = _both(model, tok, ids, mask, expand=1, max_new_tokens=60)
     assert torch.equal(dyn.tokens, sta.tokens) and dyn.logps is None and sta.logps is None
+
+
+def test_the_loop_is_chosen_per_device_and_the_trace_says_which_ran(model_and_prompts):
+    from rookworld_debug.grpo.phases.decoding import decode
+    from rookworld_debug.grpo.phases.decoding_static import decode_static, loop_for
+    model, tok, ids, mask = model_and_prompts
+    assert loop_for("cpu", None) is decode                      # measured: the dynamic loop is faster on the CPU
+    assert loop_for("cuda", None).func is decode_static and loop_for("cuda", None).keywords == {"graph": True}
+    d = decode_static(model, ids, mask, expand=1, max_new_tokens=8, eos_id=tok.eos_token_id,
+                      pad_id=tok.pad_token_id, graph=True)
+    assert d.loop == "static" and "CUDA graphs need a CUDA device" in d.note
+
+
+def test_a_cpu_rollout_records_the_dynamic_loop(tiny_byte_model_dir, fixtures_dir):
+    from rookworld_debug.grpo.step import run_step
+    from tinymodels import tiny_step_config
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = run_step(tiny_step_config(tiny_byte_model_dir, dataset=str(fixtures_dir / "rook_p_lines.txt"),
+                                      eval_max_new_tokens=4))
+    assert t.rollout.counts["decode_static"] == 0 and t.rollout.counts["decode_graph"] == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device: the graph path is CUDA-only")
+def test_the_graphed_loop_equals_the_dynamic_loop_on_cuda(model_and_prompts):
+    from rookworld_debug.grpo.phases.decoding import decode
+    from rookworld_debug.grpo.phases.decoding_static import decode_static
+    model, tok, ids, mask = model_and_prompts
+    model = model.to("cuda")
+    sp = _params(ids.shape[0] * 4)
+    outs = []
+    for fn in (decode, lambda *a, **k: decode_static(*a, graph=True, **k)):
+        from dataclasses import replace
+        outs.append(fn(model, ids, mask, expand=4, max_new_tokens=60, eos_id=tok.eos_token_id,
+                       pad_id=tok.pad_token_id,
+                       sampling=replace(sp, generator=torch.Generator(device="cuda").manual_seed(3))))
+    dyn, gra = outs
+    assert gra.loop == "static+graph", gra.note
+    assert torch.equal(dyn.tokens, gra.tokens) and torch.allclose(dyn.logps, gra.logps, atol=1e-3)

@@ -94,6 +94,8 @@ class Decoded:
     forwards: int               # model forwards (1 prompt forward + decode steps)
     row_steps: int              # Σ over decode forwards of the rows forwarded (N·(L−1) without row dropping)
     greedy_tokens: torch.Tensor | None = None   # (E, L') the extra greedy rows' ids (None without extras)
+    loop: str = "dynamic"       # which loop ran: "dynamic" | "static" | "static+graph" (decoding_static)
+    note: str = ""              # why a CUDA graph was not used when one was asked for
 
 
 # ------------------------------------------------------------------------------------------ cache

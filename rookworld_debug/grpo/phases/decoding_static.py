@@ -114,13 +114,65 @@ def _choose(logits, done, step: int, n_main: int, sp: SamplingParams | None, rec
     return tok, bad.any()
 
 
+class _Graphed:
+    """One decode step's forward captured as a CUDA graph over the `_State` tensors; `step()` replays it."""
+
+    def __init__(self, model, ckw, cache, s: _State, amp):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        keys = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+        with torch.cuda.stream(side):                 # warm-up runs (allocator, lazy init) off the main stream
+            for _ in range(2):
+                _forward(model, ckw, cache, s, amp)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            _forward(model, ckw, cache, s, amp)
+        for layer, (k, v) in zip(cache.layers, keys):  # the warm-ups wrote column `index`: put it back
+            layer.keys.copy_(k)
+            layer.values.copy_(v)
+
+    def step(self) -> None:
+        self.graph.replay()
+
+
+def _stepper(model, ckw, cache, s: _State, amp, graph: bool):
+    """(the step function, the loop's name, why no graph): a CUDA graph when asked for and capture works."""
+    if not graph:
+        return (lambda: _forward(model, ckw, cache, s, amp)), "static", ""
+    if s.tok.device.type != "cuda":
+        return (lambda: _forward(model, ckw, cache, s, amp)), "static", "CUDA graphs need a CUDA device"
+    try:
+        g = _Graphed(model, ckw, cache, s, amp)
+    except Exception as err:  # noqa: BLE001 - capture is an optimisation: the eager static step is the same math
+        torch.cuda.synchronize()
+        return (lambda: _forward(model, ckw, cache, s, amp)), "static", \
+            f"CUDA graph capture failed ({type(err).__name__}: {str(err)[:160]}): the static loop ran eagerly"
+    return g.step, "static+graph", ""
+
+
+def loop_for(device, sampling: SamplingParams | None):
+    """The decode loop for `device`, chosen by measurement (docs/PERFORMANCE.md): the dynamic loop on the CPU
+    (the static one attends over the full capacity: 4 % slower for the tiny model's B = 4 × G = 4, 160 tokens),
+    the static loop replayed as a CUDA graph on CUDA (the dynamic loop's time there is kernel launches); the
+    rookworld-rlvr pitfalls decode in the dynamic loop."""
+    from functools import partial
+
+    from .decoding import decode
+    dev = torch.device(device)
+    if dev.type != "cuda" or (sampling is not None and (sampling.mini_positions or sampling.continue_after_eos)):
+        return decode
+    return partial(decode_static, graph=True)
+
+
 @torch.no_grad()
 def decode_static(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, expand: int, max_new_tokens: int,
                   eos_id: int, pad_id: int, sampling: SamplingParams | None = None, greedy: GreedyRows | None = None,
-                  sync_every: int | None = None) -> Decoded:
+                  sync_every: int | None = None, graph: bool = False) -> Decoded:
     """`decoding.decode`'s contract (same arguments, same `Decoded`), with static shapes (module doc). Finished rows
     are masked, not dropped; the loop stops when every row is done, looked at every `sync_every` steps (1 on the
-    CPU, where looking is free)."""
+    CPU, where looking is free). `graph`: replay each step's forward as a CUDA graph (CUDA only; `Decoded.loop`
+    says what ran, `Decoded.note` why not a graph)."""
     if sampling is not None and (sampling.mini_positions or sampling.continue_after_eos):
         raise NotImplementedError("the rookworld-rlvr pitfalls decode in the dynamic loop")
     device = next(model.parameters()).device
@@ -142,6 +194,7 @@ def decode_static(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
     s.key_mask.copy_(visible)
     tokens = torch.full((n, length), pad_id, dtype=torch.long, device=device)               # (n, L)
     rec = _record(n_main, max_new_tokens, sp, device)
+    step_fn, loop, note = _stepper(model, ckw, cache, s, amp, graph and length > 1)
     done = torch.zeros(n, dtype=torch.bool, device=device)
     bad = torch.zeros((), dtype=torch.bool, device=device)
     steps = 0
@@ -157,7 +210,7 @@ def decode_static(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
             break
         s.tok.copy_(tok)
         _show(s.key_mask, key_mask, p + step)         # this step's key becomes visible to later queries
-        _forward(model, ckw, cache, s, amp)
+        step_fn()
         s.pos += 1
         s.index += 1
     if bool(bad):
@@ -169,7 +222,7 @@ def decode_static(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
     return Decoded(tokens=tokens[:n_main, :main_steps], logps=cut(rec.get("logps")), entropy=cut(rec.get("entropy")),
                    topk_ids=cut(rec.get("topk_ids")), topk_logps=cut(rec.get("topk_logps")), steps=main_steps,
                    forwards=1 + max(steps - 1, 0), row_steps=n * max(steps - 1, 0),
-                   greedy_tokens=tokens[n_main:, :steps] if e else None)
+                   greedy_tokens=tokens[n_main:, :steps] if e else None, loop=loop, note=note)
 
 
 def _show(mask: torch.Tensor, full: torch.Tensor, column: int) -> None:

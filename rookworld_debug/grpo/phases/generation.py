@@ -178,14 +178,18 @@ def _sample(policy, prompt_ids, prompt_mask, rows_tasks, settings, max_new_token
     temps, top_p, top_k = row_sampling(settings, rows_tasks)                            # (N,) each
     generator = torch.Generator(device=device).manual_seed(seed)
     params = SamplingParams(temps, top_k, top_p, generator, stats_k=top_k_alternatives, **(faults or {}))
-    d = decode(policy, prompt_ids[::g], prompt_mask[::g], expand=g, max_new_tokens=max_new_tokens, eos_id=eos_id,
-               pad_id=pad_id, sampling=params, greedy=greedy)
+    from .decoding_static import loop_for
+    d = loop_for(device, params)(policy, prompt_ids[::g], prompt_mask[::g], expand=g, max_new_tokens=max_new_tokens,
+                                 eos_id=eos_id, pad_id=pad_id, sampling=params, greedy=greedy)
     counts = {"generate_calls": 1, "generate_steps": d.steps, "tokens_sampled": d.tokens.numel(),
-              "decode_forwards": d.forwards, "decode_row_steps": d.row_steps}
+              "decode_forwards": d.forwards, "decode_row_steps": d.row_steps,
+              "decode_static": int(d.loop != "dynamic"), "decode_graph": int(d.loop == "static+graph")}
     stats = None if d.entropy is None else {"entropy": d.entropy.cpu(), "topk_ids": d.topk_ids.cpu(),
                                             "topk_logps": d.topk_logps.cpu()}
     if d.greedy_tokens is not None:
         stats = {**(stats or {}), "greedy_tokens": d.greedy_tokens.cpu()}
+    if d.note:
+        stats = {**(stats or {}), "decode_note": d.note}
     return d.tokens.cpu(), d.logps.cpu(), stats, counts
 
 
@@ -276,6 +280,7 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
             {"mini_positions": bool(opts.get("mini_positions")),
              "continue_after_eos": bool(opts.get("continue_after_eos"))})                # (N, T), (N, T)
     greedy_ids = loop_stats.pop("greedy_tokens") if greedy_prompts else None                   # (E, L')
+    decode_note = (loop_stats or {}).pop("decode_note", None)
     greedy_texts = GreedyTexts(tokenizer.batch_decode(greedy_ids, skip_special_tokens=True) if greedy_prompts else (),
                                greedy_ids)
     completion_ids, completion_mask, has_eos = _cut_after_eos(raw, eos_id, pad_id)     # (N, T), (N, T), (N,)
@@ -291,7 +296,7 @@ def generate_with_greedy(policy, reference, tokenizer, prompts: Sequence[str], t
     t_score = time.perf_counter() - t_start - t_generate
     is_truncated = ~has_eos  # (N,) = TRL's 'last token neither EOS nor pad' when pad == EOS (RookWorld)
     warn = _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos, scores["entropy"],
-                             max_new_tokens, max_diff if flagged else None)
+                             max_new_tokens, max_diff if flagged else None) + ([decode_note] if decode_note else [])
     counts.update(tokens_generated=int(completion_mask.sum()), prompt_tokens=int(prompt_mask.sum()),
                   rows=len(rows_prompts), scoring_forwards=forwards, recompute_checked=int(score_policy))
     completion_tokens, topk_tokens = _token_strings(tokenizer, completion_ids, completion_mask.sum(1).tolist(),
