@@ -296,3 +296,20 @@ def test_a_step_saved_on_a_gpu_branches_on_this_machine_with_a_note():
     assert kw == {"device": "cpu", "reference_device": "same"}
     assert len(notes) == 2 and "this machine lacks it" in notes[0]
     assert here(StepConfig(device="cuda"), "cpu") == ({"device": "cpu"}, ())
+
+
+def test_auto_keeps_a_small_model_on_the_cpu_and_says_why(monkeypatch):
+    """device='auto' on a machine with a GPU: the embedded 4.9 M model stays on the CPU (its GPU step is launch-bound),
+    with a note; an explicit device is never second-guessed."""
+    import warnings
+
+    from rookworld_debug.models import devices
+    from rookworld_debug.models.loading import load_policy_and_reference
+    real = devices.check_device
+    monkeypatch.setattr(devices, "check_device",
+                        lambda d, field="device": torch.device("cuda") if d == "auto" else real(d, field))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = load_policy_and_reference("tiny", device="auto")
+    assert next(loaded.policy.parameters()).device.type == "cpu"
+    assert any("device='auto' chose the CPU over cuda" in n for n in loaded.provenance.notes)

@@ -43,6 +43,10 @@ class LoadedModels(NamedTuple):
 
 
 # ------------------------------------------------------------------------------------------ helpers
+# below this size device='auto' keeps a model on the CPU: its GPU step is launch overhead, not arithmetic
+AUTO_GPU_MIN_PARAMETERS = 20_000_000
+
+
 def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -196,8 +200,8 @@ def load_policy_and_reference(name_or_path: str | os.PathLike = "tiny", dtype: t
     `reference_device`: 'same' (the policy's) or another device for the frozen reference.
     """
     from rookworld_debug.models.devices import check_device
+    auto = isinstance(device, str) and device.strip().lower() == "auto"
     dtype, device = _as_dtype(dtype), check_device(device)   # ConfigError, not torch's bare errors
-    ref_device = device if str(reference_device) == "same" else check_device(reference_device, "reference_device")
     source, resolved = _resolve(name_or_path)
     notes: list[str] = []
     if source == "random":
@@ -217,6 +221,12 @@ def load_policy_and_reference(name_or_path: str | os.PathLike = "tiny", dtype: t
 
     original_dropout = dropout_config(model.config)
     disable_dropout(model)
+    if auto and device.type != "cpu" and prov.num_parameters(model) < AUTO_GPU_MIN_PARAMETERS:
+        notes.append(f"device='auto' chose the CPU over {device.type}: a {prov.num_parameters(model) / 1e6:.1f} M-"
+                     "parameter model's step is bound by kernel launches on a GPU (the embedded model's step took "
+                     "26 s on an H200 against about 7 s on 2 CPU cores); device='cuda' uses the GPU anyway")
+        device = torch.device("cpu")
+    ref_device = device if str(reference_device) == "same" else check_device(reference_device, "reference_device")
     policy = model.to(device=device, dtype=dtype)
 
     pad_was_missing = tok.pad_token is None
