@@ -5,7 +5,7 @@
 """
 __version__ = "0.1.0"
 
-__all__ = ["StepConfig", "run_step", "run_steps", "StepTrace", "__version__"]
+__all__ = ["StepConfig", "run_step", "run_steps", "StepTrace", "StepRecorder", "__version__"]
 
 
 def __getattr__(name):  # lazy: `import rookworld_debug` must not import torch/transformers
@@ -15,6 +15,9 @@ def __getattr__(name):  # lazy: `import rookworld_debug` must not import torch/t
     if name in ("run_step", "StepTrace"):
         from rookworld_debug.grpo import step
         return getattr(step, name)
+    if name == "StepRecorder":
+        from rookworld_debug.record import StepRecorder
+        return StepRecorder
     if name == "run_steps":
         from rookworld_debug.grpo.multistep.loop import run_steps
         return run_steps

@@ -22,6 +22,8 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 
 from rookworld_debug.errors import ConfigError
 
+__all__ = ["StepConfig", "LOSS_TYPES", "KL_ESTIMATORS", "SCALE_REWARDS", "TASKS", "REWARD_MODES"]
+
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual", "rlvr_mini")
 KL_ESTIMATORS = ("k3", "k1", "k2", "full")
 SCALE_REWARDS = ("group", "batch", "none")

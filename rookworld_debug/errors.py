@@ -2,6 +2,10 @@
 traceback from deep inside python-chess/torch or as a silently wrong number."""
 
 
+__all__ = ["RookWorldError", "FormatError", "IllegalMoveError", "EngineNotFound", "EngineError", "ModelLoadError",
+           "ConfigError", "DataError", "NumericalError", "TraceError", "IncompatibleTraceError", "CheckpointError",
+           "DeviceMemoryError"]
+
 class RookWorldError(Exception):
     """Base class of every error raised on purpose by rookworld_debug."""
 

@@ -22,7 +22,6 @@ import html
 import math
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Optional
 
 from rookworld_debug.config import KL_ESTIMATORS, LOSS_TYPES, StepConfig
@@ -332,12 +331,14 @@ class TunePanel:
     def loss(self):
         return self.state.loss
 
-    def trace_like(self) -> SimpleNamespace:
-        """The panel's records in the shape the `viz.*_from_trace` adapters read."""
+    def trace_like(self):
+        """The panel's records as a `StepTrace` (no update or evaluation: the panel recomputes the loss only), the
+        record the `viz.*_from_trace` adapters read."""
+        from rookworld_debug.grpo.step import StepTrace
         s = self.state
-        return SimpleNamespace(config=s.config, setup=self.setup, rollout=s.rollout, rewards=s.rewards,
-                               advantages=s.advantages, loss=s.loss, update=None, evaluation=None, flags=(),
-                               capture=getattr(self, "capture", None), iterations=(), diagnostics=None)
+        return StepTrace(config=s.config, setup=self.setup, before=None, before_heldout=None, rollout=s.rollout,
+                         rewards=s.rewards, advantages=s.advantages, loss=s.loss, update=None, evaluation=None,
+                         timings={}, counts={}, flags=(), capture=getattr(self, "capture", None))
 
     # ------------------------------------------------------------------ recompute + render
     def set_loss_params(self, **changes) -> Any:

@@ -31,6 +31,8 @@ from rookworld_debug.grpo.signal.noise import signal_noise, with_delta_ci
 from rookworld_debug.grpo.trace import serialize
 from rookworld_debug.metrics import term_balance, tiny_std_groups
 
+__all__ = ["StepTrace", "run_step", "TRACE_VERSION"]
+
 TRACE_VERSION = 2            # 2: records named by class name (1: "module:Class"; still read)
 LOSS_PATH_TOLERANCE = 1e-5   # |loss(grad path) − loss(record)|, fp32 recompute noise is ~1e-7
 

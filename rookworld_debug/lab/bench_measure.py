@@ -242,8 +242,6 @@ def engine_sets(spec: BenchSpec, rollout_prompts, rollout_completions) -> dict:
 
 def widget_bench(n: int = 64, t: int = 128, calls: int = 20, seed: int = 0) -> dict:
     """The widget path: `loss_for` (no forward) for a new β/ε on an N×T rollout's tensors; median ms."""
-    import types
-
     import torch
 
     from rookworld_debug.config import StepConfig
@@ -254,11 +252,9 @@ def widget_bench(n: int = 64, t: int = 128, calls: int = 20, seed: int = 0) -> d
     mask = (torch.arange(t)[None] < lengths[:, None]).long()                                    # (N, T)
     logps = (-torch.rand(n, t, generator=g) * 3).masked_fill(mask == 0, 0)                      # (N, T)
     ref = (logps + 0.05 * torch.randn(n, t, generator=g)).masked_fill(mask == 0, 0)             # (N, T)
-    rollout = types.SimpleNamespace(
-        per_token_logps=logps, ref_per_token_logps=ref, completion_mask=mask,
-        is_truncated=lengths == t, per_token_entropy=torch.rand(n, t, generator=g) * mask,
-        per_token_full_kl=torch.rand(n, t, generator=g) * 0.01 * mask)
     g_size = 8 if n % 8 == 0 else 1
+    rollout = _synthetic_rollout(logps, ref, mask, lengths == t, torch.rand(n, t, generator=g) * mask,
+                                 torch.rand(n, t, generator=g) * 0.01 * mask, g_size)
     adv = compute_advantages(torch.rand(n, generator=g), g_size)
     base = StepConfig(num_generations=g_size, batch_size=n // g_size)
     grid = [(beta, eps) for beta in (0.0, 0.01, 0.04, 0.1, 0.2) for eps in (0.1, 0.2, 0.28, 0.4)][:calls]
@@ -327,3 +323,21 @@ def machine_info(spec: BenchSpec) -> dict:
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
 
+
+
+def _synthetic_rollout(logps, ref, mask, truncated, entropy, full_kl, g: int):
+    """A `Rollout` record around random (N, T) log-probs: what the loss reads, the rest empty (no model, no text)."""
+    import torch
+
+    from rookworld_debug.grpo.phases.generation import Rollout
+    n, t = logps.shape
+    ids = torch.zeros((n, t), dtype=torch.long)
+    return Rollout(
+        prompt_ids=torch.zeros((n, 1), dtype=torch.long), prompt_mask=torch.ones((n, 1), dtype=torch.long),
+        completion_ids=ids, completion_mask=mask, per_token_logps=logps, ref_per_token_logps=ref,
+        per_token_entropy=entropy, per_token_full_kl=full_kl, topk_ids=torch.zeros((n, t, 0), dtype=torch.long),
+        topk_logps=torch.zeros((n, t, 0)), sampling_per_token_logps=logps, is_truncated=truncated,
+        temperatures=torch.ones(n), unique_per_group=torch.zeros(n // g, dtype=torch.long),
+        prompts=("",) * n, tasks=("P",) * n, completions=("",) * n, completion_tokens=((),) * n,
+        topk_tokens=((),) * n, sampling={"P": (1.0, None, None)}, num_generations=g, max_new_tokens=t, seed=0,
+        max_abs_logp_diff=float("nan"), logp_diff_flagged=False, counts={}, seconds=0.0, timings={})

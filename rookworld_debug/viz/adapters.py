@@ -2,9 +2,9 @@
 Setup) or a whole StepTrace → the plain-array views. Only field picking and slicing happens here;
 the one arithmetic product (A·logp for the `adv_x_logp` strip) is a labelled display quantity.
 
-A `trace` is anything with attributes named after the phases (`setup`, `rollout`, `rewards`,
-`advantages`, `loss`, `update`, `evaluation`, `config`); missing phases are skipped, so the
-adapters also work on partial traces and on types.SimpleNamespace fakes.
+A `trace` is a `StepTrace` (the panel's and one PPO pass's views are StepTraces too, built with
+`dataclasses.replace`); a phase it lacks (None: no update, no evaluation, a TRL capture's missing eval) is
+skipped.
 """
 from __future__ import annotations
 

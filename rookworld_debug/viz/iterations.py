@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import math
-from types import SimpleNamespace
+from dataclasses import replace
 from typing import Any, Optional, Sequence
 
 from .htmlview import HTMLView
@@ -95,9 +95,7 @@ def iteration_token_strips_from_trace(trace: Any, iteration: int = -1, metric: s
     if not its:
         raise ValueError("no inner iterations recorded in this trace")
     it = its[iteration]
-    view = SimpleNamespace(config=trace.config, setup=getattr(trace, "setup", None), rollout=trace.rollout,
-                           rewards=getattr(trace, "rewards", None), advantages=trace.advantages, loss=it.loss,
-                           update=None, evaluation=None)
+    view = replace(trace, loss=it.loss, update=None, evaluation=None)     # the step as this pass saw it
     kw.setdefault("title", f"pass {it.index + 1} of μ = {len(its)}: {metric} (clipped tokens outlined)")
     return token_strips_from_trace(view, metric, rows=rows, **kw)
 

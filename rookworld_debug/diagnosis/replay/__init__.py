@@ -29,7 +29,7 @@ from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.weights import Weights, weights_for
 
-__all__ = ["PHASES", "PhaseCheck", "Replay", "replay_trace", "replay_findings"]
+__all__ = ["PHASES", "PhaseCheck", "Replay", "replay_trace", "replay_path", "replay_findings"]
 
 
 def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:

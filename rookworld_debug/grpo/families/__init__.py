@@ -56,10 +56,13 @@ def families() -> tuple:
 
 
 def advantages_from_config(rewards, config):
-    """The Advantages record of the config's objective family."""
-    from rookworld_debug.grpo.phases.advantages import Advantages
+    """The Advantages record of the config's objective family (ConfigError naming the family when its hook returns
+    anything else; the record is named, not imported: the registry sits below the phases)."""
     fam = family_of(config.loss_type)
-    return checked(fam, "advantages", fam.advantages(rewards, config), Advantages, "an Advantages record")
+    out = fam.advantages(rewards, config)
+    if type(out).__name__ != "Advantages":
+        checked(fam, "advantages", out, (), "an Advantages record")
+    return out
 
 
 def check_settings(config) -> None:

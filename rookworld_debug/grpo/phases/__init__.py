@@ -5,3 +5,14 @@ warm-up step share: sample → score → the loss record), `update` (micro-batch
 `iterations` for μ > 1) and `evaluation` (greedy and resampled after the update, with `replay`). Records stay on
 the CPU; a phase that computes with a model crosses to its device and back once.
 """
+
+
+def __getattr__(name):
+    """The names of the old `rookworld_debug.grpo.phases` module (now `phases.shared`), with a DeprecationWarning."""
+    import importlib
+    shared = importlib.import_module(__name__ + ".shared")
+    if name.startswith("__") or not hasattr(shared, name):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from rookworld_debug.grpo import moved_warning
+    moved_warning(f"{__name__}.{name}", f"{__name__}.shared.{name}")
+    return getattr(shared, name)
