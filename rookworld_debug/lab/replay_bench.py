@@ -17,11 +17,14 @@ from pathlib import Path
 from rookworld_debug.diagnosis.replay.records import PHASES
 
 HEALTHY = tuple(
-    dict(loss_type=lt, beta=beta, num_generations=g, task=task, lr=lr)
-    for lt, beta, g, task, lr in (
-        ("grpo", 0.04, 4, "P", 1e-4), ("dapo", 0.0, 4, "P", 1e-5), ("bnpo", 0.1, 3, "P", 3e-4),
-        ("dr_grpo", 0.04, 4, "A", 1e-4), ("grpo", 0.0, 2, "A", 1e-6), ("dapo", 0.04, 3, "A", 1e-4),
-        ("bnpo", 0.0, 4, "P", 1e-5), ("dr_grpo", 0.1, 2, "P", 1e-4)))
+    dict(loss_type=lt, beta=beta, num_generations=g, task=task, lr=lr, dtype=dtype)
+    for lt, beta, g, task, lr, dtype in (
+        ("grpo", 0.04, 4, "P", 1e-4, "float32"), ("dapo", 0.0, 4, "P", 1e-5, "float32"),
+        ("bnpo", 0.1, 3, "P", 3e-4, "float32"), ("dr_grpo", 0.04, 4, "A", 1e-4, "float32"),
+        ("grpo", 0.0, 2, "A", 1e-6, "float32"), ("dapo", 0.04, 3, "A", 1e-4, "float32"),
+        ("bnpo", 0.0, 4, "P", 1e-5, "float32"), ("dr_grpo", 0.1, 2, "P", 1e-4, "float32"),
+        ("grpo", 0.04, 4, "P", 1e-4, "bfloat16"), ("dapo", 0.1, 3, "P", 3e-4, "bfloat16"),
+        ("bnpo", 0.04, 2, "A", 1e-4, "bfloat16")))
 
 
 # settings a fault needs to change the step at all (a clip that never binds changes nothing)
@@ -72,8 +75,10 @@ OTHER_HEALTHY = (("run_step", dict(loss_type="dapo", beta=0.04, batch_size=2, nu
                  ("run_step", dict(loss_type="grpo", beta=0.0, batch_size=2, num_generations=3, task="A")),
                  ("run_step", dict(loss_type="manual", beta=0.1, batch_size=2, num_generations=4)),
                  ("run_step", dict(loss_type="bnpo", beta=0.04, batch_size=2, num_generations=4, dtype="bfloat16")),
+                 ("run_step", dict(loss_type="dr_grpo", beta=0.04, batch_size=2, num_generations=2, lr=1e-4)),
+                 ("run_step", dict(loss_type="cispo", beta=0.0, batch_size=2, num_generations=4, task="mixed")),
                  ("trl", dict(loss_type="dapo", beta=0.04)), ("trl", dict(loss_type="grpo", beta=0.0)),
-                 ("manual_loop", {}), ("mini_loop", {}))
+                 ("trl", dict(loss_type="bnpo", beta=0.1)), ("manual_loop", {}), ("mini_loop", {}))
 
 
 def healthy_case(kind: str, kw: dict) -> dict:

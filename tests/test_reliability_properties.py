@@ -1,0 +1,99 @@
+"""Property tests (hypothesis) for the edges of each input class: trace versions, integer options, `--set` values,
+recorder pieces. Each property states what must hold for EVERY input of the class, not for one case."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from rookworld_debug.record import EMBEDDED_MODEL, StepRecorder
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
+    rec = StepRecorder(tok, num_generations=2)
+    enc = tok(["A: 8/8/8/8/8/8/8/K6 w - - 0 1+a1a2++"] * 2, return_tensors="pt", padding=True)
+    ids = torch.tensor([[65, 66, tok.eos_token_id]] * 2)
+    rec.rollout(prompt_ids=enc.input_ids, prompt_mask=enc.attention_mask, completion_ids=ids,
+                completion_mask=torch.ones_like(ids))
+    rec.rewards(torch.tensor([1.0, 0.0]))
+    return rec.save(tmp_path_factory.mktemp("p") / "step"), tok
+
+
+@SETTINGS
+@given(st.one_of(st.integers(min_value=-10**6, max_value=10**6), st.booleans(), st.text(max_size=4), st.none(),
+                 st.floats(allow_nan=True)))
+def test_only_the_versions_this_package_wrote_load(recorded, tmp_path_factory, version):
+    from rookworld_debug.errors import TraceError
+    from rookworld_debug.grpo.step import TRACE_VERSION, StepTrace
+    folder = tmp_path_factory.mktemp("v") / "t"
+    shutil.copytree(recorded[0], folder)
+    payload = json.loads((folder / "trace.json").read_text())
+    payload["fields"]["version"] = version
+    (folder / "trace.json").write_text(json.dumps(payload))
+    ok = isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= TRACE_VERSION
+    if ok:
+        assert StepTrace.load(folder).version == version
+    else:
+        with pytest.raises(TraceError):
+            StepTrace.load(folder)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=30))
+def test_an_integer_option_takes_exactly_the_integers_in_its_range(text):
+    from rookworld_debug.cliargs import MAX_THREADS, threads
+    try:
+        v = int(text, 10)
+    except ValueError:
+        v = None
+    if v is not None and 1 <= v <= MAX_THREADS:
+        assert threads(text) == v
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            threads(text)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["lr", "beta", "epsilon_low", "max_grad_norm", "num_generations"]),
+       st.one_of(st.text(max_size=8), st.floats(allow_nan=False, allow_infinity=False).map(repr)))
+def test_a_set_value_is_a_number_or_named_before_anything_loads(key, text):
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.whatif.overrides import parse_sets
+    if not text.strip() or "=" in text:
+        return
+    try:
+        out = parse_sets([f"{key}={text}"])
+    except ConfigError as err:
+        assert key in str(err)
+    else:
+        v = out[key]
+        assert v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+@SETTINGS
+@given(st.integers(min_value=1, max_value=6), st.integers(min_value=1, max_value=6))
+def test_recorder_pieces_of_another_shape_are_named(recorded, n_rows, t):
+    from rookworld_debug.errors import DataError
+    from rookworld_debug.record import StepRecorder
+    tok = recorded[1]
+    rec = StepRecorder(tok, num_generations=2)
+    enc = tok(["A: 8/8/8/8/8/8/8/K6 w - - 0 1+a1a2++"] * 2, return_tensors="pt", padding=True)
+    ids = torch.tensor([[65, 66, tok.eos_token_id]] * 2)
+    rec.rollout(prompt_ids=enc.input_ids, prompt_mask=enc.attention_mask, completion_ids=ids,
+                completion_mask=torch.ones_like(ids))
+    rec.logprobs(torch.zeros(n_rows, t))
+    if (n_rows, t) == (2, 3):
+        assert rec.build().rollout.per_token_logps.shape == (2, 3)
+    else:
+        with pytest.raises(DataError, match="policy_logps: shape"):
+            rec.build()
