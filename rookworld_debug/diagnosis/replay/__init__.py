@@ -44,7 +44,8 @@ def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
     checks = [*generation_checks(trace, w.eos, w.tokenizer), rewards_check(trace, labels), advantages_check(trace)]
     dtype = getattr(trace.recorded, "dtype", None) or str(trace.config.dtype)
     if w.policy is not None:
-        checks += M.scoring_checks(trace, w.policy, w.reference, dtype, have=w.have, ref_is_policy=w.ref_is_policy)
+        checks += M.scoring_checks(trace, w.policy, w.reference, dtype, have=w.have, ref_is_policy=w.ref_is_policy,
+                                   policy_moved=_moved_before(w.state))
     else:
         checks.append(skipped("scoring", "log-probs from the weights", w.why))
     checks.append(loss_check(trace))
@@ -84,6 +85,14 @@ def _gradient_and_update(trace, w: Weights, dtype: str, upstream: bool) -> list[
     else:
         out.append(M.update_check(s, trace.recorded.max_grad_norm if trace.recorded else None, dtype))
     return out
+
+
+def _moved_before(state) -> bool:
+    """Whether the optimizer's state shows an earlier non-zero update (its first moment or momentum is non-zero):
+    then the policy has left its start weights."""
+    opt = getattr(state, "optimizer_state", None) or {}
+    return any(k in ("exp_avg", "momentum_buffer") and bool(v.abs().sum() > 0)
+               for st in opt.values() for k, v in st.items())
 
 
 def _single_pass(config) -> bool:

@@ -10,7 +10,10 @@ import torch
 from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
 
 # tolerances by the precision the loop's forwards ran in: fp32 recomputes agree to ~1e-6 nats; bf16 to ~1e-2
-LOGP_TOL = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 5e-2, "float16": 1e-2}
+LOGP_TOL = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 0.5, "float16": 0.2}
+# 16-bit forwards of the same weights round apart with a heavy tail (a bf16 step of the embedded model: mean 0.002,
+# 99th percentile 0.04, max 0.16 nats): there the max gets a loose bound and the mean a tight one; fp32 keeps the max
+MEAN_TOL = {"float32": None, "float64": None, "bfloat16": 0.02, "float16": 0.01}
 # the sampler's KV-cached loop against a full forward: fp32 agrees to ~1e-5; 16-bit rounds apart by up to ~0.1 nats
 SAMPLER_TOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 0.25, "float16": 0.1}
 REL_TOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 5e-2, "float16": 2e-2}   # gradient / update, relative
@@ -35,9 +38,10 @@ def _where(diff: torch.Tensor, tol: float, unit: str) -> tuple[str, list]:
 
 def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch.Tensor, tol: float, *,
             mask: Optional[torch.Tensor] = None, unit: str = "row",
-            variants: Optional[Mapping[str, tuple]] = None) -> PhaseCheck:
+            variants: Optional[Mapping[str, tuple]] = None, mean_tol: Optional[float] = None) -> PhaseCheck:
     """Recorded vs recomputed, elementwise (where `mask` is 1). `variants`: {code: (values, sentence)} — known
-    mechanisms; the first that reproduces the recorded values within `tol` names the cause."""
+    mechanisms; the first that reproduces the recorded values within `tol` names the cause. `mean_tol`: also hold
+    the mean |difference| to it (16-bit recomputes: a loose max, a tight mean)."""
     rec, ref = recorded.double(), recomputed.double()
     if rec.shape != ref.shape:
         return PhaseCheck(phase, quantity, DISAGREE, math.inf, tol, f"shape {tuple(rec.shape)}",
@@ -47,9 +51,11 @@ def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch
     if mask is not None:
         diff = diff * mask.to(diff.dtype)
     worst = float(diff.max()) if diff.numel() else 0.0
-    if worst <= tol:
+    mean = float(diff.sum() / mask.sum().clamp(min=1)) if mask is not None else float(diff.mean()) \
+        if diff.numel() else 0.0
+    if worst <= tol and (mean_tol is None or mean <= mean_tol):
         return PhaseCheck(phase, quantity, AGREE, worst, tol)
-    where, idx = _where(diff, tol, unit)
+    where, idx = _where(diff, tol if worst > tol else mean_tol, unit)
     code, sentence = match_variant(rec, variants or {}, tol, mask, trusted=ref)
     return PhaseCheck(phase, quantity, DISAGREE, worst, tol, where, fmt([float(rec[i]) for i in idx]),
                       fmt([float(ref[i]) for i in idx]), code, sentence)

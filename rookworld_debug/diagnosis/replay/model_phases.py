@@ -14,7 +14,7 @@ from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 
-from .compare import DISAGREE, LOGP_TOL, REL_TOL, SAMPLER_TOL, compare, skipped, tol_for
+from .compare import DISAGREE, LOGP_TOL, MEAN_TOL, REL_TOL, SAMPLER_TOL, compare, skipped, tol_for
 from .records import AGREE, PhaseCheck, fmt
 
 ROWS_PER_FORWARD = 16
@@ -56,7 +56,8 @@ def recompute_logps(model, r) -> torch.Tensor:
     return logps
 
 
-def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_policy: bool) -> list[PhaseCheck]:
+def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_policy: bool,
+                   policy_moved: bool = False) -> list[PhaseCheck]:
     """Each recorded log-prob tensor against the weights' recompute; mistakes that reproduce it name the cause."""
     r = trace.rollout
     mask = r.completion_mask
@@ -86,10 +87,14 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
         if rec is None or (key == "policy" and "policy" not in have) or not bool(torch.isfinite(rec[mask.bool()]).all()):
             continue
         c = compare("scoring", q, rec, ours, tol_for(SAMPLER_TOL, dtype) if key == "sampler" else tol, mask=mask,
-                    unit="token", variants=variants)
+                    unit="token", variants=variants, mean_tol=tol_for(MEAN_TOL, dtype))
         out.append(_dropout(c, trace) if key == "policy" else c)
-    out.append(_reference_check(trace, reference, ours, tol, ref_is_policy))
+    out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved))
     return out
+
+
+def trace_dtype(trace) -> str:
+    return getattr(trace.recorded, "dtype", None) or str(trace.config.dtype)
 
 
 def _sampler_warpers(trace):
@@ -111,7 +116,8 @@ def _dropout(check: PhaseCheck, trace) -> PhaseCheck:
     return check
 
 
-def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: bool) -> PhaseCheck:
+def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: bool,
+                     policy_moved: bool = False) -> PhaseCheck:
     r = trace.rollout
     q = "ref_per_token_logps (N, T): the reference's log-probs"
     if r.ref_per_token_logps is None:
@@ -119,19 +125,20 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
     if reference is None:
         return skipped("scoring", q, "the reference's weights were not recorded")
     step = getattr(trace.recorded, "step", None)
-    if ref_is_policy and step is not None and step > 1:
+    if ref_is_policy and policy_moved and step is not None and step > 1:
         return PhaseCheck("scoring", "the reference's weights: frozen at the policy's start", DISAGREE, 0.0, 0.0,
                           f"every weight (step {step})", "θ_ref = θ_policy", f"θ_ref = the start weights (policy "
                           f"moved by {step - 1} update(s))", "reference_tracks_policy",
-                          f"at step {step} the reference's weights are the policy's own: a frozen reference keeps the "
-                          "start weights, so the KL term is 0 and holds nothing back (TRL's sync_ref_model copies "
-                          "them on purpose, at its sync steps only)", measure="max |θ_ref − θ_policy|")
+                          f"at step {step} the reference's weights are the policy's own, although the optimizer's "
+                          "moments show earlier updates: a frozen reference keeps the start weights, so the KL term is "
+                          "0 and holds nothing back (TRL's sync_ref_model copies them on purpose, at its sync steps "
+                          "only)", measure="max |θ_ref − θ_policy|")
     ours = recompute_logps(reference, r)
     variants = {} if ref_is_policy else {
         "reference_tracks_policy": (policy_logps, "the 'reference' log-probs are the policy's own: the KL term is "
                                                   "0 and holds nothing back")}
     return compare("scoring", q, r.ref_per_token_logps, ours, tol, mask=r.completion_mask, unit="token",
-                   variants=variants)
+                   variants=variants, mean_tol=tol_for(MEAN_TOL, trace_dtype(trace)))
 
 
 def recompute_gradient(trace, policy, trainable, objective=None, advantages=None) -> dict:
@@ -244,16 +251,17 @@ def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict,
                  max_grad_norm: Optional[float], *, clip: bool = True, fresh_state: bool = False) -> dict:
     """{name: θ after one step of the recorded optimizer} from θ_before, the recorded gradient and state."""
     names = [n for n in trainable if n in grad and n in before]
-    params = [torch.nn.Parameter(before[n].detach().clone().float()) for n in names]
+    # in the recorded dtype: a bf16 model's optimizer steps in bf16, and its rounding is part of what it did
+    params = [torch.nn.Parameter(before[n].detach().clone()) for n in names]
     for p, n in zip(params, names):
-        p.grad = grad[n].detach().clone().float()
+        p.grad = grad[n].detach().clone().to(p.dtype)
     if clip and max_grad_norm:
         torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
     kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in settings.items()}
     opt = OPTIMIZERS[kind](params, **kw)
     if opt_state and not fresh_state:
         sd = opt.state_dict()
-        sd["state"] = {i: {k: (v.clone().float() if k != "step" else v.clone().float().reshape(()))
+        sd["state"] = {i: {k: (v.clone() if k != "step" else v.clone().float().reshape(()))
                            for k, v in opt_state.get(n, {}).items()} for i, n in enumerate(names)
                        if opt_state.get(n)}
         opt.load_state_dict(sd)
