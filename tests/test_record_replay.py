@@ -181,3 +181,20 @@ def test_a_trl_capture_that_agrees_with_its_replay_says_so(trl_demo_run):
     found = {f.code: f for f in replay_findings(replay_path(first))}
     assert "replay_agrees" in found and "advantages" in found["replay_agrees"].cause
     assert "TRL capture keeps no weights" in found["replay_incomplete"].cause
+
+
+@pytest.mark.parametrize("kw,field", [({"loss_type": "nope"}, "loss_type"), ({"bogus": 1}, "bogus"),
+                                      ({"beta": -1.0}, "beta"), ({"precision": "int8"}, "precision")])
+def test_the_declared_objective_is_checked_when_it_is_declared(tokenizer, kw, field):
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.record import StepRecorder
+    with pytest.raises(ConfigError, match=rf"^{field}"):
+        StepRecorder(tokenizer, num_generations=2, **kw)
+
+
+def test_right_padded_prompts_are_moved_left(tokenizer):
+    from rookworld_debug.record.recorder import left_padded
+    ids = torch.tensor([[5, 6, 0, 0], [7, 8, 9, 1]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    out_ids, out_mask = left_padded(ids, mask)
+    assert out_ids.tolist() == [[0, 0, 5, 6], [7, 8, 9, 1]] and out_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]

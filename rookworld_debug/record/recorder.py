@@ -83,6 +83,7 @@ class StepRecorder:
                              top_k=int(top_k), p_top_p=float(top_p), a_top_p=float(top_p),
                              reward_mode=reward_mode, scale_rewards=scale_rewards, max_grad_norm=max_grad_norm,
                              seed=int(seed), **settings)
+        _check_declared(self.declared)
         self.reward = str(reward)
         if precision is not None and precision not in PRECISIONS:
             raise ConfigError("precision", f"{precision!r}: one of {PRECISIONS} (the dtype the loop's forwards ran "
@@ -196,6 +197,18 @@ class StepRecorder:
             optimizer_settings=dict(settings), max_grad_norm=config.max_grad_norm,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             weights="state/" if "weights_before" in p else "", notes=self.notes)
+
+
+def _check_declared(declared: dict) -> None:
+    """The declared objective, refused by name at construction (not when the step is saved): a loss type no
+    registered family answers, a setting StepConfig does not have, a value its rules refuse."""
+    from rookworld_debug.config import StepConfig
+    from rookworld_debug.grpo.families import family_of
+    family_of(declared["loss_type"])
+    unknown = sorted(set(declared) - set(StepConfig.field_names()))
+    if unknown:
+        raise ConfigError(unknown[0], f"not a setting of the declared objective (StepConfig has no {unknown[0]!r})")
+    StepConfig(**declared)
 
 
 def left_padded(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
