@@ -32,3 +32,8 @@ if trainer.accelerator.is_main_process:
                "logged": {d["step"]: d["loss"] for d in trainer.state.log_history if "loss" in d},
                "errors": cap.errors if cap else {}, "paths": {k: str(v) for k, v in (cap.paths if cap else {}).items()}},
               open(os.path.join(out, f"{mode}.json"), "w"))
+# every rank leaves the process group before exiting: gloo's threads torn down by the interpreter's exit instead can
+# end a rank in std::terminate (SIGABRT, "terminate called without an active exception") after its work is done
+trainer.accelerator.wait_for_everyone()
+if torch.distributed.is_available() and torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
