@@ -98,20 +98,13 @@ def test_the_healthy_hand_written_loop_replays_clean(tmp_path):
 # ------------------------------------------------------------------------------- missing pieces, bad input
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    from rookworld_debug.record import EMBEDDED_MODEL
-    return AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
+    from tinymodels import embedded_tokenizer
+    return embedded_tokenizer()
 
 
 def _minimal(tokenizer, **kw):
-    from rookworld_debug.record import StepRecorder
-    rec = StepRecorder(tokenizer, num_generations=2, **kw)
-    enc = tokenizer(["A: 8/8/8/8/8/8/8/K6 w - - 0 1+a1a2++"] * 2, return_tensors="pt", padding=True)
-    ids = torch.tensor([[65, 66, tokenizer.eos_token_id]] * 2)
-    rec.rollout(prompt_ids=enc.input_ids, prompt_mask=enc.attention_mask, completion_ids=ids,
-                completion_mask=torch.ones_like(ids))
-    return rec
+    from tinymodels import minimal_recorder
+    return minimal_recorder(tokenizer, **kw)
 
 
 def test_a_step_with_only_its_rollout_and_rewards_says_what_it_could_not_check(tokenizer, tmp_path):

@@ -114,17 +114,8 @@ def test_register_never_fails_other_than_by_name(loss_type):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A recorded step (small, no weights): a real trace folder to corrupt."""
-    from transformers import AutoTokenizer
-
-    from rookworld_debug.record import EMBEDDED_MODEL, StepRecorder
-    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
-    rec = StepRecorder(tok, num_generations=2)
-    enc = tok(["A: 8/8/8/8/8/8/8/K6 w - - 0 1+a1a2++"] * 2, return_tensors="pt", padding=True)
-    ids = torch.tensor([[65, 66, tok.eos_token_id]] * 2)
-    rec.rollout(prompt_ids=enc.input_ids, prompt_mask=enc.attention_mask, completion_ids=ids,
-                completion_mask=torch.ones_like(ids))
-    rec.rewards(torch.tensor([1.0, 0.0]))
-    return rec.save(tmp_path_factory.mktemp("t") / "step")
+    from tinymodels import saved_minimal_step
+    return saved_minimal_step(tmp_path_factory.mktemp("t") / "step")[0]
 
 
 def _with(saved, tmp_path, edit):

@@ -16,17 +16,8 @@ SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[Healt
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from rookworld_debug.record import EMBEDDED_MODEL, StepRecorder
-    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
-    rec = StepRecorder(tok, num_generations=2)
-    enc = tok(["A: 8/8/8/8/8/8/8/K6 w - - 0 1+a1a2++"] * 2, return_tensors="pt", padding=True)
-    ids = torch.tensor([[65, 66, tok.eos_token_id]] * 2)
-    rec.rollout(prompt_ids=enc.input_ids, prompt_mask=enc.attention_mask, completion_ids=ids,
-                completion_mask=torch.ones_like(ids))
-    rec.rewards(torch.tensor([1.0, 0.0]))
-    return rec.save(tmp_path_factory.mktemp("p") / "step"), tok
+    from tinymodels import saved_minimal_step
+    return saved_minimal_step(tmp_path_factory.mktemp("p") / "step")
 
 
 @SETTINGS
@@ -84,13 +75,8 @@ def test_a_set_value_is_a_number_or_named_before_anything_loads(key, text):
 @given(st.integers(min_value=1, max_value=6), st.integers(min_value=1, max_value=6))
 def test_recorder_pieces_of_another_shape_are_named(recorded, n_rows, t):
     from rookworld_debug.errors import DataError
-    from rookworld_debug.record import StepRecorder
-    tok = recorded[1]
-    rec = StepRecorder(tok, num_generations=2)
-    enc = tok(["A: 8/8/8/8/8/8/8/K6 w - - 0 1+a1a2++"] * 2, return_tensors="pt", padding=True)
-    ids = torch.tensor([[65, 66, tok.eos_token_id]] * 2)
-    rec.rollout(prompt_ids=enc.input_ids, prompt_mask=enc.attention_mask, completion_ids=ids,
-                completion_mask=torch.ones_like(ids))
+    from tinymodels import minimal_recorder
+    rec = minimal_recorder(recorded[1])
     rec.logprobs(torch.zeros(n_rows, t))
     if (n_rows, t) == (2, 3):
         assert rec.build().rollout.per_token_logps.shape == (2, 3)

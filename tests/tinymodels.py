@@ -98,3 +98,34 @@ def bpe_model_dir(seed: int = 0) -> Path:
     except OSError:             # another process won the race: use its folder
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+# ----------------------------------------------------------------------------- a recorded step
+def embedded_tokenizer():
+    """The embedded model's tokenizer, left-padded (what a user's loop would load)."""
+    from transformers import AutoTokenizer
+
+    from rookworld_debug.record import EMBEDDED_MODEL
+    return AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
+
+
+def minimal_recorder(tokenizer, **declared):
+    """A StepRecorder holding only a rollout: one A: prompt, G = 2 rows of three tokens ending in EOS."""
+    import torch
+
+    from rookworld_debug.record import StepRecorder
+    rec = StepRecorder(tokenizer, num_generations=2, **declared)
+    enc = tokenizer(["A: 8/8/8/8/8/8/8/K6 w - - 0 1+a1a2++"] * 2, return_tensors="pt", padding=True)
+    ids = torch.tensor([[65, 66, tokenizer.eos_token_id]] * 2)
+    rec.rollout(prompt_ids=enc.input_ids, prompt_mask=enc.attention_mask, completion_ids=ids,
+                completion_mask=torch.ones_like(ids))
+    return rec
+
+
+def saved_minimal_step(folder):
+    """`minimal_recorder` with rewards, saved to `folder` (no weights): a real trace folder; returns (folder, tok)."""
+    import torch
+    tok = embedded_tokenizer()
+    rec = minimal_recorder(tok)
+    rec.rewards(torch.tensor([1.0, 0.0]))
+    return rec.save(folder), tok

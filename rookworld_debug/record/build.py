@@ -19,14 +19,13 @@ from rookworld_debug.errors import DataError
 from rookworld_debug.grpo.families import advantages_from_config
 from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
-from rookworld_debug.grpo.phases.generation import Rollout, _unique_per_group
-from rookworld_debug.grpo.phases.rewards import builtin_breakdowns, compute_rewards, with_breakdowns
+from rookworld_debug.grpo.phases.generation import Rollout, rollout_of
+from rookworld_debug.grpo.phases.rewards import (BUILTIN_REWARDS, LABEL_REWARD_MODES, builtin_breakdowns,
+                                                 compute_rewards, with_breakdowns)
 from rookworld_debug.grpo.phases.setup import Setup
 from rookworld_debug.grpo.phases.update import UpdateResult, layer_name
 from rookworld_debug.grpo.step import StepTrace, rewards_flags, zero_std_flags
 
-BUILTIN_REWARDS = ("rookworld", "rookworld_p", "rookworld_a")   # the project's reward under its names
-LABEL_MODES = ("dataset", "rlvr", "rlvr_gt")                      # scored from the label alone (no engine)
 SOURCE = "your own training loop (rookworld_debug.record.StepRecorder)"
 NO_EVAL_FLAG = ("recorded step: no greedy before/after evaluation and no step-0 invariants (the loop recorded the "
                 "step it took; the replay checks each phase against the declared objective)")
@@ -78,24 +77,14 @@ def _rollout(rec, config: StepConfig, prompts: tuple, tasks: tuple) -> Rollout:
     _check_shape("prompt_mask", r["prompt_mask"], tuple(r["prompt_ids"].shape))
     if r["prompt_ids"].shape[0] != n:
         raise DataError(f"prompt_ids: {r['prompt_ids'].shape[0]} rows for {n} completion rows")
-    eos = tok.eos_token_id
-    lengths = mask.sum(1).tolist()
-    temperature = config.p_temperature
     ref = rec.pieces.get("ref_logps")
-    return Rollout(
-        prompt_ids=r["prompt_ids"], prompt_mask=r["prompt_mask"], completion_ids=ids, completion_mask=mask,
+    return rollout_of(
+        tok, prompt_ids=r["prompt_ids"], prompt_mask=r["prompt_mask"], completion_ids=ids, completion_mask=mask,
+        prompts=prompts, tasks=tasks, completions=r["completions"],
         per_token_logps=(torch.nan_to_num(logps) * mask) if logps is not None else nan.masked_fill(mask == 0, 0.0),
-        ref_per_token_logps=None if ref is None else ref * mask,
-        per_token_entropy=nan.masked_fill(mask == 0, 0.0), per_token_full_kl=None,
-        topk_ids=torch.zeros((n, t, 0), dtype=torch.long), topk_logps=torch.zeros((n, t, 0)),
-        sampling_per_token_logps=rec.pieces.get("sampling_logps", nan),
-        is_truncated=~((ids == eos) & mask.bool()).any(1), temperatures=torch.full((n,), float(temperature)),
-        unique_per_group=_unique_per_group(ids, mask, g), prompts=prompts, tasks=tasks, completions=r["completions"],
-        completion_tokens=tuple(tuple(tok.convert_ids_to_tokens(ids[i, :int(lengths[i])].tolist())) for i in range(n)),
-        topk_tokens=tuple(() for _ in range(n)),
-        sampling={k: (float(temperature), config.p_top_p, config.top_k) for k in set(tasks)},
-        num_generations=g, max_new_tokens=t, seed=config.seed, max_abs_logp_diff=math.nan, logp_diff_flagged=False,
-        counts={"tokens": int(mask.sum())}, seconds=math.nan, timings={},
+        ref_per_token_logps=None if ref is None else ref * mask, per_token_entropy=nan.masked_fill(mask == 0, 0.0),
+        sampling_per_token_logps=rec.pieces.get("sampling_logps", nan), temperature=config.p_temperature,
+        top_p=config.p_top_p, top_k=config.top_k, num_generations=g, max_new_tokens=t, seed=config.seed,
         warnings=("log-probs are the loop's own; entropy is not recorded by a loop (shown as NaN)",))
 
 
@@ -112,7 +101,7 @@ def _rewards(rec, config, rollout: Rollout, labels):
     if total.numel() != n:
         raise DataError(f"rewards: {total.numel()} values for {n} rows")
     rw = dataclasses.replace(rw, rewards=total)       # the loop's own total (its weighting, not ours)
-    if rec.reward in BUILTIN_REWARDS and labels and config.reward_mode in LABEL_MODES:
+    if rec.reward in BUILTIN_REWARDS and labels and config.reward_mode in LABEL_REWARD_MODES:
         # the components and format checks behind a RookWorld reward, for the views (values stay the loop's)
         rw = with_breakdowns(rw, builtin_breakdowns(rollout.prompts, rollout.completions, labels,
                                                     reward_mode=config.reward_mode))

@@ -17,7 +17,7 @@ import torch
 from rookworld_debug.data.loaders import Batch
 from rookworld_debug.errors import FormatError
 from rookworld_debug.grpo.families import advantages_from_config
-from rookworld_debug.grpo.phases.generation import Rollout, _unique_per_group
+from rookworld_debug.grpo.phases.generation import Rollout, rollout_of
 from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.phases.rewards import compute_rewards, with_breakdowns
@@ -73,27 +73,16 @@ def _texts(prompts) -> list[str]:
 
 def _rollout(tok, gen: dict, logps, entropy, temperature, top_p, top_k, g: int, max_new: int, seed: int) -> Rollout:
     ids, mask = gen["completion_ids"], gen["completion_mask"]                            # (N, T)
-    n, t = ids.shape
-    prompts, completions = _texts(gen["prompts"]), list(gen["completions"])
-    tasks = tuple("A" if p.lstrip().startswith("A:") else "P" for p in prompts)
-    lengths = mask.sum(1).tolist()
-    eos = tok.eos_token_id
-    is_truncated = ~((ids == eos) & mask.bool()).any(1)                                  # (N,) no EOS kept
-    tokens = tuple(tuple(tok.convert_ids_to_tokens(ids[i, :int(lengths[i])].tolist())) for i in range(n))
+    prompts = _texts(gen["prompts"])
     sampling = gen.get("sampling_per_token_logps")
-    return Rollout(
-        prompt_ids=gen["prompt_ids"], prompt_mask=gen["prompt_mask"], completion_ids=ids, completion_mask=mask,
-        per_token_logps=torch.nan_to_num(logps) * mask, ref_per_token_logps=(
-            gen["ref_per_token_logps"] * mask if "ref_per_token_logps" in gen else None),
-        per_token_entropy=torch.nan_to_num(entropy) * mask, per_token_full_kl=None,
-        topk_ids=torch.zeros((n, t, 0), dtype=torch.long), topk_logps=torch.zeros((n, t, 0)),
-        sampling_per_token_logps=sampling if sampling is not None else torch.full((n, t), float("nan")),
-        is_truncated=is_truncated, temperatures=torch.full((n,), float(temperature)),
-        unique_per_group=_unique_per_group(ids, mask, g), prompts=tuple(prompts), tasks=tasks,
-        completions=tuple(completions), completion_tokens=tokens, topk_tokens=tuple(() for _ in range(n)),
-        sampling={task: (float(temperature), top_p, top_k) for task in set(tasks)}, num_generations=g,
-        max_new_tokens=max_new, seed=seed, max_abs_logp_diff=math.nan, logp_diff_flagged=False,
-        counts={"tokens": int(mask.sum())}, seconds=math.nan, timings={},
+    return rollout_of(
+        tok, prompt_ids=gen["prompt_ids"], prompt_mask=gen["prompt_mask"], completion_ids=ids, completion_mask=mask,
+        prompts=prompts, tasks=tuple("A" if p.lstrip().startswith("A:") else "P" for p in prompts),
+        completions=gen["completions"], per_token_logps=torch.nan_to_num(logps) * mask,
+        ref_per_token_logps=gen["ref_per_token_logps"] * mask if "ref_per_token_logps" in gen else None,
+        per_token_entropy=torch.nan_to_num(entropy) * mask,
+        sampling_per_token_logps=sampling if sampling is not None else torch.full(ids.shape, float("nan")),
+        temperature=temperature, top_p=top_p, top_k=top_k, num_generations=g, max_new_tokens=max_new, seed=seed,
         warnings=("log-probs and entropies are TRL's loss forward (fused LM head, logits ÷ T); TRL keeps no "
                   "sampling-time log-probs without vLLM and no top-k alternatives",))
 

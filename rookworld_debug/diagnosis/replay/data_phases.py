@@ -12,18 +12,17 @@ from rookworld_debug.grpo.families import advantages_from_config, families
 from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 
+from rookworld_debug.grpo.phases.completion_text import _cut_after_eos
+from rookworld_debug.grpo.phases.rewards import BUILTIN_REWARDS, LABEL_REWARD_MODES, builtin_breakdowns
+
 from .compare import DISAGREE, VALUE_TOL, compare, scalar, skipped
 from .records import AGREE, PhaseCheck
 
-BUILTIN_REWARDS = ("rookworld", "rookworld_p", "rookworld_a")   # the project's reward, under its names
-REPLAYABLE_REWARD_MODES = ("dataset", "rlvr", "rlvr_gt")        # no engine search: deterministic from the label
-
 
 def expected_mask(ids: torch.Tensor, eos: int) -> torch.Tensor:
-    """(N, T) 1 up to and including the first EOS (every token of a row without one): TRL's completion mask."""
-    is_eos = ids == eos
-    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(ids[:, 0], ids.shape[1]))
-    return (torch.arange(ids.shape[1])[None] <= first[:, None]).long()
+    """(N, T) 1 up to and including the first EOS (every token of a row without one): TRL's completion mask, as the
+    generation phase cuts it."""
+    return _cut_after_eos(ids, eos, eos)[1]
 
 
 def generation_checks(trace, eos: int | None, tokenizer=None) -> list[PhaseCheck]:
@@ -66,22 +65,19 @@ def _grouping(r, g: int) -> PhaseCheck:
 
 
 def _mask_check(ids, mask, eos: int) -> PhaseCheck:
+    """The loss mask against TRL's; a mask that only adds tokens after the first EOS, or only drops the EOS, names
+    its mechanism."""
     want = expected_mask(ids, eos)                                                        # (N, T)
     after_eos = (mask == 1) & (want == 0)
     eos_dropped = (mask == 0) & (want == 1) & (ids == eos)
-    variants = {
-        "tokens_after_eos_trained": ((mask * 0 + 1) * (mask.sum(1, keepdim=True) > 0).long(),
-                                     "the mask keeps the padding after the first EOS: the loss trains pad tokens"),
-        "eos_not_in_mask": (want * (ids != eos).long(), "the mask stops before the EOS token: the loss never teaches "
-                                                        "the policy to stop"),
-    }
-    check = compare("generation", "completion_mask (N, T): 1 through the first EOS", mask, want, 0.0, unit="token",
-                    variants=variants)
-    if check.status == DISAGREE and not check.cause:
+    check = compare("generation", "completion_mask (N, T): 1 through the first EOS", mask, want, 0.0, unit="token")
+    if check.status == DISAGREE:
         if bool(after_eos.any()) and not bool(((mask == 0) & (want == 1)).any()):
-            check = _with_cause(check, "tokens_after_eos_trained", "the mask is 1 on tokens after the first EOS")
+            check = _with_cause(check, "tokens_after_eos_trained", "the mask is 1 on tokens after the first EOS: the "
+                                                                   "loss trains the padding")
         elif bool(eos_dropped.any()) and not bool(after_eos.any()):
-            check = _with_cause(check, "eos_not_in_mask", "the mask is 0 on the EOS token")
+            check = _with_cause(check, "eos_not_in_mask", "the mask is 0 on the EOS token: the loss never teaches the "
+                                                          "policy to stop")
     return check
 
 
@@ -112,12 +108,11 @@ def rewards_check(trace, labels) -> PhaseCheck:
     if not names or any(n not in BUILTIN_REWARDS for n in names):
         return skipped("rewards", q, f"the reward functions {list(names)} are the loop's own: pass them to "
                                      "replay_trace(reward_funcs=...) to recompute them")
-    if rw.reward_mode not in REPLAYABLE_REWARD_MODES:
+    if rw.reward_mode not in LABEL_REWARD_MODES:
         return skipped("rewards", q, f"reward_mode {rw.reward_mode!r} searches with Stockfish; a replay recomputes "
-                                     f"the label-based modes {REPLAYABLE_REWARD_MODES} only")
+                                     f"the label-based modes {LABEL_REWARD_MODES} only")
     if not labels or not any(labels):
         return skipped("rewards", q, "no dataset labels were recorded with the prompts")
-    from rookworld_debug.grpo.phases.rewards import builtin_breakdowns
     scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(labels), reward_mode=rw.reward_mode)
     ref = torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)   # (N,)
     return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=reward_variants(ref, r.num_generations))

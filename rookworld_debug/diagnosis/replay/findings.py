@@ -2,8 +2,6 @@
 later disagreements, and what agreed or could not be replayed."""
 from __future__ import annotations
 
-import math
-
 from rookworld_debug.diagnosis.findings import Evidence, Finding, Fix
 
 from .records import PHASES, Replay
@@ -76,6 +74,3 @@ def replay_findings(replay: Replay) -> list[Finding]:
                            score=0.0))
     return out
 
-
-def is_nan(x) -> bool:
-    return isinstance(x, float) and math.isnan(x)

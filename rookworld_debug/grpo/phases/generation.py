@@ -233,6 +233,29 @@ def _rollout_warnings(policy, reference, completion_mask, is_truncated, has_eos,
     return warn
 
 
+def rollout_of(tokenizer, *, prompt_ids, prompt_mask, completion_ids, completion_mask, prompts, tasks, completions,
+               per_token_logps, ref_per_token_logps, per_token_entropy, sampling_per_token_logps, temperature: float,
+               top_p, top_k, num_generations: int, max_new_tokens: int, seed: int, warnings: tuple) -> Rollout:
+    """A `Rollout` around another trainer's own (N, T) tensors (a TRL capture, a recorded loop): its values as given,
+    the token strings and per-group counts derived here, no top-k alternatives and no sampling-loop timings."""
+    ids, mask = completion_ids, completion_mask                                          # (N, T)
+    n, t = ids.shape
+    lengths = mask.sum(1).tolist()
+    return Rollout(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
+        per_token_logps=per_token_logps, ref_per_token_logps=ref_per_token_logps, per_token_entropy=per_token_entropy,
+        per_token_full_kl=None, topk_ids=torch.zeros((n, t, 0), dtype=torch.long), topk_logps=torch.zeros((n, t, 0)),
+        sampling_per_token_logps=sampling_per_token_logps,
+        is_truncated=~((ids == tokenizer.eos_token_id) & mask.bool()).any(1),                    # (N,) no EOS kept
+        temperatures=torch.full((n,), float(temperature)), unique_per_group=_unique_per_group(ids, mask, num_generations),
+        prompts=tuple(prompts), tasks=tuple(tasks), completions=tuple(completions),
+        completion_tokens=tuple(tuple(tokenizer.convert_ids_to_tokens(ids[i, :int(lengths[i])].tolist()))
+                                for i in range(n)),
+        topk_tokens=tuple(() for _ in range(n)), sampling={k: (float(temperature), top_p, top_k) for k in set(tasks)},
+        num_generations=num_generations, max_new_tokens=max_new_tokens, seed=seed, max_abs_logp_diff=math.nan,
+        logp_diff_flagged=False, counts={"tokens": int(mask.sum())}, seconds=math.nan, timings={}, warnings=warnings)
+
+
 def loss_mask(rollout: Rollout, config) -> torch.Tensor:
     """(N, T) the tokens the loss reads: completion_mask, zeroed on truncated rows when
     mask_truncated_completions (TRL). The one definition: the record, the update, the inner iterations and

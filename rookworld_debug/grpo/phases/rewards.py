@@ -52,6 +52,12 @@ class Rewards:
     warnings: tuple = ()                # record-level problems (e.g. a function returned ±inf → rows unscorable)
 
 
+# the project's reward under the names it goes by (the built-in, TRL's P:/A: reward functions), and the reward
+# modes scored from the dataset label alone (no engine search: deterministic, so a replay can recompute them)
+BUILTIN_REWARDS = ("rookworld", "rookworld_p", "rookworld_a")
+LABEL_REWARD_MODES = ("dataset", "rlvr", "rlvr_gt")
+
+
 def _label(prompt: str, completion: str):
     try:
         return parse_p(prompt + completion)
