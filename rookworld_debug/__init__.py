@@ -7,6 +7,17 @@ __version__ = "0.1.0"
 
 __all__ = ["StepConfig", "run_step", "run_steps", "StepTrace", "StepRecorder", "__version__"]
 
+from rookworld_debug import settings as _settings  # noqa: E402  (no torch: the config's registry)
+
+
+def _builtin_families() -> None:
+    """The built-in objective families: importing them registers each (its losses, advantages and settings). The
+    config and the family registry sit below the families, so this root module hands them this loader."""
+    import rookworld_debug.grpo.families  # noqa: F401
+
+
+_settings.when_first_used(_builtin_families)
+
 
 def __getattr__(name):  # lazy: `import rookworld_debug` must not import torch/transformers
     if name == "StepConfig":

@@ -120,8 +120,8 @@ def main(argv=None) -> int:
     from rookworld_debug.whatif.overrides import check_needs_steps
     check_needs_steps(arms, a.steps)
     symptoms = tuple(a.symptom) or symptoms
-    from rookworld_debug.whatif.overrides import SAMPLING_FIELDS
-    one_step_arms = sum(not set(x.overrides) & set(SAMPLING_FIELDS) for x in arms)
+    from rookworld_debug.whatif.overrides import sampling_fields
+    one_step_arms = sum(not set(x.overrides) & set(sampling_fields()) for x in arms)
     tick, bars = _progress(one_step_arms, a.steps * a.seeds * len(arms))
     try:
         if trl:

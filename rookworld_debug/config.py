@@ -7,43 +7,35 @@ Each field carries its documentation in `metadata["help"]` so the glossary is re
 Defaults follow rookworld-trl's manual debug run (B=4 prompts, G=4 generations, β=0.1, lr 1e-6, AdamW 0.9/0.999/1e-8,
 wd 0, grad-clip 1.0, task-conditional sampling); every *convention* (loss_type, KL estimator, advantage
 scaling, ε, δ, importance-sampling level, entropy normalisation) defaults to what TRL's `GRPOConfig` does,
-so a fresh config reproduces TRL's math on our rollout. `loss_type="manual"` selects that run's
-sequence-level REINFORCE variant instead (see `grpo/objective/loss.py`).
+so a fresh config reproduces TRL's math on our rollout.
 
-Impossible values are rejected at construction with `ConfigError(field, message)`.
+An objective family's own knobs are declared by the family, in its settings section (`rookworld_debug.settings`),
+and read and written flat like the core's: `StepConfig(**{knob: value})`, `config.<knob>`, `to_dict()`. The loss
+types are those the registered families answer (`grpo.families`).
+
+Impossible values are rejected at construction with `ConfigError(field, message)` (the rules:
+`config_rules.py`; a family's: its section's).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Optional
 
+from rookworld_debug import settings
+from rookworld_debug.config_rules import RULES, is_number_pair
 from rookworld_debug.errors import ConfigError
 
 __all__ = ["StepConfig", "LOSS_TYPES", "KL_ESTIMATORS", "SCALE_REWARDS", "TASKS", "REWARD_MODES"]
 
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "manual", "rlvr_mini")
 KL_ESTIMATORS = ("k3", "k1", "k2", "full")
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 TASKS = ("P", "A", "mixed")
 REWARD_MODES = ("engine", "dataset", "rlvr", "rlvr_gt")
-RLVR_KL_TYPES = ("forward", "reverse", "symmetric")
-RLVR_BASELINES = ("group_mean", "ema", "learned", "adaptive")
-RLVR_PITFALLS = ("prompt_mask_left_pad", "pad_first_token", "kv_cache_positions", "train_past_eos")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-
-
-def _f(default: Any, help: str, *, choices: tuple | None = None, group: str = "", factory=None):
-    md = {"help": help, "group": group}
-    if choices is not None:
-        md["choices"] = choices
-    if factory is not None:
-        return field(default_factory=factory, metadata=md)
-    return field(default=default, metadata=md)
+_f = settings.setting
 
 
 @dataclass(frozen=True)
@@ -88,18 +80,9 @@ class StepConfig:
                     "only, like top_p.", group="sampling")
 
     # ---------------------------------------------------------------- objective
-    loss_type: str = _f("dapo", "Aggregation of the per-token loss L_it (mask m): 'dapo' (TRL default) "
-                        "Σ m·L / num_items_in_batch (token mean over the whole batch); 'grpo' mean_i(Σ_t m·L / |o_i|); "
-                        "'bnpo' Σ m·L / Σ m (micro-batch token mean); 'dr_grpo' Σ m·L / (N·max_new_tokens); "
-                        "'manual' = rookworld-trl's manual sequence-level REINFORCE mean_i(−A_i·mean_t logπ + β·mean_t KL "
-                        "− c_H·mean_t H), no ratio, no clip. TRL 1.16's other types: 'cispo' (IS weight clipped at "
-                        "epsilon_high, dapo normaliser), 'sapo' (soft sigmoid gate, grpo normaliser), 'luspo' "
-                        "(per-sequence token sums, meant for importance_sampling_level='sequence'), 'vespo' (gamma "
-                        "weight of the sequence ratio, dapo normaliser). 'rlvr_mini' = rookworld-rlvr's pure-PyTorch "
-                        "GRPO: r_i = exp(clamp(Σ_t (logp − ref), ±20)) against the REFERENCE, −mean_i min(r_i·A_i, "
-                        "clip(r_i)·A_i) + β·mean_i KL_i − c_H·mean_i H_i, sums not means (knobs rlvr_*; β is its "
-                        "kl_coef, epsilon_low/high its clip_range). Formulas: grpo/objective/loss.py, grpo/families/rlvr_mini/objective.py.",
-                        choices=LOSS_TYPES, group="objective")
+    loss_type: str = _f("dapo", "Which objective the step trains: a loss type of a registered objective family "
+                        "(grpo.families; TRL's GRPOTrainer's 'dapo' by default). Each loss type's definition follows; "
+                        "its formulas: grpo/objective/loss.py and the family's module.", group="objective")
     beta: float = _f(0.1, "β: KL coefficient; loss adds β·KL(π‖π_ref) per token. TRL's default is 0.0 (no "
                      "reference loaded); 0.1 is rookworld-trl's manual debug run's value.", group="objective")
     kl_estimator: str = _f("k3", "Per-token KL(π‖π_ref) estimator on the sampled token, with d = ref − logp: "
@@ -180,36 +163,6 @@ class StepConfig:
                                   "advantages of ±1 or more (0.5 = the group's gaps are amplified more than 2× "
                                   "compared with batch scaling). 0 = never flag. Display only (no effect on the "
                                   "math).", group="objective")
-
-    # the objective families' own knobs (read only under their loss types)
-    manual_std_clamp: float = _f(0.05, "loss_type='manual' only: advantage denominator is max(std_g, this) "
-                                 "(rookworld-trl's manual debug run used 0.05 at step 1, 1e-6 later).", group="manual")
-    manual_adv_clip: Optional[float] = _f(2.0, "loss_type='manual' only: advantages clipped to ±this (rookworld-trl's manual debug run: "
-                                          "2.0). None = no clip.", group="manual")
-    rlvr_kl_type: str = _f("forward", "rlvr_mini: KL surrogate per row on the sampled tokens: 'forward' Σ e^p(p−q), "
-                           "'reverse' Σ e^q(q−p), 'symmetric' their mean (can be < 0).", choices=RLVR_KL_TYPES,
-                           group="rlvr_mini")
-    rlvr_adaptive_kl: bool = _f(True, "rlvr_mini: a fresh adaptive KL controller sets the step's kl_coef from β: "
-                                "k1 = mean_i Σ_t (p − q), ×1.5 if > 2·target, ×0.8 if < 0.5·target, clamp [0.001, 1].",
-                                group="rlvr_mini")
-    rlvr_kl_target: float = _f(0.01, "rlvr_mini: the KL controller's target.", group="rlvr_mini")
-    rlvr_kl_horizon: int = _f(10000, "rlvr_mini: its history (mean of ≤ 100).", group="rlvr_mini")
-    rlvr_baseline: str = _f("group_mean", "rlvr_mini: advantage baseline per group of G, then ONE global "
-                            "normalisation (A − mean)/(std + 1e-8) over the batch: 'group_mean'; 'ema' (α 0.1, fresh "
-                            "each step); 'learned' (mean of the values); 'adaptive' (lower median if std_g > 0.1).",
-                            choices=RLVR_BASELINES, group="rlvr_mini")
-    rlvr_values: str = _f("none", "rlvr_mini: values for its baselines/value loss; 'rewards' = its training "
-                          "script's values = targets = rewards.", choices=("none", "rewards"), group="rlvr_mini")
-    rlvr_use_gae: bool = _f(False, "rlvr_mini: raw advantages → reverse λ-sum per group (with values).", group="rlvr_mini")
-    rlvr_gae_lambda: float = _f(0.95, "rlvr_mini: λ of that sum.", group="rlvr_mini")
-    rlvr_value_loss_coef: float = _f(0.1, "rlvr_mini: coefficient of mean (v − v̂)².", group="rlvr_mini")
-    rlvr_length_normalize: bool = _f(False, "rlvr_mini: average log-ratio, KL and entropy over a row's tokens "
-                                     "(the mini sums: long rows dominate).", group="rlvr_mini")
-    rlvr_pitfalls: tuple = _f((), "rlvr data-pipeline faults to reproduce: 'prompt_mask_left_pad' (a right-padding "
-                              "prompt mask on left-padded rows trains their last min(pads, L) prompt tokens), "
-                              "'pad_first_token' (also the first prompt token predicted from a pad), "
-                              "'kv_cache_positions' (cached sampling steps at position P_max + j), 'train_past_eos' "
-                              "(tokens sampled after EOS trained).", group="rlvr_mini")
 
     # ---------------------------------------------------------------- start policy and inner iterations
     init_policy: Optional[str] = _f(None, "Start the step from these policy weights instead of `model`: a "
@@ -300,16 +253,43 @@ class StepConfig:
                        "on a GPU for the exact fp32 recompute check).", choices=("auto", "bf16", "off"),
                        group="hardware")
 
+    # the objective families' own knobs: one section per family (rookworld_debug.settings), read and set flat
+    family_settings: tuple = field(default=(), metadata={})
+
     # ================================================================= validation
     def __post_init__(self):
-        """Normalise papermill/JSON shapes and types, then apply `_RULES` in order: the first rule a value
-        breaks raises ConfigError(field, message)."""
-        _normalise(self)
-        for rule in _RULES:
-            if not rule.ok(self):
-                msg = rule.message(self) if callable(rule.message) else rule.message
-                raise ConfigError(rule.field, f"{msg} (got {getattr(self, rule.field)!r})" if rule.show_value
-                                  else msg)
+        """Normalise papermill/JSON shapes and types, then apply the rules in order (config_rules.RULES): the first
+        rule a value breaks raises ConfigError(field, message)."""
+        s = object.__setattr__
+        if self.scale_rewards is True:                 # TRL's bool spelling
+            s(self, "scale_rewards", "group")
+        elif self.scale_rewards is False:
+            s(self, "scale_rewards", "none")
+        if isinstance(self.adam_betas, list):
+            s(self, "adam_betas", tuple(self.adam_betas))
+        if is_number_pair(self.adam_betas):            # else the adam_betas rule names it, in its turn
+            s(self, "adam_betas", (float(self.adam_betas[0]), float(self.adam_betas[1])))
+        settings.check(self, RULES, {"loss_type": settings.loss_types()})
+
+    def __getattr__(self, name: str):
+        """A family's knob, read flat (`config.<knob>`) from its section."""
+        if name.startswith("__") or name == "family_settings":
+            raise AttributeError(name)
+        owner = settings.owner(name)
+        if owner is not None:
+            return getattr(self.section(owner), name)
+        raise AttributeError(f"'StepConfig' object has no attribute {name!r}")
+
+    def section(self, name: str):
+        """The settings section `name` of an objective family (its defaults if the config predates its family)."""
+        for sec in self.family_settings:
+            if sec.SECTION == name:
+                return sec
+        cls = {c.SECTION: c for c in settings.sections()}.get(name)
+        if cls is None:
+            raise ConfigError("family_settings", f"no settings section {name!r} (known: "
+                                                 f"{[c.SECTION for c in settings.sections()]})")
+        return cls()
 
     # ================================================================= helpers
     @property
@@ -347,11 +327,12 @@ class StepConfig:
         raise ConfigError("task", f"sampling_for() needs 'P' or 'A' (one prompt's task), got {task!r}")
 
     def to_dict(self) -> dict:
-        """Plain JSON-able dict, one key per field (tuples become lists): the papermill parameters."""
+        """Plain JSON-able dict, one key per setting, the families' flat (tuples become lists): the papermill
+        parameters."""
         out = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = list(v) if isinstance(v, tuple) else v
+        for name in self.field_names():
+            v = getattr(self, name)
+            out[name] = list(v) if isinstance(v, tuple) else v
         return out
 
     @classmethod
@@ -374,252 +355,46 @@ class StepConfig:
 
     @classmethod
     def field_names(cls) -> tuple:
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """Every setting's name: the core's, each family section's after the objective's."""
+        return tuple(f.name for f in settings.all_fields(cls))
+
+    @classmethod
+    def __record_fields__(cls) -> tuple:
+        """What a trace stores: every setting, flat (grpo/trace/serialize.py)."""
+        return cls.field_names()
 
     @classmethod
     def glossary(cls) -> dict:
-        """{field: {"default", "group", "help", "choices"?}} for every field, in declaration order."""
-        out = {}
-        for f in dataclasses.fields(cls):
-            entry = {"default": f.default, "group": f.metadata.get("group", ""), "help": f.metadata["help"]}
-            if "choices" in f.metadata:
-                entry["choices"] = f.metadata["choices"]
-            out[f.name] = entry
-        return out
+        """{setting: {"default", "group", "help", "nullable", "rollout", "choices"?}} for every setting, in
+        declaration order (loss_type's help ends with each registered loss type's definition)."""
+        return settings.glossary(cls)
 
     @classmethod
     def glossary_markdown(cls) -> str:
         """The glossary as a Markdown table (field | default | meaning)."""
-        rows = ["| field | default | meaning |", "| --- | --- | --- |"]
-        for name, e in cls.glossary().items():
-            choices = f" Choices: {', '.join(map(repr, e['choices']))}." if "choices" in e else ""
-            rows.append(f"| `{name}` | `{e['default']!r}` | {e['help'].replace('|', '/')}{choices} |")
-        return "\n".join(rows)
+        return settings.glossary_markdown(cls.glossary())
 
 
-def _field_kinds() -> dict:
-    """Each kind of field by its annotation (the one definition of a field's type): float, int, bool, the
-    non-optional free strings, and the optional ones (None allowed)."""
-    hints = typing.get_type_hints(StepConfig)
-    kinds: dict = {"float": [], "int": [], "bool": [], "str": [], "optional": set()}
-    for f in dataclasses.fields(StepConfig):
-        args = typing.get_args(hints[f.name])
-        optional = type(None) in args
-        t = next((a for a in args if a is not type(None)), hints[f.name]) if optional else hints[f.name]
-        if optional:
-            kinds["optional"].add(f.name)
-        if t in (float, int, bool):
-            kinds[t.__name__].append(f.name)
-        elif t is str and not optional and "choices" not in f.metadata:
-            kinds["str"].append(f.name)
-    return kinds
+def core_field_names() -> tuple:
+    """The core's settings (no family's)."""
+    return tuple(f.name for f in dataclasses.fields(StepConfig) if "help" in f.metadata)
 
 
-_KINDS = _field_kinds()
-_OPTIONAL = _KINDS["optional"]
-_FLOAT_FIELDS, _INT_FIELDS, _BOOL_FIELDS, _STR_FIELDS = (tuple(_KINDS[k]) for k in ("float", "int", "bool", "str"))
-# the built-in loss types and those of objective families registered at run time (grpo.families.register)
-_LOSS_TYPE_CHOICES = list(LOSS_TYPES)
+_dataclass_init = StepConfig.__init__
 
 
-def allow_loss_type(name: str) -> None:
-    """Accept `name` as a loss_type: an objective family registered by grpo.families.register answers it."""
-    if name not in _LOSS_TYPE_CHOICES:
-        _LOSS_TYPE_CHOICES.append(name)
+def _init(self, *args, family_settings: tuple = (), **kw):
+    """StepConfig(**core, **family knobs): each family knob goes to its section."""
+    secs = settings.family_sections(family_settings, kw, _CORE_NAMES)
+    _dataclass_init(self, *args, family_settings=secs, **kw)
 
 
-# every field's choices from its metadata; loss_type's grow as objective families register
-_CHOICES = {**{f.name: f.metadata["choices"] for f in dataclasses.fields(StepConfig) if "choices" in f.metadata},
-            "loss_type": _LOSS_TYPE_CHOICES}
+_CORE_NAMES = frozenset(core_field_names()) | {"family_settings"}
+settings.reserve(_CORE_NAMES)
+StepConfig.__init__ = _init
 
 
-def _device_name(name: str, default: str) -> bool:
-    return name in (default, "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
-
-
-def _normalise(c: StepConfig) -> None:
-    """Papermill/JSON shapes (lists → tuples, ints → floats, TRL's bool scale_rewards), then the type of
-    every number, bool, string and choice field."""
-    s = object.__setattr__
-    if isinstance(c.adam_betas, list):
-        s(c, "adam_betas", tuple(c.adam_betas))
-    if isinstance(c.prompt_indices, list):
-        s(c, "prompt_indices", tuple(c.prompt_indices))
-    if isinstance(c.rlvr_pitfalls, (list, str)) or c.rlvr_pitfalls is None:   # JSON list, CLI "a,b", none
-        v = c.rlvr_pitfalls or ()
-        s(c, "rlvr_pitfalls", tuple(x for x in v.split(",") if x) if isinstance(v, str) else tuple(v))
-    if c.scale_rewards is True:
-        s(c, "scale_rewards", "group")
-    elif c.scale_rewards is False:
-        s(c, "scale_rewards", "none")
-    if _is_number_pair(c.adam_betas):                  # else the adam_betas rule names it, in its turn
-        s(c, "adam_betas", (float(c.adam_betas[0]), float(c.adam_betas[1])))
-    for name in _FLOAT_FIELDS:
-        v = getattr(c, name)
-        if v is None and name in _OPTIONAL:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(name, f"must be a number, got {v!r}")
-        if isinstance(v, int) and not -2 ** 63 <= v < 2 ** 63:
-            raise ConfigError(name, f"must be finite, got an integer of {v.bit_length()} bits")
-        if not math.isfinite(v):
-            raise ConfigError(name, f"must be finite, got {v!r}")
-        s(c, name, float(v))
-    for name in _INT_FIELDS:
-        v = getattr(c, name)
-        if v is None and name in _OPTIONAL:
-            continue
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-            s(c, name, v)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(name, f"must be an integer, got {v!r}")
-        if not -2 ** 63 <= v < 2 ** 63:
-            raise ConfigError(name, f"must be a 64-bit integer, got one of {v.bit_length()} bits")
-    for name in _BOOL_FIELDS:
-        if not isinstance(getattr(c, name), bool):
-            raise ConfigError(name, f"must be True or False, got {getattr(c, name)!r}")
-    for name in _STR_FIELDS:
-        v = getattr(c, name)
-        if not isinstance(v, str) or not v.strip():
-            raise ConfigError(name, f"must be a non-empty string, got {v!r}")
-    for name, choices in _CHOICES.items():
-        if getattr(c, name) not in choices:
-            raise ConfigError(name, f"unknown value {getattr(c, name)!r}; expected one of {list(choices)}")
-
-
-class _Rule(NamedTuple):
-    """One validation rule: `ok(config)` must hold, else ConfigError(field, message + " (got value)")
-    (`show_value=False`: the message alone); `message` may be a function of the config."""
-    field: str
-    ok: Callable[[StepConfig], bool]
-    message: Union[str, Callable[[StepConfig], str]]
-    show_value: bool = True
-
-
-def _optional(name: str, pred: Callable[[Any], bool]) -> Callable[[StepConfig], bool]:
-    """A rule on an Optional field: None passes."""
-    return lambda c: getattr(c, name) is None or pred(getattr(c, name))
-
-
-def _path_or_none(name: str) -> _Rule:
-    return _Rule(name, _optional(name, lambda v: isinstance(v, str) and bool(v.strip())),
-                 lambda c: f"must be a non-empty path string or None, got {getattr(c, name)!r}", False)
-
-
-def _is_number_pair(b) -> bool:
-    return isinstance(b, tuple) and len(b) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                        for x in b)
-
-
-def _is_truncate(c: StepConfig) -> bool:
-    return c.vllm_importance_sampling_mode.endswith("truncate")
-
-
-# Value rules, in the order they are checked (after the type checks of _normalise); cross-field rules sit
-# with the field they name.
-_RULES: tuple[_Rule, ...] = (
-    # ---- run / data
-    _Rule("batch_size", lambda c: c.batch_size >= 1, "must be ≥ 1"),
-    _Rule("num_generations", lambda c: c.num_generations >= 1, "must be ≥ 1"),
-    _Rule("num_generations", lambda c: not (c.num_generations < 2 and c.scale_rewards != "none"),
-          lambda c: f"G={c.num_generations} < 2: a group std needs at least two samples (scale_rewards="
-                    f"{c.scale_rewards!r}); use G ≥ 2 or scale_rewards='none'", False),
-    _Rule("prompt_indices", _optional("prompt_indices", lambda pi: isinstance(pi, tuple) and all(
-        isinstance(i, int) and not isinstance(i, bool) for i in pi)),
-          lambda c: f"must be a list of integers, got {c.prompt_indices!r}", False),
-    _Rule("prompt_indices", lambda c: c.prompt_indices is None or len(c.prompt_indices) == c.batch_size,
-          lambda c: f"length must equal batch_size={c.batch_size}"),
-    _Rule("prompt_indices", _optional("prompt_indices", lambda pi: all(i >= 0 for i in pi)), "indices must be ≥ 0"),
-    _Rule("prompt_indices", _optional("prompt_indices", lambda pi: len(set(pi)) == len(pi)),
-          "indices must be distinct (G already repeats each prompt num_generations times)"),
-    _Rule("batch_size", lambda c: not (c.task == "mixed" and c.prompt_indices is None) or c.batch_size >= 2,
-          "task='mixed' needs batch_size ≥ 2 to hold both tasks"),
-    _Rule("seed", lambda c: c.seed >= 0, "must be ≥ 0"),
-    # ---- sampling
-    _Rule("max_new_tokens", lambda c: c.max_new_tokens > 0, "must be > 0"),
-    _Rule("p_temperature", lambda c: c.p_temperature > 0, "must be > 0"),
-    _Rule("a_temperature", lambda c: c.a_temperature > 0, "must be > 0"),
-    _Rule("p_top_p", lambda c: 0 < c.p_top_p <= 1, "must be in (0, 1]"),
-    _Rule("a_top_p", lambda c: 0 < c.a_top_p <= 1, "must be in (0, 1]"),
-    _Rule("top_k", lambda c: c.top_k >= 0, "must be ≥ 0 (0 disables)"),
-    # ---- objective
-    _Rule("beta", lambda c: c.beta >= 0, "must be ≥ 0"),
-    _Rule("epsilon_low", lambda c: c.epsilon_low >= 0, "must be ≥ 0"),
-    _Rule("epsilon_high", lambda c: c.epsilon_high >= 0, "must be ≥ 0"),
-    _Rule("delta", _optional("delta", lambda v: v > 0), "must be > 0 or None (recommended > 1 + epsilon_high)"),
-    _Rule("adv_eps", lambda c: c.adv_eps >= 0, "must be ≥ 0"),
-    _Rule("std_ddof", lambda c: c.std_ddof in (0, 1), "must be 0 or 1"),
-    _Rule("adv_clip", _optional("adv_clip", lambda v: v > 0), "must be > 0 or None"),
-    _Rule("manual_std_clamp", lambda c: c.manual_std_clamp >= 0, "must be ≥ 0"),
-    _Rule("manual_adv_clip", _optional("manual_adv_clip", lambda v: v > 0), "must be > 0 or None"),
-    _Rule("sapo_temperature_pos", lambda c: c.sapo_temperature_pos > 0, "must be > 0"),
-    _Rule("sapo_temperature_neg", lambda c: c.sapo_temperature_neg > 0, "must be > 0"),
-    # the VESPO gate's λ ≤ 0 has no meaning (TRL's loss would clamp it to 1e-4 while the config said −1)
-    _Rule("vespo_lambda_pos", lambda c: c.vespo_lambda_pos > 0, "must be > 0"),
-    _Rule("vespo_lambda_neg", lambda c: c.vespo_lambda_neg > 0, "must be > 0"),
-    _Rule("off_policy_mask_threshold", _optional("off_policy_mask_threshold", lambda v: v >= 0),
-          "must be ≥ 0 or None"),
-    _Rule("top_entropy_quantile", lambda c: 0 <= c.top_entropy_quantile <= 1, "must be in [0, 1]"),
-    _Rule("vllm_importance_sampling_clip_min", _optional("vllm_importance_sampling_clip_min", lambda v: v >= 0),
-          "must be ≥ 0 or None"),
-    _Rule("vllm_importance_sampling_clip_max", lambda c: c.vllm_importance_sampling_clip_max is None or (
-        c.vllm_importance_sampling_clip_max > 0 and (c.vllm_importance_sampling_clip_min is None or
-                                                     c.vllm_importance_sampling_clip_max
-                                                     >= c.vllm_importance_sampling_clip_min)),
-          "must be > 0 and ≥ vllm_importance_sampling_clip_min, or None"),
-    _Rule("vllm_importance_sampling_mode", lambda c: not (c.vllm_importance_sampling_correction and _is_truncate(c))
-          or c.vllm_importance_sampling_clip_min is not None or c.vllm_importance_sampling_clip_max is not None,
-          "a *_truncate mode needs clip_min or clip_max"),
-    _Rule("rlvr_pitfalls", lambda c: isinstance(c.rlvr_pitfalls, tuple) and all(isinstance(x, str) for x in c.rlvr_pitfalls)
-          and set(c.rlvr_pitfalls) <= set(RLVR_PITFALLS),
-          lambda c: f"must be names from {list(RLVR_PITFALLS)}, got {c.rlvr_pitfalls!r}", False),
-    _Rule("rlvr_pitfalls", lambda c: "pad_first_token" not in c.rlvr_pitfalls or "prompt_mask_left_pad" in c.rlvr_pitfalls,
-          "'pad_first_token' reaches the loss only through 'prompt_mask_left_pad' (add both)", False),
-    _Rule("rlvr_kl_target", lambda c: c.rlvr_kl_target > 0, "must be > 0"),
-    _Rule("rlvr_kl_horizon", lambda c: c.rlvr_kl_horizon >= 1, "must be ≥ 1"),
-    _Rule("rlvr_gae_lambda", lambda c: 0 <= c.rlvr_gae_lambda <= 1, "must be in [0, 1]"),
-    _Rule("rlvr_value_loss_coef", lambda c: c.rlvr_value_loss_coef >= 0, "must be ≥ 0"),
-    _Rule("entropy_coef_min", lambda c: 0 <= c.entropy_coef_min <= c.entropy_coef_max,
-          "must be in [0, entropy_coef_max]"),
-    _Rule("entropy_coef_delta", lambda c: c.entropy_coef_delta >= 0, "must be ≥ 0"),
-    # ---- start policy and inner iterations
-    _Rule("num_iterations", lambda c: c.num_iterations >= 1, "must be ≥ 1"),
-    _Rule("warmup_steps", lambda c: c.warmup_steps >= 0, "must be ≥ 0"),
-    _Rule("warmup_lr", _optional("warmup_lr", lambda v: v >= 0), "must be ≥ 0 or None"),
-    _path_or_none("init_policy"),
-    _path_or_none("init_optimizer"),
-    _Rule("init_optimizer", lambda c: not (c.init_optimizer == "checkpoint" and c.init_policy is None),
-          "'checkpoint' needs init_policy (a run_steps checkpoint folder)", False),
-    _Rule("tiny_std_fraction", lambda c: 0 <= c.tiny_std_fraction < 1, "must be in [0, 1)"),
-    # ---- optimizer
-    _Rule("lr", lambda c: c.lr >= 0, "must be ≥ 0"),
-    _Rule("adam_betas", lambda c: _is_number_pair(c.adam_betas),
-          lambda c: f"must be a pair of numbers, got {c.adam_betas!r}", False),
-    _Rule("adam_betas", lambda c: all(0 <= x < 1 for x in c.adam_betas), "each β must be in [0, 1)"),
-    _Rule("adam_eps", lambda c: c.adam_eps > 0, "must be > 0"),
-    _Rule("weight_decay", lambda c: c.weight_decay >= 0, "must be ≥ 0"),
-    _Rule("max_grad_norm", _optional("max_grad_norm", lambda v: v > 0), "must be > 0 or None"),
-    _Rule("steps_per_generation", lambda c: c.steps_per_generation is None or (
-        1 <= c.steps_per_generation <= c.num_completions and c.num_completions % c.steps_per_generation == 0),
-          lambda c: f"must divide N = B·G = {c.num_completions}"),
-    _Rule("micro_batch_size", lambda c: c.micro_batch_size is None
-          or 1 <= c.micro_batch_size <= c.rows_per_optimizer_step,
-          lambda c: f"must be in [1, {c.rows_per_optimizer_step}] (rows per optimizer step) or None"),
-    _Rule("micro_batch_size", lambda c: c.micro_batch_size is None
-          or c.rows_per_optimizer_step % c.micro_batch_size == 0,
-          lambda c: f"must divide the {c.rows_per_optimizer_step} rows of an optimizer step"),
-    # ---- rewards
-    _Rule("engine_depth", lambda c: c.engine_depth >= 1, "must be ≥ 1"),
-    _Rule("engine_multipv", lambda c: c.engine_multipv >= 1, "must be ≥ 1"),
-    _Rule("engine_workers", lambda c: c.engine_workers >= 1, "must be ≥ 1"),
-    _Rule("engine_timeout", lambda c: c.engine_timeout > 0, "must be > 0 seconds"),
-    # ---- evaluation
-    _Rule("heldout_n", lambda c: c.heldout_n >= 0, "must be ≥ 0"),
-    _Rule("eval_max_new_tokens", lambda c: c.eval_max_new_tokens > 0, "must be > 0"),
-    _Rule("top_k_alternatives", lambda c: c.top_k_alternatives >= 0, "must be ≥ 0"),
-    # ---- hardware
-    _Rule("device", lambda c: _device_name(c.device, "auto"), "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
-    _Rule("reference_device", lambda c: _device_name(c.reference_device, "same"),
-          "must be 'same', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
-)
+def __getattr__(name: str):
+    if name == "LOSS_TYPES":                 # the loss types the registered objective families answer
+        return settings.loss_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from rookworld_debug.config import KL_ESTIMATORS, LOSS_TYPES, StepConfig
+from rookworld_debug.config import KL_ESTIMATORS, StepConfig
+from rookworld_debug.settings import loss_types
 
 __all__ = ["TunePanel", "tune_panel", "BETA_CHOICES", "loss_summary_html", "recompute", "LOSS_KNOBS",
            "SAMPLING_KNOBS"]
@@ -152,7 +153,7 @@ def _build_controls(config: StepConfig, task: str, *, iteration_options: list, i
                                 continuous_update=False, layout=lay, style=st),
         w_eps_high=W.FloatSlider(value=config.epsilon_high, min=0.0, max=0.5, step=0.01, description="ε_high",
                                  continuous_update=False, layout=lay, style=st),
-        w_loss_type=W.Dropdown(options=list(LOSS_TYPES), value=config.loss_type, description="loss_type",
+        w_loss_type=W.Dropdown(options=list(loss_types()), value=config.loss_type, description="loss_type",
                                layout=lay, style=st),
         w_kl=W.Dropdown(options=list(KL_ESTIMATORS), value=config.kl_estimator, description="kl_estimator",
                         layout=lay, style=st),

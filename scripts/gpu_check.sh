@@ -30,8 +30,11 @@ if [ -f .venv/.made-by-gpu-check ]; then
   "$PY" -c 'import sys, sysconfig; p = sysconfig.get_paths()
 if sys.prefix != sys.base_prefix: print(p["purelib"]); print(p["platlib"])' > "$SITE/parent-python.pth"
 fi
-# this checkout first on the import path, as `pip install -e .` would put it
-echo "$PWD" > "$SITE/rookworld-debug-checkout.pth"
+# this checkout first on the import path, as `pip install -e .` would put it (only in a .venv made here: a
+# developer's own .venv already has its editable install, and may serve other checkouts)
+if [ -f .venv/.made-by-gpu-check ]; then
+  echo "$PWD" > "$SITE/rookworld-debug-checkout.pth"
+fi
 if [ -d .gpu/whl ] && ! .venv/bin/python -c 'import trl, datasets, chess, plotly' 2>/dev/null; then
   echo "[gpu-check] installing the carried wheels into .venv"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl

@@ -14,6 +14,7 @@ from rookworld_debug.config import LOSS_TYPES, StepConfig
 from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.families import Family, LossRule, advantages_from_config, families, family_of, register
 from rookworld_debug.grpo.phases import advantages as adv
+from rookworld_debug.settings import Rule, section, setting
 from tinymodels import tiny_step_config
 
 PACKAGE = Path(rookworld_debug.__file__).parent
@@ -79,6 +80,61 @@ def test_no_loss_type_name_is_compared_outside_its_own_family():
     assert not bad, bad
 
 
+def _own(fam) -> list:
+    """A family's own code: its module or package, and its diagnosis checks (the diagnosis layer sits above
+    grpo, so they cannot live in the family's package)."""
+    own = [_owner_paths()[fam.loss_types[0]]]
+    return own + [PACKAGE / "diagnosis" / f"{p.stem}.py" for p in own if (PACKAGE / "diagnosis" / f"{p.stem}.py").exists()]
+
+
+def _setting_uses(tree, names) -> list:
+    """(line, name) for each attribute read `x.<name>` and each string literal `<name>` of a family's setting."""
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in names:
+            hits.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Constant) and node.value in names:
+            hits.append((node.lineno, node.value))
+    return hits
+
+
+def test_no_family_s_setting_is_read_outside_its_own_code():
+    """The core and the views reach a family's knobs through its section (generic: the glossary, `rollout`,
+    `nullable`), never by name."""
+    from rookworld_debug import settings
+    bad = []
+    for fam in families():
+        if fam.settings is None:
+            continue
+        names = {f for f in fam.settings.__dataclass_fields__}
+        own = _own(fam)
+        for path in sorted(PACKAGE.rglob("*.py")):
+            if path == PACKAGE / "grpo" / "__init__.py":      # its table of moved modules names old module files
+                continue
+            if any(path == o or o in path.parents for o in own):
+                continue
+            bad += [f"{path.relative_to(PACKAGE)}:{line} {name}" for line, name in
+                    _setting_uses(ast.parse(path.read_text()), names)]
+    assert not bad, bad
+    assert {c.SECTION for c in settings.sections()} == {"manual", "rlvr_mini"}
+    assert _setting_uses(ast.parse("c.rlvr_kl_type; d = {'manual_adv_clip': 1}"),
+                         {"rlvr_kl_type", "manual_adv_clip"}) == [(1, "rlvr_kl_type"), (1, "manual_adv_clip")]
+
+
+def test_the_core_config_declares_no_family_s_knob_or_formula():
+    """config.py and its rules name no family's loss type or setting; a family's section cannot take a core name."""
+    from rookworld_debug import config, config_rules, settings
+    text = Path(config.__file__).read_text() + Path(config_rules.__file__).read_text()
+    for fam in families():
+        if fam.name == "TRL GRPOTrainer":                 # TRL's GRPOConfig is the core's convention
+            continue
+        said = [lt for lt in fam.loss_types if f"'{lt}'" in text or f'"{lt}"' in text]
+        said += [n for n in (fam.settings.__dataclass_fields__ if fam.settings else ()) if n in text]
+        assert not said, (fam.name, said)
+    assert not set(config.core_field_names()) & {n for c in settings.sections() for n in c.__dataclass_fields__}
+    assert len(text.splitlines()) <= 600 and len(Path(config.__file__).read_text().splitlines()) <= 400
+
+
 def test_each_family_s_own_knobs_are_a_config_section_of_their_own():
     groups = {name: e["group"] for name, e in StepConfig.glossary().items()}
     assert {n for n, g in groups.items() if g == "manual"} == {"manual_std_clamp", "manual_adv_clip"}
@@ -103,7 +159,7 @@ def test_advantages_come_from_the_family():
     assert advantages_from_config(r, m).method == "manual"
 
 
-def test_a_family_registered_in_test_code_answers_its_loss_type():
+def test_a_family_registered_in_test_code_answers_its_loss_type(registry_restored):
     from rookworld_debug.grpo.objective.aggregation import fixed_length
     from rookworld_debug.grpo.objective.terms import clipped_surrogate
     toy = register(Family("toy", {"toy_loss": LossRule("rows", clipped_surrogate, fixed_length)},
@@ -119,33 +175,49 @@ def _sign_advantages(rewards, config):
     import dataclasses
     a = adv.compute_advantages(rewards, config.num_generations, scale_rewards="none", eps=config.adv_eps,
                                std_ddof=config.std_ddof)
-    return dataclasses.replace(a, advantages=torch.sign(a.advantages), normalization="A = sign(r − mean_g)",
-                               method="toy_sign")
+    scale = config.toy_sign_scale                        # its own setting, read flat
+    return dataclasses.replace(a, advantages=scale * torch.sign(a.advantages), method="toy_sign",
+                               normalization=f"A = {scale:g}·sign(r − mean_g)")
+
+
+@section("toy_sign")
+class ToySettings:
+    """The toy's one knob."""
+    toy_sign_scale: float = setting(1.0, "toy_sign: the size of every advantage, |A| (0 < it ≤ 10).")
+    RULES = (Rule("toy_sign_scale", lambda c: 0 < c.toy_sign_scale <= 10, "must be in (0, 10]"),)
 
 
 def _sign_text(ob, params, ratio):
     return f"{ratio}; PG = −min(r·sign(A), clip(r)·sign(A))"
 
 
-def test_a_toy_family_registered_in_test_code_runs_a_step(tiny_byte_model_dir, fixtures_dir):
+def test_a_toy_family_registered_in_test_code_runs_a_step(tiny_byte_model_dir, fixtures_dir, registry_restored, tmp_path):
     import warnings
 
     from rookworld_debug.grpo.step import run_step
 
     from rookworld_debug.grpo.objective.aggregation import fixed_length
     from rookworld_debug.grpo.objective.terms import clipped_surrogate
-    # the whole family: PPO's clipped surrogate on sign advantages, Dr. GRPO's constant normaliser
-    register(Family("toy sign", {"toy_sign": LossRule("rows", clipped_surrogate, fixed_length, text=_sign_text)},
-                    _sign_advantages))
+    # the whole family: PPO's clipped surrogate on sign advantages, Dr. GRPO's constant normaliser, one knob
+    register(Family("toy sign", {"toy_sign": LossRule("rows", clipped_surrogate, fixed_length, text=_sign_text,
+                                                      help="sign advantages, PPO's clip, Dr. GRPO's normaliser.")},
+                    _sign_advantages, settings=ToySettings))
     cfg = tiny_step_config(tiny_byte_model_dir, loss_type="toy_sign", dataset=str(fixtures_dir / "rook_p_lines.txt"),
-                           eval_max_new_tokens=4, micro_batch_size=2)
+                           eval_max_new_tokens=4, micro_batch_size=2, toy_sign_scale=0.5)
+    g = StepConfig.glossary()
+    assert g["toy_sign_scale"]["group"] == "toy_sign" and "'toy_sign': sign advantages" in g["loss_type"]["help"]
+    assert StepConfig.from_dict(cfg.to_dict()) == cfg and cfg.replace(toy_sign_scale=2.0).toy_sign_scale == 2.0
+    with pytest.raises(ConfigError, match="toy_sign_scale: must be in"):
+        cfg.replace(toy_sign_scale=11)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = run_step(cfg)
-    assert t.advantages.method == "toy_sign" and set(t.advantages.advantages.tolist()) <= {-1.0, 0.0, 1.0}
+    assert t.advantages.method == "toy_sign" and set(t.advantages.advantages.tolist()) <= {-0.5, 0.0, 0.5}
     assert t.loss.loss_type == "toy_sign" and t.update is not None and "sign(A)" in t.loss.definition
     assert t.loss.normalizer.description.startswith("toy_sign: N·L_max")
     assert t.iterations[0].updates[0].loss_record_diff <= 1e-5       # the optimized loss is the displayed one
+    from rookworld_debug.grpo.step import StepTrace
+    assert StepTrace.load(t.save(tmp_path / "toy")).config.toy_sign_scale == 0.5     # stored flat in the trace
     assert not [f for f in t.flags if "differs from the displayed" in f]
 
 

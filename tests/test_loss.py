@@ -724,15 +724,17 @@ def test_sampling_correction_options_are_validated():
 
 
 def test_objective_is_the_config_s_loss_knobs():
-    """Every Objective field is a StepConfig field (max_completion_length: max_new_tokens) with the same default,
-    so Objective.from_config never leaves a knob at a default the user cannot set."""
+    """Every Objective field is a StepConfig setting (max_completion_length: max_new_tokens; settings: the loss
+    type's family's section) with the same default, so Objective.from_config never leaves a knob at a default the
+    user cannot set."""
     cfg = StepConfig()
-    names = {f.name for f in dataclasses.fields(StepConfig)}
+    names = set(StepConfig.field_names())
     for f in dataclasses.fields(Objective):
-        if f.name == "max_completion_length":
+        if f.name in ("max_completion_length", "settings"):
             continue
         assert f.name in names, f.name
         if f.default is not dataclasses.MISSING:
             assert getattr(cfg, f.name) == f.default, f.name
-    o = Objective.from_config(cfg.replace(beta=0.3, rlvr_kl_type="reverse", max_new_tokens=40))
-    assert (o.beta, o.rlvr_kl_type, o.max_completion_length) == (0.3, "reverse", 40)
+    o = Objective.from_config(cfg.replace(beta=0.3, rlvr_kl_type="reverse", max_new_tokens=40, loss_type="rlvr_mini"))
+    assert (o.beta, o.settings.rlvr_kl_type, o.max_completion_length) == (0.3, "reverse", 40)
+    assert Objective.from_config(cfg).settings is None          # TRL's family has no section of its own

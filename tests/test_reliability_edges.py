@@ -26,17 +26,8 @@ def _cli(*args, timeout=120):
 
 # ------------------------------------------------------------------------------------------- the registry
 @pytest.fixture(autouse=True)
-def _registry_restored():
-    """Each test's registrations are undone after it (the registry is process-wide)."""
-    from rookworld_debug import config
-    from rookworld_debug.grpo.families import families
-    from rookworld_debug.grpo.families.base import FAMILIES
-    families()                                     # the built-ins loaded before the snapshot
-    saved, choices = dict(FAMILIES), list(config._LOSS_TYPE_CHOICES)
-    yield
-    FAMILIES.clear()
-    FAMILIES.update(saved)
-    config._LOSS_TYPE_CHOICES[:] = choices
+def _registry_restored(registry_restored):
+    """Each test's registrations are undone after it (conftest.registry_restored)."""
 
 
 def _family(name="edge", rules=None, **kw):
@@ -71,7 +62,7 @@ def test_a_built_in_loss_type_cannot_be_shadowed_by_load_order():
 
 def test_replace_true_replaces_on_purpose_and_the_built_in_can_come_back():
     from rookworld_debug.grpo.families import family_of, register
-    from rookworld_debug.grpo.families.base import FAMILIES
+    from rookworld_debug.grpo.registry import FAMILIES
     own = _family("own edge", {"edge_replaced": _family().rules["edge_loss"]})
     register(own)
     other = _family("other edge", {"edge_replaced": _family().rules["edge_loss"]})
@@ -101,7 +92,7 @@ def test_register_never_fails_other_than_by_name(loss_type):
     """A fuzzed loss type either registers (a valid name) or is refused with a ConfigError naming the family."""
     from rookworld_debug.errors import ConfigError
     from rookworld_debug.grpo.families import register
-    from rookworld_debug.grpo.families.base import FAMILIES
+    from rookworld_debug.grpo.registry import FAMILIES
     try:
         register(_family("fuzz", {loss_type: _family().rules["edge_loss"]}))
     except ConfigError as err:

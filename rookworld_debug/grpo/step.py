@@ -15,7 +15,7 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.grpo.families import checked, family_of
+from rookworld_debug.grpo.registry import checked, family_of
 from rookworld_debug.grpo.multistep.start import setup as setup_phase
 from rookworld_debug.grpo.objective.loss import LossBreakdown
 from rookworld_debug.grpo.phases.advantages import Advantages

@@ -339,7 +339,7 @@ class ManualLoop(_Variant):
                 rewards = torch.tensor([self._reward(p, g) for p, g in zip(prompts, groups)])    # (B, G)
             with timer("advantages"):
                 mean, std = rewards.mean(1, keepdim=True), rewards.std(1, keepdim=True)        # (B, 1)
-                adv = ((rewards - mean) / std.clamp(min=cfg.manual_std_clamp)).clamp(-2.0, 2.0)  # (B, G)
+                adv = ((rewards - mean) / std.clamp(min=0.05)).clamp(-2.0, 2.0)  # (B, G), that loop's constants
             with timer("loss_update"):
                 policy.train()
                 for i, prompt in enumerate(prompts):

@@ -7,7 +7,6 @@ steps of the same loop over varied settings must give no error-level finding.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import tempfile
 import time
@@ -45,7 +44,7 @@ def diagnose_case(cfg, fault: str) -> dict:
         first = replay_path(tmp).first_disagreement
     phase, cause = FAULTS.get(fault, ("", ""))
     codes = [f.code for f in findings if f.severity != "info"]
-    return {"fault": fault, "config": dataclasses.asdict(cfg), "expected_phase": phase, "expected_cause": cause,
+    return {"fault": fault, "config": cfg.to_dict(), "expected_phase": phase, "expected_cause": cause,
             "first_phase": first.phase if first else "", "codes": codes[:5],
             "errors": sum(f.severity == "error" for f in findings),
             "top1": bool(codes) and _names(codes[0], cause, phase), "top3": any(_names(c, cause, phase)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from rookworld_debug.config import LOSS_TYPES, StepConfig
+from rookworld_debug.config import StepConfig
+from rookworld_debug.settings import loss_types
 
 # GRPOConfig field → StepConfig field (same meaning)
 DIRECT = {"num_generations": "num_generations", "seed": "seed", "max_completion_length": "max_new_tokens",
@@ -53,7 +54,7 @@ def grpo_config_to_step_config(args, *, batch_size: int, task: str, model: str, 
     ga = int(d.get("gradient_accumulation_steps") or 1)
     if ga > 1:
         kw["micro_batch_size"] = int(d["per_device_train_batch_size"])
-    if d.get("loss_type") in LOSS_TYPES:
+    if d.get("loss_type") in loss_types():
         kw["loss_type"] = d["loss_type"]
     else:
         notes.append(f"loss_type={d.get('loss_type')!r} has no StepConfig counterpart in this version: the "

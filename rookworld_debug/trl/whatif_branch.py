@@ -11,7 +11,7 @@ from typing import Callable, Optional, Sequence
 
 from rookworld_debug.errors import ConfigError
 from rookworld_debug.whatif.branch import BranchRun
-from rookworld_debug.whatif.overrides import SAMPLING_FIELDS, Arm
+from rookworld_debug.whatif.overrides import sampling_fields, Arm
 from rookworld_debug.trl.whatif import _LOGGED, TRLState, grpo_overrides, load_trl_state, one_step_arm, trl_self_check
 from rookworld_debug.trl.whatif_pick import BranchPoint, is_run_folder, pick_branch  # noqa: F401 - the CLI's entry
 
@@ -135,7 +135,7 @@ def trl_whatif(capture, arms: Sequence[Arm], *, before, steps: int = 0, seeds: i
         grpo_overrides(a, fields)
     ones = []
     for a in arms:
-        if set(a.overrides) & set(SAMPLING_FIELDS):
+        if set(a.overrides) & set(sampling_fields()):
             continue                      # it changes the sampling: k-step branches only
         ones.append(one_step_arm(st, a))
         tick("arm")

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.whatif.overrides import SAMPLING_FIELDS, Arm
+from rookworld_debug.whatif.overrides import sampling_fields, Arm
 from rookworld_debug.whatif.state import SavedState, restore
 
 
@@ -93,7 +93,7 @@ def recorded(state: SavedState) -> Recorded:
 
 
 def check_same_rollout(arm: Arm) -> None:
-    bad = sorted(set(arm.overrides) & set(SAMPLING_FIELDS))
+    bad = sorted(set(arm.overrides) & set(sampling_fields()))
     if bad:
         raise ConfigError(",".join(bad), f"arm {arm.name!r}: {bad} shape the sampling, so the one-step counterfactual "
                           "on the recorded rollout cannot change them; branch k steps instead (--steps k)")

@@ -6,7 +6,6 @@ overridden StepConfig is validated by StepConfig itself, so a bad override fails
 """
 from __future__ import annotations
 
-import dataclasses
 
 import json
 from dataclasses import dataclass, field
@@ -23,11 +22,17 @@ BOTH_EPSILONS = ("eps", "epsilon")
 # fields that choose WHAT is trained, not HOW: a branch that changed them would not start from the saved state
 FIXED = ("model", "dataset", "task", "prompt_indices", "init_policy", "init_optimizer", "warmup_steps",
          "warmup_lr", "device", "dtype", "on_bad_sample")
-# fields the one-step counterfactual cannot change on the recorded rollout (they shape the sampling, or, for
-# rookworld-rlvr's pitfalls, the rollout the step trains on): an arm that sets one runs in k-step branches only
-SAMPLING_FIELDS = ("num_generations", "batch_size", "seed", "max_new_tokens", "p_temperature", "p_top_p",
-                   "a_temperature", "a_top_p", "top_k", "sampling_autocast", "reward_mode", "engine_depth",
-                   "engine_multipv", "rlvr_pitfalls")
+# fields the one-step counterfactual cannot change on the recorded rollout (they shape the sampling; a family's
+# settings marked `rollout` shape the rollout the step trains on): an arm that sets one runs in k-step branches only
+_SAMPLING = ("num_generations", "batch_size", "seed", "max_new_tokens", "p_temperature", "p_top_p", "a_temperature",
+             "a_top_p", "top_k", "sampling_autocast", "reward_mode", "engine_depth", "engine_multipv")
+
+
+def sampling_fields() -> tuple:
+    """The settings a one-step arm cannot change: the sampler's, and every family setting marked `rollout`."""
+    return _SAMPLING + tuple(n for n, e in StepConfig.glossary().items() if e["rollout"])
+
+
 # fields every arm shares by design: the k-step branches pair arms on the same seeds (--seeds)
 SHARED = ("seed",)
 
@@ -71,18 +76,13 @@ def parse_sets(items: Iterable[str]) -> dict:
 
 def check_kinds(overrides: Mapping[str, object]) -> None:
     """A number where the setting is a number (before any model loads: `lr=abc` is named, not the model's error)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(StepConfig)}
+    glossary = StepConfig.glossary()
     for key, v in overrides.items():
-        d = defaults.get(key)
+        d = glossary.get(key, {}).get("default")
         numeric = isinstance(d, (int, float)) and not isinstance(d, bool)
         if numeric and (isinstance(v, (str, bool, list, tuple, dict)) or v is None and d is not None and
-                        key not in NULLABLE):
+                        not glossary[key]["nullable"]):
             raise ConfigError(key, f"{v!r} is not a number (this setting is {type(d).__name__}, e.g. {d!r})")
-
-
-# numeric settings whose None means "off" (their default is a number)
-NULLABLE = frozenset({"max_grad_norm", "delta", "off_policy_mask_threshold", "manual_adv_clip",
-                      "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"})
 
 
 def canonical(overrides: Mapping[str, object]) -> dict:
@@ -149,7 +149,7 @@ def check_needs_steps(arms, steps: int) -> None:
     if steps:
         return
     for arm in arms:
-        bad = sorted(set(arm.overrides) & set(SAMPLING_FIELDS))
+        bad = sorted(set(arm.overrides) & set(sampling_fields()))
         if bad:
             raise ConfigError("--steps", f"arm {arm.name!r} changes {bad}, which shape the sampled rollout: the "
                               "one-step counterfactual reuses the recorded one, so this arm needs k-step branches "

@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 
 from rookworld_debug.errors import RookWorldError
 from rookworld_debug.whatif import stats
-from rookworld_debug.whatif.overrides import SAMPLING_FIELDS, Arm
+from rookworld_debug.whatif.overrides import sampling_fields, Arm
 from rookworld_debug.whatif.symptoms import choose, default_symptoms, symptom as named_symptom
 
 
@@ -106,7 +106,7 @@ def whatif(path, arms: Sequence[Arm], *, steps: int = 0, seeds: int = 1, before=
         arms = (Arm("unchanged", {}, "recorded"), *arms)
     rec = onestep.recorded(state)
     stages = selfcheck.input_stages(state, rec)
-    same = [a for a in arms if not set(a.overrides) & set(SAMPLING_FIELDS)]
+    same = [a for a in arms if not set(a.overrides) & set(sampling_fields())]
     _, ones = onestep.one_step(state, same, rec=rec, on_arm=lambda i, r: tick("arm"))
     check = selfcheck.self_check(stages + selfcheck.update_stages(state, ones[0]), state.notes)
     if check.passed is False and require_self_check:

@@ -15,11 +15,24 @@ from typing import Optional, Sequence, Union
 import torch
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.families.base import Family, LossRule, register
+from rookworld_debug.grpo.registry import Family, LossRule, register
 from rookworld_debug.grpo.objective.aggregation import sequence_mean
 from rookworld_debug.grpo.objective.terms import reinforce
 from rookworld_debug.grpo.phases.advantages import (Advantages, as_rewards, check_knobs, finish_advantages,
                                                     nanstd, unscorable_inf)
+from rookworld_debug.settings import Rule, optional, section, setting
+
+
+@section("manual")
+class ManualSettings:
+    """The manual loop's advantage knobs."""
+    manual_std_clamp: float = setting(0.05, "loss_type='manual' only: advantage denominator is max(std_g, this) "
+                                      "(rookworld-trl's manual debug run used 0.05 at step 1, 1e-6 later).")
+    manual_adv_clip: Optional[float] = setting(2.0, "loss_type='manual' only: advantages clipped to ±this "
+                                               "(rookworld-trl's manual debug run: 2.0). None = no clip.")
+
+    RULES = (Rule("manual_std_clamp", lambda c: c.manual_std_clamp >= 0, "must be ≥ 0"),
+             Rule("manual_adv_clip", optional("manual_adv_clip", lambda v: v > 0), "must be > 0 or None"))
 
 
 def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generations: int, *,
@@ -48,8 +61,6 @@ def manual_advantages(rewards: Union[torch.Tensor, Sequence[float]], num_generat
                    scale="group", eps=std_clamp, ddof=std_ddof, clip=clip, raw=raw)
 
 
-
-
 def _advantages(rewards, config):
     return manual_advantages(rewards, config.num_generations, std_clamp=config.manual_std_clamp,
                              clip=config.manual_adv_clip, std_ddof=config.std_ddof)
@@ -59,11 +70,16 @@ def _text(ob, params, ratio):
     return "PG_it = −A_i·logπ_it (no ratio, no clip)"
 
 
-RULE = LossRule("rows", reinforce, sequence_mean, kl_bias_correction=False, entropy="sequences", text=_text)
+RULE = LossRule("rows", reinforce, sequence_mean, kl_bias_correction=False, entropy="sequences", text=_text,
+                help="rookworld-trl's manual sequence-level REINFORCE mean_i(−A_i·mean_t logπ + β·mean_t KL − "
+                     "c_H·mean_t H), no ratio, no clip (its knobs: the manual section).")
+
+
 def _check_config(config) -> None:
     if config.num_generations < 2:
         raise ConfigError("num_generations", f"G={config.num_generations} < 2: rookworld-trl's manual advantages "
                                              "divide by the group std, which needs at least two samples; use G ≥ 2")
 
 
-FAMILY = register(Family("rookworld-trl manual loop", {"manual": RULE}, _advantages, check_config=_check_config))
+FAMILY = register(Family("rookworld-trl manual loop", {"manual": RULE}, _advantages, check_config=_check_config,
+                         settings=ManualSettings))

@@ -15,10 +15,12 @@ Formulas: grpo/objective/loss.py's module docstring; the terms: grpo/objective/t
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.families.base import Family, LossRule, register
+from rookworld_debug.grpo.registry import Family, LossRule, register
 from rookworld_debug.grpo.objective.aggregation import (batch_token_mean, fixed_length, global_token_mean,
                                                         sequence_mean, sequence_sum_mean)
 from rookworld_debug.grpo.objective.terms import cispo, clipped_surrogate, sapo_gate, vespo
@@ -119,7 +121,18 @@ def _ppo(aggregation, weighting, *, check=None, global_normaliser=False) -> Loss
                     global_normaliser=global_normaliser)
 
 
-RULES = {
+# each loss type's definition in StepConfig's loss_type help
+HELP = {
+    "dapo": "TRL 1.16's default: Σ m·L / num_items_in_batch (token mean over the whole batch).",
+    "grpo": "TRL's mean_i(Σ_t m·L / |o_i|).",
+    "bnpo": "TRL's Σ m·L / Σ m (micro-batch token mean).",
+    "dr_grpo": "TRL's Σ m·L / (N·max_new_tokens).",
+    "cispo": "TRL's IS weight clipped at epsilon_high, dapo's normaliser.",
+    "sapo": "TRL's soft sigmoid gate, grpo's normaliser.",
+    "luspo": "TRL's per-sequence token sums, meant for importance_sampling_level='sequence'.",
+    "vespo": "TRL's gamma weight of the sequence ratio, dapo's normaliser.",
+}
+RULES = {lt: dataclasses.replace(rule, help=HELP[lt]) for lt, rule in {
     "dapo": _ppo(global_token_mean, "global", global_normaliser=True),
     "grpo": _ppo(sequence_mean, "rows"),
     "bnpo": _ppo(batch_token_mean, "tokens"),
@@ -131,6 +144,6 @@ RULES = {
     "luspo": _ppo(sequence_sum_mean, "rows"),
     "vespo": LossRule("global", vespo, global_token_mean, params=VESPO_PARAMS, metrics=_vespo_metrics,
                       text=_vespo_text, check=_check_vespo, global_normaliser=True, sampling_ratio_inside=True),
-}
+}.items()}
 
 FAMILY = register(Family("TRL GRPOTrainer", RULES, trl_advantages))

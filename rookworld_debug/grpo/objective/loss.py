@@ -74,9 +74,10 @@ from typing import Optional, Union
 
 import torch
 
-from rookworld_debug.config import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_TYPES, VLLM_IS_MODES
+from rookworld_debug import settings
+from rookworld_debug.config import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, VLLM_IS_MODES
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.families import LossRule, checked, family_of
+from rookworld_debug.grpo.registry import LossRule, checked, family_of
 from rookworld_debug.grpo.objective.aggregation import Aggregation, AggregationInputs, entropy_bonus
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.objective.terms import (Masks, ObjectiveInputs, PolicyTerm, high_entropy_mask,
@@ -86,6 +87,14 @@ from rookworld_debug.grpo.objective.terms import (Masks, ObjectiveInputs, Policy
 __all__ = ["LOSS_TYPES", "KL_ESTIMATORS", "IMPORTANCE_SAMPLING_LEVELS", "KL_FORMULAS", "LossBreakdown", "Normalizer",
            "compute_loss", "high_entropy_mask", "Objective", "LossBatch", "sampling_importance_ratio", "vespo_phi",
            "VLLM_IS_MODES"]
+
+
+
+def __getattr__(name: str):
+    if name == "LOSS_TYPES":                 # the loss types the registered objective families answer
+        return settings.loss_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 KL_FORMULAS = {
     "k3": "k3 = exp(ref−logp) − (ref−logp) − 1 (TRL)",

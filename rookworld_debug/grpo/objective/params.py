@@ -4,20 +4,23 @@ normalisers, the mini's per-step values).
 
 Adding a loss knob: a field here (with TRL's name and default) and its StepConfig field of the same name;
 `Objective.from_config` copies every field by name, and `grpo.objective.loss.compute_loss` reads it from the record.
+A family's own knobs come as its settings section (`settings`), read by the family's own loss.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
+
+from rookworld_debug.grpo.registry import family_of
 
 
 @dataclass(frozen=True)
 class Objective:
     """Every parameter of the GRPO loss (TRL 1.16 GRPOConfig names; `max_completion_length` is StepConfig's
-    `max_new_tokens`). Formulas: grpo/objective/loss.py's module docstring; the mini's knobs: grpo/families/rlvr_mini/loss.py."""
-    loss_type: str                                  # dapo | grpo | bnpo | dr_grpo | cispo | sapo | luspo | vespo | manual | rlvr_mini
+    `max_new_tokens`). Formulas: grpo/objective/loss.py's module docstring and the loss type's family."""
+    loss_type: str                                  # a registered family's loss type (dapo, grpo, ..., rlvr_mini)
     beta: float                                     # β: KL coefficient
     epsilon_low: float                              # ε_low: lower clip 1 − ε_low
     epsilon_high: float                             # ε_high: upper clip 1 + ε_high (cispo: the cap ε_max)
@@ -39,21 +42,18 @@ class Objective:
     vllm_importance_sampling_mode: str = "sequence_mask"
     vllm_importance_sampling_clip_min: Optional[float] = None
     vllm_importance_sampling_clip_max: Optional[float] = 3.0
-    # rookworld-rlvr's mini (loss_type="rlvr_mini")
-    rlvr_kl_type: str = "forward"                   # forward | reverse | symmetric KL surrogate
-    rlvr_length_normalize: bool = False             # per-token means instead of sums
-    rlvr_value_loss_coef: float = 0.1               # coefficient of mean (v − v̂)²
-    rlvr_adaptive_kl: bool = True                   # the step's kl_coef from a fresh adaptive controller
-    rlvr_kl_target: float = 0.01
-    rlvr_kl_horizon: int = 10000
-    rlvr_values: str = "none"                       # "none" | "rewards"
+    settings: Any = None                            # the loss type's family's settings section (None: none)
 
     @classmethod
     def from_config(cls, config) -> "Objective":
         """The record of a StepConfig (any object with these attribute names; `max_new_tokens` gives
-        max_completion_length). Fields the object lacks keep their defaults."""
+        max_completion_length), with its loss type's family's settings section. Fields the object lacks keep their
+        defaults."""
         kw = {f.name: getattr(config, f.name) for f in fields(cls)
-              if f.name != "max_completion_length" and hasattr(config, f.name)}
+              if f.name not in ("max_completion_length", "settings") and hasattr(config, f.name)}
+        section = family_of(config.loss_type).settings
+        if section is not None and hasattr(config, "section"):
+            kw["settings"] = config.section(section.SECTION)
         return cls(max_completion_length=config.max_new_tokens, **kw)
 
     def replace(self, **changes) -> "Objective":

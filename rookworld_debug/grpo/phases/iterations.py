@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.grpo.families import family_of
+from rookworld_debug.grpo.registry import family_of
 from rookworld_debug.grpo.objective.loss import LossBreakdown, high_entropy_mask
 from rookworld_debug.grpo.objective.params import Objective
 from rookworld_debug.grpo.phases.generation import loss_mask
@@ -162,9 +162,9 @@ def compare_loss_types(rollout, advantages, config, *, iteration: Optional[Itera
                        loss_types: Optional[tuple] = None) -> tuple:
     """The same rollout (or inner pass) under each loss type: terms, per-token weights, gradient norms.
     A pure recompute from recorded tensors (autograd on a detached copy of the log-probs, no forward pass)."""
-    from rookworld_debug.config import LOSS_TYPES
+    from rookworld_debug.settings import loss_types as registered
     out = []
-    for lt in loss_types or LOSS_TYPES:
+    for lt in loss_types or registered():
         cfg = config.replace(loss_type=lt)
         if loss_types is None and _refused(cfg):
             continue                       # e.g. TRL refuses vespo with a sequence-level IS correction

@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import torch
 
-from rookworld_debug.grpo.families import checked, family_of
+from rookworld_debug.grpo.registry import checked, family_of
 from rookworld_debug.grpo.objective.loss import LossBreakdown, compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.phases.generation import loss_mask, sampling_logps_for

@@ -17,7 +17,9 @@ import torch
 from rookworld_debug.config import StepConfig
 from rookworld_debug.data.loaders import Batch, load_bundled, load_file, load_heldout, load_hf, select_batch
 from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo.objective.params import Objective
 from rookworld_debug.grpo.phases.generation import per_token_logps_and_entropy
+from rookworld_debug.grpo.registry import checked, families, family_of
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,6 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
                          indices=config.prompt_indices)
     heldout = tuple(heldout_all[: config.heldout_n])
 
-    from rookworld_debug.grpo.families import check_settings
     check_settings(config)                      # before loading anything
     if config.reward_mode not in ("engine", "dataset", "rlvr", "rlvr_gt"):
         raise ConfigError("reward_mode", f"unknown {config.reward_mode!r}")
@@ -232,3 +233,20 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
               optimizer=optimizer, provenance=provenance, batch=batch, heldout=heldout,
               invariants=invariants, seconds=time.perf_counter() - t0, data_flags=data_flags)
     return s
+
+
+def check_settings(config) -> None:
+    """ConfigError for what the config's family cannot run (its `check_config`), and for a field only another
+    family reads, set while `config.loss_type` is not one of its (e.g. rookworld-rlvr's pipeline faults under
+    TRL's grpo): it would be silently ignored."""
+    active = family_of(config.loss_type)
+    active.check_config(config)
+    rule = active.rules[config.loss_type]
+    if rule.check is not None:
+        rule.check(Objective.from_config(config))       # the loss type's own knobs (e.g. vespo's IS mode)
+    for fam in families():
+        names = () if fam is active else checked(fam, "own_settings", fam.own_settings(config), (tuple, list),
+                                                 "a sequence of setting names")
+        if names:
+            raise ConfigError(names[0], f"only {fam.name} reads it (loss_type in {list(fam.loss_types)}); "
+                                        f"loss_type={config.loss_type!r} would ignore it")

@@ -14,13 +14,13 @@ from typing import Mapping, Optional
 import torch
 
 from rookworld_debug.config import StepConfig
-from rookworld_debug.grpo.families import advantages_from_config, check_settings, checked, family_of
+from rookworld_debug.grpo.registry import advantages_from_config, checked, family_of
 from rookworld_debug.grpo.objective.loss import LossBreakdown
 from rookworld_debug.grpo.phases.advantages import Advantages
 from rookworld_debug.grpo.phases.generation import Rollout, generate_with_greedy, inject_completions
 from rookworld_debug.grpo.phases.loss_inputs import loss_inputs
 from rookworld_debug.grpo.phases.rewards import compute_rewards
-from rookworld_debug.grpo.phases.setup import Setup, check_inject
+from rookworld_debug.grpo.phases.setup import Setup, check_inject, check_settings
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.grpo.families import family_of
+from rookworld_debug.grpo.registry import family_of
 from rookworld_debug.grpo.objective.params import Objective
 from rookworld_debug.grpo.phases.generation import (auto_micro_batch_size, loss_mask, per_token_logps_and_entropy,
                                                     per_token_logps_entropy_full_kl)

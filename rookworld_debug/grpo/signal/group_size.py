@@ -91,7 +91,7 @@ def group_size_sweep(forward, rewards: torch.Tensor, config, full_grad: torch.Te
 
     `forward`: the diagnostics' `GradForward` (one grad forward over the N rows, reused: one backward per draw);
     `rewards`: (N,) the step's summed rewards; `full_grad`: (P,) g_G on the same forward."""
-    from rookworld_debug.grpo.families import advantages_from_config
+    from rookworld_debug.grpo.registry import advantages_from_config
     t0 = time.perf_counter()
     g = config.num_generations
     n = rewards.shape[0]

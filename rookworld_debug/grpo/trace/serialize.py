@@ -24,9 +24,9 @@ def _encode(obj: Any, tensors: dict, path: str) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         transient = set(getattr(obj, "__transient__", ()))
         fields = {}
-        for f in dataclasses.fields(obj):
-            value = None if f.name in transient else getattr(obj, f.name)
-            fields[f.name] = _encode(value, tensors, f"{path}.{f.name}" if path else f.name)
+        for name in _record_fields(type(obj)):
+            value = None if name in transient else getattr(obj, name)
+            fields[name] = _encode(value, tensors, f"{path}.{name}" if path else name)
         return {"__record__": type(obj).__qualname__, "fields": fields}
     if isinstance(obj, dict):
         return {"__dict__": [[_encode(k, tensors, f"{path}.k{i}"), _encode(v, tensors, f"{path}.{i}")]
@@ -103,6 +103,15 @@ def stable_name(name: Any) -> str | None:
     return name if name in record_types() else None
 
 
+def _record_fields(cls) -> dict:
+    """A record's stored fields → whether a file must hold it: its dataclass fields, or its own flat names (a
+    StepConfig stores every setting flat, an objective family's too, all with defaults)."""
+    if hasattr(cls, "__record_fields__"):
+        return dict.fromkeys(cls.__record_fields__(), False)
+    return {f.name: f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            for f in dataclasses.fields(cls)}
+
+
 class _Bad(Exception):
     """A malformed payload; read_trace turns it into a TraceError naming the file."""
 
@@ -116,12 +125,11 @@ def _make_record(obj: dict, tensors: dict, where: str) -> Any:
     fields = obj.get("fields")
     if not isinstance(fields, dict):
         raise _Bad(f"{where}: record {name} without a fields mapping")
-    known = {f.name: f for f in dataclasses.fields(cls)}
+    known = _record_fields(cls)
     unknown = sorted(set(fields) - set(known))
     if unknown:
         raise _Bad(f"{where}: unknown field(s) {unknown} in record {name} (written by another version?)")
-    missing = [n for n, f in known.items() if n not in fields and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+    missing = [n for n, required in known.items() if required and n not in fields]
     if missing:
         raise _Bad(f"{where}: record {name} lacks field(s) {missing}")
     values = {k: _decode(v, tensors, f"{where}.{k}") for k, v in fields.items()}

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from rookworld_debug.grpo.families import advantages_from_config
+from rookworld_debug.grpo.registry import advantages_from_config
 from rookworld_debug.grpo.phases.loss_inputs import loss_inputs
 
 DEFAULT_OBJECTIVES = ("grpo", "dapo", "rlvr_mini")

@@ -7,7 +7,12 @@ data-pipeline faults it can reproduce (`StepConfig.rlvr_pitfalls`): two in the s
 """
 from __future__ import annotations
 
-from rookworld_debug.grpo.families.base import Family, LossRule, register
+from rookworld_debug.grpo.families.rlvr_mini.settings import MiniSettings
+from rookworld_debug.grpo.registry import Family, LossRule, register
+
+HELP = ("rookworld-rlvr's pure-PyTorch GRPO: r_i = exp(clamp(Σ_t (logp − ref), ±20)) against the REFERENCE, "
+        "−mean_i min(r_i·A_i, clip(r_i)·A_i) + β·mean_i KL_i − c_H·mean_i H_i, sums not means (its knobs: the "
+        "rlvr_mini section; β is its kl_coef, epsilon_low/high its clip_range; grpo/families/rlvr_mini/objective.py).")
 
 
 def _advantages(rewards, config):
@@ -50,6 +55,7 @@ def _own_settings(config) -> tuple:
 # its own loss record (`loss`) replaces the table's objective, aggregation and definition; the rule keeps the
 # update's weighting: the mini's terms are means over rows
 FAMILY = register(Family(
-    "rookworld-rlvr mini", {"rlvr_mini": LossRule("rows", entropy="sequences")}, _advantages,
+    "rookworld-rlvr mini", {"rlvr_mini": LossRule("rows", entropy="sequences", help=HELP)}, _advantages,
     loss=_loss, prepare=_prepare, update_config=_update_config, needs_reference=True, kl_knob="rlvr_kl_type",
-    sampler_options=_sampler_options, rollout_transform=_rollout_transform, own_settings=_own_settings))
+    sampler_options=_sampler_options, rollout_transform=_rollout_transform, own_settings=_own_settings,
+    settings=MiniSettings))

@@ -25,6 +25,7 @@ from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.families.rlvr_mini.objective import (KL_TYPE_FORMULAS, clipped_sequence_surrogate,
                                                                 mini_metrics, mini_terms, per_token_kl_terms,
                                                                 row_sum_mean)
+from rookworld_debug.grpo.families.rlvr_mini.settings import MiniSettings
 from rookworld_debug.grpo.objective.aggregation import AggregationInputs
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.objective.terms import ObjectiveInputs, PolicyTerm
@@ -39,6 +40,13 @@ def rlvr_sequence_surrogate(x: ObjectiveInputs) -> PolicyTerm:
     return PolicyTerm(pg, (r < 1 - x.epsilon_low) & (adv < 0), (r > 1 + x.epsilon_high) & (adv > 0))
 
 
+def knobs(objective) -> MiniSettings:
+    """The mini's settings: an Objective's section (its defaults when it carries none) or a StepConfig's."""
+    if isinstance(objective, Objective):
+        return objective.settings if isinstance(objective.settings, MiniSettings) else MiniSettings()
+    return objective.section(MiniSettings.SECTION)
+
+
 def effective_mask(mask: torch.Tensor, length_normalize: bool) -> torch.Tensor:
     """m, or m/|o_i| (per-token means instead of sums)."""
     return mask / mask.sum(-1, keepdim=True).clamp(min=1.0) if length_normalize else mask
@@ -48,8 +56,9 @@ def compute_rlvr_loss(logps: torch.Tensor, ref, advantages: torch.Tensor, comple
                       ob: Objective, b: LossBatch) -> dict:
     """The fields of the mini's LossBreakdown (loss.compute_loss builds the record for loss_type 'rlvr_mini';
     `normalizer` comes as (name, value, description))."""
-    opts = {"rlvr_kl_type": ob.rlvr_kl_type, "rlvr_length_normalize": ob.rlvr_length_normalize, "values": b.values,
-            "value_targets": b.value_targets, "value_loss_coef": ob.rlvr_value_loss_coef}
+    k = knobs(ob)
+    opts = {"rlvr_kl_type": k.rlvr_kl_type, "rlvr_length_normalize": k.rlvr_length_normalize, "values": b.values,
+            "value_targets": b.value_targets, "value_loss_coef": k.rlvr_value_loss_coef}
     adv = _validate(logps, ref, advantages, completion_mask, ob, b)
     dtype = logps.dtype
     mask = completion_mask.to(dtype)                                                  # (N, T)
@@ -186,9 +195,10 @@ def step_kl_coef(logps: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, obj
     `objective`: an Objective (or a StepConfig: the same names)."""
     from rookworld_debug.grpo.families.rlvr_mini.baselines import AdaptiveKLController, k1_observation
     obs = k1_observation(logps.detach().double(), ref.double(), mask.double())
-    if not objective.rlvr_adaptive_kl:
+    k = knobs(objective)
+    if not k.rlvr_adaptive_kl:
         return float(objective.beta), obs
-    ctl = AdaptiveKLController(objective.beta, objective.rlvr_kl_target, objective.rlvr_kl_horizon)
+    ctl = AdaptiveKLController(objective.beta, k.rlvr_kl_target, k.rlvr_kl_horizon)
     return ctl.update(obs), obs
 
 
@@ -197,7 +207,7 @@ def rlvr_step(rollout, advantages, objective, mask: torch.Tensor) -> tuple:
     rewards, with rlvr_values='rewards') and the controller's observation go with the batch."""
     beta, obs = step_kl_coef(rollout.per_token_logps, rollout.ref_per_token_logps, mask, objective)
     extra = {"k1_observation": obs}
-    if objective.rlvr_values == "rewards":
+    if knobs(objective).rlvr_values == "rewards":
         r = torch.nan_to_num(advantages.rewards.to(rollout.per_token_logps.dtype), nan=0.0)
         extra.update(values=r, value_targets=r)
     return objective.replace(beta=beta), extra
