@@ -20,8 +20,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 from rookworld_debug.errors import ConfigError
 
-__all__ = ["setting", "Rule", "optional", "section", "check", "register", "sections", "loss_types",
-           "loss_type_help", "load_builtin"]
+__all__ = ["section", "setting", "Rule", "optional", "sections", "loss_types"]
 
 
 def setting(default: Any, help: str, *, choices: Optional[tuple] = None, group: str = "", factory=None,

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = ("rookworld_debug", "rookworld_debug.record", "rookworld_debug.diagnosis", "rookworld_debug.diagnosis.replay",
           "rookworld_debug.trl", "rookworld_debug.whatif", "rookworld_debug.report", "rookworld_debug.viz",
           "rookworld_debug.widgets", "rookworld_debug.grpo.families", "rookworld_debug.config",
-          "rookworld_debug.errors", "rookworld_debug.grpo.step", "rookworld_debug.models", "rookworld_debug.notebook")
+          "rookworld_debug.errors", "rookworld_debug.grpo.step", "rookworld_debug.models", "rookworld_debug.notebook",
+          "rookworld_debug.grpo.registry", "rookworld_debug.settings")
 
 
 @pytest.mark.parametrize("module", PUBLIC)

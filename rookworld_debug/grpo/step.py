@@ -167,8 +167,9 @@ RELOAD_FIELDS = ("model", "dtype", "device", "init_policy")
 
 
 def _reuse(session: Setup, config: StepConfig) -> Setup:
-    """`session` under `config`: what can be applied to its models is (autocast, the reference's device), what
-    would need a reload is refused by name before any work; the precision recorded is the one that runs."""
+    """`session` under `config`: what can be applied to its models is when the config changes it (autocast, the
+    reference's device), what would need a reload is refused by name before any work; the precision recorded is
+    the one that runs."""
     from rookworld_debug.models.devices import check_device
     from rookworld_debug.models.precision import set_autocast, step_precision
     old = session.config
@@ -176,7 +177,8 @@ def _reuse(session: Setup, config: StepConfig) -> Setup:
         if getattr(old, name, None) != getattr(config, name, None):
             raise ConfigError(name, f"{getattr(config, name)!r}, but the session's models were loaded with "
                                     f"{getattr(old, name)!r}: load a new session (setup) to change it")
-    set_autocast(config.autocast, session.policy, session.reference)
+    if config.autocast != old.autocast:          # unchanged: the session's models keep what their owner set
+        set_autocast(config.autocast, session.policy, session.reference)
     if config.reference_device != old.reference_device and session.reference is not None:
         target = (next(session.policy.parameters()).device if config.reference_device == "same"
                   else check_device(config.reference_device, "reference_device"))
