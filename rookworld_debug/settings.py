@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
@@ -172,20 +173,34 @@ def reserve(names) -> None:
     _CORE.update(names)
 
 
+def _check_section(cls) -> list:
+    """The names of a section's settings; ConfigError for a class that is not one, a field without its help, a
+    name the core or another section has, or defaults its own rules refuse (every config would fail)."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and isinstance(getattr(cls, "SECTION", None), str)):
+        raise ConfigError("register", f"settings must be a class made with @section, not {cls!r}")
+    name = cls.SECTION
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", name):
+        raise ConfigError("register", f"section name {name!r} is not a name (lower-case letters, digits, _)")
+    names = [f.name for f in dataclasses.fields(cls)]
+    bare = [f.name for f in dataclasses.fields(cls) if "help" not in f.metadata]
+    clash = [n for n in names if n in _CORE or _OWNER.get(n, name) != name]
+    if bare or clash:
+        raise ConfigError("register", f"section {name!r}: " + (f"{bare} lack setting(default, help)" if bare
+                                                               else f"{clash} already name other settings"))
+    try:
+        cls()
+    except Exception as err:  # noqa: BLE001 - its defaults, refused by its own rules or missing
+        raise ConfigError("register", f"section {name!r}: its defaults do not build ({err})") from None
+    return names
+
+
 def register(settings: Optional[type], loss_types: Mapping[str, str]) -> None:
     """Accept `loss_types` (each with its definition) and the section `settings` (None: the family has no knobs of
-    its own). A field another section declares, or a core field, is refused by name."""
+    its own); ConfigError names what is wrong with the section."""
     if settings is not None:
-        if not (isinstance(settings, type) and dataclasses.is_dataclass(settings) and hasattr(settings, "SECTION")):
-            raise ConfigError("register", f"settings must be a class made with @section, not {settings!r}")
-        old = _SECTIONS.get(settings.SECTION)
-        names = [f.name for f in dataclasses.fields(settings)]
-        clash = [n for n in names if n in _CORE or _OWNER.get(n, settings.SECTION) != settings.SECTION]
-        if clash:
-            raise ConfigError("register", f"section {settings.SECTION!r}: {clash} already name other settings")
-        if old is not None and old is not settings:
-            for n in [n for n, s in _OWNER.items() if s == settings.SECTION]:
-                del _OWNER[n]
+        names = _check_section(settings)
+        for n in [n for n, sec in _OWNER.items() if sec == settings.SECTION]:     # registered again: its new names
+            del _OWNER[n]
         _SECTIONS[settings.SECTION] = settings
         _OWNER.update(dict.fromkeys(names, settings.SECTION))
     _LOSS_TYPES.update(loss_types)

@@ -236,3 +236,49 @@ def test_length_bias_follows_the_aggregation_not_a_list_of_names(loss_type, flag
     trace = SimpleNamespace(loss=loss, rollout=SimpleNamespace(completion_mask=mask), capture=None)
     found = check_length_bias(trace)
     assert bool(found) is flagged and all(f.code == "length_bias" for f in found)
+
+
+def _bad_sections():
+    @section("bare")
+    class Bare:
+        x_plain: float = 1.0                                          # no setting(): no help, no checks
+
+    @section("takes_beta")
+    class TakesBeta:
+        beta: float = setting(0.1, "a core setting, declared again")
+
+    @section("takes_mini")
+    class TakesMini:
+        rlvr_kl_type: str = setting("forward", "the mini's setting, declared again")
+
+    @section("bad_default")
+    class BadDefault:
+        y_scale: float = setting(-1.0, "a default its own rule refuses")
+        RULES = (Rule("y_scale", lambda c: c.y_scale > 0, "must be > 0"),)
+
+    @section("Bad Name")
+    class BadName:
+        z_scale: float = setting(1.0, "a fine setting under a name that is not one")
+
+    class NotASection:
+        pass
+    return [(Bare, "lack setting"), (TakesBeta, "already name other settings"),
+            (TakesMini, "already name other settings"), (BadDefault, "defaults do not build"),
+            (BadName, "is not a name"), (NotASection, "made with @section")]
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_a_bad_settings_section_is_refused_by_name_and_changes_nothing(i, registry_restored):
+    from rookworld_debug.grpo.objective.aggregation import fixed_length
+    from rookworld_debug.grpo.objective.terms import clipped_surrogate
+    cls, why = _bad_sections()[i]
+    before = StepConfig.field_names()
+    with pytest.raises(ConfigError, match=f"family 'bad settings'.*{why}"):
+        register(Family("bad settings", {"bad_settings_loss": LossRule("rows", clipped_surrogate, fixed_length)},
+                        lambda r, c: r, settings=cls))
+    from rookworld_debug.settings import loss_types
+    assert StepConfig.field_names() == before and "bad_settings_loss" not in loss_types()
+    with pytest.raises(ConfigError, match="loss_type"):
+        StepConfig(loss_type="bad_settings_loss")
+    with pytest.raises(ConfigError, match="no settings section 'nope'"):
+        StepConfig().section("nope")

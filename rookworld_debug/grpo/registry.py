@@ -134,8 +134,6 @@ def _check_family(family) -> None:
     for hook in CALLABLES:
         if not callable(getattr(family, hook)):
             _refuse(family, f"its {hook} must be callable")
-    if family.settings is not None and not hasattr(family.settings, "SECTION"):
-        _refuse(family, "its settings must be a class made with rookworld_debug.settings.section")
     for hook in HOOKS:
         if getattr(family, hook) is not None and not callable(getattr(family, hook)):
             _refuse(family, f"its {hook} must be None or callable")
