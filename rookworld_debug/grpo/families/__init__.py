@@ -13,7 +13,13 @@ from rookworld_debug.grpo.registry import (WEIGHTINGS, Family, LossRule, advanta
 from rookworld_debug.grpo.families import trl  # noqa: F401,E402
 from rookworld_debug.grpo.families import manual  # noqa: F401,E402
 from rookworld_debug.grpo.families.rlvr_mini import family  # noqa: F401,E402
-from rookworld_debug.grpo.phases.setup import check_settings  # noqa: E402
 
 __all__ = ["WEIGHTINGS", "Family", "LossRule", "register", "checked", "family_of", "rule_of", "families",
            "advantages_from_config", "check_settings"]
+
+
+def __getattr__(name: str):
+    if name == "check_settings":          # the phases' check, served lazily: loading the families loads no model code
+        from rookworld_debug.grpo.phases.setup import check_settings
+        return check_settings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
