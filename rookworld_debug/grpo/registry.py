@@ -127,6 +127,8 @@ def _check_family(family) -> None:
         if rule.weighting not in WEIGHTINGS or rule.entropy not in ("tokens", "sequences"):
             _refuse(family, f"the rule of {lt!r}: its weighting one of {WEIGHTINGS} and its entropy 'tokens' or "
                             f"'sequences' (got {rule.weighting!r}, {rule.entropy!r})")
+        if not isinstance(rule.help, str):
+            _refuse(family, f"the rule of {lt!r}: its help is the loss type's definition, a string")
         if rule.objective is None and family.loss is None:
             _refuse(family, f"the rule of {lt!r} has no objective and the family no loss of its own")
         if rule.objective is not None and not (callable(rule.objective) and callable(rule.aggregation)):
