@@ -46,6 +46,7 @@ class TRLState:
     tokenizer: object = field(repr=False)
     history: dict = field(default_factory=dict)   # metric -> values logged before the branch (trainer_state.json)
     notes: tuple = ()
+    greedy_before: object = field(default=None, repr=False)   # greedy at the --before weights: the same for every arm
 
 
 def _history(before: Path) -> dict:
@@ -191,14 +192,17 @@ def _greedy(st: TRLState) -> tuple:
     n = int(st.trace.config.max_new_tokens)
     st.model.eval()
     after, _ = greedy_evals(st.model, st.tokenizer, batch, None, max_new_tokens=n, reward_mode="dataset")
-    saved = {k: p.detach().clone() for k, p in st.model.named_parameters()}
-    with torch.no_grad():
-        for k, p in st.model.named_parameters():
-            p.copy_(st.weights[k])
-    before, _ = greedy_evals(st.model, st.tokenizer, batch, None, max_new_tokens=n, reward_mode="dataset")
-    with torch.no_grad():
-        for k, p in st.model.named_parameters():
-            p.copy_(saved[k])
+    if st.greedy_before is None:
+        saved = {k: p.detach().clone() for k, p in st.model.named_parameters()}
+        with torch.no_grad():
+            for k, p in st.model.named_parameters():
+                p.copy_(st.weights[k])
+        st.greedy_before, _ = greedy_evals(st.model, st.tokenizer, batch, None, max_new_tokens=n,
+                                           reward_mode="dataset")
+        with torch.no_grad():
+            for k, p in st.model.named_parameters():
+                p.copy_(saved[k])
+    before = st.greedy_before
     st.model.train()
     return before.mean_reward, after.mean_reward, sum(a != c for a, c in zip(after.completions, before.completions))
 
