@@ -216,7 +216,8 @@ def test_a_g2_run_branched_to_g8_measures_reward_noise_next_to_the_prediction(tm
     from rookworld_debug import run_step
     from rookworld_debug.report.whatif_page import render
     from rookworld_debug.whatif import arms_from_sets, whatif
-    run_step(_cfg(num_generations=2)).save(tmp_path / "g2")
+    # no held-out prompts: the branch's reward noise is measured on the sampled rows (greedy evals are not used)
+    run_step(_cfg(num_generations=2, heldout_n=0)).save(tmp_path / "g2")
     res = whatif(tmp_path / "g2", arms_from_sets([["num_generations=8"]]), steps=3, seeds=2, symptoms=("reward_noise",))
     g = res.extra["group_size"]
     assert (g["G_old"], g["G_new"], g["predicted_ratio_sampling"]) == (2, 8, 0.25)
