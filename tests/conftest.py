@@ -1,5 +1,6 @@
 """Shared test fixtures."""
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -10,6 +11,16 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread_after_each_module():
+    """torch.set_num_threads is per process: a module that raises it (several use 2) would keep it for every later
+    module of its xdist worker, and two workers of 2 threads each on 2 cores spend CPU waiting on each other. Under
+    xdist each module starts from the one thread set above; a module that wants more still sets it itself."""
+    yield
+    if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
