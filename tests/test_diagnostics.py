@@ -11,6 +11,7 @@ import torch
 
 from rookworld_debug.grpo.signal.noise import gram64, noise_scale, paired_bootstrap_ci, per_group_grads
 from rookworld_debug.grpo.phases.generation import LOGP_DIFF_TOLERANCE
+from tinymodels import use_spare_cores
 
 
 def test_noise_scale_recovers_a_known_sigma():
@@ -65,7 +66,7 @@ def test_group_gradients_sum_to_the_step_gradient(fixtures_dir):
     from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.grpo.step import sample_and_score
 
-    torch.set_num_threads(2)
+    use_spare_cores()
     cfg = StepConfig().replace(reward_mode="dataset", dataset=str(fixtures_dir / "rook_p_lines.txt"), batch_size=3,
                                num_generations=4, max_new_tokens=24, eval_max_new_tokens=8, heldout_n=0, beta=0.05,
                                entropy_coef=0.01)
@@ -102,7 +103,7 @@ def test_run_step_with_diagnostics_records_and_renders_them(fixtures_dir, tmp_pa
     from rookworld_debug.config import StepConfig
     from rookworld_debug.grpo.step import run_step
 
-    torch.set_num_threads(2)
+    use_spare_cores()
     cfg = StepConfig().replace(reward_mode="dataset", dataset=str(fixtures_dir / "rook_p_lines.txt"), batch_size=2,
                                num_generations=4, max_new_tokens=16, eval_max_new_tokens=8, heldout_n=1,
                                diagnostics=True, num_iterations=2, warmup_steps=0, entropy_coef=0.01, lr=3e-4,

@@ -15,6 +15,7 @@ from rookworld_debug.grpo.signal.group_size import check_sizes, default_sizes, s
 from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.signal.sampler_gap import TRL_IS_CAP, ess, sampler_trainer_gap
+from tinymodels import use_spare_cores
 
 
 def test_gap_weights_and_ess_by_hand():
@@ -108,7 +109,7 @@ def test_bf16_sampler_makes_a_real_gap_on_the_cpu(fixtures_dir):
     from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.grpo.step import sample_and_score
 
-    torch.set_num_threads(2)
+    use_spare_cores()
     cfg = StepConfig().replace(reward_mode="dataset", dataset=str(fixtures_dir / "rook_p_lines.txt"), batch_size=2,
                                num_generations=2, max_new_tokens=10, heldout_n=0, p_temperature=2.0, beta=0.0)
     s = setup(cfg)

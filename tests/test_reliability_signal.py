@@ -19,6 +19,7 @@ from rookworld_debug.grpo.signal.noise import noise_scale, paired_bootstrap_ci, 
 from rookworld_debug.grpo.signal.entropy_mechanism import entropy_mechanism, token_covariance
 from rookworld_debug.grpo.signal.group_size import group_size_sweep
 from rookworld_debug.grpo.signal.sampler_gap import sampler_trainer_gap
+from tinymodels import use_spare_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +114,7 @@ def _one_prompt_config(fixtures_dir):
 def test_one_prompt_step_skips_the_noise_scale_with_a_note_and_completes(fixtures_dir, tmp_path):
     from rookworld_debug import StepTrace, viz
     from rookworld_debug.grpo.step import run_step
-    torch.set_num_threads(2)
+    use_spare_cores()
 
     def by_row(prompts, completions, **kw):
         return [float(i % 3) for i in range(len(completions))]

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from rookworld_debug.errors import IncompatibleTraceError, TraceError
 from rookworld_debug.grpo.step import TRACE_VERSION, StepTrace
+from tinymodels import use_spare_cores
 
 FUZZ = dict(deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -29,12 +30,10 @@ FUZZ = dict(deadline=None, derandomize=True, database=None,
 
 @pytest.fixture(scope="module")
 def saved(fixtures_dir, tmp_path_factory):
-    import torch
-
     from rookworld_debug.config import StepConfig
     from rookworld_debug.grpo.step import run_step
 
-    torch.set_num_threads(2)
+    use_spare_cores()
     cfg = StepConfig().replace(reward_mode="dataset", dataset=str(fixtures_dir / "rook_p_lines.txt"), batch_size=2,
                                num_generations=2, max_new_tokens=12, eval_max_new_tokens=8, heldout_n=0)
     with warnings.catch_warnings():

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from cli import CLI, ENV
+from tinymodels import use_spare_cores
+
 # markup that would become an element or an attribute, a script hook, a shell substitution: {canary} is a path
 HOSTILE = ('<rwinjected data-rwinjected="1">x</rwinjected><img src=x onerror="window.__pwned=1">'
            '"\' data-rwinjected=1 $(touch {canary}) `touch {canary}`')
@@ -42,11 +44,9 @@ def _log(metric_name: str) -> list:
 @pytest.fixture(scope="module")
 def trace_dir(tmp_path_factory):
     """A real step trace whose reward function has a hostile name (shown in the step report)."""
-    import torch
-
     from rookworld_debug.config import StepConfig
     from rookworld_debug.grpo.step import run_step
-    torch.set_num_threads(2)
+    use_spare_cores()
     tmp = tmp_path_factory.mktemp("trace")
     cfg = StepConfig().replace(reward_mode="dataset", batch_size=2, num_generations=2, max_new_tokens=8,
                                eval_max_new_tokens=8, heldout_n=0)

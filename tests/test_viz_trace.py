@@ -11,16 +11,16 @@ pytest.importorskip("torch")
 step = pytest.importorskip("rookworld_debug.grpo.step")
 
 from rookworld_debug import viz  # noqa: E402
+from tinymodels import use_spare_cores
 
 METRICS = ["logp", "ref_logp", "ratio", "kl", "full_kl", "entropy", "pg", "loss", "delta_logp", "adv_x_logp"]
 
 
 @pytest.fixture(scope="module")
 def traces(fixtures_dir, tmp_path_factory):
-    import torch
     from rookworld_debug.config import StepConfig
 
-    torch.set_num_threads(2)
+    use_spare_cores()
     cfg = StepConfig().replace(reward_mode="dataset", dataset=str(fixtures_dir / "rook_p_lines.txt"), batch_size=2,
                                num_generations=2, max_new_tokens=24, eval_max_new_tokens=16, heldout_n=0)
     with warnings.catch_warnings():

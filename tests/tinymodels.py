@@ -129,3 +129,12 @@ def saved_minimal_step(folder):
     rec = minimal_recorder(tok)
     rec.rewards(torch.tensor([1.0, 0.0]))
     return rec.save(folder), tok
+
+
+def use_spare_cores() -> None:
+    """Two torch threads when the tests run in one process; one under xdist, where two workers already keep the
+    two cores busy (two threads each would oversubscribe them)."""
+    import os
+
+    import torch
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
