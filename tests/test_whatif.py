@@ -224,3 +224,11 @@ def test_a_g2_run_branched_to_g8_measures_reward_noise_next_to_the_prediction(tm
     assert len(g["measured_var_old"]) == len(g["measured_var_new"]) == 2 and g["g_prime_curve"]["sizes"][0] == 2
     assert [a.name for a in res.one_step] == ["unchanged"]           # G changes the sampling: k-step arms only
     assert "Group size G = 2 → 8" in render(res.to_dict())
+
+
+@pytest.mark.parametrize("b", [None, float("nan"), -0.4])
+def test_a_g_prime_sweep_without_a_positive_fit_is_a_note_not_a_crash(b):
+    """Short completions can leave every subsampled group's gradient zero: the fit has no b at all."""
+    from rookworld_debug.whatif.groupsize import _no_fit_note
+    note = _no_fit_note(b)
+    assert "no gradient-noise ratio" in note and ("has no fit" in note) == (b is None or b != b)

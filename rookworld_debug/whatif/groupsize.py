@@ -59,9 +59,7 @@ def group_size_report(state, arms, runs) -> dict:
     b = curve.get("b")
     fits = b is not None and math.isfinite(b) and b > 0
     pred_grad = 1 / (1 + b * (1 / g_old - 1 / g_new)) if fits else math.nan
-    notes = [] if fits or not curve else [
-        f"the G′ sweep does not show gradient energy falling with G′ (fitted b = {b:.3g} ≤ 0: the subsampled groups' "
-        "re-normalized advantages change the gradient's size, not only its noise), so it gives no gradient-noise ratio"]
+    notes = [] if fits or not curve else [_no_fit_note(b)]
     cos_old = dict(zip(curve.get("sizes", []), curve.get("cos_mean", []))).get(g_old)
     return {"arm": arm.name, "G_old": g_old, "G_new": g_new,
             "measured_var_old": [_num(v) for v in v_old], "measured_var_new": [_num(v) for v in v_new],
@@ -69,6 +67,17 @@ def group_size_report(state, arms, runs) -> dict:
             "predicted_ratio_sampling": g_old / g_new, "predicted_ratio_gradient": _num(pred_grad),
             "noise_share_at_G_old": _num(1 - cos_old ** 2) if cos_old is not None else None,
             "g_prime_curve": curve, "notes": notes, "definition": __doc__.split("\n\n", 1)[1].strip()}
+
+
+def _no_fit_note(b) -> str:
+    """Why the G′ sweep gives no gradient-noise ratio: b ≤ 0, or no fit at all (every subsampled gradient zero or
+    undefined, e.g. completions too short for the rewards to differ)."""
+    if b is None or not math.isfinite(b):
+        return ("the G′ sweep has no fit (no subsampled group gave a finite, non-zero gradient energy), so it gives no "
+                "gradient-noise ratio")
+    return (f"the G′ sweep does not show gradient energy falling with G′ (fitted b = {b:.3g} ≤ 0: the subsampled "
+            "groups' re-normalized advantages change the gradient's size, not only its noise), so it gives no "
+            "gradient-noise ratio")
 
 
 def _ratio_ci(new, old, n_boot: int = B_BOOT) -> tuple:
