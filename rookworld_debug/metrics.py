@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rookworld_debug import settings
+
 GLOSSARY: dict[str, str] = {
     "reward_before": "Mean built-in reward of GREEDY completions of this step's B prompts, before the update (batch).",
     "reward_after": "Same B prompts, greedy, after the update (batch). Same prompts as reward_before.",
@@ -102,30 +104,6 @@ GLOSSARY: dict[str, str] = {
     "max_abs_logp_diff_recompute": "max |ℓ captured while sampling − ℓ from a fresh teacher-forced forward| "
                                    "(> 1e-4 flags padding / position-id / temperature bugs).",
     "heldout_n": "Number of held-out prompts in heldout_reward_before/after.",
-    # rookworld-rlvr's "mini" (loss_type='rlvr_mini'): its own metrics, its names (grpo/families/rlvr_mini/objective.py)
-    "loss_type/rlvr_mini": "rookworld-rlvr's objective: s_i = Σ_t m(ℓ − ℓ^ref) (SUMMED, against the REFERENCE), "
-                           "r_i = exp(clamp(s_i, ±20)), loss = −mean_i min(r_i A_i, clip(r_i, 1−ε, 1+ε) A_i) + "
-                           "β·mean_i KL_i − c_H·mean_i Σ_t −m e^ℓ ℓ (+ c_V·mean (v − v̂)²); A from its baseline + "
-                           "one batch-wide (A − mean)/(std + 1e-8).",
-    "rlvr/pg_loss": "The mini's −mean_i min(r_i·A_i, clip(r_i)·A_i), r_i the sequence ratio to the REFERENCE.",
-    "rlvr/kl_div": "mean_i KL_i of the selected rlvr_kl_type: a sampled-token surrogate, NOT a KL divergence "
-                   "(forward Σ_t m e^ℓ(ℓ − ℓ^ref) can be negative).",
-    "rlvr/kl_forward": "mean_i Σ_t m·e^ℓ·(ℓ − ℓ^ref) (can be < 0).",
-    "rlvr/kl_reverse": "mean_i Σ_t m·e^ℓref·(ℓ^ref − ℓ) (can be < 0).",
-    "rlvr/kl_symmetric": "½(kl_forward + kl_reverse).",
-    "rlvr/value_loss": "mean (v − v̂)² when values and targets are given, else 0.",
-    "rlvr/entropy_loss": "The signed entropy term −c_H·mean_i Σ_t −m e^ℓ ℓ (sampled-token surrogate; ≤ 0).",
-    "rlvr/total_loss": "The mini's total loss.",
-    "rlvr/ratio_mean": "mean_i r_i, r_i = exp(clamp(Σ_t m(ℓ − ℓ^ref), ±20)): the SEQUENCE ratio to the reference.",
-    "rlvr/ratio_std": "Unbiased std of r_i over rows (NaN for one row).",
-    "rlvr/ratio_outliers": "Fraction of rows with r_i < 0.5 or r_i > 2 (float32).",
-    "rlvr/advantage_mean": "Mean of the advantages fed to the loss.",
-    "rlvr/advantage_std": "Unbiased std of those advantages.",
-    "rlvr/clipped_frac": "The mini's 'clipped' fraction: rows with r_i outside [1 − ε_low, 1 + ε_high] WHATEVER the "
-                         "sign of A (not the rows where the clip binds: see clip_ratio/region_mean); r_i is against "
-                         "the reference and summed over tokens, so it measures drift from π_ref, not one update.",
-    "rlvr/kl_coef": "The KL coefficient used by this step (its adaptive controller's output when rlvr_adaptive_kl).",
-    "rlvr/k1_observation": "What the controller observed before the loss: mean_i Σ_t m(ℓ − ℓ^ref) (rollout).",
 }
 
 
@@ -159,10 +137,26 @@ def batch_of(key: str) -> str:
     return BATCH_OF.get(key, "sampled rollout · this batch")
 
 
+#: the objective families' own metrics (registered with each family: grpo.registry.register)
+FAMILY_DEFINITIONS: dict[str, str] = {}
+
+
+def define(definitions: dict) -> None:
+    """Add an objective family's metric definitions (its metrics' keys → what they mean)."""
+    FAMILY_DEFINITIONS.update(definitions)
+
+
+def _all_definitions() -> dict:
+    settings.load_builtin()                         # the built-in families' definitions
+    return {**GLOSSARY, **FAMILY_DEFINITIONS}
+
+
 def definition(key: str) -> str:
-    """The definition of a metric key: GLOSSARY, then the per-reward-function patterns; '' if unknown."""
-    if key in GLOSSARY:
-        return GLOSSARY[key]
+    """The definition of a metric key: GLOSSARY, the families' own, then the per-reward-function patterns; '' if
+    unknown."""
+    defs = _all_definitions()
+    if key in defs:
+        return defs[key]
     parts = key.split("/")
     if len(parts) == 3 and parts[0] == "rewards" and parts[2] in ("mean", "std"):
         return PATTERNS[f"rewards/{{func}}/{parts[2]}"].format(func=parts[1])
@@ -224,5 +218,6 @@ def tiny_std_groups(group_std, batch_std: float, fraction: float) -> tuple:
 
 
 def glossary_markdown(keys=None) -> str:
-    keys = list(GLOSSARY) if keys is None else [k for k in keys if k in GLOSSARY]
-    return "\n".join(f"- **{k}**: {GLOSSARY[k]}" for k in keys)
+    defs = _all_definitions()
+    keys = list(defs) if keys is None else [k for k in keys if k in defs]
+    return "\n".join(f"- **{k}**: {defs[k]}" for k in keys)

@@ -201,7 +201,10 @@ def test_a_toy_family_registered_in_test_code_runs_a_step(tiny_byte_model_dir, f
     # the whole family: PPO's clipped surrogate on sign advantages, Dr. GRPO's constant normaliser, one knob
     register(Family("toy sign", {"toy_sign": LossRule("rows", clipped_surrogate, fixed_length, text=_sign_text,
                                                       help="sign advantages, PPO's clip, Dr. GRPO's normaliser.")},
-                    _sign_advantages, settings=ToySettings))
+                    _sign_advantages, settings=ToySettings,
+                    metric_definitions={"toy/sign_share": "share of rows whose advantage is not 0 (rollout)."}))
+    from rookworld_debug.metrics import definition
+    assert definition("toy/sign_share").startswith("share of rows") and definition("rlvr/kl_coef")
     cfg = tiny_step_config(tiny_byte_model_dir, loss_type="toy_sign", dataset=str(fixtures_dir / "rook_p_lines.txt"),
                            eval_max_new_tokens=4, micro_batch_size=2, toy_sign_scale=0.5)
     g = StepConfig.glossary()

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import re
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 import torch
 
+from rookworld_debug import metrics
 from rookworld_debug import settings as config_settings
 from rookworld_debug.errors import ConfigError
 
@@ -78,6 +79,7 @@ class Family:
     own_settings: Callable = lambda config: ()      # StepConfig -> the fields set that only this family reads
     check_config: Callable = lambda config: None    # StepConfig -> None; ConfigError for what it cannot run
     settings: Optional[type] = None                 # its knobs: a @settings.section class (StepConfig, flat)
+    metric_definitions: Mapping[str, str] = field(default_factory=dict)   # its own metrics' keys → definitions
 
     @property
     def loss_types(self) -> tuple:
@@ -136,6 +138,9 @@ def _check_family(family) -> None:
     for hook in CALLABLES:
         if not callable(getattr(family, hook)):
             _refuse(family, f"its {hook} must be callable")
+    defs = family.metric_definitions
+    if not isinstance(defs, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in defs.items()):
+        _refuse(family, "its metric_definitions must map metric keys to their definitions (strings)")
     for hook in HOOKS:
         if getattr(family, hook) is not None and not callable(getattr(family, hook)):
             _refuse(family, f"its {hook} must be None or callable")
@@ -161,6 +166,7 @@ def register(family: Family, *, replace: bool = False) -> Family:
         config_settings.register(family.settings, {lt: rule.help for lt, rule in family.rules.items()})
     except ConfigError as err:
         _refuse(family, str(err).split(": ", 1)[-1])
+    metrics.define(dict(family.metric_definitions))
     for lt in family.rules:
         FAMILIES[lt] = family
     return family
