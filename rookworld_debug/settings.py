@@ -96,10 +96,15 @@ def _integer(name: str, v) -> int:
     return v
 
 
-def _names(v) -> tuple:
-    """A tuple of names from a JSON list, the command line's "a,b" or None."""
-    v = v or ()
-    return tuple(x for x in v.split(",") if x) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v
+def _names(name: str, v) -> tuple:
+    """A tuple of names from a JSON list, the command line's "a,b" or None; ConfigError for anything else."""
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [x for x in v.split(",") if x]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+        raise ConfigError(name, f"must be a list of names, got {v!r}")
+    return tuple(v)
 
 
 def _normalise(obj, choices: Mapping[str, tuple]) -> None:
@@ -109,7 +114,7 @@ def _normalise(obj, choices: Mapping[str, tuple]) -> None:
     kinds = _KINDS.get(cls) or _KINDS.setdefault(cls, _kinds(cls))
     s = object.__setattr__
     for name in kinds["names"]:
-        s(obj, name, _names(getattr(obj, name)))
+        s(obj, name, _names(name, getattr(obj, name)))
     for name in kinds["tuple"]:
         if isinstance(getattr(obj, name), list):
             s(obj, name, tuple(getattr(obj, name)))
@@ -214,6 +219,9 @@ def family_sections(given: tuple, kw: dict, core: frozenset) -> tuple:
         if owner(key) is None:
             raise ConfigError(key, f"unknown config key {key!r}")
         changes.setdefault(owner(key), {})[key] = kw.pop(key)
+    if not isinstance(given, tuple) or not all(isinstance(getattr(sec, "SECTION", None), str) and
+                                               dataclasses.is_dataclass(sec) for sec in given):
+        raise ConfigError("family_settings", f"must be a tuple of settings sections, got {given!r}"[:300])
     have = {sec.SECTION: sec for sec in given}
     out = []
     for cls in sections():

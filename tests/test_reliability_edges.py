@@ -101,6 +101,37 @@ def test_register_never_fails_other_than_by_name(loss_type):
         assert isinstance(loss_type, str) and FAMILIES.pop(loss_type).name == "fuzz"     # (hypothesis: one fixture)
 
 
+def _setting_names() -> tuple:
+    from rookworld_debug.config import StepConfig
+    return StepConfig.field_names()
+
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
+                   st.text(max_size=12), st.lists(st.text(max_size=8), max_size=3))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(_setting_names()) + ["family_settings"]), _VALUES, max_size=4))
+def test_a_setting_of_any_value_builds_or_is_named(values):
+    """Papermill parameters or a --config file may hold anything in any setting, a family's included: the config
+    builds with those values, read back flat, or a ConfigError names the key (the hidden family_settings field is
+    refused)."""
+    from rookworld_debug.config import StepConfig
+    from rookworld_debug.errors import ConfigError
+    try:
+        cfg = StepConfig.from_dict(dict(values))
+    except ConfigError as err:
+        named = err.field in values or any(k in str(err) for k in values)    # a cross-field rule names both
+        assert named or err.field.startswith("family_settings"), (str(err), values)
+    else:
+        assert "family_settings" not in values
+        assert StepConfig.from_dict(cfg.to_dict()) == cfg              # what was accepted reads back flat
+        g = StepConfig.glossary()
+        for key in values:
+            got, default = getattr(cfg, key), g[key]["default"]
+            assert (got is None and g[key]["nullable"]) or isinstance(got, type(default)), (key, got)
+
+
 # ------------------------------------------------------------------------------------------- traces
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
