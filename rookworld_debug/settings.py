@@ -147,7 +147,12 @@ def check(obj, rules: tuple = (), choices: Optional[Mapping[str, tuple]] = None)
     own = {f.name: f.metadata["choices"] for f in dataclasses.fields(obj) if "choices" in f.metadata}
     _normalise(obj, {**own, **(choices or {})})
     for rule in rules:
-        if not rule.ok(obj):
+        try:
+            ok = rule.ok(obj)
+        except Exception as err:  # noqa: BLE001 - a family's rule that cannot read this value: named, not raised
+            raise ConfigError(rule.field, f"its check could not read {getattr(obj, rule.field, None)!r} "
+                                          f"({type(err).__name__}: {err})") from None
+        if not ok:
             msg = rule.message(obj) if callable(rule.message) else rule.message
             raise ConfigError(rule.field, f"{msg} (got {getattr(obj, rule.field)!r})" if rule.show_value else msg)
 

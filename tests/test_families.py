@@ -285,3 +285,20 @@ def test_a_bad_settings_section_is_refused_by_name_and_changes_nothing(i, regist
         StepConfig(loss_type="bad_settings_loss")
     with pytest.raises(ConfigError, match="no settings section 'nope'"):
         StepConfig().section("nope")
+
+
+def test_a_family_rule_that_cannot_read_a_value_is_a_named_error(registry_restored):
+    """A family's own rule that raises (here 1/0) gives a ConfigError naming the setting, not a bare traceback."""
+    from rookworld_debug.grpo.objective.aggregation import fixed_length
+    from rookworld_debug.grpo.objective.terms import clipped_surrogate
+
+    @section("inverse")
+    class Inverse:
+        inv_width: float = setting(1.0, "inverse: a width whose inverse must be below 10.")
+        RULES = (Rule("inv_width", lambda c: 1 / c.inv_width < 10, "its inverse must be below 10"),)
+
+    register(Family("inverse", {"inverse_loss": LossRule("rows", clipped_surrogate, fixed_length)},
+                    lambda r, c: r, settings=Inverse))
+    with pytest.raises(ConfigError, match=r"inv_width: its check could not read 0\.0 \(ZeroDivisionError"):
+        StepConfig(loss_type="inverse_loss", inv_width=0)
+    assert StepConfig(loss_type="inverse_loss", inv_width=0.5).inv_width == 0.5
