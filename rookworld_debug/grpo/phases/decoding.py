@@ -104,6 +104,16 @@ def _cache_layer_base():
     return DynamicLayer
 
 
+def _kv_buffers(layer, key_states, value_states, new) -> tuple:
+    """(keys, values) buffers of `layer.capacity` columns, (n, H, C, D) each, made by `new` (Tensor.new_empty or
+    new_zeros) in the states' dtype and device; the layer is marked initialized."""
+    layer.dtype, layer.device = key_states.dtype, key_states.device
+    n, h, _, d = key_states.shape
+    layer.is_initialized = True
+    return (new(key_states, (n, h, layer.capacity, d)),
+            new(value_states, (n, h, layer.capacity, value_states.shape[-1])))
+
+
 class _PreallocLayer(_cache_layer_base()):
     """A KV-cache layer with a preallocated (n, heads, C, head_dim) buffer written in place; the model
     sees views of the filled part. Row expansion/selection copy only the filled part."""
@@ -113,11 +123,7 @@ class _PreallocLayer(_cache_layer_base()):
         self.capacity, self.length = capacity, 0
 
     def lazy_initialization(self, key_states, value_states) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        n, h, _, d = key_states.shape
-        self.buf_k = key_states.new_empty((n, h, self.capacity, d))                     # (n, H, C, D)
-        self.buf_v = value_states.new_empty((n, h, self.capacity, value_states.shape[-1]))
-        self.is_initialized = True
+        self.buf_k, self.buf_v = _kv_buffers(self, key_states, value_states, torch.Tensor.new_empty)
 
     def _views(self):
         self.keys, self.values = self.buf_k[:, :, :self.length], self.buf_v[:, :, :self.length]

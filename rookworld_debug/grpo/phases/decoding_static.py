@@ -24,8 +24,8 @@ import torch
 from rookworld_debug.errors import NumericalError
 from rookworld_debug.models.precision import autocast_for
 
-from .decoding import (Decoded, GreedyRows, SamplingParams, _cache_layer_base, _decode_mask, _prompt_forward,
-                       _rows, _warp)
+from .decoding import (Decoded, GreedyRows, SamplingParams, _cache_layer_base, _decode_mask, _kv_buffers,
+                       _prompt_forward, _rows, _warp)
 
 
 class _StaticLayer(_cache_layer_base()):
@@ -36,11 +36,8 @@ class _StaticLayer(_cache_layer_base()):
         self.capacity, self.index = capacity, index
 
     def lazy_initialization(self, key_states, value_states) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        n, h, _, d = key_states.shape
-        self.keys = key_states.new_zeros((n, h, self.capacity, d))                        # (n, H, C, D)
-        self.values = value_states.new_zeros((n, h, self.capacity, value_states.shape[-1]))
-        self.is_initialized = True
+        # zeros: the model sees all C columns, the unwritten ones masked
+        self.keys, self.values = _kv_buffers(self, key_states, value_states, torch.Tensor.new_zeros)
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
