@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rookworld_debug import settings
-from rookworld_debug.config_rules import RULES, is_number_pair
+from rookworld_debug.config_rules import RULES
 from rookworld_debug.errors import ConfigError
 
 __all__ = ["StepConfig", "LOSS_TYPES", "KL_ESTIMATORS", "SCALE_REWARDS", "TASKS", "REWARD_MODES"]
@@ -265,11 +265,8 @@ class StepConfig:
             s(self, "scale_rewards", "group")
         elif self.scale_rewards is False:
             s(self, "scale_rewards", "none")
-        if isinstance(self.adam_betas, list):
-            s(self, "adam_betas", tuple(self.adam_betas))
-        if is_number_pair(self.adam_betas):            # else the adam_betas rule names it, in its turn
-            s(self, "adam_betas", (float(self.adam_betas[0]), float(self.adam_betas[1])))
-        settings.check(self, RULES, {"loss_type": settings.loss_types()})
+        settings.check(self, RULES, {"loss_type": settings.loss_types()})     # a list becomes a tuple there
+        s(self, "adam_betas", (float(self.adam_betas[0]), float(self.adam_betas[1])))   # a checked number pair
 
     def __getattr__(self, name: str):
         """A family's knob, read flat (`config.<knob>`) from its section."""

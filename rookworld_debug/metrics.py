@@ -154,9 +154,10 @@ def _all_definitions() -> dict:
 def definition(key: str) -> str:
     """The definition of a metric key: GLOSSARY, the families' own, then the per-reward-function patterns; '' if
     unknown."""
-    defs = _all_definitions()
-    if key in defs:
-        return defs[key]
+    settings.load_builtin()                         # the built-in families' definitions
+    for table in (FAMILY_DEFINITIONS, GLOSSARY):     # (a family's own wins, as in glossary_markdown)
+        if key in table:
+            return table[key]
     parts = key.split("/")
     if len(parts) == 3 and parts[0] == "rewards" and parts[2] in ("mean", "std"):
         return PATTERNS[f"rewards/{{func}}/{parts[2]}"].format(func=parts[1])

@@ -76,6 +76,13 @@ def _kinds(cls) -> dict:
 _KINDS: dict = {}
 
 
+def _kinds_of(cls) -> dict:
+    """`_kinds(cls)`, read once per class."""
+    if cls not in _KINDS:
+        _KINDS[cls] = _kinds(cls)
+    return _KINDS[cls]
+
+
 def _number(name: str, v) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ConfigError(name, f"must be a number, got {v!r}")
@@ -111,7 +118,7 @@ def _normalise(obj, choices: Mapping[str, tuple]) -> None:
     """Papermill/JSON shapes (lists → tuples, ints → floats), then the type of every number, bool, string and
     choice field."""
     cls = type(obj)
-    kinds = _KINDS.get(cls) or _KINDS.setdefault(cls, _kinds(cls))
+    kinds = _kinds_of(cls)
     s = object.__setattr__
     for name in kinds["names"]:
         s(obj, name, _names(name, getattr(obj, name)))
@@ -137,7 +144,7 @@ def _normalise(obj, choices: Mapping[str, tuple]) -> None:
 
 def optional_fields(cls) -> set:
     """The fields of `cls` that accept None."""
-    return (_KINDS.get(cls) or _KINDS.setdefault(cls, _kinds(cls)))["optional"]
+    return _kinds_of(cls)["optional"]
 
 
 def check(obj, rules: tuple = (), choices: Optional[Mapping[str, tuple]] = None) -> None:
@@ -221,9 +228,10 @@ def family_sections(given: tuple, kw: dict, core: frozenset) -> tuple:
     `core` settings applied (they are popped from `kw`). ConfigError names a key no one declares."""
     changes: dict = {}
     for key in [k for k in kw if k not in core]:
-        if owner(key) is None:
+        sec = owner(key)
+        if sec is None:
             raise ConfigError(key, f"unknown config key {key!r}")
-        changes.setdefault(owner(key), {})[key] = kw.pop(key)
+        changes.setdefault(sec, {})[key] = kw.pop(key)
     if not isinstance(given, tuple) or not all(isinstance(getattr(sec, "SECTION", None), str) and
                                                dataclasses.is_dataclass(sec) for sec in given):
         raise ConfigError("family_settings", f"must be a tuple of settings sections, got {given!r}"[:300])
@@ -234,8 +242,12 @@ def family_sections(given: tuple, kw: dict, core: frozenset) -> tuple:
         if base is not None and type(base) is not cls:               # the section was registered again since
             names = {f.name for f in dataclasses.fields(cls)}
             base = cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.name in names})
-        new = changes.get(cls.SECTION, {})
-        out.append(dataclasses.replace(base, **new) if base is not None else cls(**new))
+        new = changes.get(cls.SECTION)
+        if base is None:
+            base = cls(**(new or {}))
+        elif new:                                   # unchanged: the config's own (already checked) section
+            base = dataclasses.replace(base, **new)
+        out.append(base)
     return tuple(out)
 
 
