@@ -74,11 +74,15 @@ def machine(device: str) -> dict:
 def device_refusal(device: str) -> str:
     """Why the check cannot measure `device` here ("" when it can)."""
     import torch
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.models.devices import check_device
     if device.startswith("cuda") and not torch.cuda.is_available():
         return (f"--device {device}: this machine has no CUDA GPU (torch {torch.__version__}, "
                 f"cuda_available false); nothing written. Rehearse with --device cpu --quick")
-    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        return "--device mps: this machine has no MPS device; nothing written"
+    try:
+        check_device(device)              # the package's own check: mps, a cuda:N beyond the count, a bad name
+    except ConfigError as err:
+        return f"--device {device}: {err}; nothing written"
     return ""
 
 
