@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     from rookworld_debug.diagnosis.text import format_findings
     from rookworld_debug.errors import RookWorldError
     try:
-        findings = _diagnose(a.path, replay=not a.no_replay)
+        findings, replays = _diagnose(a.path, replay=not a.no_replay)
     except RookWorldError as err:
         return _fail(f"bad input: {type(err).__name__}: {err}")
     except KeyboardInterrupt:
@@ -35,8 +35,7 @@ def main(argv=None) -> int:
     except Exception as err:  # noqa: BLE001 - exit 1 means "an error finding": never for a crash
         return _fail(f"failure of the tool (please report it): {type(err).__name__}: {str(err)[:300]}")
     if a.json:   # ASCII-escaped: valid JSON under any locale; the path's undecodable bytes as \xNN text
-        print(json.dumps({"path": printable(a.path), "findings": [f.to_dict() for f in findings]}, indent=1,
-                         ensure_ascii=True))
+        print(json.dumps(as_json(a.path, findings, replays), indent=1, ensure_ascii=True))
     else:
         if hasattr(sys.stdout, "reconfigure"):           # a strict locale never fails on a path's bytes
             sys.stdout.reconfigure(errors="backslashreplace")
@@ -48,8 +47,18 @@ def main(argv=None) -> int:
 
 
 def _diagnose(path, replay: bool = True):
-    from rookworld_debug.diagnosis import diagnose_path
-    return diagnose_path(path, replay=replay)
+    from rookworld_debug.diagnosis.registry import diagnose_folder
+    return diagnose_folder(path, replay=replay)
+
+
+def as_json(path: str, findings, replays: dict) -> dict:
+    """{"path", "findings" (ranked), "first_disagreement" (the first replayed step's, or null), "phases", "replays"
+    (per step: {"step", "first_disagreement", "phases", "declaration", "checks", "weights", "seconds"})}."""
+    reps = [{"step": step, **rep.to_dict()} for step, rep in replays.items()]
+    first = next((r for r in reps if r["first_disagreement"] is not None), reps[0] if reps else None)
+    return {"path": printable(path), "findings": [f.to_dict() for f in findings],
+            "first_disagreement": first["first_disagreement"] if first else None,
+            "phases": first["phases"] if first else [], "replays": reps}
 
 
 def printable(path: str) -> str:

@@ -56,7 +56,12 @@ def sampler_gap(trace) -> Optional[torch.Tensor]:
     if s is None or s.numel() == 0:
         return None
     m = mask(trace)
-    d = (s.float() - r.per_token_logps.float())[m]
+    trainer = r.per_token_logps
+    if getattr(trace.recorded, "iteration", 0):      # a later pass: the policy moved since sampling, π_old did not
+        trainer = trace.recorded.old_per_token_logps
+        if trainer is None:
+            return None
+    d = (s.float() - trainer.float())[m]
     if d.numel() == 0 or bool(torch.isnan(d).all()):
         return None
     return d[~torch.isnan(d)]

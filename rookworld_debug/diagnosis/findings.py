@@ -93,7 +93,8 @@ def _tier(findings):
     """−1 for the first phase a replay found disagreeing (every other finding is downstream of it or beside it);
     1 for a symptom when an upstream invariant is broken (it ranks after every upstream finding), else 0."""
     broken = any(f.code in UPSTREAM or is_replay_disagreement(f) for f in findings)
-    return lambda f: -1 if is_replay_disagreement(f) else 1 if broken and f.code in SYMPTOMS else 0
+    return lambda f: -1 if is_replay_disagreement(f) or f.code == "declaration_mismatch" else \
+        1 if broken and f.code in SYMPTOMS else 0
 
 
 def rank(findings) -> list:

@@ -139,32 +139,52 @@ def diagnose_path(path, *, replay: bool = True) -> list[Finding]:
     """A trace folder (run_step's, a capture or a recorded step), a captures folder, or a run folder (log +
     captures). `replay`: also recompute each phase from the previous one's recorded output (diagnosis.replay) and
     rank the first phase that disagrees above everything else."""
+    return diagnose_folder(path, replay=replay)[0]
+
+
+def diagnose_folder(path, *, replay: bool = True) -> tuple[list, dict]:
+    """(the findings of `diagnose_path`, {step: Replay} of every step replayed; step None for a single trace).
+    When a replay fits a neighbouring declaration, the step's checks run under it too."""
     from rookworld_debug.grpo.step import StepTrace
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p} does not exist")
     if (p / "trace.json").is_file():
-        trace = StepTrace.load(p)
-        return rank(diagnose_trace(trace) + (_replayed(trace, p) if replay else []))
+        found, rep = _step_findings(StepTrace.load(p), p, replay)
+        return rank(found), ({None: rep} if rep is not None else {})
     from rookworld_debug.diagnosis.runlog import read_rows
     rows = read_rows(p)
     caps = captured_steps(p) if p.is_dir() else {}
     if not rows and not caps:
         raise DataError(f"{p} is neither a step trace (trace.json), a captures folder (captures.json) nor a run "
                         "(trainer_state.json, table.csv)")
-    found = list(_run_checks(rows))
+    found, replays = list(_run_checks(rows)), {}
     traces = {step: StepTrace.load(folder) for step, folder in sorted(caps.items())}
     for step, trace in traces.items():
-        found += [replace_step(f, step) for f in diagnose_trace(trace) + (_replayed(trace, caps[step]) if replay
-                                                                           else [])]
+        step_found, rep = _step_findings(trace, caps[step], replay)
+        found += [replace_step(f, step) for f in step_found]
+        if rep is not None:
+            replays[step] = rep
     found += _guarded(RIN.check_captured_weights, traces)
-    return rank_run(merge(found))
+    return rank_run(merge(found)), replays
 
 
-def _replayed(trace, folder) -> list[Finding]:
-    """The replay's findings; a replay that fails is itself a finding, as a check's failure is."""
+def _step_findings(trace, folder, replay: bool) -> tuple[list, object]:
+    """(the step's check and replay findings, its Replay or None). A replay that fails is itself a finding, as a
+    check's failure is; the checks then run on the trace as declared."""
     from rookworld_debug.diagnosis.replay import replay_findings, replay_trace
-    return _guarded(lambda t: replay_findings(replay_trace(t, folder)), trace)
+    if not replay:
+        return diagnose_trace(trace), None
+    got = []
+
+    def run_replay(t):
+        got.append(replay_trace(t, folder))
+        return replay_findings(got[0])
+    run_replay.__name__ = "replay"
+    found = _guarded(run_replay, trace)
+    rep = got[0] if got else None
+    checked = rep.trace if rep is not None and rep.trace is not None else trace
+    return diagnose_trace(checked) + found, rep
 
 
 def replace_step(f: Finding, step: int) -> Finding:

@@ -61,7 +61,12 @@ HELDOUT_FAULTS = {
     "clip_after_step": ("update", "grad_clip_not_applied"),
     "lr_zero": ("update", "optimizer_no_op"),           # a schedule at 0 for this step
 }
-ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS}
+# faults that only exist in a loop of a given shape (the setting they need)
+SHAPE_FAULTS = {
+    "sampler_not_synced": ("generation", "sampler_weights_stale"),    # the sampler copy is never synced
+    "old_logps_recomputed": ("scoring", "logps_from_other_weights"),  # π_old recomputed on every pass
+}
+ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS}
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,18 @@ class LoopConfig:
     steps: int = 2                   # the last one is recorded
     seed: int = 0
     dtype: str = "float32"
+    num_iterations: int = 1          # μ optimizer passes over each rollout (PPO epochs); π_old = the sampler's
+    record_pass: int = -1            # which pass of the last rollout is recorded (-1: the last)
+    separate_sampler: bool = False   # a sampler copy of the policy, synced before each rollout (vLLM-style)
+    autocast: str = ""               # "bfloat16": every forward under CPU autocast (declared as the precision)
+    mask_truncated: bool = False     # rows with no EOS get a 0 loss mask (declared mask_truncated_completions)
+    bias_correction: bool = True     # the k3 KL × the ratio (TRL's default); False: the plain k3
+    scheduler: bool = False          # a linear learning-rate decay per optimizer step (LambdaLR)
+    declare: tuple = ()              # (keyword, value) pairs the recorder is told that the loop does not compute
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+        return asdict(self)
 
 
 def _data(task: str, n: int, seed: int) -> list[dict]:
@@ -156,13 +173,15 @@ def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
     return a.T.reshape(-1) if fault == "adv_grouping_stride" else a.reshape(-1)
 
 
-def loss_of(logps, ref, adv, mask, c: LoopConfig, n_total: int, tokens_total, fault: str = ""):
-    """TRL's per-token PPO-clip + β·k3 KL, aggregated as `c.loss_type` (one micro-batch; ÷ micro-batches inside)."""
-    ratio = torch.exp(logps.detach() - logps) if fault == "ratio_inverted" else torch.exp(logps - logps.detach())
+def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_total, fault: str = ""):
+    """TRL's per-token PPO-clip + β·k3 KL, aggregated as `c.loss_type` (one micro-batch; ÷ micro-batches inside).
+    `old`: π_old's log-probs (None: ℓ.detach(), one pass per rollout)."""
+    old = logps.detach() if old is None else old
+    ratio = torch.exp(old - logps) if fault == "ratio_inverted" else torch.exp(logps - old)
     a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
     pg = -torch.min(ratio * a, ratio.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
     d = ref - logps
-    kl = (torch.exp(d) - d - 1) * ratio
+    kl = (torch.exp(d) - d - 1) * (ratio if c.bias_correction else 1.0)
     beta = -c.beta if fault == "loss_kl_sign" else c.beta
     per_token = pg + beta * kl
     if fault == "entropy_bonus_undeclared":       # a sampled-token entropy proxy, −ℓ, as a bonus
@@ -182,95 +201,155 @@ AGGREGATIONS = {
 WRONG_AGGREGATION = dict(zip(AGGREGATIONS, ("dapo", "grpo", "grpo", "grpo")))
 
 
-def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
-    """Train `c.steps` steps with `fault` written into the loop; record the last. Returns the StepRecorder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@dataclass
+class _Loop:
+    """The loop's live objects: tokenizer, policy, reference, sampler copy, optimizer, scheduler."""
+    tok: object
+    model: object
+    ref: object
+    sampler: object
+    opt: object
+    sched: object
+    gen: object
 
-    from rookworld_debug.record import EMBEDDED_MODEL, StepRecorder
+
+def _setup(c: LoopConfig) -> _Loop:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from rookworld_debug.record import EMBEDDED_MODEL
+    torch.manual_seed(c.seed)
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL, dtype=getattr(torch, c.dtype)).eval()
+    ref = copy.deepcopy(model).requires_grad_(False)
+    sampler = copy.deepcopy(model).requires_grad_(False) if c.separate_sampler else None
+    opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
+    total = c.steps * c.num_iterations + 1
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / total) if c.scheduler else None
+    return _Loop(tok, model, ref, sampler, opt, sched, torch.Generator().manual_seed(c.seed))
+
+
+def _autocast(c: LoopConfig):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.autocast == "bfloat16")
+
+
+def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
+    """Sample G completions per prompt with the sampler (the policy itself, or its synced copy), score them."""
     from rookworld_debug.trl.rewards import rookworld_reward_funcs
+    g = c.num_generations
+    if L.sampler is not None and (fault != "sampler_not_synced" or step == 1):
+        L.sampler.load_state_dict(L.model.state_dict())
+    if fault == "ref_refreshed":
+        L.ref = copy.deepcopy(L.model).requires_grad_(False)
+    sampler = L.sampler if L.sampler is not None else L.model
+    batch = _data(c.task, c.num_prompts, c.seed + step)
+    prompts, labels = [x["prompt"] for x in batch], [x["completion"] for x in batch]
+    enc = L.tok(prompts, return_tensors="pt", padding=True)
+    if fault == "rows_prompt_major":
+        p_ids, p_mask = enc.input_ids.repeat(g, 1), enc.attention_mask.repeat(g, 1)
+        rows_p, rows_l = prompts * g, labels * g
+    else:
+        p_ids, p_mask = enc.input_ids.repeat_interleave(g, 0), enc.attention_mask.repeat_interleave(g, 0)
+        rows_p, rows_l = [p for p in prompts for _ in range(g)], [x for x in labels for _ in range(g)]
+    eos = L.tok.eos_token_id
+    with torch.no_grad(), _autocast(c):
+        ids, mask, s_logps = sample(sampler, p_ids, p_mask, c.max_new_tokens, c.temperature, eos, L.gen, fault)
+        if c.mask_truncated:                        # TRL's mask_truncated_completions: no EOS, no loss
+            mask = mask * (ids == eos).any(1, keepdim=True).long()
+            s_logps = s_logps * mask
+        texts = L.tok.batch_decode(ids * mask + eos * (1 - mask), skip_special_tokens=True)
+        if fault == "completion_texts_rolled":
+            texts = texts[1:] + texts[:1]
+        use_labels = rows_l[g:] + rows_l[:g] if fault == "reward_wrong_labels" else rows_l
+        cols = [f(prompts=rows_p, completions=texts, label=use_labels) for f in rookworld_reward_funcs("dataset")]
+        r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
+        r = torch.roll(r, 1) if fault == "reward_shift" else -r if fault == "reward_negated" else r
+        scorer = L.model if fault == "ref_is_policy" else L.ref
+        ref_logps = token_logps(scorer, p_ids, p_mask, ids, mask, c.temperature)
+        # π_old: the sampler's teacher-forced log-probs, fixed for the rollout's passes (μ > 1 only, as TRL)
+        old = token_logps(sampler, p_ids, p_mask, ids, mask, c.temperature) if c.num_iterations > 1 else None
+    snapshot = copy.deepcopy(sampler) if c.num_iterations > 1 or L.sampler is not None else None
+    return dict(p_ids=p_ids, p_mask=p_mask, rows_p=rows_p, rows_l=rows_l, ids=ids, mask=mask, s_logps=s_logps,
+                texts=texts, r=r, adv=advantages(r, g, fault), ref_logps=ref_logps, old=old, sampled_by=snapshot)
+
+
+def _recorder(L: _Loop, c: LoopConfig, step: int, k: int, ro: dict):
+    from rookworld_debug.record import StepRecorder
+    declared = dict(loss_type=c.loss_type, num_generations=c.num_generations, beta=c.beta, epsilon=c.epsilon,
+                    temperature=c.temperature, reward_mode="dataset", max_grad_norm=c.max_grad_norm,
+                    gradient_accumulation_steps=c.micro_batches, seed=c.seed, num_iterations=c.num_iterations,
+                    iteration=k, use_bias_correction_kl=c.bias_correction,
+                    mask_truncated_completions=c.mask_truncated, precision=c.autocast or None)
+    rec = StepRecorder(L.tok, trainer="lab hand-written loop", step=step, **{**declared, **dict(c.declare)})
+    rec.batch(ro["rows_p"], labels=ro["rows_l"])
+    if ro["sampled_by"] is not None:
+        rec.sampler(ro["sampled_by"])
+    rec.model_before(L.model, L.opt, reference=L.ref)
+    rec.rollout(prompt_ids=ro["p_ids"], prompt_mask=ro["p_mask"], completion_ids=ro["ids"],
+                completion_mask=ro["mask"], completions=ro["texts"], sampling_logps=ro["s_logps"])
+    rec.rewards(ro["r"], per_func={"rookworld": ro["r"]})
+    rec.advantages(ro["adv"])
+    return rec
+
+
+def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bool) -> None:
+    """One optimizer step over the rollout's rows: micro-batches, backward, clip, step (recorded when `rec`)."""
+    model, opt = L.model, L.opt
+    if fault == "optimizer_reset":
+        L.opt = opt = torch.optim.AdamW(model.parameters(), lr=opt.param_groups[0]["lr"])
+    if fault == "grad_doubled_by_hook" and rec is not None:
+        for p_ in model.parameters():
+            p_.register_hook(lambda grad: grad * 2)
+    if fault != "no_zero_grad" or not last:
+        opt.zero_grad()
+    ids, mask = ro["ids"], ro["mask"]
+    total, lp_rows, old_rows, n, tokens = 0.0, [], [], ids.shape[0], mask.sum()
+    for rows in torch.arange(n).chunk(c.micro_batches):
+        if fault == "zero_grad_per_micro_batch":
+            opt.zero_grad()
+        with _autocast(c):
+            lp = token_logps(model, ro["p_ids"][rows], ro["p_mask"][rows], ids[rows], mask[rows], c.temperature,
+                             fault)
+        old = ro["old"][rows] if ro["old"] is not None else None
+        if fault == "old_logps_recomputed" and old is not None:
+            old = lp.detach()
+        loss = loss_of(lp, old, ro["ref_logps"][rows], ro["adv"][rows], mask[rows], c, n, tokens, fault)
+        (loss * (c.micro_batches if fault == "accum_no_divide" else 1)).backward()
+        total += float(loss.detach())
+        lp_rows.append(lp.detach())
+        old_rows.append(old)
+    if rec is not None:
+        rec.logprobs(torch.cat(lp_rows), old=torch.cat(old_rows) if old_rows[0] is not None else None,
+                     ref=ro["ref_logps"], training=model.training)
+        rec.loss(total)
+        rec.gradient(model)
+    if fault not in ("no_clip", "clip_after_step"):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
+    for group in opt.param_groups if rec is not None else ():
+        group["lr"] = group["lr"] * 10 if fault == "lr_changed" else 0.0 if fault == "lr_zero" else group["lr"]
+        group["weight_decay"] = 0.5 if fault == "weight_decay_changed" else group["weight_decay"]
+    if fault != "no_step":
+        opt.step()
+    if fault == "clip_after_step":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
+    if L.sched is not None:
+        L.sched.step()
+    if rec is not None:
+        rec.model_after(model)
+
+
+def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
+    """Train `c.steps` rollouts of `c.num_iterations` optimizer passes each with `fault` written into the loop;
+    record one pass of the last rollout (`c.record_pass`). Returns the StepRecorder."""
     if fault and fault not in ALL_FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {sorted(ALL_FAULTS)}")
-    torch.manual_seed(c.seed)
-    gen = torch.Generator().manual_seed(c.seed)
-    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
-    dtype = getattr(torch, c.dtype)
-    model = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL, dtype=dtype).eval()
-    ref = copy.deepcopy(model).requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
-    funcs = rookworld_reward_funcs("dataset")
-    g, rec = c.num_generations, None
+    L, rec = _setup(c), None
+    record_pass = c.record_pass % c.num_iterations
     for step in range(1, c.steps + 1):
-        last = step == c.steps
-        if fault == "ref_refreshed":
-            ref = copy.deepcopy(model).requires_grad_(False)
-        batch = _data(c.task, c.num_prompts, c.seed + step)
-        prompts, labels = [x["prompt"] for x in batch], [x["completion"] for x in batch]
-        enc = tok(prompts, return_tensors="pt", padding=True)
-        if fault == "rows_prompt_major":
-            p_ids, p_mask = enc.input_ids.repeat(g, 1), enc.attention_mask.repeat(g, 1)
-            rows_p, rows_l = prompts * g, labels * g
-        else:
-            p_ids, p_mask = enc.input_ids.repeat_interleave(g, 0), enc.attention_mask.repeat_interleave(g, 0)
-            rows_p, rows_l = [p for p in prompts for _ in range(g)], [x for x in labels for _ in range(g)]
-        if last:
-            rec = StepRecorder(tok, trainer="lab hand-written loop", step=step, loss_type=c.loss_type,
-                               num_generations=g, beta=c.beta, epsilon=c.epsilon, temperature=c.temperature,
-                               reward_mode="dataset", max_grad_norm=c.max_grad_norm,
-                               gradient_accumulation_steps=c.micro_batches, seed=c.seed)
-            rec.batch(rows_p, labels=rows_l)
-            rec.model_before(model, opt, reference=ref)
-        with torch.no_grad():
-            ids, mask, s_logps = sample(model, p_ids, p_mask, c.max_new_tokens, c.temperature, tok.eos_token_id, gen,
-                                        fault)
-            texts = tok.batch_decode(ids * mask + tok.eos_token_id * (1 - mask), skip_special_tokens=True)
-            if fault == "completion_texts_rolled":
-                texts = texts[1:] + texts[:1]
-            use_labels = rows_l[g:] + rows_l[:g] if fault == "reward_wrong_labels" else rows_l
-            cols = [f(prompts=rows_p, completions=texts, label=use_labels) for f in funcs]
-            r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
-            if fault == "reward_shift":
-                r = torch.roll(r, 1)
-            if fault == "reward_negated":
-                r = -r
-            adv = advantages(r, g, fault)
-            scorer = model if fault == "ref_is_policy" else ref
-            ref_logps = token_logps(scorer, p_ids, p_mask, ids, mask, c.temperature)
-        if last:
-            rec.rollout(prompt_ids=p_ids, prompt_mask=p_mask, completion_ids=ids, completion_mask=mask,
-                        completions=texts, sampling_logps=s_logps)
-            rec.rewards(r, per_func={"rookworld": r})
-            rec.advantages(adv)
-        if fault == "optimizer_reset":
-            opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
-        if fault == "grad_doubled_by_hook" and last:
-            for p_ in model.parameters():
-                p_.register_hook(lambda grad: grad * 2)
-        if fault != "no_zero_grad" or step == 1:
-            opt.zero_grad()
-        total, lp_rows, n, tokens = 0.0, [], ids.shape[0], mask.sum()
-        for rows in torch.arange(n).chunk(c.micro_batches):
-            if fault == "zero_grad_per_micro_batch":
-                opt.zero_grad()
-            lp = token_logps(model, p_ids[rows], p_mask[rows], ids[rows], mask[rows], c.temperature, fault)
-            loss = loss_of(lp, ref_logps[rows], adv[rows], mask[rows], c, n, tokens, fault)
-            (loss * (c.micro_batches if fault == "accum_no_divide" else 1)).backward()
-            total += float(loss.detach())
-            lp_rows.append(lp.detach())
-        if last:
-            rec.logprobs(torch.cat(lp_rows), ref=ref_logps, training=model.training)
-            rec.loss(total)
-            rec.gradient(model)
-        if fault not in ("no_clip", "clip_after_step"):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
-        for group in opt.param_groups if last else ():
-            group["lr"] = c.lr * 10 if fault == "lr_changed" else 0.0 if fault == "lr_zero" else group["lr"]
-            group["weight_decay"] = 0.5 if fault == "weight_decay_changed" else group["weight_decay"]
-        if fault != "no_step":
-            opt.step()
-        if fault == "clip_after_step":
-            torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
-        if last:
-            rec.model_after(model)
+        ro = _rollout(L, c, step, fault)
+        for k in range(c.num_iterations):
+            recording = step == c.steps and k == record_pass
+            step_rec = _recorder(L, c, (step - 1) * c.num_iterations + k + 1, k, ro) if recording else None
+            _optimizer_step(L, c, ro, fault, step_rec, recording)
+            rec = step_rec or rec
     if out is not None:
         rec.save(out)
     return rec

@@ -193,8 +193,9 @@ def _setup(rec, config, rollout, labels) -> Setup:
     provenance = {"source": SOURCE, "trainer": rec.trainer, "model": "recorded weights (state/)"
                   if "weights_before" in rec.pieces else "not recorded", "weights_sha256": None,
                   "dtype": rec.pieces.get("dtype", "float32"), "reward": rec.reward,
-                  "precision": {"policy": {"dtype": rec.pieces.get("dtype", "float32"), "device": "cpu",
-                                           "autocast": None, "compute": rec.pieces.get("dtype", "float32")}}}
+                  "precision": {role: {"dtype": rec.pieces.get("dtype", "float32"), "device": "cpu",
+                                       "autocast": None, "compute": rec.pieces.get("dtype", "float32")}
+                                for role in ("policy", "sampler")}}     # one declared precision for every forward
     batch = Batch(prompts=prompts_b, completions=tuple(labels[::g]) if labels else tuple("" for _ in prompts_b),
                   tasks=tuple(rollout.tasks[::g]), indices=tuple(range(len(prompts_b))), task_filter=config.task,
                   seed=config.seed, batch_hash=hashlib.sha256("\n".join(prompts_b).encode()).hexdigest(),

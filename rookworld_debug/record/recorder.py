@@ -46,6 +46,8 @@ WITHOUT = {
     "optimizer_state": "the optimizer's state: the update cannot be re-run",
     "gradient": "the gradient: neither the gradient nor the update is checked",
     "weights_after": "the weights after the update: the update is not checked",
+    "sampler_weights": "the weights that sampled the rollout: taken to be the weights before the update (one pass "
+                       "per rollout, the sampler the policy itself)",
 }
 
 
@@ -66,30 +68,63 @@ class StepRecorder:
                  num_generations: int, beta: float = 0.0, epsilon: float = 0.2, epsilon_high: Optional[float] = None,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, precision: Optional[str] = None,
                  reward: str = "rookworld", reward_mode: str = "dataset",
-                 scale_rewards: str = "group", max_grad_norm: Optional[float] = None,
-                 gradient_accumulation_steps: int = 1, seed: int = 0, step: Optional[int] = None,
+                 scale_rewards: str = "group", adv_eps: float = 1e-4, kl_estimator: str = "k3",
+                 use_bias_correction_kl: bool = True, mask_truncated_completions: bool = False,
+                 entropy_coef: float = 0.0, importance_sampling_level: str = "token",
+                 max_grad_norm: Optional[float] = None, gradient_accumulation_steps: int = 1,
+                 num_iterations: int = 1, iteration: int = 0, seed: int = 0, step: Optional[int] = None,
                  notes: Sequence[str] = (), **settings):
-        if tokenizer is None or not hasattr(tokenizer, "convert_ids_to_tokens"):
-            raise ConfigError("tokenizer", "the loop's tokenizer (a transformers tokenizer) is needed to show tokens")
+        """Declare the objective the loop computes. Every keyword that changes the math, with its default:
+
+        loss_type "grpo"                 the aggregation (grpo, dapo, bnpo, dr_grpo, … as TRL 1.16's GRPOTrainer)
+        beta 0.0, epsilon 0.2, epsilon_high = epsilon     the KL coefficient and the PPO clip range
+        kl_estimator "k3"                the per-token KL estimator (k1, k2, k3), d = ℓ_ref − ℓ
+        use_bias_correction_kl True      the KL estimate × the importance ratio (TRL 1.16's default); False: plain
+        scale_rewards "group", adv_eps 1e-4   A = (r − mean_g) / (std_g + adv_eps); "batch": the batch std;
+                                         "none": no division
+        mask_truncated_completions False rows with no EOS get a 0 loss mask (TRL's option of that name)
+        entropy_coef 0.0                 − c_H · mean entropy in the loss
+        importance_sampling_level "token"   "sequence": one ratio per row (GSPO)
+        temperature 1.0, top_k 0, top_p 1.0   the sampler's (log-probs of the tempered distribution before top-k/p)
+        precision None                   the dtype the loop's forwards ran in ('bfloat16' under autocast); None:
+                                         the model's parameter dtype
+        max_grad_norm None               the clip between backward and step (None: no clip)
+        gradient_accumulation_steps 1    micro-batches (contiguous, equal chunks of the N rows) in the gradient;
+                                         each micro-batch's loss normalised as TRL does (bnpo: by its own tokens)
+        num_iterations 1, iteration 0    μ optimizer passes over one rollout (PPO epochs) and which pass this is
+                                         (0 = the first, where π_old is the weights before the update); on a later
+                                         pass, record the weights that sampled with `sampler()`
+
+        `StepRecorder.check()` on a first healthy step says which of these the loop's numbers disagree with.
+        """
         self.tokenizer = tokenizer
         self.trainer = str(trainer)
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
             raise ConfigError("step", f"the loop's optimizer step is an int ≥ 1 (1 = its first update), got {step!r}")
         self.step = step
-        self.declared = dict(loss_type=loss_type, num_generations=int(num_generations), beta=float(beta),
+        num_generations = _count("num_generations", num_generations, 1)
+        self.iteration = _count("iteration", iteration, 0)
+        num_iterations = _count("num_iterations", num_iterations, 1)
+        if self.iteration >= num_iterations:
+            raise ConfigError("iteration", f"pass {iteration} of num_iterations = {num_iterations}: the pass index "
+                                           "counts from 0 and is below num_iterations")
+        self.declared = dict(loss_type=loss_type, num_generations=num_generations, beta=float(beta),
                              epsilon_low=float(epsilon), epsilon_high=float(epsilon if epsilon_high is None
                                                                            else epsilon_high),
                              p_temperature=float(temperature), a_temperature=float(temperature),
                              top_k=int(top_k), p_top_p=float(top_p), a_top_p=float(top_p),
-                             reward_mode=reward_mode, scale_rewards=scale_rewards, max_grad_norm=max_grad_norm,
-                             seed=int(seed), **settings)
+                             reward_mode=reward_mode, scale_rewards=scale_rewards, adv_eps=adv_eps,
+                             kl_estimator=kl_estimator, use_bias_correction_kl=use_bias_correction_kl,
+                             mask_truncated_completions=mask_truncated_completions, entropy_coef=entropy_coef,
+                             importance_sampling_level=importance_sampling_level, max_grad_norm=max_grad_norm,
+                             num_iterations=num_iterations, seed=int(seed), **settings)
         _check_declared(self.declared)
         self.reward = str(reward)
         if precision is not None and precision not in PRECISIONS:
             raise ConfigError("precision", f"{precision!r}: one of {PRECISIONS} (the dtype the loop's forwards ran "
                                            "in, e.g. 'bfloat16' under autocast)")
         self.precision = precision
-        self.gradient_accumulation_steps = int(gradient_accumulation_steps)
+        self.gradient_accumulation_steps = _count("gradient_accumulation_steps", gradient_accumulation_steps, 1)
         self.notes = tuple(str(n) for n in notes)
         self.pieces: dict = {}
 
@@ -104,13 +139,22 @@ class StepRecorder:
 
     def model_before(self, model, optimizer=None, reference=None) -> None:
         """The policy (and its optimizer's state, and the reference model) before the update."""
+        model = _model(model, "model")
+        if optimizer is not None and not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "state")):
+            raise DataError(f"model_before: optimizer must be a torch.optim optimizer, got {type(optimizer).__name__}")
         self.pieces["model_config"] = model.config.to_dict()
         self.pieces["weights_before"] = S.snapshot(model)
         self.pieces["dtype"] = self.precision or str(next(model.parameters()).dtype).removeprefix("torch.")
         if optimizer is not None:
             self.pieces["optimizer_state"] = S.optimizer_snapshot(model, optimizer)
         if reference is not None:
-            self.pieces["reference_weights"] = S.snapshot(reference)
+            self.pieces["reference_weights"] = S.snapshot(_model(reference, "reference"))
+
+    def sampler(self, model) -> None:
+        """The weights that sampled the rollout, when they are not the weights before this update: a later pass of
+        num_iterations > 1 (the weights of the rollout's first pass), or a separate sampler copy (then a stale copy
+        shows). π_old and the sampler's log-probs are replayed from them."""
+        self.pieces["sampler_weights"] = S.snapshot(_model(model, "sampler"))
 
     def rollout(self, *, prompt_ids, prompt_mask, completion_ids, completion_mask,
                 completions: Optional[Sequence[str]] = None, sampling_logps=None) -> None:
@@ -157,10 +201,10 @@ class StepRecorder:
 
     def gradient(self, model) -> None:
         """The parameters' .grad after backward (all micro-batches) and BEFORE clipping and optimizer.step()."""
-        self.pieces["gradient"] = S.gradient_of(model)
+        self.pieces["gradient"] = S.gradient_of(_model(model, "model"))
 
     def model_after(self, model) -> None:
-        self.pieces["weights_after"] = S.snapshot(model)
+        self.pieces["weights_after"] = S.snapshot(_model(model, "model"))
 
     # ---------------------------------------------------------------- out
     def recorded_pieces(self) -> tuple:
@@ -182,7 +226,11 @@ class StepRecorder:
             S.write_state(path, model_config=p["model_config"], tokenizer=self.tokenizer,
                           before=p["weights_before"], after=p.get("weights_after"), gradient=p.get("gradient"),
                           reference=p.get("reference_weights"), optimizer=kind, optimizer_settings=settings,
-                          optimizer_state=opt_state, trainable=trainable or tuple(p["weights_before"]))
+                          optimizer_state=opt_state, trainable=trainable or tuple(p["weights_before"]),
+                          sampler=p.get("sampler_weights"))
+        else:                   # a folder reused for another step keeps none of the earlier step's weights
+            import shutil
+            shutil.rmtree(path / "state", ignore_errors=True)
         return path
 
     def recorded_record(self, config, loss_value: float) -> RecordedStep:
@@ -195,8 +243,23 @@ class StepRecorder:
             loss=loss_value, per_token_loss=p.get("per_token_loss"), old_per_token_logps=p.get("old_logps"),
             policy_training_mode=p.get("training"), dtype=p.get("dtype", "float32"), optimizer=kind,
             optimizer_settings=dict(settings), max_grad_norm=config.max_grad_norm,
-            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            gradient_accumulation_steps=self.gradient_accumulation_steps, iteration=self.iteration,
             weights="state/" if "weights_before" in p else "", notes=self.notes)
+
+
+def _count(name: str, value, least: int) -> int:
+    """An integer setting ≥ `least`, refused by name (a bool, a float with a fraction, a string)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or int(value) < least:
+        raise ConfigError(name, f"an integer ≥ {least} expected, got {value!r}")
+    return int(value)
+
+
+def _model(model, what: str):
+    """A transformers model (what the replay rebuilds: it has a config and named parameters)."""
+    if not (isinstance(model, torch.nn.Module) and hasattr(getattr(model, "config", None), "to_dict")):
+        raise DataError(f"{what}: a transformers model (torch.nn.Module with a .config) expected, got "
+                        f"{type(model).__name__}")
+    return model
 
 
 def _check_declared(declared: dict) -> None:

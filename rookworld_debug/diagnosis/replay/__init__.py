@@ -1,19 +1,24 @@
 """Diagnosis by replay: recompute each phase of a step from the previous phase's RECORDED output with the project's
 trusted implementation of the declared objective, and name the first phase that disagrees.
 
-    generation   the rollout against itself: groups share a prompt, the mask ends at the first EOS, texts = ids
+    generation   the rollout against itself: groups share a prompt, the mask ends at the first EOS, texts = ids,
+                 the weights that sampled are the policy's (first pass)
     rewards      the RookWorld reward of the recorded completions against their labels
     advantages   the declared family's advantages of the recorded rewards
-    scoring      the policy's / π_old's / the sampler's log-probs from the weights before the update and the ids;
-                 the reference's from its weights
+    scoring      the policy's log-probs from the weights before the update; π_old's and the sampler's from the
+                 weights that sampled; the reference's from its weights
     loss         the declared loss from the recorded log-probs, π_old, reference and advantages
     gradient     ∇θ of that loss at the weights before the update, against the recorded gradient
     update       the recorded optimizer's step from its state and the recorded gradient, against the weights after
 
 A bug written into a loop has no signature a catalogue knows, but it always has a place: the first phase whose
-output is not what its inputs should give. Within that phase, a known mechanism (a variant of the trusted
-computation that reproduces the recorded values exactly) names the cause; when none does, the place is the finding.
-What cannot be replayed (no weights, the loop's own reward function, an engine reward) is said, never guessed.
+output is not what its inputs should give. Within that phase the replay FITS what the recorded values are: a
+neighbouring declaration (one keyword changed: the loop is healthy, its declaration is not), a known variant of the
+trusted computation, or a generic transformation of the right answer (a permutation, a scale or sign, an affine map
+per grouping, a token shift, a clamp, a rounding, another set of weights, the loss's terms with other coefficients,
+the update with another learning rate or a component along θ). A fit counts only when it explains the difference
+within the recorded precision; when none does, the place is the finding. What cannot be replayed (no weights, the
+loop's own reward function, an engine reward) is said, never guessed.
 
     replay_trace(trace, path)  -> Replay          (path: the trace folder, for its recorded weights)
     replay_findings(replay)    -> list[Finding]
@@ -25,36 +30,111 @@ from typing import Optional
 
 from rookworld_debug.diagnosis.replay.data_phases import (advantages_check, generation_checks, loss_check,
                                                          rewards_check)
+from rookworld_debug.diagnosis.replay.declaration import DeclarationFit, fit_declaration, with_declaration
 from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.weights import Weights, weights_for
 
-__all__ = ["PHASES", "PhaseCheck", "Replay", "replay_trace", "replay_path", "replay_findings"]
+__all__ = ["PHASES", "PhaseCheck", "Replay", "DeclarationFit", "replay_trace", "replay_path", "replay_findings"]
 
 
 def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
     """Every phase the trace allows, recomputed and compared (see the module doc). `weights=False`: only the
-    phases that need no model (generation, rewards, advantages, loss): well under a second."""
-    from rookworld_debug.diagnosis.replay.compare import skipped
-    from rookworld_debug.diagnosis.replay import model_phases as M
+    phases that need no model (generation, rewards, advantages, loss): well under a second. When the first
+    disagreement is a declaration's (a neighbouring one agrees), the step is replayed again under the fitted
+    declaration (`Replay.declaration`, `Replay.trace`). The loss's term regression runs last, only on a loss or
+    gradient disagreement nothing simpler explains."""
     t0 = time.perf_counter()
     w = weights_for(trace, path) if weights else Weights.none("not asked for (--no-replay of the weights)")
+    checks = _checks(trace, w)
+    first = _first(checks)
+    fit = fit_declaration(trace, w, first, lambda t, phase: _phase(t, w, phase)) if first is not None else None
+    if fit is not None:
+        trace = fit.trace
+        checks = _checks(trace, w)
+        first = _first(checks)
+    if first is not None and not first.cause and first.phase in ("loss", "gradient"):
+        checks = _with_term_fit(trace, w, checks)
+    return Replay(checks=tuple(checks), weights=w.source, seconds=time.perf_counter() - t0, declaration=fit,
+                  trace=trace)
+
+
+def _first(checks) -> Optional[PhaseCheck]:
+    return next((c for c in checks if c.status == "disagree"), None)
+
+
+def _checks(trace, w: Weights) -> list[PhaseCheck]:
+    from rookworld_debug.diagnosis.replay.compare import skipped
     g = trace.rollout.num_generations
     labels = [x for x in trace.setup.batch.completions for _ in range(g)] if trace.setup.batch.completions else []
     checks = [*generation_checks(trace, w.eos, w.tokenizer), rewards_check(trace, labels), advantages_check(trace)]
-    dtype = getattr(trace.recorded, "dtype", None) or str(trace.config.dtype)
     if w.policy is not None:
-        checks += M.scoring_checks(trace, w.policy, w.reference, dtype, have=w.have, ref_is_policy=w.ref_is_policy,
-                                   policy_moved=_moved_before(w.state))
+        checks += _scoring(trace, w)
     else:
         checks.append(skipped("scoring", "log-probs from the weights", w.why))
     checks.append(loss_check(trace))
-    checks += _gradient_and_update(trace, w, dtype, any(c.status == "disagree" for c in checks))
-    checks.sort(key=lambda c: PHASES.index(c.phase))      # a gradient that shows a loss mistake is the loss's
-    return Replay(checks=tuple(checks), weights=w.source, seconds=time.perf_counter() - t0)
+    checks += _gradient_and_update(trace, w, _dtype(trace))
+    return _ordered(checks)
 
 
-def _gradient_and_update(trace, w: Weights, dtype: str, upstream: bool) -> list[PhaseCheck]:
+def _ordered(checks) -> list[PhaseCheck]:
+    """In PHASES order (a gradient that shows a loss mistake is the loss's); within a phase, an explained
+    disagreement first."""
+    return sorted(checks, key=lambda c: (PHASES.index(c.phase), 0 if c.status == "disagree" and c.cause else 1))
+
+
+def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
+    """The gradient check again, with the regression on the loss's terms (one forward, a backward per term)."""
+    from rookworld_debug.diagnosis.replay import model_phases as M
+    from rookworld_debug.diagnosis.replay.terms import GradientFit
+    if w.policy is None or w.state is None or w.state.gradient is None:
+        return checks
+    fitted = M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
+                              trace.recorded.gradient_accumulation_steps, GradientFit(trace, _jacobian(trace, w)))
+    rest = [c for c in checks if not c.quantity.startswith(("gradient:", "the loss's gradient"))]
+    return _ordered(rest + [fitted])
+
+
+def _jacobian(trace, w: Weights):
+    """The policy's forward over the recorded rows, its graph kept: every declaration's gradient is one backward
+    through it (the rows and weights are the same for all)."""
+    from rookworld_debug.diagnosis.replay.terms import TokenJacobian
+    return w.memo("jacobian", lambda: TokenJacobian(trace, w.policy, w.trainable))
+
+
+def _declared_gradient(trace, w: Weights) -> dict:
+    from rookworld_debug.diagnosis.replay.terms import declared_gradient
+    return w.memo(("gradient", id(trace.config)), lambda: declared_gradient(trace, _jacobian(trace, w)))
+
+
+def _dtype(trace) -> str:
+    return getattr(trace.recorded, "dtype", None) or str(trace.config.dtype)
+
+
+def _scoring(trace, w: Weights) -> list[PhaseCheck]:
+    from rookworld_debug.diagnosis.replay import model_phases as M
+    return M.scoring_checks(trace, w.policy, w.reference, _dtype(trace), have=w.have, ref_is_policy=w.ref_is_policy,
+                            policy_moved=_moved_before(w.state), sampler=w.sampler, cache=w.cache)
+
+
+def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:
+    """One phase's checks on `trace` (a neighbouring declaration's): what a declaration fit compares."""
+    from rookworld_debug.diagnosis.replay import model_phases as M
+    from rookworld_debug.diagnosis.replay.data_phases import mask_checks
+    if phase == "generation":
+        return mask_checks(trace, w.eos)
+    if phase == "advantages":
+        return [advantages_check(trace)]
+    if phase == "scoring":
+        return _scoring(trace, w) if w.policy is not None else []
+    out = [loss_check(trace)]           # the loss value first: a cheap filter before a backward
+    if any(c.status == "disagree" for c in out) or w.policy is None or w.state is None or w.state.gradient is None:
+        return out
+    return out + [M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
+                                   trace.recorded.gradient_accumulation_steps)]
+
+
+def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
     from rookworld_debug.diagnosis.replay import model_phases as M
     from rookworld_debug.diagnosis.replay.compare import scalar, skipped, tol_for
     q = "gradient: ∇θ of the declared loss at the weights before the update"
@@ -62,13 +142,10 @@ def _gradient_and_update(trace, w: Weights, dtype: str, upstream: bool) -> list[
     if w.policy is None:
         out.append(skipped("gradient", q, w.why))
     elif w.state is not None and w.state.gradient is not None:
-        ours = M.recompute_gradient(trace, w.policy, w.trainable)
-        # a loss mistake its value hides shows in its gradient: tried only when no earlier phase disagreed
-        variants = () if upstream else M.loss_variant_gradients(trace, w.policy, w.trainable, ours)
-        out.append(M.gradient_check(w.state.gradient, ours, dtype, trace.recorded.gradient_accumulation_steps,
-                                    variants))
+        out.append(M.gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
+                                    trace.recorded.gradient_accumulation_steps))
     elif trace.update is not None and w.state is None and _single_pass(trace.config):
-        ours = M.recompute_gradient(trace, w.policy, w.trainable)
+        ours = _declared_gradient(trace, w)
         norm = sum(float(v.double().pow(2).sum()) for v in ours.values()) ** 0.5
         out.append(scalar("gradient", q + " (its global L2 norm: the trace keeps no gradient)",
                           float(trace.update.grad_norm_pre_clip), norm, tol_for(M.REL_TOL, dtype)))

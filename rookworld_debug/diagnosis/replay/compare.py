@@ -38,10 +38,12 @@ def _where(diff: torch.Tensor, tol: float, unit: str) -> tuple[str, list]:
 
 def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch.Tensor, tol: float, *,
             mask: Optional[torch.Tensor] = None, unit: str = "row",
-            variants: Optional[Mapping[str, tuple]] = None, mean_tol: Optional[float] = None) -> PhaseCheck:
+            variants: Optional[Mapping[str, tuple]] = None, mean_tol: Optional[float] = None,
+            fit=None) -> PhaseCheck:
     """Recorded vs recomputed, elementwise (where `mask` is 1). `variants`: {code: (values, sentence)} — known
-    mechanisms; the first that reproduces the recorded values within `tol` names the cause. `mean_tol`: also hold
-    the mean |difference| to it (16-bit recomputes: a loose max, a tight mean)."""
+    mechanisms; the first that reproduces the recorded values within `tol` names the cause. `fit(rec, ref, mask,
+    tol) -> Fit | None`: the generic fits (fits.py) tried when no variant does. `mean_tol`: also hold the mean
+    |difference| to it (16-bit recomputes: a loose max, a tight mean)."""
     rec, ref = recorded.double(), recomputed.double()
     if rec.shape != ref.shape:
         return PhaseCheck(phase, quantity, DISAGREE, math.inf, tol, f"shape {tuple(rec.shape)}",
@@ -57,8 +59,12 @@ def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch
         return PhaseCheck(phase, quantity, AGREE, worst, tol)
     where, idx = _where(diff, tol if worst > tol else mean_tol, unit)
     code, sentence = match_variant(rec, variants or {}, tol, mask, trusted=ref)
+    found = fit(rec, ref, None if mask is None else mask.double(), tol) if fit is not None and not code else None
+    if found is not None:
+        code, sentence = f"{phase}_{found.kind}", found.sentence
     return PhaseCheck(phase, quantity, DISAGREE, worst, tol, where, fmt([float(rec[i]) for i in idx]),
-                      fmt([float(ref[i]) for i in idx]), code, sentence)
+                      fmt([float(ref[i]) for i in idx]), code, sentence,
+                      fit=found.to_dict() if found is not None else None)
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: Optional[torch.Tensor]) -> float:

@@ -13,9 +13,11 @@ from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 
 from rookworld_debug.grpo.phases.completion_text import _cut_after_eos
+from rookworld_debug.grpo.phases.generation import loss_mask
 from rookworld_debug.grpo.phases.rewards import BUILTIN_REWARDS, LABEL_REWARD_MODES, builtin_breakdowns
 
 from .compare import DISAGREE, VALUE_TOL, compare, scalar, skipped
+from .fits import token_fits, value_fits
 from .records import AGREE, PhaseCheck
 
 
@@ -31,13 +33,18 @@ def generation_checks(trace, eos: int | None, tokenizer=None) -> list[PhaseCheck
     r = trace.rollout
     g = r.num_generations
     out = [_grouping(r, g)]
-    if eos is None:
-        out.append(skipped("generation", "completion_mask (N, T)", "the EOS id is unknown (no tokenizer)"))
-    else:
-        out.append(_mask_check(r.completion_ids, r.completion_mask.long(), eos))
+    out += mask_checks(trace, eos)
     if tokenizer is not None:
         out.append(_texts_check(r, tokenizer))
     return out
+
+
+def mask_checks(trace, eos: int | None) -> list[PhaseCheck]:
+    """The loss mask against TRL's for the declaration (mask_truncated_completions: rows without EOS all 0)."""
+    r = trace.rollout
+    if eos is None:
+        return [skipped("generation", "completion_mask (N, T)", "the EOS id is unknown (no tokenizer)")]
+    return [_mask_check(r.completion_ids, r.completion_mask.long(), eos, trace.config.mask_truncated_completions)]
 
 
 def _grouping(r, g: int) -> PhaseCheck:
@@ -64,13 +71,17 @@ def _grouping(r, g: int) -> PhaseCheck:
                       measure="rows whose prompt differs from their group's first row")
 
 
-def _mask_check(ids, mask, eos: int) -> PhaseCheck:
+def _mask_check(ids, mask, eos: int, mask_truncated: bool = False) -> PhaseCheck:
     """The loss mask against TRL's; a mask that only adds tokens after the first EOS, or only drops the EOS, names
-    its mechanism."""
+    its mechanism. `mask_truncated`: a row with no EOS may be all 0 (TRL masks it before the loss)."""
     want = expected_mask(ids, eos)                                                        # (N, T)
+    if mask_truncated:
+        truncated = ~(ids == eos).any(1)                                                  # (N,)
+        want = torch.where((truncated & (mask.sum(1) == 0))[:, None], torch.zeros_like(want), want)
     after_eos = (mask == 1) & (want == 0)
     eos_dropped = (mask == 0) & (want == 1) & (ids == eos)
-    check = compare("generation", "completion_mask (N, T): 1 through the first EOS", mask, want, 0.0, unit="token")
+    q = "completion_mask (N, T): 1 through the first EOS" + (" (0 on rows without one)" if mask_truncated else "")
+    check = compare("generation", q, mask, want, 0.0, unit="token", fit=token_fits(want, None))
     if check.status == DISAGREE:
         if bool(after_eos.any()) and not bool(((mask == 0) & (want == 1)).any()):
             check = _with_cause(check, "tokens_after_eos_trained", "the mask is 1 on tokens after the first EOS: the "
@@ -115,7 +126,8 @@ def rewards_check(trace, labels) -> PhaseCheck:
         return skipped("rewards", q, "no dataset labels were recorded with the prompts")
     scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(labels), reward_mode=rw.reward_mode)
     ref = torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)   # (N,)
-    return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=reward_variants(ref, r.num_generations))
+    return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=reward_variants(ref, r.num_generations),
+                   fit=value_fits(r.num_generations))
 
 
 def reward_variants(ref: torch.Tensor, g: int) -> dict:
@@ -138,7 +150,8 @@ def advantages_check(trace) -> PhaseCheck:
     ours = advantages_from_config(trace.rewards.rewards, config)
     return compare("advantages", f"advantages (N,): {ours.normalization}", adv.advantages.double(),
                    ours.advantages.double(), VALUE_TOL * 10,
-                   variants=advantage_variants(trace.rewards.rewards.double(), config, ours.advantages.double()))
+                   variants=advantage_variants(trace.rewards.rewards.double(), config, ours.advantages.double()),
+                   fit=value_fits(config.num_generations))
 
 
 def advantage_variants(r: torch.Tensor, config, ref: torch.Tensor) -> dict:
@@ -160,13 +173,9 @@ def advantage_variants(r: torch.Tensor, config, ref: torch.Tensor) -> dict:
                                   "each 'group' mixes prompts"),
            "advantage_std_ddof": (z(grouped, ddof=0).reshape(-1), "the std is the population std (ddof 0), not "
                                                                   "TRL's unbiased std (ddof 1)"),
-           "advantage_not_scaled": (z(grouped, scale=False).reshape(-1), "the advantages are not divided by the "
-                                                                         "group std"),
            "advantage_not_centered": (z(grouped, centre=False).reshape(-1), "the group mean is not subtracted: "
                                                                             "every completion is pushed by its raw "
                                                                             "reward"),
-           "advantage_batch_std": (((grouped - grouped.mean(1, keepdim=True)) / (r.std() + eps)).reshape(-1),
-                                   "the advantages are divided by the batch std, not the group std"),
            "advantage_raw_rewards": (r, "the advantages are the raw rewards (no group baseline)")}
     return out
 
@@ -192,7 +201,7 @@ def micro_batches(trace) -> list:
 def loss_total(trace, objective, logps, old, ref, adv):
     """Σ over the micro-batches of the declared loss (a 0-dim tensor, differentiable through `logps`)."""
     r = trace.rollout
-    mask = r.completion_mask
+    mask = loss_mask(r, trace.config)
     chunks = micro_batches(trace)
     total = 0.0
     for rows in chunks:

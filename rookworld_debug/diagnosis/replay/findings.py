@@ -28,10 +28,52 @@ REPLAY_SCORE = 100.0
 
 
 def _evidence(c) -> tuple:
-    return (Evidence(name=f"replay/{c.phase}/difference", value=float(c.max_abs_diff),
-                     definition=f"{c.measure} of {c.quantity}; tolerance {c.tolerance:.3g} (from the recorded "
-                                f"precision); recorded {c.recorded or '—'}, recomputed {c.recomputed or '—'}",
-                     batch="the recorded step", where=c.where or ""),)
+    out = (Evidence(name=f"replay/{c.phase}/difference", value=float(c.max_abs_diff),
+                    definition=f"{c.measure} of {c.quantity}; tolerance {c.tolerance:.3g} (from the recorded "
+                               f"precision); recorded {c.recorded or '—'}, recomputed {c.recomputed or '—'}",
+                    batch="the recorded step", where=c.where or ""),)
+    if c.fit:
+        params = ", ".join(f"{k} = {_short(v)}" for k, v in c.fit.get("params", {}).items())
+        out += (Evidence(name=f"replay/{c.phase}/fit_residual", value=_float(c.fit.get("residual")),
+                         definition=f"residual of the fitted transformation ({c.fit.get('kind')}: {params}) against "
+                                    f"the recorded values; it counts when within the tolerance "
+                                    f"{c.tolerance:.3g}", batch="the recorded step"),)
+    return out
+
+
+def _float(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _short(v) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_short(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_short(x) for x in v[:8]) + (", …" if len(v) > 8 else "") + "]"
+    return str(v)
+
+
+def declaration_finding(fit) -> Finding:
+    """The loop computes another declaration than the one it gave: a configuration note naming the keyword."""
+    kw = f"{fit.keyword}={fit.fitted!r}"
+    return Finding(
+        code="declaration_mismatch", severity="warning",
+        cause=f"Your loop computes {kw}; you declared {fit.keyword}={fit.declared!r}. Under the declaration its "
+              f"{fit.phase} ({fit.quantity}) differs from the trusted recomputation by {fit.difference:.4g} "
+              f"(tolerance {fit.tolerance:.3g}); under {kw} it agrees, and every other finding is replayed under "
+              f"{kw}. If {kw} is what you meant, the loop is not at fault: declare it.",
+        evidence=(Evidence(name=f"replay/declaration/{fit.keyword}", value=float(fit.difference),
+                           definition=f"{fit.phase} difference under the declared {fit.keyword}={fit.declared!r} "
+                                      f"(it agrees under {kw}); tolerance {fit.tolerance:.3g}",
+                           batch="the recorded step"),),
+        fix=Fix(f"Pass {kw} to StepRecorder (or change the loop if {fit.keyword}={fit.declared!r} is the objective "
+                "you meant).", code_change=f"StepRecorder(tokenizer, ..., {kw})"),
+        alternatives=(f"a fault in the {fit.phase} phase that happens to compute {kw}",), score=REPLAY_SCORE)
 
 
 def _finding(c, first: bool, upstream: str = "") -> Finding:
@@ -52,7 +94,7 @@ def _finding(c, first: bool, upstream: str = "") -> Finding:
 
 def replay_findings(replay: Replay) -> list[Finding]:
     first = replay.first_disagreement
-    out = []
+    out = [declaration_finding(replay.declaration)] if replay.declaration is not None else []
     if first is not None:
         out.append(_finding(first, True))
         out += [_finding(c, False, first.phase) for c in replay.checks

@@ -12,9 +12,12 @@ import torch
 
 from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
+from rookworld_debug.grpo.phases.generation import loss_mask
 from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 
 from .compare import DISAGREE, LOGP_TOL, MEAN_TOL, REL_TOL, SAMPLER_TOL, compare, skipped, tol_for
+from .fits import value_fits
+from .terms import terms_cause
 from .records import AGREE, PhaseCheck, fmt
 
 ROWS_PER_FORWARD = 16
@@ -57,12 +60,57 @@ def recompute_logps(model, r) -> torch.Tensor:
 
 
 def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_policy: bool,
-                   policy_moved: bool = False) -> list[PhaseCheck]:
-    """Each recorded log-prob tensor against the weights' recompute; mistakes that reproduce it name the cause."""
+                   policy_moved: bool = False, sampler=None, cache: Optional[dict] = None) -> list[PhaseCheck]:
+    """Each recorded log-prob tensor against the recompute from the weights that made it (the policy's from the
+    weights before the update; π_old's and the sampler's from the weights that sampled: `sampler`, or the weights
+    before on a rollout's first pass); mistakes that reproduce it name the cause."""
     r = trace.rollout
     mask = r.completion_mask
     tol = tol_for(LOGP_TOL, dtype)
-    ours = recompute_logps(policy, r)                                                     # (N, T)
+    iteration = int(getattr(trace.recorded, "iteration", 0) or 0)
+    logps = _LogpCache(r, cache)
+    ours = logps(policy)                                                                  # (N, T)
+    variants = _scoring_variants(trace, policy)
+    sampled_by = sampler if sampler is not None else policy if iteration == 0 else None
+    models = {"the weights before the update": policy, "the weights that sampled the rollout": sampler,
+              "the reference's weights": reference}
+    out = [] if sampler is None else [_sampler_identity(policy, sampler, iteration)]
+    named = [("policy", "per_token_logps (N, T): the loss forward's log-probs", r.per_token_logps, policy),
+             ("old", "old_per_token_logps (N, T): π_old (the weights that sampled the rollout)",
+              getattr(trace.recorded, "old_per_token_logps", None), sampled_by),
+             ("sampler", "sampling_per_token_logps (N, T): the sampler's log-probs", r.sampling_per_token_logps,
+              sampled_by)]
+    for key, q, rec, model in named:
+        if rec is None or (key == "policy" and "policy" not in have) or not bool(torch.isfinite(rec[mask.bool()]).all()):
+            continue
+        if model is None:
+            out.append(skipped("scoring", q, f"this is pass {iteration} of num_iterations over the rollout: the "
+                                             "weights that sampled it were not recorded (StepRecorder.sampler)"))
+            continue
+        c = compare("scoring", q, rec, logps(model), tol_for(SAMPLER_TOL, dtype) if key == "sampler" else tol,
+                    mask=mask, unit="token", variants=variants, mean_tol=tol_for(MEAN_TOL, dtype),
+                    fit=value_fits(r.num_generations))
+        if c.status == DISAGREE and not c.cause:
+            c = _other_weights(c, rec, mask, model, models, logps, tol)
+        out.append(_dropout(c, trace) if key == "policy" else c)
+    out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps))
+    return out
+
+
+class _LogpCache:
+    """The trusted log-probs of the rollout under each model, computed once per model."""
+    def __init__(self, rollout, cache: Optional[dict] = None):
+        self.rollout, self.done = rollout, {} if cache is None else cache
+
+    def __call__(self, model) -> torch.Tensor:
+        key = ("logps", id(model), id(self.rollout))
+        if key not in self.done:
+            self.done[key] = recompute_logps(model, self.rollout)
+        return self.done[key]
+
+
+def _scoring_variants(trace, policy) -> dict:
+    r = trace.rollout
     variants = {
         "temperature_not_applied": (lambda: _variant_logps(policy, r, temperature_one=True),
                                     "the log-probs are of the raw logits: the sampling temperature was not applied"),
@@ -73,24 +121,51 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
                                "position t's logits scored token t (no shift by one): the log-probs are of the "
                                "next token"),
     }
-    out = []
-    named = [("policy", "per_token_logps (N, T): the loss forward's log-probs", r.per_token_logps),
-             ("old", "old_per_token_logps (N, T): π_old (the weights before the update)",
-              getattr(trace.recorded, "old_per_token_logps", None)),
-             ("sampler", "sampling_per_token_logps (N, T): the sampler's log-probs", r.sampling_per_token_logps)]
     warp = _sampler_warpers(trace)
     if warp is not None:        # TRL's convention (and this package's) is the tempered distribution BEFORE top-k/p
         variants["sampler_logps_after_warping"] = (
             lambda: _variant_logps(policy, r, warp=warp), "the sampler recorded log-probs of the top-k / top-p "
             "renormalised distribution, not of the tempered policy: a ratio against them is biased")
-    for key, q, rec in named:
-        if rec is None or (key == "policy" and "policy" not in have) or not bool(torch.isfinite(rec[mask.bool()]).all()):
+    return variants
+
+
+def _other_weights(check: PhaseCheck, rec, mask, expected, models: dict, logps, tol: float) -> PhaseCheck:
+    """A fit over the recorded weights: the disagreeing log-probs are those of another recorded set of weights
+    (π_old recomputed from the current weights on a later pass, a sampler's values from the reference, …)."""
+    from dataclasses import replace
+    for name, model in models.items():
+        if model is None or model is expected:
             continue
-        c = compare("scoring", q, rec, ours, tol_for(SAMPLER_TOL, dtype) if key == "sampler" else tol, mask=mask,
-                    unit="token", variants=variants, mean_tol=tol_for(MEAN_TOL, dtype))
-        out.append(_dropout(c, trace) if key == "policy" else c)
-    out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved))
-    return out
+        if _max_diff_masked(rec, logps(model), mask) <= tol:
+            return replace(check, cause="logps_from_other_weights",
+                           explanation=f"the recorded values are the log-probs of {name}, not of the weights that "
+                                       "should have made them")
+    return check
+
+
+def _max_diff_masked(a, b, mask) -> float:
+    d = (a.double() - b.double()).abs().nan_to_num(nan=math.inf) * mask.to(torch.float64)
+    return float(d.max()) if d.numel() else 0.0
+
+
+@torch.no_grad()
+def _sampler_identity(policy, sampler, iteration: int) -> PhaseCheck:
+    """On a rollout's first pass the weights that sampled are the weights before the update; on a later pass they
+    are the weights of an earlier one (they differ)."""
+    names = [n for n, _ in policy.named_parameters()]
+    before = dict(policy.named_parameters())
+    samp = dict(sampler.named_parameters())
+    num = sum(float((samp[n].double() - before[n].double()).pow(2).sum()) for n in names if n in samp)
+    den = sum(float(before[n].double().pow(2).sum()) for n in names)
+    rel = math.sqrt(num / den) if den > 0 else math.inf
+    q = "the weights that sampled the rollout: the policy's at the rollout's first pass"
+    if iteration > 0 or rel == 0.0:
+        return PhaseCheck("generation", q, AGREE, rel, 0.0, measure="‖θ_sampler − θ_before‖ / ‖θ_before‖")
+    return PhaseCheck("generation", q, DISAGREE, rel, 0.0, "every weight", f"‖Δθ‖/‖θ‖ = {rel:.3g}",
+                      "θ_sampler = θ_before", "sampler_weights_stale",
+                      "the rollout was sampled by weights that are not the policy's at this step (its first pass): "
+                      "a separate sampler copy not synced since an earlier update samples from an older policy",
+                      measure="‖θ_sampler − θ_before‖ / ‖θ_before‖")
 
 
 def trace_dtype(trace) -> str:
@@ -117,7 +192,7 @@ def _dropout(check: PhaseCheck, trace) -> PhaseCheck:
 
 
 def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: bool,
-                     policy_moved: bool = False) -> PhaseCheck:
+                     policy_moved: bool = False, logps=None) -> PhaseCheck:
     r = trace.rollout
     q = "ref_per_token_logps (N, T): the reference's log-probs"
     if r.ref_per_token_logps is None:
@@ -133,7 +208,7 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
                           "moments show earlier updates: a frozen reference keeps the start weights, so the KL term is "
                           "0 and holds nothing back (TRL's sync_ref_model copies them on purpose, at its sync steps "
                           "only)", measure="max |θ_ref − θ_policy|")
-    ours = recompute_logps(reference, r)
+    ours = logps(reference) if logps is not None else recompute_logps(reference, r)
     variants = {} if ref_is_policy else {
         "reference_tracks_policy": (policy_logps, "the 'reference' log-probs are the policy's own: the KL term is "
                                                   "0 and holds nothing back")}
@@ -153,6 +228,7 @@ def recompute_gradient(trace, policy, trainable, objective=None, advantages=None
         p.requires_grad_(n in names)
         p.grad = None
     old = getattr(trace.recorded, "old_per_token_logps", None)
+    mask = loss_mask(r, trace.config)                                                    # (N, T)
     chunks = micro_batches(trace)
     for rows in chunks:
         logps, ent = per_token_logps_and_entropy(policy, r.prompt_ids[rows], r.prompt_mask[rows],
@@ -160,38 +236,21 @@ def recompute_gradient(trace, policy, trainable, objective=None, advantages=None
                                                  r.temperatures[rows], with_grad=True,
                                                  entropy_grad=ob.entropy_coef != 0)
         pick = (lambda x: None if x is None else x[rows])
-        compute_loss(logps, pick(old), pick(r.ref_per_token_logps), adv[rows], r.completion_mask[rows], ob,
-                     LossBatch(entropy=ent, num_items_in_batch=r.completion_mask.sum(),
-                               gradient_accumulation_steps=len(chunks))).loss.backward()
+        loss = compute_loss(logps, pick(old), pick(r.ref_per_token_logps), adv[rows], mask[rows], ob,
+                            LossBatch(entropy=ent, num_items_in_batch=mask.sum(),
+                                      gradient_accumulation_steps=len(chunks))).loss
+        loss.backward()
     return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
             for n, p in policy.named_parameters() if n in names}
-
-
-def loss_variant_gradients(trace, policy, trainable, ours: dict):
-    """(code, sentence, gradient) of the loss mistakes a loss value can hide (Σ A = 0 within a group at ratio 1),
-    each computed on demand."""
-    from rookworld_debug.grpo.families import families
-    ob = Objective.from_config(trace.config)
-
-    def grad(**kw):
-        return lambda: recompute_gradient(trace, policy, trainable, **kw)
-    yield ("loss_advantage_sign", "the loss uses −A (its value hides it: Σ A = 0 in a group; its gradient does "
-           "not): the update pushes down the better completions", grad(advantages=-trace.advantages.advantages))
-    if ob.beta:
-        no_kl = grad(objective=ob.replace(beta=0.0))
-        yield ("kl_not_applied", "the loss leaves out the β·KL term", no_kl)
-        yield ("kl_sign_flipped", "the KL term enters with −β: it pushes the policy away from the reference",
-               lambda: {n: 2 * v - ours[n] for n, v in no_kl().items()})     # linear in β: g(−β) = 2·g(0) − g(β)
-    for lt in sorted({lt for fam in families() for lt in fam.rules} - {ob.loss_type}):
-        yield (f"loss_aggregation/{lt}", f"the loss is loss_type={lt!r}'s aggregation, not the declared "
-               f"{ob.loss_type!r}'s", grad(objective=ob.replace(loss_type=lt)))
 
 
 def _dot(a: dict, b: dict, names) -> float:
     return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
 
 
-def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, loss_variants=()) -> PhaseCheck:
+def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fit=None) -> PhaseCheck:
+    """The recorded gradient against the declared loss's; on a disagreement, the simplest fit that explains it: a
+    scale, then `fit` (terms.GradientFit: the loss's terms with other coefficients)."""
     from rookworld_debug.grpo.trace.state import relative_error
     names = [n for n in ours if n in recorded]
     q = "gradient: ∇θ of the declared loss at the weights before the update (before clipping)"
@@ -205,43 +264,31 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, lo
         return PhaseCheck("gradient", q, AGREE, err, tol, measure="‖g_recorded − g‖ / ‖g‖")
     k = _dot(recorded, ours, names) / (norm_ref ** 2) if norm_ref > 0 else math.nan
     resid = math.sqrt(max(norm_rec ** 2 - 2 * k * _dot(recorded, ours, names) + k * k * norm_ref ** 2, 0.0))
-    cause, why = "", ""
+    phase, cause, why, fitted = "gradient", "", "", None
     if norm_rec == 0:
         cause, why = "gradient_missing", "the recorded gradient is 0: backward never reached the parameters"
     elif resid <= tol * norm_rec and math.isfinite(k):
-        cause = "gradient_scaled"
-        why = (f"the recorded gradient is {k:.4g} × the loss's gradient" +
-               (f": the micro-batch losses were not divided by the {accumulation} accumulation steps"
-                if accumulation > 1 and abs(k - accumulation) < 0.05 * accumulation else
-                "" if k > 0 else ": it points the other way"))
-    else:
-        found = _loss_mistake(recorded, names, tol, loss_variants)
-        if found is not None:
-            code, why, err_v = found
-            return PhaseCheck("loss", "the loss's gradient: ∇θ of the declared loss (the value agrees; what it "
-                              "differentiates does not)", DISAGREE, err, tol, f"worst parameter {worst}",
-                              f"‖g‖ = {fmt(norm_rec)}", f"‖g‖ = {fmt(norm_ref)}", code.split("/")[0], why,
-                              measure="‖g_recorded − g‖ / ‖g‖")
-        if 0.5 < k < 1.5 and norm_rec > 1.2 * norm_ref:
+        cause, why = "gradient_scaled", f"the recorded gradient is {k:.4g} × the loss's gradient" + (
+            f": the micro-batch losses were not divided by the {accumulation} accumulation steps"
+            if accumulation > 1 and abs(k - accumulation) < 0.05 * accumulation else "" if k > 0 else
+            ": it points the other way")
+        fitted = {"kind": "scaled", "params": {"scale": k}, "residual": resid / norm_rec, "sentence": why}
+    elif fit is not None:
+        coefs, rel = fit.fit(recorded, names, tol)
+        fitted = {"kind": "terms", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in coefs.items()},
+                  "residual": rel, "sentence": ""}
+        if rel <= tol:
+            phase, cause, why = terms_cause(coefs, accumulation)
+            fitted["sentence"] = why
+        elif 0.5 < k < 1.5 and norm_rec > 1.2 * norm_ref:
             cause, why = "gradient_not_zeroed", ("the recorded gradient holds this loss's gradient plus another "
-                                                 "one (gradients not zeroed since an earlier backward)")
-    return PhaseCheck("gradient", q, DISAGREE, err, tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
+                                                 "one that no term of this step's loss explains (fitted residual "
+                                                 f"{rel:.3g}): gradients not zeroed since an earlier backward")
+    quantity = q if phase == "gradient" else ("the loss's gradient: ∇θ of the declared loss (the value agrees; "
+                                              "what it differentiates does not)")
+    return PhaseCheck(phase, quantity, DISAGREE, err, tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
                       f"‖g‖ = {fmt(norm_rec)}", f"‖g‖ = {fmt(norm_ref)}", cause, why,
-                      measure="‖g_recorded − g‖ / ‖g‖")
-
-
-def _loss_mistake(recorded: dict, names, tol: float, variants):
-    """(code, sentence, error) of the first loss variant whose gradient is the recorded one, else None."""
-    from rookworld_debug.grpo.trace.state import relative_error
-    for code, sentence, grad in variants:
-        try:
-            g = grad()
-        except Exception:  # noqa: BLE001 - a variant the batch's settings refuse explains nothing
-            continue
-        err = relative_error(recorded, g, names)[0]
-        if err <= tol:
-            return code, sentence, err
-    return None
+                      measure="‖g_recorded − g‖ / ‖g‖", fit=fitted)
 
 
 OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}
@@ -302,11 +349,45 @@ def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
             if (max_grad_norm or code != "grad_clip_not_applied") and run() <= tol:
                 cause, why = code, sentence
                 break
+    fitted = None
     if not cause:
-        k = _dot(d_rec, d_ref, names) / max(_dot(d_ref, d_ref, names), 1e-300)
-        if abs(k - 1) > tol and relative_error(d_rec, {n: k * d_ref[n] for n in names}, names)[0] <= tol:
-            cause, why = "update_scaled", (f"the weights moved {k:.4g} × the recorded optimizer's step "
-                                           "(another learning rate than the optimizer's, or a sign)")
+        cause, why, fitted = _update_fit(d_rec, d_ref, before, names, tol, state.optimizer_settings)
     return PhaseCheck("update", q, DISAGREE, err, tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
                       f"‖Δθ‖ = {fmt(norm_rec)}", f"‖Δθ‖ = {fmt(math.sqrt(_dot(d_ref, d_ref, names)))}", cause, why,
-                      measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖")
+                      measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖", fit=fitted)
+
+
+def _update_fit(d_rec: dict, d_ref: dict, before: dict, names, tol: float, settings: dict):
+    """(code, sentence, fit) of Δθ_recorded ≈ a·Δθ_optimizer + c·θ_before (a: the learning-rate factor actually
+    applied; c: a component along θ, a decay the optimizer was not told about), or of an element-wise clamp of the
+    optimizer's step; ("", "", fit-with-its-residual) when neither holds."""
+    from rookworld_debug.grpo.trace.state import relative_error
+    th = {n: before[n].double() for n in names}
+    gram = torch.tensor([[_dot(d_ref, d_ref, names), _dot(d_ref, th, names)],
+                         [_dot(th, d_ref, names), _dot(th, th, names)]], dtype=torch.float64)
+    rhs = torch.tensor([_dot(d_ref, d_rec, names), _dot(th, d_rec, names)], dtype=torch.float64)
+    a, c = (float(v) for v in torch.linalg.lstsq(gram, rhs[:, None]).solution.squeeze(1))
+    k = _dot(d_rec, d_ref, names) / max(_dot(d_ref, d_ref, names), 1e-300)
+    only_a = relative_error(d_rec, {n: k * d_ref[n] for n in names}, names)[0]
+    both = relative_error(d_rec, {n: a * d_ref[n] + c * th[n] for n in names}, names)[0]
+    lr = settings.get("lr")
+    fit = {"kind": "update", "params": {"lr_factor": k, "along_theta": 0.0}, "residual": only_a, "sentence": ""}
+    if only_a <= tol and abs(k - 1) > tol:
+        why = (f"the weights moved {k:.4g} × the recorded optimizer's step: the learning rate applied was "
+               f"{k:.4g} × the optimizer's" + (f" ({k * lr:.4g} instead of {lr:.4g}: another step's schedule, or a "
+                                               "changed group lr)" if isinstance(lr, (int, float)) else ""))
+        return "update_scaled", why, {**fit, "sentence": why}
+    if both <= tol and abs(c) > 0:
+        decay = f" = −lr·λ with λ = {-c / lr:.4g} beyond the recorded weight_decay at lr {lr:.4g}" \
+            if isinstance(lr, (int, float)) and lr > 0 else ""
+        why = (f"the weights moved {a:.4g} × the optimizer's step plus {c:.4g} × θ{decay}: a component along the "
+               "weights that the optimizer's recorded settings do not hold (a changed weight_decay, or an L2 term)")
+        return "update_along_weights", why, {**fit, "params": {"lr_factor": a, "along_theta": c}, "residual": both,
+                                             "sentence": why}
+    m = max(float(d_rec[n].abs().max()) for n in names)
+    clamped = relative_error(d_rec, {n: d_ref[n].clamp(-m, m) for n in names}, names)[0]
+    if clamped <= tol and any(float(d_ref[n].abs().max()) > m * (1 + tol) for n in names):
+        why = f"the weights moved by the optimizer's step clamped element-wise to ±{m:.4g}"
+        return "update_clamped", why, {**fit, "kind": "clamped", "params": {"bound": m}, "residual": clamped,
+                                       "sentence": why}
+    return "", "", fit

@@ -24,6 +24,14 @@ class PhaseCheck:
     cause: str = ""             # a finding code, when a known mechanism reproduces the recorded value exactly
     explanation: str = ""       # that mechanism in one sentence; for SKIPPED, why it could not be replayed
     measure: str = "max |recorded − recomputed|"   # the definition of max_abs_diff
+    fit: Optional[dict] = None  # the fitted transformation that reproduces the recorded values (Fit.to_dict())
+
+    def to_dict(self) -> dict:
+        """Plain JSON (what `diagnose --json` carries for each replayed quantity)."""
+        return {"phase": self.phase, "quantity": self.quantity, "status": self.status, "size": _num(self.max_abs_diff),
+                "measure": self.measure, "tolerance": _num(self.tolerance), "where": self.where,
+                "recorded": self.recorded, "recomputed": self.recomputed, "cause": self.cause,
+                "explanation": self.explanation, "fit": self.fit}
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,34 @@ class Replay:
     checks: tuple               # PhaseCheck, in PHASES order
     weights: str                # where the weights came from ("recorded state/", "the embedded model", "none: …")
     seconds: float
+    declaration: object = None  # DeclarationFit: the keyword under which the step agrees (None: the declared one)
+    trace: object = None        # the StepTrace replayed (under the fitted declaration when there is one)
+
+    def phases(self) -> list:
+        """[{phase, status, quantities, why}] in PHASES order: agree / disagree / not replayed, and why not."""
+        out = []
+        for p in PHASES:
+            cs = [c for c in self.checks if c.phase == p]
+            if not cs:
+                continue
+            status = DISAGREE if any(c.status == DISAGREE for c in cs) else \
+                AGREE if any(c.status == AGREE for c in cs) else SKIPPED
+            out.append({"phase": p, "status": status, "quantities": [c.quantity for c in cs],
+                        "why": "; ".join(c.explanation for c in cs if c.status == SKIPPED)})
+        return out
+
+    def to_dict(self) -> dict:
+        """Plain JSON: the first disagreement (None when every replayed phase agrees), every phase's status, the
+        declaration fit, the checks and where the weights came from."""
+        first = self.first_disagreement
+        d = self.declaration
+        return {"first_disagreement": first.to_dict() if first is not None else None, "phases": self.phases(),
+                "declaration": None if d is None else {"keyword": d.keyword, "declared": d.declared,
+                                                       "fitted": d.fitted, "phase": d.phase, "quantity": d.quantity,
+                                                       "difference": _num(d.difference),
+                                                       "tolerance": _num(d.tolerance)},
+                "checks": [c.to_dict() for c in self.checks], "weights": self.weights,
+                "seconds": _num(self.seconds)}
 
     @property
     def first_disagreement(self) -> Optional[PhaseCheck]:
@@ -39,6 +75,12 @@ class Replay:
     @property
     def skipped(self) -> tuple:
         return tuple(c for c in self.checks if c.status == SKIPPED)
+
+
+def _num(x):
+    """A float as JSON: finite as is, else its name ("inf", "nan")."""
+    x = float(x)
+    return x if math.isfinite(x) else str(x)
 
 
 def fmt(x) -> str:

@@ -13,6 +13,7 @@ from rookworld_debug.errors import RookWorldError
 @dataclass
 class Weights:
     policy: Optional[torch.nn.Module] = None        # the weights before the update
+    sampler: Optional[torch.nn.Module] = None       # the weights that sampled the rollout, when recorded apart
     reference: Optional[torch.nn.Module] = None
     tokenizer: object = None
     eos: Optional[int] = None
@@ -23,6 +24,13 @@ class Weights:
     source: str = ""
     why: str = ""                                    # why the weight phases are not replayed
     why_update: str = ""
+    cache: dict = field(default_factory=dict)       # recomputes of these weights, shared by a replay's passes
+
+    def memo(self, key, compute):
+        """`compute()` once per key (log-probs per model; the declared loss's gradient per declaration)."""
+        if key not in self.cache:
+            self.cache[key] = compute()
+        return self.cache[key]
 
     @staticmethod
     def none(why: str, **kw) -> "Weights":
@@ -53,11 +61,12 @@ def _recorded(trace, path) -> Weights:
     tok = _tokenizer(state.tokenizer_dir) if state.tokenizer_dir is not None else None
     policy = build_model(state, state.before)
     ref = build_model(state, state.reference) if state.reference is not None else None
+    sampler = build_model(state, state.sampler) if state.sampler is not None else None
     same = state.reference is not None and all(torch.equal(state.reference[k], state.before[k])
                                                for k in state.before if k in state.reference)
     have = {"policy"} if "policy_logps" in trace.recorded.recorded else set()
-    return Weights(policy=policy, reference=ref, tokenizer=tok, eos=None if tok is None else tok.eos_token_id,
-                   state=state, trainable=state.trainable, have=have, ref_is_policy=same,
+    return Weights(policy=policy, sampler=sampler, reference=ref, tokenizer=tok,
+                   eos=None if tok is None else tok.eos_token_id, state=state, trainable=state.trainable, have=have, ref_is_policy=same,
                    source="the weights the loop recorded (state/)")
 
 

@@ -16,9 +16,9 @@ import torch
 
 RECORD_FORMAT = 1
 # the phases a loop can record, in the order a step produces them
-PIECES = ("batch", "rollout", "sampling_logps", "rewards", "advantages", "old_logps", "ref_logps", "policy_logps",
-          "loss", "per_token_loss", "weights_before", "reference_weights", "optimizer_state", "gradient",
-          "weights_after")
+PIECES = ("batch", "sampler_weights", "rollout", "sampling_logps", "rewards", "advantages", "old_logps", "ref_logps",
+          "policy_logps", "loss", "per_token_loss", "weights_before", "reference_weights", "optimizer_state",
+          "gradient", "weights_after")
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,4 @@ class RecordedStep:
     gradient_accumulation_steps: int        # micro-batches summed into the recorded gradient
     weights: str                            # "state/" when the weights files were written, "" when not
     notes: tuple = ()                       # what the loop said about itself, verbatim
+    iteration: int = 0                      # the optimizer pass over this rollout (0: the first, π_old = θ_before)

@@ -5,6 +5,8 @@
     state/after.safetensors       after it
     state/gradient.safetensors    the gradient the optimizer was handed (before any clipping)
     state/reference.safetensors   the reference model's parameters (absent: no reference recorded)
+    state/sampler.safetensors     the weights that sampled the rollout, when they are not the weights before
+                                  (a later optimizer pass over one rollout, or a separate sampler copy)
     state/optimizer.safetensors   per-parameter optimizer state, keys "<state key>/<param name>"
     state/tokenizer/              the tokenizer's own JSON files (tokenizer.json: parsed, never executed)
 
@@ -28,7 +30,7 @@ MODEL_TYPES = ("gpt2",)                         # architectures a replay rebuild
 OPTIMIZERS = ("AdamW", "Adam", "SGD")           # optimizers a replay re-runs (torch.optim, by this table only)
 OPTIMIZER_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize")
 STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
-FILES = ("before", "after", "gradient", "reference", "optimizer")
+FILES = ("before", "after", "gradient", "reference", "optimizer", "sampler")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class RecordedState:
     optimizer_settings: dict            # OPTIMIZER_KEYS of the parameter group
     trainable: tuple                    # names of the parameters the optimizer steps
     tokenizer_dir: Optional[Path]
+    sampler: Optional[dict] = None      # the weights that sampled the rollout (None: not recorded)
 
 
 def snapshot(model: torch.nn.Module) -> dict:
@@ -87,7 +90,7 @@ def _plain(v):
 
 def write_state(folder: Path, *, model_config: dict, tokenizer=None, before=None, after=None, gradient=None,
                 reference=None, optimizer: str = "", optimizer_settings=None, optimizer_state=None,
-                trainable=()) -> Path:
+                trainable=(), sampler=None) -> Path:
     from safetensors.torch import save_file
     from rookworld_debug.safeio import atomic_write_json
     folder = Path(folder) / "state"
@@ -95,8 +98,10 @@ def write_state(folder: Path, *, model_config: dict, tokenizer=None, before=None
     flat_opt = {f"{k}/{n}": v.reshape(-1) if v.ndim == 0 else v for n, st in (optimizer_state or {}).items()
                 for k, v in st.items()}
     written = []
+    for name in FILES:              # a folder reused for another step keeps none of the earlier step's weights
+        (folder / f"{name}.safetensors").unlink(missing_ok=True)
     for name, tensors in (("before", before), ("after", after), ("gradient", gradient), ("reference", reference),
-                          ("optimizer", flat_opt if optimizer_state is not None else None)):
+                          ("optimizer", flat_opt if optimizer_state is not None else None), ("sampler", sampler)):
         if tensors is not None:
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / f"{name}.safetensors"))
             written.append(name)
@@ -157,7 +162,8 @@ def read_state(trace_dir) -> Optional[RecordedState]:
     return RecordedState(model_type=str(d.get("model_type")), model_config=_field(d, "model_config", dict, where),
                          before=loaded.get("before"), after=loaded.get("after"), gradient=loaded.get("gradient"),
                          reference=loaded.get("reference"), optimizer_state=opt, optimizer=optimizer,
-                         optimizer_settings=settings, trainable=trainable, tokenizer_dir=tok)
+                         optimizer_settings=settings, trainable=trainable, tokenizer_dir=tok,
+                         sampler=loaded.get("sampler"))
 
 
 def build_model(state: RecordedState, weights: dict):

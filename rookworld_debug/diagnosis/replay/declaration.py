@@ -1,0 +1,104 @@
+"""The declared objective, fitted: when a phase disagrees with the declaration but agrees with a neighbouring one
+(one keyword changed), the loop is healthy and its declaration is not; the finding names the keyword to pass.
+
+Neighbours are tried in order of simplicity (a switch before a choice, the declared family's loss types before
+another family's) and each only in the phases its keyword changes. A neighbour counts when the disagreeing phase's
+own check agrees under it; the whole step is then replayed under the fitted declaration, so a real fault further
+down is still found.
+
+    fit_declaration(trace, weights, first) -> Optional[DeclarationFit]
+    with_declaration(trace, keyword, value) -> StepTrace
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from .records import AGREE, PhaseCheck
+
+SCALES = ("group", "batch", "none")
+ESTIMATORS = ("k3", "k1", "k2")
+PRECISIONS = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class DeclarationFit:
+    """A keyword under which the disagreeing phase agrees: the loop computes `fitted`, the recorder was told
+    `declared`."""
+    keyword: str                # StepRecorder's keyword ("use_bias_correction_kl", "loss_type", "precision", …)
+    declared: object
+    fitted: object
+    phase: str                  # the phase that disagreed under the declaration and agrees under the fit
+    quantity: str               # what was compared there
+    difference: float           # its difference under the declaration
+    tolerance: float
+    trace: object = None        # the StepTrace under the fitted declaration
+
+
+def _loss_types(c) -> list:
+    """The declared family's other loss types first, then the other families'."""
+    from rookworld_debug.grpo.families import families
+    own = next((f for f in families() if c.loss_type in f.rules), None)
+    first = [lt for lt in (own.rules if own else ()) if lt != c.loss_type]
+    return first + [lt for f in families() if f is not own for lt in f.rules]
+
+
+def _precision(trace) -> str:
+    return str(getattr(trace.recorded, "dtype", None) or trace.config.dtype).removeprefix("torch.")
+
+
+# (keyword, the phases it changes, its neighbouring values given the trace), simplest first
+NEIGHBOURS = (
+    ("mask_truncated_completions", ("generation", "loss", "gradient"),
+     lambda t: [not t.config.mask_truncated_completions] if bool(t.rollout.is_truncated.any()) else []),
+    ("use_bias_correction_kl", ("loss", "gradient"),
+     lambda t: [not t.config.use_bias_correction_kl] if t.config.beta else []),
+    ("scale_rewards", ("advantages",), lambda t: [v for v in SCALES if v != t.config.scale_rewards]),
+    ("precision", ("scoring",), lambda t: [p for p in PRECISIONS if p != _precision(t)]),
+    ("kl_estimator", ("loss", "gradient"),
+     lambda t: [v for v in ESTIMATORS if v != t.config.kl_estimator] if t.config.beta else []),
+    ("importance_sampling_level", ("loss", "gradient"),
+     lambda t: [v for v in ("token", "sequence") if v != t.config.importance_sampling_level]
+     if getattr(t.recorded, "iteration", 0) else []),
+    ("loss_type", ("loss", "gradient"), lambda t: _loss_types(t.config)),
+)
+
+
+def with_declaration(trace, keyword: str, value):
+    """The trace as if the recorder had been told `keyword=value` (None when the config refuses the value)."""
+    from rookworld_debug.errors import ConfigError
+    if keyword == "precision":
+        return dataclasses.replace(trace, recorded=dataclasses.replace(trace.recorded, dtype=value))
+    try:
+        return dataclasses.replace(trace, config=trace.config.replace(**{keyword: value}))
+    except (ConfigError, ValueError, TypeError):
+        return None
+
+
+def fit_declaration(trace, weights, first: PhaseCheck, phase_checks) -> Optional[DeclarationFit]:
+    """The first neighbouring declaration under which `first`'s phase agrees. `phase_checks(trace, phase)` runs
+    that phase's checks on a trace (the replay's own functions)."""
+    if trace.recorded is None:              # a run_step trace or a TRL capture computes what its config says
+        return None
+    for keyword, phases, values in NEIGHBOURS:
+        if first.phase not in phases:
+            continue
+        for value in values(trace):
+            other = with_declaration(trace, keyword, value)
+            if other is None:
+                continue
+            checks = _quietly(phase_checks, other, first.phase)
+            if checks and all(c.status == AGREE for c in checks):
+                declared = _precision(trace) if keyword == "precision" else getattr(trace.config, keyword)
+                return DeclarationFit(keyword, declared, value, first.phase, first.quantity, first.max_abs_diff,
+                                      first.tolerance, other)
+    return None
+
+
+def _quietly(phase_checks, trace, phase):
+    """A neighbour its phase cannot run under explains nothing (a loss type refusing this batch's settings)."""
+    try:
+        return phase_checks(trace, phase)
+    except Exception:  # noqa: BLE001 - a refused neighbour is not a fit
+        return []

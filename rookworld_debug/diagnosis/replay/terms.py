@@ -1,0 +1,163 @@
+"""The loss's terms, fitted: the recorded gradient regressed on the gradients of the declared loss's terms and of
+their neighbours, from ONE forward of the policy.
+
+Every objective here is a function of the per-token log-probs ℓ (and entropies H): its gradient is Jᵀu with J the
+Jacobian of (ℓ, H) in θ and u = ∂L/∂(ℓ, H), an (N, T) tensor computed from the loss alone, without the model. So the
+forward runs once with its graph kept (`TokenJacobian`), each term costs one backward, and the regression
+
+    g_recorded ≈ a·∇PG + b·∇KL + b'·∇(KL·r) + c·∇H + d·∇ℓ̄
+
+gives the coefficients the loop actually applied: (1, β, β·[bias correction], c_H, 0) declared. ∇PG is the policy
+term's (β = 0), ∇KL the KL estimator's per unit β, ∇(KL·r) the importance ratio's part of a bias-corrected KL, ∇H
+the entropy bonus per unit c_H and ∇ℓ̄ a mean log-likelihood term's (an SFT-like term no GRPO loss has).
+
+Shape legend: N rows, T completion tokens.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rookworld_debug.grpo.objective.loss import compute_loss
+from rookworld_debug.grpo.objective.params import LossBatch, Objective
+from rookworld_debug.grpo.phases.generation import loss_mask
+from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
+
+
+class TokenJacobian:
+    """The policy's (ℓ, H) over the recorded rows with their graph: `gradient(u)` = Jᵀu by one backward."""
+
+    def __init__(self, trace, policy, trainable):
+        r = trace.rollout
+        names = set(trainable)
+        self.params = [(n, p) for n, p in policy.named_parameters() if n in names]
+        for n, p in policy.named_parameters():
+            p.requires_grad_(n in names)
+        self.logps, self.entropy = per_token_logps_and_entropy(
+            policy, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, r.temperatures,
+            with_grad=True, entropy_grad=True)                                                  # (N, T) each
+
+    def gradient(self, u_logps: torch.Tensor, u_entropy: torch.Tensor) -> dict:
+        grads = torch.autograd.grad([self.logps, self.entropy], [p for _, p in self.params],
+                                    [u_logps, u_entropy], retain_graph=True, allow_unused=True)
+        return {n: (g if g is not None else torch.zeros_like(p)).detach() for (n, p), g in zip(self.params, grads)}
+
+
+def token_weights(trace, objective, jac: TokenJacobian, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """u = (∂L/∂ℓ, ∂L/∂H), each (N, T): the loss composition (micro-batches as the loop normalised them) of
+    `objective`, plus `extra(ℓ, H, mask)`, differentiated at the values of `jac`'s forward alone."""
+    from rookworld_debug.diagnosis.replay.data_phases import micro_batches
+    r = trace.rollout
+    mask = loss_mask(r, trace.config)
+    lp = jac.logps.detach().clone().requires_grad_(True)
+    ent = jac.entropy.detach().clone().requires_grad_(True)
+    old = getattr(trace.recorded, "old_per_token_logps", None)
+    adv = trace.advantages.advantages
+    chunks = micro_batches(trace)
+    total = 0.0
+    for rows in chunks:
+        pick = (lambda x: None if x is None else x[rows])
+        total = total + compute_loss(lp[rows], pick(old) if old is not None else lp[rows].detach(),
+                                     pick(r.ref_per_token_logps), adv[rows], mask[rows], objective,
+                                     LossBatch(entropy=ent[rows], num_items_in_batch=mask.sum(),
+                                               gradient_accumulation_steps=len(chunks))).loss
+    if extra is not None:
+        total = total + extra(lp, ent, mask)
+    u_lp, u_ent = torch.autograd.grad(total, [lp, ent], allow_unused=True)
+    return (torch.zeros_like(lp) if u_lp is None else u_lp), (torch.zeros_like(ent) if u_ent is None else u_ent)
+
+
+def declared_gradient(trace, jac: TokenJacobian) -> dict:
+    """∇θ of the trace's declared loss (one backward through `jac`'s forward)."""
+    return jac.gradient(*token_weights(trace, Objective.from_config(trace.config), jac))
+
+
+class GradientFit:
+    """The regression of the module doc, on demand (the forward runs when `fit` is first called)."""
+
+    def __init__(self, trace, jac: TokenJacobian):
+        self.trace, self.jac = trace, jac
+
+    def terms(self) -> dict:
+        """{term: (its gradient, its declared coefficient)}."""
+        t = self.trace
+        if t.config.kl_estimator == "full":
+            return {}
+        ob = Objective.from_config(t.config)
+        base = ob.replace(beta=0.0, entropy_coef=0.0)
+
+        def grad(objective, extra=None):
+            return self.jac.gradient(*token_weights(t, objective, self.jac, extra))
+        pg = grad(base)
+        out = {"policy term": (pg, 1.0)}
+        if t.rollout.ref_per_token_logps is not None:
+            plain = grad(base.replace(beta=1.0, use_bias_correction_kl=False))
+            corrected = grad(base.replace(beta=1.0, use_bias_correction_kl=True))
+            out["KL term (per unit β)"] = (_minus(plain, pg), ob.beta)
+            out["the KL term's importance-ratio part (per unit β)"] = (
+                _minus(corrected, plain), ob.beta if ob.use_bias_correction_kl else 0.0)
+        out["entropy bonus (per unit c_H)"] = (_minus(grad(base.replace(entropy_coef=1.0)), pg), ob.entropy_coef)
+        n_rows = t.rollout.completion_ids.shape[0]
+
+        def mean_logp(lp, ent, mask):             # + Σ_i mean_t ℓ_it / N: a likelihood (SFT-like) term
+            return (lp * mask).sum(1).div(mask.sum(1).clamp(min=1)).sum() / n_rows
+        out["mean log-likelihood term"] = (_minus(grad(base, mean_logp), pg), 0.0)
+        return out
+
+    def fit(self, recorded: dict, names, tol: float):
+        """(coefficients {term: (fitted, declared)}, relative residual) by least squares."""
+        from rookworld_debug.grpo.trace.state import relative_error
+        terms = {k: v for k, v in self.terms().items() if _dot(v[0], v[0], names) > 0}
+        if not terms:
+            return {}, math.inf
+        keys = list(terms)
+        gram = torch.tensor([[_dot(terms[a][0], terms[b][0], names) for b in keys] for a in keys], dtype=torch.float64)
+        rhs = torch.tensor([_dot(terms[a][0], recorded, names) for a in keys], dtype=torch.float64)
+        scale = gram.diagonal().sqrt()
+        coef = torch.linalg.lstsq(gram / scale[:, None] / scale[None], (rhs / scale)[:, None]).solution.squeeze(1)
+        coef = coef / scale
+        fitted = {n: sum(float(c) * terms[k][0][n].double() for c, k in zip(coef, keys)) for n in names}
+        return {k: (float(c), terms[k][1]) for c, k in zip(coef, keys)}, relative_error(recorded, fitted, names)[0]
+
+
+def _minus(a: dict, b: dict) -> dict:
+    return {n: a[n] - b[n] for n in a}
+
+
+def _dot(a: dict, b: dict, names) -> float:
+    return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
+
+
+def _near(a: float, b: float) -> bool:
+    return abs(a - b) <= 0.02 * max(abs(b), 1e-3) + 1e-6
+
+
+def terms_cause(coefs: dict, accumulation: int) -> tuple[str, str, str]:
+    """(phase, code, sentence) from the fitted coefficients: which terms differ from their declared coefficient."""
+    off = {k: (a, d) for k, (a, d) in coefs.items() if not _near(a, d)}
+    said = "; ".join(f"{k}: {a:.4g} (declared {d:.4g})" for k, (a, d) in off.items())
+    ratios = [a / d for a, d in coefs.values() if abs(d) > 1e-9]
+    if ratios and all(_near(r, ratios[0]) for r in ratios) and all(abs(a) < 1e-6 for a, d in coefs.values()
+                                                                  if abs(d) <= 1e-9):
+        k = ratios[0]
+        why = f"the recorded gradient is {k:.4g} × the declared loss's (every term scaled alike)"
+        if accumulation > 1 and abs(k - accumulation) < 0.05 * accumulation:
+            why += f": the micro-batch losses were not divided by the {accumulation} accumulation steps"
+        return "gradient", "gradient_scaled", why
+    pg = coefs.get("policy term")
+    kl = coefs.get("KL term (per unit β)")
+    part = coefs.get("the KL term's importance-ratio part (per unit β)")
+    if set(off) == {"policy term"} and _near(pg[0], -1.0):
+        return "loss", "loss_advantage_sign", ("the policy term enters with the opposite sign (its value hides it: "
+                                               "Σ A = 0 in a group; its gradient does not): " + said)
+    if kl is not None and kl[1] and set(off) <= {"KL term (per unit β)", "the KL term's importance-ratio part "
+                                                 "(per unit β)"}:
+        if all(_near(coefs[k][0], 0.0) for k in off):
+            return "loss", "kl_not_applied", "the loss leaves out the β·KL term: " + said
+        if all(_near(coefs[k][0], -coefs[k][1]) for k in off):
+            return "loss", "kl_sign_flipped", "the KL term enters with −β: it pushes the policy away: " + said
+    if pg is not None and part is not None and part[1] and _near(pg[0], -1.0) and _near(part[0], -part[1]):
+        return "loss", "loss_terms", ("every gradient through the importance ratio is reversed (the policy term "
+                                      "and the KL's ratio part): the ratio is exp(ℓ_old − ℓ), inverted: " + said)
+    return "loss", "loss_terms", "the loss's terms carry other coefficients than declared: " + said
