@@ -19,6 +19,7 @@ Tensors are copied to the CPU at the call, so the loop may go on changing its ow
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -59,6 +60,29 @@ def _cpu(x, what: str, dtype=None) -> torch.Tensor:
             raise DataError(f"{what}: a tensor expected, got {type(x).__name__}") from None
     x = x.detach().to("cpu", copy=True)
     return x.to(dtype) if dtype is not None else x
+
+
+@dataclass(frozen=True)
+class DeclarationCheck:
+    """What `StepRecorder.check()` found: the keywords the loop's numbers fit instead of the declared ones, and the
+    first phase that disagrees even under them (None: every replayed phase agrees)."""
+    keywords: dict                      # {keyword: the value the loop computes}: pass these to StepRecorder
+    declared: dict                      # {keyword: the value it was told}
+    first_disagreement: object          # diagnosis.replay.PhaseCheck or None
+    replayed: tuple                     # the phases that were replayed
+
+    @property
+    def ok(self) -> bool:
+        return not self.keywords and self.first_disagreement is None
+
+    def __str__(self) -> str:
+        lines = [f"declare {k}={v!r} (declared {self.declared[k]!r}): the loop computes it"
+                 for k, v in self.keywords.items()]
+        c = self.first_disagreement
+        if c is not None:
+            lines.append(f"{c.phase} disagrees even so: {c.quantity} by {c.max_abs_diff:.4g} (tolerance "
+                         f"{c.tolerance:.3g}){': ' + c.explanation if c.explanation else ''}")
+        return "\n".join(lines) or f"the declaration holds: {', '.join(self.replayed)} agree"
 
 
 class StepRecorder:
@@ -232,6 +256,19 @@ class StepRecorder:
             import shutil
             shutil.rmtree(path / "state", ignore_errors=True)
         return path
+
+    def check(self) -> "DeclarationCheck":
+        """Replay this step against its declaration now: on a first healthy step, which keywords the loop computes
+        other than declared (each with the value to pass), and the first phase that still disagrees. Pass
+        `result.keywords` to the StepRecorder of later steps; `print(result)` says it in words."""
+        import tempfile
+        from rookworld_debug.diagnosis.replay import replay_path
+        with tempfile.TemporaryDirectory(prefix="rookworld-check-") as tmp:
+            rep = replay_path(self.save(Path(tmp) / "step"))
+        return DeclarationCheck(keywords={d.keyword: d.fitted for d in rep.declarations},
+                                declared={d.keyword: d.declared for d in rep.declarations},
+                                first_disagreement=rep.first_disagreement,
+                                replayed=tuple(p["phase"] for p in rep.phases() if p["status"] != "not replayed"))
 
     def recorded_record(self, config, loss_value: float) -> RecordedStep:
         p = self.pieces

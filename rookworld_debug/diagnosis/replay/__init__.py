@@ -35,6 +35,9 @@ from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.weights import Weights, weights_for
 
+# a loop rarely differs from its declaration in more than a couple of keywords; past three, the fits stop
+MAX_DECLARATION_FITS = 3
+
 __all__ = ["PHASES", "PhaseCheck", "Replay", "DeclarationFit", "replay_trace", "replay_path", "replay_findings"]
 
 
@@ -47,16 +50,19 @@ def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
     t0 = time.perf_counter()
     w = weights_for(trace, path) if weights else Weights.none("not asked for (--no-replay of the weights)")
     checks = _checks(trace, w)
-    first = _first(checks)
-    fit = fit_declaration(trace, w, first, lambda t, phase: _phase(t, w, phase)) if first is not None else None
-    if fit is not None:
+    first, fits = _first(checks), []
+    while first is not None and len(fits) < MAX_DECLARATION_FITS:     # one keyword at a time, each then kept
+        fit = fit_declaration(trace, w, first, lambda t, phase: _phase(t, w, phase))
+        if fit is None:
+            break
+        fits.append(fit)
         trace = fit.trace
         checks = _checks(trace, w)
         first = _first(checks)
     if first is not None and not first.cause and first.phase in ("loss", "gradient"):
         checks = _with_term_fit(trace, w, checks)
-    return Replay(checks=tuple(checks), weights=w.source, seconds=time.perf_counter() - t0, declaration=fit,
-                  trace=trace)
+    return Replay(checks=tuple(checks), weights=w.source, seconds=time.perf_counter() - t0,
+                  declarations=tuple(fits), trace=trace)
 
 
 def _first(checks) -> Optional[PhaseCheck]:

@@ -94,7 +94,7 @@ def _finding(c, first: bool, upstream: str = "") -> Finding:
 
 def replay_findings(replay: Replay) -> list[Finding]:
     first = replay.first_disagreement
-    out = [declaration_finding(replay.declaration)] if replay.declaration is not None else []
+    out = [declaration_finding(d) for d in replay.declarations]
     if first is not None:
         out.append(_finding(first, True))
         out += [_finding(c, False, first.phase) for c in replay.checks

@@ -122,6 +122,8 @@ def _permutation(rec, ref, mask, tol, g):
     if not bool(close.any(1).all()):
         return None
     source = _assign(close)
+    if source == list(range(n)):               # the rows are where they belong: what differs is not their order
+        return None
     if source is None:                         # no one-to-one map: some right rows used twice
         src = close.int().argmax(1).tolist()
         return Fit("other_rows", {"source_rows": src[:16]}, 0.0,
@@ -203,7 +205,7 @@ def _per_group_affine(rec, ref, mask, tol, g):
             a = float(((x - x.mean()) * (y - y.mean())).sum()) / var if var > 0 else 0.0
             fitted[sel] = a * x + (y.mean() - a * x.mean())
         r = _resid(rec, fitted, None)
-        if r <= tol:
+        if r <= tol and _resid(fitted, ref, None) > tol:
             return Fit("affine_per_set", {"grouping": name}, r, f"the recorded values are an affine map of the right "
                                                                  f"ones within {name}: statistics over another grouping")
     return None

@@ -39,8 +39,13 @@ class Replay:
     checks: tuple               # PhaseCheck, in PHASES order
     weights: str                # where the weights came from ("recorded state/", "the embedded model", "none: …")
     seconds: float
-    declaration: object = None  # DeclarationFit: the keyword under which the step agrees (None: the declared one)
-    trace: object = None        # the StepTrace replayed (under the fitted declaration when there is one)
+    declarations: tuple = ()    # DeclarationFit, in the order found: the keywords under which the step agrees
+    trace: object = None        # the StepTrace replayed (under the fitted declarations when there are any)
+
+    @property
+    def declaration(self):
+        """The first fitted declaration (None: the step agrees with, or disagrees beyond, the declared one)."""
+        return self.declarations[0] if self.declarations else None
 
     def phases(self) -> list:
         """[{phase, status, quantities, why}] in PHASES order: agree / disagree / not replayed, and why not."""
@@ -59,12 +64,10 @@ class Replay:
         """Plain JSON: the first disagreement (None when every replayed phase agrees), every phase's status, the
         declaration fit, the checks and where the weights came from."""
         first = self.first_disagreement
-        d = self.declaration
         return {"first_disagreement": first.to_dict() if first is not None else None, "phases": self.phases(),
-                "declaration": None if d is None else {"keyword": d.keyword, "declared": d.declared,
-                                                       "fitted": d.fitted, "phase": d.phase, "quantity": d.quantity,
-                                                       "difference": _num(d.difference),
-                                                       "tolerance": _num(d.tolerance)},
+                "declarations": [{"keyword": d.keyword, "declared": d.declared, "fitted": d.fitted, "phase": d.phase,
+                                  "quantity": d.quantity, "difference": _num(d.difference),
+                                  "tolerance": _num(d.tolerance)} for d in self.declarations],
                 "checks": [c.to_dict() for c in self.checks], "weights": self.weights,
                 "seconds": _num(self.seconds)}
 
