@@ -27,21 +27,49 @@ HEALTHY = tuple(
         ("dapo", 0.0, 2, "P", 1e-4, "bfloat16")))
 
 
-# settings a fault needs to change the step at all (a clip that never binds changes nothing)
-FAULT_SETTINGS = {"no_clip": {"max_grad_norm": 1e-3}, "clip_after_step": {"max_grad_norm": 1e-3}}
+# the loop's shapes: passes over a rollout (μ, the recorded pass), micro-batches, a separate sampler copy, a
+# scheduler, bf16 autocast, truncated completions masked, the plain k3 KL
+SHAPES = tuple(
+    dict(num_iterations=mu, record_pass=rp, micro_batches=mb, separate_sampler=ss, scheduler=sc, loss_type=lt,
+         beta=beta, autocast=ac, mask_truncated=mt, bias_correction=bc, num_generations=g)
+    for mu, rp, mb, ss, sc, lt, beta, ac, mt, bc, g in (
+        (2, -1, 2, False, False, "grpo", 0.04, "", False, True, 4), (2, 0, 1, False, True, "dapo", 0.0, "", False, True, 4),
+        (4, -1, 4, False, False, "bnpo", 0.04, "", False, True, 4), (4, 2, 2, True, True, "dr_grpo", 0.1, "", False, True, 4),
+        (1, -1, 3, True, False, "grpo", 0.04, "", False, True, 3), (2, -1, 2, True, True, "bnpo", 0.0, "", True, True, 4),
+        (1, -1, 4, False, True, "dapo", 0.04, "", True, False, 4), (2, -1, 1, False, False, "grpo", 0.1, "", False, False, 2),
+        (2, -1, 2, False, False, "dapo", 0.04, "bfloat16", False, True, 4),
+        (1, -1, 2, True, False, "bnpo", 0.04, "bfloat16", True, True, 4),
+        (4, -1, 2, False, True, "grpo", 0.0, "", False, True, 4), (1, -1, 1, False, False, "dr_grpo", 0.0, "", True, True, 3)))
+# healthy loops whose declaration is not what they compute: a declaration note, never an error
+DECLARATION_VARIANTS = tuple(
+    dict(declare=d, **kw) for d, kw in (
+        ((("use_bias_correction_kl", True),), dict(bias_correction=False)),
+        ((("use_bias_correction_kl", False),), dict(bias_correction=True, num_iterations=2)),
+        ((("loss_type", "grpo"),), dict(loss_type="dapo")),
+        ((("loss_type", "dapo"),), dict(loss_type="bnpo", micro_batches=2)),
+        ((("scale_rewards", "none"),), dict()),
+        ((("precision", None),), dict(autocast="bfloat16")),
+        ((("mask_truncated_completions", False),), dict(mask_truncated=True)),
+        ((("loss_type", "dr_grpo"), ("use_bias_correction_kl", True)), dict(loss_type="grpo", bias_correction=False))))
+
+# settings a fault needs to change the step at all (a clip that never binds changes nothing; a fault of a loop shape)
+FAULT_SETTINGS = {"no_clip": {"max_grad_norm": 1e-3}, "clip_after_step": {"max_grad_norm": 1e-3},
+                  "sampler_not_synced": {"separate_sampler": True}, "old_logps_recomputed": {"num_iterations": 2}}
 
 
 def diagnose_case(cfg, fault: str) -> dict:
-    from rookworld_debug.diagnosis import diagnose_path
-    from rookworld_debug.diagnosis.replay import replay_path
+    from rookworld_debug.diagnosis.registry import diagnose_folder
     from rookworld_debug.lab.handloop import ALL_FAULTS as FAULTS, run
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         run(cfg, out=tmp, fault=fault)
         t1 = time.perf_counter()
-        findings = diagnose_path(tmp)
+        findings, replays = diagnose_folder(tmp)
         t2 = time.perf_counter()
-        first = replay_path(tmp).first_disagreement
+    rep = replays.get(None)
+    first = rep.first_disagreement if rep is not None else None
+    if rep is not None and rep.declaration is not None:       # the phase the declaration was fitted in came first
+        first = rep.declaration
     phase, cause = FAULTS.get(fault, ("", ""))
     codes = [f.code for f in findings if f.severity != "info"]
     return {"fault": fault, "config": cfg.to_dict(), "expected_phase": phase, "expected_cause": cause,
@@ -49,7 +77,9 @@ def diagnose_case(cfg, fault: str) -> dict:
             "errors": sum(f.severity == "error" for f in findings),
             "top1": bool(codes) and _names(codes[0], cause, phase), "top3": any(_names(c, cause, phase)
                                                                            for c in codes[:3]),
-            "record_seconds": t1 - t0, "diagnose_seconds": t2 - t1}
+            "record_seconds": t1 - t0, "diagnose_seconds": t2 - t1,
+            "replay_seconds": rep.seconds if rep is not None else None,
+            "declared": [[d.keyword, d.fitted] for d in rep.declarations] if rep is not None else []}
 
 
 def _healthy_folder(kind: str, tmp: Path, kw: dict) -> Path:
@@ -100,7 +130,8 @@ def _names(code: str, cause: str, phase: str) -> bool:
     return code == cause if cause else code == f"replay_{phase}"
 
 
-def run_all(out: Path, faults=None, healthy=HEALTHY, other_healthy=OTHER_HEALTHY) -> list:
+def run_all(out: Path, faults=None, healthy=HEALTHY + SHAPES + DECLARATION_VARIANTS,
+            other_healthy=OTHER_HEALTHY) -> list:
     from rookworld_debug.lab.handloop import FAULTS, LoopConfig
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -153,7 +184,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/replay_bench", help="folder for results.jsonl and table.md")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable); default: all")
-    ap.add_argument("--heldout", action="store_true", help="the faults written after the checks were frozen")
+    ap.add_argument("--heldout", action="store_true", help="the faults written after the named checks were frozen")
+    ap.add_argument("--frozen", action="store_true", help="the faults written after the generic fits were frozen")
     ap.add_argument("--no-healthy", action="store_true", help="skip the healthy steps")
     ap.add_argument("--table", action="store_true", help="only re-render table.md from the folder's results.jsonl")
     a = ap.parse_args(argv)
@@ -162,9 +194,10 @@ def main(argv=None) -> int:
         (Path(a.out) / "table.md").write_text(table(rows))
         print(table(rows))
         return 0
-    from rookworld_debug.lab.handloop import HELDOUT_FAULTS
-    faults = a.fault or (list(HELDOUT_FAULTS) if a.heldout else None)
-    rows = run_all(Path(a.out), faults, *(((), ()) if a.no_healthy else (HEALTHY, OTHER_HEALTHY)))
+    from rookworld_debug.lab.handloop import FROZEN_FAULTS, HELDOUT_FAULTS
+    faults = a.fault or (list(FROZEN_FAULTS) if a.frozen else list(HELDOUT_FAULTS) if a.heldout else None)
+    rows = run_all(Path(a.out), faults, *(((), ()) if a.no_healthy else
+                                          (HEALTHY + SHAPES + DECLARATION_VARIANTS, OTHER_HEALTHY)))
     print(table(rows))
     return 0
 

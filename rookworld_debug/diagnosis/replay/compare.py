@@ -51,7 +51,7 @@ def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch
     both_nan = torch.isnan(rec) & torch.isnan(ref)
     diff = (rec - ref).abs().masked_fill(both_nan, 0.0).nan_to_num(nan=math.inf)
     if mask is not None:
-        diff = diff * mask.to(diff.dtype)
+        diff = diff.masked_fill(mask == 0, 0.0)        # not ×: an inf or NaN outside the mask is no difference
     worst = float(diff.max()) if diff.numel() else 0.0
     mean = float(diff.sum() / mask.sum().clamp(min=1)) if mask is not None else float(diff.mean()) \
         if diff.numel() else 0.0
@@ -70,14 +70,15 @@ def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch
 def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: Optional[torch.Tensor]) -> float:
     d = (a.double() - b.double()).abs().nan_to_num(nan=math.inf)
     if mask is not None:
-        d = d * mask.to(d.dtype)
+        d = d.masked_fill(mask == 0, 0.0)
     return float(d.max()) if d.numel() else 0.0
 
 
 def match_variant(rec: torch.Tensor, variants: Mapping[str, tuple], tol: float,
                   mask: Optional[torch.Tensor] = None, trusted: Optional[torch.Tensor] = None) -> tuple[str, str]:
     """(code, sentence) of the first variant whose values reproduce `rec` within `tol` AND differ from the trusted
-    values by more than `DISTINCT` × tol (a variant the data cannot tell from the right answer explains nothing),
+    values by more than `DISTINCT` × tol (a variant the data cannot tell from the right answer explains nothing;
+    a sentence may be a callable: a fitted parameter it names is known only once its values are computed),
     else ("", "")."""
     for code, (values, sentence) in variants.items():
         v = values() if callable(values) else values
@@ -85,8 +86,8 @@ def match_variant(rec: torch.Tensor, variants: Mapping[str, tuple], tol: float,
             continue
         if trusted is not None and _max_diff(v, trusted, mask) <= DISTINCT * tol:
             continue
-        if _max_diff(rec, v, mask) <= tol:
-            return code.split("/")[0], sentence       # "code/variant": one cause, several ways to reach it
+        if _max_diff(rec, v, mask) <= tol:            # "code/variant": one cause, several ways to reach it
+            return code.split("/")[0], sentence() if callable(sentence) else sentence
     return "", ""
 
 

@@ -124,10 +124,32 @@ def rewards_check(trace, labels) -> PhaseCheck:
                                      f"the label-based modes {LABEL_REWARD_MODES} only")
     if not labels or not any(labels):
         return skipped("rewards", q, "no dataset labels were recorded with the prompts")
-    scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(labels), reward_mode=rw.reward_mode)
-    ref = torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)   # (N,)
-    return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=reward_variants(ref, r.num_generations),
+    def score(lab):
+        scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(lab), reward_mode=rw.reward_mode)
+        return torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)  # (N,)
+    ref = score(labels)
+    variants = {**reward_variants(ref, r.num_generations), **_label_variants(score, labels, r.num_generations)}
+    return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=variants,
                    fit=value_fits(r.num_generations))
+
+
+def _label_variants(score, labels, g: int) -> dict:
+    """A fit of the join between completions and labels: the rewards scored against the labels of other rows
+    (another group's, or in prompt-major order), each computed only when tried."""
+    n = len(labels)
+    out = {}
+    for s in (g, -g):
+        if 0 < abs(s) < n:
+            rolled = [labels[(i - s) % n] for i in range(n)]
+            out[f"rewards_other_labels/{s}"] = (lambda lab=rolled: score(lab), f"the rewards were scored against the "
+                                                f"labels of the rows {s} away (another group's label): the reward "
+                                                "reads each completion against another position's answer")
+    b = n // g if g else 0
+    if b > 1:
+        stride = [labels[(i % b) * g + i // b] for i in range(n)]
+        out["rewards_other_labels/stride"] = (lambda lab=stride: score(lab), "the rewards were scored against the "
+                                              "labels in prompt-major order (stride B) while the rows are grouped")
+    return out
 
 
 def reward_variants(ref: torch.Tensor, g: int) -> dict:
@@ -190,6 +212,12 @@ def loss_value(trace) -> tuple[float, str]:
     return float(trace.loss.loss), "the loss record"
 
 
+def accumulation(trace) -> int:
+    """g, the count each micro-batch's loss is divided by: the declared gradient_accumulation_steps (TRL divides by
+    it whatever the rows' split), 1 for a trace that was not recorded by a loop."""
+    return max(1, int(trace.recorded.gradient_accumulation_steps)) if trace.recorded is not None else 1
+
+
 def micro_batches(trace) -> list:
     """The rows of each micro-batch the recorded loss was summed over: `gradient_accumulation_steps` contiguous,
     equal chunks (torch.chunk) — the layout a recorder declares; TRL scales each one's loss by its own count."""
@@ -208,7 +236,7 @@ def loss_total(trace, objective, logps, old, ref, adv):
         def pick(x):
             return None if x is None else x[rows]
         total = total + compute_loss(pick(logps), pick(old), pick(ref), adv[rows], mask[rows], objective,
-                                     LossBatch(num_items_in_batch=mask.sum(), gradient_accumulation_steps=len(chunks),
+                                     LossBatch(num_items_in_batch=mask.sum(), gradient_accumulation_steps=accumulation(trace),
                                                num_generations=None)).loss
     return total
 

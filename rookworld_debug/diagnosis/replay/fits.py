@@ -45,7 +45,7 @@ def _plain(v):
 def _resid(rec, fitted, mask) -> float:
     d = (rec - fitted).abs().nan_to_num(nan=math.inf)
     if mask is not None:
-        d = d * mask
+        d = d.masked_fill(mask == 0, 0.0)
     return float(d.max()) if d.numel() else 0.0
 
 
@@ -110,7 +110,7 @@ def _shift(rec, ref, mask, tol, g):
 
 
 def _row_key(x, mask):
-    return x if mask is None else x * mask
+    return x if mask is None else x.masked_fill(mask == 0, 0.0)
 
 
 def _permutation(rec, ref, mask, tol, g):

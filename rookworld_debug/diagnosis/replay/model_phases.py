@@ -126,7 +126,40 @@ def _scoring_variants(trace, policy) -> dict:
         variants["sampler_logps_after_warping"] = (
             lambda: _variant_logps(policy, r, warp=warp), "the sampler recorded log-probs of the top-k / top-p "
             "renormalised distribution, not of the tempered policy: a ratio against them is biased")
+    else:                       # a filter the declaration does not have: its k fitted from the recorded values
+        k = {}
+
+        def top_k_logps():
+            k["k"] = _fitted_top_k(policy, r)
+            n = r.completion_ids.shape[0]
+            return None if k["k"] is None else _variant_logps(policy, r, warp=(torch.full((n,), k["k"]), None))
+        variants["sampler_logps_after_warping/fitted"] = (
+            top_k_logps, lambda: f"the sampler's log-probs are those of the tempered distribution renormalised over "
+            f"its top k = {k['k']} tokens (k fitted from the recorded values), a filter the declaration does not "
+            "have (top_k=0): the rollout came from another distribution than the declared one, and a ratio against "
+            "it is biased")
     return variants
+
+
+@torch.no_grad()
+def _fitted_top_k(model, r) -> Optional[int]:
+    """The k for which log-probs renormalised over the top k reproduce the recorded sampler's, token by token
+    (its most common value over the tokens a filter changed), or None."""
+    ks = []
+    for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD):
+        rows = slice(s, s + ROWS_PER_FORWARD)
+        ids, mask = r.completion_ids[rows], r.completion_mask[rows].bool()
+        full, attn = torch.cat([r.prompt_ids[rows], ids], 1), torch.cat([r.prompt_mask[rows].long(), mask.long()], 1)
+        logits = model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
+        p, t = r.prompt_ids.shape[1], ids.shape[1]
+        lp = (logits[:, p - 1:p + t - 1].float() / r.temperatures[rows].float()[:, None, None]).log_softmax(-1)
+        mass = lp.sort(-1, descending=True).values.logcumsumexp(-1)                      # (n, T, V) log Σ top-k
+        gap = lp.gather(-1, ids[..., None]).squeeze(-1) - r.sampling_per_token_logps[rows].float()   # (n, T) ≤ 0
+        changed = mask & (gap < -1e-3)
+        k = (mass - gap[..., None]).abs().argmin(-1) + 1                                  # (n, T)
+        ks.append(k[changed])
+    ks = torch.cat(ks)
+    return int(ks.mode().values) if ks.numel() else None
 
 
 def _other_weights(check: PhaseCheck, rec, mask, expected, models: dict, logps, tol: float) -> PhaseCheck:
@@ -144,7 +177,7 @@ def _other_weights(check: PhaseCheck, rec, mask, expected, models: dict, logps, 
 
 
 def _max_diff_masked(a, b, mask) -> float:
-    d = (a.double() - b.double()).abs().nan_to_num(nan=math.inf) * mask.to(torch.float64)
+    d = (a.double() - b.double()).abs().nan_to_num(nan=math.inf).masked_fill(mask == 0, 0.0)
     return float(d.max()) if d.numel() else 0.0
 
 
@@ -219,7 +252,7 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
 def recompute_gradient(trace, policy, trainable, objective=None, advantages=None) -> dict:
     """{name: ∇θ of the declared loss} on the recorded rows, advantages, π_old and reference, summed over the
     step's micro-batches as the loop accumulated them (`objective` / `advantages`: a variant's)."""
-    from rookworld_debug.diagnosis.replay.data_phases import micro_batches
+    from rookworld_debug.diagnosis.replay.data_phases import accumulation, micro_batches
     r = trace.rollout
     ob = objective or Objective.from_config(trace.config)
     adv = trace.advantages.advantages if advantages is None else advantages
@@ -238,7 +271,7 @@ def recompute_gradient(trace, policy, trainable, objective=None, advantages=None
         pick = (lambda x: None if x is None else x[rows])
         loss = compute_loss(logps, pick(old), pick(r.ref_per_token_logps), adv[rows], mask[rows], ob,
                             LossBatch(entropy=ent, num_items_in_batch=mask.sum(),
-                                      gradient_accumulation_steps=len(chunks))).loss
+                                      gradient_accumulation_steps=accumulation(trace))).loss
         loss.backward()
     return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
             for n, p in policy.named_parameters() if n in names}
@@ -277,9 +310,18 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
         coefs, rel = fit.fit(recorded, names, tol)
         fitted = {"kind": "terms", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in coefs.items()},
                   "residual": rel, "sentence": ""}
+        mb, rel_mb = fit.fit_micro_batches(recorded, names) if rel > tol else ({}, math.inf)
         if rel <= tol:
             phase, cause, why = terms_cause(coefs, accumulation)
             fitted["sentence"] = why
+        elif rel_mb <= tol:
+            why = ("the recorded gradient holds the micro-batches' gradients with other weights than the declared 1 "
+                   "each: " + "; ".join(f"{t}: {a:.4g}" for t, (a, _) in mb.items()) +
+                   (" (only the last survives: gradients zeroed between micro-batches)"
+                    if all(abs(a) < 0.02 for a, _ in list(mb.values())[:-1]) else ""))
+            cause = "gradient_micro_batches"
+            fitted = {"kind": "micro_batches", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in mb.items()},
+                      "residual": rel_mb, "sentence": why}
         elif 0.5 < k < 1.5 and norm_rec > 1.2 * norm_ref:
             cause, why = "gradient_not_zeroed", ("the recorded gradient holds this loss's gradient plus another "
                                                  "one that no term of this step's loss explains (fitted residual "

@@ -47,7 +47,7 @@ class TokenJacobian:
 def token_weights(trace, objective, jac: TokenJacobian, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
     """u = (∂L/∂ℓ, ∂L/∂H), each (N, T): the loss composition (micro-batches as the loop normalised them) of
     `objective`, plus `extra(ℓ, H, mask)`, differentiated at the values of `jac`'s forward alone."""
-    from rookworld_debug.diagnosis.replay.data_phases import micro_batches
+    from rookworld_debug.diagnosis.replay.data_phases import accumulation, micro_batches
     r = trace.rollout
     mask = loss_mask(r, trace.config)
     lp = jac.logps.detach().clone().requires_grad_(True)
@@ -61,7 +61,7 @@ def token_weights(trace, objective, jac: TokenJacobian, extra=None) -> tuple[tor
         total = total + compute_loss(lp[rows], pick(old) if old is not None else lp[rows].detach(),
                                      pick(r.ref_per_token_logps), adv[rows], mask[rows], objective,
                                      LossBatch(entropy=ent[rows], num_items_in_batch=mask.sum(),
-                                               gradient_accumulation_steps=len(chunks))).loss
+                                               gradient_accumulation_steps=accumulation(trace))).loss
     if extra is not None:
         total = total + extra(lp, ent, mask)
     u_lp, u_ent = torch.autograd.grad(total, [lp, ent], allow_unused=True)
@@ -107,18 +107,38 @@ class GradientFit:
 
     def fit(self, recorded: dict, names, tol: float):
         """(coefficients {term: (fitted, declared)}, relative residual) by least squares."""
-        from rookworld_debug.grpo.trace.state import relative_error
-        terms = {k: v for k, v in self.terms().items() if _dot(v[0], v[0], names) > 0}
-        if not terms:
+        return _regress(recorded, self.terms(), names)
+
+    def fit_micro_batches(self, recorded: dict, names):
+        """The same regression on each micro-batch's share of the declared gradient (declared: 1 each): which
+        micro-batches the recorded gradient holds, and how much of each."""
+        from rookworld_debug.diagnosis.replay.data_phases import accumulation, micro_batches
+        chunks = micro_batches(self.trace)
+        if len(chunks) < 2:
             return {}, math.inf
-        keys = list(terms)
-        gram = torch.tensor([[_dot(terms[a][0], terms[b][0], names) for b in keys] for a in keys], dtype=torch.float64)
-        rhs = torch.tensor([_dot(terms[a][0], recorded, names) for a in keys], dtype=torch.float64)
-        scale = gram.diagonal().sqrt()
-        coef = torch.linalg.lstsq(gram / scale[:, None] / scale[None], (rhs / scale)[:, None]).solution.squeeze(1)
-        coef = coef / scale
-        fitted = {n: sum(float(c) * terms[k][0][n].double() for c, k in zip(coef, keys)) for n in names}
-        return {k: (float(c), terms[k][1]) for c, k in zip(coef, keys)}, relative_error(recorded, fitted, names)[0]
+        u_lp, u_ent = token_weights(self.trace, Objective.from_config(self.trace.config), self.jac)
+        terms = {}
+        for k, rows in enumerate(chunks):
+            keep = torch.zeros(u_lp.shape[0], 1)
+            keep[rows] = 1.0
+            terms[f"micro-batch {k + 1} (rows {int(rows[0])}–{int(rows[-1])})"] = (
+                self.jac.gradient(u_lp * keep, u_ent * keep), 1.0)
+        return _regress(recorded, terms, names)
+
+
+def _regress(recorded: dict, terms: dict, names):
+    """Least squares of `recorded` on the terms' gradients: ({term: (fitted, declared)}, relative residual)."""
+    from rookworld_debug.grpo.trace.state import relative_error
+    terms = {k: v for k, v in terms.items() if _dot(v[0], v[0], names) > 0}
+    if not terms:
+        return {}, math.inf
+    keys = list(terms)
+    gram = torch.tensor([[_dot(terms[a][0], terms[b][0], names) for b in keys] for a in keys], dtype=torch.float64)
+    rhs = torch.tensor([_dot(terms[a][0], recorded, names) for a in keys], dtype=torch.float64)
+    scale = gram.diagonal().sqrt()                  # normalised columns: terms of very different sizes
+    coef = torch.linalg.lstsq(gram / scale[:, None] / scale[None], (rhs / scale)[:, None]).solution.squeeze(1) / scale
+    fitted = {n: sum(float(c) * terms[k][0][n].double() for c, k in zip(coef, keys)) for n in names}
+    return {k: (float(c), terms[k][1]) for c, k in zip(coef, keys)}, relative_error(recorded, fitted, names)[0]
 
 
 def _minus(a: dict, b: dict) -> dict:

@@ -1,0 +1,234 @@
+"""Replay on the user's own loop, of every shape: several optimizer passes over one rollout (π_old is the sampler's),
+a separate sampler copy, micro-batches normalised by their own tokens, a scheduler, truncated rows masked; a
+declaration unlike what the loop computes is a note naming the keyword, never an error; a fault inside a phase is
+explained by a fitted transformation with its parameters; `diagnose --json` carries the first disagreement."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _loop(tmp: Path, fault: str = "", **kw):
+    """Run the hand-written loop (lab.handloop) with `fault`, one rollout unless said (its passes over it are the
+    steps); returns (its StepRecorder, the saved folder)."""
+    from rookworld_debug.lab.handloop import LoopConfig, run
+    folder = tmp / (fault or "healthy")
+    rec = run(LoopConfig(**{"num_prompts": 2, "num_generations": 3, "steps": 1, **kw}), out=str(folder), fault=fault)
+    return rec, folder
+
+
+def _errors(findings):
+    return [(f.code, f.cause[:200]) for f in findings if f.severity == "error"]
+
+
+@pytest.fixture(scope="module")
+def ppo_step(tmp_path_factory):
+    """Two passes per rollout (the second recorded), a separate sampler copy, 2 micro-batches, a scheduler and the
+    plain k3 KL, declared as they are."""
+    return _loop(tmp_path_factory.mktemp("ppo"), num_iterations=2, micro_batches=2, separate_sampler=True,
+                 scheduler=True, bias_correction=False)
+
+
+def test_a_later_pass_over_a_rollout_replays_clean_against_the_weights_that_sampled(ppo_step):
+    from rookworld_debug.diagnosis import diagnose_path
+    from rookworld_debug.diagnosis.replay import replay_path
+    rec, folder = ppo_step
+    found = diagnose_path(folder)
+    assert not _errors(found) and "replay_agrees" in [f.code for f in found], _errors(found)
+    rep = replay_path(folder)
+    old = [c for c in rep.checks if c.quantity.startswith("old_per_token_logps")]
+    assert old and old[0].status == "agree"                        # π_old held to the sampler's weights
+    ident = [c for c in rep.checks if c.quantity.startswith("the weights that sampled")]
+    assert ident and ident[0].max_abs_diff > 0                     # a later pass: the policy has moved since
+    assert rec.iteration == 1 and "sampler_weights" in rec.recorded_pieces()
+
+
+def test_bnpo_over_four_micro_batches_with_truncated_rows_masked_replays_clean(tmp_path):
+    from rookworld_debug.diagnosis import diagnose_path
+    _, folder = _loop(tmp_path, num_iterations=4, record_pass=2, micro_batches=4, loss_type="bnpo",
+                      mask_truncated=True)
+    found = diagnose_path(folder)
+    assert not _errors(found), _errors(found)
+    assert not [f for f in found if f.code == "loss_path_mismatch"]
+
+
+def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tmp_path):
+    """The same recorded numbers declared with TRL's default KL bias correction: the loop computes the plain k3."""
+    from rookworld_debug.diagnosis import diagnose_path
+    from rookworld_debug.record import StepRecorder
+    rec, _ = ppo_step
+    told = {**rec.declared, "use_bias_correction_kl": True}
+    other = StepRecorder(rec.tokenizer, trainer=rec.trainer, step=rec.step, num_iterations=told.pop("num_iterations"),
+                         iteration=rec.iteration, gradient_accumulation_steps=rec.gradient_accumulation_steps,
+                         epsilon=told.pop("epsilon_low"), temperature=told.pop("p_temperature"),
+                         top_p=told.pop("p_top_p"), **{k: v for k, v in told.items()
+                                                       if k not in ("epsilon_high", "a_temperature", "a_top_p")})
+    other.pieces = dict(rec.pieces)
+    found = diagnose_path(other.save(tmp_path / "declared"))
+    assert not _errors(found), _errors(found)
+    note = found[0]
+    assert note.code == "declaration_mismatch" and note.severity == "warning"
+    assert "use_bias_correction_kl=False" in note.cause and "use_bias_correction_kl=False" in note.fix.code_change
+    check = other.check()
+    assert check.keywords == {"use_bias_correction_kl": False} and check.first_disagreement is None
+    assert "declare use_bias_correction_kl=False" in str(check)
+    assert rec.check().ok
+
+
+@pytest.mark.parametrize("fault, kw, code, phase", [
+    ("sampler_not_synced", dict(separate_sampler=True, steps=2), "sampler_weights_stale", "generation"),
+    ("old_logps_recomputed", dict(num_iterations=2), "logps_from_other_weights", "scoring"),
+])
+def test_a_fault_of_a_loop_shape_is_placed_and_named(tmp_path, fault, kw, code, phase):
+    from rookworld_debug.diagnosis import diagnose_path
+    from rookworld_debug.diagnosis.replay import replay_path
+    _, folder = _loop(tmp_path, fault, **kw)
+    assert replay_path(folder).first_disagreement.phase == phase
+    top = diagnose_path(folder)[0]
+    assert top.severity == "error" and top.code == code, (top.code, top.cause)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """{fault: the replay of a loop with it}: transformations the generic fits must recover."""
+    from rookworld_debug.diagnosis.replay import replay_path
+    tmp = tmp_path_factory.mktemp("fits")
+    folders = {f: _loop(tmp, f)[1] for f in ("adv_clipped", "entropy_bonus_undeclared", "weight_decay_changed")}
+    return {f: replay_path(folder) for f, folder in folders.items()} | {"folders": folders}
+
+
+def test_a_clamp_of_the_advantages_is_fitted_with_its_bounds(fitted):
+    c = fitted["adv_clipped"].first_disagreement
+    assert c.phase == "advantages" and c.cause == "advantages_clamped"
+    assert c.fit["kind"] == "clamped" and (c.fit["params"]["min"], c.fit["params"]["max"]) == (-0.5, 0.5)
+
+
+def test_a_stray_term_in_the_loss_is_fitted_by_its_coefficient(fitted):
+    """The loop adds 0.01·ℓ per token: the regression on the terms' gradients finds 0.01 on the likelihood term and
+    the declared coefficients elsewhere."""
+    c = next(c for c in fitted["entropy_bonus_undeclared"].checks if c.cause == "loss_terms")
+    params = c.fit["params"]
+    assert abs(params["mean log-likelihood term"]["fitted"] - 0.01) < 1e-3
+    assert abs(params["policy term"]["fitted"] - 1.0) < 0.02 and c.fit["residual"] <= c.tolerance
+
+
+def test_a_decay_the_optimizer_was_not_told_about_is_fitted_along_the_weights(fitted):
+    """weight_decay raised from 0.01 to 0.5 after the snapshot: Δθ = step − lr·0.49·θ."""
+    c = fitted["weight_decay_changed"].first_disagreement
+    assert c.phase == "update" and c.cause == "update_along_weights"
+    assert abs(c.fit["params"]["along_theta"] / -1e-4 - 0.49) < 0.02, c.fit
+
+
+SCHEMA = {
+    "type": "object", "required": ["path", "findings", "first_disagreement", "phases", "replays"],
+    "properties": {
+        "first_disagreement": {"oneOf": [{"type": "null"}, {
+            "type": "object", "required": ["phase", "quantity", "where", "size", "tolerance", "recorded", "recomputed",
+                                           "fit", "cause"],
+            "properties": {"phase": {"enum": ["generation", "rewards", "advantages", "scoring", "loss", "gradient",
+                                              "update"]},
+                           "size": {"type": ["number", "string"]}, "tolerance": {"type": ["number", "string"]},
+                           "fit": {"oneOf": [{"type": "null"}, {"type": "object", "required": ["kind", "params",
+                                                                                                "residual"]}]}}}]},
+        "phases": {"type": "array", "items": {
+            "type": "object", "required": ["phase", "status", "why"],
+            "properties": {"status": {"enum": ["agree", "disagree", "not replayed"]}}}},
+        "replays": {"type": "array", "items": {"type": "object", "required": ["step", "declarations", "checks"]}},
+    }}
+
+
+def _json(folder):
+    r = subprocess.run([str(ROOT / ".venv/bin/rookworld-debug"), "diagnose", str(folder), "--json"], cwd=ROOT,
+                       env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_diagnose_json_carries_the_first_disagreement_and_every_phase(fitted):
+    import jsonschema
+    code, out = _json(fitted["folders"]["adv_clipped"])
+    jsonschema.validate(out, SCHEMA)
+    first = out["first_disagreement"]
+    assert code == 1 and first["phase"] == "advantages" and first["fit"]["kind"] == "clamped"
+    assert [p["phase"] for p in out["phases"] if p["status"] == "disagree"][0] == "advantages"
+
+
+# ------------------------------------------------------------------------------- the record API, bad input
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tinymodels import embedded_tokenizer
+    return embedded_tokenizer()
+
+
+@pytest.mark.parametrize("kw, key", [(dict(num_generations=4.7), "num_generations"),
+                                     (dict(num_generations=4, gradient_accumulation_steps=0),
+                                      "gradient_accumulation_steps"),
+                                     (dict(num_generations=4, num_iterations=2, iteration=2), "iteration"),
+                                     (dict(num_generations=4, iteration=-1), "iteration"),
+                                     (dict(num_generations=True), "num_generations")])
+def test_a_count_that_is_not_one_is_refused_by_name(tokenizer, kw, key):
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.record import StepRecorder
+    with pytest.raises(ConfigError, match=key):
+        StepRecorder(tokenizer, **kw)
+
+
+def test_a_model_or_optimizer_of_another_kind_is_a_named_error(tokenizer):
+    from rookworld_debug.errors import DataError
+    from rookworld_debug.record import StepRecorder
+    rec = StepRecorder(tokenizer, num_generations=2)
+    with pytest.raises(DataError, match="transformers model"):
+        rec.model_before(torch.nn.Linear(2, 2))
+    with pytest.raises(DataError, match="sampler"):
+        rec.sampler(object())
+    from tinymodels import embedded_tokenizer  # noqa: F401 - the embedded model is the real one
+    from transformers import AutoModelForCausalLM
+    from rookworld_debug.record import EMBEDDED_MODEL
+    model = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL)
+    with pytest.raises(DataError, match="optimizer"):
+        rec.model_before(model, {"lr": 1e-4})
+
+
+def test_a_folder_reused_for_a_step_without_weights_keeps_none_of_the_old_ones(ppo_step, tmp_path):
+    import shutil
+    from tinymodels import minimal_recorder
+    _, folder = ppo_step
+    reused = tmp_path / "reused"
+    shutil.copytree(folder, reused)
+    assert (reused / "state" / "before.safetensors").is_file()
+    rec = minimal_recorder(ppo_step[0].tokenizer)
+    rec.rewards(torch.tensor([1.0, 0.0]))
+    rec.save(reused)
+    assert not (reused / "state").exists()
+    from rookworld_debug.diagnosis.replay import replay_path
+    assert "recorded no weights" in replay_path(reused).weights
+
+
+def test_the_ppo_epochs_example_records_its_step_and_replays_clean(tmp_path):
+    import jsonschema
+    out = tmp_path / "step-4"
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "ppo_epochs_loop.py"), "--out", str(out)], cwd=ROOT,
+                       env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and f"recorded step 4: {out}" in r.stdout, r.stderr[-2000:]
+    code, js = _json(out)
+    jsonschema.validate(js, SCHEMA)
+    assert code == 0 and js["first_disagreement"] is None and js["replays"][0]["declarations"] == []
+    assert {p["phase"] for p in js["phases"] if p["status"] == "agree"} == {
+        "generation", "rewards", "advantages", "scoring", "loss", "gradient", "update"}
+
+
+def test_the_replay_record_is_plain_json(fitted):
+    rep = fitted["adv_clipped"]
+    d = rep.to_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert dataclasses.is_dataclass(rep.first_disagreement)
