@@ -68,7 +68,23 @@ SHAPE_FAULTS = {
 }
 # written after the generic fits and the declaration fits were frozen (the commit that froze them is named in
 # docs/DIAGNOSIS.md), scored against them unchanged
-FROZEN_FAULTS: dict = {}
+FROZEN_FAULTS = {
+    "reward_scaled_half": ("rewards", "rewards_scaled"),                  # a reward weight of 0.5 left in
+    "reward_clamped": ("rewards", "rewards_clamped"),                     # rewards capped at 0.3
+    "adv_reversed_in_group": ("advantages", "advantages_permuted"),       # right per group, then flipped in it
+    "adv_times_g": ("advantages", "advantages_scaled"),                   # × G (a sum where a mean was meant)
+    "adv_batch_mean": ("advantages", "advantages_affine_per_set"),        # (r − batch mean) / group std
+    "adv_std_floor": ("advantages", "advantages_affine_per_set"),         # ÷ max(std_g, 0.3) instead of std_g + ε
+    "ref_logps_bf16_stored": ("scoring", "scoring_rounded"),              # reference log-probs kept in bf16
+    "sampler_temperature_squared": ("scoring", "temperature_fitted"),     # the sampler divides by T twice
+    "logps_mb_order_reversed": ("scoring", "scoring_permuted"),           # micro-batches' log-probs joined reversed
+    "kl_beta_squared": ("loss", "loss_terms"),                            # β² where β was meant
+    "kl_k1_estimator": ("loss", "declaration_mismatch"),                  # the k1 estimator, k3 declared
+    "pg_no_gradient": ("loss", "loss_terms"),                             # the policy term's ratio detached
+    "scheduler_stepped_early": ("update", "update_scaled"),               # scheduler.step() before optimizer.step()
+    "update_clamped": ("update", "update_clamped"),                       # each weight moves at most 1e-5
+    "grad_value_clipped": ("update", "update_grad_clipped"),              # clip_grad_value_(1e-3) before the step
+}
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS}
 
 
@@ -123,7 +139,8 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
     ids, logps = [], []
     for _ in range(t):
-        lp = (logits.float() / temperature).log_softmax(-1)                              # (N, V)
+        t_ = temperature * temperature if fault == "sampler_temperature_squared" else temperature
+        lp = (logits.float() / t_).log_softmax(-1)                                        # (N, V)
         if fault == "sampler_top_k":
             kth = lp.topk(5, -1).values[:, -1:]
             lp = lp.masked_fill(lp < kth, -float("inf")).log_softmax(-1)
@@ -173,6 +190,11 @@ def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
     else:
         a = centred / (grouped.std(1, keepdim=True, correction=0 if fault == "adv_ddof0" else 1) + 1e-4)
     a = a.clamp(-0.5, 0.5) if fault == "adv_clipped" else a
+    if fault == "adv_batch_mean":
+        a = (grouped - r.mean()) / (grouped.std(1, keepdim=True) + 1e-4)
+    if fault == "adv_std_floor":
+        a = centred / grouped.std(1, keepdim=True).clamp(min=0.3)
+    a = a.flip(1) if fault == "adv_reversed_in_group" else a * g if fault == "adv_times_g" else a
     return a.T.reshape(-1) if fault == "adv_grouping_stride" else a.reshape(-1)
 
 
@@ -182,10 +204,12 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
     old = logps.detach() if old is None else old
     ratio = torch.exp(old - logps) if fault == "ratio_inverted" else torch.exp(logps - old)
     a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
-    pg = -torch.min(ratio * a, ratio.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
+    r_pg = ratio.detach() if fault == "pg_no_gradient" else ratio
+    pg = -torch.min(r_pg * a, r_pg.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
     d = ref - logps
-    kl = (torch.exp(d) - d - 1) * (ratio if c.bias_correction else 1.0)
-    beta = -c.beta if fault == "loss_kl_sign" else c.beta
+    kl = -d if fault == "kl_k1_estimator" else torch.exp(d) - d - 1
+    kl = kl * (ratio if c.bias_correction else 1.0)
+    beta = -c.beta if fault == "loss_kl_sign" else c.beta ** 2 if fault == "kl_beta_squared" else c.beta
     per_token = pg + beta * kl
     if fault == "entropy_bonus_undeclared":       # a sampled-token entropy proxy, −ℓ, as a bonus
         per_token = per_token + 0.01 * logps
@@ -265,8 +289,11 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         cols = [f(prompts=rows_p, completions=texts, label=use_labels) for f in rookworld_reward_funcs("dataset")]
         r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
         r = torch.roll(r, 1) if fault == "reward_shift" else -r if fault == "reward_negated" else r
+        r = r * 0.5 if fault == "reward_scaled_half" else r.clamp(max=0.3) if fault == "reward_clamped" else r
         scorer = L.model if fault == "ref_is_policy" else L.ref
         ref_logps = token_logps(scorer, p_ids, p_mask, ids, mask, c.temperature)
+        if fault == "ref_logps_bf16_stored":
+            ref_logps = ref_logps.to(torch.bfloat16).float()
         # π_old: the sampler's teacher-forced log-probs, fixed for the rollout's passes (μ > 1 only, as TRL)
         old = token_logps(sampler, p_ids, p_mask, ids, mask, c.temperature) if c.num_iterations > 1 else None
     snapshot = copy.deepcopy(sampler) if c.num_iterations > 1 or L.sampler is not None else None
@@ -320,12 +347,18 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         lp_rows.append(lp.detach())
         old_rows.append(old)
     if rec is not None:
+        lp_rows = lp_rows[::-1] if fault == "logps_mb_order_reversed" else lp_rows
         rec.logprobs(torch.cat(lp_rows), old=torch.cat(old_rows) if old_rows[0] is not None else None,
                      ref=ro["ref_logps"], training=model.training)
         rec.loss(total)
         rec.gradient(model)
     if fault not in ("no_clip", "clip_after_step"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
+    if fault == "grad_value_clipped":
+        torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)
+    if fault == "scheduler_stepped_early" and L.sched is not None:
+        L.sched.step()
+    held = [p_.detach().clone() for p_ in model.parameters()] if fault == "update_clamped" else None
     for group in opt.param_groups if rec is not None else ():
         group["lr"] = group["lr"] * 10 if fault == "lr_changed" else 0.0 if fault == "lr_zero" else group["lr"]
         group["weight_decay"] = 0.5 if fault == "weight_decay_changed" else group["weight_decay"]
@@ -333,7 +366,11 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         opt.step()
     if fault == "clip_after_step":
         torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
-    if L.sched is not None:
+    if held is not None:
+        with torch.no_grad():
+            for p_, h in zip(model.parameters(), held):
+                p_.copy_(h + (p_ - h).clamp(-1e-5, 1e-5))
+    if L.sched is not None and fault != "scheduler_stepped_early":
         L.sched.step()
     if rec is not None:
         rec.model_after(model)

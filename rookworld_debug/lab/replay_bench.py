@@ -40,6 +40,7 @@ SHAPES = tuple(
         (2, -1, 2, False, False, "dapo", 0.04, "bfloat16", False, True, 4),
         (1, -1, 2, True, False, "bnpo", 0.04, "bfloat16", True, True, 4),
         (4, -1, 2, False, True, "grpo", 0.0, "", False, True, 4), (1, -1, 1, False, False, "dr_grpo", 0.0, "", True, True, 3)))
+FP32_SHAPES = tuple(sh for sh in SHAPES if not sh["autocast"])
 # healthy loops whose declaration is not what they compute: a declaration note, never an error
 DECLARATION_VARIANTS = tuple(
     dict(declare=d, **kw) for d, kw in (
@@ -54,7 +55,8 @@ DECLARATION_VARIANTS = tuple(
 
 # settings a fault needs to change the step at all (a clip that never binds changes nothing; a fault of a loop shape)
 FAULT_SETTINGS = {"no_clip": {"max_grad_norm": 1e-3}, "clip_after_step": {"max_grad_norm": 1e-3},
-                  "sampler_not_synced": {"separate_sampler": True}, "old_logps_recomputed": {"num_iterations": 2}}
+                  "sampler_not_synced": {"separate_sampler": True}, "old_logps_recomputed": {"num_iterations": 2},
+                  "scheduler_stepped_early": {"scheduler": True}}
 
 
 def diagnose_case(cfg, fault: str) -> dict:
@@ -131,7 +133,8 @@ def _names(code: str, cause: str, phase: str) -> bool:
 
 
 def run_all(out: Path, faults=None, healthy=HEALTHY + SHAPES + DECLARATION_VARIANTS,
-            other_healthy=OTHER_HEALTHY) -> list:
+            other_healthy=OTHER_HEALTHY, shaped: bool = False) -> list:
+    """Every fault (and, `shaped`, each again in a loop of another shape), then the healthy steps."""
     from rookworld_debug.lab.handloop import FAULTS, LoopConfig
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -140,8 +143,11 @@ def run_all(out: Path, faults=None, healthy=HEALTHY + SHAPES + DECLARATION_VARIA
             rows.append(row)
             fh.write(json.dumps(row) + "\n")
             fh.flush()
-        for fault in faults if faults is not None else FAULTS:
+        for i, fault in enumerate(faults if faults is not None else FAULTS):
             keep(diagnose_case(LoopConfig(**FAULT_SETTINGS.get(fault, {})), fault))
+            if shaped:      # the same fault in a loop of another shape (fp32: a bf16 tolerance hides small faults)
+                shape = FP32_SHAPES[i % len(FP32_SHAPES)]
+                keep(diagnose_case(LoopConfig(**{**shape, **FAULT_SETTINGS.get(fault, {})}), fault))
         for kw in healthy:
             keep(diagnose_case(LoopConfig(**kw), ""))
         for kind, kw in other_healthy:
@@ -187,6 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout", action="store_true", help="the faults written after the named checks were frozen")
     ap.add_argument("--frozen", action="store_true", help="the faults written after the generic fits were frozen")
     ap.add_argument("--no-healthy", action="store_true", help="skip the healthy steps")
+    ap.add_argument("--shaped", action="store_true", help="also run each fault in a loop of another shape (μ, "
+                                                          "micro-batches, sampler copy, scheduler, masking)")
     ap.add_argument("--table", action="store_true", help="only re-render table.md from the folder's results.jsonl")
     a = ap.parse_args(argv)
     if a.table:
@@ -197,7 +205,8 @@ def main(argv=None) -> int:
     from rookworld_debug.lab.handloop import FROZEN_FAULTS, HELDOUT_FAULTS
     faults = a.fault or (list(FROZEN_FAULTS) if a.frozen else list(HELDOUT_FAULTS) if a.heldout else None)
     rows = run_all(Path(a.out), faults, *(((), ()) if a.no_healthy else
-                                          (HEALTHY + SHAPES + DECLARATION_VARIANTS, OTHER_HEALTHY)))
+                                          (HEALTHY + SHAPES + DECLARATION_VARIANTS, OTHER_HEALTHY)),
+                   shaped=a.shaped)
     print(table(rows))
     return 0
 
