@@ -64,7 +64,7 @@ def diagnose_case(cfg, fault: str) -> dict:
     from rookworld_debug.lab.handloop import ALL_FAULTS as FAULTS, run
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        run(cfg, out=tmp, fault=fault)
+        rec = run(cfg, out=tmp, fault=fault)
         t1 = time.perf_counter()
         findings, replays = diagnose_folder(tmp)
         t2 = time.perf_counter()
@@ -81,7 +81,32 @@ def diagnose_case(cfg, fault: str) -> dict:
                                                                            for c in codes[:3]),
             "record_seconds": t1 - t0, "diagnose_seconds": t2 - t1,
             "replay_seconds": rep.seconds if rep is not None else None,
+            "effective": not fault or first is not None or _changed(cfg, rec),
             "declared": [[d.keyword, d.fitted] for d in rep.declarations] if rep is not None else []}
+
+
+_HEALTHY_PIECES: dict = {}
+
+
+def _changed(cfg, rec) -> bool:
+    """Whether a fault changed anything the loop recorded (a fault that changes nothing, e.g. a clamp no value
+    reaches, is not scored): its pieces against the healthy loop's of the same settings and seed."""
+    import torch
+    from rookworld_debug.lab.handloop import run
+    key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    if key not in _HEALTHY_PIECES:
+        _HEALTHY_PIECES[key] = run(cfg).pieces
+    ref = _HEALTHY_PIECES[key]
+
+    def differ(a, b) -> bool:
+        if isinstance(a, dict):
+            return set(a) != set(b) or any(differ(a[k], b[k]) for k in a)
+        if isinstance(a, (tuple, list)):
+            return len(a) != len(b) or any(differ(x, y) for x, y in zip(a, b))
+        if torch.is_tensor(a):
+            return a.shape != b.shape or not torch.equal(a.nan_to_num(), b.nan_to_num())
+        return a != b
+    return set(rec.pieces) != set(ref) or any(differ(rec.pieces[k], ref[k]) for k in ref)
 
 
 def _healthy_folder(kind: str, tmp: Path, kw: dict) -> Path:
@@ -127,6 +152,21 @@ def healthy_case(kind: str, kw: dict) -> dict:
             "record_seconds": 0.0, "diagnose_seconds": secs}
 
 
+def _shape(config: dict) -> str:
+    keys = ("num_iterations", "micro_batches", "separate_sampler", "scheduler", "loss_type", "beta", "autocast",
+            "mask_truncated")
+    return ", ".join(f"{k}={config[k]}" for k in keys if k in config)
+
+
+def _short_shape(c: dict) -> str:
+    """μ2 mb2 sampler sched bnpo β0.04: the loop's shape in a table cell."""
+    parts = [f"μ{c.get('num_iterations', 1)}", f"mb{c.get('micro_batches', 2)}", c.get("loss_type", "grpo"),
+             f"β{c.get('beta', 0.04):g}"]
+    parts += [w for k, w in (("separate_sampler", "sampler"), ("scheduler", "sched"), ("mask_truncated", "masked"))
+              if c.get(k)]
+    return " ".join(parts + ([c["autocast"]] if c.get("autocast") else []))
+
+
 def _names(code: str, cause: str, phase: str) -> bool:
     """A finding names the fault: its cause code, or — for a fault with no known mechanism — its phase."""
     return code == cause if cause else code == f"replay_{phase}"
@@ -157,17 +197,20 @@ def run_all(out: Path, faults=None, healthy=HEALTHY + SHAPES + DECLARATION_VARIA
 
 
 def table(rows) -> str:
-    faults = [r for r in rows if r["fault"]]
+    ineffective = [r for r in rows if r["fault"] and not r.get("effective", True)]
+    faults = [r for r in rows if r["fault"] and r.get("effective", True)]
     healthy = [r for r in rows if not r["fault"]]
     lines = [f"Faults: {len(faults)}; top-1 {sum(r['top1'] for r in faults)}/{len(faults)}, top-3 "
              f"{sum(r['top3'] for r in faults)}/{len(faults)}, first disagreeing phase right "
              f"{sum(r['first_phase'] == r['expected_phase'] for r in faults)}/{len(faults)}; healthy steps "
              f"{len(healthy)}, with an error-level finding: {sum(r['errors'] > 0 for r in healthy)}", "",
              *[f"healthy with an error: {r['config']} → {r.get('error_codes', r['codes'])}" for r in healthy
-               if r["errors"]], "",
-             "| fault | phase broken | first disagreeing phase | top finding | top-1 | top-3 |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['fault']} | {r['expected_phase']} | {r['first_phase'] or '—'} | "
+               if r["errors"]],
+             *[f"not scored (the fault changed nothing this loop recorded): {r['fault']} in {_shape(r['config'])}"
+               for r in ineffective], "",
+             "| fault | loop | phase broken | first disagreeing phase | top finding | top-1 | top-3 |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['fault']} | {_short_shape(r['config'])} | {r['expected_phase']} | {r['first_phase'] or '—'} | "
               f"{r['codes'][0] if r['codes'] else '—'} | {'✓' if r['top1'] else '✗'} | {'✓' if r['top3'] else '✗'} |"
               for r in faults]
     by_phase = [(p, [r for r in faults if r["expected_phase"] == p]) for p in PHASES]

@@ -231,14 +231,23 @@ def loss_total(trace, objective, logps, old, ref, adv):
     r = trace.rollout
     mask = loss_mask(r, trace.config)
     chunks = micro_batches(trace)
+    entropy = recorded_entropy(trace)
     total = 0.0
     for rows in chunks:
         def pick(x):
             return None if x is None else x[rows]
         total = total + compute_loss(pick(logps), pick(old), pick(ref), adv[rows], mask[rows], objective,
-                                     LossBatch(num_items_in_batch=mask.sum(), gradient_accumulation_steps=accumulation(trace),
+                                     LossBatch(entropy=pick(entropy), num_items_in_batch=mask.sum(),
+                                               gradient_accumulation_steps=accumulation(trace),
                                                num_generations=None)).loss
     return total
+
+
+def recorded_entropy(trace):
+    """(N, T) the per-token entropy the step kept (a run_step trace's), None when it has none (a loop's record)."""
+    ent = trace.rollout.per_token_entropy
+    m = trace.rollout.completion_mask.bool()
+    return ent if ent is not None and bool(torch.isfinite(ent[m]).all()) else None
 
 
 def loss_check(trace) -> PhaseCheck:
@@ -250,6 +259,9 @@ def loss_check(trace) -> PhaseCheck:
     if trace.capture is not None:          # TRL scales per micro-batch: the capture recomputed it that way
         cap = trace.capture
         return scalar("loss", q, recorded, float(cap.recomputed_loss), VALUE_TOL)
+    if trace.config.entropy_coef and recorded_entropy(trace) is None:
+        return skipped("loss", q, f"entropy_coef = {trace.config.entropy_coef:g} needs the per-token entropy, which "
+                                  "the step did not keep (its gradient is replayed from the weights)")
     r, adv = trace.rollout, trace.advantages.advantages
     old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
     ref = r.ref_per_token_logps
