@@ -191,7 +191,6 @@ def test_a_model_or_optimizer_of_another_kind_is_a_named_error(tokenizer):
         rec.model_before(torch.nn.Linear(2, 2))
     with pytest.raises(DataError, match="sampler"):
         rec.sampler(object())
-    from tinymodels import embedded_tokenizer  # noqa: F401 - the embedded model is the real one
     from transformers import AutoModelForCausalLM
     from rookworld_debug.record import EMBEDDED_MODEL
     model = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL)

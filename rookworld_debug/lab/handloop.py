@@ -76,14 +76,14 @@ FROZEN_FAULTS = {
     "adv_batch_mean": ("advantages", "advantages_affine_per_set"),        # (r − batch mean) / group std
     "adv_std_floor": ("advantages", "advantages_affine_per_set"),         # ÷ max(std_g, 0.3) instead of std_g + ε
     "ref_logps_bf16_stored": ("scoring", "scoring_rounded"),              # reference log-probs kept in bf16
-    "sampler_temperature_squared": ("scoring", "temperature_fitted"),     # the sampler divides by T twice
+    "sampler_temperature_squared": ("scoring", "scoring_temperature"),    # the sampler divides by T twice
     "logps_mb_order_reversed": ("scoring", "scoring_permuted"),           # micro-batches' log-probs joined reversed
     "kl_beta_squared": ("loss", "loss_terms"),                            # β² where β was meant
     "kl_k1_estimator": ("loss", "declaration_mismatch"),                  # the k1 estimator, k3 declared
     "pg_no_gradient": ("loss", "loss_terms"),                             # the policy term's ratio detached
     "scheduler_stepped_early": ("update", "update_scaled"),               # scheduler.step() before optimizer.step()
     "update_clamped": ("update", "update_clamped"),                       # each weight moves at most 1e-5
-    "grad_value_clipped": ("update", "update_grad_clipped"),              # clip_grad_value_(1e-3) before the step
+    "grad_value_clipped": ("update", "update_grad_clamped"),              # clip_grad_value_(1e-3) before the step
 }
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS}
 

@@ -30,9 +30,10 @@ from typing import Optional
 
 from rookworld_debug.diagnosis.replay.data_phases import (advantages_check, generation_checks, loss_check,
                                                          rewards_check)
-from rookworld_debug.diagnosis.replay.declaration import DeclarationFit, fit_declaration, with_declaration
+from rookworld_debug.diagnosis.replay.declaration import DeclarationFit, fit_declaration
 from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
+from rookworld_debug.diagnosis.replay.update import update_check
 from rookworld_debug.diagnosis.replay.weights import Weights, weights_for
 
 # a loop rarely differs from its declaration in more than a couple of keywords; past three, the fits stop
@@ -59,8 +60,8 @@ def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
         trace = fit.trace
         checks = _checks(trace, w)
         first = _first(checks)
-    if first is not None and not first.cause and first.phase in ("loss", "gradient"):
-        checks = _with_term_fit(trace, w, checks)
+    if first is not None and first.cause in ("", "gradient_missing") and first.phase in ("loss", "gradient"):
+        checks = _with_term_fit(trace, w, checks)       # a 0 gradient may be a term that carries none
     return Replay(checks=tuple(checks), weights=w.source, seconds=time.perf_counter() - t0,
                   declarations=tuple(fits), trace=trace)
 
@@ -166,7 +167,7 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
         out.append(skipped("update", uq, "the optimizer is not one a replay re-runs (AdamW, Adam, SGD) or was not "
                                          "recorded"))
     else:
-        out.append(M.update_check(s, trace.recorded.max_grad_norm if trace.recorded else None, dtype))
+        out.append(update_check(s, trace.recorded.max_grad_norm if trace.recorded else None, dtype))
     return out
 
 

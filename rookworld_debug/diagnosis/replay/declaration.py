@@ -82,8 +82,8 @@ def fit_declaration(trace, weights, first: PhaseCheck, phase_checks) -> Optional
     if trace.recorded is None:              # a run_step trace or a TRL capture computes what its config says
         return None
     for keyword, phases, values in NEIGHBOURS:
-        if first.phase not in phases:
-            continue
+        if first.phase not in phases or keyword == "precision" and not first.quantity.startswith("per_token_logps"):
+            continue            # a forward in another precision shows first in the loss forward's own log-probs
         for value in values(trace):
             other = with_declaration(trace, keyword, value)
             if other is None:

@@ -175,13 +175,19 @@ def _clamp(rec, ref, mask, tol, g):
 
 
 def _rounded(rec, ref, mask, tol, g):
-    for dt in (torch.bfloat16, torch.float16):
-        rounded = ref.to(dt).double()
-        if _resid(rec, rounded, mask) <= max(tol, 1e-12) * 1e-3 + 1e-12 or bool(
-                torch.equal(_row_key(rec, mask), _row_key(rounded, mask))):
+    """Every recorded value is representable in a 16-bit type and within half a unit in its last place (plus the
+    phase's tolerance: the right values are a recompute) of the right value."""
+    for dt, mantissa in ((torch.bfloat16, 8), (torch.float16, 11)):
+        if not bool(torch.equal(_row_key(rec, mask), _row_key(rec.to(dt).double(), mask))):
+            continue
+        half_ulp = ref.abs().clamp(min=1e-30).log2().floor().exp2() * 2.0 ** (-mantissa)   # (…) half a unit
+        d = (rec - ref).abs()
+        d = d if mask is None else d.masked_fill(mask == 0, 0.0)
+        if bool((d <= half_ulp + tol).all()):
             name = str(dt).removeprefix("torch.")
-            return Fit("rounded", {"dtype": name}, _resid(rec, rounded, mask),
-                       f"the recorded values are the right ones rounded to {name}")
+            return Fit("rounded", {"dtype": name}, _resid(rec, ref.to(dt).double(), mask),
+                       f"the recorded values are the right ones rounded to {name} (each representable in {name} "
+                       "and within half a unit in its last place)")
     return None
 
 
@@ -195,7 +201,7 @@ def _per_group_affine(rec, ref, mask, tol, g):
         layouts["each stride-B set (rows i, i + B, …)"] = torch.arange(n) % b
     for name, key in layouts.items():
         sizes = torch.bincount(key)
-        if int(sizes.min()) < 4:                # ≥ 2 points beyond the 2 parameters, else it always fits
+        if int(sizes.min()) < 3:                # more points than the 2 parameters, else it always fits
             continue
         fitted = torch.empty_like(ref)
         for k in range(int(key.max()) + 1):

@@ -28,7 +28,7 @@ GRAD_ATOL = 1e-6
 
 @torch.no_grad()
 def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, unshifted=False,
-                   warp=None) -> torch.Tensor:
+                   warp=None, temperature: Optional[float] = None) -> torch.Tensor:
     """(N, T) log-probs of the sampled ids under a common scoring mistake: logits not divided by the temperature,
     position ids that count the left padding, or logits not shifted by one (position t scoring token t)."""
     out = []
@@ -40,7 +40,8 @@ def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, un
         logits = model(input_ids=full, attention_mask=attn, **kw).logits.float()          # (n, P+T, V)
         p, t = r.prompt_ids.shape[1], ids.shape[1]
         at = logits[:, p:p + t] if unshifted else logits[:, p - 1:p + t - 1]             # (n, T, V)
-        temps = torch.ones(ids.shape[0]) if temperature_one else r.temperatures[rows].float()
+        temps = torch.ones(ids.shape[0]) if temperature_one else r.temperatures[rows].float() \
+            if temperature is None else torch.full((ids.shape[0],), float(temperature))
         tempered = at / temps[:, None, None]                                              # (n, T, V)
         if warp is not None:                  # the sampler's top-k / top-p, as the decoding loop applies them
             from rookworld_debug.grpo.phases.decoding import _warp
@@ -89,12 +90,67 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
             continue
         c = compare("scoring", q, rec, logps(model), tol_for(SAMPLER_TOL, dtype) if key == "sampler" else tol,
                     mask=mask, unit="token", variants=variants, mean_tol=tol_for(MEAN_TOL, dtype),
-                    fit=value_fits(r.num_generations))
+                    fit=_scoring_fits(model, r))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
         out.append(_dropout(c, trace) if key == "policy" else c)
     out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps))
     return out
+
+
+def _scoring_fits(model, r):
+    """The generic fits, then a temperature fitted to the recorded log-probs (a sampler or a scoring forward that
+    divides by another temperature than the declared one)."""
+    generic = value_fits(r.num_generations)
+
+    def fit(rec, ref, mask, tol):
+        return generic(rec, ref, mask, tol) or _temperature_fit(model, r, rec, mask, tol)
+    return fit
+
+
+@torch.no_grad()
+def _temperature_fit(model, r, rec, mask, tol):
+    """The temperature T' whose log-probs reproduce `rec`: a golden-section search of log T' on up to 256 masked
+    tokens (the logits computed once), then checked on every token."""
+    from .fits import Fit
+    m = mask.bool()
+    if not bool(m.any()):
+        return None
+    ones = _variant_logps_raw(model, r)                                                   # (N, T, V) logits
+    idx = torch.nonzero(m)[:256]
+    z = ones[idx[:, 0], idx[:, 1]]                                                        # (k, V)
+    tok = r.completion_ids[idx[:, 0], idx[:, 1]]
+    target = rec[idx[:, 0], idx[:, 1]].float()
+
+    def err(log_t):
+        return float(((z / math.exp(log_t)).log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1) - target).abs().mean())
+    from .update import golden_min
+    t_fit = math.exp(golden_min(err, math.log(0.05), math.log(20.0), steps=48))
+    declared = float(r.temperatures[0])
+    if abs(t_fit - declared) < 1e-3 * declared:
+        return None
+    values = _variant_logps(model, r, temperature=t_fit).double()
+    resid = float((rec - values).abs().nan_to_num(nan=math.inf).masked_fill(~m, 0.0).max())
+    if resid > tol:
+        return None
+    return Fit("temperature", {"temperature": t_fit, "declared": declared}, resid,
+               f"the recorded log-probs are those of temperature {t_fit:.4g}, not the declared {declared:g}"
+               + (f" (= {declared:g}²: divided by the temperature twice)" if abs(t_fit - declared ** 2) < 1e-3 else
+                  " (1: not divided by the temperature)" if abs(t_fit - 1) < 1e-3 else ""))
+
+
+@torch.no_grad()
+def _variant_logps_raw(model, r) -> torch.Tensor:
+    """(N, T, V) the fp32 logits that score each completion token (position ids from the attention mask)."""
+    out = []
+    for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD):
+        rows = slice(s, s + ROWS_PER_FORWARD)
+        ids, mask = r.completion_ids[rows], r.completion_mask[rows].long()
+        full, attn = torch.cat([r.prompt_ids[rows], ids], 1), torch.cat([r.prompt_mask[rows].long(), mask], 1)
+        logits = model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
+        p, t = r.prompt_ids.shape[1], ids.shape[1]
+        out.append(logits[:, p - 1:p + t - 1].float())
+    return torch.cat(out)
 
 
 class _LogpCache:
@@ -246,7 +302,7 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
         "reference_tracks_policy": (policy_logps, "the 'reference' log-probs are the policy's own: the KL term is "
                                                   "0 and holds nothing back")}
     return compare("scoring", q, r.ref_per_token_logps, ours, tol, mask=r.completion_mask, unit="token",
-                   variants=variants, mean_tol=tol_for(MEAN_TOL, trace_dtype(trace)))
+                   variants=variants, mean_tol=tol_for(MEAN_TOL, trace_dtype(trace)), fit=_scoring_fits(reference, r))
 
 
 def recompute_gradient(trace, policy, trainable, objective=None, advantages=None) -> dict:
@@ -283,7 +339,7 @@ def _dot(a: dict, b: dict, names) -> float:
 
 def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fit=None) -> PhaseCheck:
     """The recorded gradient against the declared loss's; on a disagreement, the simplest fit that explains it: a
-    scale, then `fit` (terms.GradientFit: the loss's terms with other coefficients)."""
+    scale, then `fit` (terms.GradientFit: the loss's terms with other coefficients, then its micro-batches)."""
     from rookworld_debug.grpo.trace.state import relative_error
     names = [n for n in ours if n in recorded]
     q = "gradient: ∇θ of the declared loss at the weights before the update (before clipping)"
@@ -295,37 +351,17 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
     norm_rec = math.sqrt(_dot(recorded, recorded, names))
     if err <= tol or err * norm_ref <= GRAD_ATOL:
         return PhaseCheck("gradient", q, AGREE, err, tol, measure="‖g_recorded − g‖ / ‖g‖")
-    k = _dot(recorded, ours, names) / (norm_ref ** 2) if norm_ref > 0 else math.nan
-    resid = math.sqrt(max(norm_rec ** 2 - 2 * k * _dot(recorded, ours, names) + k * k * norm_ref ** 2, 0.0))
-    phase, cause, why, fitted = "gradient", "", "", None
-    if norm_rec == 0:
+    bound = max(tol * norm_rec, GRAD_ATOL)          # a fit holds to the recorded precision, or to float noise
+    phase, cause, why, fitted = _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation)
+    if not cause and fit is not None:
+        phase, cause, why, fitted = _regression_fits(recorded, names, fit, bound, norm_rec, accumulation)
+    if not cause and norm_rec <= GRAD_ATOL:
         cause, why = "gradient_missing", "the recorded gradient is 0: backward never reached the parameters"
-    elif resid <= tol * norm_rec and math.isfinite(k):
-        cause, why = "gradient_scaled", f"the recorded gradient is {k:.4g} × the loss's gradient" + (
-            f": the micro-batch losses were not divided by the {accumulation} accumulation steps"
-            if accumulation > 1 and abs(k - accumulation) < 0.05 * accumulation else "" if k > 0 else
-            ": it points the other way")
-        fitted = {"kind": "scaled", "params": {"scale": k}, "residual": resid / norm_rec, "sentence": why}
-    elif fit is not None:
-        coefs, rel = fit.fit(recorded, names, tol)
-        fitted = {"kind": "terms", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in coefs.items()},
-                  "residual": rel, "sentence": ""}
-        mb, rel_mb = fit.fit_micro_batches(recorded, names) if rel > tol else ({}, math.inf)
-        if rel <= tol:
-            phase, cause, why = terms_cause(coefs, accumulation)
-            fitted["sentence"] = why
-        elif rel_mb <= tol:
-            why = ("the recorded gradient holds the micro-batches' gradients with other weights than the declared 1 "
-                   "each: " + "; ".join(f"{t}: {a:.4g}" for t, (a, _) in mb.items()) +
-                   (" (only the last survives: gradients zeroed between micro-batches)"
-                    if all(abs(a) < 0.02 for a, _ in list(mb.values())[:-1]) else ""))
-            cause = "gradient_micro_batches"
-            fitted = {"kind": "micro_batches", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in mb.items()},
-                      "residual": rel_mb, "sentence": why}
-        elif 0.5 < k < 1.5 and norm_rec > 1.2 * norm_ref:
-            cause, why = "gradient_not_zeroed", ("the recorded gradient holds this loss's gradient plus another "
-                                                 "one that no term of this step's loss explains (fitted residual "
-                                                 f"{rel:.3g}): gradients not zeroed since an earlier backward")
+    k = _dot(recorded, ours, names) / (norm_ref ** 2) if norm_ref > 0 else math.nan
+    if not cause and fit is not None and 0.5 < k < 1.5 and norm_rec > 1.2 * norm_ref:
+        cause, why = "gradient_not_zeroed", ("the recorded gradient holds this loss's gradient plus another one that "
+                                             "no term of this step's loss explains: gradients not zeroed since an "
+                                             "earlier backward")
     quantity = q if phase == "gradient" else ("the loss's gradient: ∇θ of the declared loss (the value agrees; "
                                               "what it differentiates does not)")
     return PhaseCheck(phase, quantity, DISAGREE, err, tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
@@ -333,103 +369,39 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
                       measure="‖g_recorded − g‖ / ‖g‖", fit=fitted)
 
 
-OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}
+def _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation):
+    """(phase, code, sentence, fit) of g_recorded = k·g, or ("gradient", "", "", None)."""
+    if norm_ref == 0 or norm_rec <= GRAD_ATOL:
+        return "gradient", "", "", None
+    k = _dot(recorded, ours, names) / norm_ref ** 2
+    resid = math.sqrt(max(norm_rec ** 2 - 2 * k * _dot(recorded, ours, names) + k * k * norm_ref ** 2, 0.0))
+    if resid > bound or not math.isfinite(k):
+        return "gradient", "", "", None
+    why = f"the recorded gradient is {k:.4g} × the loss's gradient" + (
+        f": the micro-batch losses were not divided by the {accumulation} accumulation steps"
+        if accumulation > 1 and abs(k - accumulation) < 0.05 * accumulation else "" if k > 0 else
+        ": it points the other way")
+    return "gradient", "gradient_scaled", why, {"kind": "scaled", "params": {"scale": k},
+                                                "residual": resid / norm_rec, "sentence": why}
 
 
-def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict, opt_state: Optional[dict],
-                 max_grad_norm: Optional[float], *, clip: bool = True, fresh_state: bool = False) -> dict:
-    """{name: θ after one step of the recorded optimizer} from θ_before, the recorded gradient and state."""
-    names = [n for n in trainable if n in grad and n in before]
-    # in the recorded dtype: a bf16 model's optimizer steps in bf16, and its rounding is part of what it did
-    params = [torch.nn.Parameter(before[n].detach().clone()) for n in names]
-    for p, n in zip(params, names):
-        p.grad = grad[n].detach().clone().to(p.dtype)
-    if clip and max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
-    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in settings.items()}
-    opt = OPTIMIZERS[kind](params, **kw)
-    if opt_state and not fresh_state:
-        sd = opt.state_dict()
-        sd["state"] = {i: {k: (v.clone() if k != "step" else v.clone().float().reshape(()))
-                           for k, v in opt_state.get(n, {}).items()} for i, n in enumerate(names)
-                       if opt_state.get(n)}
-        opt.load_state_dict(sd)
-    opt.step()
-    return {n: p.detach() for n, p in zip(names, params)}
-
-
-def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
-    from rookworld_debug.grpo.trace.state import relative_error
-    q = f"update: θ_after from θ_before, the recorded gradient and {state.optimizer or 'its optimizer'}'s state"
-    before, after, grad = state.before, state.after, state.gradient
-    names = [n for n in state.trainable if n in grad and n in before and n in after]
-    tol = tol_for(REL_TOL, dtype)
-    ours = rerun_update(before, grad, names, state.optimizer, state.optimizer_settings, state.optimizer_state,
-                        max_grad_norm)
-    d_rec = {n: after[n].double() - before[n].double() for n in names}
-    d_ref = {n: ours[n].double() - before[n].double() for n in names}
-    err, worst, worst_err = relative_error(d_rec, d_ref, names)
-    if err <= tol:
-        return PhaseCheck("update", q, AGREE, err, tol, measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖")
-    norm_rec = math.sqrt(_dot(d_rec, d_rec, names))
-
-    def variant(**kw):
-        def run():
-            o = rerun_update(before, grad, names, state.optimizer, state.optimizer_settings, state.optimizer_state,
-                             max_grad_norm, **kw)
-            return relative_error(d_rec, {n: o[n].double() - before[n].double() for n in names}, names)[0]
-        return run
-    cause, why = "", ""
-    if norm_rec == 0:
-        cause, why = "optimizer_no_op", "the weights did not move: the optimizer applied nothing"
-    else:
-        for code, run, sentence in (
-                ("optimizer_state_reset", variant(fresh_state=True),
-                 "the update is a first step's: the optimizer's moments were reset (a new optimizer each step?)"),
-                ("grad_clip_not_applied", variant(clip=False),
-                 f"the update used the unclipped gradient: max_grad_norm {max_grad_norm} was not applied")):
-            if (max_grad_norm or code != "grad_clip_not_applied") and run() <= tol:
-                cause, why = code, sentence
-                break
-    fitted = None
-    if not cause:
-        cause, why, fitted = _update_fit(d_rec, d_ref, before, names, tol, state.optimizer_settings)
-    return PhaseCheck("update", q, DISAGREE, err, tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
-                      f"‖Δθ‖ = {fmt(norm_rec)}", f"‖Δθ‖ = {fmt(math.sqrt(_dot(d_ref, d_ref, names)))}", cause, why,
-                      measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖", fit=fitted)
-
-
-def _update_fit(d_rec: dict, d_ref: dict, before: dict, names, tol: float, settings: dict):
-    """(code, sentence, fit) of Δθ_recorded ≈ a·Δθ_optimizer + c·θ_before (a: the learning-rate factor actually
-    applied; c: a component along θ, a decay the optimizer was not told about), or of an element-wise clamp of the
-    optimizer's step; ("", "", fit-with-its-residual) when neither holds."""
-    from rookworld_debug.grpo.trace.state import relative_error
-    th = {n: before[n].double() for n in names}
-    gram = torch.tensor([[_dot(d_ref, d_ref, names), _dot(d_ref, th, names)],
-                         [_dot(th, d_ref, names), _dot(th, th, names)]], dtype=torch.float64)
-    rhs = torch.tensor([_dot(d_ref, d_rec, names), _dot(th, d_rec, names)], dtype=torch.float64)
-    a, c = (float(v) for v in torch.linalg.lstsq(gram, rhs[:, None]).solution.squeeze(1))
-    k = _dot(d_rec, d_ref, names) / max(_dot(d_ref, d_ref, names), 1e-300)
-    only_a = relative_error(d_rec, {n: k * d_ref[n] for n in names}, names)[0]
-    both = relative_error(d_rec, {n: a * d_ref[n] + c * th[n] for n in names}, names)[0]
-    lr = settings.get("lr")
-    fit = {"kind": "update", "params": {"lr_factor": k, "along_theta": 0.0}, "residual": only_a, "sentence": ""}
-    if only_a <= tol and abs(k - 1) > tol:
-        why = (f"the weights moved {k:.4g} × the recorded optimizer's step: the learning rate applied was "
-               f"{k:.4g} × the optimizer's" + (f" ({k * lr:.4g} instead of {lr:.4g}: another step's schedule, or a "
-                                               "changed group lr)" if isinstance(lr, (int, float)) else ""))
-        return "update_scaled", why, {**fit, "sentence": why}
-    if both <= tol and abs(c) > 0:
-        decay = f" = −lr·λ with λ = {-c / lr:.4g} beyond the recorded weight_decay at lr {lr:.4g}" \
-            if isinstance(lr, (int, float)) and lr > 0 else ""
-        why = (f"the weights moved {a:.4g} × the optimizer's step plus {c:.4g} × θ{decay}: a component along the "
-               "weights that the optimizer's recorded settings do not hold (a changed weight_decay, or an L2 term)")
-        return "update_along_weights", why, {**fit, "params": {"lr_factor": a, "along_theta": c}, "residual": both,
-                                             "sentence": why}
-    m = max(float(d_rec[n].abs().max()) for n in names)
-    clamped = relative_error(d_rec, {n: d_ref[n].clamp(-m, m) for n in names}, names)[0]
-    if clamped <= tol and any(float(d_ref[n].abs().max()) > m * (1 + tol) for n in names):
-        why = f"the weights moved by the optimizer's step clamped element-wise to ±{m:.4g}"
-        return "update_clamped", why, {**fit, "kind": "clamped", "params": {"bound": m}, "residual": clamped,
-                                       "sentence": why}
-    return "", "", fit
+def _regression_fits(recorded, names, fit, bound, norm_rec, accumulation):
+    """(phase, code, sentence, fit) of the loss's terms' regression, then the micro-batches'; the terms' fit (with
+    its residual) as evidence when neither holds."""
+    coefs, resid = fit.fit(recorded, names, bound)
+    rel = resid / norm_rec if norm_rec > 0 else math.inf
+    fitted = {"kind": "terms", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in coefs.items()},
+              "residual": rel, "sentence": ""}
+    if resid <= bound:
+        phase, cause, why = terms_cause(coefs, accumulation)
+        return phase, cause, why, {**fitted, "sentence": why}
+    mb, resid_mb = fit.fit_micro_batches(recorded, names)
+    if resid_mb <= bound:
+        why = ("the recorded gradient holds the micro-batches' gradients with other weights than the declared 1 "
+               "each: " + "; ".join(f"{t}: {a:.4g}" for t, (a, _) in mb.items()) +
+               (" (only the last survives: gradients zeroed between micro-batches)"
+                if all(abs(a) < 0.02 for a, _ in list(mb.values())[:-1]) else ""))
+        return "gradient", "gradient_micro_batches", why, {
+            "kind": "micro_batches", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in mb.items()},
+            "residual": resid_mb / norm_rec if norm_rec > 0 else math.inf, "sentence": why}
+    return "gradient", "", "", fitted

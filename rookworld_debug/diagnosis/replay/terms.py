@@ -25,6 +25,10 @@ from rookworld_debug.grpo.phases.generation import loss_mask
 from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 
 
+# the L2 norm below which a term's gradient is float noise (as the gradient check's absolute floor)
+TERM_ATOL = 1e-6
+
+
 class TokenJacobian:
     """The policy's (ℓ, H) over the recorded rows with their graph: `gradient(u)` = Jᵀu by one backward."""
 
@@ -44,16 +48,18 @@ class TokenJacobian:
         return {n: (g if g is not None else torch.zeros_like(p)).detach() for (n, p), g in zip(self.params, grads)}
 
 
-def token_weights(trace, objective, jac: TokenJacobian, extra=None) -> tuple[torch.Tensor, torch.Tensor]:
+def token_weights(trace, objective, jac: TokenJacobian, extra=None, advantages=None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """u = (∂L/∂ℓ, ∂L/∂H), each (N, T): the loss composition (micro-batches as the loop normalised them) of
-    `objective`, plus `extra(ℓ, H, mask)`, differentiated at the values of `jac`'s forward alone."""
+    `objective` (with `advantages` in place of the recorded ones, if given), plus `extra(ℓ, H, mask)`,
+    differentiated at the values of `jac`'s forward alone."""
     from rookworld_debug.diagnosis.replay.data_phases import accumulation, micro_batches
     r = trace.rollout
     mask = loss_mask(r, trace.config)
     lp = jac.logps.detach().clone().requires_grad_(True)
     ent = jac.entropy.detach().clone().requires_grad_(True)
     old = getattr(trace.recorded, "old_per_token_logps", None)
-    adv = trace.advantages.advantages
+    adv = trace.advantages.advantages if advantages is None else advantages
     chunks = micro_batches(trace)
     total = 0.0
     for rows in chunks:
@@ -87,32 +93,34 @@ class GradientFit:
         ob = Objective.from_config(t.config)
         base = ob.replace(beta=0.0, entropy_coef=0.0)
 
-        def grad(objective, extra=None):
-            return self.jac.gradient(*token_weights(t, objective, self.jac, extra))
-        pg = grad(base)
-        out = {"policy term": (pg, 1.0)}
+        zero = torch.zeros_like(t.advantages.advantages)
+
+        def grad(objective, extra=None, advantages=None):
+            return self.jac.gradient(*token_weights(t, objective, self.jac, extra, advantages))
+        # each term on its own (A = 0 leaves no policy term): a small term is never the difference of two large ones
+        out = {"policy term": (grad(base), 1.0)}
         if t.rollout.ref_per_token_logps is not None:
-            plain = grad(base.replace(beta=1.0, use_bias_correction_kl=False))
-            corrected = grad(base.replace(beta=1.0, use_bias_correction_kl=True))
-            out["KL term (per unit β)"] = (_minus(plain, pg), ob.beta)
+            plain = grad(base.replace(beta=1.0, use_bias_correction_kl=False), advantages=zero)
+            corrected = grad(base.replace(beta=1.0, use_bias_correction_kl=True), advantages=zero)
+            out["KL term (per unit β)"] = (plain, ob.beta)
             out["the KL term's importance-ratio part (per unit β)"] = (
                 _minus(corrected, plain), ob.beta if ob.use_bias_correction_kl else 0.0)
-        out["entropy bonus (per unit c_H)"] = (_minus(grad(base.replace(entropy_coef=1.0)), pg), ob.entropy_coef)
+        out["entropy bonus (per unit c_H)"] = (grad(base.replace(entropy_coef=1.0), advantages=zero), ob.entropy_coef)
         n_rows = t.rollout.completion_ids.shape[0]
 
         def mean_logp(lp, ent, mask):             # + Σ_i mean_t ℓ_it / N: a likelihood (SFT-like) term
             return (lp * mask).sum(1).div(mask.sum(1).clamp(min=1)).sum() / n_rows
-        out["mean log-likelihood term"] = (_minus(grad(base, mean_logp), pg), 0.0)
+        out["mean log-likelihood term"] = (grad(base, mean_logp, advantages=zero), 0.0)
         return out
 
     def fit(self, recorded: dict, names, tol: float):
-        """(coefficients {term: (fitted, declared)}, relative residual) by least squares."""
+        """(coefficients {term: (fitted, declared)}, ‖recorded − fit‖) by least squares."""
         return _regress(recorded, self.terms(), names)
 
     def fit_micro_batches(self, recorded: dict, names):
         """The same regression on each micro-batch's share of the declared gradient (declared: 1 each): which
         micro-batches the recorded gradient holds, and how much of each."""
-        from rookworld_debug.diagnosis.replay.data_phases import accumulation, micro_batches
+        from rookworld_debug.diagnosis.replay.data_phases import micro_batches
         chunks = micro_batches(self.trace)
         if len(chunks) < 2:
             return {}, math.inf
@@ -127,9 +135,9 @@ class GradientFit:
 
 
 def _regress(recorded: dict, terms: dict, names):
-    """Least squares of `recorded` on the terms' gradients: ({term: (fitted, declared)}, relative residual)."""
-    from rookworld_debug.grpo.trace.state import relative_error
-    terms = {k: v for k, v in terms.items() if _dot(v[0], v[0], names) > 0}
+    """Least squares of `recorded` on the terms' gradients: ({term: (fitted, declared)}, ‖recorded − fit‖)."""
+    # a term whose gradient is float noise here (the KL at a policy still at its reference) has no coefficient
+    terms = {k: v for k, v in terms.items() if _dot(v[0], v[0], names) > TERM_ATOL ** 2}
     if not terms:
         return {}, math.inf
     keys = list(terms)
@@ -138,7 +146,8 @@ def _regress(recorded: dict, terms: dict, names):
     scale = gram.diagonal().sqrt()                  # normalised columns: terms of very different sizes
     coef = torch.linalg.lstsq(gram / scale[:, None] / scale[None], (rhs / scale)[:, None]).solution.squeeze(1) / scale
     fitted = {n: sum(float(c) * terms[k][0][n].double() for c, k in zip(coef, keys)) for n in names}
-    return {k: (float(c), terms[k][1]) for c, k in zip(coef, keys)}, relative_error(recorded, fitted, names)[0]
+    resid = math.sqrt(sum(float((recorded[n].double() - fitted[n]).pow(2).sum()) for n in names))
+    return {k: (float(c), terms[k][1]) for c, k in zip(coef, keys)}, resid
 
 
 def _minus(a: dict, b: dict) -> dict:
@@ -158,6 +167,9 @@ def terms_cause(coefs: dict, accumulation: int) -> tuple[str, str, str]:
     off = {k: (a, d) for k, (a, d) in coefs.items() if not _near(a, d)}
     said = "; ".join(f"{k}: {a:.4g} (declared {d:.4g})" for k, (a, d) in off.items())
     ratios = [a / d for a, d in coefs.values() if abs(d) > 1e-9]
+    if all(abs(a) < 0.02 * max(abs(d), 1e-3) for a, d in coefs.values() if abs(d) > 1e-9):
+        return "loss", "loss_terms", ("no term of the loss carries a gradient: the loss is detached from the policy "
+                                      "(its ratio or log-probs detached, or computed under no_grad): " + said)
     if ratios and all(_near(r, ratios[0]) for r in ratios) and all(abs(a) < 1e-6 for a, d in coefs.values()
                                                                   if abs(d) <= 1e-9):
         k = ratios[0]
@@ -168,6 +180,9 @@ def terms_cause(coefs: dict, accumulation: int) -> tuple[str, str, str]:
     pg = coefs.get("policy term")
     kl = coefs.get("KL term (per unit β)")
     part = coefs.get("the KL term's importance-ratio part (per unit β)")
+    if set(off) == {"policy term"} and abs(pg[0]) < 0.02:
+        return "loss", "loss_terms", ("the policy term carries no gradient (its ratio or log-probs detached, or "
+                                      "computed under no_grad): only the other terms train the policy: " + said)
     if set(off) == {"policy term"} and _near(pg[0], -1.0):
         return "loss", "loss_advantage_sign", ("the policy term enters with the opposite sign (its value hides it: "
                                                "Σ A = 0 in a group; its gradient does not): " + said)

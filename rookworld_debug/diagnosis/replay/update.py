@@ -1,0 +1,176 @@
+"""The update phase: the recorded optimizer's step re-run from θ_before, the recorded gradient and state, against
+θ_after; on a disagreement, what the update was fitted to be.
+
+In order of simplicity: no move at all; a fresh optimizer state; the unclipped gradient; Δθ_recorded ≈
+a·Δθ_optimizer + c·θ_before by least squares (a: the learning-rate factor actually applied, c: a component along the
+weights, a decay the recorded settings do not hold); an element-wise clamp of the step; a gradient clamped
+element-wise before the step (its bound fitted). Each holds to the tolerance of the recorded precision, plus the
+rounding of θ_after − θ_before in the weights' own dtype (a small step on a large weight loses digits).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .compare import REL_TOL, tol_for
+from .records import AGREE, DISAGREE, PhaseCheck, fmt
+
+OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}
+
+
+def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict, opt_state: Optional[dict],
+                 max_grad_norm: Optional[float], *, clip: bool = True, fresh_state: bool = False,
+                 grad_clamp: Optional[float] = None) -> dict:
+    """{name: θ after one step of the recorded optimizer} from θ_before, the recorded gradient and state
+    (`grad_clamp`: the gradient also clamped element-wise to ±it after the norm clip)."""
+    names = [n for n in trainable if n in grad and n in before]
+    # in the recorded dtype: a bf16 model's optimizer steps in bf16, and its rounding is part of what it did
+    params = [torch.nn.Parameter(before[n].detach().clone()) for n in names]
+    for p, n in zip(params, names):
+        p.grad = grad[n].detach().clone().to(p.dtype)
+    if clip and max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
+    if grad_clamp is not None:
+        torch.nn.utils.clip_grad_value_(params, grad_clamp)
+    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in settings.items()}
+    opt = OPTIMIZERS[kind](params, **kw)
+    if opt_state and not fresh_state:
+        sd = opt.state_dict()
+        sd["state"] = {i: {k: (v.clone() if k != "step" else v.clone().float().reshape(()))
+                           for k, v in opt_state.get(n, {}).items()} for i, n in enumerate(names)
+                       if opt_state.get(n)}
+        opt.load_state_dict(sd)
+    opt.step()
+    return {n: p.detach() for n, p in zip(names, params)}
+
+
+def _dot(a: dict, b: dict, names) -> float:
+    return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
+
+
+class _Update:
+    """The recorded update and what the optimizer gives, with the bound a fit is held to."""
+
+    def __init__(self, state, max_grad_norm, dtype: str):
+        self.state, self.max_grad_norm = state, max_grad_norm
+        s = state
+        self.names = [n for n in s.trainable if n in s.gradient and n in s.before and n in s.after]
+        self.tol = tol_for(REL_TOL, dtype)
+        self.d_rec = {n: s.after[n].double() - s.before[n].double() for n in self.names}
+        self.norm_rec = math.sqrt(_dot(self.d_rec, self.d_rec, self.names))
+        # θ_after − θ_before carries the rounding of θ_after in its dtype: half a unit in its last place
+        eps = torch.finfo(next(iter(s.after.values())).dtype).eps if s.after else 2.0 ** -23
+        self.noise = math.sqrt(sum(float((s.after[n].double().abs() * eps / 2).pow(2).sum()) for n in self.names))
+        self.bound = self.tol * self.norm_rec + self.noise
+
+    def step(self, **kw) -> dict:
+        s = self.state
+        o = rerun_update(s.before, s.gradient, self.names, s.optimizer, s.optimizer_settings, s.optimizer_state,
+                         self.max_grad_norm, **kw)
+        return {n: o[n].double() - s.before[n].double() for n in self.names}
+
+    def resid(self, fitted: dict) -> float:
+        return math.sqrt(sum(float((self.d_rec[n] - fitted[n]).pow(2).sum()) for n in self.names))
+
+
+def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
+    from rookworld_debug.grpo.trace.state import relative_error
+    q = f"update: θ_after from θ_before, the recorded gradient and {state.optimizer or 'its optimizer'}'s state"
+    u = _Update(state, max_grad_norm, dtype)
+    d_ref = u.step()
+    err, worst, worst_err = relative_error(u.d_rec, d_ref, u.names)
+    if err <= u.tol:
+        return PhaseCheck("update", q, AGREE, err, u.tol, measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖")
+    cause, why, fitted = "", "", None
+    if u.norm_rec == 0:
+        cause, why = "optimizer_no_op", "the weights did not move: the optimizer applied nothing"
+    else:
+        for code, kw, sentence in (
+                ("optimizer_state_reset", dict(fresh_state=True),
+                 "the update is a first step's: the optimizer's moments were reset (a new optimizer each step?)"),
+                ("grad_clip_not_applied", dict(clip=False),
+                 f"the update used the unclipped gradient: max_grad_norm {max_grad_norm} was not applied")):
+            if (max_grad_norm or code != "grad_clip_not_applied") and u.resid(u.step(**kw)) <= u.bound:
+                cause, why = code, sentence
+                break
+    if not cause and u.norm_rec > 0:
+        cause, why, fitted = _linear_fit(u, d_ref)
+        if not cause:
+            cause, why, fitted = _clamp_fits(u, d_ref, fitted)
+    return PhaseCheck("update", q, DISAGREE, err, u.tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
+                      f"‖Δθ‖ = {fmt(u.norm_rec)}", f"‖Δθ‖ = {fmt(math.sqrt(_dot(d_ref, d_ref, u.names)))}", cause,
+                      why, measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖", fit=fitted)
+
+
+def _linear_fit(u: _Update, d_ref: dict):
+    """(code, sentence, fit) of Δθ_recorded ≈ a·Δθ_optimizer (+ c·θ_before); ("", "", fit with its residual)."""
+    names, d_rec = u.names, u.d_rec
+    th = {n: u.state.before[n].double() for n in names}
+    gram = torch.tensor([[_dot(d_ref, d_ref, names), _dot(d_ref, th, names)],
+                         [_dot(th, d_ref, names), _dot(th, th, names)]], dtype=torch.float64)
+    rhs = torch.tensor([_dot(d_ref, d_rec, names), _dot(th, d_rec, names)], dtype=torch.float64)
+    a, c = (float(v) for v in torch.linalg.lstsq(gram, rhs[:, None]).solution.squeeze(1))
+    k = _dot(d_rec, d_ref, names) / max(_dot(d_ref, d_ref, names), 1e-300)
+    only_a = u.resid({n: k * d_ref[n] for n in names})
+    both = u.resid({n: a * d_ref[n] + c * th[n] for n in names})
+    lr = u.state.optimizer_settings.get("lr")
+    fit = {"kind": "update", "params": {"lr_factor": k, "along_theta": 0.0}, "residual": only_a / u.norm_rec,
+           "sentence": ""}
+    if only_a <= u.bound and abs(k - 1) > u.tol:
+        why = (f"the weights moved {k:.4g} × the recorded optimizer's step: the learning rate applied was "
+               f"{k:.4g} × the optimizer's" + (f" ({k * lr:.4g} instead of {lr:.4g}: another step's schedule, or a "
+                                               "changed group lr)" if isinstance(lr, (int, float)) else ""))
+        return "update_scaled", why, {**fit, "sentence": why}
+    if both <= u.bound and abs(c) > 0:
+        decay = f" = −lr·λ with λ = {-c / lr:.4g} beyond the recorded weight_decay at lr {lr:.4g}" \
+            if isinstance(lr, (int, float)) and lr > 0 else ""
+        why = (f"the weights moved {a:.4g} × the optimizer's step plus {c:.4g} × θ{decay}: a component along the "
+               "weights that the optimizer's recorded settings do not hold (a changed weight_decay, or an L2 term)")
+        return "update_along_weights", why, {**fit, "params": {"lr_factor": a, "along_theta": c},
+                                             "residual": both / u.norm_rec, "sentence": why}
+    return "", "", fit
+
+
+def _clamp_fits(u: _Update, d_ref: dict, fit):
+    """(code, sentence, fit) of the optimizer's step clamped element-wise (its bound: the largest recorded move), or
+    of a gradient clamped element-wise before the step (its bound fitted by a golden-section search)."""
+    names = u.names
+    m = max(float(u.d_rec[n].abs().max()) for n in names)
+    if any(float(d_ref[n].abs().max()) > m * (1 + u.tol) for n in names):
+        r = u.resid({n: d_ref[n].clamp(-m, m) for n in names})
+        if r <= u.bound:
+            why = f"the weights moved by the optimizer's step clamped element-wise to ±{m:.4g}"
+            return "update_clamped", why, {"kind": "clamped", "params": {"bound": m}, "residual": r / u.norm_rec,
+                                           "sentence": why}
+    g = [u.state.gradient[n].double().abs() for n in names]
+    top = max(float(x.max()) for x in g)
+    if top == 0:
+        return "", "", fit
+    v = math.exp(golden_min(lambda x: u.resid(u.step(grad_clamp=math.exp(x))), math.log(top) - math.log(1e4),
+                            math.log(top), steps=24))
+    r = u.resid(u.step(grad_clamp=v))
+    if r <= u.bound:
+        why = (f"the optimizer stepped on the gradient clamped element-wise to ±{v:.4g} (after the norm clip): a "
+               "clip_grad_value_ the declaration does not have")
+        return "update_grad_clamped", why, {"kind": "grad_clamped", "params": {"bound": v},
+                                            "residual": r / u.norm_rec, "sentence": why}
+    return "", "", fit
+
+
+def golden_min(f, lo: float, hi: float, steps: int) -> float:
+    """The argmin of a unimodal f on [lo, hi] by golden-section search (one evaluation per step)."""
+    phi = (math.sqrt(5) - 1) / 2
+    a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
+    fa, fb = f(a), f(b)
+    for _ in range(steps):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - phi * (hi - lo)
+            fa = f(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + phi * (hi - lo)
+            fb = f(b)
+    return (lo + hi) / 2
