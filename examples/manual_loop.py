@@ -11,6 +11,7 @@ label, advantages A = clip((r − mean_g) / max(std_g, 0.05), ±2), and the sequ
 from __future__ import annotations
 
 import argparse
+import os
 import copy
 import json
 import random
@@ -124,4 +125,8 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if not 1 <= a.steps <= 100:
         ap.error("--steps must be between 1 and 100")
-    train(a.steps, a.record_step or a.steps, a.out)
+    if a.record_step is not None and not 1 <= a.record_step <= a.steps:
+        ap.error(f"--record-step must be between 1 and --steps ({a.steps})")
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        ap.error(f"--out {a.out} is a file; the recorded step is a folder")
+    train(a.steps, a.steps if a.record_step is None else a.record_step, a.out)

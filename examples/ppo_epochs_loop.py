@@ -15,6 +15,7 @@ moved since sampling, so its ratio to π_old is not 1 and the replay checks π_o
 from __future__ import annotations
 
 import argparse
+import os
 import copy
 import json
 import random
@@ -142,4 +143,6 @@ if __name__ == "__main__":
     last = a.rollouts * 2
     if a.record_step is not None and not 1 <= a.record_step <= last:
         ap.error(f"--record-step must be between 1 and {last}")
-    train(a.rollouts, a.record_step or last, a.out)
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        ap.error(f"--out {a.out} is a file; the recorded step is a folder")
+    train(a.rollouts, last if a.record_step is None else a.record_step, a.out)

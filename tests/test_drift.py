@@ -82,6 +82,10 @@ def test_warmup_is_cached_and_regenerable(base, cache):
     # the cache is keyed by the config: another warm-up lr is another entry
     s3 = setup(cfg.replace(warmup_lr=5e-3))
     assert s3.provenance["start"]["warmup_cache"].startswith("computed")
+    # and so is another number of warm-up steps (a policy warmed for 2 is not one warmed for 1)
+    s4 = setup(cfg.replace(warmup_steps=1))
+    st4 = s4.provenance["start"]
+    assert st4["warmup_cache"].startswith("computed") and len(st4["warmup"]) == 1
 
 
 def test_bad_start_paths_are_named_errors(base, tmp_path):

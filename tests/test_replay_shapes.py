@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -231,3 +232,159 @@ def test_the_replay_record_is_plain_json(fitted):
     d = rep.to_dict()
     assert json.loads(json.dumps(d)) == d
     assert dataclasses.is_dataclass(rep.first_disagreement)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda rec, tok: rec.rollout(prompt_ids=[[1.5, 2.0]] * 2, prompt_mask=[[1, 1]] * 2,
+                                  completion_ids=[[3, 4]] * 2, completion_mask=[[1, 1]] * 2), "whole numbers"),
+    (lambda rec, tok: rec.rollout(prompt_ids=[[1, 2]] * 2, prompt_mask=[[1, 1]] * 2,
+                                  completion_ids=[[3, len(tok) + 7]] * 2, completion_mask=[[1, 1]] * 2),
+     "vocabulary"),
+    (lambda rec, tok: rec.rollout(prompt_ids=[[1, 2]] * 2, prompt_mask=[[1, 1]] * 2,
+                                  completion_ids=[[3, -1]] * 2, completion_mask=[[1, 1]] * 2), r"\[0, "),
+    (lambda rec, tok: rec.rollout(prompt_ids=[[1, 2]] * 2, prompt_mask=[[1, 1]] * 2,
+                                  completion_ids=[[3, 4]] * 2, completion_mask=[[1, 2]] * 2), "0/1 mask"),
+    (lambda rec, tok: rec.loss(torch.ones(3)), "scalar"),
+    (lambda rec, tok: rec.loss(float("nan")), "non-finite"),
+    (lambda rec, tok: rec.rewards([1.0, float("inf")]), "inf"),
+    (lambda rec, tok: rec.advantages([0.5, float("nan")]), "non-finite"),
+])
+def test_the_record_calls_refuse_bad_values_by_name(tokenizer, call, match):
+    from rookworld_debug.errors import DataError
+    from rookworld_debug.record import StepRecorder
+    with pytest.raises(DataError, match=match):
+        call(StepRecorder(tokenizer, num_generations=2), tokenizer)
+
+
+def test_masked_minus_inf_is_kept_out_and_a_missing_reference_is_said(tokenizer, tmp_path):
+    """−inf log-probs past the mask are allowed (a sampler's filtered tokens); β > 0 without the reference's
+    log-probs builds, says so, and the replay skips the loss with the reason instead of failing."""
+    from rookworld_debug.diagnosis import diagnose_path
+    from tinymodels import minimal_recorder
+    rec = minimal_recorder(tokenizer, beta=0.1)
+    lp = torch.tensor([[-1.0, -2.0, float("-inf")]] * 2)
+    rec.pieces["rollout"]["completion_mask"] = torch.tensor([[1, 1, 0]] * 2)
+    rec.rewards(torch.tensor([1.0, 0.0]))
+    rec.logprobs(lp)
+    rec.loss(0.25)
+    trace = rec.build()
+    assert bool(torch.isfinite(trace.loss.per_token_loss).all()) and math.isfinite(float(trace.loss.loss))
+    assert any("reference log-probs not recorded" in f for f in trace.flags)
+    found = diagnose_path(rec.save(tmp_path / "no-ref"))
+    assert not [f for f in found if f.code == "check_failed"], [f.cause for f in found]
+
+
+@pytest.mark.parametrize("script, argv, match", [
+    ("manual_loop.py", ["--record-step", "0"], "--record-step"),
+    ("mini_loop.py", ["--record-step", "3", "--steps", "1"], "--record-step"),
+    ("ppo_epochs_loop.py", ["--record-step", "9"], "--record-step"),
+    ("manual_loop.py", ["--out", "FILE"], "is a file"),
+])
+def test_an_example_trainer_checks_its_arguments_before_training(tmp_path, script, argv, match):
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    argv = [str(afile) if a == "FILE" else a for a in argv]
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / script), *argv], cwd=tmp_path, env=ENV,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, r.stderr[-1000:]
+
+
+# ------------------------------------------------------------------------------- recorded weights, tampered
+def _copy_step(ppo_step, tmp_path) -> Path:
+    import shutil
+    dst = tmp_path / "step"
+    shutil.copytree(ppo_step[1], dst)
+    return dst
+
+
+def _rehash(folder: Path) -> None:
+    from rookworld_debug.grpo.trace.state import _sha256
+    meta = json.loads((folder / "state" / "state.json").read_text())
+    meta["sha256"] = {n: _sha256(folder / "state" / f"{n}.safetensors") for n in meta["files"]}
+    (folder / "state" / "state.json").write_text(json.dumps(meta))
+
+
+def test_a_save_is_whole_and_its_manifest_holds_the_hashes(ppo_step, tmp_path):
+    folder = ppo_step[1]
+    meta = json.loads((folder / "state" / "state.json").read_text())
+    assert set(meta["sha256"]) == set(meta["files"]) and "sampler" in meta["files"]
+    assert not list(folder.parent.glob(f".{folder.name}.*"))          # no temporary folder left behind
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("a user's file")
+    from rookworld_debug.errors import DataError
+    with pytest.raises(DataError, match="holds other files"):
+        ppo_step[0].save(other)
+    assert (other / "notes.txt").read_text() == "a user's file"
+
+
+@pytest.mark.parametrize("tamper, match", [
+    ("altered", "does not match the hash"),
+    ("missing", "incomplete save"),
+    ("link", "is a link"),
+    ("shape", r"is \(2, "),
+    ("n_embd", "n_embd"),
+])
+def test_tampered_recorded_weights_are_refused_by_name(ppo_step, tmp_path, tamper, match):
+    from safetensors.torch import load_file, save_file
+    from rookworld_debug.errors import TraceError
+    from rookworld_debug.grpo.trace.state import build_model, read_state
+    folder = _copy_step(ppo_step, tmp_path)
+    state = folder / "state"
+    if tamper == "altered":
+        w = load_file(str(state / "after.safetensors"))
+        w = {k: v + 1.0 for k, v in w.items()}
+        save_file(w, str(state / "after.safetensors"))
+    elif tamper == "missing":
+        (state / "gradient.safetensors").unlink()
+    elif tamper == "link":
+        outside = tmp_path / "elsewhere.safetensors"
+        (state / "before.safetensors").rename(outside)
+        (state / "before.safetensors").symlink_to(outside)
+    elif tamper == "shape":
+        w = load_file(str(state / "after.safetensors"))
+        name = next(k for k, v in w.items() if v.ndim == 1)
+        w[name] = w[name].expand(2, -1).contiguous()
+        save_file(w, str(state / "after.safetensors"))
+        _rehash(folder)
+    else:
+        meta = json.loads((state / "state.json").read_text())
+        meta["model_config"]["n_embd"] = 1 << 20
+        (state / "state.json").write_text(json.dumps(meta))
+    with pytest.raises(TraceError, match=match):
+        s = read_state(folder)
+        build_model(s, s.before)
+
+
+def test_a_step_whose_state_folder_went_missing_says_incomplete(ppo_step, tmp_path):
+    import shutil
+    from rookworld_debug.diagnosis.replay import replay_path
+    folder = _copy_step(ppo_step, tmp_path)
+    shutil.rmtree(folder / "state")
+    assert "incomplete save" in replay_path(folder).weights
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("format", 99, "format"), ("gradient_accumulation_steps", 0, "gradient_accumulation_steps"),
+    ("recorded", "everything", "recorded"), ("max_grad_norm", -1.0, "max_grad_norm"),
+    ("iteration", -2, "iteration"), ("weights", "../elsewhere/", "weights"),
+])
+def test_a_tampered_recorded_field_is_refused_by_name(ppo_step, tmp_path, field, value, match):
+    from rookworld_debug.errors import TraceError
+    from rookworld_debug.grpo.step import StepTrace
+    folder = _copy_step(ppo_step, tmp_path)
+    d = json.loads((folder / "trace.json").read_text())
+    d["fields"]["recorded"]["fields"][field] = value
+    (folder / "trace.json").write_text(json.dumps(d))
+    with pytest.raises(TraceError, match=match):
+        StepTrace.load(folder)
+
+
+def test_a_non_finite_recorded_loss_is_a_disagreement_not_a_missing_loss(ppo_step, tmp_path):
+    from rookworld_debug.diagnosis.replay import replay_path
+    folder = _copy_step(ppo_step, tmp_path)
+    d = json.loads((folder / "trace.json").read_text())
+    d["fields"]["recorded"]["fields"]["loss"] = float("nan")
+    (folder / "trace.json").write_text(json.dumps(d))
+    first = replay_path(folder).first_disagreement
+    assert first is not None and first.cause == "loss_not_finite"

@@ -135,7 +135,8 @@ OTHER_HEALTHY = (("run_step", dict(loss_type="dapo", beta=0.04, batch_size=2, nu
                  ("run_step", dict(loss_type="dr_grpo", beta=0.04, batch_size=2, num_generations=2, lr=1e-4)),
                  ("run_step", dict(loss_type="cispo", beta=0.0, batch_size=2, num_generations=4, task="mixed")),
                  ("trl", dict(loss_type="dapo", beta=0.04)), ("trl", dict(loss_type="grpo", beta=0.0)),
-                 ("trl", dict(loss_type="bnpo", beta=0.1)), ("manual_loop", {}), ("mini_loop", {}))
+                 ("trl", dict(loss_type="bnpo", beta=0.1)), ("manual_loop", {}), ("mini_loop", {}),
+                 ("ppo_epochs_loop", {}))
 
 
 def healthy_case(kind: str, kw: dict) -> dict:

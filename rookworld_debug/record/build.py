@@ -74,6 +74,10 @@ def _rollout(rec, config: StepConfig, prompts: tuple, tasks: tuple) -> Rollout:
     logps = rec.pieces.get("policy_logps", rec.pieces.get("old_logps"))
     for name in ("sampling_logps", "policy_logps", "old_logps", "ref_logps"):
         _check_shape(name, rec.pieces.get(name), (n, t))
+        x = rec.pieces.get(name)
+        if x is not None and not bool((torch.isfinite(x) | (mask == 0)).all()):
+            raise DataError(f"{name}: non-finite log-probs on tokens the loss mask keeps (−inf or NaN is allowed "
+                            "only where completion_mask is 0)")
     _check_shape("prompt_mask", r["prompt_mask"], tuple(r["prompt_ids"].shape))
     if r["prompt_ids"].shape[0] != n:
         raise DataError(f"prompt_ids: {r['prompt_ids'].shape[0]} rows for {n} completion rows")
@@ -81,9 +85,11 @@ def _rollout(rec, config: StepConfig, prompts: tuple, tasks: tuple) -> Rollout:
     return rollout_of(
         tok, prompt_ids=r["prompt_ids"], prompt_mask=r["prompt_mask"], completion_ids=ids, completion_mask=mask,
         prompts=prompts, tasks=tasks, completions=r["completions"],
-        per_token_logps=(torch.nan_to_num(logps) * mask) if logps is not None else nan.masked_fill(mask == 0, 0.0),
-        ref_per_token_logps=None if ref is None else ref * mask, per_token_entropy=nan.masked_fill(mask == 0, 0.0),
-        sampling_per_token_logps=rec.pieces.get("sampling_logps", nan), temperature=config.p_temperature,
+        per_token_logps=(logps if logps is not None else nan).masked_fill(mask == 0, 0.0),
+        ref_per_token_logps=None if ref is None else ref.masked_fill(mask == 0, 0.0),
+        per_token_entropy=nan.masked_fill(mask == 0, 0.0),
+        sampling_per_token_logps=rec.pieces["sampling_logps"].masked_fill(mask == 0, 0.0)
+        if "sampling_logps" in rec.pieces else nan, temperature=config.p_temperature,
         top_p=config.p_top_p, top_k=config.top_k, num_generations=g, max_new_tokens=t, seed=config.seed,
         warnings=("log-probs are the loop's own; entropy is not recorded by a loop (shown as NaN)",))
 
@@ -164,8 +170,13 @@ def build_trace(rec) -> StepTrace:
         flags.append("advantages not recorded: the record shows the declared objective's advantages of the "
                      "recorded rewards")
     mask = rollout.completion_mask
+    objective = Objective.from_config(config)
+    if objective.beta and rollout.ref_per_token_logps is None:     # the KL term cannot be shown without them
+        objective = objective.replace(beta=0.0)
+        flags.append(f"reference log-probs not recorded: the loss record shows the declared objective without its "
+                     f"β = {config.beta:g} KL term")
     loss = compute_loss(rollout.per_token_logps, p.get("old_logps"), rollout.ref_per_token_logps,
-                        advantages.advantages, mask, Objective.from_config(config),
+                        advantages.advantages, mask, objective,
                         LossBatch(num_items_in_batch=mask.sum(), num_generations=g))
     loss = dataclasses.replace(loss, definition=loss.definition + " — recomputed by the project's loss for the "
                                "declared objective from the loop's recorded log-probs, advantages and mask")

@@ -56,10 +56,41 @@ def _cpu(x, what: str, dtype=None) -> torch.Tensor:
     if not torch.is_tensor(x):
         try:
             x = torch.as_tensor(x)
-        except (TypeError, ValueError, RuntimeError):
+        except (TypeError, ValueError, RuntimeError, OverflowError):
             raise DataError(f"{what}: a tensor expected, got {type(x).__name__}") from None
     x = x.detach().to("cpu", copy=True)
+    if x.dtype == torch.bool or x.is_complex():
+        raise DataError(f"{what}: a real-valued tensor expected, got {x.dtype}")
     return x.to(dtype) if dtype is not None else x
+
+
+def _ids(x, what: str, vocab: int) -> torch.Tensor:
+    """Token ids: whole numbers in [0, vocab) (a float id with a fraction, a negative id or one past the
+    tokenizer's vocabulary is refused, not truncated or wrapped)."""
+    x = _cpu(x, what)
+    if x.is_floating_point():
+        if not bool(torch.isfinite(x).all()) or not bool((x == x.round()).all()):
+            raise DataError(f"{what}: token ids must be whole numbers, got fractional or non-finite values")
+    x = x.to(torch.long)
+    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab):
+        raise DataError(f"{what}: token ids must lie in [0, {vocab}) (the tokenizer's vocabulary), got "
+                        f"[{int(x.min())}, {int(x.max())}]")
+    return x
+
+
+def _mask(x, what: str) -> torch.Tensor:
+    x = _cpu(x, what)
+    if x.numel() and not bool(((x == 0) | (x == 1)).all()):
+        raise DataError(f"{what}: a 0/1 mask expected, got values {sorted(set(x.unique().tolist()))[:6]}")
+    return x.to(torch.long)
+
+
+def _finite(x: torch.Tensor, what: str, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`x`, refused when a value the step uses is ±inf or NaN (outside `mask`, −inf and NaN are allowed)."""
+    used = torch.isfinite(x) if mask is None or mask.shape != x.shape else torch.isfinite(x) | (mask == 0)
+    if not bool(used.all()):
+        raise DataError(f"{what}: {int((~used).sum())} non-finite value(s) where the step uses them")
+    return x
 
 
 @dataclass(frozen=True)
@@ -185,29 +216,39 @@ class StepRecorder:
         """The sampled rows: (N, P) prompt ids and mask (right padding is moved to the left), (N, T) completion ids and
         the loss mask, the decoded completions the rewards read (decoded here when not given), the sampler's
         log-probs (N, T) of the tempered distribution before any top-k / top-p (TRL's convention)."""
-        ids = _cpu(completion_ids, "completion_ids", torch.long)
-        mask = _cpu(completion_mask, "completion_mask", torch.long)
+        vocab = len(self.tokenizer)
+        ids = _ids(completion_ids, "rollout: completion_ids", vocab)
+        mask = _mask(completion_mask, "rollout: completion_mask")
         if ids.ndim != 2 or mask.shape != ids.shape:
             raise DataError(f"rollout: completion_ids {tuple(ids.shape)} and completion_mask {tuple(mask.shape)} "
                             "must both be (N, T)")
         if completions is None:
             completions = [self.tokenizer.decode(ids[i][mask[i].bool()], skip_special_tokens=True)
                            for i in range(ids.shape[0])]
-        p_ids, p_mask = left_padded(_cpu(prompt_ids, "prompt_ids", torch.long),
-                                    _cpu(prompt_mask, "prompt_mask", torch.long))
+        p_ids, p_mask = left_padded(_ids(prompt_ids, "rollout: prompt_ids", vocab),
+                                    _mask(prompt_mask, "rollout: prompt_mask"))
         self.pieces["rollout"] = dict(prompt_ids=p_ids, prompt_mask=p_mask,
                                       completion_ids=ids, completion_mask=mask, completions=tuple(completions))
+        if completions is not None and (isinstance(completions, str) or len(completions) != ids.shape[0]):
+            raise DataError(f"rollout: completions must be {ids.shape[0]} strings, one per row")
         if sampling_logps is not None:
-            self.pieces["sampling_logps"] = _cpu(sampling_logps, "sampling_logps", torch.float32)
+            lp = _cpu(sampling_logps, "rollout: sampling_logps", torch.float32)
+            self.pieces["sampling_logps"] = _finite(lp, "rollout: sampling_logps", mask)
 
     def rewards(self, rewards, per_func: Optional[Mapping[str, object]] = None) -> None:
         """The (N,) rewards the advantages were computed from, and each reward function's (N,) column."""
         total = _cpu(rewards, "rewards", torch.float64).reshape(-1)
+        if bool(torch.isinf(total).any()):                 # NaN: a row the reward function could not score
+            raise DataError("rewards: ±inf is not a reward (NaN marks a row the reward function could not score)")
+        if per_func is not None and not isinstance(per_func, Mapping):
+            raise DataError(f"rewards: per_func must map reward-function names to columns, got "
+                            f"{type(per_func).__name__}")
         cols = {str(k): _cpu(v, f"rewards[{k!r}]", torch.float64).reshape(-1) for k, v in (per_func or {}).items()}
         self.pieces["rewards"] = (total, cols or {self.reward: total})
 
     def advantages(self, advantages) -> None:
-        self.pieces["advantages"] = _cpu(advantages, "advantages", torch.float32).reshape(-1)
+        """The (N,) advantages the loss used."""
+        self.pieces["advantages"] = _finite(_cpu(advantages, "advantages", torch.float32).reshape(-1), "advantages")
 
     def logprobs(self, per_token_logps=None, *, old=None, ref=None, training: Optional[bool] = None) -> None:
         """(N, T) log-probs the loss used: the policy's (the loss forward), π_old's and the reference's."""
@@ -219,7 +260,10 @@ class StepRecorder:
 
     def loss(self, loss, per_token_loss=None) -> None:
         """The scalar the loop called backward() on (summed over micro-batches as the loop logs it)."""
-        self.pieces["loss"] = float(loss.detach() if torch.is_tensor(loss) else loss)
+        value = _cpu(loss, "loss", torch.float64)
+        if value.numel() != 1:
+            raise DataError(f"loss: the scalar backward() was called on, got a tensor of shape {tuple(value.shape)}")
+        self.pieces["loss"] = float(_finite(value.reshape(()), "loss"))
         if per_token_loss is not None:
             self.pieces["per_token_loss"] = _cpu(per_token_loss, "per_token_loss", torch.float32)
 
@@ -241,21 +285,43 @@ class StepRecorder:
         return build_trace(self)
 
     def save(self, path) -> Path:
-        """trace.json + trace.safetensors (+ state/ with the weights when they were recorded); returns the folder."""
+        """trace.json + trace.safetensors (+ state/ with the weights when they were recorded, and a manifest of their
+        hashes); returns the folder. Written to a temporary folder beside `path` and renamed into place: a save that
+        is interrupted leaves no half step, and a step saved over an earlier one replaces it whole. A folder that
+        holds anything but a recorded step is refused."""
+        import os
+        import shutil
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise DataError(f"save: {path} is a file; a recorded step is a folder")
+        if path.is_dir() and any(path.iterdir()) and not (path / "trace.json").is_file():
+            raise DataError(f"save: {path} holds other files; a recorded step needs a folder of its own")
         trace = self.build()
-        path = trace.save(path)
-        p = self.pieces
-        if "weights_before" in p:
-            kind, settings, opt_state, trainable = p.get("optimizer_state", ("", {}, None, ()))
-            S.write_state(path, model_config=p["model_config"], tokenizer=self.tokenizer,
-                          before=p["weights_before"], after=p.get("weights_after"), gradient=p.get("gradient"),
-                          reference=p.get("reference_weights"), optimizer=kind, optimizer_settings=settings,
-                          optimizer_state=opt_state, trainable=trainable or tuple(p["weights_before"]),
-                          sampler=p.get("sampler_weights"))
-        else:                   # a folder reused for another step keeps none of the earlier step's weights
-            import shutil
-            shutil.rmtree(path / "state", ignore_errors=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.saving-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self._write_state(tmp)
+            trace.save(tmp)                              # trace.json last: its presence means the step is whole
+            old = path.parent / f".{path.name}.replaced-{os.getpid()}"
+            if path.exists():
+                path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return path
+
+    def _write_state(self, folder: Path) -> None:
+        p = self.pieces
+        if "weights_before" not in p:
+            return
+        kind, settings, opt_state, trainable = p.get("optimizer_state", ("", {}, None, ()))
+        S.write_state(folder, model_config=p["model_config"], tokenizer=self.tokenizer,
+                      before=p["weights_before"], after=p.get("weights_after"), gradient=p.get("gradient"),
+                      reference=p.get("reference_weights"), optimizer=kind, optimizer_settings=settings,
+                      optimizer_state=opt_state, trainable=trainable or tuple(p["weights_before"]),
+                      sampler=p.get("sampler_weights"))
 
     def check(self) -> "DeclarationCheck":
         """Replay this step against its declaration now: on a first healthy step, which keywords the loop computes

@@ -25,6 +25,7 @@ loop's own reward function, an engine reward) is said, never guessed.
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Optional
 
@@ -111,7 +112,8 @@ def _jacobian(trace, w: Weights):
 
 def _declared_gradient(trace, w: Weights) -> dict:
     from rookworld_debug.diagnosis.replay.terms import declared_gradient
-    return w.memo(("gradient", id(trace.config)), lambda: declared_gradient(trace, _jacobian(trace, w)))
+    key = ("gradient", json.dumps(trace.config.to_dict(), sort_keys=True, default=str))   # by content, not id
+    return w.memo(key, lambda: declared_gradient(trace, _jacobian(trace, w)))
 
 
 def _dtype(trace) -> str:
@@ -148,6 +150,9 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
     out = []
     if w.policy is None:
         out.append(skipped("gradient", q, w.why))
+    elif trace.config.beta and trace.rollout.ref_per_token_logps is None:
+        out.append(skipped("gradient", q, "the declared KL term needs the reference's log-probs, which were not "
+                                          "recorded"))
     elif w.state is not None and w.state.gradient is not None:
         out.append(M.gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
                                     trace.recorded.gradient_accumulation_steps))

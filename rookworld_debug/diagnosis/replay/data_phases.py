@@ -18,7 +18,7 @@ from rookworld_debug.grpo.phases.rewards import BUILTIN_REWARDS, LABEL_REWARD_MO
 
 from .compare import DISAGREE, VALUE_TOL, compare, scalar, skipped
 from .fits import token_fits, value_fits
-from .records import AGREE, PhaseCheck
+from .records import AGREE, PhaseCheck, fmt
 
 
 def expected_mask(ids: torch.Tensor, eos: int) -> torch.Tensor:
@@ -255,10 +255,17 @@ def loss_check(trace) -> PhaseCheck:
     recorded, whose = loss_value(trace)
     q = f"loss: {whose} against the declared objective ({trace.config.loss_type}, β = {trace.config.beta:g})"
     if not math.isfinite(recorded):
+        if trace.recorded is not None and "loss" in trace.recorded.recorded:
+            return PhaseCheck("loss", q, DISAGREE, math.inf, VALUE_TOL, "the step's total", fmt(recorded), "finite",
+                              "loss_not_finite", "the loss the loop backpropagated is not a finite number",
+                              measure="|recorded − recomputed|")
         return skipped("loss", q, "the loss was not recorded")
     if trace.capture is not None:          # TRL scales per micro-batch: the capture recomputed it that way
         cap = trace.capture
         return scalar("loss", q, recorded, float(cap.recomputed_loss), VALUE_TOL)
+    if trace.config.beta and trace.rollout.ref_per_token_logps is None:
+        return skipped("loss", q, f"β = {trace.config.beta:g} needs the reference's log-probs, which were not "
+                                  "recorded (StepRecorder.logprobs(ref=...))")
     if trace.config.entropy_coef and recorded_entropy(trace) is None:
         return skipped("loss", q, f"entropy_coef = {trace.config.entropy_coef:g} needs the per-token entropy, which "
                                   "the step did not keep (its gradient is replayed from the weights)")

@@ -71,7 +71,6 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
     iteration = int(getattr(trace.recorded, "iteration", 0) or 0)
     logps = _LogpCache(r, cache)
     ours = logps(policy)                                                                  # (N, T)
-    variants = _scoring_variants(trace, policy)
     sampled_by = sampler if sampler is not None else policy if iteration == 0 else None
     models = {"the weights before the update": policy, "the weights that sampled the rollout": sampler,
               "the reference's weights": reference}
@@ -89,8 +88,8 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
                                              "weights that sampled it were not recorded (StepRecorder.sampler)"))
             continue
         c = compare("scoring", q, rec, logps(model), tol_for(SAMPLER_TOL, dtype) if key == "sampler" else tol,
-                    mask=mask, unit="token", variants=variants, mean_tol=tol_for(MEAN_TOL, dtype),
-                    fit=_scoring_fits(model, r))
+                    mask=mask, unit="token", variants=_scoring_variants(trace, model),   # of the weights it is held to
+                    mean_tol=tol_for(MEAN_TOL, dtype), fit=_scoring_fits(model, r))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
         out.append(_dropout(c, trace) if key == "policy" else c)

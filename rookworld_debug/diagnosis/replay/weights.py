@@ -56,6 +56,8 @@ def weights_for(trace, path) -> Weights:
 def _recorded(trace, path) -> Weights:
     from rookworld_debug.grpo.trace.state import build_model, read_state
     state = read_state(path) if path is not None else None
+    if state is None and trace.recorded.weights == "state/":
+        return Weights.none("incomplete save: the trace says its weights are in state/, which is missing")
     if state is None or state.before is None:
         return Weights.none("the loop recorded no weights (StepRecorder.model_before)")
     tok = _tokenizer(state.tokenizer_dir) if state.tokenizer_dir is not None else None

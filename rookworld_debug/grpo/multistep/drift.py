@@ -33,8 +33,9 @@ from rookworld_debug.safeio import check_fits, load_state_into, load_torch
 from rookworld_debug.models.devices import cpu_state
 
 # fields that do not shape the warm-up (eval sizes, the debugged step's own iteration/loss-view knobs)
-_KEY_IGNORES = ("heldout_n", "eval_max_new_tokens", "top_k_alternatives", "diagnostics", "num_iterations", "steps_per_generation",
-                "warmup_steps", "tiny_std_fraction", "engine_workers", "device")
+# settings a warm-up does not read (it forces num_iterations = 1 and no steps_per_generation); warmup_steps is read
+_KEY_IGNORES = ("heldout_n", "eval_max_new_tokens", "top_k_alternatives", "diagnostics", "num_iterations",
+                "steps_per_generation", "tiny_std_fraction", "engine_workers", "device")
 CACHE_VERSION = 1
 
 
@@ -119,6 +120,9 @@ def _warmup_cached(s, key: str) -> dict:
             meta = json.loads((folder / "meta.json").read_text())
             if not isinstance(meta, dict) or not isinstance(meta.get("warmup"), list):
                 raise CheckpointError(f"{folder / 'meta.json'}: no warm-up rows")
+            if len(meta["warmup"]) != s.config.warmup_steps:
+                raise CheckpointError(f"{folder / 'meta.json'}: {len(meta['warmup'])} warm-up steps, not "
+                                      f"{s.config.warmup_steps}")
             policy = load_torch(folder / "policy.pt", "drift cache")
             optim = load_torch(folder / "optimizer.pt", "drift cache")
             check_fits(s.policy, policy, "drift cache", folder / "policy.pt")   # before anything is loaded

@@ -85,9 +85,38 @@ def _check_record_types(trace, source: str) -> None:
         raise TraceError(f"{source}: flags must be a sequence of strings")
 
 
+def _check_recorded(rec, source: str) -> None:
+    """A recorded step's own fields over their closed ranges: a tampered file is refused by name, not read as
+    another step (a format this package does not know, a count below 1, a clip that is not a positive number)."""
+    from rookworld_debug.grpo.trace.recorded import PIECES, RECORD_FORMAT
+    where = f"{source}: recorded"
+
+    def whole(name, value, least):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise TraceError(f"{where}.{name} must be an integer ≥ {least}, found {value!r}")
+    if rec.format != RECORD_FORMAT:
+        raise TraceError(f"{where}.format {rec.format!r}: this package reads recorded steps of format {RECORD_FORMAT}")
+    whole("gradient_accumulation_steps", rec.gradient_accumulation_steps, 1)
+    whole("iteration", rec.iteration, 0)
+    if rec.step is not None:
+        whole("step", rec.step, 1)
+    clip = rec.max_grad_norm
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0
+                             or clip == float("inf")):
+        raise TraceError(f"{where}.max_grad_norm must be a positive number or null, found {clip!r}")
+    if not isinstance(rec.recorded, (tuple, list)) or not set(rec.recorded) <= set(PIECES):
+        raise TraceError(f"{where}.recorded must list pieces among {list(PIECES)}, found {rec.recorded!r}")
+    if rec.weights not in ("", "state/"):
+        raise TraceError(f"{where}.weights must be 'state/' or '', found {rec.weights!r}")
+    if not isinstance(rec.loss, (int, float)) or isinstance(rec.loss, bool):
+        raise TraceError(f"{where}.loss must be a number, found {type(rec.loss).__name__}")
+
+
 def check_trace(trace, source: str) -> None:
     """TraceError naming the first field whose record type, type or shape disagrees with the others (module doc)."""
     _check_record_types(trace, source)
+    if getattr(trace, "recorded", None) is not None:
+        _check_recorded(trace.recorded, source)
     dims: dict = {}
     for record, fields in SPECS.items():
         rec = getattr(trace, record, None)

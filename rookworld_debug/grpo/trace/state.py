@@ -108,11 +108,48 @@ def write_state(folder: Path, *, model_config: dict, tokenizer=None, before=None
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder / "tokenizer"))
     model_type = str(model_config.get("model_type", ""))
-    atomic_write_json(folder / "state.json", {
+    atomic_write_json(folder / "state.json", {          # last: the manifest of what was written, with hashes
         "format": STATE_FORMAT, "model_type": model_type, "model_config": model_config, "files": written,
+        "sha256": {name: _sha256(folder / f"{name}.safetensors") for name in written},
         "optimizer": optimizer, "optimizer_settings": optimizer_settings or {}, "trainable": list(trainable),
         "tokenizer": tokenizer is not None})
     return folder
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _checked_file(folder: Path, name: str, manifest: dict, where: str) -> Path:
+    """state/<name>.safetensors: a plain file inside the folder whose hash is the manifest's (when it has one)."""
+    path = folder / f"{name}.safetensors"
+    if path.is_symlink() or not path.resolve().is_relative_to(folder.resolve()):
+        raise TraceError(f"{path} is a link; a recorded step's weights are plain files inside its folder")
+    if not path.is_file():
+        raise TraceError(f"incomplete save: {where} lists {name}.safetensors, which is missing")
+    want = manifest.get(name)
+    if want is not None and _sha256(path) != want:
+        raise TraceError(f"incomplete or altered save: {path} does not match the hash {where} recorded")
+    return path
+
+
+def _same_shapes(loaded: dict, where: str) -> None:
+    """Every recorded tensor of a parameter has that parameter's shape and dtype (the weights before are the
+    reference); a tensor of a name the weights before do not have is refused."""
+    before = loaded.get("before") or {}
+    for part in ("after", "gradient", "sampler", "reference"):
+        for name, t in (loaded.get(part) or {}).items():
+            ref = before.get(name)
+            if ref is None and part != "reference":
+                raise TraceError(f"{where}: {part}.safetensors holds {name!r}, which the weights before do not")
+            if ref is not None and (tuple(t.shape) != tuple(ref.shape) or t.dtype != ref.dtype):
+                raise TraceError(f"{where}: {part}.safetensors {name!r} is {tuple(t.shape)} {t.dtype}, the "
+                                 f"parameter is {tuple(ref.shape)} {ref.dtype}")
 
 
 def _field(d: dict, key: str, kind, where: str):
@@ -143,12 +180,15 @@ def read_state(trace_dir) -> Optional[RecordedState]:
     if optimizer and optimizer not in OPTIMIZERS:
         optimizer = ""                   # kept as not replayable; the replay says so
     settings = {k: v for k, v in _field(d, "optimizer_settings", dict, where).items() if k in OPTIMIZER_KEYS}
+    manifest = d.get("sha256") if isinstance(d.get("sha256"), dict) else {}
     loaded = {}
     for name in files:
+        path = _checked_file(folder, name, manifest, where)
         try:
-            loaded[name] = load_file(str(folder / f"{name}.safetensors"))
+            loaded[name] = load_file(str(path))
         except (SafetensorError, OSError, ValueError) as err:
-            raise TraceError(f"{folder / (name + '.safetensors')} is unreadable ({err})") from None
+            raise TraceError(f"{path} is unreadable ({err})") from None
+    _same_shapes(loaded, where)
     opt = None
     if "optimizer" in loaded:
         opt = {}
@@ -174,15 +214,36 @@ def build_model(state: RecordedState, weights: dict):
     kw = {k: v for k, v in state.model_config.items() if isinstance(k, str) and not k.startswith("_")
           and isinstance(v, (int, float, str, bool, type(None))) and k not in ("model_type", "architectures",
                                                                                  "auto_map", "torch_dtype", "dtype")}
+    _config_fits(kw, weights)              # before allocating: a config that is not these weights' is refused
     config = AutoConfig.for_model(MODEL_TYPES[MODEL_TYPES.index(state.model_type)], **kw)
     model = AutoModelForCausalLM.from_config(config)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as err:
+        raise TraceError(f"recorded weights do not fit the recorded architecture: {str(err)[:300]}") from None
     missing = [m for m in missing if not _tied(model, m)]
     if missing or unexpected:
         raise TraceError(f"recorded weights do not fit the recorded architecture (missing {missing[:3]}, "
                          f"unexpected {list(unexpected)[:3]})")
     dtype = next(iter(weights.values())).dtype
     return model.to(dtype).eval()
+
+
+def _config_fits(config: dict, weights: dict) -> None:
+    """A GPT-2 config against its weights' shapes (vocabulary, width, positions, layers), checked before a model
+    of it is allocated: a tampered `n_embd` or `n_layer` is a named error, not an allocation of gigabytes."""
+    wte, wpe = weights.get("transformer.wte.weight"), weights.get("transformer.wpe.weight")
+    if wte is None or wpe is None or wte.ndim != 2 or wpe.ndim != 2:
+        raise TraceError("recorded weights: transformer.wte.weight and transformer.wpe.weight (2-D) are required")
+    layers = {int(k.split(".")[2]) for k in weights if k.startswith("transformer.h.") and k.split(".")[2].isdigit()}
+    want = {"vocab_size": wte.shape[0], "n_embd": wte.shape[1], "n_positions": wpe.shape[0],
+            "n_layer": len(layers)}
+    for key, value in want.items():
+        got = config.get(key, value)
+        if isinstance(got, bool) or not isinstance(got, int) or got != value:
+            raise TraceError(f"recorded state.json: {key} = {got!r}, but the recorded weights have {value}")
+    if layers != set(range(len(layers))):
+        raise TraceError(f"recorded weights: layers {sorted(layers)[:8]} are not 0 … {len(layers) - 1}")
 
 
 def _tied(model, name: str) -> bool:
