@@ -302,3 +302,37 @@ def test_a_family_rule_that_cannot_read_a_value_is_a_named_error(registry_restor
     with pytest.raises(ConfigError, match=r"inv_width: its check could not read 0\.0 \(ZeroDivisionError"):
         StepConfig(loss_type="inverse_loss", inv_width=0)
     assert StepConfig(loss_type="inverse_loss", inv_width=0.5).inv_width == 0.5
+
+
+def test_a_settings_section_or_a_copied_family_cannot_take_a_built_in_s_place_silently(registry_restored):
+    """A new family whose section is named like the mini's, or a copy of TRL's family with one rule changed under
+    the same name, is refused without replace=True; the built-in knobs and rules stay."""
+    import dataclasses
+    from rookworld_debug.grpo.objective.aggregation import fixed_length
+    from rookworld_debug.grpo.objective.terms import clipped_surrogate
+
+    @section("rlvr_mini")
+    class Clash:
+        """A section named like a built-in one."""
+        clash_knob: float = setting(1.0, "clash_knob: a knob (> 0).")
+    with pytest.raises(ConfigError, match="already declared"):
+        register(Family("clash", {"clash_loss": LossRule("rows", clipped_surrogate, fixed_length)},
+                        lambda r, c: r, settings=Clash))
+    assert StepConfig(loss_type="rlvr_mini").rlvr_kl_type            # the mini's knobs are still there
+    trl = family_of("grpo")
+    copy = dataclasses.replace(trl, rules={**trl.rules, "grpo": dataclasses.replace(trl.rules["grpo"],
+                                                                                    aggregation=fixed_length)})
+    with pytest.raises(ConfigError, match="already answered"):
+        register(copy)
+    assert family_of("grpo").rules["grpo"].aggregation is trl.rules["grpo"].aggregation
+
+
+def test_an_objective_hook_that_returns_nothing_is_named(registry_restored):
+    from rookworld_debug.grpo.objective.aggregation import fixed_length
+    from rookworld_debug.grpo.objective.loss import compute_loss
+    from rookworld_debug.grpo.objective.params import Objective
+    register(Family("hollow", {"hollow_loss": LossRule("rows", lambda inputs: None, fixed_length)},
+                    lambda rewards, config: rewards))
+    ob = Objective.from_config(StepConfig(loss_type="hollow_loss"))
+    with pytest.raises(ConfigError, match="hollow.*hollow_loss objective.*PolicyTerm"):
+        compute_loss(torch.zeros(2, 3), None, None, torch.zeros(2), torch.ones(2, 3), ob)

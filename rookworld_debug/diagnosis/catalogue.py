@@ -47,4 +47,15 @@ TITLES = {
     "sampler_not_recorded": "sampler log-probs not recorded",
     "reward_task_diverge": "training reward and task score move apart",
     "kl_zero_after_updates": "KL stays 0 while the policy moves",
+    # what a replay fits inside the phase that disagrees (diagnosis/replay)
+    "declaration_mismatch": "the loop computes another objective than it declared",
+    "sampler_weights_stale": "the rollout was sampled by stale weights",
+    "logps_from_other_weights": "log-probs of other weights than due",
+    "loss_terms": "the loss's terms carry other coefficients",
+    "gradient_micro_batches": "micro-batches weighted otherwise in the gradient",
+    "update_along_weights": "an update component along the weights",
+    "update_clamped": "the update clamped element-wise",
+    "update_grad_clamped": "the gradient clamped element-wise before the step",
+    "rewards_other_labels": "rewards scored against other rows' labels",
+    "loss_not_finite": "the backpropagated loss is not finite",
 }

@@ -147,9 +147,21 @@ def _check_family(family) -> None:
 
 
 def _same(a: Family, b: Family) -> bool:
-    """The same family registered again (its module imported twice): same name, advantages from the same module."""
-    return a is b or (a.name == b.name and getattr(a.advantages, "__module__", None) ==
-                      getattr(b.advantages, "__module__", None))
+    """The same family registered again (its module imported twice): same name, advantages from the same module,
+    the same rules (objective and aggregation by module and name) and the same settings section. A copy with one
+    rule changed is another family."""
+    return a is b or _fingerprint(a) == _fingerprint(b)
+
+
+def _fn(fn) -> tuple:
+    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) if fn is not None else ()
+
+
+def _fingerprint(f: Family) -> tuple:
+    rules = tuple(sorted((lt, _fn(r.objective), _fn(r.aggregation), r.weighting, r.entropy, r.help)
+                         for lt, r in f.rules.items()))
+    return (f.name, _fn(f.advantages), _fn(f.loss), rules, getattr(f.settings, "SECTION", None),
+            getattr(f.settings, "__module__", None))
 
 
 def register(family: Family, *, replace: bool = False) -> Family:
@@ -162,6 +174,12 @@ def register(family: Family, *, replace: bool = False) -> Family:
     taken = {lt: FAMILIES[lt].name for lt in family.rules if lt in FAMILIES and not _same(FAMILIES[lt], family)}
     if taken and not replace:
         _refuse(family, f"loss type(s) {taken} already answered by another family; pass replace=True to replace")
+    section = getattr(family.settings, "SECTION", None)
+    owners = {f.name for f in FAMILIES.values() if section is not None and not _same(f, family)
+              and getattr(f.settings, "SECTION", None) == section}
+    if owners and not replace:
+        _refuse(family, f"settings section {section!r} is already declared by {sorted(owners)}; pass replace=True "
+                        "to replace it")
     try:
         config_settings.register(family.settings, {lt: rule.help for lt, rule in family.rules.items()})
     except ConfigError as err:

@@ -9,6 +9,7 @@ grad clip. `FAULTS` maps each fault to the phase it breaks and the cause a diagn
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
@@ -171,7 +172,9 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
 def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, fault: str = ""):
     full, attn = torch.cat([prompt_ids, ids], 1), torch.cat([prompt_mask, mask], 1)
     kw = {} if fault == "logps_no_position_ids" else {"position_ids": _positions(attn)}
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fault == "scoring_bf16"):
+    # the fault's own autocast only: an inner autocast(enabled=False) would switch off the loop's (c.autocast)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if fault == "scoring_bf16" else contextlib.nullcontext()
+    with ctx:
         logits = model(input_ids=full, attention_mask=attn, **kw).logits
     p = prompt_ids.shape[1]
     at = logits[:, p:p + ids.shape[1]] if fault == "logps_unshifted" else logits[:, p - 1:-1]

@@ -204,9 +204,10 @@ def _setup(rec, config, rollout, labels) -> Setup:
     provenance = {"source": SOURCE, "trainer": rec.trainer, "model": "recorded weights (state/)"
                   if "weights_before" in rec.pieces else "not recorded", "weights_sha256": None,
                   "dtype": rec.pieces.get("dtype", "float32"), "reward": rec.reward,
-                  "precision": {role: {"dtype": rec.pieces.get("dtype", "float32"), "device": "cpu",
-                                       "autocast": None, "compute": rec.pieces.get("dtype", "float32")}
-                                for role in ("policy", "sampler")}}     # one declared precision for every forward
+                  "precision": {role: {"dtype": dt, "device": "cpu", "autocast": None, "compute": dt}
+                                for role, dt in (("policy", rec.pieces.get("dtype", "float32")),
+                                                 ("sampler", rec.sampler_precision or rec.pieces.get("dtype",
+                                                                                                     "float32")))}}
     batch = Batch(prompts=prompts_b, completions=tuple(labels[::g]) if labels else tuple("" for _ in prompts_b),
                   tasks=tuple(rollout.tasks[::g]), indices=tuple(range(len(prompts_b))), task_filter=config.task,
                   seed=config.seed, batch_hash=hashlib.sha256("\n".join(prompts_b).encode()).hexdigest(),

@@ -122,6 +122,7 @@ class StepRecorder:
     def __init__(self, tokenizer, *, trainer: str = "your own training loop", loss_type: str = "grpo",
                  num_generations: int, beta: float = 0.0, epsilon: float = 0.2, epsilon_high: Optional[float] = None,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, precision: Optional[str] = None,
+                 sampler_precision: Optional[str] = None,
                  reward: str = "rookworld", reward_mode: str = "dataset",
                  scale_rewards: str = "group", adv_eps: float = 1e-4, kl_estimator: str = "k3",
                  use_bias_correction_kl: bool = True, mask_truncated_completions: bool = False,
@@ -143,6 +144,7 @@ class StepRecorder:
         temperature 1.0, top_k 0, top_p 1.0   the sampler's (log-probs of the tempered distribution before top-k/p)
         precision None                   the dtype the loop's forwards ran in ('bfloat16' under autocast); None:
                                          the model's parameter dtype
+        sampler_precision None           the dtype the sampler ran in, when not `precision` (a bf16 rollout engine)
         max_grad_norm None               the clip between backward and step (None: no clip)
         gradient_accumulation_steps 1    micro-batches (contiguous, equal chunks of the N rows) in the gradient;
                                          each micro-batch's loss normalised as TRL does (bnpo: by its own tokens)
@@ -179,6 +181,10 @@ class StepRecorder:
             raise ConfigError("precision", f"{precision!r}: one of {PRECISIONS} (the dtype the loop's forwards ran "
                                            "in, e.g. 'bfloat16' under autocast)")
         self.precision = precision
+        if sampler_precision is not None and sampler_precision not in PRECISIONS:
+            raise ConfigError("sampler_precision", f"{sampler_precision!r}: one of {PRECISIONS} (the dtype the "
+                                                   "sampler's forwards ran in)")
+        self.sampler_precision = sampler_precision
         self.gradient_accumulation_steps = _count("gradient_accumulation_steps", gradient_accumulation_steps, 1)
         self.notes = tuple(str(n) for n in notes)
         self.pieces: dict = {}
@@ -344,7 +350,8 @@ class StepRecorder:
             format=RECORD_FORMAT, trainer=self.trainer, step=self.step, recorded=have,
             missing=tuple(f"{k}: {WITHOUT[k]}" for k in PIECES if k not in have),
             loss=loss_value, per_token_loss=p.get("per_token_loss"), old_per_token_logps=p.get("old_logps"),
-            policy_training_mode=p.get("training"), dtype=p.get("dtype", "float32"), optimizer=kind,
+            policy_training_mode=p.get("training"), dtype=p.get("dtype", "float32"),
+            sampler_dtype=self.sampler_precision or "", optimizer=kind,
             optimizer_settings=dict(settings), max_grad_norm=config.max_grad_norm,
             gradient_accumulation_steps=self.gradient_accumulation_steps, iteration=self.iteration,
             weights="state/" if "weights_before" in p else "", notes=self.notes)

@@ -31,7 +31,7 @@ from typing import Optional
 
 from rookworld_debug.diagnosis.replay.data_phases import (advantages_check, generation_checks, loss_check,
                                                          rewards_check)
-from rookworld_debug.diagnosis.replay.declaration import DeclarationFit, fit_declaration
+from rookworld_debug.diagnosis.replay.declaration import DeclarationFit, fit_declaration, quantity_key
 from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.update import update_check
@@ -54,7 +54,8 @@ def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
     checks = _checks(trace, w)
     first, fits = _first(checks), []
     while first is not None and len(fits) < MAX_DECLARATION_FITS:     # one keyword at a time, each then kept
-        fit = fit_declaration(trace, w, first, lambda t, phase: _phase(t, w, phase))
+        agreed = frozenset(quantity_key(c) for c in checks if c.status == "agree")
+        fit = fit_declaration(trace, w, first, lambda t, phase: _phase(t, w, phase), agreed)
         if fit is None:
             break
         fits.append(fit)
@@ -98,9 +99,19 @@ def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
     if w.policy is None or w.state is None or w.state.gradient is None:
         return checks
     fitted = M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
-                              trace.recorded.gradient_accumulation_steps, GradientFit(trace, _jacobian(trace, w)))
+                              trace.recorded.gradient_accumulation_steps,
+                              GradientFit(trace, _jacobian(trace, w), lambda: _previous_pass_gradient(trace, w)))
     rest = [c for c in checks if not c.quantity.startswith(("gradient:", "the loss's gradient"))]
     return _ordered(rest + [fitted])
+
+
+def _previous_pass_gradient(trace, w: Weights):
+    """The declared loss's gradient at the previous pass's weights, when they are recorded: on a rollout's second
+    pass they are the weights that sampled it (None otherwise)."""
+    from rookworld_debug.diagnosis.replay.terms import TokenJacobian, declared_gradient
+    if w.sampler is None or getattr(trace.recorded, "iteration", 0) != 1:
+        return None
+    return declared_gradient(trace, TokenJacobian(trace, w.sampler, w.trainable))
 
 
 def _jacobian(trace, w: Weights):

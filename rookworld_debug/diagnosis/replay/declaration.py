@@ -56,6 +56,8 @@ NEIGHBOURS = (
      lambda t: [not t.config.use_bias_correction_kl] if t.config.beta else []),
     ("scale_rewards", ("advantages",), lambda t: [v for v in SCALES if v != t.config.scale_rewards]),
     ("precision", ("scoring",), lambda t: [p for p in PRECISIONS if p != _precision(t)]),
+    ("sampler_precision", ("scoring",),
+     lambda t: [p for p in PRECISIONS if p != (getattr(t.recorded, "sampler_dtype", "") or _precision(t))]),
     ("kl_estimator", ("loss", "gradient"),
      lambda t: [v for v in ESTIMATORS if v != t.config.kl_estimator] if t.config.beta else []),
     ("importance_sampling_level", ("loss", "gradient"),
@@ -65,32 +67,51 @@ NEIGHBOURS = (
 )
 
 
+# where a keyword's mistake shows first (the quantity it must be), for the keywords of one forward's precision
+SHOWN_IN = {"precision": "per_token_logps", "sampler_precision": "sampling_per_token_logps"}
+
+
 def with_declaration(trace, keyword: str, value):
     """The trace as if the recorder had been told `keyword=value` (None when the config refuses the value)."""
     from rookworld_debug.errors import ConfigError
-    if keyword == "precision":
-        return dataclasses.replace(trace, recorded=dataclasses.replace(trace.recorded, dtype=value))
+    if keyword in ("precision", "sampler_precision"):
+        field = "dtype" if keyword == "precision" else "sampler_dtype"
+        return dataclasses.replace(trace, recorded=dataclasses.replace(trace.recorded, **{field: value}))
     try:
         return dataclasses.replace(trace, config=trace.config.replace(**{keyword: value}))
     except (ConfigError, ValueError, TypeError):
         return None
 
 
-def fit_declaration(trace, weights, first: PhaseCheck, phase_checks) -> Optional[DeclarationFit]:
-    """The first neighbouring declaration under which `first`'s phase agrees. `phase_checks(trace, phase)` runs
-    that phase's checks on a trace (the replay's own functions)."""
+def quantity_key(check: PhaseCheck) -> str:
+    """What a check compares, without the declaration's words ("loss", "gradient", "advantages (N,)", …)."""
+    key = check.quantity.split(":")[0].strip()
+    return "gradient" if key == "the loss's gradient" else key
+
+
+def fit_declaration(trace, weights, first: PhaseCheck, phase_checks, agreed: frozenset = frozenset()
+                    ) -> Optional[DeclarationFit]:
+    """The first neighbouring declaration under which `first`'s quantity agrees and no quantity of its phase that
+    agreed (`agreed`: their keys) stops agreeing. `phase_checks(trace, phase)` runs that phase's checks on a trace
+    (the replay's own functions). A loop off in two keywords is fitted one at a time: the loss value under the right
+    loss type, then its gradient under the right KL correction."""
     if trace.recorded is None:              # a run_step trace or a TRL capture computes what its config says
         return None
+    want = quantity_key(first)
     for keyword, phases, values in NEIGHBOURS:
-        if first.phase not in phases or keyword == "precision" and not first.quantity.startswith("per_token_logps"):
-            continue            # a forward in another precision shows first in the loss forward's own log-probs
+        if first.phase not in phases or not first.quantity.startswith(SHOWN_IN.get(keyword, "")):
+            continue            # a forward in another precision shows first in that forward's own log-probs
         for value in values(trace):
             other = with_declaration(trace, keyword, value)
             if other is None:
                 continue
             checks = _quietly(phase_checks, other, first.phase)
-            if checks and all(c.status == AGREE for c in checks):
-                declared = _precision(trace) if keyword == "precision" else getattr(trace.config, keyword)
+            fixed = any(quantity_key(c) == want and c.status == AGREE for c in checks)
+            kept = all(c.status == AGREE for c in checks if quantity_key(c) in agreed)
+            if fixed and kept:
+                declared = _precision(trace) if keyword == "precision" else \
+                    (trace.recorded.sampler_dtype or _precision(trace)) if keyword == "sampler_precision" else \
+                    getattr(trace.config, keyword)
                 return DeclarationFit(keyword, declared, value, first.phase, first.quantity, first.max_abs_diff,
                                       first.tolerance, other)
     return None

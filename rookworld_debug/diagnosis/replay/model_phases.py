@@ -87,13 +87,14 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
             out.append(skipped("scoring", q, f"this is pass {iteration} of num_iterations over the rollout: the "
                                              "weights that sampled it were not recorded (StepRecorder.sampler)"))
             continue
-        c = compare("scoring", q, rec, logps(model), tol_for(SAMPLER_TOL, dtype) if key == "sampler" else tol,
+        dt = (getattr(trace.recorded, "sampler_dtype", "") or dtype) if key == "sampler" else dtype
+        c = compare("scoring", q, rec, logps(model), tol_for(SAMPLER_TOL, dt) if key == "sampler" else tol,
                     mask=mask, unit="token", variants=_scoring_variants(trace, model),   # of the weights it is held to
-                    mean_tol=tol_for(MEAN_TOL, dtype), fit=_scoring_fits(model, r))
+                    mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
         out.append(_dropout(c, trace) if key == "policy" else c)
-    out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps))
+    out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps, sampler))
     return out
 
 
@@ -280,7 +281,7 @@ def _dropout(check: PhaseCheck, trace) -> PhaseCheck:
 
 
 def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: bool,
-                     policy_moved: bool = False, logps=None) -> PhaseCheck:
+                     policy_moved: bool = False, logps=None, sampler=None) -> PhaseCheck:
     r = trace.rollout
     q = "ref_per_token_logps (N, T): the reference's log-probs"
     if r.ref_per_token_logps is None:
@@ -300,6 +301,10 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
     variants = {} if ref_is_policy else {
         "reference_tracks_policy": (policy_logps, "the 'reference' log-probs are the policy's own: the KL term is "
                                                   "0 and holds nothing back")}
+    if sampler is not None and logps is not None and not ref_is_policy:     # the policy as it sampled
+        variants["reference_tracks_policy/sampler"] = (
+            lambda: logps(sampler), "the 'reference' log-probs are the policy's own, as it sampled the rollout: the "
+                                    "KL term measures the policy against itself and holds nothing back")
     return compare("scoring", q, r.ref_per_token_logps, ours, tol, mask=r.completion_mask, unit="token",
                    variants=variants, mean_tol=tol_for(MEAN_TOL, trace_dtype(trace)), fit=_scoring_fits(reference, r))
 
@@ -353,7 +358,7 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
     bound = max(tol * norm_rec, GRAD_ATOL)          # a fit holds to the recorded precision, or to float noise
     phase, cause, why, fitted = _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation)
     if not cause and fit is not None:
-        phase, cause, why, fitted = _regression_fits(recorded, names, fit, bound, norm_rec, accumulation)
+        phase, cause, why, fitted = _regression_fits(recorded, names, fit, bound, norm_rec, accumulation, ours)
     if not cause and norm_rec <= GRAD_ATOL:
         cause, why = "gradient_missing", "the recorded gradient is 0: backward never reached the parameters"
     k = _dot(recorded, ours, names) / (norm_ref ** 2) if norm_ref > 0 else math.nan
@@ -384,7 +389,7 @@ def _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation):
                                                 "residual": resid / norm_rec, "sentence": why}
 
 
-def _regression_fits(recorded, names, fit, bound, norm_rec, accumulation):
+def _regression_fits(recorded, names, fit, bound, norm_rec, accumulation, ours):
     """(phase, code, sentence, fit) of the loss's terms' regression, then the micro-batches'; the terms' fit (with
     its residual) as evidence when neither holds."""
     coefs, resid = fit.fit(recorded, names, bound)
@@ -394,6 +399,14 @@ def _regression_fits(recorded, names, fit, bound, norm_rec, accumulation):
     if resid <= bound:
         phase, cause, why = terms_cause(coefs, accumulation)
         return phase, cause, why, {**fitted, "sentence": why}
+    carried, resid_c = fit.fit_carried_over(recorded, ours, names)
+    if resid_c <= bound:
+        c = carried["the previous pass's gradient"][0]
+        why = (f"the recorded gradient is this pass's plus {c:.4g} × the previous pass's (at the weights that sampled"
+               "): gradients not zeroed between the optimizer passes over the rollout")
+        return "gradient", "gradient_not_zeroed", why, {
+            "kind": "carried_over", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in carried.items()},
+            "residual": resid_c / norm_rec, "sentence": why}
     mb, resid_mb = fit.fit_micro_batches(recorded, names)
     if resid_mb <= bound:
         why = ("the recorded gradient holds the micro-batches' gradients with other weights than the declared 1 "

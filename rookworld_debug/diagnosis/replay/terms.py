@@ -82,8 +82,18 @@ def declared_gradient(trace, jac: TokenJacobian) -> dict:
 class GradientFit:
     """The regression of the module doc, on demand (the forward runs when `fit` is first called)."""
 
-    def __init__(self, trace, jac: TokenJacobian):
+    def __init__(self, trace, jac: TokenJacobian, previous=None):
         self.trace, self.jac = trace, jac
+        self.previous = previous        # () -> the declared gradient at the previous pass's weights, or None
+
+    def fit_carried_over(self, recorded: dict, ours: dict, names):
+        """g_recorded ≈ g + c·g_previous, with g_previous the declared loss's gradient at the previous pass's weights
+        (the weights that sampled, on a rollout's second pass): c = 1 is a gradient not zeroed between passes."""
+        prev = self.previous() if self.previous is not None else None
+        if prev is None:
+            return {}, math.inf
+        return _regress(recorded, {"this pass's gradient": (ours, 1.0), "the previous pass's gradient": (prev, 0.0)},
+                        names)
 
     def terms(self) -> dict:
         """{term: (its gradient, its declared coefficient)}."""

@@ -266,12 +266,12 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
     if isinstance(per_token_logps, torch.Tensor):
         with _SmallCpuOps(per_token_logps):
             return _compute_loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages,
-                                 completion_mask, objective, batch or LossBatch(), rule)
+                                 completion_mask, objective, batch or LossBatch(), rule, family)
     raise ConfigError("per_token_logps", "must be a 2-D (N, T) tensor")
 
 
 def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
-                  ob: Objective, b: LossBatch, rule: LossRule) -> LossBreakdown:
+                  ob: Objective, b: LossBatch, rule: LossRule, family=None) -> LossBreakdown:
     """The loss type's row composed: weights → KL → objective → masks → aggregation → entropy bonus → records."""
     advantages = _validate(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, ob, b, rule)
     dtype = logps.dtype
@@ -287,9 +287,13 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
     masks = _masks(adv, logps, old, mask, ob, b)
     pol = rule.objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, ob.epsilon_low, ob.epsilon_high, ob.delta,
                                     loss_params, masks.is_ratio))
+    family = family or family_of(ob.loss_type)
+    checked(family, f"{ob.loss_type} objective", pol, PolicyTerm, "a PolicyTerm")   # names the family and hook
     per_token_pg = masks.apply(pol.per_token_pg, rule.sampling_ratio_inside)    # (N, T) | (N, 1)
-    agg = rule.aggregation(AggregationInputs(mask, ob.loss_type, b.gradient_accumulation_steps,
-                                             ob.max_completion_length, b.num_items_in_batch, b.steps_per_generation))
+    agg = checked(family, f"{ob.loss_type} aggregation",
+                  rule.aggregation(AggregationInputs(mask, ob.loss_type, b.gradient_accumulation_steps,
+                                                     ob.max_completion_length, b.num_items_in_batch,
+                                                     b.steps_per_generation)), Aggregation, "an Aggregation")
 
     norm = Normalizer(ob.loss_type, agg.denominator, agg.description)
     kl_active = ob.beta != 0.0 and kl is not None

@@ -41,3 +41,4 @@ class RecordedStep:
     weights: str                            # "state/" when the weights files were written, "" when not
     notes: tuple = ()                       # what the loop said about itself, verbatim
     iteration: int = 0                      # the optimizer pass over this rollout (0: the first, π_old = θ_before)
+    sampler_dtype: str = ""                 # the precision the sampler ran in, when not `dtype` ("": `dtype`)
