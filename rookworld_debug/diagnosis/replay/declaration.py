@@ -76,7 +76,10 @@ def with_declaration(trace, keyword: str, value):
     from rookworld_debug.errors import ConfigError
     if keyword in ("precision", "sampler_precision"):
         field = "dtype" if keyword == "precision" else "sampler_dtype"
-        return dataclasses.replace(trace, recorded=dataclasses.replace(trace.recorded, **{field: value}))
+        roles = ("policy",) + (() if trace.recorded.sampler_dtype else ("sampler",)) if keyword == "precision" \
+            else ("sampler",)
+        return dataclasses.replace(trace, recorded=dataclasses.replace(trace.recorded, **{field: value}),
+                                   setup=_with_precision(trace.setup, roles, value))
     try:
         return dataclasses.replace(trace, config=trace.config.replace(**{keyword: value}))
     except (ConfigError, ValueError, TypeError):
@@ -89,6 +92,15 @@ def quantity_key(check: PhaseCheck) -> str:
     return "gradient" if key == "the loss's gradient" else key
 
 
+def _with_precision(setup, roles, dtype: str):
+    """The setup whose provenance says `roles` computed in `dtype` (what the signature checks read)."""
+    prov = dict(setup.provenance or {})
+    prec = {k: dict(v) for k, v in (prov.get("precision") or {}).items() if isinstance(v, dict)}
+    for role in roles:
+        prec[role] = {**prec.get(role, {}), "dtype": dtype, "compute": dtype}
+    return dataclasses.replace(setup, provenance={**prov, "precision": prec})
+
+
 def fit_declaration(trace, weights, first: PhaseCheck, phase_checks, agreed: frozenset = frozenset()
                     ) -> Optional[DeclarationFit]:
     """The first neighbouring declaration under which `first`'s quantity agrees and no quantity of its phase that
@@ -98,23 +110,43 @@ def fit_declaration(trace, weights, first: PhaseCheck, phase_checks, agreed: fro
     if trace.recorded is None:              # a run_step trace or a TRL capture computes what its config says
         return None
     want = quantity_key(first)
+    best, best_score, whole = None, None, False
+    for keyword, value, other in _neighbours(trace, first):
+        checks = _quietly(phase_checks, other, first.phase)
+        fixed = any(quantity_key(c) == want and c.status == AGREE for c in checks)
+        kept = all(c.status == AGREE for c in checks if quantity_key(c) in agreed)
+        # of the neighbours that fix it: the one that fixes most, then the one left nearest (in tolerances)
+        score = (sum(c.status == AGREE for c in checks),
+                 -sum(c.max_abs_diff / c.tolerance for c in checks if c.status != AGREE and c.tolerance > 0))
+        if fixed and kept and (best_score is None or score > best_score):
+            best, best_score, whole = (keyword, value, other), score, score[0] == len(checks)
+        if whole:
+            break                                       # the simplest neighbour under which the whole phase agrees
+    if best is None:
+        return None
+    keyword, value, other = best
+    return DeclarationFit(keyword, _declared(trace, keyword), value, first.phase, first.quantity,
+                          first.max_abs_diff, first.tolerance, other)
+
+
+def _neighbours(trace, first: PhaseCheck):
+    """(keyword, value, the trace under it) of every neighbouring declaration that can change `first`'s phase,
+    simplest first."""
     for keyword, phases, values in NEIGHBOURS:
         if first.phase not in phases or not first.quantity.startswith(SHOWN_IN.get(keyword, "")):
             continue            # a forward in another precision shows first in that forward's own log-probs
         for value in values(trace):
             other = with_declaration(trace, keyword, value)
-            if other is None:
-                continue
-            checks = _quietly(phase_checks, other, first.phase)
-            fixed = any(quantity_key(c) == want and c.status == AGREE for c in checks)
-            kept = all(c.status == AGREE for c in checks if quantity_key(c) in agreed)
-            if fixed and kept:
-                declared = _precision(trace) if keyword == "precision" else \
-                    (trace.recorded.sampler_dtype or _precision(trace)) if keyword == "sampler_precision" else \
-                    getattr(trace.config, keyword)
-                return DeclarationFit(keyword, declared, value, first.phase, first.quantity, first.max_abs_diff,
-                                      first.tolerance, other)
-    return None
+            if other is not None:
+                yield keyword, value, other
+
+
+def _declared(trace, keyword: str):
+    if keyword == "precision":
+        return _precision(trace)
+    if keyword == "sampler_precision":
+        return trace.recorded.sampler_dtype or _precision(trace)
+    return getattr(trace.config, keyword)
 
 
 def _quietly(phase_checks, trace, phase):
