@@ -333,6 +333,6 @@ def test_an_objective_hook_that_returns_nothing_is_named(registry_restored):
     from rookworld_debug.grpo.objective.params import Objective
     register(Family("hollow", {"hollow_loss": LossRule("rows", lambda inputs: None, fixed_length)},
                     lambda rewards, config: rewards))
-    ob = Objective.from_config(StepConfig(loss_type="hollow_loss"))
+    ob = Objective.from_config(StepConfig(loss_type="hollow_loss", beta=0.0))
     with pytest.raises(ConfigError, match="hollow.*hollow_loss objective.*PolicyTerm"):
         compute_loss(torch.zeros(2, 3), None, None, torch.zeros(2), torch.ones(2, 3), ob)

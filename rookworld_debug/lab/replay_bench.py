@@ -160,6 +160,14 @@ def _shape(config: dict) -> str:
     return ", ".join(f"{k}={config[k]}" for k in keys if k in config)
 
 
+def _describe(c: dict) -> str:
+    """A healthy step's loop in words: its trainer, or the hand-written loop's shape and what it declared."""
+    if "trainer" in c:
+        return f"{c['trainer']} {', '.join(f'{k}={v}' for k, v in c.items() if k != 'trainer')}"
+    declared = ", ".join(f"{k}={v!r}" for k, v in c.get("declare", ()))
+    return _short_shape(c) + (f", declared {declared}" if declared else "")
+
+
 def _short_shape(c: dict) -> str:
     """μ2 mb2 sampler sched bnpo β0.04: the loop's shape in a table cell."""
     parts = [f"μ{c.get('num_iterations', 1)}", f"mb{c.get('micro_batches', 2)}", c.get("loss_type", "grpo"),
@@ -206,8 +214,8 @@ def table(rows) -> str:
              f"{sum(r['top3'] for r in faults)}/{len(faults)}, first disagreeing phase right "
              f"{sum(r['first_phase'] == r['expected_phase'] for r in faults)}/{len(faults)}; healthy steps "
              f"{len(healthy)}, with an error-level finding: {sum(r['errors'] > 0 for r in healthy)}", "",
-             *[f"healthy with an error: {r['config']} → {r.get('error_codes', r['codes'])}" for r in healthy
-               if r["errors"]],
+             *[f"healthy with an error: {_describe(r['config'])} → {r.get('error_codes', r['codes'])}"
+               for r in healthy if r["errors"]],
              *[f"not scored (the fault changed nothing this loop recorded): {r['fault']} in {_shape(r['config'])}"
                for r in ineffective], "",
              "| fault | loop | phase broken | first disagreeing phase | top finding | top-1 | top-3 |",
