@@ -55,7 +55,7 @@ def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
     first, fits = _first(checks), []
     while first is not None and len(fits) < MAX_DECLARATION_FITS:     # one keyword at a time, each then kept
         agreed = frozenset(quantity_key(c) for c in checks if c.status == "agree")
-        fit = fit_declaration(trace, w, first, lambda t, phase: _phase(t, w, phase), agreed)
+        fit = fit_declaration(trace, first, lambda t, phase: _phase(t, w, phase), agreed)
         if fit is None:
             break
         fits.append(fit)

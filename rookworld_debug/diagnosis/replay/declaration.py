@@ -6,7 +6,7 @@ another family's) and each only in the phases its keyword changes. A neighbour c
 own check agrees under it; the whole step is then replayed under the fitted declaration, so a real fault further
 down is still found.
 
-    fit_declaration(trace, weights, first) -> Optional[DeclarationFit]
+    fit_declaration(trace, first, phase_checks, agreed) -> Optional[DeclarationFit]
     with_declaration(trace, keyword, value) -> StepTrace
 """
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _with_precision(setup, roles, dtype: str):
     return dataclasses.replace(setup, provenance={**prov, "precision": prec})
 
 
-def fit_declaration(trace, weights, first: PhaseCheck, phase_checks, agreed: frozenset = frozenset()
+def fit_declaration(trace, first: PhaseCheck, phase_checks, agreed: frozenset = frozenset()
                     ) -> Optional[DeclarationFit]:
     """The first neighbouring declaration under which `first`'s quantity agrees and no quantity of its phase that
     agreed (`agreed`: their keys) stops agreeing. `phase_checks(trace, phase)` runs that phase's checks on a trace

@@ -10,14 +10,11 @@ from typing import Optional
 
 import torch
 
-from rookworld_debug.grpo.objective.loss import compute_loss
-from rookworld_debug.grpo.objective.params import LossBatch, Objective
-from rookworld_debug.grpo.phases.generation import loss_mask
 from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 
-from .compare import DISAGREE, LOGP_TOL, MEAN_TOL, REL_TOL, SAMPLER_TOL, compare, skipped, tol_for
+from .compare import _max_diff, DISAGREE, LOGP_TOL, MEAN_TOL, REL_TOL, SAMPLER_TOL, compare, skipped, tol_for
 from .fits import value_fits
-from .terms import terms_cause
+from .terms import dot as _dot, terms_cause
 from .records import AGREE, PhaseCheck, fmt
 
 ROWS_PER_FORWARD = 16
@@ -225,16 +222,11 @@ def _other_weights(check: PhaseCheck, rec, mask, expected, models: dict, logps, 
     for name, model in models.items():
         if model is None or model is expected:
             continue
-        if _max_diff_masked(rec, logps(model), mask) <= tol:
+        if _max_diff(rec, logps(model), mask) <= tol:
             return replace(check, cause="logps_from_other_weights",
                            explanation=f"the recorded values are the log-probs of {name}, not of the weights that "
                                        "should have made them")
     return check
-
-
-def _max_diff_masked(a, b, mask) -> float:
-    d = (a.double() - b.double()).abs().nan_to_num(nan=math.inf).masked_fill(mask == 0, 0.0)
-    return float(d.max()) if d.numel() else 0.0
 
 
 @torch.no_grad()
@@ -307,38 +299,6 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
                                     "KL term measures the policy against itself and holds nothing back")
     return compare("scoring", q, r.ref_per_token_logps, ours, tol, mask=r.completion_mask, unit="token",
                    variants=variants, mean_tol=tol_for(MEAN_TOL, trace_dtype(trace)), fit=_scoring_fits(reference, r))
-
-
-def recompute_gradient(trace, policy, trainable, objective=None, advantages=None) -> dict:
-    """{name: ∇θ of the declared loss} on the recorded rows, advantages, π_old and reference, summed over the
-    step's micro-batches as the loop accumulated them (`objective` / `advantages`: a variant's)."""
-    from rookworld_debug.diagnosis.replay.data_phases import accumulation, micro_batches
-    r = trace.rollout
-    ob = objective or Objective.from_config(trace.config)
-    adv = trace.advantages.advantages if advantages is None else advantages
-    names = set(trainable)
-    for n, p in policy.named_parameters():
-        p.requires_grad_(n in names)
-        p.grad = None
-    old = getattr(trace.recorded, "old_per_token_logps", None)
-    mask = loss_mask(r, trace.config)                                                    # (N, T)
-    chunks = micro_batches(trace)
-    for rows in chunks:
-        logps, ent = per_token_logps_and_entropy(policy, r.prompt_ids[rows], r.prompt_mask[rows],
-                                                 r.completion_ids[rows], r.completion_mask[rows],
-                                                 r.temperatures[rows], with_grad=True,
-                                                 entropy_grad=ob.entropy_coef != 0)
-        pick = (lambda x: None if x is None else x[rows])
-        loss = compute_loss(logps, pick(old), pick(r.ref_per_token_logps), adv[rows], mask[rows], ob,
-                            LossBatch(entropy=ent, num_items_in_batch=mask.sum(),
-                                      gradient_accumulation_steps=accumulation(trace))).loss
-        loss.backward()
-    return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
-            for n, p in policy.named_parameters() if n in names}
-
-
-def _dot(a: dict, b: dict, names) -> float:
-    return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
 
 
 def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fit=None) -> PhaseCheck:

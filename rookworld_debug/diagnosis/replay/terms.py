@@ -147,12 +147,12 @@ class GradientFit:
 def _regress(recorded: dict, terms: dict, names):
     """Least squares of `recorded` on the terms' gradients: ({term: (fitted, declared)}, ‖recorded − fit‖)."""
     # a term whose gradient is float noise here (the KL at a policy still at its reference) has no coefficient
-    terms = {k: v for k, v in terms.items() if _dot(v[0], v[0], names) > TERM_ATOL ** 2}
+    terms = {k: v for k, v in terms.items() if dot(v[0], v[0], names) > TERM_ATOL ** 2}
     if not terms:
         return {}, math.inf
     keys = list(terms)
-    gram = torch.tensor([[_dot(terms[a][0], terms[b][0], names) for b in keys] for a in keys], dtype=torch.float64)
-    rhs = torch.tensor([_dot(terms[a][0], recorded, names) for a in keys], dtype=torch.float64)
+    gram = torch.tensor([[dot(terms[a][0], terms[b][0], names) for b in keys] for a in keys], dtype=torch.float64)
+    rhs = torch.tensor([dot(terms[a][0], recorded, names) for a in keys], dtype=torch.float64)
     scale = gram.diagonal().sqrt()                  # normalised columns: terms of very different sizes
     coef = torch.linalg.lstsq(gram / scale[:, None] / scale[None], (rhs / scale)[:, None]).solution.squeeze(1) / scale
     fitted = {n: sum(float(c) * terms[k][0][n].double() for c, k in zip(coef, keys)) for n in names}
@@ -164,7 +164,8 @@ def _minus(a: dict, b: dict) -> dict:
     return {n: a[n] - b[n] for n in a}
 
 
-def _dot(a: dict, b: dict, names) -> float:
+def dot(a: dict, b: dict, names) -> float:
+    """Σ over `names` of ⟨a[n], b[n]⟩ in float64: the inner product of two {name: tensor} gradients."""
     return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
 
 

@@ -16,6 +16,7 @@ import torch
 
 from .compare import REL_TOL, tol_for
 from .records import AGREE, DISAGREE, PhaseCheck, fmt
+from .terms import dot as _dot
 
 OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}
 
@@ -44,10 +45,6 @@ def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict,
         opt.load_state_dict(sd)
     opt.step()
     return {n: p.detach() for n, p in zip(names, params)}
-
-
-def _dot(a: dict, b: dict, names) -> float:
-    return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
 
 
 class _Update:
