@@ -29,6 +29,7 @@ from rookworld_debug.grpo.phases.shared import PhaseTimer, loss_for, memory_advi
 from rookworld_debug.grpo.phases.update import UpdateResult
 from rookworld_debug.grpo.signal.noise import signal_noise, with_delta_ci
 from rookworld_debug.grpo.trace import serialize
+from rookworld_debug.grpo.trace.keep import StepWatch, keeps_weights, optimizer_steps
 from rookworld_debug.metrics import term_balance, tiny_std_groups
 
 __all__ = ["StepTrace", "run_step", "TRACE_VERSION"]
@@ -58,14 +59,26 @@ class StepTrace:
     iterations: tuple = ()                  # IterationRecord per PPO pass (μ = num_iterations); () = no update
     diagnostics: Optional[object] = None    # grpo.signal.noise.SignalNoise when config.diagnostics
     recorded: Optional[object] = None       # grpo.trace.recorded.RecordedStep when the user's own loop recorded it
+    weights: str = ""                       # "state/": the replay's weights are kept beside trace.json
+    kept: Optional[object] = None           # grpo.trace.state.RecordedState in memory (written to state/ by save)
+    __transient__ = ("kept",)
 
     def save(self, path) -> Path:
-        """Write `<path>/trace.safetensors` (tensors) + `<path>/trace.json` (everything else)."""
+        """Write `<path>/state/` (the kept weights, when the step kept them), `<path>/trace.safetensors` (tensors)
+        and `<path>/trace.json` (everything else, last: its presence means the folder is complete)."""
+        from rookworld_debug.grpo.trace.state import write_recorded
         from rookworld_debug.safeio import atomic_write_json
         from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        payload, tensors = serialize.encode(self)
+        me = self
+        if self.kept is not None:
+            write_recorded(path, self.kept)
+            me = replace(self, weights="state/")
+        elif (path / "state").is_dir():           # an earlier step's weights are not this step's
+            import shutil
+            shutil.rmtree(path / "state")
+        payload, tensors = serialize.encode(me)
         tmp = path / ".trace.safetensors.tmp"
         save_file(tensors, str(tmp))
         tmp.replace(path / "trace.safetensors")
@@ -149,7 +162,14 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
         with timer("diagnostics"):
             diag = _diagnostics_phase(s, rollout, advantages, loss, config, flags)
     with timer("update"):                      # μ passes × steps_per_generation optimizer steps (μ = 1: one)
-        iterations, upd = _update_phase(s, rollout, advantages, loss, config, flags)
+        watch = StepWatch(s.policy, s.optimizer, reference=s.reference, tokenizer=s.tokenizer) \
+            if keeps_weights(config.keep_weights, s.policy) else None
+        try:
+            iterations, upd = _update_phase(s, rollout, advantages, loss, config, flags)
+        finally:                               # the session's optimizer keeps no hook of this step
+            if watch is not None:
+                watch.remove()
+    kept = _kept(watch, iterations, config)
     evaluation = None
     if upd is not None:
         with timer("evaluation"):
@@ -159,7 +179,17 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
                      timings=dict(timer.seconds), counts=_counts(rollout, rewards, iterations, upd, evaluation),
-                     flags=tuple(flags), iterations=iterations, diagnostics=diag)
+                     flags=tuple(flags), iterations=iterations, diagnostics=diag, kept=kept)
+
+
+def _kept(watch, iterations, config: StepConfig):
+    """The weights kept for the replay (None when not kept): the first optimizer step's gradient and weights after
+    it are the step's when that step trained on every row (steps_per_generation 1)."""
+    if watch is None:
+        return None
+    first = iterations[0].updates[0] if iterations and iterations[0].updates else None
+    return watch.close(clip_coef=first.clip_coef if first is not None else 1.0,
+                       whole_batch=(config.steps_per_generation or 1) == 1)
 
 
 # settings that choose how the session's models were LOADED: a reused session cannot change them
@@ -195,7 +225,8 @@ def _setup_phase(config: StepConfig, session: Optional[Setup], inject) -> Setup:
         check_context(config, s.policy, s.tokenizer, s.batch.prompts, [x.prompt for x in s.heldout])
     if inject:                            # before the evaluations and sampling, not after
         check_inject(inject, s, config)
-    return s
+    # what says whether the policy is still the loaded weights (the replay reloads them only then)
+    return replace(s, provenance={**s.provenance, "optimizer_steps_before": optimizer_steps(s.optimizer)})
 
 
 def _greedy_batches(s: Setup) -> tuple:

@@ -25,7 +25,7 @@ import math
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -33,6 +33,7 @@ import torch
 from transformers import TrainerCallback
 
 from rookworld_debug.errors import ConfigError, IncompatibleTraceError
+from rookworld_debug.trl.capture_weights import WeightsKeeper
 from rookworld_debug.trl.record import SUPPORTED_TRL, trl_minor
 
 ROW_KEY = "_rookworld_row"
@@ -361,8 +362,8 @@ class _Writer:
                     self.write(old, [lead])
         if reasons:
             self.write(raw, reasons)
-        if plan.keep_last:
-            self.held.append(raw)                # the last K steps, written or not (a deque drops the oldest)
+        if plan.keep_last:                       # the last K steps, written or not (a deque drops the oldest)
+            self.held.append({k: v for k, v in raw.items() if k != "kept"})
 
     def write(self, raw: dict, reasons: list) -> None:
         from rookworld_debug.trl.build import build_captured_trace
@@ -372,8 +373,10 @@ class _Writer:
             if raw["gen"] is None or not raw["micro_batches"]:
                 raise RuntimeError(self.errors.get(step) or "the step's generation batch or loss micro-batches were "
                                    "not seen (was the capture attached after train() started?)")
-            trace = build_captured_trace(self.trainer, **raw, cost=dict(cost.get(step, {})),
-                                         reasons=tuple(r.to_dict() for r in reasons))
+            trace = build_captured_trace(self.trainer, **{k: v for k, v in raw.items() if k != "kept"},
+                                         cost=dict(cost.get(step, {})), reasons=tuple(r.to_dict() for r in reasons))
+            if raw.get("kept") is not None:      # the step's weights, written to state/ beside it
+                trace = replace(trace, kept=raw["kept"])
             self.paths[step] = trace.save(step_dir(self.out_dir, step))
             top = _top_finding(trace)
         except Exception as err:                 # never kill the user's training run; say what was lost
@@ -414,7 +417,7 @@ class StepCapture(TrainerCallback):
     according to the plan (`CapturePlan`)."""
 
     def __init__(self, trainer, steps: Optional[Iterable[int]] = None, out_dir=None, *, every: Optional[int] = None,
-                 keep_last: int = 0, triggers=()):
+                 keep_last: int = 0, triggers=(), keep_weights: bool = False):
         import trl
         if trl_minor(trl.__version__) not in SUPPORTED_TRL:
             raise IncompatibleTraceError(f"installed TRL {trl.__version__}: the capture hooks GRPOTrainer internals "
@@ -437,6 +440,9 @@ class StepCapture(TrainerCallback):
         _check_out_dir(self.out_dir)
         self.paths, self.errors, self.index = self.writer.paths, self.writer.errors, self.writer.index
         self._pending: Optional[dict] = None
+        if not isinstance(keep_weights, bool):
+            raise ConfigError("keep_weights", f"True or False, got {keep_weights!r}")
+        self.keeper = WeightsKeeper(trainer, self.rank) if keep_weights else None
         self.recorder.install()
         trainer.add_callback(self)
 
@@ -446,6 +452,8 @@ class StepCapture(TrainerCallback):
         if self.plan.recorded(step):
             t0 = time.perf_counter()
             _guarded(self.errors, lambda: step, "starting the step's record")(self.recorder.begin_step)(step)
+            if self.keeper is not None and self.plan.named(step):
+                _guarded(self.errors, lambda: step, "keeping the step's weights")(self.keeper.begin)(step)
             self._costs.spend(step, t0)
 
     def on_pre_optimizer_step(self, args, state, control, **kw):
@@ -474,9 +482,10 @@ class StepCapture(TrainerCallback):
             if merged is None:
                 self._costs.spend(step, t0)
                 return
+        kept = self.keeper.end(step, self.recorder.grad_norm) if self.keeper is not None else None
         self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
                          "learning_rate": self.recorder.lr, "gen": merged["gen"],
-                         "micro_batches": merged["micro_batches"]}
+                         "micro_batches": merged["micro_batches"], "kept": kept}
         self._costs.spend(step, t0)
         if not control.should_log:              # no log at this step: finalize now, without logged metrics
             self._finalize(None)
@@ -488,6 +497,8 @@ class StepCapture(TrainerCallback):
     def on_train_end(self, args, state, control, **kw):
         if self._pending is not None:
             self._finalize(None)
+        if self.keeper is not None:
+            self.keeper.drop()
         last = state.global_step
         self.unreached = tuple(sorted(s for s in self.plan.steps if s > last))
         if self.unreached and self.rank == 0:
@@ -504,7 +515,8 @@ class StepCapture(TrainerCallback):
         self.writer.finalize(dict(
             gen=pending["gen"], micro_batches=pending["micro_batches"], logs=logs, step=pending["step"],
             grad_norm=r.grad_norm, per_layer_post_clip=r.per_layer, step_metrics=pending["step_metrics"],
-            learning_rate=pending["learning_rate"], weights_sha256=r.weights_hash, num_processes=self.world))
+            learning_rate=pending["learning_rate"], weights_sha256=r.weights_hash, num_processes=self.world,
+            kept=pending.get("kept")))
 
     def cost_table(self) -> list[dict]:
         """One row per step seen: captured?, seconds and bytes the capture spent (0 for uncaptured steps)."""
@@ -558,7 +570,7 @@ def step_metrics_of(raw: dict) -> dict:
 
 
 def capture_steps(trainer, steps: Optional[Iterable[int]] = None, out_dir=None, *, every: Optional[int] = None,
-                  keep_last: int = 0, triggers=()) -> StepCapture:
+                  keep_last: int = 0, triggers=(), keep_weights: bool = False) -> StepCapture:
     """Attach a capture to `trainer`; call before train(). Writes a StepTrace folder (`step-NNNNNN`) for:
 
     - `steps`: optimizer steps as TRL logs them (1-based), and every `every`-th step;
@@ -567,5 +579,11 @@ def capture_steps(trainer, steps: Optional[Iterable[int]] = None, out_dir=None, 
       record (no weights) and the last K are held; a step where a trigger fires is written together with
       the K held steps before it.
 
+    - `keep_weights=True`: the steps named by `steps`/`every` also keep, in `state/` beside their trace, the model
+      before the step, the gradient before clipping, the optimizer's state, the model after and the reference, so
+      `rookworld-debug diagnose` replays their log-probs, gradient and update (rank 0 writes them; the cost per
+      step is in docs/PERFORMANCE.md). Held and trigger-written steps keep none.
+
     Every written step says why in its provenance (`capture_reasons`) and in `<out_dir>/captures.json`."""
-    return StepCapture(trainer, steps, out_dir, every=every, keep_last=keep_last, triggers=triggers)
+    return StepCapture(trainer, steps, out_dir, every=every, keep_last=keep_last, triggers=triggers,
+                       keep_weights=keep_weights)

@@ -65,12 +65,13 @@ def make_trainer(output_dir, *, reward_mode: str = "dataset", dataset=None, **co
 
 
 def run(out_dir, *, steps: int = 3, capture: Optional[Sequence[int]] = (1, 3), reward_mode: str = "dataset",
-        **config_kw):
-    """Train `steps` steps, capturing `capture` (None: no capture). Returns (trainer, StepCapture | None)."""
+        keep_weights: bool = False, **config_kw):
+    """Train `steps` steps, capturing `capture` (None: no capture; `keep_weights`: with the weights the replay
+    needs). Returns (trainer, StepCapture | None)."""
     from rookworld_debug.trl.capture import capture_steps
     out_dir = Path(out_dir)
     trainer = make_trainer(out_dir / "trainer", reward_mode=reward_mode, max_steps=steps, **config_kw)
-    cap = capture_steps(trainer, capture, out_dir) if capture else None
+    cap = capture_steps(trainer, capture, out_dir, keep_weights=keep_weights) if capture else None
     trainer.train()
     return trainer, cap
 

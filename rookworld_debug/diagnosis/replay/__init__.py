@@ -29,8 +29,8 @@ import json
 import time
 from typing import Optional
 
-from rookworld_debug.diagnosis.replay.data_phases import (advantages_check, generation_checks, loss_check,
-                                                         rewards_check)
+from rookworld_debug.diagnosis.replay.data_phases import (accumulation, advantages_check, generation_checks,
+                                                         loss_check, rewards_check)
 from rookworld_debug.diagnosis.replay.declaration import DeclarationFit, fit_declaration, quantity_key
 from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
@@ -99,7 +99,7 @@ def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
     if w.policy is None or w.state is None or w.state.gradient is None:
         return checks
     fitted = M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
-                              trace.recorded.gradient_accumulation_steps,
+                              accumulation(trace),
                               GradientFit(trace, _jacobian(trace, w), lambda: _previous_pass_gradient(trace, w)))
     rest = [c for c in checks if not c.quantity.startswith(("gradient:", "the loss's gradient"))]
     return _ordered(rest + [fitted])
@@ -151,7 +151,7 @@ def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:
     if any(c.status == "disagree" for c in out) or w.policy is None or w.state is None or w.state.gradient is None:
         return out
     return out + [M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
-                                   trace.recorded.gradient_accumulation_steps)]
+                                   accumulation(trace))]
 
 
 def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
@@ -166,7 +166,7 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
                                           "recorded"))
     elif w.state is not None and w.state.gradient is not None:
         out.append(M.gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
-                                    trace.recorded.gradient_accumulation_steps))
+                                    accumulation(trace)))
     elif trace.update is not None and w.state is None and _single_pass(trace.config):
         ours = _declared_gradient(trace, w)
         norm = sum(float(v.double().pow(2).sum()) for v in ours.values()) ** 0.5
@@ -183,7 +183,7 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
         out.append(skipped("update", uq, "the optimizer is not one a replay re-runs (AdamW, Adam, SGD) or was not "
                                          "recorded"))
     else:
-        out.append(update_check(s, trace.recorded.max_grad_norm if trace.recorded else None, dtype))
+        out.append(update_check(s, trace.recorded.max_grad_norm if trace.recorded else trace.config.max_grad_norm, dtype))
     return out
 
 

@@ -119,18 +119,53 @@ def rewards_check(trace, labels) -> PhaseCheck:
     if not names or any(n not in BUILTIN_REWARDS for n in names):
         return skipped("rewards", q, f"the reward functions {list(names)} are the loop's own: pass them to "
                                      "replay_trace(reward_funcs=...) to recompute them")
-    if rw.reward_mode not in LABEL_REWARD_MODES:
-        return skipped("rewards", q, f"reward_mode {rw.reward_mode!r} searches with Stockfish; a replay recomputes "
-                                     f"the label-based modes {LABEL_REWARD_MODES} only")
-    if not labels or not any(labels):
+    engine = None
+    if rw.reward_mode == "engine":
+        engine, why = _replay_engine(trace)
+        if engine is None:
+            return skipped("rewards", q, why)
+    elif rw.reward_mode not in LABEL_REWARD_MODES:
+        return skipped("rewards", q, f"reward_mode {rw.reward_mode!r} is not one a replay recomputes")
+    if engine is None and (not labels or not any(labels)):
         return skipped("rewards", q, "no dataset labels were recorded with the prompts")
+
     def score(lab):
-        scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(lab), reward_mode=rw.reward_mode)
+        scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(lab), reward_mode=rw.reward_mode,
+                                    engine=engine)
         return torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)  # (N,)
-    ref = score(labels)
+    try:
+        ref = score(labels)
+    finally:
+        if engine is not None:
+            engine.close()
+    if engine is not None:                   # one search per position: the label fits would search again
+        return compare("rewards", q + " (Stockfish re-run under the step's search settings)", rw.rewards.double(),
+                       ref, VALUE_TOL, variants=reward_variants(ref, r.num_generations),
+                       fit=value_fits(r.num_generations))
     variants = {**reward_variants(ref, r.num_generations), **_label_variants(score, labels, r.num_generations)}
     return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=variants,
                    fit=value_fits(r.num_generations))
+
+
+def _replay_engine(trace) -> tuple:
+    """(a Stockfish under the step's recorded search settings, "") when its search is deterministic and the same
+    engine is here — fixed depth, one thread, a fresh game (cleared hash) per search, the recorded version — else
+    (None, why not)."""
+    from rookworld_debug.chess.engine import Engine
+    from rookworld_debug.errors import RookWorldError
+    rec = (trace.setup.provenance or {}).get("engine") if trace.setup is not None else None
+    if not isinstance(rec, dict) or not isinstance(rec.get("depth"), int) or rec.get("threads") != 1:
+        return None, ("reward_mode 'engine': the trace does not record a fixed-depth, one-thread search, so its "
+                      "rewards cannot be re-run to the same values")
+    try:
+        engine = Engine(depth=rec["depth"], multipv=int(rec.get("multipv") or 5), threads=1, workers=1)
+    except (RookWorldError, OSError) as err:
+        return None, f"reward_mode 'engine': no Stockfish to re-run the searches here ({err})"
+    if rec.get("version") and getattr(engine, "version", None) != rec["version"]:
+        engine.close()
+        return None, (f"reward_mode 'engine': the Stockfish here ({getattr(engine, 'version', None)}) is not the "
+                      f"step's ({rec['version']}); another version's evaluations differ")
+    return engine, ""
 
 
 def _label_variants(score, labels, g: int) -> dict:
@@ -215,6 +250,8 @@ def loss_value(trace) -> tuple[float, str]:
 def accumulation(trace) -> int:
     """g, the count each micro-batch's loss is divided by: the declared gradient_accumulation_steps (TRL divides by
     it whatever the rows' split), 1 for a trace that was not recorded by a loop."""
+    if trace.capture is not None:                 # TRL divides each micro-batch's loss by its accumulation steps
+        return max(1, int(trace.capture.gradient_accumulation_steps))
     return max(1, int(trace.recorded.gradient_accumulation_steps)) if trace.recorded is not None else 1
 
 
@@ -222,6 +259,8 @@ def micro_batches(trace) -> list:
     """The rows of each micro-batch the recorded loss was summed over: `gradient_accumulation_steps` contiguous,
     equal chunks (torch.chunk) — the layout a recorder declares; TRL scales each one's loss by its own count."""
     n = trace.rollout.completion_ids.shape[0]
+    if trace.capture is not None and trace.capture.micro_batch_rows:     # TRL's own (shuffled) micro-batches
+        return [torch.tensor(rows, dtype=torch.long) for rows in trace.capture.micro_batch_rows]
     ga = trace.recorded.gradient_accumulation_steps if trace.recorded is not None else 1
     return list(torch.arange(n).chunk(max(1, min(int(ga), n))))
 
@@ -237,10 +276,17 @@ def loss_total(trace, objective, logps, old, ref, adv):
         def pick(x):
             return None if x is None else x[rows]
         total = total + compute_loss(pick(logps), pick(old), pick(ref), adv[rows], mask[rows], objective,
-                                     LossBatch(entropy=pick(entropy), num_items_in_batch=mask.sum(),
+                                     LossBatch(entropy=pick(entropy), num_items_in_batch=_num_items(trace, mask),
                                                gradient_accumulation_steps=accumulation(trace),
                                                num_generations=None)).loss
     return total
+
+
+def _num_items(trace, mask):
+    """The token count a token-normalised loss divides by: TRL's recorded count for a capture, else Σ mask."""
+    if trace.capture is not None and math.isfinite(trace.capture.num_items_in_batch):
+        return torch.tensor(float(trace.capture.num_items_in_batch))
+    return mask.sum()
 
 
 def recorded_entropy(trace):

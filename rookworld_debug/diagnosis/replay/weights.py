@@ -43,33 +43,59 @@ def _tokenizer(folder):
 
 
 def weights_for(trace, path) -> Weights:
-    """The recorded state (a recorded step), the embedded/local model a run_step trace names at its first step,
-    else none (with the reason)."""
+    """The weights the step kept (a recorded step's state/, a run_step trace's or a TRL capture's kept weights, in
+    memory or beside the trace), else the embedded/local model a run_step trace names at its first update, else none
+    (with the reason)."""
+    from rookworld_debug.grpo.trace.state import read_state
+    kept = getattr(trace, "kept", None)
+    state = kept if kept is not None else read_state(path) if path is not None else None
+    said = trace.recorded.weights if trace.recorded is not None else getattr(trace, "weights", "")
+    if state is None and said == "state/":
+        return Weights.none("incomplete save: the trace says its weights are in state/, which is missing")
     if trace.recorded is not None:
-        return _recorded(trace, path)
+        if state is None or state.before is None:
+            return Weights.none("the loop recorded no weights (StepRecorder.model_before)")
+        return _from_state(state, {"policy"} if "policy_logps" in trace.recorded.recorded else set(),
+                           "the weights the loop recorded (state/)")
+    if kept is not None or (state is not None and said == "state/"):
+        return _from_state(state, {"policy"}, "the weights the step kept (state/)" if kept is None else
+                           "the weights the step kept (in memory)", trl=trace.capture is not None)
     if trace.capture is not None:
-        return Weights.none("a TRL capture keeps no weights of its step (the log-probs, gradient and update are "
-                            "compared with TRL's own numbers at capture time)")
+        return Weights.none("the TRL capture kept no weights of its step (capture with keep_weights=True to replay "
+                            "its log-probs, gradient and update)")
     return _run_step(trace)
 
 
-def _recorded(trace, path) -> Weights:
-    from rookworld_debug.grpo.trace.state import build_model, read_state
-    state = read_state(path) if path is not None else None
-    if state is None and trace.recorded.weights == "state/":
-        return Weights.none("incomplete save: the trace says its weights are in state/, which is missing")
-    if state is None or state.before is None:
-        return Weights.none("the loop recorded no weights (StepRecorder.model_before)")
-    tok = _tokenizer(state.tokenizer_dir) if state.tokenizer_dir is not None else None
-    policy = build_model(state, state.before)
-    ref = build_model(state, state.reference) if state.reference is not None else None
-    sampler = build_model(state, state.sampler) if state.sampler is not None else None
+def _from_state(state, have: set, source: str, trl: bool = False) -> Weights:
+    """Models of the kept weights. `trl`: they score as TRL 1.16's GRPOTrainer does (the attention mask only, no
+    position ids: a left-padded row is scored at the model's default positions), the computation a capture's
+    numbers are held to."""
+    from rookworld_debug.grpo.trace.state import build_model
+
+    def build(weights):
+        return None if weights is None else _plain_positions(build_model(state, weights)) if trl else \
+            build_model(state, weights)
+    tok = state.tokenizer if state.tokenizer is not None else \
+        _tokenizer(state.tokenizer_dir) if state.tokenizer_dir is not None else None
+    policy, ref, sampler = build(state.before), build(state.reference), build(state.sampler)
     same = state.reference is not None and all(torch.equal(state.reference[k], state.before[k])
                                                for k in state.before if k in state.reference)
-    have = {"policy"} if "policy_logps" in trace.recorded.recorded else set()
     return Weights(policy=policy, sampler=sampler, reference=ref, tokenizer=tok,
-                   eos=None if tok is None else tok.eos_token_id, state=state, trainable=state.trainable, have=have, ref_is_policy=same,
-                   source="the weights the loop recorded (state/)")
+                   eos=None if tok is None else tok.eos_token_id, state=state, trainable=state.trainable, have=have,
+                   ref_is_policy=same, source=source)
+
+
+def _plain_positions(model):
+    """`model` whose transformer body drops `position_ids` (every forward goes through it: the LM's own and the
+    scoring's KV-cached one), so positions count the left padding as TRL's forward does. This replay's own model
+    instance, never the user's."""
+    body = model.base_model
+    forward = body.forward
+
+    def plain(*args, position_ids=None, **kw):
+        return forward(*args, **kw)
+    body.forward = plain
+    return model
 
 
 @contextmanager
@@ -86,14 +112,20 @@ def _quiet_loading():
 
 
 def _run_step(trace) -> Weights:
-    """run_step's model, reloaded by name; it is this step's policy only when the step's policy and reference
-    log-probs agree (the step-0 identity): later steps of a run keep no weights."""
+    """run_step's model, reloaded by name, for a step that kept no weights: it is the step's policy when the
+    provenance says the policy had not moved — no start record (init_policy, warm-up), no optimizer step before this
+    one — and its hash is the one the step loaded."""
     from rookworld_debug.models.loading import load_policy_and_reference
     from rookworld_debug.models.provenance import weights_sha256
     c, prov = trace.config, trace.setup.provenance
     eos = prov.get("eos_token_id") if isinstance(prov, dict) else None
     if getattr(c, "init_policy", None) or getattr(c, "warmup_steps", 0) or (prov or {}).get("start"):
-        return Weights.none("the step started from drifted weights the trace does not keep", eos=eos)
+        return Weights.none("the step started from drifted weights the trace does not keep (keep_weights)", eos=eos)
+    moved = (prov or {}).get("optimizer_steps_before")
+    if moved is None or moved:
+        why = (f"the policy had taken {moved} optimizer step(s) before this one" if moved else
+               "the trace does not say whether the policy was updated before this step")
+        return Weights.none(f"{why}, and the trace keeps no weights (keep_weights)", eos=eos)
     try:
         with _quiet_loading():
             loaded = load_policy_and_reference(c.model, dtype=c.dtype)
@@ -102,15 +134,7 @@ def _run_step(trace) -> Weights:
     if prov.get("weights_sha256") and weights_sha256(loaded.policy) != prov.get("weights_sha256"):
         return Weights.none(f"the model {c.model!r} here is not the one the step loaded (weights hash differs)",
                             eos=eos)
-    r = trace.rollout
-    at_start = r.ref_per_token_logps is not None and bool(
-        ((r.per_token_logps - r.ref_per_token_logps).abs() * r.completion_mask).max() <= 1e-4)
     names = tuple(n for n, p in loaded.policy.named_parameters() if p.requires_grad)
-    if not at_start:
-        return Weights(reference=loaded.reference, tokenizer=loaded.tokenizer, eos=loaded.tokenizer.eos_token_id,
-                       source=f"the model {c.model!r} (reference only)", why="the step's policy is not its starting "
-                       "weights (its log-probs differ from the reference's) and the trace keeps no weights",
-                       why_update="a run_step trace keeps no weights after the update")
     return Weights(policy=loaded.policy.eval(), reference=loaded.reference, tokenizer=loaded.tokenizer,
                    eos=loaded.tokenizer.eos_token_id, trainable=names, have={"policy"}, ref_is_policy=True,
                    source=f"the model {c.model!r}, reloaded (its weights hash matches the step's)",

@@ -34,7 +34,7 @@ from rookworld_debug.models.devices import cpu_state
 
 # fields that do not shape the warm-up (eval sizes, the debugged step's own iteration/loss-view knobs)
 # settings a warm-up does not read (it forces num_iterations = 1 and no steps_per_generation); warmup_steps is read
-_KEY_IGNORES = ("heldout_n", "eval_max_new_tokens", "top_k_alternatives", "diagnostics", "num_iterations",
+_KEY_IGNORES = ("heldout_n", "eval_max_new_tokens", "top_k_alternatives", "diagnostics", "keep_weights", "num_iterations",
                 "steps_per_generation", "tiny_std_fraction", "engine_workers", "device")
 CACHE_VERSION = 1
 

@@ -48,6 +48,7 @@ class RecordedState:
     trainable: tuple                    # names of the parameters the optimizer steps
     tokenizer_dir: Optional[Path]
     sampler: Optional[dict] = None      # the weights that sampled the rollout (None: not recorded)
+    tokenizer: object = None            # the tokenizer object of a state kept in memory (not yet written)
 
 
 def snapshot(model: torch.nn.Module) -> dict:
@@ -114,6 +115,21 @@ def write_state(folder: Path, *, model_config: dict, tokenizer=None, before=None
         "optimizer": optimizer, "optimizer_settings": optimizer_settings or {}, "trainable": list(trainable),
         "tokenizer": tokenizer is not None})
     return folder
+
+
+def write_recorded(folder: Path, st: RecordedState) -> Path:
+    """`st` (a state kept in memory by a step that ran) written as `write_state` writes a recorded step's."""
+    return write_state(folder, model_config=st.model_config, tokenizer=st.tokenizer, before=st.before,
+                       after=st.after, gradient=st.gradient, reference=st.reference, optimizer=st.optimizer,
+                       optimizer_settings=st.optimizer_settings, optimizer_state=st.optimizer_state,
+                       trainable=st.trainable, sampler=st.sampler)
+
+
+def state_bytes(st: RecordedState) -> int:
+    """Bytes of the tensors `st` holds (what state/ takes on disk, less the tokenizer's files)."""
+    parts = (st.before, st.after, st.gradient, st.reference, st.sampler,
+             *((st.optimizer_state or {}).values()))
+    return sum(t.numel() * t.element_size() for d in parts if d for t in d.values())
 
 
 def _sha256(path: Path) -> str:
