@@ -105,7 +105,9 @@ def _main(argv: list[str] | None = None) -> int:
     trace = run_step(config)
     print(format_step_log(trace))
     path = trace.save(args.out)
-    print(f"trace written to {path}/trace.json (+ trace.safetensors)")
+    kept = trace.counts.get("state/bytes", 0)
+    print(f"trace written to {path}/trace.json (+ trace.safetensors"
+          + (f"; the weights the replay needs in state/, {kept / 1e6:.0f} MB)" if kept else ")"))
     return 0 if trace.update is not None else 1
 
 

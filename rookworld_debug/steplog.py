@@ -53,21 +53,23 @@ def _clip(text: str, n: int = 72) -> str:
     return shown if len(shown) <= n else shown[: n - 1] + "…"
 
 
-def format_step_log(trace) -> str:
-    """The text log of one step: one block per phase, in the order the step ran them."""
-    out = _diagnosis(trace)
+def format_step_log(trace, findings=None) -> str:
+    """The text log of one step: one block per phase, in the order the step ran them. `findings`: the step's
+    diagnosis when the caller has it (`diagnosis.diagnose_step`, replay included), else the step checks run here."""
+    out = _diagnosis(trace, findings)
     for phase in (_setup, _initial_performance, _generations, _rewards, _advantages, _loss, _update,
                   _post_update, _timing):
         out.extend(phase(trace))
     return "\n".join(out)
 
 
-def _diagnosis(trace) -> list:
+def _diagnosis(trace, findings=None) -> list:
     """The findings first: what is likely wrong, its evidence and the fix (diagnosis.diagnose_trace)."""
     from rookworld_debug.diagnosis import diagnose_trace
     from rookworld_debug.diagnosis.text import format_findings
+    found = diagnose_trace(trace) if findings is None else findings
     return ["DIAGNOSIS (most likely first; every phase note included)",
-            *("  " + line for line in format_findings(diagnose_trace(trace), notes=True).splitlines())]
+            *("  " + line for line in format_findings(found, notes=True).splitlines())]
 
 
 def _setup(trace) -> list:
@@ -94,7 +96,8 @@ def _setup(trace) -> list:
       f"scale_rewards={c.scale_rewards} reward_mode={c.reward_mode}")
     inv = s.invariants
     if inv is None:
-        w("  step-0 invariants: not recorded (a TRL capture: GRPOTrainer does not check them)")
+        from rookworld_debug.viz.summary import invariants_note
+        w(f"  step-0 invariants: {invariants_note(trace)}")
     else:
         w(f"  step-0 invariants: {'OK' if inv.ok else 'FAILED'}  max|logπ−logπ_ref|={inv.max_abs_logp_diff:.3g} "
           f"max k3 KL={inv.max_k3_kl:.3g} max|ratio−1|={inv.max_ratio_dev:.3g} dropout_active={len(inv.dropout_active)} "

@@ -256,6 +256,9 @@ class TunePanel:
     fixed_advantages = None     # set for a saved step: its recorded advantages (no knob of their family changes them)
     fixed_loss_type = None      # the saved step's loss type (its family made those advantages)
     old_per_token_logps = None  # (N, T) a saved off-policy step's stored old log-probs (None: on-policy, ratio 1)
+    step_trace = None           # a saved step: the StepTrace its diagnosis is of (None: the panel's own rollout)
+    step_folder = None          # its folder (where a recorded step keeps its weights for the replay)
+    replay = None               # the Replay behind the shown findings (None: not replayed)
 
     def __init__(self, setup, config: Optional[StepConfig] = None, *, scored=None, row: int = 0,
                  metric: str = "kl", reward_funcs=None, reward_weights=None, iterations: tuple = (),
@@ -294,6 +297,7 @@ class TunePanel:
         self.w_regen.on_click(lambda _b: self.regenerate())
         self.widget = _layout(self)
         self._status("ready: rollout sampled with " + self._sampling_text(self.sampled_with))
+        self._initial_key, self._step_diagnosis = None, None     # the first render's settings are the step's
         self.refresh(recompute=True)
 
     # ------------------------------------------------------------------ state → config
@@ -384,14 +388,29 @@ class TunePanel:
                              "iteration": self.iteration,
                              **self._loss_changes()})
 
+    def _settings_key(self) -> tuple:
+        """What the shown records depend on: the rollout, the loss knobs of the state's config, the inner pass."""
+        return (id(self.state.rollout), tuple(getattr(self.state.config, k) for k in LOSS_KNOBS), self.iteration)
+
     def _render_findings(self, tr) -> None:
-        """The step checks on the panel's current records (rollout, advantages, this loss record): they follow
-        β, ε and the loss type; checks that need the update or the evaluation wait for a real step."""
-        from rookworld_debug.diagnosis import diagnose_trace
+        """At the settings the step ran with: the step's diagnosis, `diagnosis.diagnose_step` with its replay — the
+        call `rookworld-debug diagnose` and the notebook's card make (once, then kept). After a knob moves: the step
+        checks on the panel's recomputed records, not replayed (nothing there was recorded; no update was taken)."""
+        from rookworld_debug.diagnosis import diagnose_step
         from rookworld_debug.viz.diagnosis import diagnosis_card
-        self.findings = diagnose_trace(tr)
-        self.w_findings.value = diagnosis_card(self.findings, title="Diagnosis of these settings (no update taken)",
-                                               limit=3, evidence=3).html
+        if self._initial_key is None:
+            self._initial_key = self._settings_key()
+        if self._settings_key() == self._initial_key:
+            if self._step_diagnosis is None:
+                saved = self.step_trace is not None
+                self._step_diagnosis = diagnose_step(self.step_trace if saved else tr, self.step_folder)
+            self.findings, self.replay = self._step_diagnosis
+            title = ("Diagnosis of this step (replayed, as `rookworld-debug diagnose` gives it)"
+                     if self.step_trace is not None else "Diagnosis of this rollout (replayed; no update taken)")
+        else:
+            self.findings, self.replay = diagnose_step(tr, replay=False)
+            title = "Diagnosis of these settings (no update taken; recomputed values, not replayed)"
+        self.w_findings.value = diagnosis_card(self.findings, title=title, limit=3, evidence=3).html
 
     def _render_table(self, tr) -> None:
         """The completions table of the whole current rollout (re-rendered only when the rollout or its
@@ -491,11 +510,13 @@ def tune_panel(setup, config: Optional[StepConfig] = None, **kw) -> TunePanel:
     return TunePanel(setup, config, **kw)
 
 
-def tune_panel_from_trace(trace, *, row: int = 0, metric: str = "kl") -> TunePanel:
+def tune_panel_from_trace(trace, *, folder=None, row: int = 0, metric: str = "kl") -> TunePanel:
     """The panel over a SAVED step (e.g. a TRL capture, `StepTrace.load(path)`): the loss knobs recompute
     the step's loss from its recorded tensors with `loss_for` (a pure recompute, no model needed); the
-    sampling knobs are disabled, since a saved step has no model to sample from."""
+    sampling knobs are disabled, since a saved step has no model to sample from. `folder`: the step's folder
+    (a recorded step's weights are there: its diagnosis then replays the weight phases too)."""
     class _SavedStepPanel(TunePanel):
+        step_trace, step_folder = trace, folder
         fixed_advantages = trace.advantages
         fixed_loss_type = trace.config.loss_type
         old_per_token_logps = getattr(getattr(trace, "capture", None), "old_per_token_logps", None)

@@ -151,7 +151,7 @@ def test_a_hostile_state_file_is_refused_by_name(example_step, tmp_path):
 
 
 # ------------------------------------------------------------------------------- the project's steps, TRL's
-def test_a_run_step_trace_replays_on_its_reloaded_model(tmp_path):
+def test_a_first_step_that_kept_no_weights_replays_on_its_reloaded_model(tmp_path):
     import warnings
 
     from rookworld_debug import StepConfig, run_step
@@ -159,13 +159,14 @@ def test_a_run_step_trace_replays_on_its_reloaded_model(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_step(StepConfig(reward_mode="dataset", batch_size=2, num_generations=3, max_new_tokens=64,
-                            eval_max_new_tokens=8, heldout_n=0)).save(tmp_path)
+                            eval_max_new_tokens=8, heldout_n=0, keep_weights="never")).save(tmp_path)
+    assert not (tmp_path / "state").exists()
     rep = replay_path(tmp_path)
     assert rep.first_disagreement is None, rep.first_disagreement
     assert "reloaded (its weights hash matches" in rep.weights
     replayed = {c.phase for c in rep.checks if c.status == "agree"}
     assert {"generation", "rewards", "advantages", "scoring", "loss", "gradient"} <= replayed
-    assert [c.phase for c in rep.skipped] == ["update"]            # a run_step trace keeps no weights after it
+    assert [c.phase for c in rep.skipped] == ["update"]            # no weights after the update were kept
 
 
 def test_a_trl_capture_that_agrees_with_its_replay_says_so(trl_demo_run):
@@ -173,7 +174,7 @@ def test_a_trl_capture_that_agrees_with_its_replay_says_so(trl_demo_run):
     first = sorted(trl_demo_run.glob("captures/step-*"))[0]
     found = {f.code: f for f in replay_findings(replay_path(first))}
     assert "replay_agrees" in found and "advantages" in found["replay_agrees"].cause
-    assert "TRL capture keeps no weights" in found["replay_incomplete"].cause
+    assert "TRL capture kept no weights" in found["replay_incomplete"].cause
 
 
 @pytest.mark.parametrize("kw,field", [({"loss_type": "nope"}, "loss_type"), ({"bogus": 1}, "bogus"),

@@ -1,13 +1,15 @@
-"""The table of checks (one place, like the loss types' table) and the three entry points.
+"""The table of checks (one place, like the loss types' table) and the entry points.
 
     diagnose_trace(trace)          a StepTrace (run_step or a TRL capture) → findings, most likely first
+    diagnose_step(trace, folder)   the same checks and the step's replay → (findings, Replay): every view's call
     diagnose_run(run_dir_or_log)   a run folder / trainer_state.json / log_history list → run-level findings
-    diagnose_path(path)            a trace folder, a captures folder or a run folder → both
+    diagnose_path(path)            a trace folder, a captures folder, a folder of recorded steps (each step and
+                                   each pair of consecutive steps replayed) or a run folder → both
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 from rookworld_debug.diagnosis import checks_invariants as IN
 from rookworld_debug.diagnosis import checks_logprob as LP
@@ -20,6 +22,9 @@ from rookworld_debug.diagnosis.context import at_step
 from rookworld_debug.diagnosis.findings import Finding, Fix, rank, rank_run
 from rookworld_debug.diagnosis.flags import check_phase_flags
 from rookworld_debug.errors import DataError
+
+if TYPE_CHECKING:
+    from rookworld_debug.diagnosis.replay.records import Replay
 
 
 def _optional_checks(module: str) -> tuple:
@@ -145,19 +150,34 @@ def diagnose_path(path, *, replay: bool = True) -> list[Finding]:
 def diagnose_folder(path, *, replay: bool = True) -> tuple[list, dict]:
     """(the findings of `diagnose_path`, {step: Replay} of every step replayed; step None for a single trace).
     When a replay fits a neighbouring declaration, the step's checks run under it too."""
+    found, replays, _ = folder_diagnosis(path, replay=replay)
+    return found, replays
+
+
+class FolderDiagnosis(NamedTuple):
+    findings: list              # ranked
+    replays: dict               # {step: Replay} of every step replayed (None: a single trace)
+    consecutive: list           # ConsecutiveReplay of each pair of consecutive recorded steps
+
+
+def folder_diagnosis(path, *, replay: bool = True) -> FolderDiagnosis:
+    """`diagnose_folder` with the consecutive-step replays: a folder of recorded step folders (`*/trace.json`, no
+    captures.json) replays each step and, with `replay`, each pair of consecutive steps (diagnosis.replay.consecutive);
+    the pair's findings carry the later step."""
     from rookworld_debug.grpo.step import StepTrace
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p} does not exist")
     if (p / "trace.json").is_file():
-        found, rep = _step_findings(StepTrace.load(p), p, replay)
-        return rank(found), ({None: rep} if rep is not None else {})
+        found, rep = diagnose_step(StepTrace.load(p), p, replay=replay)
+        return FolderDiagnosis(found, {None: rep} if rep is not None else {}, [])
     from rookworld_debug.diagnosis.runlog import read_rows
     rows = read_rows(p)
     caps = captured_steps(p) if p.is_dir() else {}
-    if not rows and not caps:
-        raise DataError(f"{p} is neither a step trace (trace.json), a captures folder (captures.json) nor a run "
-                        "(trainer_state.json, table.csv)")
+    steps = recorded_steps(p) if p.is_dir() and not caps else []
+    if not rows and not caps and not steps:
+        raise DataError(f"{p} is neither a step trace (trace.json), a captures folder (captures.json), a folder of "
+                        "recorded steps (*/trace.json) nor a run (trainer_state.json, table.csv)")
     found, replays = list(_run_checks(rows)), {}
     traces = {step: StepTrace.load(folder) for step, folder in sorted(caps.items())}
     for step, trace in traces.items():
@@ -166,7 +186,63 @@ def diagnose_folder(path, *, replay: bool = True) -> tuple[list, dict]:
         if rep is not None:
             replays[step] = rep
     found += _guarded(RIN.check_captured_weights, traces)
-    return rank_run(merge(found)), replays
+    kept = [(s, caps[s], t) for s, t in traces.items() if getattr(t, "weights", "") == "state/"]
+    cap_found, pairs = _pairs(kept, replays, replay)          # captures kept with their weights
+    step_found, step_replays, step_pairs = _recorded_steps(steps, replay)
+    replays.update(step_replays)
+    return FolderDiagnosis(rank_run(merge(found + cap_found + step_found)), replays, pairs + step_pairs)
+
+
+def recorded_steps(folder: Path) -> list:
+    """[(step, folder, StepTrace)] of the recorded steps one level down (`*/trace.json`, no hidden or linked
+    folder), ordered by the loop's step number (`trace.recorded.step`), else by folder name."""
+    from rookworld_debug.diagnosis.evidence import first_step
+    from rookworld_debug.grpo.step import StepTrace
+    found = [d for d in sorted(Path(folder).iterdir()) if not d.name.startswith(".") and d.is_dir()
+             and not d.is_symlink() and (d / "trace.json").is_file()]
+    out = [(first_step(t), d, t) for d, t in ((d, StepTrace.load(d)) for d in found)]
+    return sorted(out, key=lambda x: (x[0] is None, x[0] or 0, x[1].name))
+
+
+def _recorded_steps(steps: list, replay: bool) -> tuple[list, dict, list]:
+    """(findings, {step or folder name: Replay}, [ConsecutiveReplay]) of the recorded steps: each replayed as one
+    step, then each consecutive pair (a pair that fails is a finding, as a check's failure is)."""
+    found, replays = [], {}
+    for step, folder, trace in steps:
+        step_found, rep = _step_findings(trace, folder, replay)
+        found += [replace_step(f, step) for f in step_found] if step is not None else step_found
+        if rep is not None:
+            replays[step if step is not None else folder.name] = rep
+    pair_found, pairs = _pairs(steps, replays, replay)
+    return found + pair_found, replays, pairs
+
+
+def _pairs(steps: list, replays: dict, replay: bool) -> tuple[list, list]:
+    """(findings, [ConsecutiveReplay]) of each pair of consecutive steps in `steps` [(step, folder, trace)]: step
+    numbers k and k + 1 (steps without a number: in folder order)."""
+    from rookworld_debug.diagnosis.replay.consecutive import replay_consecutive
+    from rookworld_debug.diagnosis.replay.consecutive_findings import consecutive_findings
+    found, pairs = [], []
+    for (sa, fa, ta), (sb, fb, tb) in zip(steps, steps[1:]) if replay else []:
+        if (sa is None) != (sb is None) or sa is not None and sb != sa + 1:
+            continue                                  # not consecutive: nothing must carry over as it is
+        rep_b = replays.get(sb if sb is not None else fb.name)
+        fitted = rep_b.trace if rep_b is not None and rep_b.trace is not None else tb
+
+        def run_pair(_, fa=fa, fb=fb, ta=ta, tb=fitted, rep_b=rep_b):
+            pairs.append(replay_consecutive(fa, fb, traces=(ta, tb), replay_k1=rep_b))
+            return consecutive_findings(pairs[-1])
+        run_pair.__name__ = f"consecutive steps {fa.name} → {fb.name}"
+        found += _guarded(run_pair, None)
+    return found, pairs
+
+
+def diagnose_step(trace, folder=None, *, replay: bool = True) -> tuple[list[Finding], Optional["Replay"]]:
+    """One step's findings, ranked, and its Replay (None when `replay` is off): what `diagnose_folder` gives for
+    a trace folder, and what the notebook's diagnosis card, the step report and the tune panel show. `folder`:
+    the trace's folder, where a recorded step keeps its weights (state/); None for a step held in memory."""
+    found, rep = _step_findings(trace, folder, replay)
+    return rank(found), rep
 
 
 def _step_findings(trace, folder, replay: bool) -> tuple[list, object]:

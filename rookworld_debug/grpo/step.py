@@ -30,6 +30,7 @@ from rookworld_debug.grpo.phases.update import UpdateResult
 from rookworld_debug.grpo.signal.noise import signal_noise, with_delta_ci
 from rookworld_debug.grpo.trace import serialize
 from rookworld_debug.grpo.trace.keep import StepWatch, keeps_weights, optimizer_steps
+from rookworld_debug.grpo.trace.state import state_bytes
 from rookworld_debug.metrics import term_balance, tiny_std_groups
 
 __all__ = ["StepTrace", "run_step", "TRACE_VERSION"]
@@ -65,25 +66,40 @@ class StepTrace:
 
     def save(self, path) -> Path:
         """Write `<path>/state/` (the kept weights, when the step kept them), `<path>/trace.safetensors` (tensors)
-        and `<path>/trace.json` (everything else, last: its presence means the folder is complete)."""
+        and `<path>/trace.json` (everything else, last). Every writer of a step (run_step, a TRL capture, a
+        StepRecorder) saves through here: the step is written to a temporary folder beside `path` and renamed into
+        place, so an interrupted save leaves no half step and a step saved over an earlier one replaces it whole.
+        A folder that holds anything but a saved step is refused."""
+        import os
+        import shutil
+        path = Path(path)
+        _check_step_folder(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.saving-{os.getpid()}"
+        old = path.parent / f".{path.name}.replaced-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self._write(tmp)
+            if path.exists():
+                path.rename(old)
+            tmp.rename(path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def _write(self, folder: Path) -> None:
         from rookworld_debug.grpo.trace.state import write_recorded
         from rookworld_debug.safeio import atomic_write_json
         from safetensors.torch import save_file
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True)
         me = self
         if self.kept is not None:
-            write_recorded(path, self.kept)
+            write_recorded(folder, self.kept)
             me = replace(self, weights="state/")
-        elif (path / "state").is_dir():           # an earlier step's weights are not this step's
-            import shutil
-            shutil.rmtree(path / "state")
         payload, tensors = serialize.encode(me)
-        tmp = path / ".trace.safetensors.tmp"
-        save_file(tensors, str(tmp))
-        tmp.replace(path / "trace.safetensors")
-        atomic_write_json(path / "trace.json", payload)      # written last: its presence means complete
-        return path
+        save_file(tensors, str(folder / "trace.safetensors"))
+        atomic_write_json(folder / "trace.json", payload)      # written last: its presence means complete
 
     @staticmethod
     def load(path) -> "StepTrace":
@@ -138,6 +154,21 @@ class StepTrace:
         }
 
 
+STEP_FILES = ("trace.json", "trace.safetensors", "state")
+
+
+def _check_step_folder(path: Path) -> None:
+    """A step is saved into a new or empty folder, or over a saved step; never into a folder of other files."""
+    from rookworld_debug.errors import DataError
+    if path.exists() and not path.is_dir():
+        raise DataError(f"save: {path} is a file; a step is saved to a folder")
+    if path.is_dir():
+        others = sorted(p.name for p in path.iterdir() if p.name not in STEP_FILES)
+        if others:                                    # replacing the folder would delete them
+            raise DataError(f"save: {path} holds other files ({', '.join(others[:3])}); a step needs a folder "
+                            "of its own")
+
+
 def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_funcs: Optional[Mapping] = None,
              reward_weights: Optional[Mapping] = None, inject: Optional[Mapping[int, str]] = None) -> StepTrace:
     """One fully instrumented GRPO step, its phases in the order of the module docstring. Pass `session` (a Setup)
@@ -178,7 +209,8 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
         diag = with_delta_ci(diag, evaluation, config.seed, iterations=iterations, mask=loss_mask(rollout, config))
     return StepTrace(config=config, setup=s, before=before, before_heldout=before_heldout, rollout=rollout,
                      rewards=rewards, advantages=advantages, loss=loss, update=upd, evaluation=evaluation,
-                     timings=dict(timer.seconds), counts=_counts(rollout, rewards, iterations, upd, evaluation),
+                     timings=dict(timer.seconds), counts={**_counts(rollout, rewards, iterations, upd, evaluation),
+                                                          "state/bytes": state_bytes(kept) if kept is not None else 0},
                      flags=tuple(flags), iterations=iterations, diagnostics=diag, kept=kept)
 
 

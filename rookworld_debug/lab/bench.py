@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per variant (alternating)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per variant first")
-    p.add_argument("--variants", default="abcd", help="subset of 'abcdefghij' (e: + diagnostics, f: TRL + flight "
-                   "recorder; g-j: diagnose a saved step, diagnose a 10,000-step log, what-if 5 arms, 3-step branch)")
+    p.add_argument("--variants", default="abcd", help="subset of 'abcdefghijk' (e: + diagnostics, f: TRL + flight "
+                   "recorder; g-j: diagnose a saved step, diagnose a 10,000-step log, what-if 5 arms, 3-step branch; "
+                   "k: run_step without keeping the weights for the replay)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-depth", type=int, default=10)
     p.add_argument("--engine-workers", type=int, default=2)

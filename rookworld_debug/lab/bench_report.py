@@ -68,6 +68,7 @@ def compute_ratios(v: dict, stat: str = "median") -> dict:
     r["e/c"] = sec("e") / sec("c")
     r["b/a"] = sec("b") / sec("a")
     r["f/c"] = sec("f") / sec("c")             # wall clock: noise on a shared CPU; recorder_share is the measure
+    r["k/c"] = sec("k") / sec("c")             # (b) without kept weights: b/c − k/c is what keeping them costs
     r["recorder_share"] = v["f"].get(f"{stat}_recorder_share", math.nan) if "f" in v else math.nan
     r.update(tool_ratios(v, stat))
     return r

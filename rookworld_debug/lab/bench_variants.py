@@ -22,11 +22,14 @@ VARIANTS = {
     "e": "ours: run_step + signal-or-noise diagnostics (StepConfig.diagnostics: per-group backward passes, "
          "noise scale, G' curve, entropy mechanism, sampler-trainer gap)",
     "f": "TRL GRPOTrainer as (c) with the flight recorder holding K steps (capture_steps keep_last, nothing written)",
+    "k": "ours: run_step as (b) without keeping the weights for the replay (keep_weights='never'): (b) − (k) is "
+         "what keeping them costs",
     **TOOL_VARIANTS,                    # (g)–(j): the diagnosis and what-if tools on (b)'s step
 }
 LABELS = {"a": "ours, core step", "b": "ours, run_step (instrumented)", "c": "TRL GRPOTrainer",
           "d": "rookworld-trl's manual debug loop", "e": "ours, run_step + diagnostics",
-          "f": "TRL GRPOTrainer + flight recorder (held, not written)", **TOOL_LABELS}
+          "f": "TRL GRPOTrainer + flight recorder (held, not written)",
+          "k": "ours, run_step without kept weights", **TOOL_LABELS}
 GPT2_124M = "gpt2-124m"
 # two legal positions no RookWorld prompt contains: searching them starts every pool worker untimed
 _PRESTART_FENS = ("7k/8/8/8/8/8/8/K7 w - - 0 1", "6k1/8/8/8/8/8/8/K7 w - - 0 1")
@@ -393,6 +396,14 @@ class OursDiagnostics(OursInstrumented):
         self.cfg = self.cfg.replace(diagnostics=True)
 
 
+class OursWithoutWeights(OursInstrumented):
+    """(k): (b) with keep_weights='never' (no snapshots of the weights, gradient and optimizer state)."""
+
+    def __init__(self, spec: BenchSpec):
+        super().__init__(spec)
+        self.cfg = self.cfg.replace(keep_weights="never")
+
+
 class TrlRecorded(TrlStep):
     """(f): (c) with the flight recorder attached: the step is recorded and held (keep_last=2, no trigger),
     nothing is written while timing. Reports the capture's own seconds (timed inside its hooks), the bytes
@@ -415,4 +426,4 @@ class TrlRecorded(TrlStep):
 
 
 VARIANT_CLASSES = {"a": OursCore, "b": OursInstrumented, "c": TrlStep, "d": ManualLoop, "e": OursDiagnostics,
-                   "f": TrlRecorded, **TOOL_CLASSES}
+                   "f": TrlRecorded, "k": OursWithoutWeights, **TOOL_CLASSES}

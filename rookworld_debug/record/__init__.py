@@ -7,13 +7,15 @@ open it.
         rec.logprobs(...), rec.loss(...), rec.gradient(...), rec.model_after(...)
     rec.save("runs/mine/step-3")
 
-See `recorder.py` for each call; examples/ holds two complete trainers that record a step.
+See `recorder.py` for each call; examples/ holds complete trainers that record a step (`ddp_loop.py`: every rank of
+a DDP loop under torchrun records its rows and calls save; rank 0 writes the global step, `distributed.py`).
 """
 from pathlib import Path
 
+from rookworld_debug.record.distributed import RankTimeoutError
 from rookworld_debug.record.recorder import StepRecorder
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "tiny"   # a transformers model folder
 BUNDLED_DATA = Path(__file__).resolve().parent.parent / "data" / "bundled" / "rookworld_sample.jsonl"
 
-__all__ = ["StepRecorder", "EMBEDDED_MODEL", "BUNDLED_DATA"]
+__all__ = ["StepRecorder", "RankTimeoutError", "EMBEDDED_MODEL", "BUNDLED_DATA"]

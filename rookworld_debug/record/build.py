@@ -31,7 +31,7 @@ NO_EVAL_FLAG = ("recorded step: no greedy before/after evaluation and no step-0 
                 "step it took; the replay checks each phase against the declared objective)")
 
 
-def _rows(values, n: int, g: int, what: str) -> tuple:
+def rows_of(values, n: int, g: int, what: str) -> tuple:
     """B values (one per prompt) repeated G times, or N values as given."""
     values = tuple(values)
     if len(values) == n:
@@ -149,13 +149,13 @@ def build_trace(rec) -> StepTrace:
     if prompts_b is None:
         texts = rec.tokenizer.batch_decode(p["rollout"]["prompt_ids"], skip_special_tokens=True)
         prompts_b = tuple(texts)
-    prompts = _rows(prompts_b, n, g, "batch prompts")
-    labels_n = _rows(labels, n, g, "batch labels") if labels is not None else None
-    tasks = _rows(tasks, n, g, "batch tasks") if tasks is not None else \
+    prompts = rows_of(prompts_b, n, g, "batch prompts")
+    labels_n = rows_of(labels, n, g, "batch labels") if labels is not None else None
+    tasks = rows_of(tasks, n, g, "batch tasks") if tasks is not None else \
         tuple("A" if x.lstrip().startswith("A:") else "P" for x in prompts)
     config = _config(rec, n, t)
     rollout = _rollout(rec, config, prompts, tasks)
-    flags = [NO_EVAL_FLAG]
+    flags = [NO_EVAL_FLAG, *rec.rank_flags]
     if "rewards" in p:
         rewards = _rewards(rec, config, rollout, labels_n)
     else:

@@ -16,9 +16,22 @@
 Every call is optional: what was not recorded is listed in the trace (`trace.recorded.missing`) with what cannot
 be checked without it. Rows are the loop's: N = B·G, the G completions of prompt b in rows b·G … b·G+G−1.
 Tensors are copied to the CPU at the call, so the loop may go on changing its own.
+
+Under torch.distributed (DDP under torchrun, world size > 1) every rank makes the same calls with its own rows and
+the same keywords, and every rank calls `save(path)`: the rows are gathered to rank 0 — rank 0's rows, then rank
+1's, … — and rank 0 writes the GLOBAL step (trace.recorded.rows_by_rank says which rows each rank held). Groups stay
+whole: each rank's rows are whole groups of G (refused by name otherwise), the same count on every rank. The weights,
+optimizer state and gradient are rank 0's (a DistributedDataParallel model is unwrapped): after DDP's backward its
+.grad is the mean over the ranks, every rank's. The loss kept is the mean of the ranks' recorded losses — the loss
+that gradient is the gradient of — and `gradient_accumulation_steps` becomes ranks × the local count: the replay
+normalises each rank's micro-batches as that rank did. So "grpo" (per-sequence means, equal rows) is the global mean,
+and a token-normalised loop is judged as it computed: per-rank token means (Σ over the rank's tokens ÷ its count) are
+"bnpo" over ranks × micro-batches; "dapo" is the token mean of the GLOBAL batch (TRL divides by the token count
+gathered over ranks), which a loop dividing by its own rank's count does not compute — the replay says so.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -28,6 +41,7 @@ import torch
 from rookworld_debug.errors import ConfigError, DataError
 from rookworld_debug.grpo.trace.recorded import PIECES, RecordedStep, RECORD_FORMAT
 from rookworld_debug.grpo.trace import state as S
+from rookworld_debug.record import distributed as D
 
 PRECISIONS = ("float32", "bfloat16", "float16", "float64")
 # what each piece lets the replay check (said in the trace when the piece is missing)
@@ -129,7 +143,7 @@ class StepRecorder:
                  entropy_coef: float = 0.0, importance_sampling_level: str = "token",
                  max_grad_norm: Optional[float] = None, gradient_accumulation_steps: int = 1,
                  num_iterations: int = 1, iteration: int = 0, seed: int = 0, step: Optional[int] = None,
-                 notes: Sequence[str] = (), **settings):
+                 notes: Sequence[str] = (), deadline_s: float = D.DEADLINE_S, **settings):
         """Declare the objective the loop computes. Every keyword that changes the math, with its default:
 
         loss_type "grpo"                 the aggregation (grpo, dapo, bnpo, dr_grpo, … as TRL 1.16's GRPOTrainer)
@@ -153,6 +167,7 @@ class StepRecorder:
                                          pass, record the weights that sampled with `sampler()`
 
         `StepRecorder.check()` on a first healthy step says which of these the loop's numbers disagree with.
+        deadline_s (600) bounds each wait on the other ranks under torch.distributed (RankTimeoutError past it).
         """
         self.tokenizer = tokenizer
         self.trainer = str(trainer)
@@ -187,7 +202,13 @@ class StepRecorder:
         self.sampler_precision = sampler_precision
         self.gradient_accumulation_steps = _count("gradient_accumulation_steps", gradient_accumulation_steps, 1)
         self.notes = tuple(str(n) for n in notes)
+        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not 0 < deadline_s < math.inf:
+            raise ConfigError("deadline_s", f"a positive number of seconds expected, got {deadline_s!r}")
+        self.deadline_s = float(deadline_s)
         self.pieces: dict = {}
+        self.prints: dict = {}          # Σ of squares of the model pieces a rank other than 0 does not keep
+        self.rows_by_rank: tuple = ()   # the global step's (start, stop) per rank (set on rank 0 at save)
+        self.rank_flags: tuple = ()     # where a rank's model pieces differ from rank 0's
 
     # ---------------------------------------------------------------- the loop's calls, in step order
     def batch(self, prompts: Sequence[str], labels: Optional[Sequence[str]] = None,
@@ -204,18 +225,18 @@ class StepRecorder:
         if optimizer is not None and not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "state")):
             raise DataError(f"model_before: optimizer must be a torch.optim optimizer, got {type(optimizer).__name__}")
         self.pieces["model_config"] = model.config.to_dict()
-        self.pieces["weights_before"] = S.snapshot(model)
+        self._model_piece("weights_before", model)
         self.pieces["dtype"] = self.precision or str(next(model.parameters()).dtype).removeprefix("torch.")
-        if optimizer is not None:
+        if optimizer is not None and _keeper():
             self.pieces["optimizer_state"] = S.optimizer_snapshot(model, optimizer)
         if reference is not None:
-            self.pieces["reference_weights"] = S.snapshot(_model(reference, "reference"))
+            self._model_piece("reference_weights", _model(reference, "reference"))
 
     def sampler(self, model) -> None:
         """The weights that sampled the rollout, when they are not the weights before this update: a later pass of
         num_iterations > 1 (the weights of the rollout's first pass), or a separate sampler copy (then a stale copy
         shows). π_old and the sampler's log-probs are replayed from them."""
-        self.pieces["sampler_weights"] = S.snapshot(_model(model, "sampler"))
+        self._model_piece("sampler_weights", _model(model, "sampler"))
 
     def rollout(self, *, prompt_ids, prompt_mask, completion_ids, completion_mask,
                 completions: Optional[Sequence[str]] = None, sampling_logps=None) -> None:
@@ -274,11 +295,21 @@ class StepRecorder:
             self.pieces["per_token_loss"] = _cpu(per_token_loss, "per_token_loss", torch.float32)
 
     def gradient(self, model) -> None:
-        """The parameters' .grad after backward (all micro-batches) and BEFORE clipping and optimizer.step()."""
-        self.pieces["gradient"] = S.gradient_of(_model(model, "model"))
+        """The parameters' .grad after backward (all micro-batches) and BEFORE clipping and optimizer.step(); under
+        DDP, after its backward (outside no_sync): the mean over the ranks."""
+        self._model_piece("gradient", _model(model, "model"), grad=True)
 
     def model_after(self, model) -> None:
-        self.pieces["weights_after"] = S.snapshot(_model(model, "model"))
+        self._model_piece("weights_after", _model(model, "model"))
+
+    def _model_piece(self, key: str, model, grad: bool = False) -> None:
+        """Rank 0 (or the one process) keeps a CPU copy of the parameters (or their .grad); another rank of a
+        distributed loop only their Σ of squares, to say at save whether it held the same (the copy is rank 0's)."""
+        if _keeper():
+            self.pieces[key] = (S.gradient_of if grad else S.snapshot)(model)
+        else:
+            self.prints[key] = D.fingerprint({n: (p.grad if grad else p).detach() for n, p in model.named_parameters()
+                                              if not grad or p.grad is not None})
 
     # ---------------------------------------------------------------- out
     def recorded_pieces(self) -> tuple:
@@ -294,53 +325,65 @@ class StepRecorder:
         """trace.json + trace.safetensors (+ state/ with the weights when they were recorded, and a manifest of their
         hashes); returns the folder. Written to a temporary folder beside `path` and renamed into place: a save that
         is interrupted leaves no half step, and a step saved over an earlier one replaces it whole. A folder that
-        holds anything but a recorded step is refused."""
-        import os
-        import shutil
-        path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise DataError(f"save: {path} is a file; a recorded step is a folder")
-        if path.is_dir() and any(path.iterdir()) and not (path / "trace.json").is_file():
-            raise DataError(f"save: {path} holds other files; a recorded step needs a folder of its own")
-        trace = self.build()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.saving-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            self._write_state(tmp)
-            trace.save(tmp)                              # trace.json last: its presence means the step is whole
-            old = path.parent / f".{path.name}.replaced-{os.getpid()}"
-            if path.exists():
-                path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return path
+        holds anything but a recorded step is refused.
 
-    def _write_state(self, folder: Path) -> None:
+        Under torch.distributed every rank calls it: the ranks' rows are gathered, rank 0 writes the global step to
+        ITS `path` and every rank returns that folder once it is written (the others write nothing). A rank that
+        does not come within `deadline_s` ends the wait in RankTimeoutError; rank 0's failure to write is raised on
+        every rank."""
+        w = D.world()
+        if w is None:
+            return self._save_here(Path(path))
+        parts = D.exchange(D.local_part(self.pieces, self.prints, self.declared, self.gradient_accumulation_steps),
+                           w, "StepRecorder.save: gathering every rank's rows", self.deadline_s)
+        counts = D.check_parts(parts, self.declared["num_generations"])     # the same DataError on every rank
+        return D.on_rank0(lambda: self._global(parts, counts, w.size)._save_here(Path(path)), w,
+                          "StepRecorder.save: rank 0 writing the global step", self.deadline_s)
+
+    def _global(self, parts: list, counts: list, size: int) -> "StepRecorder":
+        """Rank 0's recorder of the global step: every rank's rows in rank order, rank 0's model pieces."""
+        import copy
+        out = copy.copy(self)
+        tok = self.tokenizer
+        pad = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
+        rows = D.merge_rows(parts, counts, self.declared["num_generations"], pad)
+        out.pieces = {**{k: v for k, v in self.pieces.items() if k not in D.ROW_PIECES}, **rows}
+        out.gradient_accumulation_steps = D.global_accumulation(self.gradient_accumulation_steps, size)
+        out.rows_by_rank = D.spans(counts) if "rollout" in rows else ()
+        out.rank_flags = (D.layout_flag(out.rows_by_rank, self.gradient_accumulation_steps), *D.rank_flags(parts))
+        return out
+
+    def _save_here(self, path: Path) -> Path:
+        """`save` in this process (one process, or rank 0 with the gathered step): the trace with its weights,
+        saved as every writer of a step saves (StepTrace.save: atomic, state/ and trace.json together)."""
+        from dataclasses import replace
+        return replace(self.build(), kept=self.kept_state()).save(path)
+
+    def kept_state(self) -> Optional[S.RecordedState]:
+        """The recorded weights as the state a step keeps (None when `model_before` was not called)."""
         p = self.pieces
         if "weights_before" not in p:
-            return
+            return None
         kind, settings, opt_state, trainable = p.get("optimizer_state", ("", {}, None, ()))
-        S.write_state(folder, model_config=p["model_config"], tokenizer=self.tokenizer,
-                      before=p["weights_before"], after=p.get("weights_after"), gradient=p.get("gradient"),
-                      reference=p.get("reference_weights"), optimizer=kind, optimizer_settings=settings,
-                      optimizer_state=opt_state, trainable=trainable or tuple(p["weights_before"]),
-                      sampler=p.get("sampler_weights"))
+        cfg = p["model_config"]
+        return S.RecordedState(model_type=str(cfg.get("model_type", "")), model_config=cfg,
+                               before=p["weights_before"], after=p.get("weights_after"), gradient=p.get("gradient"),
+                               reference=p.get("reference_weights"), optimizer_state=opt_state,
+                               optimizer=kind if kind in S.OPTIMIZERS else "", optimizer_settings=dict(settings), trainable=trainable or tuple(p["weights_before"]),
+                               tokenizer_dir=None, sampler=p.get("sampler_weights"), tokenizer=self.tokenizer)
 
     def check(self) -> "DeclarationCheck":
         """Replay this step against its declaration now: on a first healthy step, which keywords the loop computes
         other than declared (each with the value to pass), and the first phase that still disagrees. Pass
         `result.keywords` to the StepRecorder of later steps; `print(result)` says it in words."""
         import tempfile
-        from rookworld_debug.diagnosis.replay import replay_path
+        w = D.world()
         with tempfile.TemporaryDirectory(prefix="rookworld-check-") as tmp:
-            rep = replay_path(self.save(Path(tmp) / "step"))
-        return DeclarationCheck(keywords={d.keyword: d.fitted for d in rep.declarations},
-                                declared={d.keyword: d.declared for d in rep.declarations},
-                                first_disagreement=rep.first_disagreement,
-                                replayed=tuple(p["phase"] for p in rep.phases() if p["status"] != "not replayed"))
+            saved = self.save(Path(tmp) / "step")        # under torch.distributed: rank 0's folder, on every rank
+            if w is None:
+                return _declaration_check(saved)
+            return D.on_rank0(lambda: _declaration_check(saved), w, "StepRecorder.check: rank 0 replaying the step",
+                              self.deadline_s)
 
     def recorded_record(self, config, loss_value: float) -> RecordedStep:
         p = self.pieces
@@ -354,7 +397,22 @@ class StepRecorder:
             sampler_dtype=self.sampler_precision or "", optimizer=kind,
             optimizer_settings=dict(settings), max_grad_norm=config.max_grad_norm,
             gradient_accumulation_steps=self.gradient_accumulation_steps, iteration=self.iteration,
-            weights="state/" if "weights_before" in p else "", notes=self.notes)
+            weights="state/" if "weights_before" in p else "", notes=self.notes, rows_by_rank=self.rows_by_rank)
+
+
+def _declaration_check(saved: Path) -> "DeclarationCheck":
+    from rookworld_debug.diagnosis.replay import replay_path
+    rep = replay_path(saved)
+    return DeclarationCheck(keywords={d.keyword: d.fitted for d in rep.declarations},
+                            declared={d.keyword: d.declared for d in rep.declarations},
+                            first_disagreement=rep.first_disagreement,
+                            replayed=tuple(p["phase"] for p in rep.phases() if p["status"] != "not replayed"))
+
+
+def _keeper() -> bool:
+    """Whether this process keeps the model pieces: one process, or rank 0 of a distributed loop."""
+    w = D.world()
+    return w is None or w.rank == 0
 
 
 def _count(name: str, value, least: int) -> int:
@@ -365,7 +423,9 @@ def _count(name: str, value, least: int) -> int:
 
 
 def _model(model, what: str):
-    """A transformers model (what the replay rebuilds: it has a config and named parameters)."""
+    """A transformers model (what the replay rebuilds: it has a config and named parameters); a
+    DistributedDataParallel model is unwrapped to the module it trains."""
+    model = D.unwrap(model)
     if not (isinstance(model, torch.nn.Module) and hasattr(getattr(model, "config", None), "to_dict")):
         raise DataError(f"{what}: a transformers model (torch.nn.Module with a .config) expected, got "
                         f"{type(model).__name__}")

@@ -38,7 +38,7 @@ def build_triage(run_dir, *, window: int = 10) -> dict:
 def run_findings(log) -> tuple[list, dict]:
     """(the run's findings — its log's run-level checks and every captured step's checks, one per cause, most
     likely first — as JSON; {step: that step's top finding}, from its capture when it has one, else the log)."""
-    from rookworld_debug.diagnosis.registry import diagnose_rows, diagnose_trace, merge, rank, rank_run, replace_step
+    from rookworld_debug.diagnosis.registry import diagnose_rows, diagnose_step, merge, rank, rank_run, replace_step
     from rookworld_debug.errors import RookWorldError
     from rookworld_debug.grpo.step import StepTrace
     from_log = diagnose_rows(log.rows)
@@ -48,7 +48,7 @@ def run_findings(log) -> tuple[list, dict]:
             step_top.setdefault(f.step, f.to_dict())
     for step, c in sorted(log.captures.items()):
         try:
-            mine = [replace_step(f, step) for f in diagnose_trace(StepTrace.load(c["path"]))]
+            mine = [replace_step(f, step) for f in diagnose_step(StepTrace.load(c["path"]), c["path"])[0]]
         except RookWorldError:                         # an unreadable capture is the capture's own note on the page
             continue
         here = rank(merge(mine + [f for f in from_log if f.step == step]))

@@ -482,7 +482,10 @@ class StepCapture(TrainerCallback):
             if merged is None:
                 self._costs.spend(step, t0)
                 return
-        kept = self.keeper.end(step, self.recorder.grad_norm) if self.keeper is not None else None
+        kept, hook_s, nbytes = self.keeper.end(step, self.recorder.grad_norm) if self.keeper is not None \
+            else (None, 0.0, 0)
+        c = self._costs.open(step)               # the snapshots inside optimizer.step were timed there
+        c["seconds"], c["bytes"] = c["seconds"] + hook_s, c["bytes"] + nbytes
         self._pending = {"step": step, "step_metrics": {k: list(v) for k, v in self.trainer._metrics["train"].items()},
                          "learning_rate": self.recorder.lr, "gen": merged["gen"],
                          "micro_batches": merged["micro_batches"], "kept": kept}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rookworld_debug.grpo.trace.keep import StepWatch, clip_factor
+from rookworld_debug.grpo.trace.state import state_bytes
 
 
 class WeightsKeeper:
@@ -30,12 +31,14 @@ class WeightsKeeper:
         self.watches[step] = StepWatch(unwrap(t.model), optimizer, reference=unwrap(ref) if ref is not None else None,
                                        tokenizer=getattr(t, "processing_class", None))
 
-    def end(self, step: int, grad_norm: float):
-        """The step's kept state (grpo.trace.state.RecordedState), None when it kept none."""
+    def end(self, step: int, grad_norm: float) -> tuple:
+        """(the step's kept state — grpo.trace.state.RecordedState, None when it kept none —, the seconds its
+        snapshots spent inside the optimizer's step, the bytes it holds)."""
         watch: Optional[StepWatch] = self.watches.pop(step, None)
         if watch is None:
-            return None
-        return watch.close(clip_coef=clip_factor(grad_norm, self.trainer.args.max_grad_norm))
+            return None, 0.0, 0
+        kept = watch.close(clip_coef=clip_factor(grad_norm, self.trainer.args.max_grad_norm))
+        return kept, watch.hook_seconds, state_bytes(kept)
 
     def drop(self) -> None:
         for w in self.watches.values():

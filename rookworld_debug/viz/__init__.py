@@ -20,7 +20,8 @@ from .diagnosis import diagnosis_card, diagnosis_card_from_trace
 from .board import BoardView, board_from_a, board_from_p, board_from_prompt, board_view
 from .htmlview import HTMLView
 from .completions import completion_name, completions_rows, completions_table, completions_table_from_trace
-from .summary import details_view, executive_summary_from_trace
+from .summary import details_view, executive_summary_from_trace, invariants_note, written_by
+from .replay import ReplayView, replay_figure, replay_table, replay_tokens, replay_view
 from .capture import capture_table_from_trace
 from .signal import (group_cosine_figure_from_trace, group_size_figure_from_trace, sampler_gap_figure_from_trace,
                      signal_noise_from_trace)
@@ -62,7 +63,9 @@ __all__ = [
     "provenance_table_from_trace",
     # the step at a glance
     "completion_name", "completions_rows", "completions_table", "completions_table_from_trace",
-    "executive_summary_from_trace", "details_view",
+    "executive_summary_from_trace", "details_view", "written_by", "invariants_note",
+    # the replay of a step, phase by phase (diagnosis.diagnose_step)
+    "ReplayView", "replay_view", "replay_table", "replay_tokens", "replay_figure",
     # a step captured from TRL's GRPOTrainer
     "capture_table_from_trace",
     # signal or noise

@@ -25,6 +25,7 @@ MASKED_BG = "#e6e6e6"
 MASKED_FG = "#8a8a8a"
 NAN_BG = "repeating-linear-gradient(45deg,#ffffff 0 3px,#f2a7a7 3px 6px)"
 OUTLINE = "#c51b7d"           # magenta outline for clipped tokens: distinct from both scale ends
+HIGHLIGHT = "#000000"         # black underline + ring for highlighted tokens (e.g. where a replay disagrees)
 
 PASS_BG, PASS_FG = "#d9f0d3", "#1b5e20"
 FAIL_BG, FAIL_FG = "#fddbc7", "#8b0000"

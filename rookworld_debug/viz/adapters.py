@@ -113,14 +113,16 @@ def _metric_for(metric: str, loss: Any) -> Metric:
 def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[int] | None = None, loss: Any = None,
                          advantages: Any = None, evaluation: Any = None, rewards: Any = None, topk: bool = True,
                          title: str | None = None, vocab_size: int | None = None,
-                         scale: "str | float" = "batch") -> TokenStrip:
+                         scale: "str | float" = "batch", highlight: Mapping[tuple, Any] | None = None,
+                         highlight_label: str = "highlighted") -> TokenStrip:
     """Token strips of the rollout's completions coloured by `metric`, with every other available
     per-token metric and the top-k alternatives in the hover; rows labelled p·g, reward, advantage.
     ratio strips outline the tokens the loss counted as clipped (low/high).
 
     `scale` (signed metrics: pg, adv_x_logp, Δlogp, …, and the advantage chips): "batch" = ±the largest
     |value| over ALL N rows even when `rows` shows a few (an advantage of −0.017 is then pale next to
-    ±1.5, not saturated); "rows" = fitted to the shown rows; a number = an absolute ±scale."""
+    ±1.5, not saturated); "rows" = fitted to the shown rows; a number = an absolute ±scale.
+    `highlight`: {(row, t): True or a tooltip string} of tokens to mark (`highlight_label` says why)."""
     N = len(rollout.completions)
     rows = list(range(N)) if rows is None else [int(r) for r in rows]
     G = int(getattr(rollout, "num_generations", 0) or getattr(advantages, "num_generations", 0) or 1)
@@ -195,7 +197,9 @@ def rollout_token_strips(rollout: Any, metric: str = "logp", *, rows: Sequence[i
                         hovers=H_rows, topk=K_rows if K_rows else None, token_ids=I_rows,
                         title=title if title is not None else f"{m.name} — rollout batch of this step",
                         note=note, outline_label="clipped by the loss (low: r < 1−ε_low, A<0 · high: r > 1+ε_high, A>0)",
-                        vocab_size=vocab_size, vmax=vmax, adv_half=adv_half)
+                        vocab_size=vocab_size, vmax=vmax, adv_half=adv_half, highlight_label=highlight_label,
+                        highlights=[[(highlight or {}).get((i, t), False) for t in range(len(toks[i]))] for i in rows]
+                        if highlight else None)
 
 
 def completion_metrics_from_trace(trace: Any, row: int = 0,

@@ -96,6 +96,8 @@ def diagnosis_card(findings: Iterable[Any], *, title: str = "Diagnosis", limit: 
                     + "".join(_item(f, evidence) for f in items[:limit]) + "</section>")
 
 
-def diagnosis_card_from_trace(trace: Any, **kw) -> HTMLView:
-    from rookworld_debug.diagnosis import diagnose_trace
-    return diagnosis_card(diagnose_trace(trace), **kw)
+def diagnosis_card_from_trace(trace: Any, folder: Any = None, *, replay: bool = True, **kw) -> HTMLView:
+    """The card of `diagnosis.diagnose_step(trace, folder)`: the findings `rookworld-debug diagnose` prints for the
+    step, its replay included (`folder`: where a recorded step keeps its weights)."""
+    from rookworld_debug.diagnosis import diagnose_step
+    return diagnosis_card(diagnose_step(trace, folder, replay=replay)[0], **kw)

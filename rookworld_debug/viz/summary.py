@@ -11,7 +11,7 @@ from typing import Any
 from ._style import fmt
 from .htmlview import HTMLView
 
-__all__ = ["executive_summary_from_trace", "details_view", "HEADLINE"]
+__all__ = ["executive_summary_from_trace", "details_view", "HEADLINE", "written_by", "invariants_note"]
 
 #: (summary key, label, batch) in reading order
 HEADLINE = (
@@ -36,6 +36,25 @@ def _value(key: str, v: Any) -> str:
     if key in ("format_valid", "frac_reward_zero_std", "kl_grad_share") and isinstance(v, (int, float)):
         return f"{v:.0%}"
     return fmt(v)
+
+
+def written_by(trace: Any) -> str:
+    """Which writer recorded the step: TRL's GRPOTrainer (a capture), a training loop recorded through
+    StepRecorder (named as it named itself), or this package's run_step."""
+    cap = getattr(trace, "capture", None)
+    if cap is not None:
+        return f"TRL's GRPOTrainer (TRL {cap.trl_version}, a capture)"
+    rec = getattr(trace, "recorded", None)
+    if rec is not None:
+        return f"the training loop {str(rec.trainer)!r} (recorded through StepRecorder)"
+    return "rookworld_debug's run_step"
+
+
+def invariants_note(trace: Any) -> str:
+    """Why a step has no step-0 invariants, naming the writer that checks none ('' when it has them)."""
+    if getattr(trace.setup, "invariants", None) is not None:
+        return ""
+    return f"not recorded: {written_by(trace)} checks none"
 
 
 def start_sentence(trace: Any) -> str:

@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._style import (EOS_STRINGS, FONT_MONO, FONT_SANS, MASKED_BG, MASKED_FG, NAN_BG, OUTLINE, attr,
+from ._style import (EOS_STRINGS, FONT_MONO, FONT_SANS, HIGHLIGHT, MASKED_BG, MASKED_FG, NAN_BG, OUTLINE, attr,
                      diverging_rgb, fmt, fmt_exact, fmt_signed, hex_rgb, text_on, visible_char)
 from .htmlview import HTMLView
 from .token_scale import METRICS, ColorScale, Metric, _resolve_metric, make_scale
@@ -209,6 +209,8 @@ class _Row:
     topk: list[Sequence[tuple]] | None = None   # per token [(token, logp) or (token, logp, id), …]
     token_ids: list[int] | None = None
     joins: list[str] | None = None     # per token: characters its incomplete bytes spell with its neighbours
+    highlight: list[Any] | None = None    # per token: falsy, True, or what the highlight says there (tooltip)
+    highlight_label: str = "highlighted"  # what a highlight means (legend and tooltip)
 
 
 def _joined_chars(tokens: Sequence[TokenText]) -> list[str]:
@@ -266,6 +268,9 @@ def _tooltip(row: _Row, t: int, metric: Metric, outline_label: str) -> str:
     if row.outline is not None and row.outline[t]:
         o = row.outline[t]
         lines.append(f"{outline_label}: {o}" if isinstance(o, str) else outline_label)
+    if row.highlight is not None and row.highlight[t]:
+        h = row.highlight[t]
+        lines.append(f"{row.highlight_label}: {h}" if isinstance(h, str) else row.highlight_label)
     if row.topk is not None and row.topk[t]:
         lines.append("top-k alternatives (token, logp):")
         for r, (alt, lp, *alt_id) in enumerate(row.topk[t], 1):
@@ -288,14 +293,18 @@ def _token_span(row: _Row, t: int, metric: Metric, scale: ColorScale, outline_la
                       else f"background:{hex_rgb(rgb)};color:{text_on(rgb)}")
     if row.outline is not None and row.outline[t]:
         styles.append(f"outline:2px solid {OUTLINE};outline-offset:0")
-    cls = "rw-tok" + (" rw-masked" if masked else "") + (" rw-out" if row.outline is not None and row.outline[t] else "")
+    lit = row.highlight is not None and bool(row.highlight[t])
+    if lit:                     # black underline + ring: apart from the magenta clip outline and the scales
+        styles.append(f"border-bottom:3px solid {HIGHLIGHT};box-shadow:0 0 0 1px {HIGHLIGHT}")
+    cls = ("rw-tok" + (" rw-masked" if masked else "") + (" rw-out" if row.outline is not None and row.outline[t] else "")
+           + (" rw-hl" if lit else ""))
     return (f'<span class="{cls}" data-t="{t}" style="{";".join(styles)}" '
             f'title="{attr(_tooltip(row, t, metric, outline_label))}">{row.tokens[t].html()}</span>'
             + ("<br>" if (row.tokens[t].data or b"").endswith(b"\n") else ""))  # keep the text's line structure
 
 
 def _legend(metric: Metric, scale: ColorScale, *, any_masked: bool, any_outline: bool, any_nan: bool,
-            outline_label: str, note: str = "") -> str:
+            outline_label: str, note: str = "", highlight_label: str = "") -> str:
     lo, mid, hi = scale.ticks()
     if scale.kind == "signed":
         white = "white = 0" + ("; every value is 0" if scale.hi == scale.lo else "")
@@ -322,6 +331,9 @@ def _legend(metric: Metric, scale: ColorScale, *, any_masked: bool, any_outline:
                      f'{attr(outline_label)}</span>')
     if any_nan:
         parts.append(f'<span><span class="rw-tok" style="background:{NAN_BG}">tok</span> NaN/inf</span>')
+    if highlight_label:
+        parts.append(f'<span><span class="rw-tok" style="border-bottom:3px solid {HIGHLIGHT};box-shadow:0 0 0 1px '
+                     f'{HIGHLIGHT}">tok</span> {attr(highlight_label)}</span>')
     if scale.basis:
         parts.append(f'<span class="rw-basis" style="color:#444">{attr(scale.basis)}</span>')
     parts.append('<span style="color:#666">hover a token for exact values and top-k</span>')
@@ -365,8 +377,9 @@ def _render(rows: list[_Row], metric: Metric, scale: ColorScale, *, title: str, 
     if split:       # say what ⟨XX⟩ means once, where it appears
         note = (note + " " if note else "") + ("⟨XX⟩ = one byte (hex) of a UTF-8 character split across "
                                                "tokens; the tooltip names the character.")
+    lit = next((r.highlight_label for r in rows if r.highlight is not None and any(r.highlight)), "")
     out.append(_legend(metric, scale, any_masked=any_masked, any_outline=any_outline, any_nan=any_nan,
-                       outline_label=outline_label, note=note))
+                       outline_label=outline_label, note=note, highlight_label=lit))
     out.append("</div>")
     return "".join(out)
 
@@ -424,20 +437,23 @@ def token_strips(tokens: Sequence[Sequence[str]], values: Sequence[Any], *, metr
                  token_ids: Sequence[Sequence[int]] | None = None, signed: bool | None = None,
                  vmin: float | None = None, vmax: float | None = None, title: str = "",
                  outline_label: str = "clipped by the loss", definition: str | None = None,
-                 note: str = "", vocab_size: int | None = None, adv_half: float | None = None) -> TokenStrip:
+                 note: str = "", vocab_size: int | None = None, adv_half: float | None = None,
+                 highlights: Sequence[Sequence[Any]] | None = None, highlight_label: str = "highlighted") -> TokenStrip:
     """Several completions stacked, one row each, on ONE shared colour scale (so rows compare).
     `vmin`/`vmax` pin that scale (e.g. the whole batch's range when only some rows are shown, or an
     absolute ±value); `adv_half` pins the advantage chips' scale the same way.
 
     labels: a row label each (e.g. "prompt 0 · g 2"); row_info: {name: value} chips under the label
     (e.g. {"reward": 0.25, "advantage": 0.87}; keys containing "adv" get a diverging chip).
-    Per-row arguments mirror `token_strip`. Rows may have different lengths.
+    Per-row arguments mirror `token_strip`. Rows may have different lengths. `highlights`: per row per token
+    falsy, True or a string (shown in the tooltip after `highlight_label`): those tokens get a black underline
+    and ring (e.g. where a replay disagrees with the record).
     """
     n_rows = len(tokens)
     if len(values) != n_rows:
         raise ValueError(f"values has {len(values)} rows but tokens has {n_rows}")
     for name, seq in (("labels", labels), ("row_info", row_info), ("masks", masks), ("outlines", outlines),
-                      ("hovers", hovers), ("topk", topk), ("token_ids", token_ids)):
+                      ("hovers", hovers), ("topk", topk), ("token_ids", token_ids), ("highlights", highlights)):
         if seq is not None and len(seq) != n_rows:
             raise ValueError(f"{name} has {len(seq)} rows but tokens has {n_rows}")
     rows: list[_Row] = []
@@ -453,9 +469,10 @@ def token_strips(tokens: Sequence[Sequence[str]], values: Sequence[Any], *, metr
         row = _Row(toks, vals, label=labels[i] if labels is not None else f"#{i}",
                    info=dict(row_info[i]) if row_info is not None else {},
                    mask=None if masks is None else [bool(x) for x in cut(masks)],
-                   outline=cut(outlines), hover=cut(hovers), topk=cut(topk), token_ids=cut(token_ids))
+                   outline=cut(outlines), hover=cut(hovers), topk=cut(topk), token_ids=cut(token_ids),
+                   highlight=cut(highlights), highlight_label=highlight_label)
         _check_len("values", row.values, len(toks), i)
-        for name in ("mask", "outline", "hover", "topk", "token_ids"):
+        for name in ("mask", "outline", "hover", "topk", "token_ids", "highlight"):
             _check_len(name, getattr(row, name), len(toks), i)
         rows.append(row)
     all_vals = _scale_values(rows)

@@ -22,6 +22,10 @@ loop's own reward function, an engine reward) is said, never guessed.
 
     replay_trace(trace, path)  -> Replay          (path: the trace folder, for its recorded weights)
     replay_findings(replay)    -> list[Finding]
+
+Between two recorded steps of one run, `consecutive.replay_consecutive(folder_k, folder_k1)` checks what must carry
+over from step k to step k+1 (weights, optimizer state, sampler, reference, gradient, rewards) and
+`consecutive_findings.consecutive_findings` makes its findings.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
+from .records import AGREE, DISAGREE, MAX_SAMPLES, SKIPPED, PhaseCheck, Samples, fmt
 
 # tolerances by the precision the loop's forwards ran in: fp32 recomputes agree to ~1e-6 nats; bf16 to ~1e-2
 LOGP_TOL = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 0.5, "float16": 0.2}
@@ -62,9 +62,60 @@ def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch
     found = fit(rec, ref, None if mask is None else mask.double(), tol) if fit is not None and not code else None
     if found is not None:
         code, sentence = f"{phase}_{found.kind}", found.sentence
+    axes = ("row",) if diff.ndim == 1 else ("row", "token") if diff.ndim == 2 else ("element",)
     return PhaseCheck(phase, quantity, DISAGREE, worst, tol, where, fmt([float(rec[i]) for i in idx]),
                       fmt([float(ref[i]) for i in idx]), code, sentence,
-                      fit=found.to_dict() if found is not None else None)
+                      fit=found.to_dict() if found is not None else None,
+                      samples=take_samples(rec, ref, diff, tol if worst > tol else mean_tol, axes=axes, mask=mask))
+
+
+def take_samples(rec: torch.Tensor, ref: torch.Tensor, diff: torch.Tensor, threshold: float, *, axes: tuple,
+                 mask: Optional[torch.Tensor] = None, parameter: str = "") -> Samples:
+    """MAX_SAMPLES of the compared elements (all when fewer): the worst quarter by |difference|, then an even
+    spread over the rest, in index order; and the positions beyond `threshold`, worst first."""
+    inside = torch.ones_like(diff, dtype=torch.bool) if mask is None else mask.bool().expand_as(diff)
+    flat = torch.nonzero(inside.reshape(-1)).flatten()                      # (M,) compared elements
+    d = diff.reshape(-1)[flat]
+    if flat.numel() <= MAX_SAMPLES:
+        pick, how = flat, f"all {flat.numel()} compared values"
+    else:
+        worst = d.argsort(descending=True)[:MAX_SAMPLES // 4]
+        rest = torch.ones_like(d, dtype=torch.bool)
+        rest[worst] = False
+        others = torch.nonzero(rest).flatten()
+        spread = others[torch.linspace(0, others.numel() - 1, MAX_SAMPLES - worst.numel()).long()]
+        pick = flat[torch.cat([worst, spread]).sort().values]
+        how = (f"{MAX_SAMPLES} of {flat.numel()} compared values: the {worst.numel()} farthest apart and an even "
+               "spread over the rest")
+    bad = torch.nonzero((diff.reshape(-1) > threshold) & inside.reshape(-1)).flatten()
+    bad = bad[diff.reshape(-1)[bad].argsort(descending=True)][:MAX_SAMPLES]
+
+    def at(ix):
+        return tuple(tuple(int(v) for v in torch.unravel_index(ix, diff.shape)[k]) for k in range(diff.ndim))
+    pos = tuple(zip(*at(pick))) if pick.numel() else ()
+    return Samples(recorded=tuple(rec.reshape(-1)[pick].tolist()), recomputed=tuple(ref.reshape(-1)[pick].tolist()),
+                   positions=pos, axes=axes, beyond=tuple(zip(*at(bad))) if bad.numel() else (),
+                   n_beyond=int(((diff > threshold) & inside).sum()), total=int(flat.numel()),
+                   threshold=float(threshold), parameter=parameter, picked=how)
+
+
+def parameter_samples(recorded: Mapping, recomputed: Mapping, name: str, rel_tol: float) -> Optional[Samples]:
+    """The elements of one parameter's recorded and recomputed tensors (the worst parameter of a gradient or an
+    update); an element is beyond when it differs by more than `rel_tol` × the largest recomputed |value|."""
+    if name not in recorded or name not in recomputed:
+        return None
+    rec, ref = recorded[name].double().reshape(-1), recomputed[name].double().reshape(-1)
+    if rec.shape != ref.shape:
+        return None
+    diff = (rec - ref).abs().nan_to_num(nan=math.inf)
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    return take_samples(rec, ref, diff, rel_tol * scale, axes=("element",), parameter=name)
+
+
+def total_samples(recorded: float, recomputed: float, bound: float) -> Samples:
+    """A total's one recorded and one recomputed value."""
+    return Samples(recorded=(float(recorded),), recomputed=(float(recomputed),), positions=((),), axes=(),
+                   beyond=((),), n_beyond=1, total=1, threshold=float(bound), picked="the step's total")
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor, mask: Optional[torch.Tensor]) -> float:
@@ -109,7 +160,7 @@ def scalar(phase: str, quantity: str, recorded: float, recomputed: float, tol: f
             code, sentence = c.split("/")[0], s
             break
     return PhaseCheck(phase, quantity, DISAGREE, d, bound, "the step's total", fmt(recorded), fmt(recomputed),
-                      code, sentence)
+                      code, sentence, samples=total_samples(recorded, recomputed, bound))
 
 
 def tol_for(table: dict, dtype: str) -> float:

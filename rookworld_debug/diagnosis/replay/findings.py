@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rookworld_debug.diagnosis.findings import Evidence, Finding, Fix
 
+from .ranks import with_ranks
 from .records import PHASES, Replay
 
 # what to look at in a loop when a phase disagrees and no known mechanism names the cause
@@ -95,9 +96,10 @@ def _finding(c, first: bool, upstream: str = "") -> Finding:
 def replay_findings(replay: Replay) -> list[Finding]:
     first = replay.first_disagreement
     out = [declaration_finding(d) for d in replay.declarations]
+    spans = getattr(getattr(replay.trace, "recorded", None), "rows_by_rank", ())   # a distributed loop's ranks
     if first is not None:
-        out.append(_finding(first, True))
-        out += [_finding(c, False, first.phase) for c in replay.checks
+        out.append(with_ranks(_finding(first, True), first, spans))
+        out += [with_ranks(_finding(c, False, first.phase), c, spans) for c in replay.checks
                 if c.status == "disagree" and c is not first]
     else:
         agreed = sorted({c.phase for c in replay.checks if c.status == "agree"}, key=PHASES.index)

@@ -12,7 +12,8 @@ import torch
 
 from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 
-from .compare import _max_diff, DISAGREE, LOGP_TOL, MEAN_TOL, REL_TOL, SAMPLER_TOL, compare, skipped, tol_for
+from .compare import (_max_diff, DISAGREE, LOGP_TOL, MEAN_TOL, REL_TOL, SAMPLER_TOL, compare, parameter_samples,
+                      skipped, tol_for)
 from .fits import value_fits
 from .terms import dot as _dot, terms_cause
 from .records import AGREE, PhaseCheck, fmt
@@ -330,7 +331,7 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
                                               "what it differentiates does not)")
     return PhaseCheck(phase, quantity, DISAGREE, err, tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
                       f"‖g‖ = {fmt(norm_rec)}", f"‖g‖ = {fmt(norm_ref)}", cause, why,
-                      measure="‖g_recorded − g‖ / ‖g‖", fit=fitted)
+                      measure="‖g_recorded − g‖ / ‖g‖", fit=fitted, samples=parameter_samples(recorded, ours, worst, tol))
 
 
 def _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation):

@@ -8,6 +8,24 @@ from typing import Optional
 # the phases in the order a step produces them; the first that disagrees is where the step went wrong
 PHASES = ("generation", "rewards", "advantages", "scoring", "loss", "gradient", "update")
 AGREE, DISAGREE, SKIPPED = "agree", "disagree", "not replayed"
+# values a disagreement keeps for a plot (all of them when fewer): the worst quarter, then an even spread
+MAX_SAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Samples:
+    """A disagreeing quantity's values, a few thousand at most, flattened (what the replay view plots), and the
+    positions where it differs beyond its tolerance (what the token view highlights)."""
+    recorded: tuple             # (k,) floats: the recorded values at `positions`
+    recomputed: tuple           # (k,) floats: the trusted implementation's values there
+    positions: tuple            # (k,) index tuples into the quantity: (row,), (row, t), (element,) or () for a total
+    axes: tuple                 # the index's axes: ("row",), ("row", "token"), ("element",) or () for a total
+    beyond: tuple = ()          # index tuples beyond the tolerance, worst first (MAX_SAMPLES at most)
+    n_beyond: int = 0           # how many elements are beyond the tolerance in all
+    total: int = 0              # how many elements were compared (inside the loss mask, where there is one)
+    threshold: float = math.nan     # the per-element bound `beyond` was held to
+    parameter: str = ""         # a gradient or an update: the parameter whose elements these are
+    picked: str = ""            # how the k values were chosen from the `total`
 
 
 @dataclass(frozen=True)
@@ -25,6 +43,7 @@ class PhaseCheck:
     explanation: str = ""       # that mechanism in one sentence; for SKIPPED, why it could not be replayed
     measure: str = "max |recorded − recomputed|"   # the definition of max_abs_diff
     fit: Optional[dict] = None  # the fitted transformation that reproduces the recorded values (Fit.to_dict())
+    samples: Optional[Samples] = None   # a disagreement's values and positions (for views; not in to_dict)
 
     def to_dict(self) -> dict:
         """Plain JSON (what `diagnose --json` carries for each replayed quantity)."""

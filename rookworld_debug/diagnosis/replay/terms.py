@@ -56,7 +56,7 @@ def token_weights(trace, objective, jac: TokenJacobian, extra=None, advantages=N
     from rookworld_debug.diagnosis.replay.data_phases import accumulation, micro_batches
     r = trace.rollout
     mask = loss_mask(r, trace.config)
-    lp = jac.logps.detach().clone().requires_grad_(True)
+    lp = _value_point(trace, jac).requires_grad_(True)
     ent = jac.entropy.detach().clone().requires_grad_(True)
     old = getattr(trace.recorded, "old_per_token_logps", None)
     adv = trace.advantages.advantages if advantages is None else advantages
@@ -72,6 +72,22 @@ def token_weights(trace, objective, jac: TokenJacobian, extra=None, advantages=N
         total = total + extra(lp, ent, mask)
     u_lp, u_ent = torch.autograd.grad(total, [lp, ent], allow_unused=True)
     return (torch.zeros_like(lp) if u_lp is None else u_lp), (torch.zeros_like(ent) if u_ent is None else u_ent)
+
+
+def _value_point(trace, jac: TokenJacobian) -> torch.Tensor:
+    """(N, T) the log-probs u is taken at: the step's RECORDED loss-forward log-probs where it kept them (the
+    replay's rule: each phase from the previous phase's recorded output; the scoring phase holds them to the
+    weights), else the recompute's. At the recorded values a term that is 0 in the step (the KL of a policy still
+    equal to its reference) is 0 here too, not the recompute's float noise times the Jacobian."""
+    r, rec = trace.rollout, trace.recorded
+    mine = jac.logps.detach().clone()
+    if rec is not None and "policy_logps" not in rec.recorded:
+        return mine
+    kept = r.per_token_logps.to(mine.dtype)
+    m = r.completion_mask.bool()
+    if kept.shape != mine.shape or not bool(torch.isfinite(kept[m]).all()):
+        return mine
+    return torch.where(m, kept, mine)
 
 
 def declared_gradient(trace, jac: TokenJacobian) -> dict:

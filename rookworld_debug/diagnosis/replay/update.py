@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from .compare import REL_TOL, tol_for
+from .compare import REL_TOL, parameter_samples, tol_for
 from .records import AGREE, DISAGREE, PhaseCheck, fmt
 from .terms import dot as _dot
 
@@ -98,7 +98,8 @@ def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
             cause, why, fitted = _clamp_fits(u, d_ref, fitted)
     return PhaseCheck("update", q, DISAGREE, err, u.tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
                       f"‖Δθ‖ = {fmt(u.norm_rec)}", f"‖Δθ‖ = {fmt(math.sqrt(_dot(d_ref, d_ref, u.names)))}", cause,
-                      why, measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖", fit=fitted)
+                      why, measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖", fit=fitted,
+                      samples=parameter_samples(u.d_rec, d_ref, worst, u.tol))
 
 
 def _linear_fit(u: _Update, d_ref: dict):

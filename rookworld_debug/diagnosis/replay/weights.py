@@ -85,6 +85,11 @@ def _from_state(state, have: set, source: str, trl: bool = False) -> Weights:
                    ref_is_policy=same, source=source)
 
 
+def scoring_model(trace, model):
+    """`model` scoring as the step's trainer did: TRL's captures without position ids, else as built."""
+    return _plain_positions(model) if trace.capture is not None else model
+
+
 def _plain_positions(model):
     """`model` whose transformer body drops `position_ids` (every forward goes through it: the LM's own and the
     scoring's KV-cached one), so positions count the left padding as TRL's forward does. This replay's own model

@@ -137,3 +137,22 @@ def check_trace(trace, source: str) -> None:
     k = len(names)
     if dims.get("K") and dims["K"][0] != k:
         raise TraceError(f"{source}: rewards.rewards_per_func has {dims['K'][0]} columns for {k} reward functions")
+    if getattr(trace, "recorded", None) is not None and isinstance(g, int) and n is not None:
+        _check_rows_by_rank(getattr(trace.recorded, "rows_by_rank", ()), n, g, f"{source}: recorded.rows_by_rank")
+
+
+def _check_rows_by_rank(spans, n: int, g: int, where: str) -> None:
+    """() for one process, else ≥ 2 (start, stop) spans of whole groups that tile rows 0 … N in rank order."""
+    if not isinstance(spans, (tuple, list)):
+        raise TraceError(f"{where}: a sequence of (start, stop) pairs expected, found {type(spans).__name__}")
+    if not spans:
+        return
+    ints = all(isinstance(s, (tuple, list)) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                    for v in s) for s in spans)
+    if not ints or len(spans) < 2:
+        raise TraceError(f"{where}: two or more (start, stop) pairs of integers expected, found {spans!r}"[:300])
+    stops = [0] + [s[1] for s in spans]
+    if any(s[0] != stop or s[1] <= s[0] or (s[1] - s[0]) % max(g, 1) for s, stop in zip(spans, stops)) \
+            or stops[-1] != n:
+        raise TraceError(f"{where}: {list(map(tuple, spans))[:8]} must tile the {n} rows in order, each rank's "
+                         f"span whole groups of num_generations = {g}")

@@ -14,6 +14,7 @@ own factor, min(1, max_grad_norm / (‖g‖ + 1e-6)) with ‖g‖ the norm the t
 from __future__ import annotations
 
 import math
+import time
 from typing import Optional
 
 import torch
@@ -57,16 +58,21 @@ class StepWatch:
         self.reference = S.snapshot(reference) if reference is not None else None
         self.gradient: Optional[dict] = None
         self.after: Optional[dict] = None
+        self.hook_seconds = 0.0                 # spent inside the optimizer's step (the caller times the rest)
         self._hooks = [optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post)]
 
     def _pre(self, optimizer, args, kwargs) -> None:
+        t0 = time.perf_counter()
         if self.gradient is None:
             self.gradient = S.gradient_of(self.policy)
+        self.hook_seconds += time.perf_counter() - t0
 
     def _post(self, optimizer, args, kwargs) -> None:
+        t0 = time.perf_counter()
         if self.after is None:
             self.after = S.snapshot(self.policy)
         self.remove()
+        self.hook_seconds += time.perf_counter() - t0
 
     def remove(self) -> None:
         for h in self._hooks:

@@ -23,7 +23,8 @@ PIECES = ("batch", "sampler_weights", "rollout", "sampling_logps", "rewards", "a
 
 @dataclass(frozen=True)
 class RecordedStep:
-    """The user's loop's side of one recorded optimizer step (rows in the loop's order: N = B·G, groups of G)."""
+    """The user's loop's side of one recorded optimizer step (rows in the loop's order: N = B·G, groups of G; under
+    torch.distributed, the global step: every rank's rows in rank order, `rows_by_rank` saying whose)."""
     format: int
     trainer: str                            # the name the loop gave itself ("my GRPO loop")
     step: Optional[int]                     # the loop's optimizer step (1 = its first update; None: not said)
@@ -42,3 +43,5 @@ class RecordedStep:
     notes: tuple = ()                       # what the loop said about itself, verbatim
     iteration: int = 0                      # the optimizer pass over this rollout (0: the first, π_old = θ_before)
     sampler_dtype: str = ""                 # the precision the sampler ran in, when not `dtype` ("": `dtype`)
+    rows_by_rank: tuple = ()                # ((start, stop), ...) in rank order: the rows each rank of a
+                                            # torch.distributed loop held, whole groups; (): one process

@@ -1,0 +1,455 @@
+"""Consecutive steps replayed: what a run must carry from its recorded step k to step k+1, which one step alone
+cannot show (each step can be right on its own while the state between them is lost or changed).
+
+    weights     θ_before(k+1) = θ_after(k)                                   policy_reset
+    optimizer   its step count advanced by the steps between; its moments the ones k's step leaves
+                (k's optimizer step re-run from k's recorded state)          optimizer_state_reset
+    sampler     the weights that sampled k+1 = θ_after(k) (on a later pass over k's rollout: the weights that
+                sampled k)                                                   sampler_weights_stale
+    reference   its weights at k+1 = at k                                    reference_tracks_policy
+    gradient    g_recorded(k+1) = ∇ of k+1's declared loss; else fitted as that + c·g_recorded(k)
+                                                                             gradient_not_zeroed
+    rewards     the same (prompt, completion, label) gets the same reward in both steps   reward_has_memory
+
+Weights (policy, sampler, reference) are compared in units of step k's update, ‖θ_after(k) − θ_before(k)‖: what is
+carried differs from what is due by at most the recorded precision's relative tolerance of that unit (REL_TOL: 1e-3
+fp32, 5e-2 bf16) plus the rounding of the weights in their dtype; a copy differs by 0. The optimizer's moments are
+held to REL_TOL relative to their norm, its step count exactly, rewards to 1e-5 × max(1, |r|).
+
+    replay_consecutive(folder_k, folder_k1)  -> ConsecutiveReplay   (the two recorded step folders, either order)
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .compare import REL_TOL, VALUE_TOL, parameter_samples, skipped, tol_for
+from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
+from .terms import dot
+
+# the carried quantities, in the order checked; a check whose upstream one disagrees may only follow from it
+CARRIED = ("weights", "optimizer", "sampler", "reference", "gradient", "rewards")
+DEPENDS = {"sampler": "weights"}
+def clip_of(trace):
+    """The gradient clip the step applied: its loop's recorded one, else its config's (run_step, TRL)."""
+    return trace.recorded.max_grad_norm if trace.recorded is not None else trace.config.max_grad_norm
+
+
+WEIGHTS_MEASURE = "‖recorded − due‖ / ‖θ_after(k) − θ_before(k)‖"
+
+
+@dataclass(frozen=True)
+class ConsecutiveReplay:
+    """The carry-over checks between two recorded steps of one run."""
+    steps: tuple                # (k, k+1): the loop's step numbers (None: the trace did not say)
+    folders: tuple              # (folder of k, folder of k+1), as text
+    checks: tuple               # PhaseCheck per CARRIED quantity (its `phase` names the quantity)
+    seconds: float
+    note: str = ""              # why the two steps cannot be compared (not of one run, unreadable), else ""
+    note_code: str = ""         # the finding code of `note`
+
+    @property
+    def later(self) -> Optional[int]:
+        return self.steps[1]
+
+    @property
+    def first_disagreement(self) -> Optional[PhaseCheck]:
+        return next((c for c in self.checks if c.status == DISAGREE), None)
+
+    def to_dict(self) -> dict:
+        """Plain JSON: what `diagnose --json` lists under "consecutive"."""
+        return {"steps": list(self.steps), "folders": list(self.folders), "note": self.note,
+                "checks": [c.to_dict() for c in self.checks], "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """The two steps as read: traces, recorded states and the scale the weights are compared in."""
+    trace_k: object
+    trace_k1: object
+    sk: object                  # RecordedState of step k (None: no state/)
+    sk1: object
+    steps: tuple
+    gap: int                    # optimizer steps from k to k+1 (1 when the traces do not say)
+    dtype: str
+    names: tuple                # the trainable parameters both steps hold
+    unit: float                 # ‖θ_after(k) − θ_before(k)‖ (floored by the weights' rounding)
+    noise: float                # the rounding of the weights in their dtype (half an ulp, as an L2 norm)
+
+    @property
+    def tol(self) -> float:
+        return tol_for(REL_TOL, self.dtype)
+
+    @property
+    def bound(self) -> float:
+        return self.tol * self.unit + self.noise
+
+
+def replay_consecutive(folder_k, folder_k1, *, traces: tuple = (), replay_k1=None) -> ConsecutiveReplay:
+    """The carry-over checks of the module doc between the recorded steps in `folder_k` and `folder_k1` (ordered
+    by their step numbers when both have one). `traces`: the two StepTraces when already loaded (k+1's under its
+    fitted declaration, if its replay found one); `replay_k1`: k+1's Replay, whose gradient check, when it agrees,
+    is reused instead of recomputing the gradient."""
+    from rookworld_debug.diagnosis.evidence import first_step
+    from rookworld_debug.grpo.step import StepTrace
+    t0 = time.perf_counter()
+    folders = (Path(folder_k), Path(folder_k1))
+    tk, tk1 = traces if traces else tuple(StepTrace.load(f) for f in folders)
+    steps = (first_step(tk), first_step(tk1))
+    if None not in steps and steps[1] < steps[0]:
+        folders, (tk, tk1), steps = folders[::-1], (tk1, tk), steps[::-1]
+        replay_k1 = None                        # it was the other step's
+    pair, note, code = _read(tk, tk1, folders, steps)
+    if note:
+        checks = tuple(skipped(q, q, note) for q in CARRIED)
+        return ConsecutiveReplay(steps, tuple(map(str, folders)), checks, time.perf_counter() - t0, note, code)
+    checks = [weights_check(pair)]
+    checks += [optimizer_check(pair), sampler_check(pair, checks[0].status == DISAGREE), reference_check(pair),
+               gradient_check(pair, replay_k1), rewards_check(tk, tk1)]
+    return ConsecutiveReplay(steps, tuple(map(str, folders)), tuple(checks), time.perf_counter() - t0)
+
+
+def _read(tk, tk1, folders, steps) -> tuple[Optional[_Pair], str, str]:
+    """(the pair, "", "") or (None, why they cannot be compared, its finding code)."""
+    from rookworld_debug.errors import TraceError
+    from rookworld_debug.grpo.trace.state import read_state
+    if None not in steps and steps[0] == steps[1]:
+        return None, f"both folders hold step {steps[0]}: not two consecutive steps", "steps_not_one_run"
+    try:
+        sk, sk1 = read_state(folders[0]), read_state(folders[1])
+    except TraceError as err:
+        return None, f"a step's recorded weights cannot be read: {err}", "steps_not_comparable"
+    why = not_one_run(sk, sk1)
+    if why:
+        return None, f"steps {steps[0]} and {steps[1]} are not of one run: {why}", "steps_not_one_run"
+    gap = steps[1] - steps[0] if None not in steps else 1
+    dtype = getattr(tk1.recorded, "dtype", None) or str(tk1.config.dtype)
+    names = tuple(n for n in (sk.trainable if sk is not None else ()) if n in (sk.before or {}))
+    unit, noise = _scale(sk, names)
+    return _Pair(tk, tk1, sk, sk1, steps, gap, dtype, names, unit, noise), "", ""
+
+
+def not_one_run(sk, sk1) -> str:
+    """Why two recorded states cannot be of one run ("" when they can): another architecture, other trainable
+    parameters, other shapes."""
+    if sk is None or sk1 is None:
+        return ""
+    if sk.model_type != sk1.model_type:
+        return f"model_type {sk.model_type!r} against {sk1.model_type!r}"
+    if set(sk.trainable) != set(sk1.trainable):
+        only = sorted(set(sk.trainable) ^ set(sk1.trainable))
+        return f"the trainable parameters differ ({len(only)} named in one only, e.g. {only[:2]})"
+    for part in ("before", "after", "reference", "sampler"):
+        a, b = getattr(sk, part) or {}, getattr(sk1, part) or {}
+        for n in set(a) & set(b):
+            if tuple(a[n].shape) != tuple(b[n].shape) or a[n].dtype != b[n].dtype:
+                return (f"{n} is {tuple(a[n].shape)} {a[n].dtype} in one and {tuple(b[n].shape)} {b[n].dtype} in "
+                        "the other")
+    return ""
+
+
+def _scale(sk, names) -> tuple[float, float]:
+    """(‖θ_after(k) − θ_before(k)‖ floored by the rounding, the rounding of θ_after(k) in its dtype)."""
+    if sk is None or sk.after is None or sk.before is None or not names:
+        return math.nan, 0.0
+    unit = _dist(sk.after, sk.before, names)
+    eps = torch.finfo(sk.after[names[0]].dtype).eps
+    noise = math.sqrt(sum(float((sk.after[n].double().abs() * eps / 2).pow(2).sum()) for n in names))
+    return max(unit, noise, 1e-30), noise
+
+
+def _dist(a: dict, b: dict, names) -> float:
+    return math.sqrt(sum(float((a[n].double() - b[n].double()).pow(2).sum()) for n in names))
+
+
+def _has(d, names) -> bool:
+    return d is not None and all(n in d for n in names)
+
+
+def _weights_disagree(p: _Pair, phase: str, q: str, got: dict, due: dict, fits: list) -> PhaseCheck:
+    """A weights comparison in units of step k's update; on a disagreement, the first of `fits` ((code, weights,
+    sentence); code "" for a fit that names no cause) that `got` equals names it. Weights kept in another dtype
+    (a bf16 sampler copy) are compared with what is due rounded to it, the bound widened by that rounding."""
+    due, bound = _in_dtype_of(got, due, p)
+    d = _dist(got, due, p.names)
+    if d <= bound:
+        return PhaseCheck(phase, q, AGREE, d / p.unit, bound / p.unit, measure=WEIGHTS_MEASURE)
+    worst = max(p.names, key=lambda n: float((got[n].double() - due[n].double()).norm()))
+    cause, why = "", ""
+    for code, other, sentence in fits:
+        if other is not None and _has(other, p.names) and _dist(got, _in_dtype_of(got, other, p)[0],
+                                                                 p.names) <= bound:
+            cause, why = code, sentence
+            break
+    if not why:
+        why = _along_update(p, got, due)
+    return PhaseCheck(phase, q, DISAGREE, d / p.unit, bound / p.unit, f"worst parameter {worst}",
+                      f"‖recorded − due‖ = {fmt(d)}", f"‖θ_after(k) − θ_before(k)‖ = {fmt(p.unit)}", cause, why,
+                      measure=WEIGHTS_MEASURE, samples=parameter_samples(got, due, worst, p.tol))
+
+
+def _in_dtype_of(got: dict, due: dict, p: _Pair) -> tuple[dict, float]:
+    """(`due` rounded to `got`'s dtypes, the pair's bound plus that rounding where a dtype differs)."""
+    other = [n for n in p.names if got[n].dtype != due[n].dtype]
+    if not other:
+        return due, p.bound
+    eps = max(torch.finfo(got[n].dtype).eps for n in other)
+    rounding = math.sqrt(sum(float((due[n].double().abs() * eps / 2).pow(2).sum()) for n in other))
+    return {n: due[n].to(got[n].dtype) for n in p.names}, p.bound + rounding
+
+
+def _along_update(p: _Pair, got: dict, due: dict) -> str:
+    """What the difference is, when no recorded set of weights is it: its part along step k's update."""
+    step = {n: p.sk.after[n].double() - p.sk.before[n].double() for n in p.names}
+    diff = {n: got[n].double() - due[n].double() for n in p.names}
+    a = dot(diff, step, p.names) / max(dot(step, step, p.names), 1e-300)
+    rest = math.sqrt(max(dot(diff, diff, p.names) - a * a * dot(step, step, p.names), 0.0)) / p.unit
+    return (f"no recorded set of weights is it: the difference is {a:.4g} × step k's update plus a rest of "
+            f"{rest:.4g} × its size")
+
+
+def weights_check(p: _Pair) -> PhaseCheck:
+    q = "weights: θ_before(k+1) = θ_after(k) (the policy step k+1 starts from is what step k's update left)"
+    sk, sk1 = p.sk, p.sk1
+    if sk is None or sk1 is None or sk.after is None or sk1.before is None or not _has(sk1.before, p.names) \
+            or math.isnan(p.unit):
+        return skipped("weights", q, "the weights after step k or before step k+1 were not recorded")
+    if p.gap != 1:
+        return skipped("weights", q, f"steps {p.steps[0]} and {p.steps[1]} are {p.gap} optimizer steps apart")
+    fits = [("policy_reset", sk.reference, "the policy at step k+1 holds the reference's weights (its start): it "
+                                           "was reset or reloaded from its start weights between the steps"),
+            ("policy_reset", sk.before, "the policy at step k+1 holds step k's weights before its update: step k's "
+                                        "update was lost (the model reloaded, or the update applied to a copy)")]
+    return _weights_disagree(p, "weights", q, sk1.before, sk.after, fits)
+
+
+def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
+    later_pass = getattr(p.trace_k1.recorded, "iteration", 0) > 0
+    due_name = "the weights that sampled k (one rollout)" if later_pass else "θ_after(k)"
+    q = f"sampler: the weights that sampled k+1 = {due_name}"
+    sk, sk1 = p.sk, p.sk1
+    if sk1 is None or sk1.sampler is None:
+        return skipped("sampler", q, "no sampler weights were recorded at k+1: the policy itself sampled, and its "
+                                     "weights are the weights check")
+    due = (sk.sampler if sk.sampler is not None else sk.before) if later_pass and sk is not None else \
+        sk.after if sk is not None else None
+    if due is None or not _has(due, p.names) or not _has(sk1.sampler, p.names) or math.isnan(p.unit):
+        return skipped("sampler", q, "the weights step k+1's sampler is due to hold were not recorded at step k")
+    if p.gap != 1:
+        return skipped("sampler", q, f"steps {p.steps[0]} and {p.steps[1]} are {p.gap} optimizer steps apart")
+    synced = "" if not weights_disagree else (
+        "the sampler holds the policy's weights before step k+1 (it was synced): the policy's own weights did not "
+        "carry over (the weights check)")
+    fits = [("", sk1.before if weights_disagree else None, synced),
+            ("sampler_weights_stale", sk.sampler, "the sampler still holds the weights that sampled step k: it was "
+                                                  "not synced after step k's update"),
+            ("sampler_weights_stale", sk.before, "the sampler holds step k's weights before its update: it was not "
+                                                 "synced after the update"),
+            ("sampler_weights_stale", sk.reference, "the sampler holds the reference's (start) weights: it was never "
+                                                    "synced")]
+    return _weights_disagree(p, "sampler", q, sk1.sampler, due, fits)
+
+
+def reference_check(p: _Pair) -> PhaseCheck:
+    q = "reference: its weights at k+1 = at k (frozen)"
+    sk, sk1 = p.sk, p.sk1
+    if sk is None or sk1 is None or sk.reference is None or sk1.reference is None or math.isnan(p.unit):
+        return skipped("reference", q, "the reference's weights were not recorded at both steps")
+    if not _has(sk.reference, p.names) or not _has(sk1.reference, p.names):
+        return skipped("reference", q, "the recorded reference lacks some of the policy's parameters")
+    c = _weights_disagree(p, "reference", q, sk1.reference, sk.reference, [])
+    if c.status != DISAGREE:
+        return c
+    for name, theta in (("θ_after(k)", sk.after), ("θ_before(k+1)", sk1.before), ("θ_before(k)", sk.before)):
+        a = _toward(p, sk.reference, sk1.reference, theta)
+        if a is not None:
+            why = (f"the reference was re-copied from the policy ({name}) between the steps" if abs(a - 1) <= p.tol
+                   else f"the reference moved {a:.4g} of the way to the policy ({name}): ref ← (1 − {a:.3g})·ref + "
+                        f"{a:.3g}·θ (TRL's sync_ref_model does this on purpose with ref_model_mixup_alpha = {a:.3g})")
+            return PhaseCheck("reference", q, DISAGREE, c.max_abs_diff, c.tolerance, c.where, c.recorded,
+                              c.recomputed, "reference_tracks_policy", why, measure=c.measure,
+                              fit={"kind": "toward_policy", "params": {"alpha": a, "toward": name},
+                                   "residual": 0.0, "sentence": why}, samples=c.samples)
+    return c
+
+
+def _toward(p: _Pair, ref0: dict, ref1: dict, theta) -> Optional[float]:
+    """a when ref1 = ref0 + a·(θ − ref0) within the bound (a ≠ 0), else None."""
+    if theta is None or not _has(theta, p.names):
+        return None
+    d = {n: theta[n].double() - ref0[n].double() for n in p.names}
+    moved = {n: ref1[n].double() - ref0[n].double() for n in p.names}
+    dd = dot(d, d, p.names)
+    if dd <= 0:
+        return None
+    a = dot(moved, d, p.names) / dd
+    resid = math.sqrt(max(dot(moved, moved, p.names) - a * a * dd, 0.0))
+    return a if resid <= p.bound and abs(a) * math.sqrt(dd) > p.bound else None
+
+
+def optimizer_check(p: _Pair) -> PhaseCheck:
+    """The optimizer's class, its step count, then its moments (k's step re-run from k's recorded state)."""
+    from .consecutive_rerun import has_moments, step_count, zero_state
+    q = "optimizer: its state at k+1 is what step k's update left (step count + 1, moments carried)"
+    sk, sk1 = p.sk, p.sk1
+    if sk is None or sk1 is None or sk.optimizer_state is None or sk1.optimizer_state is None:
+        return skipped("optimizer", q, "the optimizer's state was not recorded at both steps")
+    if sk.optimizer != sk1.optimizer:
+        return PhaseCheck("optimizer", q, DISAGREE, math.inf, 0.0, "the optimizer's class", sk1.optimizer or "—",
+                          sk.optimizer or "—", "optimizer_state_reset", f"the optimizer at k+1 is another "
+                          f"({sk1.optimizer or 'not recorded'}) than at k ({sk.optimizer or 'not recorded'}): it was "
+                          "re-created", measure="the optimizer's class")
+    n0, n1 = step_count(sk.optimizer_state, sk.optimizer), step_count(sk1.optimizer_state, sk1.optimizer)
+    if n0 is not None and n1 is not None and n1 != n0 + p.gap:
+        reset = n1 <= n0
+        return PhaseCheck("optimizer", q, DISAGREE, abs(n1 - n0 - p.gap), 0.0, "the step count", f"{n1}",
+                          f"{n0} + {p.gap}", "optimizer_state_reset" if reset else "",
+                          f"the optimizer's step count went from {n0} at step k to {n1} at step k+1, not "
+                          f"{n0 + p.gap}" + (": its state was re-created (or restored from an earlier one) between "
+                                             "the steps" if reset else ""),
+                          measure="|step count(k+1) − step count(k) − steps between|")
+    moving = sk.gradient is not None and any(bool(v.abs().sum() > 0) for v in sk.gradient.values())
+    if has_moments(sk.optimizer, sk.optimizer_settings) and zero_state(sk1.optimizer_state) and moving:
+        return PhaseCheck("optimizer", q, DISAGREE, 1.0, p.tol, "every parameter", "moments all 0",
+                          "step k's moments", "optimizer_state_reset", "the optimizer's moments at k+1 are all 0 "
+                          "after a step on a non-zero gradient: its state was reset between the steps",
+                          measure="‖m_recorded − m‖ / ‖m‖")
+    return _moments_check(p, q, f"step count {n0} → {n1}" if n1 is not None else "no step count kept")
+
+
+def _moments_check(p: _Pair, q: str, count: str) -> PhaseCheck:
+    from .consecutive_rerun import has_moments, moments_after, relative_moments
+    if p.gap != 1 or not has_moments(p.sk.optimizer, p.sk.optimizer_settings):
+        return PhaseCheck("optimizer", q, AGREE, 0.0, 0.0, count, measure="the step count, exact",
+                          explanation="" if p.gap == 1 else f"{p.gap} steps apart: the moments were not re-run")
+    after, why = moments_after(p.sk, clip_of(p.trace_k), p.names, p.bound)
+    if after is None:
+        return PhaseCheck("optimizer", q, AGREE, 0.0, 0.0, count, explanation=why, measure="the step count, exact")
+    err, worst = relative_moments(p.sk1.optimizer_state, after, p.names)
+    measure = "‖m_recorded − m‖ / ‖m‖ (the worst moment, over every parameter)"
+    if err <= p.tol:
+        return PhaseCheck("optimizer", q, AGREE, err, p.tol, count, measure=measure)
+    before_k, _ = relative_moments(p.sk1.optimizer_state, p.sk.optimizer_state, p.names)
+    cause, why = ("optimizer_state_reset", "the optimizer's moments at k+1 are the ones before step k: its state "
+                  "was restored from before step k's update") if before_k <= p.tol else ("", "")
+    return PhaseCheck("optimizer", q, DISAGREE, err, p.tol, f"{count}; worst moment {worst}", "", "", cause, why,
+                      measure=measure)
+
+
+def gradient_check(p: _Pair, replay_k1=None) -> PhaseCheck:
+    from .consecutive_rerun import GRAD_ATOL, declared_gradient_at
+    from rookworld_debug.grpo.trace.state import relative_error
+    q = "gradient: step k+1's recorded gradient = its declared loss's (nothing left of step k's)"
+    sk, sk1 = p.sk, p.sk1
+    if sk is None or sk1 is None or sk.gradient is None or sk1.gradient is None or sk1.before is None:
+        return skipped("gradient", q, "the gradient of both steps and the weights before step k+1 are needed")
+    agreed = next((c for c in getattr(replay_k1, "checks", ()) if c.phase == "gradient" and c.status == AGREE), None)
+    if agreed is not None:
+        return PhaseCheck("gradient", q, AGREE, agreed.max_abs_diff, agreed.tolerance, measure=agreed.measure,
+                          explanation="step k+1's replay: its gradient is its declared loss's")
+    ours, why = declared_gradient_at(p.trace_k1, sk1)
+    if ours is None:
+        return skipped("gradient", q, why)
+    names = [n for n in ours if n in sk1.gradient and n in sk.gradient]
+    err, worst, _ = relative_error(sk1.gradient, ours, names)
+    norm_ref, norm_rec = math.sqrt(dot(ours, ours, names)), math.sqrt(dot(sk1.gradient, sk1.gradient, names))
+    if err <= p.tol or err * norm_ref <= GRAD_ATOL:
+        return PhaseCheck("gradient", q, AGREE, err, p.tol, measure="‖g_recorded − g‖ / ‖g‖")
+    rest = {n: sk1.gradient[n].double() - ours[n].double() for n in names}
+    prev = {n: sk.gradient[n].double() for n in names}
+    pp = dot(prev, prev, names)
+    c = dot(rest, prev, names) / pp if pp > 0 else 0.0
+    resid = math.sqrt(max(dot(rest, rest, names) - c * c * pp, 0.0))
+    bound = max(p.tol * norm_rec, GRAD_ATOL)
+    where = f"worst parameter {worst}"
+    if resid > bound or abs(c) * math.sqrt(pp) <= bound:
+        return PhaseCheck("gradient", q, SKIPPED, err, p.tol, where, explanation="step k+1's gradient differs from "
+                          "its declared loss's by more than step k's gradient explains: its own replay says where",
+                          measure="‖g_recorded − g‖ / ‖g‖")
+    clip = _clip_factor(p.trace_k, prev, names)
+    why = (f"step k+1's recorded gradient is its declared loss's plus {c:.4g} × step k's recorded gradient"
+           + (f" (step k's clip factor is {clip:.4g}: the clipped gradient stayed in .grad)" if clip is not None
+              else "") + ": gradients not zeroed between the steps")
+    return PhaseCheck("gradient", q, DISAGREE, err, p.tol, where, f"‖g‖ = {fmt(norm_rec)}", f"‖g‖ = {fmt(norm_ref)}",
+                      "gradient_not_zeroed", why, measure="‖g_recorded − g‖ / ‖g‖",
+                      fit={"kind": "carried_over", "params": {"previous step's gradient": c},
+                           "residual": resid / max(norm_rec, 1e-300), "sentence": why})
+
+
+def _clip_factor(trace_k, grad: dict, names) -> Optional[float]:
+    """min(1, max_grad_norm / ‖g_k‖): what clip_grad_norm_ left of step k's gradient in .grad."""
+    mx = clip_of(trace_k)
+    norm = math.sqrt(dot(grad, grad, names))
+    return min(1.0, float(mx) / norm) if mx and norm > 0 else None
+
+
+def rewards_check(tk, tk1) -> PhaseCheck:
+    """The same (prompt, completion, label) in both steps: the same reward (within a step too: else the reward is
+    not a function of its inputs at all)."""
+    q = "rewards: the same (prompt, completion, label) gets the same reward at k and k+1"
+    measure = "max |r(k+1) − r(k)| / max(1, |r(k)|) over the inputs both steps scored"
+    a, b = _scored(tk), _scored(tk1)
+    shared = sorted(set(a) & set(b), key=repr)
+    if not shared:
+        return skipped("rewards", q, f"no (prompt, completion, label) appears in both steps ({len(a)} and {len(b)} "
+                                     "distinct): not checkable")
+    key = max(shared, key=lambda k: _rdiff(a[k], b[k]))
+    worst = _rdiff(a[key], b[key])
+    if worst <= VALUE_TOL:
+        return PhaseCheck("rewards", q, AGREE, worst, VALUE_TOL, f"{len(shared)} shared inputs", measure=measure)
+    where = f"{len(shared)} shared inputs; the worst: completion {key[1][:60]!r}"
+    shift = [b[k][0] - a[k][0] for k in shared]
+    constant = all(math.isfinite(s) for s in shift) and \
+        max(shift) - min(shift) <= VALUE_TOL * max(1.0, max(abs(s) for s in shift))
+    if max(_spread(a), _spread(b)) > VALUE_TOL:
+        cause, why = "reward_not_deterministic", ("the same input gets different rewards within one step too: the "
+                                                  "reward is not a function of (prompt, completion, label)")
+    else:
+        cause, why = "reward_has_memory", (
+            "the same (prompt, completion, label) got another reward at step k+1 than at step k, while within each "
+            "step it got one: the reward function keeps state between calls"
+            + (f" (here a constant {shift[0]:+.4g}: a bonus or offset that changes from call to call)"
+               if constant else ""))
+    return PhaseCheck("rewards", q, DISAGREE, worst, VALUE_TOL, where, fmt(b[key]), fmt(a[key]), cause, why,
+                      measure=measure, fit={"kind": "shift", "params": {"shift": shift[0]}, "residual": 0.0,
+                                            "sentence": why} if constant else None)
+
+
+def _rdiff(xs: list, ys: list) -> float:
+    """The largest |y − x| / max(1, |x|) between two steps' rewards of one input (NaN, unscorable, only equals NaN)."""
+    out = 0.0
+    for x in xs:
+        for y in ys:
+            if math.isnan(x) or math.isnan(y):
+                out = out if math.isnan(x) and math.isnan(y) else math.inf
+            else:
+                out = max(out, abs(y - x) / max(1.0, abs(x)))
+    return out
+
+
+def _scored(trace) -> dict:
+    """{(prompt, completion, label): [reward per row]} of one step."""
+    r, g = trace.rollout, trace.rollout.num_generations
+    labels = [x for x in (trace.setup.batch.completions or ()) for _ in range(g)] or [None] * len(r.completions)
+    rewards = trace.rewards.rewards.double().tolist()
+    out: dict = {}
+    for p, c, lab, x in zip(r.prompts, r.completions, labels, rewards):
+        out.setdefault((p, c, lab), []).append(x)
+    return out
+
+
+def _spread(scored: dict) -> float:
+    """The largest reward difference between rows of one step with the same input (relative, as the check's)."""
+    out = 0.0
+    for xs in scored.values():
+        fin = [x for x in xs if not math.isnan(x)]
+        if fin and len(fin) != len(xs):
+            return math.inf
+        if len(fin) > 1:
+            out = max(out, (max(fin) - min(fin)) / max(1.0, abs(fin[0])))
+    return out

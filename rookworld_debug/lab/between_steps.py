@@ -1,0 +1,249 @@
+"""Faults that live BETWEEN steps, written into the hand-written GRPO loop (`lab.handloop`): each step is right on
+its own, and what the run carries from one step to the next is lost or changed. The loop records two consecutive
+optimizer steps (k, k+1) through StepRecorder; the consecutive-step replay (`diagnosis.replay.consecutive`) is to
+name the cause.
+
+The loop is handloop's (its sampling loop, reward, advantages, loss, micro-batches, AdamW with clipping, its
+recorder) with one change of batch: half of its prompts are P prompts, new each rollout (the policy term's signal),
+half A prompts, the same each rollout (the embedded model's arbiter answers repeat, so the same (prompt, completion,
+label) is scored in both steps and a reward with memory shows).
+
+    python -m rookworld_debug.lab.between_steps --out reports/between_steps   # the six faults and healthy pairs
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from rookworld_debug.lab.handloop import LoopConfig, _data, _Loop, _optimizer_step, _recorder, _setup, advantages, \
+    sample, token_logps
+
+# fault → (the carried quantity it breaks, the finding code that names it)
+BETWEEN_FAULTS = {
+    "sampler_stale": ("sampler", "sampler_weights_stale"),          # the sampler copy synced at the first rollout only
+    "grads_carried": ("gradient", "gradient_not_zeroed"),           # no zero_grad between optimizer steps
+    "optimizer_recreated": ("optimizer", "optimizer_state_reset"),  # a new AdamW before every optimizer step
+    "policy_reset": ("weights", "policy_reset"),                    # the policy reloaded from its start each rollout
+    "reference_moves": ("reference", "reference_tracks_policy"),    # ref ← ½·ref + ½·θ before each rollout
+    "reward_memory": ("rewards", "reward_has_memory"),              # a bonus of 0.1 per earlier call
+}
+# the loop the faults are written into (a sampler copy, so that a stale one can show); and healthy loops of other
+# shapes: dapo with two optimizer passes per rollout and a schedule (the pair spans a rollout's last pass and the
+# next rollout's first), bnpo over one micro-batch
+BASE = LoopConfig(num_prompts=2, num_generations=4, max_new_tokens=64, steps=2, separate_sampler=True)
+HEALTHY_SHAPES = {
+    "grpo, sampler copy": BASE,
+    "dapo, μ = 2, schedule, no sampler copy": replace(BASE, loss_type="dapo", num_iterations=2, scheduler=True,
+                                                      separate_sampler=False),
+    "bnpo, 1 micro-batch, β = 0": replace(BASE, loss_type="bnpo", micro_batches=1, beta=0.0, separate_sampler=False),
+}
+MEMORY_BONUS = 0.1
+
+
+class _Reward:
+    """The RookWorld reward against the label; with `memory`, plus MEMORY_BONUS per earlier call (the fault)."""
+
+    def __init__(self, memory: bool = False):
+        from rookworld_debug.trl.rewards import rookworld_reward_funcs
+        self.funcs, self.memory, self.calls = rookworld_reward_funcs("dataset"), memory, 0
+
+    def __call__(self, prompts, texts, labels) -> torch.Tensor:
+        cols = [f(prompts=prompts, completions=texts, label=labels) for f in self.funcs]
+        r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
+        bonus = MEMORY_BONUS * self.calls if self.memory else 0.0
+        self.calls += 1
+        return r + bonus
+
+
+def _batch(c: LoopConfig, step: int) -> list[dict]:
+    """P prompts new each rollout, then A prompts the same each rollout."""
+    n_a = c.num_prompts // 2
+    return _data("P", c.num_prompts - n_a, c.seed + step) + (_data("A", n_a, c.seed) if n_a else [])
+
+
+def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) -> dict:
+    """G completions per prompt from the sampler (the policy, or its copy: synced first unless the fault), scored;
+    the rows as handloop's rollout gives them to its recorder and optimizer step."""
+    g = c.num_generations
+    if L.sampler is not None and not (fault == "sampler_stale" and step > 1):
+        L.sampler.load_state_dict(L.model.state_dict())
+    sampler = L.sampler if L.sampler is not None else L.model
+    batch = _batch(c, step)
+    prompts, labels = [x["prompt"] for x in batch], [x["completion"] for x in batch]
+    enc = L.tok(prompts, return_tensors="pt", padding=True)
+    p_ids, p_mask = enc.input_ids.repeat_interleave(g, 0), enc.attention_mask.repeat_interleave(g, 0)
+    rows_p, rows_l = [p for p in prompts for _ in range(g)], [x for x in labels for _ in range(g)]
+    eos = L.tok.eos_token_id
+    with torch.no_grad():
+        ids, mask, s_logps = sample(sampler, p_ids, p_mask, c.max_new_tokens, c.temperature, eos, L.gen)
+        texts = L.tok.batch_decode(ids * mask + eos * (1 - mask), skip_special_tokens=True)
+        r = reward(rows_p, texts, rows_l)
+        ref_logps = token_logps(L.ref, p_ids, p_mask, ids, mask, c.temperature)
+        old = token_logps(sampler, p_ids, p_mask, ids, mask, c.temperature) if c.num_iterations > 1 else None
+    snapshot = copy.deepcopy(sampler) if c.num_iterations > 1 or L.sampler is not None else None
+    return dict(p_ids=p_ids, p_mask=p_mask, rows_p=rows_p, rows_l=rows_l, ids=ids, mask=mask, s_logps=s_logps,
+                texts=texts, r=r, adv=advantages(r, g), ref_logps=ref_logps, old=old, sampled_by=snapshot)
+
+
+def _before_rollout(L: _Loop, step: int, fault: str, start: dict) -> None:
+    """What the faults change before a rollout after the first: the policy reloaded, the reference moved."""
+    if step == 1:
+        return
+    if fault == "policy_reset":
+        L.model.load_state_dict(start)
+    if fault == "reference_moves":
+        with torch.no_grad():
+            for r, p in zip(L.ref.parameters(), L.model.parameters()):
+                r.mul_(0.5).add_(p.detach(), alpha=0.5)
+
+
+def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward, start: dict,
+                        record: tuple, out: Path) -> list:
+    """Rollout `step` and its μ optimizer passes; the passes whose optimizer step number is in `record` are saved
+    to out/step-<n>. Returns the saved folders."""
+    _before_rollout(L, step, fault, start)
+    ro = _rollout(L, c, step, fault, reward)
+    saved = []
+    for k in range(c.num_iterations):
+        n = (step - 1) * c.num_iterations + k + 1
+        if n > 1 and fault == "optimizer_recreated":
+            L.opt = torch.optim.AdamW(L.model.parameters(), lr=L.opt.param_groups[0]["lr"])
+            L.sched = None                      # the schedule belonged to the optimizer it replaced
+        rec = _recorder(L, c, n, k, ro) if n in record else None
+        _optimizer_step(L, c, ro, "no_zero_grad" if fault == "grads_carried" and n > 1 else "", rec, last=True)
+        if rec is not None:
+            saved.append(rec.save(out / f"step-{n}"))
+    return saved
+
+
+def _pair_steps(c: LoopConfig) -> tuple:
+    """The optimizer steps recorded: the last pass of the second-to-last rollout and the first of the last one."""
+    k = (c.steps - 1) * c.num_iterations
+    return k, k + 1
+
+
+def _start(c: LoopConfig):
+    L = _setup(c)
+    return L, {k: v.detach().clone() for k, v in L.model.state_dict().items()}
+
+
+def run_pair(c: LoopConfig, out, fault: str = "") -> tuple:
+    """Train `c.steps` rollouts (≥ 2) with `fault` written into the loop; record two consecutive optimizer steps
+    (`_pair_steps`) into out/step-<k> and out/step-<k+1>. Returns the two folders."""
+    if fault and fault not in BETWEEN_FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {sorted(BETWEEN_FAULTS)}")
+    if c.steps < 2:
+        raise ValueError("two consecutive steps need steps ≥ 2")
+    L, start = _start(c)
+    reward, saved = _Reward(memory=fault == "reward_memory"), []
+    for step in range(1, c.steps + 1):
+        saved += _rollout_and_passes(L, c, step, fault, reward, start, _pair_steps(c), Path(out))
+    return tuple(saved)
+
+
+def _fork(L: _Loop) -> _Loop:
+    """A copy of the loop's live objects (one memo: the optimizer's parameters stay the copied model's), with the
+    gradients the model still holds."""
+    memo: dict = {}
+    new = _Loop(L.tok, *(copy.deepcopy(x, memo) for x in (L.model, L.ref, L.sampler, L.opt, L.sched, L.gen)))
+    for p, q in zip(L.model.parameters(), new.model.parameters()):
+        q.grad = None if p.grad is None else p.grad.detach().clone()
+    return new
+
+
+def sweep(out, faults=("",) + tuple(BETWEEN_FAULTS), c: LoopConfig = BASE) -> dict:
+    """{fault: (folder of step 1, folder of step 2)} for each fault ("" = healthy), each in out/<fault or healthy>.
+    Every fault here acts between steps, so step 1 is the same in each run: it runs once and the loop is forked
+    after it (its folder hard-linked into each run's)."""
+    if c.num_iterations != 1 or c.steps != 2:
+        raise ValueError("sweep forks after the first optimizer step: num_iterations = 1 and steps = 2")
+    out = Path(out)
+    L, start = _start(c)
+    reward = _Reward()
+    first = _rollout_and_passes(L, c, 1, "", reward, start, (1,), out / "_first")[0]
+    runs = {}
+    for fault in faults:
+        here = out / (fault or "healthy")
+        shutil.rmtree(here, ignore_errors=True)
+        link_tree(first, here / first.name)
+        fork, r = _fork(L), copy.deepcopy(reward)
+        r.memory = fault == "reward_memory"
+        second = _rollout_and_passes(fork, c, 2, fault, r, start, (2,), here)[0]
+        runs[fault] = (here / first.name, second)
+    return runs
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """A copy of a recorded step's folder, hard-linked where the file system allows (a step is ~100 MB)."""
+    def link(a, b):
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+    shutil.copytree(src, dst, copy_function=link)
+
+
+def _pair_result(name: str, folders: tuple, fault: str = "") -> dict:
+    from rookworld_debug.diagnosis.replay.consecutive import replay_consecutive
+    from rookworld_debug.diagnosis.replay.consecutive_findings import consecutive_findings
+    cpu = time.process_time()
+    pair = replay_consecutive(*folders)
+    cpu = time.process_time() - cpu               # beside the wall time: this machine's cores are shared
+    errors = [f.code for f in consecutive_findings(pair) if f.severity == "error"]
+    want = BETWEEN_FAULTS[fault][1] if fault else ""
+    return {"case": name, "fault": fault, "steps": list(pair.steps), "errors": errors,
+            "found": bool(fault) and errors[:1] == [want], "seconds": round(pair.seconds, 3),
+            "cpu_seconds": round(cpu, 3), "checks": {c.phase: c.status for c in pair.checks}}
+
+
+def measure(out) -> list[dict]:
+    """The six faults and the healthy shapes, each pair replayed: one row per case."""
+    torch.set_num_threads(1)                     # CPU seconds that count work, not threads waiting on each other
+    out = Path(out)
+    rows = [_pair_result(f or "healthy: " + next(iter(HEALTHY_SHAPES)), folders, f)
+            for f, folders in sweep(out / "faults").items()]
+    for name, c in list(HEALTHY_SHAPES.items())[1:]:
+        rows.append(_pair_result("healthy: " + name, run_pair(c, out / f"healthy-{len(rows)}")))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    faults = [r for r in rows if r["fault"]]
+    healthy = [r for r in rows if not r["fault"]]
+    secs, cpu = sorted(r["seconds"] for r in rows), sorted(r["cpu_seconds"] for r in rows)
+    lines = [f"faults found with their cause first: {sum(r['found'] for r in faults)}/{len(faults)}; healthy pairs "
+             f"with an error: {sum(bool(r['errors']) for r in healthy)}/{len(healthy)}; per pair: wall median "
+             f"{secs[len(secs) // 2]:.2f} s (max {secs[-1]:.2f}), CPU median {cpu[len(cpu) // 2]:.2f} s (max "
+             f"{cpu[-1]:.2f})", "",
+             "| case | steps | errors (first = the cause named) | found | wall s | CPU s |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['case']} | {r['steps']} | {', '.join(r['errors']) or '—'} | "
+              f"{'✓' if r['found'] else '✗' if r['fault'] else '—'} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rookworld_debug.lab.between_steps", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for the recorded steps, results.jsonl and table.md")
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    rows = measure(a.out)
+    Path(a.out, "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = table(rows) + f"\n\nwall time {time.perf_counter() - t0:.0f} s\n"
+    Path(a.out, "table.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

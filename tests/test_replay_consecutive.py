@@ -1,0 +1,166 @@
+"""Consecutive steps replayed: six faults that live between two steps of the hand-written loop (a sampler not synced,
+gradients not zeroed, the optimizer re-created, the policy reset, a reference that moves, a reward with memory) are
+each named first among the pair's errors; healthy pairs have none; `diagnose` on a folder of two steps shows the
+pair's finding; steps of different runs are a named note."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from cli import run_cli
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{fault: (folder of step 1, folder of step 2)}: the loop's step 1 once, then step 2 under each fault."""
+    from rookworld_debug.lab.between_steps import BETWEEN_FAULTS, sweep
+    torch.set_num_threads(1)
+    return sweep(tmp_path_factory.mktemp("between"), faults=("",) + tuple(BETWEEN_FAULTS))
+
+
+@pytest.fixture(scope="module")
+def pairs(runs):
+    """{fault: (ConsecutiveReplay, its findings)} of each run's two steps."""
+    return {fault: _pair(folders) for fault, folders in runs.items()}
+
+
+def _pair(folders):
+    from rookworld_debug.diagnosis.replay.consecutive import replay_consecutive
+    from rookworld_debug.diagnosis.replay.consecutive_findings import consecutive_findings
+    pair = replay_consecutive(*folders)
+    return pair, consecutive_findings(pair)
+
+
+def _errors(found):
+    return [f for f in found if f.severity == "error"]
+
+
+def _check(pair, quantity):
+    return next(c for c in pair.checks if c.phase == quantity)
+
+
+@pytest.mark.parametrize("fault", ["sampler_stale", "grads_carried", "optimizer_recreated", "policy_reset",
+                                   "reference_moves", "reward_memory"])
+def test_a_fault_between_steps_is_named_first_with_its_evidence(pairs, fault):
+    from rookworld_debug.lab.between_steps import BETWEEN_FAULTS
+    quantity, code = BETWEEN_FAULTS[fault]
+    pair, found = pairs[fault]
+    errors = _errors(found)
+    assert errors and errors[0].code == code, [(f.code, f.cause[:160]) for f in errors]
+    assert [f.code for f in errors] == [code]                   # nothing else between the steps is an error
+    c = _check(pair, quantity)
+    assert c.status == "disagree" and c.cause == code and c.max_abs_diff > c.tolerance
+    assert errors[0].step == 2 and pair.steps == (1, 2)
+    assert errors[0].evidence[0].name == f"replay/consecutive/{quantity}/difference"
+
+
+def test_the_fits_say_how_much_was_carried(runs, pairs):
+    """The gradient carries step 1's clipped gradient (c = its clip factor); the reference moved half-way to the
+    policy; the reward's bonus is the loop's 0.1; a reset policy's sampler, synced to it, is a warning only."""
+    from rookworld_debug.grpo.trace.state import read_state
+    from rookworld_debug.lab.between_steps import MEMORY_BONUS
+    pair, _ = pairs["grads_carried"]
+    g1 = read_state(runs["grads_carried"][0]).gradient
+    clip = min(1.0, 1.0 / math.sqrt(sum(float(v.double().pow(2).sum()) for v in g1.values())))
+    carried = _check(pair, "gradient").fit["params"]["previous step's gradient"]
+    assert carried == pytest.approx(clip, rel=1e-3)
+    pair, _ = pairs["reference_moves"]
+    assert _check(pair, "reference").fit["params"]["alpha"] == pytest.approx(0.5, rel=1e-3)
+    pair, _ = pairs["reward_memory"]
+    assert _check(pair, "rewards").fit["params"]["shift"] == pytest.approx(MEMORY_BONUS, rel=1e-4)
+    pair, found = pairs["policy_reset"]
+    sampler = [f for f in found if f.code == "consecutive_sampler"]
+    assert _check(pair, "sampler").status == "disagree" and sampler and sampler[0].severity == "warning"
+
+
+def test_healthy_consecutive_steps_carry_over_every_quantity(pairs):
+    pair, found = pairs[""]
+    assert not _errors(found), [(f.code, f.cause[:160]) for f in _errors(found)]
+    assert {c.phase: c.status for c in pair.checks} == dict.fromkeys(
+        ("weights", "optimizer", "sampler", "reference", "gradient", "rewards"), "agree")   # rewards: A prompts repeat
+    assert [f.code for f in found] == ["consecutive_agrees"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["dapo, μ = 2, schedule, no sampler copy", "bnpo, 1 micro-batch, β = 0"])
+def test_healthy_loops_of_other_shapes_carry_over(tmp_path, shape):
+    from rookworld_debug.lab.between_steps import HEALTHY_SHAPES, run_pair
+    folders = run_pair(HEALTHY_SHAPES[shape], tmp_path)
+    pair, found = _pair(folders)
+    assert not _errors(found), [(f.code, f.cause[:160]) for f in _errors(found)]
+    assert _check(pair, "weights").status == "agree" and _check(pair, "optimizer").status == "agree"
+
+
+def test_diagnose_on_a_folder_of_two_steps_lists_the_pair(runs):
+    """The optimizer re-created between the steps: each step replays clean on its own; only the pair finds it."""
+    folder = runs["optimizer_recreated"][1].parent
+    out = run_cli("diagnose", folder, "--json", timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    data = json.loads(out.stdout)
+    assert [p["steps"] for p in data["consecutive"]] == [[1, 2]]
+    opt = next(c for c in data["consecutive"][0]["checks"] if c["phase"] == "optimizer")
+    assert opt["status"] == "disagree" and opt["cause"] == "optimizer_state_reset"
+    top = [f for f in data["findings"] if f["severity"] == "error"]
+    assert top and top[0]["code"] == "optimizer_state_reset" and top[0]["step"] == 2
+    assert sorted(r["step"] for r in data["replays"]) == [1, 2]
+    assert all(r["first_disagreement"] is None for r in data["replays"])
+
+
+def _other_run(src, dst, *, layers=None, trainable=None):
+    """A copy of the recorded step `src` as if of another run: its weights cut to `layers` layers (another
+    architecture) or its trainable names changed."""
+    from rookworld_debug.grpo.trace import state as S
+    from rookworld_debug.lab.between_steps import link_tree
+    link_tree(src, dst)               # write_state replaces each file: the source's links are left as they were
+    s = S.read_state(dst)
+
+    def keep(d):
+        if d is None or layers is None:
+            return d
+        return {k: v for k, v in d.items() if not k.startswith("transformer.h.") or int(k.split(".")[2]) < layers}
+    config = {**s.model_config, **({"n_layer": layers} if layers is not None else {})}
+    names = tuple(n for n in s.trainable if n in keep(s.before))
+    S.write_state(dst, model_config=config, before=keep(s.before), after=keep(s.after), gradient=keep(s.gradient),
+                  reference=keep(s.reference), optimizer=s.optimizer, optimizer_settings=s.optimizer_settings,
+                  optimizer_state={n: st for n, st in s.optimizer_state.items() if n in names},
+                  trainable=trainable if trainable is not None else names, sampler=keep(s.sampler))
+    return dst
+
+
+def test_steps_of_different_runs_are_a_named_note(runs, tmp_path):
+    step1, step2 = runs[""]
+    for other in (_other_run(step2, tmp_path / "arch" / "step-2", layers=1),
+                  _other_run(step2, tmp_path / "names" / "step-2", trainable=("transformer.wte.weight",))):
+        pair, found = _pair((step1, other))
+        assert pair.note and [f.code for f in found] == ["steps_not_one_run"], pair.note
+        assert found[0].severity == "warning" and "not of one run" in found[0].cause
+    pair, found = _pair((step2, step2))
+    assert [f.code for f in found] == ["steps_not_one_run"] and "both folders hold step 2" in pair.note
+
+
+@pytest.mark.slow
+def test_a_folder_holding_steps_of_different_runs_is_diagnosed_with_the_note(runs, tmp_path):
+    from rookworld_debug.diagnosis.registry import folder_diagnosis
+    from rookworld_debug.lab.between_steps import link_tree
+    step1, step2 = runs[""]
+    _other_run(step2, tmp_path / "arch" / "step-2", layers=1)
+    link_tree(step1, tmp_path / "arch" / "step-1")
+    d = folder_diagnosis(tmp_path / "arch")              # each step still replayed; the pair is the note
+    assert [p.note != "" for p in d.consecutive] == [True]
+    assert "steps_not_one_run" in [f.code for f in d.findings]
+    assert "check_failed" not in [f.code for f in d.findings]
+
+
+def test_a_reward_seen_once_is_not_checkable(runs):
+    """No (prompt, completion, label) in both steps: the reward check says so, it does not pass."""
+    from rookworld_debug.diagnosis.replay.consecutive import rewards_check
+    from rookworld_debug.grpo.step import StepTrace
+    a, b = (StepTrace.load(f) for f in runs[""])
+    other = dataclasses.replace(b, rollout=dataclasses.replace(b.rollout, prompts=tuple("x" + p for p in
+                                                                                       b.rollout.prompts)))
+    c = rewards_check(a, other)
+    assert c.status == "not replayed" and "not checkable" in c.explanation
