@@ -93,17 +93,21 @@ def _main(argv: list[str] | None = None) -> int:
                    help="override one StepConfig field (repeatable), e.g. --set beta=0.05")
     p.add_argument("--out", default="reports/step", help="folder for trace.json + trace.safetensors (created; "
                    "default reports/step); the log itself goes to stdout")
+    p.add_argument("--no-replay", action="store_true", help="diagnose the step by its checks only, without "
+                   "replaying its phases (the replay takes a few seconds on the embedded model)")
     args = p.parse_args(argv)
-    from rookworld_debug.grpo.step import run_step
+    from rookworld_debug.diagnosis.registry import diagnose_step
+    from rookworld_debug.grpo.step import check_step_folder, run_step
     from rookworld_debug.safeio import check_input_file, check_output_dir
     from rookworld_debug.steplog import format_step_log
     # paths first: a bad --out must not cost a whole step (errors end in cli.run_guarded: one line, exit 2)
     if args.config:
         check_input_file(args.config, "--config")
     check_output_dir(args.out, "--out")
+    check_step_folder(Path(args.out))
     config = config_from_args(args.config, args.overrides)
     trace = run_step(config)
-    print(format_step_log(trace))
+    print(format_step_log(trace, diagnose_step(trace, replay=not args.no_replay)[0]))   # what `diagnose` says
     path = trace.save(args.out)
     kept = trace.counts.get("state/bytes", 0)
     print(f"trace written to {path}/trace.json (+ trace.safetensors"

@@ -10,10 +10,10 @@ reach the clip range).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -56,19 +56,11 @@ def _small_copy(dst: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A JupyterLab server on 127.0.0.1 (free port, token, no port retries); killed in the finalizer."""
-    pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no {CHROMIUM} (scripts/setup.sh --browser installs it)")
+@contextlib.contextmanager
+def serve_lab(root: Path, nbdir: Path):
+    """A JupyterLab server on 127.0.0.1 over `nbdir` (free port, token, no port retries, its state under `root`),
+    answering within 90 s; the server's process group (its kernels included) is killed on exit."""
     jupyter = Path(sys.executable).parent / "jupyter"
-    if not jupyter.exists():
-        pytest.skip("jupyter is not installed in this environment")
-    root = tmp_path_factory.mktemp("lab")
-    nbdir = root / "notebooks"
-    nbdir.mkdir()
-    _small_copy(nbdir)
     state = root / "state"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "JUPYTER_RUNTIME_DIR": str(state / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(state / "workspaces"),
@@ -79,7 +71,7 @@ def lab(tmp_path_factory):
         [str(jupyter), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
          "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={nbdir}",
          "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(nbdir), start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(nbdir), start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -95,7 +87,7 @@ def lab(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail("jupyter lab did not answer within 90 s")
             time.sleep(0.5)
-        yield {"base": base, "token": token, "root": root, "log": root / "jupyterlab.log"}
+        yield {"base": base, "token": token}
     finally:
         try:                                    # the server's own process group: kernels included
             os.killpg(proc.pid, signal.SIGTERM)
@@ -107,6 +99,23 @@ def lab(tmp_path_factory):
                 pass
             proc.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on 127.0.0.1 (free port, token, no port retries); killed in the finalizer."""
+    pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no {CHROMIUM} (scripts/setup.sh --browser installs it)")
+    jupyter = Path(sys.executable).parent / "jupyter"
+    if not jupyter.exists():
+        pytest.skip("jupyter is not installed in this environment")
+    root = tmp_path_factory.mktemp("lab")
+    nbdir = root / "notebooks"
+    nbdir.mkdir()
+    _small_copy(nbdir)
+    with serve_lab(root, nbdir) as server:
+        yield {**server, "root": root, "log": root / "jupyterlab.log"}
 
 
 def _loss(page) -> str:

@@ -8,20 +8,16 @@ diagnosis and replay), with `trace_path` set to the step: the later phases' view
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
 
-from test_browser_jupyterlab import CHROMIUM, CHROMIUM_ARGS, _free_port
+from test_browser_jupyterlab import CHROMIUM, CHROMIUM_ARGS, serve_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = "01_grpo_step.ipynb"
@@ -55,45 +51,8 @@ def lab(tmp_path_factory):
     nbdir = root / "notebooks"
     nbdir.mkdir()
     _notebook(nbdir, rec.save(root / "step"))
-    state = root / "state"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-           "JUPYTER_RUNTIME_DIR": str(state / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(state / "workspaces"),
-           "JUPYTER_CONFIG_DIR": str(state / "config")}
-    port, token = _free_port(), os.urandom(16).hex()
-    log = open(root / "jupyterlab.log", "wb")
-    proc = subprocess.Popen(
-        [str(jupyter), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
-         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={nbdir}",
-         "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(nbdir),
-        start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited ({proc.returncode}):\n{(root / 'jupyterlab.log').read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("jupyter lab did not answer within 90 s")
-            time.sleep(0.5)
-        yield {"base": base, "token": token}
-    finally:
-        try:                                    # the server's own process group: kernels included
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
-        log.close()
+    with serve_lab(root, nbdir) as server:
+        yield server
 
 
 @pytest.mark.browser

@@ -73,7 +73,7 @@ class StepTrace:
         import os
         import shutil
         path = Path(path)
-        _check_step_folder(path)
+        check_step_folder(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{path.name}.saving-{os.getpid()}"
         old = path.parent / f".{path.name}.replaced-{os.getpid()}"
@@ -157,7 +157,7 @@ class StepTrace:
 STEP_FILES = ("trace.json", "trace.safetensors", "state")
 
 
-def _check_step_folder(path: Path) -> None:
+def check_step_folder(path: Path) -> None:
     """A step is saved into a new or empty folder, or over a saved step; never into a folder of other files."""
     from rookworld_debug.errors import DataError
     if path.exists() and not path.is_dir():

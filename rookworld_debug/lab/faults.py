@@ -216,10 +216,11 @@ def run_one(settings: dict, *, patch=None, rewards=None, seed: int = 0):
         return run_step(cfg, session=s, reward_funcs=funcs, reward_weights=weights)
 
 
-def diagnose_codes(trace, step=0) -> tuple[list, float, int]:
-    from rookworld_debug.diagnosis import diagnose_trace
+def diagnose_codes(trace, step=0, *, replay: bool = True) -> tuple[list, float, int]:
+    """The findings a user gets on the step (`diagnose_step`: the checks and the replay on its kept weights)."""
+    from rookworld_debug.diagnosis.registry import diagnose_step, replace_step
     t0 = time.perf_counter()
-    found = diagnose_trace(trace, step=step)
+    found = [replace_step(f, step) for f in diagnose_step(trace, replay=replay)[0]]
     secs = time.perf_counter() - t0
     return [{"code": f.code, "severity": f.severity} for f in found], secs, sum(f.severity == "error" for f in found)
 

@@ -81,22 +81,23 @@ def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None):
                           processing_class=load_policy_and_reference("tiny").tokenizer)
     if fault and fault.patch:
         fault.patch(trainer)
-    cap = capture_steps(trainer, list(range(1, STEPS + 1)), out / "captures")
+    cap = capture_steps(trainer, list(range(1, STEPS + 1)), out / "captures", keep_weights=True)
     trainer.train()
     return rows_from_history(trainer.state.log_history), dict(cap.paths), dict(cap.errors)
 
 
 def diagnose_steps(rows, paths) -> dict:
-    """{step: ranked codes} from the log up to that step plus that step's capture (diagnose_path's view)."""
+    """{step: ranked codes} from the log up to that step plus that step's capture and its replay (diagnose_path's
+    view)."""
     from rookworld_debug.diagnosis.checks_run_invariants import check_captured_weights
-    from rookworld_debug.diagnosis.registry import diagnose_rows, diagnose_trace, merge, rank, rank_run, replace_step
+    from rookworld_debug.diagnosis.registry import diagnose_rows, diagnose_step, merge, rank, rank_run, replace_step
     from rookworld_debug.grpo.step import StepTrace
     out, secs, everything, traces = {}, [], [], {}
     for step in sorted(paths):
         t0 = time.perf_counter()
         traces[step] = StepTrace.load(paths[step])
         found = list(diagnose_rows([r for r in rows if r["step"] <= step]))
-        found += [replace_step(f, step) for f in diagnose_trace(traces[step])]
+        found += [replace_step(f, step) for f in diagnose_step(traces[step], paths[step])[0]]   # with its replay
         found += check_captured_weights(traces)       # the captures so far, as diagnose_path reads a run folder
         everything += found
         out[step] = [{"code": f.code, "severity": f.severity} for f in rank(merge(found))]
