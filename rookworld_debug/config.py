@@ -233,11 +233,9 @@ class StepConfig:
     diagnostics: bool = _f(False, "Signal or noise: per-group gradients, SNR, Δreward intervals, the G′ sweep, the "
                            "entropy mechanism and the sampler–trainer gap (one grad forward, B + |G′|·3 backwards).",
                            group="eval")
-    keep_weights: str = _f("auto", "Keep the step's weights for the replay: the policy before and after the update, "
-                           "the gradient before clipping, the optimizer's state and the reference, written to "
-                           "state/ beside the saved trace. 'auto': when the policy has at most 20 M parameters (the "
-                           "embedded model: about 120 MB per step on disk); 'always' (124M: about 3 GB per step); "
-                           "'never'.", choices=("auto", "always", "never"), group="eval")
+    keep_weights: str = _f("auto", "Keep the replay's weights, gradient, optimizer state and reference in state/: "
+                           "'auto' up to 20 M parameters (the embedded model, ~120 MB a step), 'always', 'never'.",
+                           choices=("auto", "always", "never"), group="eval")
     sampling_autocast: Optional[str] = _f(None, "Precision of the SAMPLER only: 'bf16' runs the generation phase "
                                           "(sampling loop, greedy rows, its scoring forwards) under torch.autocast "
                                           "bf16 while the update trains as `autocast` says (fp32 on the CPU): a real "

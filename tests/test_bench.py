@@ -148,7 +148,7 @@ def test_cli_prices_the_diagnosis_tools(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--variants", "abz"], ["--variants", "gg"], ["--variants", ""],
-                                  ["--profile", "k"]])
+                                  ["--profile", "z"]])
 def test_cli_bad_variants_one_line_exit_2(tmp_path, args):
     r = _cli(*args, "--out", str(tmp_path), timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr)

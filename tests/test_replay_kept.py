@@ -156,4 +156,5 @@ def test_a_trl_capture_with_its_weights_replays_every_phase(tmp_path, loss_type)
         assert sorted(d.replays) == [1, 2] and len(d.consecutive) == 1
         statuses = {c.phase: c.status for c in d.consecutive[0].checks}
         assert statuses["weights"] == statuses["optimizer"] == statuses["reference"] == "agree", statuses
-        assert not [f for f in d.findings if f.severity == "error"], [f.code for f in d.findings]
+        errors = [f.code for f in d.findings if f.severity == "error"]
+        assert set(errors) <= {"all_truncated"}, errors      # the 32-token budget cuts every completion, on purpose

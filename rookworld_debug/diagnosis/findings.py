@@ -90,11 +90,22 @@ def is_replay_disagreement(f) -> bool:
 
 
 def _tier(findings):
-    """−1 for the first phase a replay found disagreeing (every other finding is downstream of it or beside it);
-    1 for a symptom when an upstream invariant is broken (it ranks after every upstream finding), else 0."""
+    """−2 for the first phase a replay found disagreeing (every other finding is downstream of it or beside it),
+    unless the replay only PLACED it (no mechanism reproduces the values: code replay_<phase>) while an error-level
+    upstream check names a mechanism: then that check is −2 and the placement −1 after it; 1 for a symptom when an
+    upstream invariant is broken (it ranks after every upstream finding), else 0."""
     broken = any(f.code in UPSTREAM or is_replay_disagreement(f) for f in findings)
-    return lambda f: -1 if is_replay_disagreement(f) or f.code == "declaration_mismatch" else \
-        1 if broken and f.code in SYMPTOMS else 0
+    placed = [f for f in findings if is_replay_disagreement(f) and f.code.startswith("replay_")]
+    named = bool(placed) and any(f.severity == "error" and f.code in UPSTREAM for f in findings)
+
+    def tier(f):
+        if named and f in placed:
+            return -1
+        if is_replay_disagreement(f) or f.code == "declaration_mismatch" or named and f.severity == "error" \
+                and f.code in UPSTREAM:
+            return -2
+        return 1 if broken and f.code in SYMPTOMS else 0
+    return tier
 
 
 def rank(findings) -> list:

@@ -143,7 +143,8 @@ def merge(findings) -> list[Finding]:
 def diagnose_path(path, *, replay: bool = True) -> list[Finding]:
     """A trace folder (run_step's, a capture or a recorded step), a captures folder, or a run folder (log +
     captures). `replay`: also recompute each phase from the previous one's recorded output (diagnosis.replay) and
-    rank the first phase that disagrees above everything else."""
+    rank the first phase that disagrees above everything else (a phase it only places, with no mechanism, after an
+    error-level upstream check that names one)."""
     return diagnose_folder(path, replay=replay)[0]
 
 

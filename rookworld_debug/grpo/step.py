@@ -64,6 +64,10 @@ class StepTrace:
     kept: Optional[object] = None           # grpo.trace.state.RecordedState in memory (written to state/ by save)
     __transient__ = ("kept",)
 
+    def __post_init__(self):
+        if self.kept is not None and not self.weights:     # kept weights are saved beside the trace
+            object.__setattr__(self, "weights", "state/")
+
     def save(self, path) -> Path:
         """Write `<path>/state/` (the kept weights, when the step kept them), `<path>/trace.safetensors` (tensors)
         and `<path>/trace.json` (everything else, last). Every writer of a step (run_step, a TRL capture, a
@@ -93,11 +97,10 @@ class StepTrace:
         from rookworld_debug.safeio import atomic_write_json
         from safetensors.torch import save_file
         folder.mkdir(parents=True)
-        me = self
         if self.kept is not None:
             write_recorded(folder, self.kept)
-            me = replace(self, weights="state/")
-        payload, tensors = serialize.encode(me)
+        # the file says state/ only when this save wrote it (a loaded trace holds no weights to write again)
+        payload, tensors = serialize.encode(replace(self, weights="state/" if self.kept is not None else ""))
         save_file(tensors, str(folder / "trace.safetensors"))
         atomic_write_json(folder / "trace.json", payload)      # written last: its presence means complete
 

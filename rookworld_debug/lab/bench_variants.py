@@ -22,9 +22,9 @@ VARIANTS = {
     "e": "ours: run_step + signal-or-noise diagnostics (StepConfig.diagnostics: per-group backward passes, "
          "noise scale, G' curve, entropy mechanism, sampler-trainer gap)",
     "f": "TRL GRPOTrainer as (c) with the flight recorder holding K steps (capture_steps keep_last, nothing written)",
+    **TOOL_VARIANTS,                    # (g)–(j): the diagnosis and what-if tools on (b)'s step
     "k": "ours: run_step as (b) without keeping the weights for the replay (keep_weights='never'): (b) − (k) is "
          "what keeping them costs",
-    **TOOL_VARIANTS,                    # (g)–(j): the diagnosis and what-if tools on (b)'s step
 }
 LABELS = {"a": "ours, core step", "b": "ours, run_step (instrumented)", "c": "TRL GRPOTrainer",
           "d": "rookworld-trl's manual debug loop", "e": "ours, run_step + diagnostics",

@@ -135,9 +135,18 @@ def _dtype(trace) -> str:
     return getattr(trace.recorded, "dtype", None) or str(trace.config.dtype)
 
 
+def _scoring_dtype(trace) -> str:
+    """The precision the step's log-probs were computed in: a run_step whose sampler ran under bf16 autocast
+    (`sampling_autocast`) scored its rollout there too."""
+    if trace.recorded is None and trace.capture is None and getattr(trace.config, "sampling_autocast", None) == "bf16":
+        return "bfloat16"
+    return _dtype(trace)
+
+
 def _scoring(trace, w: Weights) -> list[PhaseCheck]:
     from rookworld_debug.diagnosis.replay import model_phases as M
-    return M.scoring_checks(trace, w.policy, w.reference, _dtype(trace), have=w.have, ref_is_policy=w.ref_is_policy,
+    return M.scoring_checks(trace, w.policy, w.reference, _scoring_dtype(trace), have=w.have,
+                            ref_is_policy=w.ref_is_policy,
                             policy_moved=_moved_before(w.state), sampler=w.sampler, cache=w.cache)
 
 

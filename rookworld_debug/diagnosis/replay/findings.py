@@ -112,9 +112,10 @@ def replay_findings(replay: Replay) -> list[Finding]:
         out.append(Finding(code="replay_incomplete", severity="info",
                            cause="Not replayed: " + "; ".join(f"{c.phase} ({c.quantity}): {c.explanation}"
                                                               for c in replay.skipped) + ".",
-                           evidence=(Evidence("replay/seconds", replay.seconds, "wall time of the replay",
-                                              "the recorded step"),),
-                           fix=Fix("Record the missing pieces (rookworld_debug.record.StepRecorder) to check them."),
+                           evidence=(Evidence("replay/not_replayed", len(replay.skipped), "quantities the replay "
+                                              "could not recompute", "the recorded step"),),
+                           fix=Fix("Keep or record the missing pieces to check them (StepConfig.keep_weights, "
+                                   "capture_steps(keep_weights=True), rookworld_debug.record.StepRecorder)."),
                            score=0.0))
     return out
 

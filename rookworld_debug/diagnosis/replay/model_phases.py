@@ -65,7 +65,9 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
     before on a rollout's first pass); mistakes that reproduce it name the cause."""
     r = trace.rollout
     mask = r.completion_mask
-    tol = tol_for(LOGP_TOL, dtype)
+    # a logit's rounding error ε becomes ε / T in a log-prob of the tempered distribution: below T = 1 it grows
+    tol = tol_for(LOGP_TOL, dtype) / min(1.0, max(float(r.temperatures.min()), 1e-2)) if r.temperatures.numel() else \
+        tol_for(LOGP_TOL, dtype)
     iteration = int(getattr(trace.recorded, "iteration", 0) or 0)
     logps = _LogpCache(r, cache)
     ours = logps(policy)                                                                  # (N, T)

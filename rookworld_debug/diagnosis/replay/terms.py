@@ -83,6 +83,8 @@ def _value_point(trace, jac: TokenJacobian) -> torch.Tensor:
     mine = jac.logps.detach().clone()
     if rec is not None and "policy_logps" not in rec.recorded:
         return mine
+    if rec is None and trace.capture is None and getattr(trace.config, "sampling_autocast", None):
+        return mine                  # a run_step's rollout log-probs came from its bf16 sampler, not the loss forward
     kept = r.per_token_logps.to(mine.dtype)
     m = r.completion_mask.bool()
     if kept.shape != mine.shape or not bool(torch.isfinite(kept[m]).all()):

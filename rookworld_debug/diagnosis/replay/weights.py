@@ -50,7 +50,7 @@ def weights_for(trace, path) -> Weights:
     kept = getattr(trace, "kept", None)
     state = kept if kept is not None else read_state(path) if path is not None else None
     said = trace.recorded.weights if trace.recorded is not None else getattr(trace, "weights", "")
-    if state is None and said == "state/":
+    if state is None and said == "state/" and path is not None:
         return Weights.none("incomplete save: the trace says its weights are in state/, which is missing")
     if trace.recorded is not None:
         if state is None or state.before is None:
