@@ -101,15 +101,37 @@ def serve_lab(root: Path, nbdir: Path):
         log.close()
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A JupyterLab server on 127.0.0.1 (free port, token, no port retries); killed in the finalizer."""
+def need_browser() -> None:
+    """Skip (naming what is missing) without Playwright, Chromium or JupyterLab in this environment."""
     pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no {CHROMIUM} (scripts/setup.sh --browser installs it)")
-    jupyter = Path(sys.executable).parent / "jupyter"
-    if not jupyter.exists():
+    if not (Path(sys.executable).parent / "jupyter").exists():
         pytest.skip("jupyter is not installed in this environment")
+
+
+def run_all_cells(page, lab, notebook: str, selector: str) -> None:
+    """Open `notebook` in JupyterLab, Run All Cells and wait for `selector` (a second Run All when the first one
+    went to a kernel whose websocket was not ready yet)."""
+    page.goto(f"{lab['base']}/lab/tree/{notebook}?token={lab['token']}")
+    page.wait_for_selector(".jp-Notebook", timeout=60_000)
+    page.get_by_text("| Idle").first.wait_for(timeout=90_000)
+    page.wait_for_timeout(3000)        # brand-new server: let the kernel websocket settle
+    for attempt in range(2):
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        try:
+            page.wait_for_selector(selector, timeout=240_000 if attempt == 0 else 120_000)
+            return
+        except Exception:
+            if attempt == 1:
+                raise
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on 127.0.0.1 (free port, token, no port retries); killed in the finalizer."""
+    need_browser()
     root = tmp_path_factory.mktemp("lab")
     nbdir = root / "notebooks"
     nbdir.mkdir()
@@ -139,19 +161,7 @@ def test_tune_panel_in_jupyterlab(lab):
         console: list[str] = []                 # e.g. "Error: widget model not found" (a stale widget view)
         page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
         try:
-            page.goto(f"{lab['base']}/lab/tree/{NB}?token={lab['token']}")
-            page.wait_for_selector(".jp-Notebook", timeout=60_000)
-            page.get_by_text("| Idle").first.wait_for(timeout=90_000)
-            page.wait_for_timeout(3000)        # brand-new server: let the kernel websocket settle
-            for attempt in range(2):
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-                try:
-                    page.wait_for_selector(".rwd-loss-summary", timeout=240_000 if attempt == 0 else 120_000)
-                    break
-                except Exception:
-                    if attempt == 1:
-                        raise
+            run_all_cells(page, lab, NB, ".rwd-loss-summary")
             panel = page.locator(".rwd-tune-panel")
             panel.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
             assert panel.locator(".rw-strips .rw-tok").count() > 0, "no token strip rendered in the panel"

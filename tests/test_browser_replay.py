@@ -9,7 +9,6 @@ diagnosis and replay), with `trace_path` set to the step: the later phases' view
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import nbformat
 import pytest
 import torch
 
-from test_browser_jupyterlab import CHROMIUM, CHROMIUM_ARGS, serve_lab
+from test_browser_jupyterlab import CHROMIUM, CHROMIUM_ARGS, need_browser, run_all_cells, serve_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = "01_grpo_step.ipynb"
@@ -37,12 +36,7 @@ def _notebook(dst: Path, step: Path) -> None:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A recorded faulty step and a JupyterLab server on 127.0.0.1 over notebook 01 opened on it."""
-    pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no {CHROMIUM} (scripts/setup.sh --browser installs it)")
-    jupyter = Path(sys.executable).parent / "jupyter"
-    if not jupyter.exists():
-        pytest.skip("jupyter is not installed in this environment")
+    need_browser()
     from rookworld_debug.lab.handloop import LoopConfig, run
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("replay_lab")
@@ -64,19 +58,7 @@ def test_the_replay_view_renders_in_notebook_01_on_a_faulty_recorded_step(lab):
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
         try:
-            page.goto(f"{lab['base']}/lab/tree/{NB}?token={lab['token']}")
-            page.wait_for_selector(".jp-Notebook", timeout=60_000)
-            page.get_by_text("| Idle").first.wait_for(timeout=90_000)
-            page.wait_for_timeout(3000)        # brand-new server: let the kernel websocket settle
-            for attempt in range(2):
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-                try:
-                    page.wait_for_selector(".rw-replay-table", timeout=240_000 if attempt == 0 else 120_000)
-                    break
-                except Exception:
-                    if attempt == 1:
-                        raise
+            run_all_cells(page, lab, NB, ".rw-replay-table")
             head = re.search(r"(\d+) error-level", page.locator(".rw-diagnosis").first.inner_text())
             assert head and int(head[1]) >= 1
             assert page.locator('.rw-finding[data-code="advantage_sign_flipped"]').count() == 1
