@@ -71,6 +71,21 @@ def machine(device: str) -> dict:
     return info
 
 
+PARTS = ("suite", "commands", "trl", "bench")       # what --skip may leave out
+
+
+def out_refusal(out: str) -> str:
+    """Why the JSON cannot be written under `out` ("" when it can): a folder, made when absent."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        return f"--out {out}: a file, not a folder (the check writes gpu-check-DATE-DEVICE.json into it)"
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"--out {out}: cannot make the folder ({err.strerror or err})"
+    return ""
+
+
 def device_refusal(device: str) -> str:
     """Why the check cannot measure `device` here ("" when it can)."""
     import torch
@@ -248,11 +263,15 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "bench"))
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: suite, commands, trl, bench")
     a = ap.parse_args()
-    refusal = device_refusal(a.device)
+    skip = {p.strip() for p in a.skip.split(",") if p.strip()}
+    # its arguments first, before anything is measured: never a part silently run, nor a traceback at the end
+    refusal = (f"--skip {a.skip!r}: unknown parts {sorted(skip - set(PARTS))}; the parts are {', '.join(PARTS)}"
+               if skip - set(PARTS) else out_refusal(a.out) or device_refusal(a.device))
+    if a.workers < 1:
+        refusal = f"--workers {a.workers}: must be at least 1"
     if refusal:                  # never a JSON that reads like a measurement of a GPU this machine does not have
         print(f"gpu-check: error: {refusal}", file=sys.stderr)
         return 2
-    skip = set(filter(None, a.skip.split(",")))
     # the quick pass first, its JSON written before the long pass starts: a short loan still yields numbers
     write(measure(a, True, skip), a)
     if not a.quick:

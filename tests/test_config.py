@@ -86,6 +86,21 @@ def test_a_family_refuses_what_it_cannot_run_before_anything_loads():
     check_settings(StepConfig(loss_type="rlvr_mini", reward_mode="rlvr", rlvr_pitfalls=("train_past_eos",)))
 
 
+# a knob of each family's own section, away from its default
+OTHER_FAMILY_KNOBS = [("manual_std_clamp", 0.5, "manual"), ("manual_adv_clip", None, "manual"),
+                      ("rlvr_kl_type", "reverse", "rlvr_mini"), ("rlvr_baseline", "ema", "rlvr_mini"),
+                      ("rlvr_pitfalls", ("train_past_eos",), "rlvr_mini")]
+
+
+@pytest.mark.parametrize("knob,value,own", OTHER_FAMILY_KNOBS)
+def test_a_knob_of_another_family_is_refused_the_same_way_for_every_family(knob, value, own):
+    from rookworld_debug.grpo.families import check_settings
+    from rookworld_debug.settings import loss_types
+    for lt in [t for t in loss_types() if t != own and not (own == "rlvr_mini" and t == "rlvr_mini")]:
+        with pytest.raises(ConfigError, match=f"{knob}.*only .* reads it.*loss_type='{lt}' would ignore it"):
+            check_settings(StepConfig(loss_type=lt, **{knob: value}))
+
+
 BAD = [
     ("num_generations", dict(num_generations=1)),                     # G < 2 with std scaling
     ("num_generations", dict(num_generations=1, scale_rewards="batch")),

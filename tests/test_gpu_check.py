@@ -39,3 +39,15 @@ def test_the_junit_counts(tmp_path):
     res = gpu_check._junit(tmp_path / "j.xml")
     assert res["counts"] == {"total": 3, "failed": 1, "skipped": 1, "passed": 1}
     assert res["failed"][0]["test"] == "a::bad" and res["skipped"][0]["why"] == "needs x"
+
+
+def test_bad_arguments_are_one_named_line_before_anything_runs(tmp_path):
+    """A misspelt part or a file as the output folder: exit 2 with the argument named, no traceback, no JSON."""
+    afile = tmp_path / "a.json"
+    afile.write_text("{}")
+    for args, words in [(["--skip", "benchh"], "unknown parts ['benchh']"), (["--out", str(afile)], "a file, not a folder"),
+                        (["--workers", "0"], "--workers 0")]:
+        argv = [sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path), *args]
+        r = subprocess.run(argv, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert not list(tmp_path.glob("gpu-check-*.json"))

@@ -83,3 +83,20 @@ def test_recorder_pieces_of_another_shape_are_named(recorded, n_rows, t):
     else:
         with pytest.raises(DataError, match="policy_logps: shape"):
             rec.build()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.fixed_dictionaries({k: st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.none())
+                                       for k in ("loss", "kl", "reward", "entropy", "grad_norm", "learning_rate",
+                                                 "frac_reward_zero_std")}), min_size=0, max_size=40))
+def test_every_run_check_reads_any_finite_log_without_failing(entries):
+    """Any finite numbers in a run log, up to the float range's ends (±1.8e308): every run check runs (no
+    check_failed finding, no overflow), whatever it concludes."""
+    import warnings
+
+    from rookworld_debug.diagnosis.registry import diagnose_run
+    log = [{"step": i + 1, **{k: v for k, v in e.items() if v is not None}} for i, e in enumerate(entries)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)       # numpy's overflow warnings would be printed to the user
+        found = diagnose_run(log)
+    assert not [f for f in found if f.code == "check_failed"], [f.cause for f in found if f.code == "check_failed"]

@@ -332,3 +332,28 @@ def test_step_numbers_that_would_capture_another_step_are_refused(tmp_path, step
     trainer = make_trainer(tmp_path / "t", max_steps=1, max_completion_length=48)
     with pytest.raises(ConfigError, match="steps"):
         capture_steps(trainer, steps, tmp_path / "c")
+
+
+def test_a_wrapped_reward_that_keeps_the_name_rookworld_p_is_captured_with_a_note(tmp_path):
+    """A user's wrapper around the P: reward that keeps its name but not its attributes: every step is captured,
+    and the trace says the reward's settings were not read (they are assumed, not taken from a look-alike)."""
+    from trl import GRPOTrainer
+
+    from rookworld_debug import StepTrace
+    from rookworld_debug.models import load_policy_and_reference
+    from rookworld_debug.models.loading import TINY_DIR
+    from rookworld_debug.trl.capture import capture_steps
+    from rookworld_debug.trl.example import grpo_config, tiny_dataset
+    from rookworld_debug.trl.rewards import rookworld_reward_funcs
+    inner = rookworld_reward_funcs("dataset")
+
+    def rookworld_p(prompts, completions, **kw):        # a wrapper: the name kept, the attributes not
+        return inner[0](prompts, completions, **kw)
+    trainer = GRPOTrainer(model=str(TINY_DIR), reward_funcs=[rookworld_p, *inner[1:]],
+                          args=grpo_config(tmp_path / "t", max_steps=1, max_completion_length=24),
+                          train_dataset=tiny_dataset(), processing_class=load_policy_and_reference("tiny").tokenizer)
+    cap = capture_steps(trainer, (1,), tmp_path / "captures")
+    trainer.train()
+    assert cap.errors == {} and sorted(cap.paths) == [1]
+    notes = StepTrace.load(cap.paths[1]).capture.mapping_notes
+    assert any("named 'rookworld_p'" in n and "not rookworld_debug's PReward" in n for n in notes), notes

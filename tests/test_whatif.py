@@ -122,6 +122,22 @@ def test_one_step_self_check_passes_and_arms_differ(saved):
     assert d["self_check"]["passed"] is True and d["arms"][1]["update"]["param_delta_norm"] > 0
 
 
+def test_an_arm_that_changes_precision_or_placement_applies_it_or_is_refused_by_name(saved):
+    """autocast=bf16 runs the arm's forwards under bf16 (a gradient unlike the unchanged arm's); an arm after it
+    runs at the saved precision again; a reference device this machine lacks is refused, naming the setting."""
+    from rookworld_debug.errors import ConfigError
+    from rookworld_debug.models.devices import usable
+    from rookworld_debug.whatif import arms_from_sets, whatif
+    res = whatif(saved / "step", arms_from_sets([["autocast=bf16"], ["lr=1e-5"]]))
+    base, bf16, again = res.one_step
+    assert bf16.grad_norm_pre_clip != pytest.approx(base.grad_norm_pre_clip, rel=1e-6)
+    assert again.grad_norm_pre_clip == pytest.approx(base.grad_norm_pre_clip, rel=1e-6)
+    if not usable("cuda:3"):
+        with pytest.raises(ConfigError) as e:
+            whatif(saved / "step", arms_from_sets([["reference_device=cuda:3"]]))
+        assert e.value.field == "reference_device"
+
+
 def test_a_wrong_start_fails_the_self_check_at_the_log_probs(saved):
     from rookworld_debug.whatif import SelfCheckError, arms_from_sets, whatif
     with pytest.raises(SelfCheckError) as e:

@@ -29,6 +29,17 @@ def _jumps(pts, floor: float, direction: int = 1) -> list[tuple]:
         return []
     steps = [s for s, _ in pts]
     v = np.asarray([x for _, x in pts], dtype=np.float64)                                 # (n,)
+    with np.errstate(over="ignore", invalid="ignore"):    # a log's extreme values (1e308): ±inf compares, no warning
+        med, mad = _window_medians(v)
+        scale = np.maximum(1.4826 * mad, floor)
+        idx = np.arange(MIN_HISTORY, len(v))
+        hit = np.flatnonzero(direction * (v[idx] - med) > K * scale)
+    return [(steps[idx[j]], float(v[idx[j]]), float(med[j])) for j in hit]
+
+
+def _window_medians(v):
+    """(median, median absolute deviation) of the ≤ WINDOW values before each point from the MIN_HISTORY-th on."""
+    import numpy as np
     idx = np.arange(MIN_HISTORY, len(v))
     lo = np.maximum(idx - WINDOW, 0)
     full = idx >= WINDOW                       # a full window: the WINDOW values before the point
@@ -41,9 +52,7 @@ def _jumps(pts, floor: float, direction: int = 1) -> list[tuple]:
         w = v[lo[j]:idx[j]]
         med[j] = np.median(w)
         mad[j] = np.median(np.abs(w - med[j]))
-    scale = np.maximum(1.4826 * mad, floor)
-    hit = np.flatnonzero(direction * (v[idx] - med) > K * scale)
-    return [(steps[idx[j]], float(v[idx[j]]), float(med[j])) for j in hit]
+    return med, mad
 
 
 def _lr_rise(rows, step: int):
@@ -90,21 +99,30 @@ def check_update_jump(rows) -> list[Finding]:
     return out
 
 
+def _fmean(values) -> float:
+    """The mean, computed on values / max|value| (a log's extreme values, e.g. 1e308, overflow no sum)."""
+    vs = list(values)
+    scale = max((abs(v) for v in vs), default=0.0) or 1.0
+    return statistics.fmean(v / scale for v in vs) * scale
+
+
 def _ols(pts):
-    """(slope × span, half-width of its 95 % t-interval) of y on step; None for < 3 points."""
+    """(slope × span, half-width of its 95 % t-interval) of y on step; None for < 3 points. Computed on y scaled
+    by max|y| (no square or sum overflows; a result beyond the float range is ±inf, not an error)."""
     n = len(pts)
     if n < 3:
         return None
-    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    scale = max(abs(p[1]) for p in pts) or 1.0
+    xs, ys = [p[0] for p in pts], [p[1] / scale for p in pts]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
+    sxx = sum((x - mx) * (x - mx) for x in xs)
     if sxx == 0:
         return None
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
+    resid = sum((y - my - slope * (x - mx)) * (y - my - slope * (x - mx)) for x, y in zip(xs, ys))
     se = math.sqrt(resid / (n - 2) / sxx)
     span = xs[-1] - xs[0]
-    return slope * span, _t975(n - 2) * se * span
+    return slope * span * scale, _t975(n - 2) * se * span * scale
 
 
 def _t975(df: int) -> float:
@@ -241,9 +259,9 @@ def check_truncated_run(rows) -> list[Finding]:
               "triage: completions/clipped_ratio curve"),
            ev("steps_logged", len(pts), "logged steps with the metric", LOG)]
     if length:
-        evs.append(ev("completions/mean_length", statistics.fmean(v for _, v in length), "mean over steps", LOG))
+        evs.append(ev("completions/mean_length", _fmean(v for _, v in length), "mean over steps", LOG))
     if zero:
-        evs.append(ev("frac_reward_zero_std", statistics.fmean(v for _, v in zero), "mean over steps", LOG))
+        evs.append(ev("frac_reward_zero_std", _fmean(v for _, v in zero), "mean over steps", LOG))
     return [Finding(
         code="all_truncated", severity="error",
         cause="No learning signal: on nearly every step every completion is cut at the completion budget before it "
@@ -289,7 +307,7 @@ def check_little_signal(rows) -> list[Finding]:
     pts = series(rows, "frac_reward_zero_std")
     if len(pts) < 3 or check_truncated_run(rows):
         return []
-    mean = statistics.fmean(v for _, v in pts)
+    mean = _fmean(v for _, v in pts)
     if mean < 0.75:
         return []
     return [Finding(

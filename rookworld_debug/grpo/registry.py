@@ -16,6 +16,7 @@ Micro-batch weightings, w = the share of the full-batch loss one micro-batch's l
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from dataclasses import dataclass, field
@@ -76,7 +77,8 @@ class Family:
     sampler_options: Callable = lambda config: {}   # StepConfig -> the decode loop's options (generation)
     # (rollout, StepConfig, policy, reference, tokenizer) -> the rollout the step trains on; None = as sampled
     rollout_transform: Optional[Callable] = None
-    own_settings: Callable = lambda config: ()      # StepConfig -> the fields set that only this family reads
+    # StepConfig -> its settings set that make the step train other than what the sampler drew (exact_sampler)
+    own_settings: Callable = lambda config: ()
     check_config: Callable = lambda config: None    # StepConfig -> None; ConfigError for what it cannot run
     settings: Optional[type] = None                 # its knobs: a @settings.section class (StepConfig, flat)
     metric_definitions: Mapping[str, str] = field(default_factory=dict)   # its own metrics' keys → definitions
@@ -88,6 +90,14 @@ class Family:
     def exact_sampler(self, config) -> bool:
         """Whether the step trains what an exact sampler drew (no family sampler option or transform active)."""
         return not any(self.sampler_options(config).values()) and not self.own_settings(config)
+
+    def knobs_set(self, config) -> tuple:
+        """The fields of its settings section that `config` sets away from their defaults."""
+        if self.settings is None:
+            return ()
+        return tuple(f.name for f in dataclasses.fields(self.settings)
+                     if getattr(config, f.name) != (f.default_factory() if f.default is dataclasses.MISSING
+                                                    else f.default))
 
     def mb_weight(self, loss_type: str, rows: slice, n: int, mask: torch.Tensor, *, entropy: bool = False) -> float:
         """Weight that turns a micro-batch loss (rows of the n-row batch, mask (n, T)) into its share of the

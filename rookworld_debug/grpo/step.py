@@ -23,7 +23,7 @@ from rookworld_debug.grpo.phases.evaluation import Evaluation, GreedyEval, evalu
 from rookworld_debug.grpo.phases.generation import Rollout, loss_mask
 from rookworld_debug.grpo.phases.iterations import run_iterations
 from rookworld_debug.grpo.phases.rewards import Rewards
-from rookworld_debug.grpo.phases.setup import Setup, check_context, check_inject
+from rookworld_debug.grpo.phases.setup import Setup, check_context, check_inject, reuse_session
 # loss_for is re-exported: views and notebooks import it from here
 from rookworld_debug.grpo.phases.shared import PhaseTimer, loss_for, memory_advice, rows, sample_and_score  # noqa: F401
 from rookworld_debug.grpo.phases.update import UpdateResult
@@ -227,35 +227,9 @@ def _kept(watch, iterations, config: StepConfig):
                        whole_batch=(config.steps_per_generation or 1) == 1)
 
 
-# settings that choose how the session's models were LOADED: a reused session cannot change them
-RELOAD_FIELDS = ("model", "dtype", "device", "init_policy")
-
-
-def _reuse(session: Setup, config: StepConfig) -> Setup:
-    """`session` under `config`: what can be applied to its models is when the config changes it (autocast, the
-    reference's device), what would need a reload is refused by name before any work; the precision recorded is
-    the one that runs."""
-    from rookworld_debug.models.devices import check_device
-    from rookworld_debug.models.precision import set_autocast, step_precision
-    old = session.config
-    for name in RELOAD_FIELDS:
-        if getattr(old, name, None) != getattr(config, name, None):
-            raise ConfigError(name, f"{getattr(config, name)!r}, but the session's models were loaded with "
-                                    f"{getattr(old, name)!r}: load a new session (setup) to change it")
-    if config.autocast != old.autocast:          # unchanged: the session's models keep what their owner set
-        set_autocast(config.autocast, session.policy, session.reference)
-    if config.reference_device != old.reference_device and session.reference is not None:
-        target = (next(session.policy.parameters()).device if config.reference_device == "same"
-                  else check_device(config.reference_device, "reference_device"))
-        session.reference.to(target)
-    provenance = {**session.provenance, "precision": step_precision(session.policy, session.reference,
-                                                                    config.sampling_autocast)}
-    return replace(session, config=config, provenance=provenance)
-
-
 def _setup_phase(config: StepConfig, session: Optional[Setup], inject) -> Setup:
     """The loaded models, data and engine (a reused `session` re-checked against the config's token limits)."""
-    s = _reuse(session, config) if session is not None else setup_phase(config)
+    s = reuse_session(session, config) if session is not None else setup_phase(config)
     if session is not None:               # a reused session may meet new token limits: same check as setup
         check_context(config, s.policy, s.tokenizer, s.batch.prompts, [x.prompt for x in s.heldout])
     if inject:                            # before the evaluations and sampling, not after

@@ -59,10 +59,7 @@ def grpo_config_to_step_config(args, *, batch_size: int, task: str, model: str, 
     else:
         notes.append(f"loss_type={d.get('loss_type')!r} has no StepConfig counterpart in this version: the "
                      "loss record cannot be recomputed for it")
-    p = next((f for f in reward_funcs if getattr(f, "__name__", "") == "rookworld_p"), None)
-    if p is not None:
-        kw.update(reward_mode=p.reward_mode, engine_depth=p.depth, engine_multipv=p.multipv,
-                  engine_workers=p.workers)
+    kw.update(_p_reward_settings(reward_funcs, notes))
     for name, default in MATH_CHANGING:
         if name in kw:
             continue                                    # StepConfig models it
@@ -87,3 +84,17 @@ def task_of(prompts: Sequence[str]) -> str:
 def model_name(trainer) -> Optional[str]:
     m = trainer.accelerator.unwrap_model(trainer.model)
     return getattr(m.config, "_name_or_path", None) or "in-memory model"
+
+
+def _p_reward_settings(reward_funcs, notes: list) -> dict:
+    """The reward mode and engine settings of this package's P: reward among `reward_funcs` ({} without it). A
+    function that only carries its name (a wrapper) is not read: its settings are unknown, said in `notes`."""
+    from rookworld_debug.trl.rewards import PReward
+    for f in reward_funcs:
+        if isinstance(f, PReward):
+            return dict(reward_mode=f.reward_mode, engine_depth=f.depth, engine_multipv=f.multipv,
+                        engine_workers=f.workers)
+        if getattr(f, "__name__", "") == "rookworld_p":
+            notes.append(f"a reward function named 'rookworld_p' ({type(f).__name__}) is not rookworld_debug's "
+                         "PReward: its reward mode and engine settings are unknown, so the defaults are assumed")
+    return {}

@@ -103,11 +103,12 @@ def run_arm(state: SavedState, rec: Recorded, arm: Arm) -> OneStepArm:
     """Restore the start, update the recorded rollout under the arm's config, measure (module doc)."""
     from rookworld_debug.grpo.families import advantages_from_config
     from rookworld_debug.grpo.phases.iterations import run_iterations
+    from rookworld_debug.grpo.phases.setup import reuse_session
     from rookworld_debug.grpo.phases.shared import loss_for
     check_same_rollout(arm)
     t0 = time.perf_counter()
     cfg = arm.config(state.config)
-    s = state.session
+    s = reuse_session(state.session, cfg)      # the arm's precision and reference placement, applied to the models
     restore(state)
     _set_optimizer(s.optimizer, cfg)
     adv = rec.advantages if not arm.overrides else advantages_from_config(rec.rewards.rewards, cfg)

@@ -10,7 +10,7 @@ fails, every later KL/ratio number would be an artefact, so the views show this 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -19,7 +19,7 @@ from rookworld_debug.data.loaders import Batch, load_bundled, load_file, load_he
 from rookworld_debug.errors import ConfigError
 from rookworld_debug.grpo.objective.params import Objective
 from rookworld_debug.grpo.phases.generation import per_token_logps_and_entropy
-from rookworld_debug.grpo.registry import checked, families, family_of
+from rookworld_debug.grpo.registry import families, family_of
 
 
 @dataclass(frozen=True)
@@ -236,17 +236,50 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
 
 
 def check_settings(config) -> None:
-    """ConfigError for what the config's family cannot run (its `check_config`), and for a field only another
-    family reads, set while `config.loss_type` is not one of its (e.g. rookworld-rlvr's pipeline faults under
-    TRL's grpo): it would be silently ignored."""
+    """ConfigError for what the config's family cannot run (its `check_config`), and for a knob of another
+    family's settings section set away from its default while `config.loss_type` is not one of that family's
+    (e.g. rookworld-rlvr's pipeline faults under TRL's grpo): it would be silently ignored. Every family alike."""
     active = family_of(config.loss_type)
     active.check_config(config)
     rule = active.rules[config.loss_type]
     if rule.check is not None:
         rule.check(Objective.from_config(config))       # the loss type's own knobs (e.g. vespo's IS mode)
     for fam in families():
-        names = () if fam is active else checked(fam, "own_settings", fam.own_settings(config), (tuple, list),
-                                                 "a sequence of setting names")
+        names = () if fam is active else fam.knobs_set(config)
         if names:
             raise ConfigError(names[0], f"only {fam.name} reads it (loss_type in {list(fam.loss_types)}); "
                                         f"loss_type={config.loss_type!r} would ignore it")
+
+
+# settings that choose how the session's models were LOADED: a reused session cannot change them
+RELOAD_FIELDS = ("model", "dtype", "device", "init_policy")
+
+
+def reuse_session(session: Setup, config: StepConfig) -> Setup:
+    """`session` under `config`, the one place a reused session changes: what would need a reload is refused by
+    name before any work; the precision (autocast) and the reference's device are applied to the models wherever
+    they differ from what the models have now (not from the session's config: an earlier arm or step may have
+    changed them), each change named in provenance["session_changes"]; the precision recorded is what runs."""
+    from rookworld_debug.models.devices import check_device
+    from rookworld_debug.models.precision import autocast_mode, set_autocast, step_precision
+    old = session.config
+    for name in RELOAD_FIELDS:
+        if getattr(old, name, None) != getattr(config, name, None):
+            raise ConfigError(name, f"{getattr(config, name)!r}, but the session's models were loaded with "
+                                    f"{getattr(old, name)!r}: load a new session (setup) to change it")
+    changes = []
+    models = [m for m in (session.policy, session.reference) if m is not None]
+    if any(autocast_mode(m) != config.autocast for m in models):
+        changes.append(f"autocast {autocast_mode(session.policy)!r} → {config.autocast!r} on the session's models")
+        set_autocast(config.autocast, *models)
+    if session.reference is not None:
+        here = next(session.policy.parameters()).device
+        target = here if config.reference_device == "same" else check_device(config.reference_device,
+                                                                             "reference_device")
+        now = next(session.reference.parameters()).device
+        if torch.device(target) != now:
+            changes.append(f"reference moved {now} → {target}")
+            session.reference.to(target)
+    provenance = {**session.provenance, "session_changes": changes,
+                  "precision": step_precision(session.policy, session.reference, config.sampling_autocast)}
+    return replace(session, config=config, provenance=provenance)
