@@ -2,6 +2,7 @@
 no module imports itself back through others (no import circle in the package)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,14 @@ def test_the_layers_picture_in_developing_md_is_made_from_the_current_imports():
     doc = (REPO / "docs" / "DEVELOPING.md").read_text()
     block = doc[doc.index(mod.BEGIN) + len(mod.BEGIN):doc.index(mod.END)].strip()
     assert block == mod.mermaid(mod.graph_edges()), "run: .venv/bin/python scripts/layers_graph.py --write"
+
+
+def test_the_benchmark_tables_are_what_their_results_files_render():
+    """docs/BENCHMARKS.md is generated from docs/bench/*.jsonl; a results file changed without regenerating it (or
+    a table edited by hand) fails here, as a user would see it from the command."""
+    r = subprocess.run([sys.executable, "scripts/diagnosis_tables.py", "--check"], cwd=REPO, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = (REPO / "docs" / "BENCHMARKS.md").read_text()
+    for line in (REPO / "docs" / "bench" / "replay_heldout_frozen_fits.jsonl").read_text().splitlines()[:3]:
+        assert json.loads(line)["fault"] in page

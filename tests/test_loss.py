@@ -725,12 +725,12 @@ def test_sampling_correction_options_are_validated():
 
 def test_objective_is_the_config_s_loss_knobs():
     """Every Objective field is a StepConfig setting (max_completion_length: max_new_tokens; settings: the loss
-    type's family's section) with the same default, so Objective.from_config never leaves a knob at a default the
-    user cannot set."""
+    type's family's section; family: the family answering the loss type) with the same default, so
+    Objective.from_config never leaves a knob at a default the user cannot set."""
     cfg = StepConfig()
     names = set(StepConfig.field_names())
     for f in dataclasses.fields(Objective):
-        if f.name in ("max_completion_length", "settings"):
+        if f.name in ("max_completion_length", "settings", "family"):
             continue
         assert f.name in names, f.name
         if f.default is not dataclasses.MISSING:
@@ -738,3 +738,4 @@ def test_objective_is_the_config_s_loss_knobs():
     o = Objective.from_config(cfg.replace(beta=0.3, rlvr_kl_type="reverse", max_new_tokens=40, loss_type="rlvr_mini"))
     assert (o.beta, o.settings.rlvr_kl_type, o.max_completion_length) == (0.3, "reverse", 40)
     assert Objective.from_config(cfg).settings is None          # TRL's family has no section of its own
+    assert o.family.name == "rookworld-rlvr mini" and Objective.from_config(cfg).family.name == "TRL GRPOTrainer"

@@ -228,9 +228,13 @@ def families() -> tuple:
 
 
 def advantages_from_config(rewards, config):
-    """The Advantages record of the config's objective family (ConfigError naming the family when its hook returns
+    """The Advantages record of the config's objective family (see `family_advantages`)."""
+    return family_advantages(family_of(config.loss_type), rewards, config)
+
+
+def family_advantages(fam: Family, rewards, config):
+    """`fam`'s Advantages record of `rewards` under `config` (ConfigError naming the family when its hook returns
     anything else; the record is named, not imported: the registry sits below the phases)."""
-    fam = family_of(config.loss_type)
     out = fam.advantages(rewards, config)
     if type(out).__name__ != "Advantages":
         checked(fam, "advantages", out, (), "an Advantages record")

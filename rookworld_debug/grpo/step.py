@@ -15,7 +15,8 @@ import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.grpo.registry import checked, family_of
+from rookworld_debug.grpo.objective.params import Objective
+from rookworld_debug.grpo.registry import checked
 from rookworld_debug.grpo.multistep.start import setup as setup_phase
 from rookworld_debug.grpo.objective.loss import LossBreakdown
 from rookworld_debug.grpo.phases.advantages import Advantages
@@ -203,7 +204,7 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
         finally:                               # the session's optimizer keeps no hook of this step
             if watch is not None:
                 watch.remove()
-    kept = _kept(watch, iterations, config)
+    kept = _kept(watch, iterations, whole_batch=(config.steps_per_generation or 1) == 1)
     evaluation = None
     if upd is not None:
         with timer("evaluation"):
@@ -217,14 +218,14 @@ def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_func
                      flags=tuple(flags), iterations=iterations, diagnostics=diag, kept=kept)
 
 
-def _kept(watch, iterations, config: StepConfig):
+def _kept(watch, iterations, *, whole_batch: bool):
     """The weights kept for the replay (None when not kept): the first optimizer step's gradient and weights after
-    it are the step's when that step trained on every row (steps_per_generation 1)."""
+    it are the step's when that step trained on every row (`whole_batch`: steps_per_generation 1)."""
     if watch is None:
         return None
     first = iterations[0].updates[0] if iterations and iterations[0].updates else None
     return watch.close(clip_coef=first.clip_coef if first is not None else 1.0,
-                       whole_batch=(config.steps_per_generation or 1) == 1)
+                       whole_batch=whole_batch)
 
 
 def _setup_phase(config: StepConfig, session: Optional[Setup], inject) -> Setup:
@@ -251,7 +252,7 @@ def _step_flags(s: Setup, rollout, rewards, advantages, loss, config: StepConfig
     start = s.provenance.get("start") or {}
     return [*s.invariants.failures, *getattr(s, "data_flags", ()), *([start["note"]] if start.get("note") else []),
             *rollout.warnings, *rewards_flags(rewards), *advantages.flags,
-            *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config), *loss.flags]
+            *zero_std_flags(advantages, rollout.prompts, rewards), *tiny_std_flags(advantages, config.tiny_std_fraction), *loss.flags]
 
 
 def _diagnostics_phase(s: Setup, rollout, advantages, loss, config: StepConfig, flags: list):
@@ -274,7 +275,7 @@ def _evaluation_phase(s: Setup, rollout, advantages, before, before_heldout, con
             labels_per_row=rows(s.batch.completions, config.num_generations), batch_labels=s.batch.completions,
             heldout_labels=[x.completion for x in s.heldout], reward_mode=config.reward_mode, engine=s.engine,
             eval_max_new_tokens=config.eval_max_new_tokens, sampling_autocast=config.sampling_autocast,
-            replay=family_of(config.loss_type).exact_sampler(config))   # a faulty sampler: no exact replay
+            replay=s.objective.family.exact_sampler(config))   # a faulty sampler: no exact replay
     except NumericalError as err:              # e.g. lr=1e12 broke the weights: keep the trace and its flags
         flags.append(f"post-update evaluation failed: {err}")
         return None
@@ -284,12 +285,15 @@ def _update_phase(s: Setup, rollout, advantages, loss, config: StepConfig, flags
     """(the inner iterations' records, the optimizer step TRL logs last — None when refused). A refusal (NaN/inf)
     and a loss that differs from the displayed record go into `flags`."""
     iterations, upd = (), None
-    family = family_of(config.loss_type)
+    objective = s.objective                    # resolved for this config by the setup phase
+    family = objective.family
     upd_config = checked(family, "update_config", family.update_config(config, loss), StepConfig, "a StepConfig") \
         if family.update_config is not None else config
+    if upd_config is not config:               # e.g. the mini's controlled β: the update's own knobs
+        objective = Objective.from_config(upd_config, family=family)
     try:
         iterations = run_iterations(s.policy, s.optimizer, rollout, advantages, upd_config, reference=s.reference,
-                                    loss_record=loss, flags=flags)
+                                    loss_record=loss, flags=flags, objective=objective)
         upd = iterations[0].updates[0] if len(iterations) == 1 and len(iterations[0].updates) == 1 \
             else iterations[-1].updates[-1]  # the optimizer step whose metrics TRL logs last
     except NumericalError as err:          # refuse to step on NaN/inf; the trace says why
@@ -324,13 +328,13 @@ def rewards_flags(rewards: Rewards) -> list[str]:
     return out
 
 
-def tiny_std_flags(adv: Advantages, config: StepConfig) -> list[str]:
+def tiny_std_flags(adv: Advantages, fraction: float) -> list[str]:
     """Groups whose σ_g is tiny next to the batch's reward std: their advantages amplify small reward gaps."""
     g = adv.num_generations
     out = []
-    for b in tiny_std_groups(adv.group_std, adv.batch_std, config.tiny_std_fraction):
+    for b in tiny_std_groups(adv.group_std, adv.batch_std, fraction):
         a = adv.advantages[b * g:(b + 1) * g]
-        out.append(f"tiny-σ group p{b}: σ = {float(adv.group_std[b]):.3g} < {config.tiny_std_fraction:g} × batch σ "
+        out.append(f"tiny-σ group p{b}: σ = {float(adv.group_std[b]):.3g} < {fraction:g} × batch σ "
                    f"{adv.batch_std:.3g}; advantages span {float(a.min()):+.2f}…{float(a.max()):+.2f} from a reward "
                    f"gap of {float(adv.rewards[b * g:(b + 1) * g].max() - adv.rewards[b * g:(b + 1) * g].min()):.3g}")
     return out

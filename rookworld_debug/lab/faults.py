@@ -321,6 +321,7 @@ RESULT_FIELDS = {
     "error": _is(str), "diagnose_seconds": _num_or_none, "seconds": _num_or_none,
     "per_step": lambda v: isinstance(v, dict) and all(_list_of(_finding_row)(x) for x in v.values()),
     "capture_errors": _is(dict),
+    "code_version": _is(str),           # which code a re-run case ran on (a commit, in words)
 }
 
 

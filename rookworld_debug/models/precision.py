@@ -26,14 +26,9 @@ def set_autocast(mode: str, *models) -> None:
             setattr(m, _ATTR, mode)
 
 
-def autocast_mode(model) -> str:
-    """The autocast mode recorded on `model` ('auto' when none was set)."""
-    return getattr(model, _ATTR, "auto")
-
-
 def autocast_dtype(model) -> torch.dtype | None:
     """bf16 when the model's forwards should autocast, else None."""
-    mode = autocast_mode(model)
+    mode = getattr(model, _ATTR, "auto")
     p = next(model.parameters())
     if mode == "off" or p.dtype != torch.float32:
         return None

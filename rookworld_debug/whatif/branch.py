@@ -8,7 +8,6 @@ branch (constant schedules). On a Dask cluster each (arm, seed) run is one task 
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -77,7 +76,8 @@ def run_arm_seed(state: SavedState, arm: Arm, seed: int, steps: int, *, on_step:
         rows.append({"step": state.step + int(row["step"]), **vals})
         if on_step is not None:
             on_step()
-    run_steps(cfg, steps, session=dataclasses.replace(state.session, config=cfg), keep_traces=False, on_step=collect)
+    # the session as saved: each step applies what the arm changes (precision, the reference's device) to it
+    run_steps(cfg, steps, session=state.session, keep_traces=False, on_step=collect)
     return BranchRun(arm.name, seed, tuple(rows), time.perf_counter() - t0)
 
 

@@ -108,8 +108,8 @@ def run_arm(state: SavedState, rec: Recorded, arm: Arm) -> OneStepArm:
     check_same_rollout(arm)
     t0 = time.perf_counter()
     cfg = arm.config(state.config)
-    s = reuse_session(state.session, cfg)      # the arm's precision and reference placement, applied to the models
     restore(state)
+    s = reuse_session(state.session, cfg)      # the arm's precision and reference placement, applied to the models
     _set_optimizer(s.optimizer, cfg)
     adv = rec.advantages if not arm.overrides else advantages_from_config(rec.rewards.rewards, cfg)
     loss = rec.loss if not arm.overrides else loss_for(rec.rollout, adv, cfg)

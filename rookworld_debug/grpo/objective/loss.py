@@ -77,7 +77,7 @@ import torch
 from rookworld_debug import settings
 from rookworld_debug.config import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, VLLM_IS_MODES
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.registry import LossRule, checked, family_of
+from rookworld_debug.grpo.registry import LossRule, checked
 from rookworld_debug.grpo.objective.aggregation import Aggregation, AggregationInputs, entropy_bonus
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.objective.terms import (Masks, ObjectiveInputs, PolicyTerm, high_entropy_mask,
@@ -254,7 +254,7 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
                           f"{type(objective).__name__}")
     if batch is not None and not isinstance(batch, LossBatch):
         raise ConfigError("batch", f"must be a LossBatch or None, got {type(batch).__name__}")
-    family = family_of(objective.loss_type)                 # ConfigError naming the known loss types
+    family = objective.family                               # resolved with the objective, not looked up again
     rule = family.rules[objective.loss_type]
     if family.loss is not None:                             # a family with its own loss (e.g. the rlvr mini)
         out = family.loss(per_token_logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
@@ -271,7 +271,7 @@ def compute_loss(per_token_logps: torch.Tensor, old_per_token_logps: Optional[to
 
 
 def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask,
-                  ob: Objective, b: LossBatch, rule: LossRule, family=None) -> LossBreakdown:
+                  ob: Objective, b: LossBatch, rule: LossRule, family) -> LossBreakdown:
     """The loss type's row composed: weights → KL → objective → masks → aggregation → entropy bonus → records."""
     advantages = _validate(logps, old_per_token_logps, ref_per_token_logps, advantages, completion_mask, ob, b, rule)
     dtype = logps.dtype
@@ -287,7 +287,6 @@ def _compute_loss(logps, old_per_token_logps, ref_per_token_logps, advantages, c
     masks = _masks(adv, logps, old, mask, ob, b)
     pol = rule.objective(ObjectiveInputs(logps, adv, log_ratio, coef_1, mask, ob.epsilon_low, ob.epsilon_high, ob.delta,
                                     loss_params, masks.is_ratio))
-    family = family or family_of(ob.loss_type)
     checked(family, f"{ob.loss_type} objective", pol, PolicyTerm, "a PolicyTerm")   # names the family and hook
     per_token_pg = masks.apply(pol.per_token_pg, rule.sampling_ratio_inside)    # (N, T) | (N, 1)
     agg = checked(family, f"{ob.loss_type} aggregation",

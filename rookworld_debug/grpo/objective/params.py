@@ -8,12 +8,13 @@ A family's own knobs come as its settings section (`settings`), read by the fami
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Optional, Union
 
 import torch
 
-from rookworld_debug.grpo.registry import family_of
+from rookworld_debug.errors import ConfigError
+from rookworld_debug.grpo.registry import families, family_of
 
 
 @dataclass(frozen=True)
@@ -43,18 +44,24 @@ class Objective:
     vllm_importance_sampling_clip_min: Optional[float] = None
     vllm_importance_sampling_clip_max: Optional[float] = 3.0
     settings: Any = None                            # the loss type's family's settings section (None: none)
+    # the objective family answering loss_type (grpo.registry.Family), looked up once, here: the phases read it
+    family: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.family is None or self.loss_type not in self.family.rules:   # none given, or another loss type's
+            object.__setattr__(self, "family", family_of(self.loss_type))   # ConfigError naming the known types
 
     @classmethod
-    def from_config(cls, config) -> "Objective":
+    def from_config(cls, config, family=None) -> "Objective":
         """The record of a StepConfig (any object with these attribute names; `max_new_tokens` gives
-        max_completion_length), with its loss type's family's settings section. Fields the object lacks keep their
-        defaults."""
+        max_completion_length), with its loss type's family (`family`, when the caller resolved it) and that
+        family's settings section. Fields the object lacks keep their defaults."""
         kw = {f.name: getattr(config, f.name) for f in fields(cls)
-              if f.name not in ("max_completion_length", "settings") and hasattr(config, f.name)}
-        section = family_of(config.loss_type).settings
-        if section is not None and hasattr(config, "section"):
-            kw["settings"] = config.section(section.SECTION)
-        return cls(max_completion_length=config.max_new_tokens, **kw)
+              if f.name not in ("max_completion_length", "settings", "family") and hasattr(config, f.name)}
+        family = family_of(config.loss_type) if family is None else family
+        if family.settings is not None and hasattr(config, "section"):
+            kw["settings"] = config.section(family.settings.SECTION)
+        return cls(max_completion_length=config.max_new_tokens, family=family, **kw)
 
     def replace(self, **changes) -> "Objective":
         """A copy with some knobs changed (β/ε sliders, an annealed c_H, the mini's controlled kl_coef)."""
@@ -77,3 +84,22 @@ class LossBatch:
 
     def replace(self, **changes) -> "LossBatch":
         return replace(self, **changes)
+
+
+def resolve(config) -> Objective:
+    """A step's objective, resolved once at its start: the family answering `config.loss_type`, its settings
+    section and every loss knob. ConfigError first for what that family cannot run (its `check_config`), for the
+    loss type's own knobs (e.g. vespo's IS mode), and for a knob of another family's settings section set away from
+    its default: the step would silently ignore it (every family alike)."""
+    objective = Objective.from_config(config)
+    active = objective.family
+    active.check_config(config)
+    rule = active.rules[config.loss_type]
+    if rule.check is not None:
+        rule.check(objective)
+    for fam in families():
+        names = () if fam is active else fam.knobs_set(config)
+        if names:
+            raise ConfigError(names[0], f"only {fam.name} reads it (loss_type in {list(fam.loss_types)}); "
+                                        f"loss_type={config.loss_type!r} would ignore it")
+    return objective

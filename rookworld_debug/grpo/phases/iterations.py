@@ -85,10 +85,11 @@ class AdaptiveEntropy:
 
 def run_iterations(policy, optimizer, rollout, advantages, config, *, reference=None,
                    loss_record: Optional[LossBreakdown] = None, per_term_grads: bool = True,
-                   flags: Optional[list] = None) -> tuple:
+                   flags: Optional[list] = None, objective: Optional[Objective] = None) -> tuple:
     """μ passes × steps_per_generation optimizer steps over `rollout`. Returns the IterationRecords done.
     A refused optimizer step (NumericalError) ends the loop with a flag appended to `flags`; if it is the
-    very first step the error propagates (nothing was trained: the caller's 'update refused' path)."""
+    very first step the error propagates (nothing was trained: the caller's 'update refused' path).
+    `objective`: the config's, when the caller resolved it."""
     n = rollout.completion_ids.shape[0]
     steps = config.steps_per_generation or 1
     rows_per_step = n // steps
@@ -98,7 +99,7 @@ def run_iterations(policy, optimizer, rollout, advantages, config, *, reference=
     # TRL: dapo-family normaliser = generation-batch tokens · g / (steps·g) = tokens per optimizer step on average
     num_items = float(mask.sum()) / steps if steps > 1 else None
     ent = AdaptiveEntropy(config)
-    objective = Objective.from_config(config)
+    objective = Objective.from_config(config) if objective is None else objective
     records = []
     for i in range(config.num_iterations):
         ups: list[UpdateResult] = []
@@ -108,7 +109,7 @@ def run_iterations(policy, optimizer, rollout, advantages, config, *, reference=
                 up = update(policy, optimizer, rollout, advantages,
                             loss_record if (i == 0 and steps == 1) else None, config,
                             per_term_grads=per_term_grads, reference=reference, rows=rows,
-                            old_per_token_logps=old, num_items_in_batch=num_items,
+                            old_per_token_logps=old, num_items_in_batch=num_items, mask=mask,
                             objective=objective.replace(entropy_coef=ent.applied()))
             except NumericalError as err:
                 if not records and not ups:
@@ -118,16 +119,16 @@ def run_iterations(policy, optimizer, rollout, advantages, config, *, reference=
                 return tuple(records)
             ent.observe(up.per_token_entropy, mask[rows])
             ups.append(up)
-        records.append(_record(i, ups, rollout, advantages, config, old, mask))
+        records.append(_record(i, ups, rollout, advantages, config, old, mask, objective))
     return tuple(records)
 
 
-def _record(i, ups, rollout, advantages, config, old, mask) -> IterationRecord:
+def _record(i, ups, rollout, advantages, config, old, mask, objective) -> IterationRecord:
     """The pass's LossBreakdown on all N rows, from the grad forwards' detached tensors (no extra forward)."""
     logps = torch.cat([u.per_token_logps for u in ups])                      # (N, T)
     entropy = torch.cat([u.per_token_entropy for u in ups])                  # (N, T)
     full_kl = torch.cat([u.per_token_full_kl for u in ups]) if ups[0].per_token_full_kl is not None else None
-    objective = Objective.from_config(config).replace(entropy_coef=ups[-1].entropy_coef)
+    objective = objective.replace(entropy_coef=ups[-1].entropy_coef)
     rec = loss_inputs(rollout, advantages, config, logps=logps, old=logps if old is None else old, entropy=entropy,
                       full_kl=full_kl, objective=objective, mask=mask).loss()
     return IterationRecord(index=i, loss=rec, updates=tuple(ups), per_token_logps=logps,

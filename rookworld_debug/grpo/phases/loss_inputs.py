@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import torch
 
-from rookworld_debug.grpo.registry import checked, family_of
+from rookworld_debug.grpo.registry import checked
 from rookworld_debug.grpo.objective.loss import LossBreakdown, compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.phases.generation import loss_mask, sampling_logps_for
@@ -66,11 +66,11 @@ def loss_inputs(rollout, advantages, config, *, rows: Rows = None, logps=ROLLOUT
     full_kl = _take(rollout.per_token_full_kl, rows) if full_kl is ROLLOUT else full_kl      # (n, T) | None
     if num_generations is ROLLOUT:
         num_generations = config.num_generations if rows is None else None
-    family = family_of(config.loss_type)
+    objective = Objective.from_config(config) if objective is None else objective
+    family = objective.family
     # exact KL asked for but not computed: no reference side (KL needs the exact one), unless the loss reads ℓ_ref
     no_ref = config.kl_estimator == "full" and full_kl is None and not family.needs_reference
     ref = None if no_ref else _take(rollout.ref_per_token_logps, rows)                  # (n, T) | None
-    objective = Objective.from_config(config) if objective is None else objective
     extra = {}
     if prepare and family.prepare is not None:
         objective, extra = checked(family, "prepare", family.prepare(rollout, advantages, objective, mask), tuple,

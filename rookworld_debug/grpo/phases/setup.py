@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 
 from rookworld_debug.config import StepConfig
 from rookworld_debug.data.loaders import Batch, load_bundled, load_file, load_heldout, load_hf, select_batch
 from rookworld_debug.errors import ConfigError
-from rookworld_debug.grpo.objective.params import Objective
+from rookworld_debug.grpo.objective.params import Objective, resolve
 from rookworld_debug.grpo.phases.generation import per_token_logps_and_entropy
-from rookworld_debug.grpo.registry import families, family_of
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Invariants:
 
 @dataclass(frozen=True)
 class Setup:
-    __transient__ = ("policy", "reference", "tokenizer", "engine", "optimizer")
+    __transient__ = ("policy", "reference", "tokenizer", "engine", "optimizer", "objective", "objective_config")
     config: StepConfig
     policy: object                  # PreTrainedModel (trainable, eval mode, dropout 0)
     reference: object               # frozen copy
@@ -50,6 +50,8 @@ class Setup:
     invariants: Invariants
     seconds: float
     data_flags: tuple = ()          # malformed dataset records skipped (on_bad_sample='skip'), one per line
+    objective: Optional[Objective] = None   # an objective resolved once (family, its settings, every knob) …
+    objective_config: Optional[StepConfig] = None   # … for this config (a replaced config is resolved anew)
 
 
 MAX_SKIP_FLAGS = 20
@@ -196,7 +198,7 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
                          indices=config.prompt_indices)
     heldout = tuple(heldout_all[: config.heldout_n])
 
-    check_settings(config)                      # before loading anything
+    objective = resolve(config)                 # before loading anything: what the objective cannot run
     if config.reward_mode not in ("engine", "dataset", "rlvr", "rlvr_gt"):
         raise ConfigError("reward_mode", f"unknown {config.reward_mode!r}")
     needs_engine = config.reward_mode == "engine" and any(t == "P" for t in batch.tasks)
@@ -231,24 +233,14 @@ def load_setup(config: StepConfig, *, loaded=None, samples: tuple[list, list] | 
                   "precision": step_precision(policy, reference, config.sampling_autocast)}
     s = Setup(config=config, policy=policy, reference=reference, tokenizer=tokenizer, engine=engine,
               optimizer=optimizer, provenance=provenance, batch=batch, heldout=heldout,
-              invariants=invariants, seconds=time.perf_counter() - t0, data_flags=data_flags)
+              invariants=invariants, seconds=time.perf_counter() - t0, data_flags=data_flags, objective=objective,
+              objective_config=config)
     return s
 
 
 def check_settings(config) -> None:
-    """ConfigError for what the config's family cannot run (its `check_config`), and for a knob of another
-    family's settings section set away from its default while `config.loss_type` is not one of that family's
-    (e.g. rookworld-rlvr's pipeline faults under TRL's grpo): it would be silently ignored. Every family alike."""
-    active = family_of(config.loss_type)
-    active.check_config(config)
-    rule = active.rules[config.loss_type]
-    if rule.check is not None:
-        rule.check(Objective.from_config(config))       # the loss type's own knobs (e.g. vespo's IS mode)
-    for fam in families():
-        names = () if fam is active else fam.knobs_set(config)
-        if names:
-            raise ConfigError(names[0], f"only {fam.name} reads it (loss_type in {list(fam.loss_types)}); "
-                                        f"loss_type={config.loss_type!r} would ignore it")
+    """ConfigError for what the config's objective cannot run (see `grpo.objective.params.resolve`)."""
+    resolve(config)
 
 
 # settings that choose how the session's models were LOADED: a reused session cannot change them
@@ -257,29 +249,33 @@ RELOAD_FIELDS = ("model", "dtype", "device", "init_policy")
 
 def reuse_session(session: Setup, config: StepConfig) -> Setup:
     """`session` under `config`, the one place a reused session changes: what would need a reload is refused by
-    name before any work; the precision (autocast) and the reference's device are applied to the models wherever
-    they differ from what the models have now (not from the session's config: an earlier arm or step may have
-    changed them), each change named in provenance["session_changes"]; the precision recorded is what runs."""
+    name before any work; a precision (autocast) or reference device the config changes from the session's is
+    applied to the models (what the config leaves alone keeps what the models' owner set, e.g. a policy-only bf16),
+    each change named in provenance["session_changes"]; the precision recorded is what runs; the objective is
+    resolved (checked) anew only for a changed config."""
     from rookworld_debug.models.devices import check_device
-    from rookworld_debug.models.precision import autocast_mode, set_autocast, step_precision
+    from rookworld_debug.models.precision import set_autocast, step_precision
     old = session.config
     for name in RELOAD_FIELDS:
         if getattr(old, name, None) != getattr(config, name, None):
             raise ConfigError(name, f"{getattr(config, name)!r}, but the session's models were loaded with "
                                     f"{getattr(old, name)!r}: load a new session (setup) to change it")
     changes = []
-    models = [m for m in (session.policy, session.reference) if m is not None]
-    if any(autocast_mode(m) != config.autocast for m in models):
-        changes.append(f"autocast {autocast_mode(session.policy)!r} → {config.autocast!r} on the session's models")
-        set_autocast(config.autocast, *models)
-    if session.reference is not None:
-        here = next(session.policy.parameters()).device
-        target = here if config.reference_device == "same" else check_device(config.reference_device,
-                                                                             "reference_device")
-        now = next(session.reference.parameters()).device
-        if torch.device(target) != now:
-            changes.append(f"reference moved {now} → {target}")
-            session.reference.to(target)
+    if config.autocast != old.autocast:
+        set_autocast(config.autocast, session.policy, session.reference)
+        changes.append(f"autocast {old.autocast!r} → {config.autocast!r} on the session's models")
+    if config.reference_device != old.reference_device and session.reference is not None:
+        target = (next(session.policy.parameters()).device if config.reference_device == "same"
+                  else check_device(config.reference_device, "reference_device"))
+        session.reference.to(target)
+        changes.append(f"reference moved to {target} (reference_device {config.reference_device!r})")
     provenance = {**session.provenance, "session_changes": changes,
                   "precision": step_precision(session.policy, session.reference, config.sampling_autocast)}
-    return replace(session, config=config, provenance=provenance)
+    return replace(session, config=config, provenance=provenance, objective=objective_of(session, config),
+                   objective_config=config)
+
+
+def objective_of(s: Setup, config: StepConfig) -> Objective:
+    """`config`'s objective: the session's when it was resolved for this config, else resolved (checked) now (a
+    caller that scores the session under another config)."""
+    return s.objective if s.objective is not None and s.objective_config == config else resolve(config)

@@ -14,13 +14,13 @@ from typing import Mapping, Optional
 import torch
 
 from rookworld_debug.config import StepConfig
-from rookworld_debug.grpo.registry import advantages_from_config, checked, family_of
+from rookworld_debug.grpo.registry import checked, family_advantages
 from rookworld_debug.grpo.objective.loss import LossBreakdown
 from rookworld_debug.grpo.phases.advantages import Advantages
 from rookworld_debug.grpo.phases.generation import Rollout, generate_with_greedy, inject_completions
 from rookworld_debug.grpo.phases.loss_inputs import loss_inputs
 from rookworld_debug.grpo.phases.rewards import compute_rewards
-from rookworld_debug.grpo.phases.setup import Setup, check_inject, check_settings
+from rookworld_debug.grpo.phases.setup import Setup, check_inject, objective_of
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -83,13 +83,13 @@ def rows(values, g: int) -> list:
 
 
 def loss_for(rollout: Rollout, advantages: Advantages, config: StepConfig, *,
-             old_per_token_logps: Optional[torch.Tensor] = None) -> LossBreakdown:
+             old_per_token_logps: Optional[torch.Tensor] = None, objective=None) -> LossBreakdown:
     """The loss record from the rollout's tensors — no forward pass (widgets recompute it per slider move).
     On-policy (μ = 1) the old log-probs ARE the rollout's, so ratio = 1 exactly as in TRL; a saved off-policy
-    step (e.g. a TRL capture with num_iterations > 1) passes its stored `old_per_token_logps` (N, T)."""
+    step (e.g. a TRL capture with num_iterations > 1) passes its stored `old_per_token_logps` (N, T).
+    `objective`: the config's, when the caller resolved it."""
     old = rollout.per_token_logps if old_per_token_logps is None else old_per_token_logps             # (N, T)
-    return loss_inputs(rollout, advantages, config, old=old, prepare=True).loss()
-
+    return loss_inputs(rollout, advantages, config, old=old, prepare=True, objective=objective).loss()
 
 
 def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_weights=None,
@@ -101,8 +101,8 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
     `config.eval_max_new_tokens`), decoded in the sampling loop (`generate_with_greedy`): the before-update
     evaluation without a decode loop of its own."""
     timer = timer or PhaseTimer()
-    b, g, family = s.batch, config.num_generations, family_of(config.loss_type)
-    check_settings(config)                     # a field only another family reads: refused, not ignored
+    objective = objective_of(s, config)        # what its family cannot run, or another family's knob: refused
+    b, g, family = s.batch, config.num_generations, objective.family
     if inject:
         check_inject(inject, s, config)        # bad text / too long for the context: ConfigError, before sampling
     with timer("generation"):
@@ -128,7 +128,7 @@ def sample_and_score(s: Setup, config: StepConfig, *, reward_funcs=None, reward_
                                   reward_mode=config.reward_mode, engine=s.engine, reward_funcs=reward_funcs,
                                   reward_weights=reward_weights, completion_ids=rollout.completion_ids)
     with timer("advantages"):
-        advantages = advantages_from_config(rewards.rewards, config)
+        advantages = family_advantages(family, rewards.rewards, config)
     with timer("loss"):
-        loss = loss_for(rollout, advantages, config)
+        loss = loss_for(rollout, advantages, config, objective=objective)
     return (rollout, rewards, advantages, loss, greedy) if greedy_prompts else (rollout, rewards, advantages, loss)

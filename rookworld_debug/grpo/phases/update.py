@@ -21,7 +21,6 @@ from typing import Optional
 import torch
 
 from rookworld_debug.errors import ConfigError, NumericalError
-from rookworld_debug.grpo.registry import family_of
 from rookworld_debug.grpo.objective.params import Objective
 from rookworld_debug.grpo.phases.generation import (auto_micro_batch_size, loss_mask, per_token_logps_and_entropy,
                                                     per_token_logps_entropy_full_kl)
@@ -178,7 +177,8 @@ def _total_per_layer(params) -> dict:
 
 def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_term_grads: bool = True,
            reference=None, rows: Optional[slice] = None, old_per_token_logps: Optional[torch.Tensor] = None,
-           num_items_in_batch: Optional[float] = None, objective: Optional[Objective] = None) -> UpdateResult:
+           num_items_in_batch: Optional[float] = None, objective: Optional[Objective] = None,
+           mask: Optional[torch.Tensor] = None) -> UpdateResult:
     """One optimizer step on `rollout` with `advantages`. Refuses (NumericalError) on a non-finite
     loss or gradient instead of stepping the optimizer. `reference` is needed for kl_estimator='full'
     (its exact KL needs the reference distribution again, with the policy side carrying grad).
@@ -187,7 +187,8 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     rollout, default all), `old_per_token_logps` (N, T) frozen at sampling (None → ℓ.detach(), ratio 1, TRL's
     on-policy case), `num_items_in_batch` (dapo family: TRL's generation-batch token count ÷ steps per
     generation; default Σ mask of `rows`) and `objective` (default `Objective.from_config(config)`; the inner
-    iterations pass it with the adaptive controller's applied c_H)."""
+    iterations pass it with the adaptive controller's applied c_H); `mask` (N, T) the loss mask when the caller
+    has it."""
     if config.kl_estimator == "full" and config.beta and reference is None:
         raise ConfigError("kl_estimator", "'full' needs the reference model in update() for its gradient")
     t0 = time.perf_counter()
@@ -197,11 +198,11 @@ def update(policy, optimizer, rollout, advantages, loss_record, config, *, per_t
     params = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
     step_rows = rows if rows is not None else slice(0, rollout.completion_ids.shape[0])
     n = step_rows.stop - step_rows.start
-    full_mask = loss_mask(rollout, config)                                 # (N, T) the record's mask
+    full_mask = loss_mask(rollout, config) if mask is None else on_device(mask, dev)   # (N, T) the record's mask
     mask = full_mask[step_rows]                                            # (n, T)
     num_items = float(mask.sum()) if num_items_in_batch is None else float(num_items_in_batch)
     objective = Objective.from_config(config) if objective is None else objective
-    family = family_of(config.loss_type)
+    family = objective.family
     if not per_term_grads:                   # lean path: .backward() accumulates into .grad in place, as TRL
         for _, p in params:
             p.grad = None
