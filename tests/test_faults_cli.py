@@ -66,3 +66,28 @@ def test_saved_results_make_the_table(tmp_path):
     r = _faults("--out", out, "--table", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-1500:]
     assert "top-1 accuracy: 1/1" in r.stdout and (out / "table.md").is_file()
+
+
+def test_every_step_fault_patches_what_the_step_code_has():
+    """A fault's patch names a function of the step code; a rename there must fail here, not as a crashed case in
+    the benchmark's results. Each patch is applied to a session of the embedded model and entered (the session's
+    models may be changed by an earlier patch: only the targets' presence is checked)."""
+    import contextlib
+    import dataclasses
+    import warnings
+
+    from rookworld_debug.config import StepConfig
+    from rookworld_debug.grpo.multistep.start import setup
+    from rookworld_debug.lab.faults import STEP_FAULTS
+    from rookworld_debug.lab.faults_heldout import HELDOUT_STEP_FAULTS
+    cfg = StepConfig(model="tiny", reward_mode="dataset", batch_size=2, num_generations=2, max_new_tokens=8,
+                     eval_max_new_tokens=4, heldout_n=0)
+    patched = [f for f in (*STEP_FAULTS, *HELDOUT_STEP_FAULTS) if f.patch is not None]
+    assert patched
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = setup(cfg)
+    for f in patched:
+        ctx = f.patch(dataclasses.replace(s))     # AttributeError when a target is gone
+        with ctx if ctx is not None else contextlib.nullcontext():
+            pass

@@ -39,12 +39,12 @@ def _advantages_flipped(s):
     from unittest import mock
 
     from rookworld_debug.grpo.phases import shared as phases
-    orig = phases.advantages_from_config
+    orig = phases.family_advantages
 
-    def flipped(rewards, config):               # mean − r instead of r − mean
-        a = orig(rewards, config)
+    def flipped(family, rewards, config):       # mean − r instead of r − mean
+        a = orig(family, rewards, config)
         return dataclasses.replace(a, advantages=-a.advantages)
-    return mock.patch.object(phases, "advantages_from_config", flipped)
+    return mock.patch.object(phases, "family_advantages", flipped)
 
 
 def _update_reads_negated_advantages(s):
@@ -53,8 +53,10 @@ def _update_reads_negated_advantages(s):
     from rookworld_debug.grpo.phases import update
     orig = update._micro_batch_terms
 
-    def terms(policy, reference, rollout, g_rows, mask_rows, adv_rows, *rest, **kw):
-        return orig(policy, reference, rollout, g_rows, mask_rows, -adv_rows, *rest, **kw)
+    def terms(policy, reference, rollout, advantages, *rest, **kw):
+        negated = dataclasses.replace(advantages, advantages=-advantages.advantages) \
+            if hasattr(advantages, "advantages") else -advantages
+        return orig(policy, reference, rollout, negated, *rest, **kw)
     return mock.patch.object(update, "_micro_batch_terms", terms)
 
 
