@@ -18,7 +18,15 @@ FAULTS = "python -m rookworld_debug.lab.faults --out runs/fault-bench"
 LOOPS = "python -m rookworld_debug.lab.replay_bench"
 # (heading, results file, which benchmark wrote it, what was measured: machine, date, the command, its scope)
 SOURCES = (
-    ("Fault injection, diagnosed with the replay", "fault-bench-replay-seed0-20261128.jsonl", "faults",
+    ("Fault injection, diagnosed with the replay: every seed-0 case and the controls",
+     "fault-bench-replay-seed0-all-20261128.jsonl", "faults",
+     f"2-core CPU, 2026-11-28, `{FAULTS} --only /0` then `--only control`, seed 0: all 43 fault types and the 24 "
+     "healthy controls, each step diagnosed with its replay (`diagnose_step`), on the code that resolves the "
+     "objective once. The accepted diagnoses of each fault were written before the replay existed and are kept "
+     "as written: where the replay's own fit names the mechanism under a newer code (`scoring_temperature`, "
+     "`eos_not_in_mask`, `reward_sign_flipped`, `advantage_sign_flipped`) the case counts as a miss"),
+    ("Fault injection, diagnosed with the replay: the first 31 seed-0 cases, the code before",
+     "fault-bench-replay-seed0-20261128.jsonl", "faults",
      f"2-core CPU, 2026-11-28, `{FAULTS}` with the replay (`diagnose_step`), seed 0 only, the first 31 of 43 "
      "cases (stopped for time: the healthy controls were not reached); the 4 misses re-run after the two ranking "
      "and tolerance changes they led to (each line names the code it ran on)"),
