@@ -21,7 +21,7 @@ from rookworld_debug.diagnosis import checks_update as UP
 from rookworld_debug.diagnosis.context import at_step
 from rookworld_debug.diagnosis.findings import Finding, Fix, rank, rank_run
 from rookworld_debug.diagnosis.flags import check_phase_flags
-from rookworld_debug.errors import DataError
+from rookworld_debug.errors import DataError, RookWorldError
 
 if TYPE_CHECKING:
     from rookworld_debug.diagnosis.replay.records import Replay
@@ -255,13 +255,28 @@ def _step_findings(trace, folder, replay: bool) -> tuple[list, object]:
     got = []
 
     def run_replay(t):
-        got.append(replay_trace(t, folder))
+        try:
+            got.append(replay_trace(t, folder))
+        except RookWorldError as err:          # a saved step the replay refuses to read: the user's files, named
+            return [refused_step(err)]
         return replay_findings(got[0])
     run_replay.__name__ = "replay"
     found = _guarded(run_replay, trace)
     rep = got[0] if got else None
     checked = rep.trace if rep is not None and rep.trace is not None else trace
     return diagnose_trace(checked) + found, rep
+
+
+def refused_step(err) -> Finding:
+    """The replay refused the step's saved files (incomplete, altered, links out of the folder, tensors unlike their
+    parameters): an error, since nothing of the step could be checked against them, with what was refused."""
+    from rookworld_debug.diagnosis.findings import Evidence
+    return Finding(code="recorded_step_refused", severity="error",
+                   cause=f"The saved step cannot be replayed: {type(err).__name__}: {err}",
+                   evidence=(Evidence("replay/refused", 1.0, f"files refused by the replay's reader: {err}"[:300],
+                                      "the recorded step"),),
+                   fix=Fix("Save or record the step again (an interrupted or altered save); nothing from the refused "
+                           "files was used."), score=1.0)
 
 
 def replace_step(f: Finding, step: int) -> Finding:

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from .model_phases import GRAD_ATOL
-from .update import OPTIMIZERS
+from .update import OPTIMIZERS, recorded_optimizer
 
 MOMENTS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
 
@@ -46,14 +46,7 @@ def moments_after(sk, max_grad_norm, names, bound: float) -> tuple[Optional[dict
         p.grad = s.gradient[n].detach().clone().to(p.dtype)
     if max_grad_norm:
         torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
-    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in s.optimizer_settings.items()}
-    opt = OPTIMIZERS[s.optimizer](params, **kw)
-    if s.optimizer_state:
-        sd = opt.state_dict()
-        sd["state"] = {i: {k: (v.clone() if k != "step" else v.clone().float().reshape(()))
-                           for k, v in s.optimizer_state.get(n, {}).items()} for i, n in enumerate(names)
-                       if s.optimizer_state.get(n)}
-        opt.load_state_dict(sd)
+    opt = recorded_optimizer(s.optimizer, params, names, s.optimizer_settings, s.optimizer_state)
     opt.step()
     if s.after is not None:
         d = math.sqrt(sum(float((p.detach().double() - s.after[n].double()).pow(2).sum())

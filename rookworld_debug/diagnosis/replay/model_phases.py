@@ -319,13 +319,16 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
     if err <= tol or err * norm_ref <= GRAD_ATOL:
         return PhaseCheck("gradient", q, AGREE, err, tol, measure="‖g_recorded − g‖ / ‖g‖")
     bound = max(tol * norm_rec, GRAD_ATOL)          # a fit holds to the recorded precision, or to float noise
-    phase, cause, why, fitted = _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation)
-    if not cause and fit is not None:
+    # a NaN or inf gradient: no fit (an infinite bound would let every one hold)
+    finite = math.isfinite(norm_rec) and math.isfinite(norm_ref)
+    phase, cause, why, fitted = _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation) \
+        if finite else ("gradient", "", "the recorded or recomputed gradient holds NaN or ±inf", None)
+    if not cause and fit is not None and finite:
         phase, cause, why, fitted = _regression_fits(recorded, names, fit, bound, norm_rec, accumulation, ours)
     if not cause and norm_rec <= GRAD_ATOL:
         cause, why = "gradient_missing", "the recorded gradient is 0: backward never reached the parameters"
     k = _dot(recorded, ours, names) / (norm_ref ** 2) if norm_ref > 0 else math.nan
-    if not cause and fit is not None and 0.5 < k < 1.5 and norm_rec > 1.2 * norm_ref:
+    if not cause and fit is not None and finite and 0.5 < k < 1.5 and norm_rec > 1.2 * norm_ref:
         cause, why = "gradient_not_zeroed", ("the recorded gradient holds this loss's gradient plus another one that "
                                              "no term of this step's loss explains: gradients not zeroed since an "
                                              "earlier backward")

@@ -50,7 +50,7 @@ class PhaseCheck:
         return {"phase": self.phase, "quantity": self.quantity, "status": self.status, "size": _num(self.max_abs_diff),
                 "measure": self.measure, "tolerance": _num(self.tolerance), "where": self.where,
                 "recorded": self.recorded, "recomputed": self.recomputed, "cause": self.cause,
-                "explanation": self.explanation, "fit": self.fit}
+                "explanation": self.explanation, "fit": _plain(self.fit)}
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,15 @@ def _num(x):
     """A float as JSON: finite as is, else its name ("inf", "nan")."""
     x = float(x)
     return x if math.isfinite(x) else str(x)
+
+
+def _plain(x):
+    """`x` with every float as `_num` writes it (a fit's residual may be NaN): strict JSON."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return _num(x) if isinstance(x, float) else x
 
 
 def fmt(x) -> str:

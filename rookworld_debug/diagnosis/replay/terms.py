@@ -110,8 +110,10 @@ class GradientFit:
         prev = self.previous() if self.previous is not None else None
         if prev is None:
             return {}, math.inf
-        return _regress(recorded, {"this pass's gradient": (ours, 1.0), "the previous pass's gradient": (prev, 0.0)},
-                        names)
+        coefs, resid = _regress(recorded, {"this pass's gradient": (ours, 1.0),
+                                           "the previous pass's gradient": (prev, 0.0)}, names)
+        # the previous pass's gradient left out as float noise: nothing was carried over
+        return (coefs, resid) if "the previous pass's gradient" in coefs else ({}, math.inf)
 
     def terms(self) -> dict:
         """{term: (its gradient, its declared coefficient)}."""
@@ -171,6 +173,8 @@ def _regress(recorded: dict, terms: dict, names):
     keys = list(terms)
     gram = torch.tensor([[dot(terms[a][0], terms[b][0], names) for b in keys] for a in keys], dtype=torch.float64)
     rhs = torch.tensor([dot(terms[a][0], recorded, names) for a in keys], dtype=torch.float64)
+    if not (bool(torch.isfinite(gram).all()) and bool(torch.isfinite(rhs).all())):
+        return {}, math.inf                        # a NaN or inf gradient: no combination of terms explains it
     scale = gram.diagonal().sqrt()                  # normalised columns: terms of very different sizes
     coef = torch.linalg.lstsq(gram / scale[:, None] / scale[None], (rhs / scale)[:, None]).solution.squeeze(1) / scale
     fitted = {n: sum(float(c) * terms[k][0][n].double() for c, k in zip(coef, keys)) for n in names}

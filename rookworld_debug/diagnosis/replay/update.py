@@ -35,16 +35,27 @@ def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict,
         torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
     if grad_clamp is not None:
         torch.nn.utils.clip_grad_value_(params, grad_clamp)
+    opt = recorded_optimizer(kind, params, names, settings, None if fresh_state else opt_state)
+    opt.step()
+    return {n: p.detach() for n, p in zip(names, params)}
+
+
+def recorded_optimizer(kind: str, params: list, names: list, settings: dict, opt_state: Optional[dict]):
+    """The recorded optimizer over `params` (named `names`) holding its recorded state; TraceError when torch
+    refuses the recorded settings."""
+    from rookworld_debug.errors import TraceError
     kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in settings.items()}
-    opt = OPTIMIZERS[kind](params, **kw)
-    if opt_state and not fresh_state:
+    try:
+        opt = OPTIMIZERS[kind](params, **kw)
+    except ValueError as err:                   # torch's own range checks: a negative lr, a β outside [0, 1)
+        raise TraceError(f"the recorded {kind} settings are refused by torch: {err}") from None
+    if opt_state:
         sd = opt.state_dict()
         sd["state"] = {i: {k: (v.clone() if k != "step" else v.clone().float().reshape(()))
                            for k, v in opt_state.get(n, {}).items()} for i, n in enumerate(names)
                        if opt_state.get(n)}
         opt.load_state_dict(sd)
-    opt.step()
-    return {n: p.detach() for n, p in zip(names, params)}
+    return opt
 
 
 class _Update:
@@ -81,8 +92,12 @@ def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
     if err <= u.tol:
         return PhaseCheck("update", q, AGREE, err, u.tol, measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖")
     cause, why, fitted = "", "", None
+    # a NaN or inf step, recorded or re-run: no fit (an infinite bound would let every one hold)
+    finite = math.isfinite(u.norm_rec) and math.isfinite(_dot(d_ref, d_ref, u.names))
     if u.norm_rec == 0:
         cause, why = "optimizer_no_op", "the weights did not move: the optimizer applied nothing"
+    elif not finite:
+        why = "the recorded or re-run step holds NaN or ±inf"
     else:
         for code, kw, sentence in (
                 ("optimizer_state_reset", dict(fresh_state=True),
@@ -92,7 +107,7 @@ def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
             if (max_grad_norm or code != "grad_clip_not_applied") and u.resid(u.step(**kw)) <= u.bound:
                 cause, why = code, sentence
                 break
-    if not cause and u.norm_rec > 0:
+    if not cause and u.norm_rec > 0 and finite:
         cause, why, fitted = _linear_fit(u, d_ref)
         if not cause:
             cause, why, fitted = _clamp_fits(u, d_ref, fitted)

@@ -37,9 +37,19 @@ class Weights:
         return Weights(source=f"none: {why}", why=why, why_update=why, **kw)
 
 
-def _tokenizer(folder):
+def _tokenizer(folder, top_id: int):
+    """The recorded tokenizer, which must decode every id of the rollout. Its files are transformers' to parse, and
+    the types that parse fails with are named here."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    from rookworld_debug.errors import TraceError
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise TraceError(f"{folder}: the recorded tokenizer is unreadable ({type(err).__name__}: "
+                         f"{str(err)[:200]})") from None
+    if len(tok) <= top_id:
+        raise TraceError(f"{folder}: the recorded tokenizer has {len(tok)} tokens; the rollout holds id {top_id}")
+    return tok
 
 
 def weights_for(trace, path) -> Weights:
@@ -56,17 +66,17 @@ def weights_for(trace, path) -> Weights:
         if state is None or state.before is None:
             return Weights.none("the loop recorded no weights (StepRecorder.model_before)")
         return _from_state(state, {"policy"} if "policy_logps" in trace.recorded.recorded else set(),
-                           "the weights the loop recorded (state/)")
+                           "the weights the loop recorded (state/)", trace)
     if kept is not None or (state is not None and said == "state/"):
         return _from_state(state, {"policy"}, "the weights the step kept (state/)" if kept is None else
-                           "the weights the step kept (in memory)", trl=trace.capture is not None)
+                           "the weights the step kept (in memory)", trace, trl=trace.capture is not None)
     if trace.capture is not None:
         return Weights.none("the TRL capture kept no weights of its step (capture with keep_weights=True to replay "
                             "its log-probs, gradient and update)")
     return _run_step(trace)
 
 
-def _from_state(state, have: set, source: str, trl: bool = False) -> Weights:
+def _from_state(state, have: set, source: str, trace, trl: bool = False) -> Weights:
     """Models of the kept weights. `trl`: they score as TRL 1.16's GRPOTrainer does (the attention mask only, no
     position ids: a left-padded row is scored at the model's default positions), the computation a capture's
     numbers are held to."""
@@ -75,8 +85,10 @@ def _from_state(state, have: set, source: str, trl: bool = False) -> Weights:
     def build(weights):
         return None if weights is None else _plain_positions(build_model(state, weights)) if trl else \
             build_model(state, weights)
+    ids = trace.rollout.completion_ids
     tok = state.tokenizer if state.tokenizer is not None else \
-        _tokenizer(state.tokenizer_dir) if state.tokenizer_dir is not None else None
+        _tokenizer(state.tokenizer_dir, int(ids.max()) if ids.numel() else -1) if state.tokenizer_dir is not None \
+        else None
     policy, ref, sampler = build(state.before), build(state.reference), build(state.sampler)
     same = state.reference is not None and all(torch.equal(state.reference[k], state.before[k])
                                                for k in state.before if k in state.reference)

@@ -1,12 +1,19 @@
 """A loaded trace's tensors checked for types and shapes against each other, so a file whose fields are all
 present but disagree (a (N, T) mask next to a (N, T + 1) log-prob, a string where a tensor goes) is refused at
-load with a TraceError naming the field, instead of failing later inside a view.
+load with a TraceError naming the field, instead of failing later inside a view. Every record's fields are held
+to their annotations the same way (with `_ITEMS` for the items of a field annotated only `tuple` or `dict`).
 
 Dims: N rows (B prompts × G), T completion tokens, P prompt tokens, B groups, K reward functions. A spec is the
 dims of one field, "?" when the field may be None, "+" when more trailing dims follow (top-k), "seq" for a Python
 sequence of N items.
 """
 from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from collections import abc
 
 import torch
 
@@ -85,6 +92,79 @@ def _check_record_types(trace, source: str) -> None:
         raise TraceError(f"{source}: flags must be a sequence of strings")
 
 
+# record fields annotated with a record that a trace may hold as None (a step without them)
+_MAY_BE_NONE = {("Setup", "invariants"), ("StepTrace", "before")}
+# the type of each item (each value, of a mapping) of a field annotated only `tuple`, `dict` or `object`, which
+# the annotation cannot say: a record's name or a plain type, in a tuple with None where an item may be None
+_ITEMS = {
+    "StepTrace": {"iterations": "IterationRecord", "flags": str, "timings": float, "counts": float},
+    "IterationRecord": {"updates": "UpdateResult"}, "Setup": {"heldout": "Sample"},
+    "Batch": {"prompts": str, "completions": (str, None), "tasks": str, "indices": int},
+    "Rewards": {"breakdowns": ("RewardBreakdown", None), "func_names": str, "weights": float, "format_valid": bool,
+                "matches_label": (bool, None), "matches_sf1": (bool, None), "metrics": float},
+    "LossBreakdown": {"metrics": float, "flags": str},
+    "UpdateResult": {"grad_cosine": float, "per_term_global": float, "counts": int, "rows": int},
+    "RecordedStep": {"recorded": str, "missing": str},
+    "SignalNoise": {"group_size": ("GroupSizeSweep", None), "entropy": ("EntropyMechanism", None),
+                    "gap": ("SamplerTrainerGap", None)},
+    "EntropyMechanism": {"clip": "ClipEvents"},
+}
+
+
+def _item(x, kind) -> bool:
+    """Whether `x` is of an `_ITEMS` kind."""
+    return any(x is None if k is None else type(x).__name__ == k if isinstance(k, str) else _fits(x, k)
+               for k in (kind if isinstance(kind, tuple) else (kind,)))
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict:
+    try:
+        return typing.get_type_hints(cls)
+    except NameError:                       # an annotation this module cannot resolve: its fields go unchecked
+        return {}
+
+
+def _fits(v, t) -> bool:
+    """Whether `v` is of annotation `t`: containers with their items, an int as a float, anything where the
+    annotation is not one of these."""
+    origin, args = typing.get_origin(t), [a for a in typing.get_args(t) if a is not Ellipsis]
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(v, a) for a in args)
+    if t in (int, float):
+        return isinstance(v, (int, float) if t is float else int) and not isinstance(v, bool)
+    if t in (type(None), str, bool, torch.Tensor):
+        return isinstance(v, t)
+    if origin in (tuple, list, abc.Sequence) or t in (tuple, list):
+        if not isinstance(v, (tuple, list)):
+            return False
+        if origin is tuple and len(args) > 1 and len(args) == len(typing.get_args(t)):     # a fixed-length tuple
+            return len(v) == len(args) and all(map(_fits, v, args))
+        return not args or all(_fits(x, args[0]) for x in v)
+    if origin in (dict, abc.Mapping) or t is dict:
+        return isinstance(v, dict) and (len(args) != 2 or all(_fits(k, args[0]) and _fits(x, args[1])
+                                                              for k, x in v.items()))
+    return isinstance(v, t) if dataclasses.is_dataclass(t) else True
+
+
+def _check_fields(rec, source: str, path: str = "") -> None:
+    """Every field of `rec`, and of the records it holds, of its annotated type: a value of another type deep in a
+    trace (a number where a mapping goes) is refused here by name, not as a crash inside a check or the replay."""
+    hints = _hints(type(rec))
+    for f in dataclasses.fields(rec):
+        v, t, name = getattr(rec, f.name), hints.get(f.name), f"{path}.{f.name}" if path else f.name
+        if t is not None and not _fits(v, t) and not (v is None and (type(rec).__name__, f.name) in _MAY_BE_NONE):
+            raise TraceError(f"{source}: {name}: a {type(v).__name__} where {t} goes"[:400])
+        items = tuple(v.values()) if isinstance(v, dict) else v if isinstance(v, (tuple, list)) else (v,)
+        kind = _ITEMS.get(type(rec).__name__, {}).get(f.name)
+        bad = [x for x in items if kind is not None and not _item(x, kind)]
+        if bad:
+            raise TraceError(f"{source}: {name}: holds a {type(bad[0]).__name__} where {kind} goes"[:400])
+        for x in items:
+            if dataclasses.is_dataclass(x) and not isinstance(x, type):
+                _check_fields(x, source, name)
+
+
 def _check_recorded(rec, source: str) -> None:
     """A recorded step's own fields over their closed ranges: a tampered file is refused by name, not read as
     another step (a format this package does not know, a count below 1, a clip that is not a positive number)."""
@@ -104,7 +184,8 @@ def _check_recorded(rec, source: str) -> None:
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0
                              or clip == float("inf")):
         raise TraceError(f"{where}.max_grad_norm must be a positive number or null, found {clip!r}")
-    if not isinstance(rec.recorded, (tuple, list)) or not set(rec.recorded) <= set(PIECES):
+    if not isinstance(rec.recorded, (tuple, list)) or not all(isinstance(p, str) for p in rec.recorded) \
+            or not set(rec.recorded) <= set(PIECES):
         raise TraceError(f"{where}.recorded must list pieces among {list(PIECES)}, found {rec.recorded!r}")
     if rec.weights not in ("", "state/"):
         raise TraceError(f"{where}.weights must be 'state/' or '', found {rec.weights!r}")
@@ -115,6 +196,7 @@ def _check_recorded(rec, source: str) -> None:
 def check_trace(trace, source: str) -> None:
     """TraceError naming the first field whose record type, type or shape disagrees with the others (module doc)."""
     _check_record_types(trace, source)
+    _check_fields(trace, source)
     if getattr(trace, "recorded", None) is not None:
         _check_recorded(trace.recorded, source)
     dims: dict = {}

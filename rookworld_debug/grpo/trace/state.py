@@ -31,6 +31,18 @@ OPTIMIZERS = ("AdamW", "Adam", "SGD")           # optimizers a replay re-runs (t
 OPTIMIZER_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize")
 STATE_KEYS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
 FILES = ("before", "after", "gradient", "reference", "optimizer", "sampler")
+# the settings each optimizer's constructor takes (a key of another optimizer would be an unexpected keyword)
+SETTINGS_OF = {"AdamW": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
+               "Adam": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
+               "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")}
+FLAGS = ("nesterov", "amsgrad", "maximize")
+REPLAY_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)   # dtypes a replay computes in
+# the GPT-2 settings that make the LM's numbers, each of its type; the recorded config's other keys are left out
+# (dropout is off in eval mode; initialisation and output settings do not change a forward)
+GPT2_SETTINGS = {"vocab_size": (int,), "n_positions": (int,), "n_embd": (int,), "n_layer": (int,), "n_head": (int,),
+                 "n_inner": (int, type(None)), "activation_function": (str,), "layer_norm_epsilon": (int, float),
+                 "scale_attn_weights": (bool,), "scale_attn_by_inverse_layer_idx": (bool,),
+                 "reorder_and_upcast_attn": (bool,), "tie_word_embeddings": (bool,)}
 
 
 @dataclass(frozen=True)
@@ -144,8 +156,9 @@ def _sha256(path: Path) -> str:
 def _checked_file(folder: Path, name: str, manifest: dict, where: str) -> Path:
     """state/<name>.safetensors: a plain file inside the folder whose hash is the manifest's (when it has one)."""
     path = folder / f"{name}.safetensors"
-    if path.is_symlink() or not path.resolve().is_relative_to(folder.resolve()):
-        raise TraceError(f"{path} is a link; a recorded step's weights are plain files inside its folder")
+    if folder.is_symlink() or path.is_symlink() or not path.resolve().is_relative_to(folder.resolve()):
+        raise TraceError(f"{path} is a link (or lies in one); a recorded step's weights are plain files inside "
+                         "its folder")
     if not path.is_file():
         raise TraceError(f"incomplete save: {where} lists {name}.safetensors, which is missing")
     want = manifest.get(name)
@@ -168,6 +181,85 @@ def _same_shapes(loaded: dict, where: str) -> None:
                                  f"parameter is {tuple(ref.shape)} {ref.dtype}")
 
 
+def _number(v) -> bool:
+    """A finite int or float (not a bool; an int past the float range is not finite)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _names(d: dict, key: str, where: str) -> list:
+    v = _field(d, key, list, where)
+    if not all(isinstance(x, str) for x in v):
+        raise TraceError(f"{where}: {key} must be a list of names")
+    return v
+
+
+def _manifest(d: dict, where: str) -> dict:
+    """{file: sha256 hex}; absent in a save older than the manifest (then nothing is checked)."""
+    m = d.get("sha256", {})
+    if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
+        raise TraceError(f"{where}: sha256 must map file names to hex digests")
+    return m
+
+
+def _settings(d: dict, optimizer: str, where: str) -> dict:
+    """The recorded group's settings its optimizer takes, each a finite number, a pair of them (betas) or a flag
+    (an optimizer a replay does not re-run keeps its OPTIMIZER_KEYS as recorded: its own may be None)."""
+    settings = _field(d, "optimizer_settings", dict, where)
+    if optimizer not in SETTINGS_OF:
+        return {k: v for k, v in settings.items() if k in OPTIMIZER_KEYS}
+    out = {}
+    for k, v in settings.items():
+        if k not in SETTINGS_OF[optimizer]:
+            continue
+        ok = isinstance(v, bool) if k in FLAGS else \
+            isinstance(v, list) and len(v) == 2 and all(map(_number, v)) if k == "betas" else _number(v)
+        if not ok:
+            raise TraceError(f"{where}: optimizer_settings {k} = {v!r:.80} is not a finite number, a pair of them "
+                             "(betas) or a flag")
+        out[k] = v
+    return out
+
+
+def _optimizer_state(flat: dict, before: Optional[dict], optimizer: str, settings: dict, where: str) -> dict:
+    """{param: {state key: tensor}}: every moment of its parameter's shape and dtype, every step one number, and
+    an Adam's state whole (torch's step reads each moment of a parameter that has any state)."""
+    opt: dict = {}
+    for key, v in flat.items():
+        k, _, n = key.partition("/")
+        if k not in STATE_KEYS + ("step",):
+            raise TraceError(f"{where}: optimizer state key {k!r} is not one this package reads")
+        ref = (before or {}).get(n)
+        if before is not None and ref is None:
+            raise TraceError(f"{where}: optimizer state {key!r} is of no parameter the weights before hold")
+        if k == "step" and (v.numel() != 1 or v.dtype == torch.bool or v.is_complex()):
+            raise TraceError(f"{where}: optimizer state {key!r} is {tuple(v.shape)} {v.dtype}, not one step count")
+        if k != "step" and ref is not None and (v.shape != ref.shape or v.dtype != ref.dtype):
+            raise TraceError(f"{where}: optimizer state {key!r} is {tuple(v.shape)} {v.dtype}, the parameter is "
+                             f"{tuple(ref.shape)} {ref.dtype}")
+        opt.setdefault(n, {})[k] = v.reshape(()) if k == "step" else v
+    need = {"step", "exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if settings.get("amsgrad") else ())} \
+        if optimizer in ("Adam", "AdamW") else set()
+    for n, st in opt.items():
+        if need - set(st):
+            raise TraceError(f"{where}: the {optimizer} state of {n!r} lacks {sorted(need - set(st))}")
+    return opt
+
+
+def _tokenizer_dir(folder: Path, d: dict) -> Optional[Path]:
+    """state/tokenizer when the state says it was saved: a folder of plain files inside the state folder."""
+    tok = folder / "tokenizer"
+    if d.get("tokenizer") is not True or not tok.is_dir():
+        return None
+    if tok.is_symlink() or any(p.is_symlink() for p in tok.iterdir()):
+        raise TraceError(f"{tok} is or holds a link; a recorded step's tokenizer is plain files inside its folder")
+    return tok
+
+
 def _field(d: dict, key: str, kind, where: str):
     v = d.get(key)
     if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
@@ -187,16 +279,16 @@ def read_state(trace_dir) -> Optional[RecordedState]:
         d = json.loads((folder / "state.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise TraceError(f"{where} is not valid JSON ({err})") from None
-    if not isinstance(d, dict) or d.get("format") != STATE_FORMAT:
+    if not isinstance(d, dict) or type(d.get("format")) is not int or d["format"] != STATE_FORMAT:
         raise TraceError(f"{where}: not a recorded state of format {STATE_FORMAT}")
-    files = _field(d, "files", list, where)
+    files = _names(d, "files", where)
     if not set(files) <= set(FILES):
         raise TraceError(f"{where}: files {sorted(set(files) - set(FILES))} are not recorded-state files")
     optimizer = _field(d, "optimizer", str, where)
     if optimizer and optimizer not in OPTIMIZERS:
         optimizer = ""                   # kept as not replayable; the replay says so
-    settings = {k: v for k, v in _field(d, "optimizer_settings", dict, where).items() if k in OPTIMIZER_KEYS}
-    manifest = d.get("sha256") if isinstance(d.get("sha256"), dict) else {}
+    settings = _settings(d, optimizer, where)
+    manifest = _manifest(d, where)
     loaded = {}
     for name in files:
         path = _checked_file(folder, name, manifest, where)
@@ -205,20 +297,16 @@ def read_state(trace_dir) -> Optional[RecordedState]:
         except (SafetensorError, OSError, ValueError) as err:
             raise TraceError(f"{path} is unreadable ({err})") from None
     _same_shapes(loaded, where)
-    opt = None
-    if "optimizer" in loaded:
-        opt = {}
-        for key, v in loaded["optimizer"].items():
-            k, _, n = key.partition("/")
-            if k not in STATE_KEYS + ("step",):
-                raise TraceError(f"{where}: optimizer state key {k!r} is not one this package reads")
-            opt.setdefault(n, {})[k] = v.reshape(()) if k == "step" else v
-    trainable = tuple(str(x) for x in _field(d, "trainable", list, where))
-    tok = folder / "tokenizer" if d.get("tokenizer") is True and (folder / "tokenizer").is_dir() else None
+    before = loaded.get("before")
+    opt = _optimizer_state(loaded["optimizer"], before, optimizer, settings, where) if "optimizer" in loaded else None
+    trainable = tuple(_names(d, "trainable", where))
+    if before is not None and not set(trainable) <= set(before):
+        raise TraceError(f"{where}: trainable names {sorted(set(trainable) - set(before))[:3]} are not parameters "
+                         "the weights before hold")
     return RecordedState(model_type=str(d.get("model_type")), model_config=_field(d, "model_config", dict, where),
-                         before=loaded.get("before"), after=loaded.get("after"), gradient=loaded.get("gradient"),
+                         before=before, after=loaded.get("after"), gradient=loaded.get("gradient"),
                          reference=loaded.get("reference"), optimizer_state=opt, optimizer=optimizer,
-                         optimizer_settings=settings, trainable=trainable, tokenizer_dir=tok,
+                         optimizer_settings=settings, trainable=trainable, tokenizer_dir=_tokenizer_dir(folder, d),
                          sampler=loaded.get("sampler"))
 
 
@@ -227,10 +315,13 @@ def build_model(state: RecordedState, weights: dict):
     from transformers import AutoConfig, AutoModelForCausalLM
     if state.model_type not in MODEL_TYPES:
         raise TraceError(f"recorded model_type {state.model_type!r}: a replay rebuilds {MODEL_TYPES} only")
-    kw = {k: v for k, v in state.model_config.items() if isinstance(k, str) and not k.startswith("_")
-          and isinstance(v, (int, float, str, bool, type(None))) and k not in ("model_type", "architectures",
-                                                                                 "auto_map", "torch_dtype", "dtype")}
+    kw = _gpt2_config(state.model_config)
     _config_fits(kw, weights)              # before allocating: a config that is not these weights' is refused
+    kw.update(_token_ids(state.model_config, weights["transformer.wte.weight"].shape[0]))
+    dtypes = {t.dtype for t in weights.values()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in REPLAY_DTYPES:
+        raise TraceError(f"recorded weights hold {sorted(map(str, dtypes))}: a replay rebuilds a model of one of "
+                         f"{[str(t) for t in REPLAY_DTYPES]}")
     config = AutoConfig.for_model(MODEL_TYPES[MODEL_TYPES.index(state.model_type)], **kw)
     model = AutoModelForCausalLM.from_config(config)
     try:
@@ -245,9 +336,37 @@ def build_model(state: RecordedState, weights: dict):
     return model.to(dtype).eval()
 
 
+def _gpt2_config(config: dict) -> dict:
+    """The recorded config's GPT2_SETTINGS, each of its type, numbers finite, the activation one transformers has
+    (TraceError naming the first that is not): transformers' own refusals are of many types, some after allocating."""
+    from transformers.activations import ACT2FN
+    kw = {k: config[k] for k in GPT2_SETTINGS if k in config}
+    for k, v in kw.items():
+        kinds = GPT2_SETTINGS[k]
+        if not isinstance(v, kinds) or isinstance(v, bool) and bool not in kinds or \
+                float in kinds and not _number(v):
+            raise TraceError(f"recorded state.json: model_config {k} = {v!r:.80} is not "
+                             f"{' or '.join('a finite ' + t.__name__ if t is float else t.__name__ for t in kinds)}")
+    if kw.get("activation_function", "gelu_new") not in ACT2FN:
+        raise TraceError(f"recorded state.json: activation_function {kw['activation_function']!r:.80} is not one "
+                         "transformers knows")
+    eps = kw.get("layer_norm_epsilon", 1e-5)
+    if not eps > 0:
+        raise TraceError(f"recorded state.json: layer_norm_epsilon {eps!r} is not positive")
+    return {**kw, "layer_norm_epsilon": float(eps)}          # transformers' field takes a float only
+
+
+def _token_ids(config: dict, vocab: int) -> dict:
+    """The recorded special token ids that are ids of the vocabulary, others None: they change no forward, and
+    transformers' default (GPT-2's 50256) would only make it warn about a smaller vocabulary."""
+    ids = {k: config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    return {k: v if type(v) is int and 0 <= v < vocab else None for k, v in ids.items()}
+
+
 def _config_fits(config: dict, weights: dict) -> None:
-    """A GPT-2 config against its weights' shapes (vocabulary, width, positions, layers), checked before a model
-    of it is allocated: a tampered `n_embd` or `n_layer` is a named error, not an allocation of gigabytes."""
+    """A GPT-2 config against its weights' shapes (vocabulary, width, positions, layers, heads, MLP width), checked
+    before a model of it is allocated: a tampered `n_embd` or `n_inner` is a named error, not an allocation of
+    gigabytes."""
     wte, wpe = weights.get("transformer.wte.weight"), weights.get("transformer.wpe.weight")
     if wte is None or wpe is None or wte.ndim != 2 or wpe.ndim != 2:
         raise TraceError("recorded weights: transformer.wte.weight and transformer.wpe.weight (2-D) are required")
@@ -260,6 +379,14 @@ def _config_fits(config: dict, weights: dict) -> None:
             raise TraceError(f"recorded state.json: {key} = {got!r}, but the recorded weights have {value}")
     if layers != set(range(len(layers))):
         raise TraceError(f"recorded weights: layers {sorted(layers)[:8]} are not 0 … {len(layers) - 1}")
+    heads = config.get("n_head", 12)
+    if not 1 <= heads <= wte.shape[1] or wte.shape[1] % heads:
+        raise TraceError(f"recorded state.json: n_head = {heads}, which does not divide n_embd = {wte.shape[1]}")
+    fc = weights.get("transformer.h.0.mlp.c_fc.weight")
+    inner = 4 * wte.shape[1] if config.get("n_inner") is None else config["n_inner"]
+    if layers and (fc is None or fc.ndim != 2 or fc.shape[1] != inner):
+        raise TraceError(f"recorded state.json: n_inner = {inner}, but the recorded MLP weight is "
+                         f"{tuple(fc.shape) if fc is not None else 'missing'}")
 
 
 def _tied(model, name: str) -> bool:
