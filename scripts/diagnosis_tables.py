@@ -7,7 +7,6 @@ the benchmark's own table function, so no number in it is typed by hand. The tes
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -48,8 +47,8 @@ def _rendered(kind: str, path: Path) -> str:
     if kind == "faults":
         from rookworld_debug.lab.faults import _read_results, table
         return table(_read_results(path))
-    from rookworld_debug.lab.replay_bench import table
-    return table([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
+    from rookworld_debug.lab.replay_bench import read_rows, table
+    return table(read_rows(path))
 
 
 def render() -> str:

@@ -662,3 +662,16 @@ def test_a_trace_field_of_another_type_is_refused_at_load(seed, tmp_path, path, 
     (folder / "trace.json").write_text(json.dumps(d))
     with pytest.raises(TraceError, match=path[-1]):
         StepTrace.load(folder)
+
+
+def test_rows_longer_than_the_recorded_model_s_positions_are_refused_before_a_forward(seed, tmp_path):
+    """Weights and config of a model with 8 positions, consistent in every file: the step's rows are longer, and
+    the replay names it before a forward (was an IndexError inside the position embedding)."""
+    folder = _copy(seed, tmp_path)
+
+    def shorter(t):
+        t.update({k: v[:8].contiguous() for k, v in t.items() if k.endswith("transformer.wpe.weight")})
+    for name in _state(folder)["files"]:
+        _resave(folder, name, shorter)
+    _edit(folder, model_config={**_state(folder)["model_config"], "n_positions": 8})
+    _refused(folder, "8 positions", at_read=False)

@@ -206,6 +206,11 @@ def run_all(out: Path, faults=None, healthy=HEALTHY + SHAPES + DECLARATION_VARIA
     return rows
 
 
+def read_rows(path: Path) -> list:
+    """The results of a benchmark run (one JSON object per line)."""
+    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
 def table(rows) -> str:
     ineffective = [r for r in rows if r["fault"] and not r.get("effective", True)]
     faults = [r for r in rows if r["fault"] and r.get("effective", True)]
@@ -251,7 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--table", action="store_true", help="only re-render table.md from the folder's results.jsonl")
     a = ap.parse_args(argv)
     if a.table:
-        rows = [json.loads(x) for x in (Path(a.out) / "results.jsonl").read_text().splitlines() if x.strip()]
+        rows = read_rows(Path(a.out) / "results.jsonl")
         (Path(a.out) / "table.md").write_text(table(rows))
         print(table(rows))
         return 0

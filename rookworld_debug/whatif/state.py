@@ -48,15 +48,14 @@ def snapshot(session) -> tuple[dict, dict]:
 def restore(state: SavedState) -> None:
     """Policy weights, AdamW moments, the models' precision and the reference's device back to the start (in place:
     the optimizer keeps its parameters); an arm that changed precision or placement leaves nothing to the next."""
-    from rookworld_debug.models.devices import check_device
+    from rookworld_debug.grpo.phases.setup import place_reference
     from rookworld_debug.models.precision import set_autocast
     s = state.session
     s.policy.load_state_dict(state.weights)
     s.optimizer.load_state_dict(copy.deepcopy(state.optimizer_state))
     set_autocast(s.config.autocast, s.policy, s.reference)
     if s.reference is not None:
-        s.reference.to(next(s.policy.parameters()).device if s.config.reference_device == "same"
-                       else check_device(s.config.reference_device, "reference_device"))
+        place_reference(s, s.config.reference_device)
 
 
 def load_state(path, *, before=None, device: Optional[str] = None) -> SavedState:

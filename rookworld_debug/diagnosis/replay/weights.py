@@ -55,7 +55,31 @@ def _tokenizer(folder, top_id: int):
 def weights_for(trace, path) -> Weights:
     """The weights the step kept (a recorded step's state/, a run_step trace's or a TRL capture's kept weights, in
     memory or beside the trace), else the embedded/local model a run_step trace names at its first update, else none
-    (with the reason)."""
+    (with the reason). TraceError when the step's rows are not inputs of that model (`check_rows_fit`)."""
+    w = _weights_for(trace, path)
+    if w.policy is not None:
+        check_rows_fit(trace.rollout, w.policy)
+    return w
+
+
+def check_rows_fit(rollout, model) -> None:
+    """TraceError, before any forward, when the rollout's rows are not inputs of `model`: an id outside its
+    vocabulary, or rows longer than its position embeddings (a tampered or foreign trace is named here, not an
+    IndexError inside the embedding)."""
+    from rookworld_debug.errors import TraceError
+    ids = [t for t in (rollout.prompt_ids, rollout.completion_ids) if t.numel()]
+    rows = model.get_input_embeddings().num_embeddings
+    if ids and (min(int(t.min()) for t in ids) < 0 or max(int(t.max()) for t in ids) >= rows):
+        raise TraceError(f"the step's token ids run {min(int(t.min()) for t in ids)} … "
+                         f"{max(int(t.max()) for t in ids)}; the recorded model has {rows} ids")
+    length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
+    limit = getattr(model.config, "n_positions", None)
+    if isinstance(limit, int) and length > limit:
+        raise TraceError(f"the step's rows are {length} tokens (prompt and completion); the recorded model has "
+                         f"{limit} positions")
+
+
+def _weights_for(trace, path) -> Weights:
     from rookworld_debug.grpo.trace.state import read_state
     kept = getattr(trace, "kept", None)
     state = kept if kept is not None else read_state(path) if path is not None else None

@@ -253,7 +253,6 @@ def reuse_session(session: Setup, config: StepConfig) -> Setup:
     applied to the models (what the config leaves alone keeps what the models' owner set, e.g. a policy-only bf16),
     each change named in provenance["session_changes"]; the precision recorded is what runs; the objective is
     resolved (checked) anew only for a changed config."""
-    from rookworld_debug.models.devices import check_device
     from rookworld_debug.models.precision import set_autocast, step_precision
     old = session.config
     for name in RELOAD_FIELDS:
@@ -265,14 +264,21 @@ def reuse_session(session: Setup, config: StepConfig) -> Setup:
         set_autocast(config.autocast, session.policy, session.reference)
         changes.append(f"autocast {old.autocast!r} → {config.autocast!r} on the session's models")
     if config.reference_device != old.reference_device and session.reference is not None:
-        target = (next(session.policy.parameters()).device if config.reference_device == "same"
-                  else check_device(config.reference_device, "reference_device"))
-        session.reference.to(target)
+        target = place_reference(session, config.reference_device)
         changes.append(f"reference moved to {target} (reference_device {config.reference_device!r})")
     provenance = {**session.provenance, "session_changes": changes,
                   "precision": step_precision(session.policy, session.reference, config.sampling_autocast)}
     return replace(session, config=config, provenance=provenance, objective=objective_of(session, config),
                    objective_config=config)
+
+
+def place_reference(session: Setup, reference_device: str):
+    """Move the session's reference to `reference_device` ("same": the policy's device); the device it is on."""
+    from rookworld_debug.models.devices import check_device
+    target = (next(session.policy.parameters()).device if reference_device == "same"
+              else check_device(reference_device, "reference_device"))
+    session.reference.to(target)
+    return target
 
 
 def objective_of(s: Setup, config: StepConfig) -> Objective:
