@@ -56,6 +56,8 @@ def _is_trl_capture(path: Path) -> bool:
         d = json.loads(f.read_text())
     except (OSError, ValueError) as err:
         raise TraceError(f"{f}: not readable JSON ({err})") from None
+    except RecursionError:                   # a tampered file nested past the parser's depth
+        raise TraceError(f"{f}: nested too deeply to be a step's trace.json") from None
     return isinstance(d, dict) and isinstance(d.get("fields"), dict) and d["fields"].get("capture") is not None
 
 

@@ -247,8 +247,9 @@ def _setup(c: LoopConfig) -> _Loop:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from rookworld_debug.record import EMBEDDED_MODEL
     torch.manual_seed(c.seed)
-    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL, dtype=getattr(torch, c.dtype)).eval()
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL, padding_side="left", trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL, dtype=getattr(torch, c.dtype),
+                                                 trust_remote_code=False).eval()
     ref = copy.deepcopy(model).requires_grad_(False)
     sampler = copy.deepcopy(model).requires_grad_(False) if c.separate_sampler else None
     opt = torch.optim.AdamW(model.parameters(), lr=c.lr)

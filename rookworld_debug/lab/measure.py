@@ -67,6 +67,8 @@ def _load(model_or_path, tokenizer=None, device: str = "cpu"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if path.is_dir():
+        from rookworld_debug.models.custom_code import refuse_custom_code
+        refuse_custom_code(path)
         src = str(path)
     else:
         from rookworld_debug.models.loading import hub_offline, probe_hub
@@ -78,8 +80,8 @@ def _load(model_or_path, tokenizer=None, device: str = "cpu"):
             raise ModelLoadError(f"{name!r} is not a local folder and the hub is unreachable ({problem})")
         src = name
     try:
-        tok = AutoTokenizer.from_pretrained(src)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype="float32")
+        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype="float32", trust_remote_code=False)
     except Exception as e:
         raise ModelLoadError(f"cannot load {name!r}: {type(e).__name__}: {e}") from None
     return model.to(dev), tok, name

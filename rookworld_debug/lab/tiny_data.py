@@ -70,7 +70,7 @@ def build_gpt2_tokenizer():
     tmp = Path(tempfile.mkdtemp(prefix="gpt2tok_"))
     shutil.copy(data / "encoder.json", tmp / "vocab.json")
     shutil.copy(data / "vocab.bpe", tmp / "merges.txt")
-    tok = GPT2TokenizerFast.from_pretrained(str(tmp))  # transformers 5: no vocab_file= kwargs
+    tok = GPT2TokenizerFast.from_pretrained(str(tmp), trust_remote_code=False)  # transformers 5: no vocab_file=
     tok.pad_token = tok.eos_token
     return tok
 
@@ -212,7 +212,10 @@ def prepare_docs(args, out: Path, log):
     ``out/docs_cache.npz`` keyed by the files, the tokenizer's vocabulary and the weighting."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(args.init_from) if args.init_from else (
+    if args.init_from:
+        from rookworld_debug.models.custom_code import refuse_custom_code
+        refuse_custom_code(args.init_from)
+    tok = AutoTokenizer.from_pretrained(args.init_from, trust_remote_code=False) if args.init_from else (
         build_tokenizer(args.tokenizer) if args.tokenizer != "bpe" else None)
     key = _docs_key(args, args.data, tok) if args.data and tok is not None else None
     cache = out / "docs_cache.npz"

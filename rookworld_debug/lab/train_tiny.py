@@ -300,7 +300,9 @@ def build_model(args, tok, device, log):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     if args.init_from:
-        model = GPT2LMHeadModel.from_pretrained(args.init_from, dtype=torch.float32)
+        from rookworld_debug.models.custom_code import refuse_custom_code
+        refuse_custom_code(args.init_from)
+        model = GPT2LMHeadModel.from_pretrained(args.init_from, dtype=torch.float32, trust_remote_code=False)
         prev = Path(args.init_from) / "training_args.json"
         prev_step = json.loads(prev.read_text()).get("step", "?") if prev.exists() else "?"
         log(f"initialised from {args.init_from} (step {prev_step})")

@@ -21,6 +21,7 @@ import torch
 
 from ..errors import ModelLoadError
 from . import provenance as prov
+from .custom_code import refuse_custom_code
 from .tokenizer import GPT2_EOS_ID, GPT2_TOKENIZER_SHA256, GPT2_VOCAB_SIZE, gpt2_tokenizer
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"  # the bundled model (trained by lab/train_tiny.py)
@@ -123,7 +124,7 @@ def _random_tiny():
 def _from_pretrained(src: str, dtype: torch.dtype, local_only: bool):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(src, dtype=dtype, local_files_only=local_only)
+    return AutoModelForCausalLM.from_pretrained(src, dtype=dtype, local_files_only=local_only, trust_remote_code=False)
 
 
 def _tokenizer_for(src: str, local_only: bool, model, notes: list[str]):
@@ -131,7 +132,7 @@ def _tokenizer_for(src: str, local_only: bool, model, notes: list[str]):
 
     error: Exception | None = None
     try:
-        tok = AutoTokenizer.from_pretrained(src, local_files_only=local_only)
+        tok = AutoTokenizer.from_pretrained(src, local_files_only=local_only, trust_remote_code=False)
         if tok.vocab_size > 1:  # transformers 5 returns an EMPTY GPT2Tokenizer for a folder without vocab files
             return tok
     except (OSError, ValueError) as e:
@@ -213,6 +214,7 @@ def load_policy_and_reference(name_or_path: str | os.PathLike = "tiny", dtype: t
     elif source == "hub":
         model, tok = _load_hub(resolved, dtype, notes)
     else:
+        refuse_custom_code(resolved)                 # before transformers could ask whether to run it
         try:
             model = _from_pretrained(resolved, dtype, local_only=True)
         except Exception as e:

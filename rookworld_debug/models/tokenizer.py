@@ -141,7 +141,7 @@ def gpt2_tokenizer(folder: str | os.PathLike | None = None):
     """
     from transformers import GPT2TokenizerFast
 
-    tok = GPT2TokenizerFast.from_pretrained(str(gpt2_tokenizer_folder(folder)))
+    tok = GPT2TokenizerFast.from_pretrained(str(gpt2_tokenizer_folder(folder)), trust_remote_code=False)
     if len(tok) != GPT2_VOCAB_SIZE or tok.eos_token_id != GPT2_EOS_ID:  # guards the empty-tokenizer trap
         raise ModelLoadError(f"GPT-2 tokenizer loaded wrong: len {len(tok)}, eos {tok.eos_token_id}")
     return tok

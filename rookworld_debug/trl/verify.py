@@ -62,10 +62,13 @@ def _checkpoint_step(folder: Path) -> int | None:
 
 def _load_weights(folder: Path):
     from transformers import AutoModelForCausalLM
+    from rookworld_debug.models.custom_code import refuse_custom_code
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} is not a checkpoint folder (no config.json)")
+    refuse_custom_code(folder, CheckpointError)      # its config.json and tokenizer_config.json alike
     try:
-        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True)
+        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, local_files_only=True,
+                                                    trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - any loader failure names the folder
         raise CheckpointError(f"{folder}: the weights cannot be loaded ({type(err).__name__}: {err})") from None
 

@@ -64,9 +64,17 @@ _LOGGED = {"rollout_reward": "reward", "kl": "kl", "entropy": "entropy", "grad_n
            "learning_rate": "learning_rate"}
 
 
-def load_trl_state(capture, before) -> TRLState:
+def _tokenizer(folder: Path):
+    """The checkpoint's tokenizer (the folder was refused by `_load_weights` if it asks for custom code)."""
     from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{folder}: the tokenizer cannot be loaded ({type(err).__name__}: "
+                              f"{str(err)[:200]})") from None
 
+
+def load_trl_state(capture, before) -> TRLState:
     from rookworld_debug.grpo.step import StepTrace
     from rookworld_debug.safeio import load_torch
     from rookworld_debug.trl.verify import _checkpoint_step, _load_weights
@@ -86,8 +94,7 @@ def load_trl_state(capture, before) -> TRLState:
             m.p = 0.0
     model.train()
     after = before.parent / f"checkpoint-{cap.global_step}"
-    tok = AutoTokenizer.from_pretrained(str(before), local_files_only=True) if (before / "tokenizer_config.json"
-                                                                                ).is_file() else None
+    tok = _tokenizer(before) if (before / "tokenizer_config.json").is_file() else None
     if tok is not None:
         tok.padding_side = "left"
         tok.pad_token = tok.pad_token or tok.eos_token

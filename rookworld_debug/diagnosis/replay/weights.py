@@ -42,8 +42,10 @@ def _tokenizer(folder, top_id: int):
     the types that parse fails with are named here."""
     from transformers import AutoTokenizer
     from rookworld_debug.errors import TraceError
+    from rookworld_debug.models.custom_code import refuse_custom_code
+    refuse_custom_code(folder, TraceError)
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise TraceError(f"{folder}: the recorded tokenizer is unreadable ({type(err).__name__}: "
                          f"{str(err)[:200]})") from None

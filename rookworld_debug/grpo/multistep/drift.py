@@ -56,8 +56,11 @@ def load_policy_weights(policy, path) -> str:
         state, kind = load_torch(path / "policy.pt", "init_policy"), "run_steps checkpoint"
     elif (path / "config.json").is_file():
         from transformers import AutoModelForCausalLM
+        from rookworld_debug.models.custom_code import refuse_custom_code
+        refuse_custom_code(path)
         try:
-            state = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).state_dict()
+            state = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
+                                                         trust_remote_code=False).state_dict()
         except Exception as err:      # noqa: BLE001 — any loader failure is reported with its path
             raise ModelLoadError(f"init_policy {path}: could not load the HF folder ({err})") from err
         kind = "HF folder"

@@ -251,12 +251,15 @@ def _optimizer_state(flat: dict, before: Optional[dict], optimizer: str, setting
 
 
 def _tokenizer_dir(folder: Path, d: dict) -> Optional[Path]:
-    """state/tokenizer when the state says it was saved: a folder of plain files inside the state folder."""
+    """state/tokenizer when the state says it was saved: a folder of plain files inside the state folder, none of
+    which asks for custom code (refused here, before transformers could ask whether to run it)."""
+    from rookworld_debug.models.custom_code import refuse_custom_code
     tok = folder / "tokenizer"
     if d.get("tokenizer") is not True or not tok.is_dir():
         return None
     if tok.is_symlink() or any(p.is_symlink() for p in tok.iterdir()):
         raise TraceError(f"{tok} is or holds a link; a recorded step's tokenizer is plain files inside its folder")
+    refuse_custom_code(tok, TraceError)
     return tok
 
 
@@ -323,7 +326,7 @@ def build_model(state: RecordedState, weights: dict):
         raise TraceError(f"recorded weights hold {sorted(map(str, dtypes))}: a replay rebuilds a model of one of "
                          f"{[str(t) for t in REPLAY_DTYPES]}")
     config = AutoConfig.for_model(MODEL_TYPES[MODEL_TYPES.index(state.model_type)], **kw)
-    model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as err:
