@@ -49,6 +49,8 @@ TITLES = {
     "kl_zero_after_updates": "KL stays 0 while the policy moves",
     # what a replay fits inside the phase that disagrees (diagnosis/replay)
     "declaration_mismatch": "the loop computes another objective than it declared",
+    "declaration_incomplete": "num_iterations declared without which pass was recorded",
+    "loss_scaled": "the loss is a scaled copy of the declared objective's",
     "sampler_weights_stale": "the rollout was sampled by stale weights",
     "logps_from_other_weights": "log-probs of other weights than due",
     "loss_terms": "the loss's terms carry other coefficients",

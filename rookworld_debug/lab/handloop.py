@@ -86,7 +86,13 @@ FROZEN_FAULTS = {
     "update_clamped": ("update", "update_clamped"),                       # each weight moves at most 1e-5
     "grad_value_clipped": ("update", "update_grad_clamped"),              # clip_grad_value_(1e-3) before the step
 }
-ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS}
+# faults whose fitted parameter is a ratio of the step's own counts: the diagnosis must name the counts
+STRUCTURE_FAULTS = {
+    "dapo_tokens_with_truncated": ("loss", "loss_scaled"),     # ÷ tokens counted before truncated rows are masked
+    "dapo_tokens_all_positions": ("loss", "loss_scaled"),      # ÷ N·T: every completion position, padding included
+    "loss_divided_by_g": ("loss", "loss_scaled"),              # an extra ÷ G (a mean over the group's rows)
+}
+ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS}
 
 
 @dataclass(frozen=True)
@@ -283,6 +289,7 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
     eos = L.tok.eos_token_id
     with torch.no_grad(), _autocast(c):
         ids, mask, s_logps = sample(sampler, p_ids, p_mask, c.max_new_tokens, c.temperature, eos, L.gen, fault)
+        raw_mask = mask
         if c.mask_truncated:                        # TRL's mask_truncated_completions: no EOS, no loss
             mask = mask * (ids == eos).any(1, keepdim=True).long()
             s_logps = s_logps * mask
@@ -301,7 +308,8 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         # π_old: the sampler's teacher-forced log-probs, fixed for the rollout's passes (μ > 1 only, as TRL)
         old = token_logps(sampler, p_ids, p_mask, ids, mask, c.temperature) if c.num_iterations > 1 else None
     snapshot = copy.deepcopy(sampler) if c.num_iterations > 1 or L.sampler is not None else None
-    return dict(p_ids=p_ids, p_mask=p_mask, rows_p=rows_p, rows_l=rows_l, ids=ids, mask=mask, s_logps=s_logps,
+    return dict(p_ids=p_ids, p_mask=p_mask, rows_p=rows_p, rows_l=rows_l, ids=ids, mask=mask, raw_mask=raw_mask,
+                s_logps=s_logps,
                 texts=texts, r=r, adv=advantages(r, g, fault), ref_logps=ref_logps, old=old, sampled_by=snapshot)
 
 
@@ -335,7 +343,7 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
     if fault != "no_zero_grad" or not last:
         opt.zero_grad()
     ids, mask = ro["ids"], ro["mask"]
-    total, lp_rows, old_rows, n, tokens = 0.0, [], [], ids.shape[0], mask.sum()
+    total, lp_rows, old_rows, n, tokens = 0.0, [], [], ids.shape[0], _tokens(ro, fault)
     for rows in torch.arange(n).chunk(c.micro_batches):
         if fault == "zero_grad_per_micro_batch":
             opt.zero_grad()
@@ -346,6 +354,7 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         if fault == "old_logps_recomputed" and old is not None:
             old = lp.detach()
         loss = loss_of(lp, old, ro["ref_logps"][rows], ro["adv"][rows], mask[rows], c, n, tokens, fault)
+        loss = loss / c.num_generations if fault == "loss_divided_by_g" else loss
         (loss * (c.micro_batches if fault == "accum_no_divide" else 1)).backward()
         total += float(loss.detach())
         lp_rows.append(lp.detach())
@@ -378,6 +387,13 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         L.sched.step()
     if rec is not None:
         rec.model_after(model)
+
+
+def _tokens(ro: dict, fault: str):
+    """The token count a token-normalised loss divides by: the in-loss tokens, or a fault's other count."""
+    if fault == "dapo_tokens_with_truncated":
+        return ro["raw_mask"].sum()
+    return ro["mask"].numel() if fault == "dapo_tokens_all_positions" else ro["mask"].sum()
 
 
 def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):

@@ -31,6 +31,7 @@ gathered over ranks), which a loop dividing by its own rank's count does not com
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +134,13 @@ class DeclarationCheck:
 class StepRecorder:
     """Collects one step of any GRPO loop; `build()` makes the `StepTrace`, `save(path)` writes it with its weights."""
 
-    def __init__(self, tokenizer, *, trainer: str = "your own training loop", loss_type: str = "grpo",
+    def __init__(self, tokenizer, **keywords):
+        self._declare(tokenizer, **keywords)
+        # the keywords the loop passed itself: a computation that contradicts one of them is the loop's own claim
+        # broken (an error), one that contradicts a default it never passed is a declaration to add (a warning)
+        self.explicit = tuple(sorted(keywords))
+
+    def _declare(self, tokenizer, *, trainer: str = "your own training loop", loss_type: str = "grpo",
                  num_generations: int, beta: float = 0.0, epsilon: float = 0.2, epsilon_high: Optional[float] = None,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, precision: Optional[str] = None,
                  sampler_precision: Optional[str] = None,
@@ -397,7 +404,13 @@ class StepRecorder:
             sampler_dtype=self.sampler_precision or "", optimizer=kind,
             optimizer_settings=dict(settings), max_grad_norm=config.max_grad_norm,
             gradient_accumulation_steps=self.gradient_accumulation_steps, iteration=self.iteration,
-            weights="state/" if "weights_before" in p else "", notes=self.notes, rows_by_rank=self.rows_by_rank)
+            weights="state/" if "weights_before" in p else "", notes=self.notes, rows_by_rank=self.rows_by_rank,
+            explicit=self.explicit)
+
+
+# help(StepRecorder) and inspect show the keywords and their defaults, as the loop writes them
+StepRecorder.__init__.__doc__ = StepRecorder._declare.__doc__
+StepRecorder.__init__.__signature__ = inspect.signature(StepRecorder._declare)
 
 
 def _declaration_check(saved: Path) -> "DeclarationCheck":

@@ -35,9 +35,11 @@ from typing import Optional
 
 from rookworld_debug.diagnosis.replay.data_phases import (accumulation, advantages_check, generation_checks,
                                                          loss_check, rewards_check)
-from rookworld_debug.diagnosis.replay.declaration import DeclarationFit, fit_declaration, quantity_key
+from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_declaration, quantity_key,
+                                                          with_inferred_pass)
 from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
+from rookworld_debug.diagnosis.replay.resolve import resolve_checks
 from rookworld_debug.diagnosis.replay.update import update_check
 from rookworld_debug.diagnosis.replay.weights import Weights, weights_for
 
@@ -54,6 +56,7 @@ def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
     declaration (`Replay.declaration`, `Replay.trace`). The loss's term regression runs last, only on a loss or
     gradient disagreement nothing simpler explains."""
     t0 = time.perf_counter()
+    trace, pass_note = with_inferred_pass(trace)
     w = weights_for(trace, path) if weights else Weights.none("not asked for (--no-replay of the weights)")
     checks = _checks(trace, w)
     first, fits = _first(checks), []
@@ -68,8 +71,9 @@ def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
         first = _first(checks)
     if first is not None and first.cause in ("", "gradient_missing") and first.phase in ("loss", "gradient"):
         checks = _with_term_fit(trace, w, checks)       # a 0 gradient may be a term that carries none
+    checks = _ordered(resolve_checks(trace, checks))    # each fitted number named in the step's own quantities
     return Replay(checks=tuple(checks), weights=w.source, seconds=time.perf_counter() - t0,
-                  declarations=tuple(fits), trace=trace)
+                  declarations=tuple(fits), trace=trace, pass_note=pass_note)
 
 
 def _first(checks) -> Optional[PhaseCheck]:

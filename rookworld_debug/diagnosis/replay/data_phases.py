@@ -207,11 +207,14 @@ def advantages_check(trace) -> PhaseCheck:
     ours = advantages_from_config(trace.rewards.rewards, config)
     return compare("advantages", f"advantages (N,): {ours.normalization}", adv.advantages.double(),
                    ours.advantages.double(), VALUE_TOL * 10,
-                   variants=advantage_variants(trace.rewards.rewards.double(), config, ours.advantages.double()),
+                   variants=advantage_variants(trace.rewards.rewards.double(), config, ours.advantages.double(),
+                                               micro_rows=micro_batches(trace),
+                                               ranks=getattr(trace.recorded, "rows_by_rank", ()) or ()),
                    fit=value_fits(config.num_generations))
 
 
-def advantage_variants(r: torch.Tensor, config, ref: torch.Tensor) -> dict:
+def advantage_variants(r: torch.Tensor, config, ref: torch.Tensor, *, micro_rows: list = (),
+                       ranks: tuple = ()) -> dict:
     """What common mistakes in an advantage computation give, from the same rewards."""
     g, n = config.num_generations, r.numel()
     b = n // g
@@ -234,6 +237,42 @@ def advantage_variants(r: torch.Tensor, config, ref: torch.Tensor) -> dict:
                                                                             "every completion is pushed by its raw "
                                                                             "reward"),
            "advantage_raw_rewards": (r, "the advantages are the raw rewards (no group baseline)")}
+    groupings = other_groupings(n, g, micro=micro_rows, ranks=ranks) if config.scale_rewards == "group" else {}
+    for name, key in groupings.items():
+        out[f"advantage_grouping/{name}"] = (_standardised_over(r, key, eps), f"the advantages are the group "
+                                             f"statistics taken over {name} instead of each group of G = {g} rows")
+    return out
+
+
+def other_groupings(n: int, g: int, *, micro: list = (), ranks: tuple = ()) -> dict:
+    """{what the sets are: (N,) set index} of the groupings a loop may standardise over instead of its G-row
+    groups: the whole batch, each micro-batch, each rank, contiguous sets of another size, interleaved rows."""
+    rows = torch.arange(n)
+    out = {f"the whole batch of N = {n} rows": torch.zeros(n, dtype=torch.long)}
+    if len(micro) > 1:
+        key = torch.empty(n, dtype=torch.long)
+        for i, chunk in enumerate(micro):
+            key[chunk] = i
+        out[f"each micro-batch ({len(micro)} of {len(micro[0])} rows)"] = key
+    if len(ranks) > 1:
+        key = torch.empty(n, dtype=torch.long)
+        for i, (a, b) in enumerate(ranks):
+            key[a:b] = i
+        out[f"each rank's rows ({len(ranks)} ranks)"] = key
+    for size in (s for s in range(2, n) if n % s == 0 and s != g):
+        out.setdefault(f"contiguous sets of {size} rows", rows // size)
+        if size != n // g:                          # stride B is the named prompt-major mistake
+            out[f"interleaved sets of {size} rows (rows i, i + {n // size}, …)"] = rows % (n // size)
+    return out
+
+
+def _standardised_over(r: torch.Tensor, key: torch.Tensor, eps: float) -> torch.Tensor:
+    """(r − mean) / (std + eps) within each set of `key` (ddof 1, as TRL's group std)."""
+    out = torch.empty_like(r)
+    for k in key.unique():
+        sel = key == k
+        x = r[sel]
+        out[sel] = (x - x.mean()) / ((x.std() if x.numel() > 1 else torch.zeros(())) + eps)
     return out
 
 

@@ -59,15 +59,22 @@ def _short(v) -> str:
     return str(v)
 
 
-def declaration_finding(fit) -> Finding:
-    """The loop computes another declaration than the one it gave: a configuration note naming the keyword."""
+def declaration_finding(fit, explicit: tuple = ()) -> Finding:
+    """The loop computes another declaration than the one it gave. A keyword the loop passed itself is its own
+    claim, contradicted by its computation: an error (a CI gate must stop it). A default it never passed is a
+    declaration to add: a warning naming the keyword."""
     kw = f"{fit.keyword}={fit.fitted!r}"
+    said = fit.keyword in explicit
     return Finding(
-        code="declaration_mismatch", severity="warning",
-        cause=f"Your loop computes {kw}; you declared {fit.keyword}={fit.declared!r}. Under the declaration its "
-              f"{fit.phase} ({fit.quantity}) differs from the trusted recomputation by {fit.difference:.4g} "
-              f"(tolerance {fit.tolerance:.3g}); under {kw} it agrees, and every other finding is replayed under "
-              f"{kw}. If {kw} is what you meant, the loop is not at fault: declare it.",
+        code="declaration_mismatch", severity="error" if said else "warning",
+        cause=f"Your loop computes {kw}; you " + (f"passed {fit.keyword}={fit.declared!r} to StepRecorder yourself"
+                                                  if said else f"left {fit.keyword} at its default "
+                                                               f"{fit.declared!r}") +
+              f". Under the declaration its {fit.phase} ({fit.quantity}) differs from the trusted recomputation by "
+              f"{fit.difference:.4g} (tolerance {fit.tolerance:.3g}); under {kw} it agrees, and every other finding "
+              f"is replayed under {kw}. " + (f"The loop contradicts what it declared: either it has a bug in its "
+                                             f"{fit.phase}, or the declaration is wrong." if said else
+                                             f"If {kw} is what you meant, the loop is not at fault: declare it."),
         evidence=(Evidence(name=f"replay/declaration/{fit.keyword}", value=float(fit.difference),
                            definition=f"{fit.phase} difference under the declared {fit.keyword}={fit.declared!r} "
                                       f"(it agrees under {kw}); tolerance {fit.tolerance:.3g}",
@@ -75,6 +82,25 @@ def declaration_finding(fit) -> Finding:
         fix=Fix(f"Pass {kw} to StepRecorder (or change the loop if {fit.keyword}={fit.declared!r} is the objective "
                 "you meant).", code_change=f"StepRecorder(tokenizer, ..., {kw})"),
         alternatives=(f"a fault in the {fit.phase} phase that happens to compute {kw}",), score=REPLAY_SCORE)
+
+
+def pass_finding(note) -> Finding:
+    """num_iterations > 1 declared without which pass: what the records show, and the two calls that make π_old's
+    and the sampler's log-probs checkable. A note about the declaration, never an error about the loop."""
+    which = {0: "the first pass", 1: "a later pass (π_old is not the weights before the update)",
+             None: "a pass the records cannot tell"}[note.inferred]
+    return Finding(
+        code="declaration_incomplete", severity="warning",
+        cause=f"Your loop declares num_iterations={note.num_iterations} but not which pass over the rollout this "
+              f"step is; its records show {which}: {note.why}. The replay takes it so: π_old's and the sampler's "
+              "log-probs are not replayed (the weights that sampled the rollout were not recorded).",
+        evidence=(Evidence(name="replay/declaration/iteration", value=float(note.num_iterations),
+                           definition=f"num_iterations declared without iteration; {note.why}",
+                           batch="the recorded step"),),
+        fix=Fix("Pass iteration=k (0 for the rollout's first optimizer pass) to StepRecorder and record the weights "
+                "that sampled the rollout with rec.sampler(model_that_sampled) on later passes.",
+                code_change="StepRecorder(tokenizer, ..., num_iterations=mu, iteration=k); rec.sampler(sampler)"),
+        score=REPLAY_SCORE / 4)
 
 
 def _finding(c, first: bool, upstream: str = "") -> Finding:
@@ -95,7 +121,10 @@ def _finding(c, first: bool, upstream: str = "") -> Finding:
 
 def replay_findings(replay: Replay) -> list[Finding]:
     first = replay.first_disagreement
-    out = [declaration_finding(d) for d in replay.declarations]
+    explicit = getattr(getattr(replay.trace, "recorded", None), "explicit", ())
+    out = [declaration_finding(d, explicit) for d in replay.declarations]
+    if replay.pass_note is not None:
+        out.append(pass_finding(replay.pass_note))
     spans = getattr(getattr(replay.trace, "recorded", None), "rows_by_rank", ())   # a distributed loop's ranks
     if first is not None:
         out.append(with_ranks(_finding(first, True), first, spans))

@@ -60,6 +60,7 @@ class Replay:
     seconds: float
     declarations: tuple = ()    # DeclarationFit, in the order found: the keywords under which the step agrees
     trace: object = None        # the StepTrace replayed (under the fitted declarations when there are any)
+    pass_note: object = None    # declaration.PassNote: num_iterations > 1 declared without which pass was recorded
 
     @property
     def declaration(self):

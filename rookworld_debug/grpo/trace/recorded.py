@@ -45,3 +45,4 @@ class RecordedStep:
     sampler_dtype: str = ""                 # the precision the sampler ran in, when not `dtype` ("": `dtype`)
     rows_by_rank: tuple = ()                # ((start, stop), ...) in rank order: the rows each rank of a
                                             # torch.distributed loop held, whole groups; (): one process
+    explicit: tuple = ()                    # the StepRecorder keywords the loop passed itself (the rest: defaults)

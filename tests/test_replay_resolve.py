@@ -1,0 +1,224 @@
+"""Fitted parameters named in the step's own quantities: a scale that is a ratio of two token counts of the step is
+said as that ratio and what each count is; one that matches nothing says so; advantages standardised over another
+grouping name the grouping; a keyword the loop passed itself and contradicts is an error; num_iterations > 1
+without `iteration` is a note, with the pass read from the records."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from rookworld_debug.diagnosis.replay.resolve import resolve, resolve_checks, step_quantities
+
+G, B, T = 4, 2, 6
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tinymodels import embedded_tokenizer
+    return embedded_tokenizer()
+
+
+def _recorder(tokenizer, *, truncated=(0, 1, 2, 3), g=G, **declared):
+    """N = 8 rows of T = 6 tokens; `truncated` rows have no EOS (the loop masks them out, as TRL's
+    mask_truncated_completions does); the others end at an EOS at position 2 + row % 3."""
+    from rookworld_debug.record import StepRecorder
+    eos = tokenizer.eos_token_id
+    n = B * G
+    ids = torch.full((n, T), 65)
+    mask = torch.zeros(n, T, dtype=torch.long)
+    for i in range(n):
+        if i in truncated:
+            continue
+        end = 2 + i % 3
+        ids[i, end], ids[i, end + 1:] = eos, eos
+        mask[i, :end + 1] = 1
+    rec = StepRecorder(tokenizer, num_generations=g, mask_truncated_completions=True, **declared)
+    enc = tokenizer(["A: 8/8/8/8/8/8/8/K6 w - - 0 1+a1a2++"] * n, return_tensors="pt", padding=True)
+    rec.rollout(prompt_ids=enc.input_ids, prompt_mask=enc.attention_mask, completion_ids=ids, completion_mask=mask)
+    rec.rewards(REWARDS)                  # identical completions (rows 0–3; rows 4 and 7) score alike
+    return rec
+
+
+REWARDS = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2, 0.5, 0.9, 0.2])
+
+
+def _q(trace) -> dict:
+    return {q.key: q.value for q in step_quantities(trace)}
+
+
+def test_the_step_defines_its_counts_from_its_own_masks(tokenizer):
+    trace = _recorder(tokenizer).build()
+    q = _q(trace)
+    mask = trace.rollout.completion_mask
+    assert q["tokens_in_loss"] == float(mask.sum()) == 4 + 5 + 3 + 4   # rows 4–7: EOS at 2 + i % 3, kept
+    assert q["tokens_with_truncated"] == q["tokens_in_loss"] + 4 * T    # the 4 truncated rows run to T
+    assert (q["N"], q["B"], q["G"], q["T"], q["NT"]) == (8, 2, 4, T, 8 * T)
+    assert q["rows_truncated"] == 4 and "tokens_ended" not in q       # the same set as the in-loss tokens here
+
+
+def test_a_ratio_of_two_counts_is_named_with_both_counts(tokenizer):
+    trace = _recorder(tokenizer).build()
+    q = _q(trace)
+    k = q["tokens_in_loss"] / q["tokens_with_truncated"]
+    got = resolve(k * (1 + 2e-7), step_quantities(trace), 1e-6)
+    assert got.expression == f"{int(q['tokens_in_loss'])} / {int(q['tokens_with_truncated'])}"
+    assert "in-loss tokens" in got.meaning and "truncated rows" in got.meaning
+    assert "the denominator counts the truncated rows' tokens" in got.mechanism
+    assert got.tried > 100 and got.sentence().startswith(f"{k:.4g} = ")
+
+
+def test_a_number_the_step_does_not_define_says_so(tokenizer):
+    qs = step_quantities(_recorder(tokenizer, beta=0.04).build())
+    got = resolve(0.4903, qs, 1e-6)
+    assert got.expression is None and "matches none of the step's own quantities" in got.sentence()
+    assert str(got.tried) in got.sentence()
+
+
+def test_equal_quantities_are_all_named(tokenizer):
+    """B = 2 and the 2 micro-batches: a scale of 1/2 is either; the step cannot tell them apart."""
+    qs = step_quantities(_recorder(tokenizer, gradient_accumulation_steps=2).build())
+    got = resolve(0.5, qs, 1e-9)
+    assert got.expression == "1 / 2" and got.also and "cannot tell them apart" in got.sentence()
+
+
+def test_a_loss_total_that_is_a_ratio_of_counts_is_a_named_scale(tokenizer):
+    from rookworld_debug.diagnosis.replay.compare import scalar
+    trace = _recorder(tokenizer).build()
+    q = _q(trace)
+    ours = 0.8731
+    c = scalar("loss", "loss: the loop's backpropagated loss", ours * q["tokens_in_loss"] / q["NT"], ours, 1e-5)
+    (got,) = resolve_checks(trace, [c])
+    assert got.cause == "loss_scaled"
+    assert f"{int(q['tokens_in_loss'])} / {int(q['NT'])}" in got.explanation
+    assert "every completion position, padding included" in got.explanation
+    assert got.fit["resolved"][0]["equals"] == f"{int(q['tokens_in_loss'])} / {int(q['NT'])}"
+    # a ratio no quantity gives: no cause is claimed, the tried candidates are kept
+    c = scalar("loss", "loss", ours * 0.61237, ours, 1e-5)
+    (got,) = resolve_checks(trace, [c])
+    assert got.cause == "" and got.fit["resolved"][0]["equals"] is None
+
+
+def test_a_fitted_gradient_scale_is_resolved_and_carried_in_the_json(tokenizer):
+    from rookworld_debug.diagnosis.replay.records import DISAGREE, PhaseCheck
+    trace = _recorder(tokenizer, gradient_accumulation_steps=2).build()
+    k = 1 / 8
+    c = PhaseCheck("gradient", "gradient", DISAGREE, 0.8, 1e-3, cause="gradient_scaled",
+                   explanation=f"the recorded gradient is {k:.4g} × the loss's gradient",
+                   fit={"kind": "scaled", "params": {"scale": k}, "residual": 1e-7, "sentence": ""})
+    (got,) = resolve_checks(trace, [c])
+    d = got.to_dict()["fit"]["resolved"][0]
+    assert d["equals"] == "1 / 8" and d["parameter"] == "scale" and d["candidates_tried"] > 100
+    assert "N rows" in d["meaning"] or "N rows" in " ".join(d["also"])
+
+
+def test_a_kl_coefficient_off_by_a_token_share_is_resolved(tokenizer):
+    """The KL term averaged over every completion position: its coefficient is β × in-loss tokens / N·T."""
+    from rookworld_debug.diagnosis.replay.records import DISAGREE, PhaseCheck
+    trace = _recorder(tokenizer, beta=0.04).build()
+    q = _q(trace)
+    fitted = 0.04 * q["tokens_in_loss"] / q["NT"]
+    c = PhaseCheck("loss", "gradient", DISAGREE, 0.1, 1e-3, cause="loss_terms", explanation="other coefficients",
+                   fit={"kind": "terms", "residual": 1e-6, "sentence": "",
+                        "params": {"policy term": {"fitted": 1.0, "declared": 1.0},
+                                   "KL term (per unit β)": {"fitted": fitted, "declared": 0.04}}})
+    (got,) = resolve_checks(trace, [c])
+    (d,) = got.fit["resolved"]
+    assert d["parameter"].startswith("KL term") and d["equals"] == f"{int(q['tokens_in_loss'])} / {int(q['NT'])}"
+    assert "the term is divided by N·T completion positions" in got.explanation
+
+
+# ------------------------------------------------------------------------------------------- groupings named
+def test_advantages_standardised_per_micro_batch_name_the_micro_batches(tokenizer):
+    from rookworld_debug.diagnosis.replay.data_phases import advantages_check
+    rec = _recorder(tokenizer, g=2, gradient_accumulation_steps=2)       # 4 groups of 2, 2 micro-batches of 4
+    per_mb = torch.cat([(x - x.mean()) / (x.std() + 1e-4) for x in REWARDS.view(2, 4)])
+    rec.advantages(per_mb)
+    c = advantages_check(rec.build())
+    assert c.status == "disagree" and c.cause == "advantage_grouping"
+    assert "each micro-batch (2 of 4 rows)" in c.explanation, c.explanation
+
+
+def test_advantages_over_the_whole_batch_name_the_batch(tokenizer):
+    from rookworld_debug.diagnosis.replay.data_phases import advantages_check
+    rec = _recorder(tokenizer)
+    rec.advantages((REWARDS - REWARDS.mean()) / (REWARDS.std() + 1e-4))
+    c = advantages_check(rec.build())
+    assert c.cause == "advantage_grouping" and "the whole batch of N = 8 rows" in c.explanation
+
+
+# ----------------------------------------------------------------------------- what the loop said, and did not
+def test_the_keywords_the_loop_passed_are_kept_through_a_save(tokenizer, tmp_path):
+    from rookworld_debug.grpo.step import StepTrace
+    rec = _recorder(tokenizer, kl_estimator="k3", beta=0.1)
+    assert rec.explicit == ("beta", "kl_estimator", "mask_truncated_completions", "num_generations")
+    rec.save(tmp_path / "s")
+    assert StepTrace.load(tmp_path / "s").recorded.explicit == rec.explicit
+
+
+def test_a_passed_keyword_contradicted_is_an_error_a_default_a_warning():
+    from rookworld_debug.diagnosis.replay.declaration import DeclarationFit
+    from rookworld_debug.diagnosis.replay.findings import declaration_finding
+    fit = DeclarationFit("kl_estimator", "k3", "k1", "loss", "loss", 0.3, 1e-5)
+    said = declaration_finding(fit, ("kl_estimator", "beta"))
+    assert said.severity == "error" and "passed kl_estimator='k3' to StepRecorder yourself" in said.cause
+    unsaid = declaration_finding(fit, ("beta",))
+    assert unsaid.severity == "warning" and "left kl_estimator at its default 'k3'" in unsaid.cause
+
+
+def _two_pass(tokenizer, old_shift: float, **declared):
+    rec = _recorder(tokenizer, num_iterations=2, **declared)
+    lp = -torch.rand(8, T) * rec.pieces["rollout"]["completion_mask"]
+    rec.logprobs(lp, old=lp + old_shift * rec.pieces["rollout"]["completion_mask"], training=False)
+    return rec.build()
+
+
+def test_an_undeclared_pass_is_read_from_the_records(tokenizer):
+    from rookworld_debug.diagnosis.replay.declaration import with_inferred_pass
+    from rookworld_debug.diagnosis.replay.findings import pass_finding
+    trace, note = with_inferred_pass(_two_pass(tokenizer, 0.3))
+    assert note.inferred == 1 and trace.recorded.iteration == 1 and "0.3" in note.why
+    f = pass_finding(note)
+    assert f.severity == "warning" and f.code == "declaration_incomplete"
+    assert "iteration=" in f.fix.description and "rec.sampler" in f.fix.description
+    # π_old equal to the loss forward's: the first pass, as the default says; nothing to note
+    trace, note = with_inferred_pass(_two_pass(tokenizer, 0.0))
+    assert note is None and trace.recorded.iteration == 0
+    # a loop that passed iteration itself is taken at its word
+    assert with_inferred_pass(_two_pass(tokenizer, 0.3, iteration=0))[1] is None
+
+
+def test_an_undeclared_later_pass_gets_no_error_from_the_sampler_checks(tokenizer):
+    """π_old ≠ the loss forward's (a later pass), the sampler's log-probs π_old's: no sampler mismatch, no error."""
+    from rookworld_debug.diagnosis.registry import diagnose_step
+    rec = _recorder(tokenizer, num_iterations=2)
+    m = rec.pieces["rollout"]["completion_mask"]
+    lp = -torch.rand(8, T) * m
+    rec.pieces["rollout"]["sampling_logps"] = (lp + 0.3 * m).float()
+    rec.logprobs(lp, old=lp + 0.3 * m, training=False)
+    found, rep = diagnose_step(rec.build())
+    assert "declaration_incomplete" in [f.code for f in found]
+    assert not [f for f in found if f.severity == "error"], [(f.code, f.cause[:200]) for f in found]
+
+
+# ------------------------------------------------------------------------------------- a loop's real fault
+@pytest.mark.slow
+def test_a_dapo_denominator_that_counts_truncated_rows_is_named_by_its_counts(tmp_path):
+    """A hand-written loop (its own sampler, loss and optimizer) whose token-normalised loss divides by the tokens
+    counted before the truncated rows were masked: the diagnosis names both counts (about 3 minutes)."""
+    from rookworld_debug.diagnosis import diagnose_path
+    from rookworld_debug.lab.handloop import LoopConfig, run
+    run(LoopConfig(loss_type="dapo", mask_truncated=True, max_new_tokens=120, steps=1, num_prompts=3),
+        out=str(tmp_path), fault="dapo_tokens_with_truncated")
+    top = diagnose_path(tmp_path)[0]
+    from rookworld_debug.grpo.step import StepTrace
+    trace = StepTrace.load(tmp_path)
+    m = trace.rollout.completion_mask
+    with_trunc = m.clone()
+    with_trunc[trace.rollout.is_truncated.bool()] = 1
+    assert bool(trace.rollout.is_truncated.any()) and not bool(trace.rollout.is_truncated.all())
+    assert top.severity == "error" and top.code == "gradient_scaled"
+    assert f"= {int(m.sum())} / {int(with_trunc.sum())} = in-loss tokens" in top.cause, top.cause
+    assert "the denominator counts the truncated rows' tokens" in top.cause
