@@ -9,14 +9,16 @@ Modes (what it does on ``go``; everything else is answered like a normal UCI eng
 - ``zzzz``     ``bestmove zzzz`` (unparsable);
 - ``a1a1``     ``bestmove a1a1`` (well-formed, not a legal move);
 - ``nolines``  a legal bestmove but no scored ``info`` line;
-- ``flaky``    the first process (counted in COUNTER_FILE) is ``mute``, later ones are ``ok``.
+- ``flaky``    the first process (counted in COUNTER_FILE) is ``mute``, later ones are ``ok``;
+- ``diesN``    the first N processes (counted in COUNTER_FILE) are killed (SIGKILL) during their start-up, before
+               answering ``uci``, like a process killed by a fault injector; later ones are ``ok``.
 """
+import os
+import signal
 import sys
 
-import chess
-
 mode = sys.argv[1]
-if mode == "flaky":
+if mode == "flaky" or mode.startswith("dies"):
     counter = sys.argv[2]
     try:
         with open(counter) as f:
@@ -25,7 +27,14 @@ if mode == "flaky":
         n = 0
     with open(counter, "w") as f:
         f.write(str(n + 1))
-    mode = "mute" if n == 0 else "ok"
+    if mode == "flaky":
+        mode = "mute" if n == 0 else "ok"
+    elif n < int(mode[4:]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        mode = "ok"
+
+import chess  # noqa: E402 (a process that dies at start-up dies before this import)
 
 board, multipv = chess.Board(), 1
 

@@ -92,13 +92,42 @@ def test_engine_that_hangs_once_is_restarted_and_answers(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_engine_that_never_answers_uci_fails_to_start_with_a_deadline(tmp_path, monkeypatch):
+    """Each attempt waits START_TIMEOUT; the start deadline (shorter here than one attempt's wait) still allows
+    START_ATTEMPTS of them (the floor), then the named error."""
     monkeypatch.setattr(engine_mod, "START_TIMEOUT", 2.0)
+    monkeypatch.setattr(engine_mod, "START_DEADLINE", 1.0)
     t0 = time.perf_counter()
-    with pytest.raises(EngineError, match="could not start"):
+    with pytest.raises(EngineError, match="could not start") as err:
         Engine(path=fake_engine(tmp_path, "deaf"), depth=3, workers=1)
     elapsed = time.perf_counter() - t0
-    assert elapsed < 20
+    assert f"within the 1 s start deadline ({engine_mod.START_ATTEMPTS} start attempt(s)" in str(err.value)
+    assert 3 * 2.0 <= elapsed < 20
     print(f"\n[issue13] fake engine 'deaf' (never answers uci): EngineError after {elapsed:.2f} s (start timeout 2 s)")
+    time.sleep(0.3)
+    assert not [p for p in _fake_pids(tmp_path) if _alive(p)]
+
+
+@pytest.mark.timeout(120)
+def test_start_ups_killed_more_often_than_the_attempt_floor_are_retried_until_the_deadline(tmp_path):
+    """The start-up budget is time: a process killed during its first five start-ups (more than START_ATTEMPTS)
+    is started on the sixth, well within START_DEADLINE, and answers."""
+    assert engine_mod.START_ATTEMPTS < 6
+    with Engine(path=fake_engine(tmp_path, "dies5"), depth=3, multipv=2, workers=1, timeout=5.0) as e:
+        a = e.analyse(FEN)
+    assert (tmp_path / "count-dies5").read_text() == "6"
+    assert len(a.moves) == 2
+
+
+@pytest.mark.timeout(120)
+def test_start_ups_killed_until_the_deadline_give_the_named_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_mod, "START_DEADLINE", 1.5)
+    t0 = time.perf_counter()
+    with pytest.raises(EngineError, match=r"could not start .* within the 1\.5 s start deadline") as err:
+        Engine(path=fake_engine(tmp_path, "dies1000"), depth=3, workers=1)
+    elapsed = time.perf_counter() - t0
+    attempts = int((tmp_path / "count-dies1000").read_text())
+    assert attempts > engine_mod.START_ATTEMPTS and f"({attempts} start attempt(s)" in str(err.value)
+    assert elapsed < 1.5 + engine_mod.START_TIMEOUT + 5
     time.sleep(0.3)
     assert not [p for p in _fake_pids(tmp_path) if _alive(p)]
 

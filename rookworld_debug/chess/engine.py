@@ -15,7 +15,8 @@ Why each choice:
 - every search has a deadline (``timeout`` seconds, generous for depth 10): an engine that goes mute,
   or answers with an unparsable/illegal ``bestmove`` or no scored line, is restarted and the search
   retried; after ``MAX_RESTARTS_PER_SEARCH`` restarts :class:`EngineError` names the position and what
-  the engine said. Nothing waits on an engine without a deadline;
+  the engine said. A start-up that dies is retried until a start deadline (``START_DEADLINE``; time, not a
+  count, so a slow machine gets as many tries as its start-ups fit). Nothing waits on an engine without a deadline;
 - every engine process this module starts is tracked until it is closed, so none outlives the
   interpreter (an ``Engine`` dropped without ``close()`` is closed when collected, and at exit).
 
@@ -28,6 +29,7 @@ import asyncio
 import math
 import os
 import queue
+import random
 import shutil
 import threading
 import time
@@ -49,7 +51,15 @@ MAX_RESTARTS_PER_SEARCH = 2
 ON_FAILURE = ("raise", "flag")   # after the restarts: raise EngineError, or return a flagged Analysis
 DEFAULT_TIMEOUT = 30.0   # s per search: depth 10 takes ~0.05–0.5 s here; 30 s only trips on a stuck engine
 START_TIMEOUT = 10.0     # s for a process to answer ``uci``/``isready`` (python-chess's default)
-START_ATTEMPTS = 3       # a process killed during its start-up is started again, like a killed search
+# A process killed or dead during its start-up is started again, like a killed search: until START_DEADLINE s have
+# passed since the first attempt, and at least START_ATTEMPTS times however long each takes. The budget is time, not
+# a count: on a loaded machine a start-up is slower, and a fixed count of attempts is spent sooner by the same faults.
+START_ATTEMPTS = 3
+START_DEADLINE = START_ATTEMPTS * START_TIMEOUT   # s for all the start attempts of one process together
+# s between attempts: a random wait in [0, w], w doubling from the first value up to the second. Random, because a
+# fixed wait can fall into step with a periodic fault (a killer every 0.7 s met each 1 s-later start-up mid-way).
+START_BACKOFF = (0.05, 0.5)
+_JITTER = random.Random()    # its own generator: the waits never draw from (or reseed) the caller's `random`
 QUIT_TIMEOUT = 2.0       # s for a polite ``quit`` before the process is killed
 
 # python-chess runs each SimpleEngine's event loop on a NON-daemon thread, so an engine process that was
@@ -164,16 +174,26 @@ class _Worker:
         self.engine = self._start()
 
     def _start(self) -> chess.engine.SimpleEngine:
-        """A started and configured process; a start-up that dies (killed, no answer) is retried up to
-        START_ATTEMPTS times. A binary that cannot be executed at all is not retried."""
-        for attempt in range(1, START_ATTEMPTS + 1):
+        """A started and configured process. A start-up that dies (killed, no answer) is retried until
+        START_DEADLINE s after the first attempt, and at least START_ATTEMPTS times; then EngineError names the
+        deadline, the attempts and the last failure. A binary that cannot be executed at all is not retried."""
+        t0 = time.monotonic()
+        deadline, wait, cap = t0 + START_DEADLINE, *START_BACKOFF
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return self._start_once()
             except EngineError as exc:
                 permanent = isinstance(exc.__cause__, (FileNotFoundError, PermissionError))
-                if permanent or attempt == START_ATTEMPTS or _EXITING.is_set():
+                if permanent or _EXITING.is_set():
                     raise EngineError(f"{exc} ({attempt} start attempt(s))") from exc.__cause__
-        raise AssertionError("unreachable")
+                if attempt >= START_ATTEMPTS and time.monotonic() + wait >= deadline:
+                    raise EngineError(f"{exc}; no start-up succeeded within the {START_DEADLINE:g} s start deadline "
+                                      f"({attempt} start attempt(s) in {time.monotonic() - t0:.1f} s)"
+                                      ) from exc.__cause__
+            time.sleep(_JITTER.uniform(0.0, wait))
+            wait = min(2 * wait, cap)
 
     def _start_once(self) -> chess.engine.SimpleEngine:
         if _EXITING.is_set():
