@@ -9,6 +9,8 @@ Where a README command would take minutes, the test runs the same command throug
   the test checks that main.sh is exactly that and runs `rookworld-debug main` with a small step
   (MAIN_SMALL: 2 prompts × 4 completions, 32 tokens, no warm-up) through the same notebook, sweep and report.
 - `bash scripts/test.sh` runs this suite: checked for syntax, not run from inside itself.
+- `.venv/bin/jupyter lab notebooks/` is a server that runs until stopped: started from the clone with a free port,
+  a token and no browser appended, it must serve the five notebooks within a deadline, then it is stopped.
 - `pip install -e ".[trl]"`: every requirement of the extra is already installed in this venv (a no-op here).
 - `rookworld-debug trl-demo --out DIR` with its defaults is the suite's shared demo run (conftest.trl_demo_run,
   built once per session by that very command): copied to DIR.
@@ -39,8 +41,11 @@ MAIN_SMALL = ["-p", "batch_size=2", "-p", "num_generations=4", "-p", "max_new_to
               "-p", "eval_max_new_tokens=32", "-p", "warmup_steps=0", "-p", "num_iterations=1"]
 SMALLER = {"--steps": "1", "--seeds": "1"}                  # whatif's re-runs (module doc)
 EXIT = {("diagnose", "runs/demo"): 1}                       # diagnose exits 1 when it finds an error: the demo's
-SECTIONS = ("# rookworld_debug", "### 1.", "### 2.", "### 3.", "### 4.")
+SECTIONS = ("# rookworld_debug", "### 1.", "### 2.", "### 3.", "### 4.", "### 5.")
 TIMEOUT = 900
+JUPYTER_DEADLINE = 90                                        # s for JupyterLab to answer
+NOTEBOOKS = ("01_grpo_step.ipynb", "02_tune_beta_temperature.ipynb", "03_multi_step.ipynb", "04_run_triage.ipynb",
+             "05_whatif.ipynb")
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,68 @@ def _main_sh_is_setup_then_main() -> None:
     assert "bash scripts/setup.sh" in text and re.search(r"^exec \.venv/bin/rookworld-debug main \"\$@\"$", text, re.M)
 
 
+def _serve_jupyter_lab(line: list[str]) -> None:
+    """The README's JupyterLab command, run from the clone (where `.venv/` and `notebooks/` are) with stdin closed,
+    and these appended: no browser, 127.0.0.1 on a free port and no other, a token, `--allow-root` under root (the
+    README says so), its state in a temporary folder. It must serve the five notebooks (HTTP 200 for the lab page and
+    for each notebook) within JUPYTER_DEADLINE s; then its process group is stopped."""
+    import json
+    import secrets
+    import signal
+    import socket
+    import tempfile
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    token = secrets.token_hex(16)
+    argv = [str(REPO / line[0]), *line[1:], "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+            "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"] + (["--allow-root"] if os.geteuid() == 0
+                                                                                   else [])
+    with tempfile.TemporaryDirectory(prefix="readme-lab-") as state:
+        env = {**ENV, "JUPYTER_RUNTIME_DIR": f"{state}/runtime", "JUPYTER_CONFIG_DIR": f"{state}/config",
+               "JUPYTERLAB_WORKSPACES_DIR": f"{state}/workspaces"}
+        log = Path(state) / "lab.log"
+        t0 = time.perf_counter()
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"README line `{shlex.join(line)}` exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+                try:
+                    with urllib.request.urlopen(f"{base}/lab?token={token}", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.perf_counter() - t0 > JUPYTER_DEADLINE:
+                    pytest.fail(f"`{shlex.join(line)}` did not answer within {JUPYTER_DEADLINE} s:\n"
+                                f"{log.read_text()[-3000:]}")
+                time.sleep(0.5)
+            with urllib.request.urlopen(f"{base}/api/contents?token={token}", timeout=30) as r:
+                listed = {x["name"] for x in json.load(r)["content"]}
+            assert set(NOTEBOOKS) <= listed, (f"`{shlex.join(line)}` does not serve the notebooks", sorted(listed))
+            for name in NOTEBOOKS:
+                with urllib.request.urlopen(f"{base}/api/contents/{name}?token={token}&content=0", timeout=30) as r:
+                    assert r.status == 200, name
+            print(f"[readme] {shlex.join(line)}: served {len(NOTEBOOKS)} notebooks after "
+                  f"{time.perf_counter() - t0:.1f} s")
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=15)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)
+
+
 def run_block(block: Block, cwd: Path, demo: Path | None = None) -> dict:
     """Run one README block in `cwd` (module doc for the substitutions); {command: CompletedProcess}."""
     done = {}
@@ -139,6 +206,9 @@ def run_block(block: Block, cwd: Path, demo: Path | None = None) -> dict:
                 f"README's trl-demo line `{shlex.join(line)}` is not the shared demo run's command (trl-demo --out DIR)"
             assert demo is not None
             shutil.copytree(demo, cwd / line[3])
+            continue
+        elif line[:2] == [".venv/bin/jupyter", "lab"]:                  # a server: it answers, then it is stopped
+            _serve_jupyter_lab(line)
             continue
         elif line[0] == "python" and line[1].startswith("examples/"):     # an example trainer, run from the clone
             r = _run([sys.executable, str(REPO / line[1]), *line[2:]], cwd)
@@ -176,11 +246,23 @@ def test_every_command_in_the_table_exists():
     assert not missing, missing
 
 
+@pytest.mark.timeout(300)
+def test_way_1_the_notebooks_in_jupyterlab(tmp_path):
+    """The README's JupyterLab command serves the five notebooks; REFERENCE.md gives the same command."""
+    (block,) = section("### 1.")
+    assert [x[:2] for x in lines(block)] == [[".venv/bin/jupyter", "lab"]], block
+    run_block(block, tmp_path)
+    command = shlex.join(lines(block)[0])
+    assert f"`{command}`" in (REPO / "docs" / "REFERENCE.md").read_text(), f"REFERENCE.md does not give `{command}`"
+    for name in NOTEBOOKS:
+        assert (REPO / "notebooks" / name).is_file() and f"`{name}`" in README + (REPO / "docs/REFERENCE.md").read_text()
+
+
 @pytest.mark.timeout(1800)
-def test_the_set_up_block_and_way_1(tmp_path):
-    """The top block (main.sh → `main`, test.sh) and way 1 (main.sh again, then the Python block)."""
+def test_the_set_up_block_and_way_2(tmp_path):
+    """The top block (main.sh → `main`, test.sh) and way 2 (main.sh again, then the Python block)."""
     ran = {}
-    for b in section("# rookworld_debug") + section("### 1."):
+    for b in section("# rookworld_debug") + section("### 2."):
         if b.lang == "bash" and lines(b)[0][:2] == ["bash", "scripts/main.sh"] and "main" in ran:
             continue                                   # one `main` run covers both main.sh lines (same command)
         ran.update({("main" if "main.sh" in k else k): v for k, v in run_block(b, tmp_path).items()})
@@ -193,10 +275,10 @@ def test_the_set_up_block_and_way_1(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_way_4_your_own_training_loop(tmp_path):
+def test_way_5_your_own_training_loop(tmp_path):
     """The example trainer records its step; diagnose replays it clean (exit 0); the Python block prints each phase."""
     ran = {}
-    for b in section("### 4."):
+    for b in section("### 5."):
         ran.update(run_block(b, tmp_path))
     assert (tmp_path / "runs" / "manual" / "step-2" / "state" / "state.json").is_file()
     printed = ran["python"].stdout
@@ -204,10 +286,10 @@ def test_way_4_your_own_training_loop(tmp_path):
 
 
 @pytest.mark.timeout(1800)
-def test_way_2_your_own_trl_run(tmp_path):
+def test_way_3_your_own_trl_run(tmp_path):
     """The capture block trains a healthy run: diagnose of its step 4 finds no error (exit 0)."""
     ran = {}
-    for b in section("### 2."):
+    for b in section("### 3."):
         ran.update(run_block(b, tmp_path))
     step = next(k for k in ran if k.startswith("rookworld-debug diagnose"))
     assert "ERROR" not in ran[step].stdout, ran[step].stdout
@@ -215,10 +297,10 @@ def test_way_2_your_own_trl_run(tmp_path):
 
 
 @pytest.mark.timeout(1800)
-def test_way_3_a_run_that_went_wrong(tmp_path, trl_demo_run):
+def test_way_4_a_run_that_went_wrong(tmp_path, trl_demo_run):
     """From the demo run to a what-if verdict without naming a checkpoint: whatif says what it branched."""
     ran = {}
-    for b in section("### 3."):
+    for b in section("### 4."):
         ran.update(run_block(b, tmp_path, demo=trl_demo_run))
     assert (tmp_path / "runs" / "demo" / "triage" / "triage.html").is_file()
     diag = next(v for k, v in ran.items() if k.startswith("rookworld-debug diagnose"))
