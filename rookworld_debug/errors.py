@@ -4,7 +4,7 @@ traceback from deep inside python-chess/torch or as a silently wrong number."""
 
 __all__ = ["RookWorldError", "FormatError", "IllegalMoveError", "EngineNotFound", "EngineError", "ModelLoadError",
            "ConfigError", "DataError", "NumericalError", "TraceError", "IncompatibleTraceError", "CheckpointError",
-           "DeviceMemoryError"]
+           "DeviceMemoryError", "SaveError"]
 
 class RookWorldError(Exception):
     """Base class of every error raised on purpose by rookworld_debug."""
@@ -65,6 +65,11 @@ class IncompatibleTraceError(TraceError):
 class CheckpointError(ModelLoadError):
     """A checkpoint/cache file (policy.pt, optimizer.pt, rng.pt) is missing, damaged, of another model, or
     holds something other than tensors and plain values (it is never unpickled)."""
+
+
+class SaveError(RookWorldError, OSError):
+    """A step folder could not be written (a full disk, a file size limit, a file where a folder should be); the
+    message names the folder, `errno` the cause. Whatever was saved there before is left whole."""
 
 
 class DeviceMemoryError(RookWorldError, MemoryError):

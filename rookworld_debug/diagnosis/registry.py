@@ -167,8 +167,9 @@ def folder_diagnosis(path, *, replay: bool = True) -> FolderDiagnosis:
     the pair's findings carry the later step."""
     from rookworld_debug.grpo.step import StepTrace
     p = Path(path)
-    if not p.exists():
-        raise DataError(f"{p} does not exist")
+    if not p.exists():                       # a save cut short may have left the step beside it
+        from rookworld_debug.grpo.trace.folder import leftover_hint
+        raise DataError(f"{p} does not exist{leftover_hint(p)}")
     if (p / "trace.json").is_file():
         found, rep = diagnose_step(StepTrace.load(p), p, replay=replay)
         return FolderDiagnosis(found, {None: rep} if rep is not None else {}, [])

@@ -73,31 +73,17 @@ class StepTrace:
         """Write `<path>/state/` (the kept weights, when the step kept them), `<path>/trace.safetensors` (tensors)
         and `<path>/trace.json` (everything else, last). Every writer of a step (run_step, a TRL capture, a
         StepRecorder) saves through here: the step is written to a temporary folder beside `path` and renamed into
-        place, so an interrupted save leaves no half step and a step saved over an earlier one replaces it whole.
-        A folder that holds anything but a saved step is refused."""
-        import os
-        import shutil
-        path = Path(path)
-        check_step_folder(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.saving-{os.getpid()}"
-        old = path.parent / f".{path.name}.replaced-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            self._write(tmp)
-            if path.exists():
-                path.rename(old)
-            tmp.rename(path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
-        return path
+        place (grpo.trace.folder), so a reader finds the step saved there before whole, this one whole, or no
+        folder, never a mix, whatever interrupts the save. A folder that holds anything but a saved step is
+        refused; a save the disk refuses (full, a size limit, a file in the way) is a SaveError naming `path`."""
+        from rookworld_debug.grpo.trace.folder import save_whole
+        return save_whole(Path(path), self._write, check=check_step_folder)
 
     def _write(self, folder: Path) -> None:
         from rookworld_debug.grpo.trace.state import write_recorded
         from rookworld_debug.safeio import atomic_write_json
         from safetensors.torch import save_file
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)          # save_whole made it, beside the step
         if self.kept is not None:
             write_recorded(folder, self.kept)
         # the file says state/ only when this save wrote it (a loaded trace holds no weights to write again)
@@ -167,10 +153,17 @@ def check_step_folder(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise DataError(f"save: {path} is a file; a step is saved to a folder")
     if path.is_dir():
-        others = sorted(p.name for p in path.iterdir() if p.name not in STEP_FILES)
+        others = sorted(p.name for p in path.iterdir()
+                        if p.name not in STEP_FILES and not _interrupted_write(p.name))
         if others:                                    # replacing the folder would delete them
             raise DataError(f"save: {path} holds other files ({', '.join(others[:3])}); a step needs a folder "
                             "of its own")
+
+
+def _interrupted_write(name: str) -> bool:
+    """The temporary file of an atomic rewrite of trace.json cut short (a TRL capture adds its cost so): the
+    folder is still a saved step, replaced whole by the next save."""
+    return name.startswith(".trace.json.") and name.endswith(".tmp")
 
 
 def run_step(config: StepConfig, *, session: Optional[Setup] = None, reward_funcs: Optional[Mapping] = None,

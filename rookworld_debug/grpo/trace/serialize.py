@@ -202,7 +202,8 @@ def _not_a_trace(path, why: str):
     hint = (f"; it holds captured steps {steps}: open one of them, e.g. {path / steps[0]}" if steps else
             "; a trace folder holds trace.json + trace.safetensors (StepTrace.save, rookworld-debug step, or a TRL "
             "capture's step-NNNNNN folder)")
-    return TraceError(f"{path} is not a step trace or TRL capture: {why}{hint}")
+    from rookworld_debug.grpo.trace.folder import leftover_hint
+    return TraceError(f"{path} is not a step trace or TRL capture: {why}{leftover_hint(path)}{hint}")
 
 
 def read_trace(path, record: str, version: int | None = None) -> Any:
