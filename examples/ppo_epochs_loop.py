@@ -104,7 +104,7 @@ def train(rollouts: int, record_step: int, out: str, b: int = 2, g: int = 4, bet
             if rec:
                 rec.batch(prompts, labels=labels)                                                    # record
                 rec.sampler(sampler)                                                                 # record
-                rec.model_before(model, opt, reference=ref)                                          # record
+                rec.model_before(model, opt, reference=ref, scheduler=sched)                         # record
                 rec.rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids,      # record
                             completion_mask=mask, completions=texts, sampling_logps=sampling_logps)  # record
                 rec.rewards(rewards, per_func={"rookworld": rewards})                                # record

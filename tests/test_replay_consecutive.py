@@ -44,7 +44,8 @@ def _check(pair, quantity):
 
 
 @pytest.mark.parametrize("fault", ["sampler_stale", "grads_carried", "optimizer_recreated", "policy_reset",
-                                   "reference_moves", "reward_memory"])
+                                   "reference_moves", "reward_memory", "scheduler_extra_step",
+                                   "scheduler_recreated"])
 def test_a_fault_between_steps_is_named_first_with_its_evidence(pairs, fault):
     from rookworld_debug.lab.between_steps import BETWEEN_FAULTS
     quantity, code = BETWEEN_FAULTS[fault]

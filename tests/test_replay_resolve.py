@@ -222,3 +222,85 @@ def test_a_dapo_denominator_that_counts_truncated_rows_is_named_by_its_counts(tm
     assert top.severity == "error" and top.code == "gradient_scaled"
     assert f"= {int(m.sum())} / {int(with_trunc.sum())} = in-loss tokens" in top.cause, top.cause
     assert "the denominator counts the truncated rows' tokens" in top.cause
+
+
+@pytest.mark.slow
+def test_a_healthy_trl_run_with_two_steps_per_generation_replays_clean(tmp_path):
+    """TRL splits one generation batch over two optimizer steps: the second trains the other rows from weights
+    that moved, with π_old the generation's; both steps replay clean (about 4 minutes)."""
+    pytest.importorskip("trl")
+    from rookworld_debug.diagnosis.replay import replay_path
+    from rookworld_debug.trl.example import run
+    run(tmp_path, steps=3, capture=(2, 3), keep_weights=True, per_device_train_batch_size=4,
+        steps_per_generation=2, max_completion_length=48)
+    for step in ("step-000002", "step-000003"):
+        rep = replay_path(tmp_path / step)
+        assert rep.first_disagreement is None, (step, rep.first_disagreement)
+        assert {p["phase"] for p in rep.phases() if p["status"] == "agree"} >= {"scoring", "gradient", "update"}
+
+
+# ------------------------------------------------------------------------------------------------ wiring
+@pytest.mark.parametrize("fault,said", [
+    ("ratio_against_ref", "the policy ratio is taken against the reference's log-probs, not π_old's"),
+    ("kl_against_old", "the KL term is taken against π_old's log-probs, not the reference's"),
+    ("loss_uses_rewards", "the loss uses the rewards where the advantages belong")])
+def test_a_loss_wired_to_the_wrong_input_names_the_input(tokenizer, fault, said):
+    """The loss value of the hand-written loop's own loss function (lab.handloop.loss_of), with one input in
+    another's place, against the replay's loss check: the substitution is named."""
+    from rookworld_debug.diagnosis.replay.data_phases import loss_check
+    from rookworld_debug.lab.handloop import LoopConfig, loss_of
+    torch.manual_seed(0)
+    rec = _recorder(tokenizer, beta=0.04, num_iterations=2, iteration=1)
+    m = rec.pieces["rollout"]["completion_mask"]
+    lp = -torch.rand(8, T) * m
+    old, ref = lp + 0.3 * torch.randn(8, T) * m, lp + 0.5 * torch.randn(8, T) * m
+    adv = (REWARDS.view(B, G) - REWARDS.view(B, G).mean(1, keepdim=True)).reshape(-1) * 3
+    rec.advantages(adv)
+    rec.logprobs(lp, old=old, ref=ref, training=False)
+    c = LoopConfig(loss_type="grpo", beta=0.04, micro_batches=1, num_generations=G)
+    a = REWARDS if fault == "loss_uses_rewards" else adv
+    rec.loss(float(loss_of(lp, old, ref, a, m, c, 8, m.sum(), fault)))
+    check = loss_check(rec.build())
+    assert check.status == "disagree" and check.cause == "loss_wiring", (check.cause, check.explanation)
+    assert check.explanation.startswith(said)
+    rec.loss(float(loss_of(lp, old, ref, adv, m, c, 8, m.sum())))       # the loop's loss as it should be
+    assert loss_check(rec.build()).status == "agree"
+
+
+# ----------------------------------------------------------------------------------------- the learning rate
+def _scheduled(tokenizer, by_hand: float = 0.0):
+    """A recorded step whose loop holds an AdamW with a linear decay stepped twice; `by_hand`: the rate then
+    written into the optimizer's parameter group."""
+    from rookworld_debug.record.recorder import _scheduler_state
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / 10)
+    for _ in range(2):
+        p.grad = torch.ones(3)
+        opt.step()
+        sched.step()
+    if by_hand:
+        opt.param_groups[0]["lr"] = by_hand
+    rec = _recorder(tokenizer)
+    rec.pieces["scheduler"] = _scheduler_state(sched, opt)
+    return rec.build()
+
+
+def test_a_rate_set_by_hand_over_the_scheduler_is_named(tokenizer):
+    from rookworld_debug.diagnosis.replay.schedule import schedule_check
+    assert schedule_check(_scheduled(tokenizer)).status == "agree"
+    c = schedule_check(_scheduled(tokenizer, by_hand=1e-3))
+    assert c.status == "disagree" and c.cause == "lr_not_from_scheduler"
+    assert "lr 0.001 while its scheduler last set 0.0008" in c.explanation
+    assert "no learning-rate scheduler was recorded" in schedule_check(_recorder(tokenizer).build()).explanation
+
+
+def test_a_scheduler_that_stops_stepping_is_named_across_steps(tokenizer):
+    from rookworld_debug.diagnosis.replay.schedule import scheduler_carried
+    k = _scheduled(tokenizer)                          # last_epoch 2 after 2 optimizer steps
+    assert scheduler_carried(k, k, 1, 2).cause == "scheduler_not_stepped"
+    assert scheduler_carried(k, k, 1, 5).status == "agree"        # a schedule stepped per epoch, not per step
+    with pytest.raises(Exception) as err:
+        from rookworld_debug.record.recorder import _scheduler_state
+        _scheduler_state(object(), None)
+    assert type(err.value).__name__ == "DataError" and "scheduler" in str(err.value)

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.lab.handloop import LoopConfig, _data, _Loop, _optimizer_step, _recorder, _setup, advantages, \
-    sample, token_logps
+    sample, schedule, token_logps
 
 # fault → (the carried quantity it breaks, the finding code that names it)
 BETWEEN_FAULTS = {
@@ -35,11 +35,13 @@ BETWEEN_FAULTS = {
     "policy_reset": ("weights", "policy_reset"),                    # the policy reloaded from its start each rollout
     "reference_moves": ("reference", "reference_tracks_policy"),    # ref ← ½·ref + ½·θ before each rollout
     "reward_memory": ("rewards", "reward_has_memory"),              # a bonus of 0.1 per earlier call
+    "scheduler_extra_step": ("scheduler", "scheduler_stepped_extra"),   # scheduler.step() once more between steps
+    "scheduler_recreated": ("scheduler", "scheduler_reset"),        # a new scheduler on the same optimizer
 }
 # the loop the faults are written into (a sampler copy, so that a stale one can show); and healthy loops of other
 # shapes: dapo with two optimizer passes per rollout and a schedule (the pair spans a rollout's last pass and the
 # next rollout's first), bnpo over one micro-batch
-BASE = LoopConfig(num_prompts=2, num_generations=4, max_new_tokens=64, steps=2, separate_sampler=True)
+BASE = LoopConfig(num_prompts=2, num_generations=4, max_new_tokens=64, steps=2, separate_sampler=True, scheduler=True)
 HEALTHY_SHAPES = {
     "grpo, sampler copy": BASE,
     "dapo, μ = 2, schedule, no sampler copy": replace(BASE, loss_type="dapo", num_iterations=2, scheduler=True,
@@ -94,12 +96,16 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) ->
                 texts=texts, r=r, adv=advantages(r, g), ref_logps=ref_logps, old=old, sampled_by=snapshot)
 
 
-def _before_rollout(L: _Loop, step: int, fault: str, start: dict) -> None:
+def _before_rollout(L: _Loop, c: LoopConfig, step: int, fault: str, start: dict) -> None:
     """What the faults change before a rollout after the first: the policy reloaded, the reference moved."""
     if step == 1:
         return
     if fault == "policy_reset":
         L.model.load_state_dict(start)
+    if fault == "scheduler_extra_step":
+        L.sched.step()
+    if fault == "scheduler_recreated":
+        L.sched = schedule(L.opt, c)
     if fault == "reference_moves":
         with torch.no_grad():
             for r, p in zip(L.ref.parameters(), L.model.parameters()):
@@ -110,7 +116,7 @@ def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: 
                         record: tuple, out: Path) -> list:
     """Rollout `step` and its μ optimizer passes; the passes whose optimizer step number is in `record` are saved
     to out/step-<n>. Returns the saved folders."""
-    _before_rollout(L, step, fault, start)
+    _before_rollout(L, c, step, fault, start)
     ro = _rollout(L, c, step, fault, reward)
     saved = []
     for k in range(c.num_iterations):

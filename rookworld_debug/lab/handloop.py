@@ -91,6 +91,9 @@ STRUCTURE_FAULTS = {
     "dapo_tokens_with_truncated": ("loss", "loss_scaled"),     # ÷ tokens counted before truncated rows are masked
     "dapo_tokens_all_positions": ("loss", "loss_scaled"),      # ÷ N·T: every completion position, padding included
     "loss_divided_by_g": ("loss", "loss_scaled"),              # an extra ÷ G (a mean over the group's rows)
+    "ratio_against_ref": ("loss", "loss_wiring"),              # ratio = exp(ℓ − ℓ_ref): the reference for π_old
+    "kl_against_old": ("loss", "loss_wiring"),                 # the KL's d = ℓ_old − ℓ: π_old for the reference
+    "loss_uses_rewards": ("loss", "loss_wiring"),              # the rewards passed where the advantages belong
 }
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS}
 
@@ -211,11 +214,12 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
     """TRL's per-token PPO-clip + β·k3 KL, aggregated as `c.loss_type` (one micro-batch; ÷ micro-batches inside).
     `old`: π_old's log-probs (None: ℓ.detach(), one pass per rollout)."""
     old = logps.detach() if old is None else old
-    ratio = torch.exp(old - logps) if fault == "ratio_inverted" else torch.exp(logps - old)
+    ratio = torch.exp(old - logps) if fault == "ratio_inverted" else torch.exp(logps - ref) \
+        if fault == "ratio_against_ref" else torch.exp(logps - old)
     a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
     r_pg = ratio.detach() if fault == "pg_no_gradient" else ratio
     pg = -torch.min(r_pg * a, r_pg.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
-    d = ref - logps
+    d = (old if fault == "kl_against_old" else ref) - logps
     kl = -d if fault == "kl_k1_estimator" else torch.exp(d) - d - 1
     kl = kl * (ratio if c.bias_correction else 1.0)
     beta = -c.beta if fault == "loss_kl_sign" else c.beta ** 2 if fault == "kl_beta_squared" else c.beta
@@ -259,9 +263,14 @@ def _setup(c: LoopConfig) -> _Loop:
     ref = copy.deepcopy(model).requires_grad_(False)
     sampler = copy.deepcopy(model).requires_grad_(False) if c.separate_sampler else None
     opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
-    total = c.steps * c.num_iterations + 1
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / total) if c.scheduler else None
+    sched = schedule(opt, c) if c.scheduler else None
     return _Loop(tok, model, ref, sampler, opt, sched, torch.Generator().manual_seed(c.seed))
+
+
+def schedule(opt, c: LoopConfig):
+    """A linear learning-rate decay per optimizer step, to 1 / (steps·μ + 1) of the rate at the last one."""
+    total = c.steps * c.num_iterations + 1
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / total)
 
 
 def _autocast(c: LoopConfig):
@@ -324,7 +333,7 @@ def _recorder(L: _Loop, c: LoopConfig, step: int, k: int, ro: dict):
     rec.batch(ro["rows_p"], labels=ro["rows_l"])
     if ro["sampled_by"] is not None:
         rec.sampler(ro["sampled_by"])
-    rec.model_before(L.model, L.opt, reference=L.ref)
+    rec.model_before(L.model, L.opt, reference=L.ref, scheduler=L.sched)
     rec.rollout(prompt_ids=ro["p_ids"], prompt_mask=ro["p_mask"], completion_ids=ro["ids"],
                 completion_mask=ro["mask"], completions=ro["texts"], sampling_logps=ro["s_logps"])
     rec.rewards(ro["r"], per_func={"rookworld": ro["r"]})
@@ -353,7 +362,8 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         old = ro["old"][rows] if ro["old"] is not None else None
         if fault == "old_logps_recomputed" and old is not None:
             old = lp.detach()
-        loss = loss_of(lp, old, ro["ref_logps"][rows], ro["adv"][rows], mask[rows], c, n, tokens, fault)
+        adv = ro["r"] if fault == "loss_uses_rewards" else ro["adv"]
+        loss = loss_of(lp, old, ro["ref_logps"][rows], adv[rows], mask[rows], c, n, tokens, fault)
         loss = loss / c.num_generations if fault == "loss_divided_by_g" else loss
         (loss * (c.micro_batches if fault == "accum_no_divide" else 1)).backward()
         total += float(loss.detach())

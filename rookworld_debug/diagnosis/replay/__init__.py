@@ -40,6 +40,7 @@ from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_de
 from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks
+from rookworld_debug.diagnosis.replay.schedule import schedule_check
 from rookworld_debug.diagnosis.replay.update import update_check
 from rookworld_debug.diagnosis.replay.weights import Weights, weights_for
 
@@ -91,7 +92,8 @@ def _checks(trace, w: Weights) -> list[PhaseCheck]:
         checks.append(skipped("scoring", "log-probs from the weights", w.why))
     checks.append(loss_check(trace))
     checks += _gradient_and_update(trace, w, _dtype(trace))
-    return _ordered(checks)
+    rate = schedule_check(trace)                # the rate the update read, against its scheduler's
+    return _ordered(checks + ([rate] if rate is not None else []))
 
 
 def _ordered(checks) -> list[PhaseCheck]:

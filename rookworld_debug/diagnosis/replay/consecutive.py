@@ -4,6 +4,8 @@ cannot show (each step can be right on its own while the state between them is l
     weights     θ_before(k+1) = θ_after(k)                                   policy_reset
     optimizer   its step count advanced by the steps between; its moments the ones k's step leaves
                 (k's optimizer step re-run from k's recorded state)          optimizer_state_reset
+    scheduler   its count advanced by the optimizer steps between           scheduler_reset, _stepped_extra,
+                                                                             _not_stepped
     sampler     the weights that sampled k+1 = θ_after(k) (on a later pass over k's rollout: the weights that
                 sampled k)                                                   sampler_weights_stale
     reference   its weights at k+1 = at k                                    reference_tracks_policy
@@ -33,7 +35,7 @@ from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
 from .terms import dot
 
 # the carried quantities, in the order checked; a check whose upstream one disagrees may only follow from it
-CARRIED = ("weights", "optimizer", "sampler", "reference", "gradient", "rewards")
+CARRIED = ("weights", "optimizer", "scheduler", "sampler", "reference", "gradient", "rewards")
 DEPENDS = {"sampler": "weights"}
 def clip_of(trace):
     """The gradient clip the step applied: its loop's recorded one, else its config's (run_step, TRL)."""
@@ -109,7 +111,8 @@ def replay_consecutive(folder_k, folder_k1, *, traces: tuple = (), replay_k1=Non
         checks = tuple(skipped(q, q, note) for q in CARRIED)
         return ConsecutiveReplay(steps, tuple(map(str, folders)), checks, time.perf_counter() - t0, note, code)
     checks = [weights_check(pair)]
-    checks += [optimizer_check(pair), sampler_check(pair, checks[0].status == DISAGREE), reference_check(pair),
+    checks += [optimizer_check(pair), _scheduler_check(pair), sampler_check(pair, checks[0].status == DISAGREE),
+               reference_check(pair),
                gradient_check(pair, replay_k1), rewards_check(tk, tk1)]
     return ConsecutiveReplay(steps, tuple(map(str, folders)), tuple(checks), time.perf_counter() - t0)
 
@@ -320,6 +323,14 @@ def optimizer_check(p: _Pair) -> PhaseCheck:
                           "after a step on a non-zero gradient: its state was reset between the steps",
                           measure="‖m_recorded − m‖ / ‖m‖")
     return _moments_check(p, q, f"step count {n0} → {n1}" if n1 is not None else "no step count kept")
+
+
+def _scheduler_check(p: _Pair) -> PhaseCheck:
+    from .consecutive_rerun import step_count
+    from .data_phases import accumulation
+    from .schedule import scheduler_carried
+    n0 = step_count(p.sk.optimizer_state, p.sk.optimizer) if p.sk is not None and p.sk.optimizer_state else None
+    return scheduler_carried(p.trace_k, p.trace_k1, p.gap, n0, accumulation(p.trace_k))
 
 
 def _moments_check(p: _Pair, q: str, count: str) -> PhaseCheck:

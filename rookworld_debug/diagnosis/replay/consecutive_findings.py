@@ -15,6 +15,9 @@ FIXES = {
                "copy's).",
     "optimizer": "Create the optimizer once, before the loop, and keep it across steps (when the model is rebuilt, "
                  "carry its state over with optimizer.load_state_dict).",
+    "scheduler": "Create the learning-rate scheduler once, on the optimizer it schedules, and call scheduler.step() "
+                 "exactly once after each optimizer.step() (never per micro-batch, never before the optimizer's step); "
+                 "on resume, load its state_dict with the optimizer's.",
     "sampler": "Copy the policy's weights into the sampler after every optimizer step, before the next rollout "
                "(sampler.load_state_dict(policy.state_dict()), or the rollout engine's weight sync).",
     "reference": "Freeze the reference: a separate copy of the start weights, requires_grad False, never assigned "
@@ -26,6 +29,7 @@ FIXES = {
 # what the evidence cannot tell from the cause: a change between steps that is meant
 ALTERNATIVES = {
     "reference_tracks_policy": ("a reference synced on purpose (TRL's sync_ref_model): then it is the objective",),
+    "scheduler_stepped_extra": ("a schedule written in micro-batches on purpose: then its horizon counts them",),
     "reward_has_memory": ("a reward meant to change over training (a curriculum, a schedule): then it is by design",),
 }
 SCORE = 100.0

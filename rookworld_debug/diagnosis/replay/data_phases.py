@@ -361,8 +361,8 @@ def loss_check(trace) -> PhaseCheck:
     value = float(loss_total(trace, ob, r.per_token_logps, old, ref, adv))
     lp = r.per_token_logps
 
-    def v(objective=ob, a=adv, reference=ref, logps=lp):
-        return lambda: float(loss_total(trace, objective, logps, old, reference, a))
+    def v(objective=ob, a=adv, reference=ref, logps=lp, old_=old):
+        return lambda: float(loss_total(trace, objective, logps, old_, reference, a))
     no_kl = v(objective=ob.replace(beta=0.0))
     variants = {"loss_advantage_sign": (v(a=-adv), "the loss uses −A: it pushes down the better completions"),
                 # the loss is linear in β: L(−β) = 2·L(0) − L(β)
@@ -373,8 +373,28 @@ def loss_check(trace) -> PhaseCheck:
         variants[f"loss_aggregation/{lt}"] = (v(objective=ob.replace(loss_type=lt)),
                                               f"the loss equals loss_type={lt!r}'s aggregation, not the declared "
                                               f"{ob.loss_type!r}'s")
+    for name, (kw, sentence) in wiring(trace, old).items():
+        variants[f"loss_wiring/{name}"] = (v(**kw), sentence)
     check = scalar("loss", q, recorded, value, VALUE_TOL, variants=_safe(variants))
     return check
+
+
+def wiring(trace, old) -> dict:
+    """{name: (the loss's inputs with one recorded tensor in another's place, the sentence)}: the loss wired to the
+    wrong input of the same shape (π_old, the reference, the rewards)."""
+    r = trace.rollout
+    ref, out = r.ref_per_token_logps, {}
+    if ref is not None:
+        out["old=ref"] = (dict(old_=ref), "the policy ratio is taken against the reference's log-probs, not π_old's "
+                                          "(the tensor for the reference is passed where π_old belongs)")
+        if old is not None:
+            out["ref=old"] = (dict(reference=old), "the KL term is taken against π_old's log-probs, not the "
+                                                   "reference's (π_old's tensor is passed where the reference belongs)")
+            out["swapped"] = (dict(old_=ref, reference=old), "π_old's and the reference's log-probs are swapped in "
+                                                             "the loss")
+    out["adv=rewards"] = (dict(a=trace.rewards.rewards.to(trace.advantages.advantages.dtype)),
+                          "the loss uses the rewards where the advantages belong (no group baseline reaches the loss)")
+    return out
 
 
 def _safe(variants: dict) -> dict:

@@ -89,12 +89,26 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
             continue
         dt = (getattr(trace.recorded, "sampler_dtype", "") or dtype) if key == "sampler" else dtype
         c = compare("scoring", q, rec, logps(model), tol_for(SAMPLER_TOL, dt) if key == "sampler" else tol,
-                    mask=mask, unit="token", variants=_scoring_variants(trace, model),   # of the weights it is held to
+                    mask=mask * step_rows(trace)[:, None] if key == "policy" else mask, unit="token", variants=_scoring_variants(trace, model),   # of the weights it is held to
                     mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
         out.append(_dropout(c, trace) if key == "policy" else c)
     out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps, sampler))
+    return out
+
+
+def step_rows(trace) -> torch.Tensor:
+    """(N,) 1 on the rows this optimizer step trained. A TRL step that reads a slice of its generation batch
+    (steps_per_generation > gradient_accumulation_steps) trains only its micro-batches' rows; the capture shows
+    the others at their generation-time log-probs, which the weights before this update did not compute."""
+    n = trace.rollout.completion_ids.shape[0]
+    rows = getattr(trace.capture, "micro_batch_rows", None) if trace.capture is not None else None
+    if not rows:
+        return torch.ones(n, dtype=trace.rollout.completion_mask.dtype)
+    out = torch.zeros(n, dtype=trace.rollout.completion_mask.dtype)
+    for mb in rows:
+        out[list(mb)] = 1
     return out
 
 
@@ -382,4 +396,10 @@ def _regression_fits(recorded, names, fit, bound, norm_rec, accumulation, ours):
         return "gradient", "gradient_micro_batches", why, {
             "kind": "micro_batches", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in mb.items()},
             "residual": resid_mb / norm_rec if norm_rec > 0 else math.inf, "sentence": why}
+    wired = fit.fit_wiring(recorded, names, bound)
+    if wired is not None:
+        name, why, resid_w = wired
+        return "loss", "loss_wiring", why, {"kind": "wiring", "params": {"substitution": name},
+                                            "residual": resid_w / norm_rec if norm_rec > 0 else math.inf,
+                                            "sentence": why}
     return "gradient", "", "", fitted

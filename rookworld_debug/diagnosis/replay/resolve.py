@@ -98,7 +98,9 @@ def step_quantities(trace) -> tuple:
     if float(mask[~trunc].sum()) != float(mask.sum()):      # else one set: every in-loss token is a finished row's
         q.append(Quantity("tokens_ended", "tokens of the rows that ended (EOS)", float(mask[~trunc].sum()), **tok))
     q += _micro_batch_quantities(trace, mask)
+    spg = getattr(trace.capture, "steps_per_generation", None) or c.steps_per_generation or 1
     q += [Quantity("mu", "μ passes over the rollout", int(c.num_iterations or 1)),
+          Quantity("spg", "steps_per_generation (optimizer steps per generation batch)", int(spg)),
           Quantity("ranks", "ranks", len(getattr(trace.recorded, "rows_by_rank", ()) or ()))]
     q += _coefficients(trace)
     return tuple(x for x in q if math.isfinite(x.value) and x.value > 0 and abs(x.value - 1) > UNIT)

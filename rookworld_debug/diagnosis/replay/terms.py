@@ -58,16 +58,21 @@ def token_weights(trace, objective, jac: TokenJacobian, extra=None, advantages=N
     mask = loss_mask(r, trace.config)
     lp = _value_point(trace, jac).requires_grad_(True)
     ent = jac.entropy.detach().clone().requires_grad_(True)
-    old = getattr(trace.recorded, "old_per_token_logps", None)
+    old = _old(trace)                       # TRL's stored π_old: a reused generation batch's ratio is not 1
     adv = trace.advantages.advantages if advantages is None else advantages
     chunks = micro_batches(trace)
+    cap = trace.capture
+    # TRL normalises a token-level loss by its generation batch's tokens × g / steps_per_generation
+    items = float(cap.num_items_in_batch) if cap is not None and cap.num_items_in_batch else mask.sum()
+    spg = int(cap.steps_per_generation) if cap is not None and cap.steps_per_generation else None
     total = 0.0
     for rows in chunks:
         pick = (lambda x: None if x is None else x[rows])
         total = total + compute_loss(lp[rows], pick(old) if old is not None else lp[rows].detach(),
                                      pick(r.ref_per_token_logps), adv[rows], mask[rows], objective,
-                                     LossBatch(entropy=ent[rows], num_items_in_batch=mask.sum(),
-                                               gradient_accumulation_steps=accumulation(trace))).loss
+                                     LossBatch(entropy=ent[rows], num_items_in_batch=items,
+                                               gradient_accumulation_steps=accumulation(trace),
+                                               steps_per_generation=spg)).loss
     if extra is not None:
         total = total + extra(lp, ent, mask)
     u_lp, u_ent = torch.autograd.grad(total, [lp, ent], allow_unused=True)
@@ -114,6 +119,22 @@ class GradientFit:
                                            "the previous pass's gradient": (prev, 0.0)}, names)
         # the previous pass's gradient left out as float noise: nothing was carried over
         return (coefs, resid) if "the previous pass's gradient" in coefs else ({}, math.inf)
+
+    def fit_wiring(self, recorded: dict, names, bound: float):
+        """(name, sentence, residual) of the first rewiring of the loss's inputs (data_phases.wiring) whose
+        declared gradient reproduces the recorded one within `bound`, else None."""
+        from rookworld_debug.diagnosis.replay.data_phases import wiring
+        t = self.trace
+        ob = Objective.from_config(t.config)
+        for name, (kw, sentence) in wiring(t, _old(t)).items():
+            other = _rewired(t, kw)
+            if other is None:
+                continue
+            g = self.jac.gradient(*token_weights(other, ob, self.jac))
+            resid = math.sqrt(sum(float((recorded[n].double() - g[n].double()).pow(2).sum()) for n in names))
+            if resid <= bound:
+                return name, sentence, resid
+        return None
 
     def terms(self) -> dict:
         """{term: (its gradient, its declared coefficient)}."""
@@ -162,6 +183,28 @@ class GradientFit:
             terms[f"micro-batch {k + 1} (rows {int(rows[0])}–{int(rows[-1])})"] = (
                 self.jac.gradient(u_lp * keep, u_ent * keep), 1.0)
         return _regress(recorded, terms, names)
+
+
+def _old(trace):
+    """π_old's recorded log-probs (a loop's, or TRL's stored ones), None where the ratio is against ℓ.detach()."""
+    if trace.capture is not None:
+        return trace.capture.old_per_token_logps
+    return getattr(trace.recorded, "old_per_token_logps", None)
+
+
+def _rewired(trace, kw: dict):
+    """The trace with the loss's inputs rewired as `kw` says (old_, reference, a), or None where it cannot be."""
+    import dataclasses
+    out = trace
+    if "old_" in kw:
+        if trace.recorded is None:
+            return None                         # a capture's π_old is TRL's own: no loop wiring to fit
+        out = dataclasses.replace(out, recorded=dataclasses.replace(out.recorded, old_per_token_logps=kw["old_"]))
+    if "reference" in kw:
+        out = dataclasses.replace(out, rollout=dataclasses.replace(out.rollout, ref_per_token_logps=kw["reference"]))
+    if "a" in kw:
+        out = dataclasses.replace(out, advantages=dataclasses.replace(out.advantages, advantages=kw["a"]))
+    return out
 
 
 def _regress(recorded: dict, terms: dict, names):

@@ -104,7 +104,7 @@ _ITEMS = {
                 "matches_label": (bool, None), "matches_sf1": (bool, None), "metrics": float},
     "LossBreakdown": {"metrics": float, "flags": str},
     "UpdateResult": {"grad_cosine": float, "per_term_global": float, "counts": int, "rows": int},
-    "RecordedStep": {"recorded": str, "missing": str, "explicit": str},
+    "RecordedStep": {"recorded": str, "missing": str, "explicit": str, "scheduler": float},
     "SignalNoise": {"group_size": ("GroupSizeSweep", None), "entropy": ("EntropyMechanism", None),
                     "gap": ("SamplerTrainerGap", None)},
     "EntropyMechanism": {"clip": "ClipEvents"},

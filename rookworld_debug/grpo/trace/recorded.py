@@ -9,7 +9,7 @@ possible lie (`state/` next to trace.json).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -46,3 +46,5 @@ class RecordedStep:
     rows_by_rank: tuple = ()                # ((start, stop), ...) in rank order: the rows each rank of a
                                             # torch.distributed loop held, whole groups; (): one process
     explicit: tuple = ()                    # the StepRecorder keywords the loop passed itself (the rest: defaults)
+    scheduler: dict = field(default_factory=dict)   # last_epoch, last_lr, group_lr of the loop's learning-rate
+                                                    # scheduler before the update ({}: not recorded)
