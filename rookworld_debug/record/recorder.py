@@ -45,6 +45,9 @@ from rookworld_debug.grpo.trace import state as S
 from rookworld_debug.record import distributed as D
 
 PRECISIONS = ("float32", "bfloat16", "float16", "float64")
+# the call that records each model piece (what an error about the piece names)
+CALL_OF = {"weights_before": "model_before", "reference_weights": "model_before: reference",
+           "sampler_weights": "sampler", "gradient": "gradient", "weights_after": "model_after"}
 # what each piece lets the replay check (said in the trace when the piece is missing)
 WITHOUT = {
     "batch": "the prompts and labels: rewards cannot be recomputed",
@@ -73,10 +76,40 @@ def _cpu(x, what: str, dtype=None) -> torch.Tensor:
             x = torch.as_tensor(x)
         except (TypeError, ValueError, RuntimeError, OverflowError):
             raise DataError(f"{what}: a tensor expected, got {type(x).__name__}") from None
-    x = x.detach().to("cpu", copy=True)
+    _has_data({what: x}, what)
+    try:
+        x = x.detach().to("cpu", copy=True)
+    except (NotImplementedError, RuntimeError) as err:      # a device whose values the CPU cannot copy
+        raise DataError(f"{what}: the tensor's values cannot be copied from {x.device} ({str(err)[:200]})") from None
     if x.dtype == torch.bool or x.is_complex():
         raise DataError(f"{what}: a real-valued tensor expected, got {x.dtype}")
     return x.to(dtype) if dtype is not None else x
+
+
+def _has_data(tensors: Mapping, what: str) -> None:
+    """DataError naming the first of `tensors` on the meta device: a shape without values (a model built under
+    `torch.device("meta")` or not yet materialised), nothing a step can be replayed from."""
+    empty = next((name for name, t in tensors.items() if torch.is_tensor(t) and t.is_meta), None)
+    if empty is not None:
+        which = "the tensor" if empty == what else f"{empty}"
+        raise DataError(f"{what}: {which} has no data (it is on the meta device); record the tensors the loop "
+                        "computed with, on a device that holds their values")
+
+
+def _piece_has_data(key: str, model, grad: bool = False) -> None:
+    """`_has_data` of a model piece's tensors (its parameters, or their .grad), named by the call that records it."""
+    _has_data({f"{'the .grad of ' if grad else 'parameter '}{n}": p.grad if grad else p
+               for n, p in model.named_parameters()}, CALL_OF[key])
+
+
+def _rows(x, what: str) -> tuple:
+    """A per-row argument as a tuple: a lone string, or something that is not a sequence, is refused."""
+    if isinstance(x, (str, bytes)):
+        raise DataError(f"{what}: a sequence of strings expected, got one {type(x).__name__}")
+    try:
+        return tuple(x)
+    except TypeError:
+        raise DataError(f"{what}: a sequence of strings expected, got {type(x).__name__}") from None
 
 
 def _ids(x, what: str, vocab: int) -> torch.Tensor:
@@ -221,23 +254,28 @@ class StepRecorder:
     def batch(self, prompts: Sequence[str], labels: Optional[Sequence[str]] = None,
               tasks: Optional[Sequence[str]] = None) -> None:
         """The step's prompts (B, or N rows repeated per group) and their dataset completions (labels)."""
-        if isinstance(prompts, str) or not all(isinstance(p, str) for p in prompts):
+        prompts = _rows(prompts, "batch: prompts")
+        if not all(isinstance(p, str) for p in prompts):
             raise DataError("batch: prompts must be a sequence of strings")
-        self.pieces["batch"] = (tuple(prompts), None if labels is None else tuple(str(x) for x in labels),
-                                None if tasks is None else tuple(str(t) for t in tasks))
+        self.pieces["batch"] = (prompts, None if labels is None else tuple(map(str, _rows(labels, "batch: labels"))),
+                                None if tasks is None else tuple(map(str, _rows(tasks, "batch: tasks"))))
 
     def model_before(self, model, optimizer=None, reference=None) -> None:
         """The policy (and its optimizer's state, and the reference model) before the update."""
         model = _model(model, "model")
+        ref = None if reference is None else _model(reference, "reference")
         if optimizer is not None and not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "state")):
             raise DataError(f"model_before: optimizer must be a torch.optim optimizer, got {type(optimizer).__name__}")
-        self.pieces["model_config"] = model.config.to_dict()
+        if optimizer is not None:
+            _has_data({k: v for st in optimizer.state.values() for k, v in st.items()}, "model_before: optimizer state")
+        _piece_has_data("reference_weights", ref) if ref is not None else None    # before anything is kept
         self._model_piece("weights_before", model)
+        self.pieces["model_config"] = model.config.to_dict()
         self.pieces["dtype"] = self.precision or str(next(model.parameters()).dtype).removeprefix("torch.")
         if optimizer is not None and _keeper():
             self.pieces["optimizer_state"] = S.optimizer_snapshot(model, optimizer)
-        if reference is not None:
-            self._model_piece("reference_weights", _model(reference, "reference"))
+        if ref is not None:
+            self._model_piece("reference_weights", ref)
 
     def sampler(self, model) -> None:
         """The weights that sampled the rollout, when they are not the weights before this update: a later pass of
@@ -259,15 +297,18 @@ class StepRecorder:
         if completions is None:
             completions = [self.tokenizer.decode(ids[i][mask[i].bool()], skip_special_tokens=True)
                            for i in range(ids.shape[0])]
+        completions = _rows(completions, "rollout: completions")
+        if len(completions) != ids.shape[0] or not all(isinstance(c, str) for c in completions):
+            raise DataError(f"rollout: completions must be {ids.shape[0]} strings, one per row")
         p_ids, p_mask = left_padded(_ids(prompt_ids, "rollout: prompt_ids", vocab),
                                     _mask(prompt_mask, "rollout: prompt_mask"))
+        lp = None if sampling_logps is None else \
+            _finite(_cpu(sampling_logps, "rollout: sampling_logps", torch.float32), "rollout: sampling_logps", mask)
+        # stored only once every argument is accepted: a refused call records nothing
         self.pieces["rollout"] = dict(prompt_ids=p_ids, prompt_mask=p_mask,
-                                      completion_ids=ids, completion_mask=mask, completions=tuple(completions))
-        if completions is not None and (isinstance(completions, str) or len(completions) != ids.shape[0]):
-            raise DataError(f"rollout: completions must be {ids.shape[0]} strings, one per row")
-        if sampling_logps is not None:
-            lp = _cpu(sampling_logps, "rollout: sampling_logps", torch.float32)
-            self.pieces["sampling_logps"] = _finite(lp, "rollout: sampling_logps", mask)
+                                      completion_ids=ids, completion_mask=mask, completions=completions)
+        if lp is not None:
+            self.pieces["sampling_logps"] = lp
 
     def rewards(self, rewards, per_func: Optional[Mapping[str, object]] = None) -> None:
         """The (N,) rewards the advantages were computed from, and each reward function's (N,) column."""
@@ -286,20 +327,24 @@ class StepRecorder:
 
     def logprobs(self, per_token_logps=None, *, old=None, ref=None, training: Optional[bool] = None) -> None:
         """(N, T) log-probs the loss used: the policy's (the loss forward), π_old's and the reference's."""
-        for key, value in (("policy_logps", per_token_logps), ("old_logps", old), ("ref_logps", ref)):
-            if value is not None:
-                self.pieces[key] = _cpu(value, key, torch.float32)
+        if training is not None and not isinstance(training, bool):
+            raise DataError(f"logprobs: training must be True or False (model.training), got {type(training).__name__}")
+        got = {key: _cpu(value, key, torch.float32) for key, value in
+               (("policy_logps", per_token_logps), ("old_logps", old), ("ref_logps", ref)) if value is not None}
+        self.pieces.update(got)
         if training is not None:
-            self.pieces["training"] = bool(training)
+            self.pieces["training"] = training
 
     def loss(self, loss, per_token_loss=None) -> None:
         """The scalar the loop called backward() on (summed over micro-batches as the loop logs it)."""
         value = _cpu(loss, "loss", torch.float64)
         if value.numel() != 1:
             raise DataError(f"loss: the scalar backward() was called on, got a tensor of shape {tuple(value.shape)}")
-        self.pieces["loss"] = float(_finite(value.reshape(()), "loss"))
-        if per_token_loss is not None:
-            self.pieces["per_token_loss"] = _cpu(per_token_loss, "per_token_loss", torch.float32)
+        value = float(_finite(value.reshape(()), "loss"))
+        per_token = None if per_token_loss is None else _cpu(per_token_loss, "per_token_loss", torch.float32)
+        self.pieces["loss"] = value
+        if per_token is not None:
+            self.pieces["per_token_loss"] = per_token
 
     def gradient(self, model) -> None:
         """The parameters' .grad after backward (all micro-batches) and BEFORE clipping and optimizer.step(); under
@@ -312,6 +357,7 @@ class StepRecorder:
     def _model_piece(self, key: str, model, grad: bool = False) -> None:
         """Rank 0 (or the one process) keeps a CPU copy of the parameters (or their .grad); another rank of a
         distributed loop only their Σ of squares, to say at save whether it held the same (the copy is rank 0's)."""
+        _piece_has_data(key, model, grad)
         if _keeper():
             self.pieces[key] = (S.gradient_of if grad else S.snapshot)(model)
         else:
@@ -442,6 +488,8 @@ def _model(model, what: str):
     if not (isinstance(model, torch.nn.Module) and hasattr(getattr(model, "config", None), "to_dict")):
         raise DataError(f"{what}: a transformers model (torch.nn.Module with a .config) expected, got "
                         f"{type(model).__name__}")
+    if next(model.parameters(), None) is None:
+        raise DataError(f"{what}: the model has no parameters (nothing of it can be recorded)")
     return model
 
 
