@@ -41,6 +41,44 @@ def rows_of(values, n: int, g: int, what: str) -> tuple:
     raise DataError(f"{what}: {len(values)} values for {n} rows (give B = {n // max(g, 1)} or N = {n})")
 
 
+def _disagree(keyword: str, declared, recorded, how: str) -> DataError:
+    return DataError(f"{keyword}: declared {declared!r}, but the step recorded {recorded} ({how}); declare the "
+                     "number the loop used")
+
+
+def check_sizes(rec, n: int, prompts_b) -> None:
+    """Each size the loop declared against the one its recorded step shows, refused by name where they disagree
+    (the trace's config is built from the recorded rows: a declared number that differs would be dropped)."""
+    d, g = rec.declared, rec.declared["num_generations"]
+    if n % g:
+        raise _disagree("num_generations", g, f"{n} rows", f"not whole groups of {g}")
+    b = len(prompts_b) if prompts_b is not None else n // g
+    if b not in (n, n // g) and b and n % b == 0:
+        raise _disagree("num_generations", g, f"{n // b} completions per prompt", f"{b} prompts for {n} rows")
+    if "batch_size" in d and d["batch_size"] != n // g:
+        raise _disagree("batch_size", d["batch_size"], f"{n // g} prompts", f"{n} rows in groups of {g}")
+    k = rec.gradient_accumulation_steps
+    made = len(torch.arange(n).chunk(k)) if n else k
+    if made != k:       # contiguous micro-batches of ⌈N/k⌉ rows: the replay sums the loss over these
+        raise _disagree("gradient_accumulation_steps", k, f"{n} rows",
+                        f"contiguous micro-batches of ⌈{n}/{k}⌉ rows make {made}, not {k}")
+    if "micro_batch_size" in d and d["micro_batch_size"] is not None and n % d["micro_batch_size"] == 0 \
+            and n // d["micro_batch_size"] != k:
+        raise DataError(f"micro_batch_size: declared {d['micro_batch_size']}, so {n} recorded rows make "
+                        f"{n // d['micro_batch_size']} micro-batches, but gradient_accumulation_steps is {k}; "
+                        "declare the numbers the loop used")
+    longest = _longest(rec.pieces["rollout"]["completion_mask"])
+    if "max_new_tokens" in d and longest > d["max_new_tokens"]:
+        raise _disagree("max_new_tokens", d["max_new_tokens"], f"a completion of {longest} tokens",
+                        "the longest, counted through its last token in the loss mask")
+
+
+def _longest(mask: torch.Tensor) -> int:
+    """The longest completion: the last position any row's loss mask keeps, + 1 (0 when none is kept)."""
+    kept = mask.bool().any(0).nonzero()
+    return int(kept.max()) + 1 if kept.numel() else 0
+
+
 def _check_shape(name: str, x, shape: tuple) -> None:
     if x is not None and tuple(x.shape) != shape:
         raise DataError(f"{name}: shape {tuple(x.shape)}, but the rollout's completions are {shape}")
@@ -60,7 +98,9 @@ def _config(rec, n: int, t: int) -> StepConfig:
     task = "A" if prompts and all(p.lstrip().startswith("A:") for p in prompts) else \
         "P" if all(p.lstrip().startswith("P:") for p in prompts) else "mixed"
     g = rec.declared["num_generations"]
-    return StepConfig(**{**rec.declared, **opt, "batch_size": n // g, "max_new_tokens": t, "model": "tiny",
+    # a declared max_new_tokens is the loop's budget (checked against the longest completion); else the row width
+    return StepConfig(**{**rec.declared, **opt, "batch_size": n // g,
+                         "max_new_tokens": rec.declared.get("max_new_tokens", t), "model": "tiny",
                          "dtype": rec.pieces.get("dtype", "float32"),
                          "task": task})
 
@@ -143,9 +183,8 @@ def build_trace(rec) -> StepTrace:
     ids = p["rollout"]["completion_ids"]
     n, t = ids.shape
     g = rec.declared["num_generations"]
-    if g < 1 or n % g:
-        raise DataError(f"{n} rows are not groups of num_generations = {g}")
     prompts_b, labels, tasks = p.get("batch", (None, None, None))
+    check_sizes(rec, n, prompts_b)
     if prompts_b is None:
         texts = rec.tokenizer.batch_decode(p["rollout"]["prompt_ids"], skip_special_tokens=True)
         prompts_b = tuple(texts)
