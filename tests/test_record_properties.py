@@ -208,7 +208,7 @@ def test_record_calls_raise_only_named_errors(step, tmp_path, fuzz_counts):
 
 @pytest.mark.slow
 def test_record_calls_raise_only_named_errors_20000(step, tmp_path, fuzz_counts):
-    _run(step, tmp_path, fuzz_counts, examples=2000, least=20000, derandomize=False)
+    _run(step, tmp_path, fuzz_counts, examples=2500, least=20000, derandomize=False)
 
 
 # ------------------------------------------------------------------------------------------ what it found
