@@ -292,7 +292,7 @@ def test_a_rate_set_by_hand_over_the_scheduler_is_named(tokenizer):
     c = schedule_check(_scheduled(tokenizer, by_hand=1e-3))
     assert c.status == "disagree" and c.cause == "lr_not_from_scheduler"
     assert "lr 0.001 while its scheduler last set 0.0008" in c.explanation
-    assert "no learning-rate scheduler was recorded" in schedule_check(_recorder(tokenizer).build()).explanation
+    assert schedule_check(_recorder(tokenizer).build()) is None          # no scheduler recorded: nothing to hold
 
 
 def test_a_scheduler_that_stops_stepping_is_named_across_steps(tokenizer):

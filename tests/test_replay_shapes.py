@@ -63,23 +63,35 @@ def test_bnpo_over_four_micro_batches_with_truncated_rows_masked_replays_clean(t
     assert not [f for f in found if f.code == "loss_path_mismatch"]
 
 
-def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tmp_path):
-    """The same recorded numbers declared with TRL's default KL bias correction: the loop computes the plain k3."""
-    from rookworld_debug.diagnosis import diagnose_path
+def _declared_as(rec, **changed):
+    """A recorder holding `rec`'s recorded pieces under its declaration with `changed` keywords (None: not passed,
+    left at its default)."""
     from rookworld_debug.record import StepRecorder
-    rec, _ = ppo_step
-    told = {**rec.declared, "use_bias_correction_kl": True}
+    told = {**rec.declared, **changed}
     other = StepRecorder(rec.tokenizer, trainer=rec.trainer, step=rec.step, num_iterations=told.pop("num_iterations"),
                          iteration=rec.iteration, gradient_accumulation_steps=rec.gradient_accumulation_steps,
                          epsilon=told.pop("epsilon_low"), temperature=told.pop("p_temperature"),
-                         top_p=told.pop("p_top_p"), **{k: v for k, v in told.items()
-                                                       if k not in ("epsilon_high", "a_temperature", "a_top_p")})
+                         top_p=told.pop("p_top_p"), **{k: v for k, v in told.items() if v is not None and
+                                                       k not in ("epsilon_high", "a_temperature", "a_top_p")})
     other.pieces = dict(rec.pieces)
+    return other
+
+
+def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tmp_path):
+    """The same recorded numbers declared with TRL's default KL bias correction: the loop computes the plain k3. Left
+    at its default, the keyword is a warning to add; passed by the loop itself, its own claim contradicted: an
+    error."""
+    from rookworld_debug.diagnosis import diagnose_path
+    rec, _ = ppo_step
+    other = _declared_as(rec, use_bias_correction_kl=None)             # the default: True
     found = diagnose_path(other.save(tmp_path / "declared"))
     assert not _errors(found), _errors(found)
     note = found[0]
     assert note.code == "declaration_mismatch" and note.severity == "warning"
     assert "use_bias_correction_kl=False" in note.cause and "use_bias_correction_kl=False" in note.fix.code_change
+    said = diagnose_path(_declared_as(rec, use_bias_correction_kl=True).save(tmp_path / "said"))[0]
+    assert said.code == "declaration_mismatch" and said.severity == "error"
+    assert "passed use_bias_correction_kl=True to StepRecorder yourself" in said.cause
     check = other.check()
     assert check.keywords == {"use_bias_correction_kl": False} and check.first_disagreement is None
     assert "declare use_bias_correction_kl=False" in str(check)

@@ -171,7 +171,7 @@ class StepRecorder:
         self._declare(tokenizer, **keywords)
         # the keywords the loop passed itself: a computation that contradicts one of them is the loop's own claim
         # broken (an error), one that contradicts a default it never passed is a declaration to add (a warning)
-        self.explicit = tuple(sorted(keywords))
+        self.explicit = tuple(sorted(k for k, v in keywords.items() if v is not None))   # None: "not said"
 
     def _declare(self, tokenizer, *, trainer: str = "your own training loop", loss_type: str = "grpo",
                  num_generations: int, beta: float = 0.0, epsilon: float = 0.2, epsilon_high: Optional[float] = None,
@@ -260,8 +260,9 @@ class StepRecorder:
         self.pieces["batch"] = (prompts, None if labels is None else tuple(map(str, _rows(labels, "batch: labels"))),
                                 None if tasks is None else tuple(map(str, _rows(tasks, "batch: tasks"))))
 
-    def model_before(self, model, optimizer=None, reference=None) -> None:
-        """The policy (and its optimizer's state, and the reference model) before the update."""
+    def model_before(self, model, optimizer=None, reference=None, scheduler=None) -> None:
+        """The policy (and its optimizer's state, the reference model, and the learning-rate scheduler's count and
+        rate) before the update."""
         model = _model(model, "model")
         ref = None if reference is None else _model(reference, "reference")
         if optimizer is not None and not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "state")):
@@ -269,6 +270,7 @@ class StepRecorder:
         if optimizer is not None:
             _has_data({k: v for st in optimizer.state.values() for k, v in st.items()}, "model_before: optimizer state")
         _piece_has_data("reference_weights", ref) if ref is not None else None    # before anything is kept
+        sched = None if scheduler is None else _scheduler_state(scheduler, optimizer)
         self._model_piece("weights_before", model)
         self.pieces["model_config"] = model.config.to_dict()
         self.pieces["dtype"] = self.precision or str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -276,6 +278,8 @@ class StepRecorder:
             self.pieces["optimizer_state"] = S.optimizer_snapshot(model, optimizer)
         if ref is not None:
             self._model_piece("reference_weights", ref)
+        if sched is not None:
+            self.pieces["scheduler"] = sched
 
     def sampler(self, model) -> None:
         """The weights that sampled the rollout, when they are not the weights before this update: a later pass of
@@ -451,7 +455,7 @@ class StepRecorder:
             optimizer_settings=dict(settings), max_grad_norm=config.max_grad_norm,
             gradient_accumulation_steps=self.gradient_accumulation_steps, iteration=self.iteration,
             weights="state/" if "weights_before" in p else "", notes=self.notes, rows_by_rank=self.rows_by_rank,
-            explicit=self.explicit)
+            explicit=self.explicit, scheduler=dict(p.get("scheduler", {})))
 
 
 # help(StepRecorder) and inspect show the keywords and their defaults, as the loop writes them
@@ -466,6 +470,25 @@ def _declaration_check(saved: Path) -> "DeclarationCheck":
                             declared={d.keyword: d.declared for d in rep.declarations},
                             first_disagreement=rep.first_disagreement,
                             replayed=tuple(p["phase"] for p in rep.phases() if p["status"] != "not replayed"))
+
+
+def _scheduler_state(scheduler, optimizer) -> dict:
+    """What the update reads from a torch learning-rate scheduler: how often it stepped, the rate it last set, and
+    the rate the optimizer holds (the two differ when something else sets it)."""
+    epoch, last = getattr(scheduler, "last_epoch", None), getattr(scheduler, "get_last_lr", None)
+    opt = optimizer if optimizer is not None else getattr(scheduler, "optimizer", None)
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not callable(last) or opt is None:
+        raise DataError(f"model_before: scheduler must be a torch.optim.lr_scheduler scheduler (last_epoch, "
+                        f"get_last_lr) with its optimizer, got {type(scheduler).__name__}")
+    try:
+        rates = [float(x) for x in last()]
+        group = float(opt.param_groups[0]["lr"])
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as err:
+        raise DataError(f"model_before: the scheduler's or optimizer's learning rate cannot be read: {err}") from None
+    if not rates or not all(math.isfinite(x) for x in (*rates, group)):
+        raise DataError(f"model_before: the scheduler's learning rates {rates} or the optimizer's {group} are not "
+                        "finite numbers")
+    return {"last_epoch": float(epoch), "last_lr": rates[0], "group_lr": group}
 
 
 def _keeper() -> bool:

@@ -12,6 +12,7 @@ down is still found.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -162,12 +163,32 @@ def fit_declaration(trace, first: PhaseCheck, phase_checks, agreed: frozenset = 
                           first.max_abs_diff, first.tolerance, other)
 
 
+# a difference whose signed mean is this share of its mean size leans one way: rounding does not
+SYSTEMATIC_SHARE = 0.5
+SYSTEMATIC_MIN_VALUES = 32
+
+
+def systematic(check: PhaseCheck) -> bool:
+    """Whether `check`'s differences lean one way (|mean(rec − ours)| > SYSTEMATIC_SHARE × mean |rec − ours| over
+    at least SYSTEMATIC_MIN_VALUES compared values): a shift, a filter or another temperature, never a rounding, whose
+    errors fall on both sides. A precision neighbour is not tried on such a difference: its wider tolerance would
+    absorb it."""
+    s = check.samples
+    if s is None or len(s.recorded) < SYSTEMATIC_MIN_VALUES:
+        return False
+    d = [a - b for a, b in zip(s.recorded, s.recomputed) if math.isfinite(a - b)]
+    size = sum(abs(x) for x in d) / max(len(d), 1)
+    return size > 0 and abs(sum(d) / len(d)) > SYSTEMATIC_SHARE * size
+
+
 def _neighbours(trace, first: PhaseCheck):
     """(keyword, value, the trace under it) of every neighbouring declaration that can change `first`'s phase,
     simplest first."""
     for keyword, phases, values in NEIGHBOURS:
         if first.phase not in phases or not first.quantity.startswith(SHOWN_IN.get(keyword, "")):
             continue            # a forward in another precision shows first in that forward's own log-probs
+        if keyword in SHOWN_IN and systematic(first):
+            continue
         for value in values(trace):
             other = with_declaration(trace, keyword, value)
             if other is not None:

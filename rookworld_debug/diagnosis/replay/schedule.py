@@ -28,13 +28,13 @@ def _scheduler(trace) -> dict:
 
 
 def schedule_check(trace) -> Optional[PhaseCheck]:
-    """The optimizer's learning rate against the rate its scheduler last set (None: not a loop's recorded step)."""
-    if trace.recorded is None:
+    """The optimizer's learning rate against the rate its scheduler last set (None: not a loop's recorded step, or
+    a loop that recorded no scheduler: a constant rate is the update check's, and the pair of steps says what a
+    scheduler recorded at both would show)."""
+    s = _scheduler(trace) if trace.recorded is not None else {}
+    if not s:
         return None
     q = "learning rate: the optimizer's, against the rate its scheduler last set"
-    s = _scheduler(trace)
-    if not s:
-        return skipped("update", q, NOT_RECORDED)
     group, last = float(s["group_lr"]), float(s["last_lr"])
     tol = RATE_REL_TOL * max(abs(last), 1e-30)
     diff = abs(group - last)
