@@ -403,7 +403,8 @@ class TunePanel:
         if self._settings_key() == self._initial_key:
             if self._step_diagnosis is None:
                 saved = self.step_trace is not None
-                self._step_diagnosis = diagnose_step(self.step_trace if saved else tr, self.step_folder)
+                self._step_diagnosis = diagnose_step(self.step_trace if saved else self._first_pass(tr),
+                                                     self.step_folder)
             self.findings, self.replay = self._step_diagnosis
             title = ("Diagnosis of this step (replayed, as `rookworld-debug diagnose` gives it)"
                      if self.step_trace is not None else "Diagnosis of this rollout (replayed; no update taken)")
@@ -411,6 +412,14 @@ class TunePanel:
             self.findings, self.replay = diagnose_step(tr, replay=False)
             title = "Diagnosis of these settings (no update taken; recomputed values, not replayed)"
         self.w_findings.value = diagnosis_card(self.findings, title=title, limit=3, evidence=3).html
+
+    def _first_pass(self, tr):
+        """The rollout as its first pass scored it: a later pass's loss is taken against π_old's frozen log-probs,
+        which the panel's trace does not carry, so the replay checks the pass whose π_old is the policy itself."""
+        import dataclasses
+        if not self.iterations or self.iteration <= 0:
+            return tr
+        return dataclasses.replace(tr, loss=self.iterations[0].loss)
 
     def _render_table(self, tr) -> None:
         """The completions table of the whole current rollout (re-rendered only when the rollout or its
