@@ -44,8 +44,7 @@ def _check(pair, quantity):
 
 
 @pytest.mark.parametrize("fault", ["sampler_stale", "grads_carried", "optimizer_recreated", "policy_reset",
-                                   "reference_moves", "reward_memory", "scheduler_extra_step",
-                                   "scheduler_recreated"])
+                                   "reference_moves", "reward_memory", "scheduler_extra_step"])
 def test_a_fault_between_steps_is_named_first_with_its_evidence(pairs, fault):
     from rookworld_debug.lab.between_steps import BETWEEN_FAULTS
     quantity, code = BETWEEN_FAULTS[fault]
@@ -82,7 +81,8 @@ def test_healthy_consecutive_steps_carry_over_every_quantity(pairs):
     pair, found = pairs[""]
     assert not _errors(found), [(f.code, f.cause[:160]) for f in _errors(found)]
     assert {c.phase: c.status for c in pair.checks} == dict.fromkeys(
-        ("weights", "optimizer", "sampler", "reference", "gradient", "rewards"), "agree")   # rewards: A prompts repeat
+        ("weights", "optimizer", "scheduler", "sampler", "reference", "gradient", "rewards"),
+        "agree")                                           # rewards: A prompts repeat; the loop's decay per step
     assert [f.code for f in found] == ["consecutive_agrees"]
 
 

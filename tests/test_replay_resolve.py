@@ -304,3 +304,18 @@ def test_a_scheduler_that_stops_stepping_is_named_across_steps(tokenizer):
         from rookworld_debug.record.recorder import _scheduler_state
         _scheduler_state(object(), None)
     assert type(err.value).__name__ == "DataError" and "scheduler" in str(err.value)
+
+
+def test_a_scheduler_whose_count_goes_back_or_runs_ahead_is_named(tokenizer):
+    """Two records of one loop's scheduler: at k after 2 optimizer steps; at k+1 re-created (count 0) or stepped
+    twice per optimizer step (count 4 after 1 more step)."""
+    import dataclasses as dc
+    from rookworld_debug.diagnosis.replay.schedule import scheduler_carried
+    k = _scheduled(tokenizer)
+    def at(epoch):
+        s = {**k.recorded.scheduler, "last_epoch": float(epoch)}
+        return dc.replace(k, recorded=dc.replace(k.recorded, scheduler=s))
+    assert scheduler_carried(k, at(0), 1, 2).cause == "scheduler_reset"
+    c = scheduler_carried(k, at(4), 1, 2, micro_batches=2)
+    assert c.cause == "scheduler_stepped_extra" and "once per micro-batch (2 micro-batches)" in c.explanation
+    assert scheduler_carried(k, at(3), 1, 2).status == "agree"

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.lab.handloop import LoopConfig, _data, _Loop, _optimizer_step, _recorder, _setup, advantages, \
-    sample, schedule, token_logps
+    sample, token_logps
 
 # fault → (the carried quantity it breaks, the finding code that names it)
 BETWEEN_FAULTS = {
@@ -36,7 +36,6 @@ BETWEEN_FAULTS = {
     "reference_moves": ("reference", "reference_tracks_policy"),    # ref ← ½·ref + ½·θ before each rollout
     "reward_memory": ("rewards", "reward_has_memory"),              # a bonus of 0.1 per earlier call
     "scheduler_extra_step": ("scheduler", "scheduler_stepped_extra"),   # scheduler.step() once more between steps
-    "scheduler_recreated": ("scheduler", "scheduler_reset"),        # a new scheduler on the same optimizer
 }
 # the loop the faults are written into (a sampler copy, so that a stale one can show); and healthy loops of other
 # shapes: dapo with two optimizer passes per rollout and a schedule (the pair spans a rollout's last pass and the
@@ -104,8 +103,6 @@ def _before_rollout(L: _Loop, c: LoopConfig, step: int, fault: str, start: dict)
         L.model.load_state_dict(start)
     if fault == "scheduler_extra_step":
         L.sched.step()
-    if fault == "scheduler_recreated":
-        L.sched = schedule(L.opt, c)
     if fault == "reference_moves":
         with torch.no_grad():
             for r, p in zip(L.ref.parameters(), L.model.parameters()):

@@ -58,10 +58,11 @@ def check_sizes(rec, n: int, prompts_b) -> None:
     if "batch_size" in d and d["batch_size"] != n // g:
         raise _disagree("batch_size", d["batch_size"], f"{n // g} prompts", f"{n} rows in groups of {g}")
     k = rec.gradient_accumulation_steps
-    made = len(torch.arange(n).chunk(k)) if n else k
-    if made != k:       # contiguous micro-batches of ⌈N/k⌉ rows: the replay sums the loss over these
+    # the declared count is the divisor of each micro-batch's loss: torch.chunk may make fewer micro-batches of
+    # ⌈N/k⌉ rows (6 rows, k = 4: 3 of 2, each ÷ 4, as a loop that chunks its rows computes), never more than N
+    if n and k > n:
         raise _disagree("gradient_accumulation_steps", k, f"{n} rows",
-                        f"contiguous micro-batches of ⌈{n}/{k}⌉ rows make {made}, not {k}")
+                        f"{k} micro-batches need at least {k} rows")
     if "micro_batch_size" in d and d["micro_batch_size"] is not None and n % d["micro_batch_size"] == 0 \
             and n // d["micro_batch_size"] != k:
         raise DataError(f"micro_batch_size: declared {d['micro_batch_size']}, so {n} recorded rows make "
