@@ -4,6 +4,7 @@
     rookworld-debug whatif runs/demo --set lr=1e-5 --steps 3          # a TRL run folder: its flagged step
     rookworld-debug whatif runs/demo/captures/step-000007 --before runs/demo/checkpoint-6 --set lr=1e-5 --steps 3
     rookworld-debug whatif runs/step0 --from-findings --steps 10
+    rookworld-debug whatif runs/manual/step-2 --fix          # what the replay's fix changes in this step's update
 
 PATH: a saved step (`rookworld-debug step --out DIR`, trace.json), a `run_steps` checkpoint folder (state.json), or a
 TRL capture (with --before: the Trainer checkpoint saved before the captured step), or a TRL run folder (its
@@ -12,6 +13,13 @@ first flagged step is branched from the checkpoint saved before it, and one line
 (several settings in one arm: --set "beta=0.1 lr=1e-6"); the unchanged arm is always run first and must
 reproduce the record (the self-check) before anything else is trusted. Writes OUT/whatif.json and
 OUT/whatif.html; --json prints the JSON. Exit 0 on success, 2 on bad input or a failed self-check.
+
+--fix: a recorded step folder kept with its weights (StepRecorder, StepConfig.keep_weights, a TRL capture with
+keep_weights=True) is replayed, and from the phase its finding names the step is recomputed with the trusted
+implementation from the recorded state (advantages, log-probs, loss, gradient, clipping, the recorded optimizer's
+step): the verdict ("the fix turns this step's update by 41° and shrinks it 2.0×; 3 of 16 completions change
+direction") and a table of the loss, the gradient's and the update's norms, their angles, the parameters the fix
+changes most and each completion's log-likelihood change. Nothing is written; --json prints it as JSON.
 """
 from __future__ import annotations
 
@@ -29,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("path", help="saved step folder, run_steps checkpoint folder, TRL capture folder or TRL run folder")
     ap.add_argument("--set", action="append", default=[], metavar="'KEY=VALUE ...'",
                     help="one arm: settings to change (StepConfig names or lr, eps, G, importance_sampling, mu)")
+    ap.add_argument("--fix", action="store_true", help="a recorded step kept with its weights: the update its "
+                    "replay's fix gives, against the recorded one (one step, from the recorded state)")
     ap.add_argument("--from-findings", action="store_true", help="one arm per finding of the diagnosis with a "
                     "configuration fix; the symptoms its evidence names")
     ap.add_argument("--steps", type=cliargs.int_in(0, cliargs.MAX_STEPS), default=0, help="k-step branches of this many steps (0: one step only)")
@@ -94,12 +104,34 @@ def _check_before_work(a) -> None:
         symptom(name)
 
 
+def _fix(a, path: Path) -> int:
+    """--fix: the corrected step of a recorded step folder, printed (nothing written)."""
+    from rookworld_debug.errors import ConfigError, TraceError
+    given = [name for name, on in (("--set", a.set), ("--from-findings", a.from_findings), ("--steps", a.steps),
+                                   ("--before", a.before), ("--cluster", a.cluster), ("--symptom", a.symptom)) if on]
+    if given:
+        raise ConfigError(given[0], "--fix compares one recorded step with its corrected update; it takes no arms, "
+                                    "branches or checkpoints")
+    if not (path / "trace.json").is_file():
+        raise TraceError(f"{path}: not a recorded step folder (no trace.json); --fix reads one step kept with its "
+                         "weights")
+    import torch
+    torch.set_num_threads(a.threads)
+    from rookworld_debug.diagnosis.replay.corrected import corrected_step, describe
+    from rookworld_debug.grpo.step import StepTrace
+    res = corrected_step(StepTrace.load(path), path)
+    print(json.dumps(res.to_dict(), indent=1, allow_nan=False) if a.json else describe(res))
+    return 0
+
+
 def main(argv=None) -> int:
     a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     from rookworld_debug.errors import ConfigError, TraceError
     path = Path(a.path)
     if not path.is_dir():
         raise TraceError(f"{path}: no such folder")
+    if a.fix:
+        return _fix(a, path)
     if a.steps < 0 or a.seeds < 1 or a.threads < 1:
         raise ConfigError("--steps/--seeds/--threads", "need --steps ≥ 0, --seeds ≥ 1, --threads ≥ 1")
     _check_before_work(a)

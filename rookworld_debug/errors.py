@@ -4,7 +4,7 @@ traceback from deep inside python-chess/torch or as a silently wrong number."""
 
 __all__ = ["RookWorldError", "FormatError", "IllegalMoveError", "EngineNotFound", "EngineError", "ModelLoadError",
            "ConfigError", "DataError", "NumericalError", "TraceError", "IncompatibleTraceError", "CheckpointError",
-           "DeviceMemoryError", "SaveError"]
+           "DeviceMemoryError", "SaveError", "NoWeightsError"]
 
 class RookWorldError(Exception):
     """Base class of every error raised on purpose by rookworld_debug."""
@@ -60,6 +60,11 @@ class TraceError(RookWorldError, ValueError):
 
 class IncompatibleTraceError(TraceError):
     """A trace or TRL capture was written by a version (TRL, capture format) this package cannot read."""
+
+
+class NoWeightsError(TraceError):
+    """A recorded step keeps no weights before and after its update, gradient or optimizer state, and a question
+    needs them (what a fix changes in the step's update); the message says which are missing."""
 
 
 class CheckpointError(ModelLoadError):

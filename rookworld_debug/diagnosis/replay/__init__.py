@@ -50,15 +50,17 @@ MAX_DECLARATION_FITS = 3
 __all__ = ["PHASES", "PhaseCheck", "Replay", "DeclarationFit", "replay_trace", "replay_path", "replay_findings"]
 
 
-def replay_trace(trace, path=None, *, weights: bool = True) -> Replay:
+def replay_trace(trace, path=None, *, weights: bool = True, loaded: Optional[Weights] = None) -> Replay:
     """Every phase the trace allows, recomputed and compared (see the module doc). `weights=False`: only the
     phases that need no model (generation, rewards, advantages, loss): well under a second. When the first
     disagreement is a declaration's (a neighbouring one agrees), the step is replayed again under the fitted
     declaration (`Replay.declaration`, `Replay.trace`). The loss's term regression runs last, only on a loss or
-    gradient disagreement nothing simpler explains."""
+    gradient disagreement nothing simpler explains. `loaded`: the step's weights, already read (`weights_for`): the
+    caller shares their forward and gradients (the corrected step)."""
     t0 = time.perf_counter()
     trace, pass_note = with_inferred_pass(trace)
-    w = weights_for(trace, path) if weights else Weights.none("not asked for (--no-replay of the weights)")
+    w = loaded if loaded is not None else weights_for(trace, path) if weights else \
+        Weights.none("not asked for (--no-replay of the weights)")
     checks = _checks(trace, w)
     first, fits = _first(checks), []
     while first is not None and len(fits) < MAX_DECLARATION_FITS:     # one keyword at a time, each then kept

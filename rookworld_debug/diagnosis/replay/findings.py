@@ -119,6 +119,23 @@ def _finding(c, first: bool, upstream: str = "") -> Finding:
                    score=REPLAY_SCORE if first else REPLAY_SCORE / 2 - PHASES.index(c.phase))
 
 
+FIX_COMMAND = " Then `rookworld-debug whatif STEP --fix` shows what the fix changes in this step's update."
+
+
+def _with_fix_command(f: Finding, replay: Replay) -> Finding:
+    """The fix line names the corrected step's command where it can run: a first disagreement in a phase it
+    recomputes from, and the update replayed (the weights before and after, the gradient and the optimizer's state
+    kept)."""
+    import dataclasses
+    from .records import CORRECTABLE
+    first = replay.first_disagreement
+    if first is None or first.phase not in CORRECTABLE or not any(
+            c.phase == "update" and c.quantity.startswith("update: θ_after") and c.status != "not replayed"
+            for c in replay.checks):
+        return f
+    return dataclasses.replace(f, fix=dataclasses.replace(f.fix, description=f.fix.description + FIX_COMMAND))
+
+
 def replay_findings(replay: Replay) -> list[Finding]:
     first = replay.first_disagreement
     explicit = getattr(getattr(replay.trace, "recorded", None), "explicit", ())
@@ -127,7 +144,7 @@ def replay_findings(replay: Replay) -> list[Finding]:
         out.append(pass_finding(replay.pass_note))
     spans = getattr(getattr(replay.trace, "recorded", None), "rows_by_rank", ())   # a distributed loop's ranks
     if first is not None:
-        out.append(with_ranks(_finding(first, True), first, spans))
+        out.append(with_ranks(_with_fix_command(_finding(first, True), replay), first, spans))
         out += [with_ranks(_finding(c, False, first.phase), c, spans) for c in replay.checks
                 if c.status == "disagree" and c is not first]
     else:

@@ -7,6 +7,9 @@ from typing import Optional
 
 # the phases in the order a step produces them; the first that disagrees is where the step went wrong
 PHASES = ("generation", "rewards", "advantages", "scoring", "loss", "gradient", "update")
+# the phases a corrected step (corrected.py, `whatif STEP --fix`) recomputes from; a generation or rewards fix changes
+# the rollout or its scores, which a one-step comparison from the recorded rollout cannot hold
+CORRECTABLE = ("advantages", "scoring", "loss", "gradient", "update")
 AGREE, DISAGREE, SKIPPED = "agree", "disagree", "not replayed"
 # values a disagreement keeps for a plot (all of them when fewer): the worst quarter, then an even spread
 MAX_SAMPLES = 2000
