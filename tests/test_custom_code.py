@@ -249,3 +249,20 @@ def test_whatif_names_a_trace_json_nested_past_the_parsers_depth(tmp_path):
     (tmp_path / "trace.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(TraceError, match="nested too deeply"):
         _is_trl_capture(tmp_path)
+
+
+@pytest.mark.slow
+def test_report_on_tampered_and_asking_step_folders_never_asks_nor_tracebacks(seed, tmp_path):
+    """`report --trace` renders a step through papermill: on a folder of each of the fuzzer's mutation kinds and on
+    one whose tokenizer asks for custom code, it exits with a status (never a traceback or a question) and no
+    reader writes the canary (about 30 s a folder)."""
+    from test_step_folder_fuzz import KINDS
+    folders = _tampered(seed, tmp_path / "cases", len(KINDS), rng_seed=33)
+    folders.append(_asking_step(seed, tmp_path / "asking", "auto_map"))
+    for i, folder in enumerate(folders):
+        got = run_cli("report", "--trace", folder, "--out", tmp_path / f"out-{i}", "--no-progress", timeout=600)
+        where = f"report --trace {folder.name}: exit {got.returncode}\n{got.stdout[-600:]}\n{got.stderr[-1500:]}"
+        assert got.returncode in (0, 1, 2), where
+        assert PROMPT not in got.stdout + got.stderr and "Do you wish" not in got.stdout + got.stderr, where
+        assert "Traceback" not in got.stdout + got.stderr, where
+    assert not list(tmp_path.rglob("CANARY")), "a tampered folder made a reader write a canary file"
