@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from .consecutive import clip_of
 from .records import DISAGREE, PhaseCheck
 
 # a fitted parameter this close to 1 (relatively) is no scale at all
@@ -135,7 +136,7 @@ def _coefficients(trace) -> list:
            Quantity("temperature", "the temperature", _temperature(trace), False)]
     if c.epsilon_high != c.epsilon_low:
         out.append(Quantity("epsilon_high", "ε_high", float(c.epsilon_high), False))
-    clip = getattr(trace.recorded, "max_grad_norm", None) if trace.recorded is not None else c.max_grad_norm
+    clip = clip_of(trace)
     if clip:
         out.append(Quantity("max_grad_norm", "max_grad_norm", float(clip), False))
     return out
