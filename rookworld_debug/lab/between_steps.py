@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.lab.handloop import LoopConfig, _data, _Loop, _optimizer_step, _recorder, _setup, advantages, \
-    sample, token_logps
+    sample, schedule, token_logps
 
 # fault → (the carried quantity it breaks, the finding code that names it)
 BETWEEN_FAULTS = {
@@ -37,6 +37,17 @@ BETWEEN_FAULTS = {
     "reward_memory": ("rewards", "reward_has_memory"),              # a bonus of 0.1 per earlier call
     "scheduler_extra_step": ("scheduler", "scheduler_stepped_extra"),   # scheduler.step() once more between steps
 }
+# written and frozen before the fits they need: bug classes reported against public trainers, recorded by run_pair
+# (each acts from the first step on)
+SEALED_BETWEEN_FAULTS = {
+    "scheduler_per_micro_batch": ("scheduler", "scheduler_stepped_extra"),   # scheduler.step() in the micro-batch loop
+    "scheduler_recreated": ("scheduler", "scheduler_reset"),           # a new LambdaLR each rollout: warm-up restarts
+    "sampler_synced_from_ref": ("sampler", "sampler_weights_stale"),   # the sampler copy loaded from the reference
+    "optimizer_step_count_reset": ("optimizer", "optimizer_state_reset"),   # Adam's step counts zeroed, moments kept
+    "weights_bf16_roundtrip": ("weights", "weights_rounded"),          # the policy saved and reloaded in bf16
+    "reward_running_mean": ("rewards", "reward_has_memory"),           # rewards minus the running mean of earlier calls
+}
+ALL_BETWEEN_FAULTS = {**BETWEEN_FAULTS, **SEALED_BETWEEN_FAULTS}
 # the loop the faults are written into (a sampler copy, so that a stale one can show); and healthy loops of other
 # shapes: dapo with two optimizer passes per rollout and a schedule (the pair spans a rollout's last pass and the
 # next rollout's first), bnpo over one micro-batch
@@ -53,16 +64,19 @@ MEMORY_BONUS = 0.1
 class _Reward:
     """The RookWorld reward against the label; with `memory`, plus MEMORY_BONUS per earlier call (the fault)."""
 
-    def __init__(self, memory: bool = False):
+    def __init__(self, memory: bool = False, running: bool = False):
         from rookworld_debug.trl.rewards import rookworld_reward_funcs
         self.funcs, self.memory, self.calls = rookworld_reward_funcs("dataset"), memory, 0
+        self.running, self.seen = running, []           # `running`: minus the mean of the earlier calls' rewards
 
     def __call__(self, prompts, texts, labels) -> torch.Tensor:
         cols = [f(prompts=prompts, completions=texts, label=labels) for f in self.funcs]
         r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
         bonus = MEMORY_BONUS * self.calls if self.memory else 0.0
         self.calls += 1
-        return r + bonus
+        shift = torch.cat(self.seen).mean() if self.running and self.seen else 0.0
+        self.seen.append(r)
+        return r + bonus - shift
 
 
 def _batch(c: LoopConfig, step: int) -> list[dict]:
@@ -76,7 +90,8 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) ->
     the rows as handloop's rollout gives them to its recorder and optimizer step."""
     g = c.num_generations
     if L.sampler is not None and not (fault == "sampler_stale" and step > 1):
-        L.sampler.load_state_dict(L.model.state_dict())
+        src = L.ref if fault == "sampler_synced_from_ref" and step > 1 else L.model
+        L.sampler.load_state_dict(src.state_dict())
     sampler = L.sampler if L.sampler is not None else L.model
     batch = _batch(c, step)
     prompts, labels = [x["prompt"] for x in batch], [x["completion"] for x in batch]
@@ -103,6 +118,12 @@ def _before_rollout(L: _Loop, c: LoopConfig, step: int, fault: str, start: dict)
         L.model.load_state_dict(start)
     if fault == "scheduler_extra_step":
         L.sched.step()
+    if fault == "scheduler_recreated":
+        L.sched = schedule(L.opt, c)
+    if fault == "weights_bf16_roundtrip":
+        with torch.no_grad():
+            for p in L.model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
     if fault == "reference_moves":
         with torch.no_grad():
             for r, p in zip(L.ref.parameters(), L.model.parameters()):
@@ -121,8 +142,14 @@ def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: 
         if n > 1 and fault == "optimizer_recreated":
             L.opt = torch.optim.AdamW(L.model.parameters(), lr=L.opt.param_groups[0]["lr"])
             L.sched = None                      # the schedule belonged to the optimizer it replaced
+        if n > 1 and fault == "optimizer_step_count_reset":
+            for st in L.opt.state.values():
+                st["step"].zero_()
         rec = _recorder(L, c, n, k, ro) if n in record else None
         _optimizer_step(L, c, ro, "no_zero_grad" if fault == "grads_carried" and n > 1 else "", rec, last=True)
+        if fault == "scheduler_per_micro_batch" and L.sched is not None:
+            for _ in range(c.micro_batches - 1):     # the loop's one step, plus one per further micro-batch
+                L.sched.step()
         if rec is not None:
             saved.append(rec.save(out / f"step-{n}"))
     return saved
@@ -142,12 +169,12 @@ def _start(c: LoopConfig):
 def run_pair(c: LoopConfig, out, fault: str = "") -> tuple:
     """Train `c.steps` rollouts (≥ 2) with `fault` written into the loop; record two consecutive optimizer steps
     (`_pair_steps`) into out/step-<k> and out/step-<k+1>. Returns the two folders."""
-    if fault and fault not in BETWEEN_FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; known: {sorted(BETWEEN_FAULTS)}")
+    if fault and fault not in ALL_BETWEEN_FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {sorted(ALL_BETWEEN_FAULTS)}")
     if c.steps < 2:
         raise ValueError("two consecutive steps need steps ≥ 2")
     L, start = _start(c)
-    reward, saved = _Reward(memory=fault == "reward_memory"), []
+    reward, saved = _Reward(memory=fault == "reward_memory", running=fault == "reward_running_mean"), []
     for step in range(1, c.steps + 1):
         saved += _rollout_and_passes(L, c, step, fault, reward, start, _pair_steps(c), Path(out))
     return tuple(saved)
@@ -202,7 +229,7 @@ def _pair_result(name: str, folders: tuple, fault: str = "") -> dict:
     pair = replay_consecutive(*folders)
     cpu = time.process_time() - cpu               # beside the wall time: this machine's cores are shared
     errors = [f.code for f in consecutive_findings(pair) if f.severity == "error"]
-    want = BETWEEN_FAULTS[fault][1] if fault else ""
+    want = ALL_BETWEEN_FAULTS[fault][1] if fault else ""
     return {"case": name, "fault": fault, "steps": list(pair.steps), "errors": errors,
             "found": bool(fault) and errors[:1] == [want], "seconds": round(pair.seconds, 3),
             "cpu_seconds": round(cpu, 3), "checks": {c.phase: c.status for c in pair.checks}}

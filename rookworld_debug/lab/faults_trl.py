@@ -64,6 +64,41 @@ TRL_FAULTS = (
 )
 
 
+def _reversed_rewards(prompts, completions, **kw):
+    """The RookWorld reward of each row, returned in reverse order (a batched scorer that hands back its results
+    in another order than it was given the rows)."""
+    from rookworld_debug.trl.rewards import rookworld_reward_funcs
+    cols = [f(prompts=prompts, completions=completions, **kw) for f in rookworld_reward_funcs("dataset")]
+    return [sum(v for v in vals if v is not None) for vals in zip(*cols)][::-1]
+
+
+class _LaggedReward:
+    """The RookWorld reward of the PREVIOUS call's completions (an asynchronous scorer read one batch late); the
+    first call scores its own."""
+
+    def __init__(self):
+        self.last = None
+        self.__name__ = "lagged_rookworld_reward"
+
+    def __call__(self, prompts, completions, **kw):
+        from rookworld_debug.trl.rewards import rookworld_reward_funcs
+        cols = [f(prompts=prompts, completions=completions, **kw) for f in rookworld_reward_funcs("dataset")]
+        now = [sum(v for v in vals if v is not None) for vals in zip(*cols)]
+        out, self.last = (self.last if self.last is not None and len(self.last) == len(now) else now), now
+        return out
+
+
+# written and frozen before the fits they need; each a bug class reported against a public trainer
+SEALED_TRL_FAULTS = (
+    TRLFault("trl_rewards_reversed", frozenset({"reward_rows_misaligned"}), "the reward function returns its "
+             "values in reverse row order", reward=_reversed_rewards),
+    TRLFault("trl_reward_lagged", frozenset({"reward_has_memory", "rewards_other_batch"}), "the reward function "
+             "returns the previous batch's rewards", reward=_LaggedReward()),
+    TRLFault("trl_greedy", frozenset({"sampling_greedy"}), "generation_kwargs = {'do_sample': False}: every "
+             "completion the argmax", config={"generation_kwargs": {"do_sample": False}}),
+)
+
+
 def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None):
     """Train STEPS steps capturing each; returns (log rows, {step: capture folder})."""
     from rookworld_debug.diagnosis.runlog import rows_from_history

@@ -95,7 +95,26 @@ STRUCTURE_FAULTS = {
     "kl_against_old": ("loss", "loss_wiring"),                 # the KL's d = ℓ_old − ℓ: π_old for the reference
     "loss_uses_rewards": ("loss", "loss_wiring"),              # the rewards passed where the advantages belong
 }
-ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS}
+# written and frozen before the fits of position, precision path, generation and reward memory were written; each is
+# a bug class reported against a public trainer, and its cause is what the mechanism says a diagnosis must name
+SEALED_FAULTS = {
+    "scoring_prompt_right_padded": ("scoring", "scoring_padding_side"),   # the loss forward re-pads prompts right
+    "sampler_no_position_ids": ("scoring", "position_ids_left_pad"),      # the sampler's forwards take no position ids
+    "logsoftmax_bf16": ("scoring", "logsoftmax_not_upcast"),        # bf16 loop: log_softmax of bf16 logits
+    "scoring_fp16": ("scoring", "declaration_mismatch"),            # the loss forward under fp16 autocast, fp32 declared
+    "adv_per_micro_batch": ("advantages", "advantage_grouping"),    # standardised over each micro-batch's rows
+    "adv_std_over_batch": ("advantages", "declaration_mismatch"),   # ÷ the batch's std (scale_rewards='batch')
+    "grpo_length_is_t": ("loss", "declaration_mismatch"),           # per-sequence mean ÷ T, not the row's length
+    "old_logps_from_ref": ("scoring", "logps_from_other_weights"),  # π_old's log-probs taken from the reference
+    "ref_logps_no_temperature": ("scoring", "temperature_not_applied"),   # the reference's logits not ÷ T
+    "clip_per_micro_batch": ("gradient", "gradient_clipped_early"),   # clip_grad_norm_ after each micro-batch
+    "reward_first_per_prompt": ("rewards", "reward_cached"),        # a cache keyed by prompt: each group's first reward
+    "kl_detached": ("loss", "loss_terms"),                          # the KL's ℓ detached: no gradient through it
+}
+# the setting each needs to change the step at all
+SEALED_SETTINGS = {"logsoftmax_bf16": {"autocast": "bfloat16"}, "adv_per_micro_batch": {"micro_batches": 4},
+                   "old_logps_from_ref": {"num_iterations": 2}, "clip_per_micro_batch": {"max_grad_norm": 1e-3}}
+ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS}
 
 
 @dataclass(frozen=True)
@@ -143,7 +162,9 @@ def _positions(attn: torch.Tensor) -> torch.Tensor:
 def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int, gen, fault: str = ""):
     """(ids (N, T), mask (N, T) through the first EOS, the sampler's log-probs (N, T))."""
     attn = prompt_mask.clone()
-    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=_positions(attn), use_cache=True)
+    no_pos = fault == "sampler_no_position_ids"
+    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=None if no_pos else _positions(attn),
+                use_cache=True)
     past, logits = out.past_key_values, out.logits[:, -1]
     pos = _positions(attn)[:, -1]
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
@@ -162,8 +183,8 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
         done |= tok == eos
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
         pos = pos + 1
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos[:, None], past_key_values=past,
-                    use_cache=True)
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=None if no_pos else pos[:, None],
+                    past_key_values=past, use_cache=True)
         past, logits = out.past_key_values, out.logits[:, -1]
     ids = torch.stack(ids, 1)
     is_eos = ids == eos
@@ -179,16 +200,21 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
 
 
 def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, fault: str = ""):
+    if fault == "scoring_prompt_right_padded":     # real tokens first, pads after: a pad predicts the completion
+        order = torch.argsort(1 - prompt_mask, dim=1, stable=True)
+        prompt_ids, prompt_mask = prompt_ids.gather(1, order), prompt_mask.gather(1, order)
     full, attn = torch.cat([prompt_ids, ids], 1), torch.cat([prompt_mask, mask], 1)
     kw = {} if fault == "logps_no_position_ids" else {"position_ids": _positions(attn)}
     # the fault's own autocast only: an inner autocast(enabled=False) would switch off the loop's (c.autocast)
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if fault == "scoring_bf16" else contextlib.nullcontext()
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if fault == "scoring_bf16" else \
+        torch.autocast("cpu", dtype=torch.float16) if fault == "scoring_fp16" else contextlib.nullcontext()
     with ctx:
         logits = model(input_ids=full, attention_mask=attn, **kw).logits
     p = prompt_ids.shape[1]
     at = logits[:, p:p + ids.shape[1]] if fault == "logps_unshifted" else logits[:, p - 1:-1]
     t = 1.0 if fault == "logps_no_temperature" else temperature
-    return (at.float() / t).log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1) * mask
+    at = at.to(torch.bfloat16) if fault == "logsoftmax_bf16" else at.float()
+    return (at / t).log_softmax(-1).float().gather(-1, ids[..., None]).squeeze(-1) * mask
 
 
 def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
@@ -206,6 +232,8 @@ def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
         a = (grouped - r.mean()) / (grouped.std(1, keepdim=True) + 1e-4)
     if fault == "adv_std_floor":
         a = centred / grouped.std(1, keepdim=True).clamp(min=0.3)
+    if fault == "adv_std_over_batch":
+        a = centred / (r.std() + 1e-4)
     a = a.flip(1) if fault == "adv_reversed_in_group" else a * g if fault == "adv_times_g" else a
     return a.T.reshape(-1) if fault == "adv_grouping_stride" else a.reshape(-1)
 
@@ -219,7 +247,7 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
     a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
     r_pg = ratio.detach() if fault == "pg_no_gradient" else ratio
     pg = -torch.min(r_pg * a, r_pg.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
-    d = (old if fault == "kl_against_old" else ref) - logps
+    d = (old if fault == "kl_against_old" else ref) - (logps.detach() if fault == "kl_detached" else logps)
     kl = -d if fault == "kl_k1_estimator" else torch.exp(d) - d - 1
     kl = kl * (ratio if c.bias_correction else 1.0)
     beta = -c.beta if fault == "loss_kl_sign" else c.beta ** 2 if fault == "kl_beta_squared" else c.beta
@@ -228,6 +256,8 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
         per_token = per_token + 0.01 * logps
     m = mask.float()
     agg = WRONG_AGGREGATION[c.loss_type] if fault == "loss_wrong_aggregation" else c.loss_type
+    if fault == "grpo_length_is_t" and agg == "grpo":        # each row's mean over T positions, not its length
+        return (per_token * m).sum(1).div(m.shape[1]).sum() / n_total
     return AGGREGATIONS[agg](per_token * m, m, n_total, tokens_total, c)
 
 
@@ -310,16 +340,22 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
         r = torch.roll(r, 1) if fault == "reward_shift" else -r if fault == "reward_negated" else r
         r = r * 0.5 if fault == "reward_scaled_half" else r.clamp(max=0.3) if fault == "reward_clamped" else r
+        if fault == "reward_first_per_prompt":
+            r = r.view(-1, g)[:, :1].expand(-1, g).reshape(-1).clone()
         scorer = L.model if fault == "ref_is_policy" else L.ref
-        ref_logps = token_logps(scorer, p_ids, p_mask, ids, mask, c.temperature)
+        ref_logps = token_logps(scorer, p_ids, p_mask, ids, mask,
+                                1.0 if fault == "ref_logps_no_temperature" else c.temperature)
         if fault == "ref_logps_bf16_stored":
             ref_logps = ref_logps.to(torch.bfloat16).float()
         # π_old: the sampler's teacher-forced log-probs, fixed for the rollout's passes (μ > 1 only, as TRL)
         old = token_logps(sampler, p_ids, p_mask, ids, mask, c.temperature) if c.num_iterations > 1 else None
+        old = ref_logps.clone() if fault == "old_logps_from_ref" else old
     snapshot = copy.deepcopy(sampler) if c.num_iterations > 1 or L.sampler is not None else None
+    adv = advantages(r, g, fault)
+    if fault == "adv_per_micro_batch":                # each micro-batch's rows standardised together
+        adv = torch.cat([(x - x.mean()) / (x.std() + 1e-4) for x in r.chunk(c.micro_batches)])
     return dict(p_ids=p_ids, p_mask=p_mask, rows_p=rows_p, rows_l=rows_l, ids=ids, mask=mask, raw_mask=raw_mask,
-                s_logps=s_logps,
-                texts=texts, r=r, adv=advantages(r, g, fault), ref_logps=ref_logps, old=old, sampled_by=snapshot)
+                s_logps=s_logps, texts=texts, r=r, adv=adv, ref_logps=ref_logps, old=old, sampled_by=snapshot)
 
 
 def _recorder(L: _Loop, c: LoopConfig, step: int, k: int, ro: dict):
@@ -366,6 +402,8 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         loss = loss_of(lp, old, ro["ref_logps"][rows], adv[rows], mask[rows], c, n, tokens, fault)
         loss = loss / c.num_generations if fault == "loss_divided_by_g" else loss
         (loss * (c.micro_batches if fault == "accum_no_divide" else 1)).backward()
+        if fault == "clip_per_micro_batch":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
         total += float(loss.detach())
         lp_rows.append(lp.detach())
         old_rows.append(old)

@@ -1,0 +1,140 @@
+"""The sealed fault set: twenty-one bug classes reported against public GRPO/PPO trainers, written into the hand-written
+loop (one step), into its consecutive steps, and into TRL 1.16's GRPOTrainer, and frozen before the diagnosis fits
+they call for were written. Scored as a user meets them: the first finding that is not info must name the cause
+(top-1), or one of the first three (top-3); the first phase found disagreeing must be the one the bug breaks.
+
+    python -m rookworld_debug.lab.sealed --out reports/sealed        # about 25 minutes on a 2-core CPU
+
+Writes out/results.jsonl (a row per case, as each finishes) and out/table.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+# healthy loops of the shapes the sealed faults need: none may get an error-level finding
+HEALTHY_SINGLE = ({}, {"autocast": "bfloat16"}, {"micro_batches": 4},
+                  {"num_iterations": 2, "declare": (("iteration", None),)})
+
+
+def single_rows(faults=None):
+    from rookworld_debug.lab.handloop import SEALED_FAULTS, SEALED_SETTINGS, LoopConfig
+    from rookworld_debug.lab.replay_bench import diagnose_case
+    for fault in faults if faults is not None else SEALED_FAULTS:
+        r = diagnose_case(LoopConfig(**SEALED_SETTINGS.get(fault, {})), fault)
+        yield {**r, "set": "one step", "phase_right": r["first_phase"] == r["expected_phase"]}
+    for kw in HEALTHY_SINGLE if faults is None else ():
+        yield {**diagnose_case(LoopConfig(**kw), ""), "set": "one step"}
+
+
+def between_rows(faults=None):
+    """The consecutive-step faults, each recorded by run_pair and replayed as a pair; the healthy pair first: a
+    fault whose second step's tensors equal the healthy one's changed nothing and is not scored."""
+    from rookworld_debug.lab.between_steps import BASE, SEALED_BETWEEN_FAULTS, _pair_result, run_pair
+    healthy = None
+    for fault in [""] + (faults if faults is not None else list(SEALED_BETWEEN_FAULTS)):
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            folders = run_pair(BASE, tmp, fault)
+            digest = _tensors_digest(folders[-1])
+            r = _pair_result(fault or "healthy", folders, fault)
+        healthy = digest if not fault else healthy
+        if not fault and faults is not None:
+            continue                                   # a subset: the healthy pair only to tell effect
+        first = next((p for p, s in r["checks"].items() if s == "disagree"), "")
+        want = SEALED_BETWEEN_FAULTS.get(fault, ("", ""))
+        yield {"set": "consecutive steps", "fault": fault, "expected_phase": want[0], "expected_cause": want[1],
+               "codes": r["errors"][:5], "errors": len(r["errors"]), "top1": r["found"],
+               "top3": bool(fault) and want[1] in r["errors"][:3], "first_phase": first,
+               "phase_right": bool(fault) and first == want[0], "effective": not fault or digest != healthy,
+               "seconds": time.perf_counter() - t0}
+
+
+def _tensors_digest(folder) -> str:
+    """A hash of every tensor file a recorded step holds (its weights, optimizer state, rollout, gradient)."""
+    import hashlib
+    h = hashlib.sha256()
+    for f in sorted(Path(folder).rglob("*.safetensors")):
+        h.update(f.relative_to(folder).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def trl_rows(names=None):
+    from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS, trl_case
+    twins: dict = {}
+    faults = [f for f in SEALED_TRL_FAULTS if names is None or f.name in names]
+    for fault in faults + ([None] if names is None else []):
+        r = trl_case(fault, 0, twins)
+        codes = [c["code"] for c in r["findings"] if c["severity"] != "info"]
+        accept = set(r.get("accept", ()))
+        yield {"set": "TRL", "fault": fault.name if fault else "", "expected_phase": "",
+               "expected_cause": "|".join(sorted(accept)), "codes": codes[:5],
+               "errors": sum(c["severity"] == "error" for c in r["findings"]),
+               "top1": bool(codes) and codes[0] in accept, "top3": bool(accept & set(codes[:3])),
+               "first_phase": "", "phase_right": None, "effective": r.get("effective", True),
+               "seconds": r["seconds"]}
+
+
+def table(rows: list) -> str:
+    faults = [r for r in rows if r["fault"] and r.get("effective", True)]
+    healthy = [r for r in rows if not r["fault"]]
+    phased = [r for r in faults if r["phase_right"] is not None]
+    pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
+    lines = [f"Sealed faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
+             f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
+             f"{pct(sum(bool(r['phase_right']) for r in phased), len(phased))} (TRL cases have no phase); healthy "
+             f"controls {len(healthy)}, with an error-level finding: {sum(r['errors'] > 0 for r in healthy)}", "",
+             *[f"not scored (changed nothing the loop recorded): {r['fault']}" for r in rows
+               if r["fault"] and not r.get("effective", True)],
+             "| set | fault | cause due | phase due | first phase found | findings (first five) | top-1 | top-3 |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['set']} | {r['fault'] or 'healthy'} | {r['expected_cause'] or '—'} | {r['expected_phase'] or '—'} "
+              f"| {r['first_phase'] or '—'} | {', '.join(r['codes']) or '—'} | "
+              f"{('✓' if r['top1'] else '✗') if r['fault'] else '—'} | "
+              f"{('✓' if r['top3'] else '✗') if r['fault'] else ('errors: ' + str(r['errors']))} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rookworld_debug.lab.sealed", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="reports/sealed", help="folder for results.jsonl and table.md")
+    ap.add_argument("--only", choices=("single", "between", "trl"), action="append",
+                    help="only these parts (repeatable); default: all three")
+    ap.add_argument("--fault", action="append", help="only these faults (repeatable; no healthy controls)")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = {"single": single_rows, "between": between_rows, "trl": trl_rows}
+    rows = []
+    with open(out / "results.jsonl", "a") as fh:
+        for name in a.only or list(parts):
+            for row in parts[name](_subset(name, a.fault)):
+                rows.append(row)
+                fh.write(json.dumps(row, default=str) + "\n")
+                fh.flush()
+                print(f"{row['set']}: {row['fault'] or 'healthy'} → {row['codes'][:3]}", flush=True)
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines() if x.strip()]
+    (out / "table.md").write_text(table(rows))
+    print(table(rows))
+    return 0
+
+
+def _subset(part: str, names: Optional[list]):
+    """The faults of `part` among `names` (None: all of them, with the healthy controls)."""
+    if names is None:
+        return None
+    from rookworld_debug.lab.between_steps import SEALED_BETWEEN_FAULTS
+    from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS
+    from rookworld_debug.lab.handloop import SEALED_FAULTS
+    known = {"single": SEALED_FAULTS, "between": SEALED_BETWEEN_FAULTS,
+             "trl": {f.name: f for f in SEALED_TRL_FAULTS}}[part]
+    return [n for n in names if n in known]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
