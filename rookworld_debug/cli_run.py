@@ -6,6 +6,7 @@ Examples:
   rookworld-debug run --steps 50 --mode fresh --beta-schedule warmup --beta-warmup-steps 10 \\
       --lr-schedule warmup_cosine --checkpoint-every 10 --out reports/run1
   rookworld-debug run --steps 50 --resume reports/run1/checkpoints/step_00020 --out reports/run1
+  rookworld-debug run --steps 3 --keep-steps --out reports/run2 && rookworld-debug diagnose reports/run2/steps
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports/run", help="folder for table.csv, per_prompt.csv, summary.json")
     p.add_argument("--resume", default=None, metavar="DIR", help="a checkpoint folder (…/step_00010)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (the per-step log still prints)")
+    p.add_argument("--keep-steps", action="store_true", help="save every step's trace (with its weights, gradient "
+                   "and optimizer state: ~120 MB a step on the embedded model) in OUT/steps/step-NNNNN, so that "
+                   "`rookworld-debug diagnose OUT/steps` checks each step and what carries over between them")
     return p
 
 
@@ -93,6 +97,8 @@ def _main(argv: list[str] | None = None) -> int:
         started = []
 
         def on_step(row, trace):
+            if args.keep_steps:                 # 1-based like the log's "step k/N"
+                trace.save(out / "steps" / f"step-{row['step'] + 1:05d}")
             line = format_step_line(row, args.steps)
             if bar is None:
                 print(line, flush=True)

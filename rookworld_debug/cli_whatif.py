@@ -5,6 +5,7 @@
     rookworld-debug whatif runs/demo/captures/step-000007 --before runs/demo/checkpoint-6 --set lr=1e-5 --steps 3
     rookworld-debug whatif runs/step0 --from-findings --steps 10
     rookworld-debug whatif runs/manual/step-2 --fix          # what the replay's fix changes in this step's update
+    rookworld-debug whatif runs/manual/step-2 --fix --steps 3 --seeds 3   # and 3 steps bug vs fix from there
 
 PATH: a saved step (`rookworld-debug step --out DIR`, trace.json), a `run_steps` checkpoint folder (state.json), or a
 TRL capture (with --before: the Trainer checkpoint saved before the captured step), or a TRL run folder (its
@@ -19,7 +20,10 @@ keep_weights=True) is replayed, and from the phase its finding names the step is
 implementation from the recorded state (advantages, log-probs, loss, gradient, clipping, the recorded optimizer's
 step): the verdict ("the fix turns this step's update by 41° and shrinks it 2.0×; 3 of 16 completions change
 direction") and a table of the loss, the gradient's and the update's norms, their angles, the parameters the fix
-changes most and each completion's log-likelihood change. Nothing is written; --json prints it as JSON.
+changes most and each completion's log-likelihood change. With --steps K (and --seeds S, default 3): the
+continuation, K steps of this package's step from the recorded state on the step's own prompts, the recorded bug
+re-applied each step (where its fit is a setting this step has) against the fix, each symptom judged removed / not
+removed / cannot tell over the S shared seeds. Nothing is written; --json prints it as JSON.
 """
 from __future__ import annotations
 
@@ -105,22 +109,45 @@ def _check_before_work(a) -> None:
 
 
 def _fix(a, path: Path) -> int:
-    """--fix: the corrected step of a recorded step folder, printed (nothing written)."""
+    """--fix: the corrected step of a recorded step folder, printed (nothing written); with --steps K, the
+    continuation too: K steps bug against fix from the recorded state, --seeds S shared seeds."""
     from rookworld_debug.errors import ConfigError, TraceError
-    given = [name for name, on in (("--set", a.set), ("--from-findings", a.from_findings), ("--steps", a.steps),
-                                   ("--before", a.before), ("--cluster", a.cluster), ("--symptom", a.symptom)) if on]
+    given = [name for name, on in (("--set", a.set), ("--from-findings", a.from_findings), ("--before", a.before),
+                                   ("--cluster", a.cluster), ("--symptom", a.symptom)) if on]
     if given:
-        raise ConfigError(given[0], "--fix compares one recorded step with its corrected update; it takes no arms, "
-                                    "branches or checkpoints")
+        raise ConfigError(given[0], "--fix compares one recorded step with its corrected update (and, with --steps, "
+                                    "its continuation); it takes no arms or checkpoints")
+    if a.steps < 0 or a.seeds < 1 or a.threads < 1:
+        raise ConfigError("--steps/--seeds/--threads", "need --steps ≥ 0, --seeds ≥ 1, --threads ≥ 1")
     if not (path / "trace.json").is_file():
         raise TraceError(f"{path}: not a recorded step folder (no trace.json); --fix reads one step kept with its "
                          "weights")
     import torch
     torch.set_num_threads(a.threads)
+    from rookworld_debug.diagnosis.replay import replay_trace
     from rookworld_debug.diagnosis.replay.corrected import corrected_step, describe
+    from rookworld_debug.diagnosis.replay.weights import weights_for
     from rookworld_debug.grpo.step import StepTrace
-    res = corrected_step(StepTrace.load(path), path)
-    print(json.dumps(res.to_dict(), indent=1, allow_nan=False) if a.json else describe(res))
+    trace = StepTrace.load(path)
+    w = weights_for(trace, path)
+    replay = replay_trace(trace, path, loaded=w)
+    res = corrected_step(trace, path, replay=replay, loaded=w)
+    cont = None
+    if a.steps:
+        from rookworld_debug.whatif.continuation import continuation
+        tick, bars = _progress(0, a.steps * a.seeds * 2)
+        try:
+            cont = continuation(trace, path, replay, steps=a.steps, seeds=a.seeds, on_step=lambda: tick("step"))
+        finally:
+            for b in bars.values():
+                if b is not None:
+                    b.close()
+    if a.json:
+        print(json.dumps({**res.to_dict(), **({"continuation": cont.to_dict()} if cont else {})}, indent=1,
+                         allow_nan=False))
+    else:
+        from rookworld_debug.whatif.continuation import describe as describe_continuation
+        print(describe(res) + (("\n\n" + describe_continuation(cont)) if cont else ""))
     return 0
 
 

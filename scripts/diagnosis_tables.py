@@ -44,6 +44,10 @@ SOURCES = (
 
 
 def _rendered(kind: str, path: Path) -> str:
+    if kind == "sealed":
+        import json
+        from rookworld_debug.lab.sealed import table as sealed_table
+        return sealed_table([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
     if kind == "faults":
         from rookworld_debug.lab.faults import _read_results, table
         return table(_read_results(path))

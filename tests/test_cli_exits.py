@@ -54,19 +54,22 @@ SLOW = {
 }
 
 
-@pytest.mark.timeout(120)
+# The deadlines catch a command that waits forever (on stdin, a child, a lock); they are not timings. Each is
+# several times what the command took on the 2-core machine with other test jobs beside it (`measure`: 190 s
+# there, its A-by-band phase alone 146 s), so a loaded machine never turns one into a failure.
+@pytest.mark.timeout(330)
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_command_exits_0_with_stdin_closed(tmp_path, name):
-    out, elapsed = _exits(COMMANDS[name](tmp_path), tmp_path)
+    out, elapsed = _exits(COMMANDS[name](tmp_path), tmp_path, timeout=300)
     assert out.returncode == 0, f"{name}: rc={out.returncode}\n{out.stderr[-3000:]}"
-    print(f"\n[issue13] rookworld-debug {name}: exit 0 after {elapsed:.1f} s")
+    print(f"\nrookworld-debug {name}: exit 0 after {elapsed:.1f} s")
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(960)
 @pytest.mark.parametrize("name", list(SLOW))
 def test_heavy_command_exits_0_with_stdin_closed(tmp_path, name):
-    out, elapsed = _exits(SLOW[name](tmp_path), tmp_path, timeout=190)
+    out, elapsed = _exits(SLOW[name](tmp_path), tmp_path, timeout=900)
     assert out.returncode == 0, f"{name}: rc={out.returncode}\n{out.stderr[-3000:]}"
 
 

@@ -63,7 +63,7 @@ def test_bad_engine_gives_named_error_with_position_and_answer(tmp_path, mode, s
     msg = str(err.value)
     assert FEN in msg and said in msg and f"{engine_mod.MAX_RESTARTS_PER_SEARCH} restarts" in msg
     assert elapsed < 30, f"{mode}: {elapsed:.1f} s to the named error"
-    print(f"\n[issue13] fake engine {mode!r}: EngineError after {elapsed:.2f} s (timeout=1 s, "
+    print(f"\nfake engine {mode!r}: EngineError after {elapsed:.2f} s (timeout=1 s, "
           f"{engine_mod.MAX_RESTARTS_PER_SEARCH} restarts)")
     time.sleep(0.3)
     assert not [p for p in _fake_pids(tmp_path) if _alive(p)], "a faulty engine process outlived the Engine"
@@ -102,7 +102,7 @@ def test_engine_that_never_answers_uci_fails_to_start_with_a_deadline(tmp_path, 
     elapsed = time.perf_counter() - t0
     assert f"within the 1 s start deadline ({engine_mod.START_ATTEMPTS} start attempt(s)" in str(err.value)
     assert 3 * 2.0 <= elapsed < 20
-    print(f"\n[issue13] fake engine 'deaf' (never answers uci): EngineError after {elapsed:.2f} s (start timeout 2 s)")
+    print(f"\nfake engine 'deaf' (never answers uci): EngineError after {elapsed:.2f} s (start timeout 2 s)")
     time.sleep(0.3)
     assert not [p for p in _fake_pids(tmp_path) if _alive(p)]
 
@@ -179,7 +179,7 @@ def test_step_cli_with_a_mute_engine_exits_2_naming_the_engine_error(tmp_path):
                         env={"ROOKWORLD_STOCKFISH": fake_engine(tmp_path, "mute")})
     assert out.returncode == 2, out.stderr[-2000:]
     assert "EngineError" in out.stderr and "search deadline" in out.stderr and "Traceback" not in out.stderr
-    print(f"\n[issue13] step CLI with a mute engine: exit 2 after {elapsed:.1f} s")
+    print(f"\nstep CLI with a mute engine: exit 2 after {elapsed:.1f} s")
 
 
 @pytest.mark.timeout(120)
@@ -201,7 +201,7 @@ def test_default_step_cli_exits_0_with_stdin_closed(tmp_path):
                         timeout=115)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "out" / "trace.json").exists()
-    print(f"\n[issue13] default `rookworld-debug step`: exit 0 after {elapsed:.1f} s (stdin closed)")
+    print(f"\ndefault `rookworld-debug step`: exit 0 after {elapsed:.1f} s (stdin closed)")
 
 
 @pytest.mark.timeout(120)

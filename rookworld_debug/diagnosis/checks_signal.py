@@ -123,7 +123,21 @@ def check_no_signal(trace) -> list[Finding]:
                     code_change="the reward function must score `completions[i]`, not the prompt or a constant"),
             alternatives=("a reward too coarse to tell these completions apart reads the same",),
             score=(8.5 if sure else 6.5) + len(tied) / max(b, 1), step=step))
-    if same and low_t:
+    greedy = _greedy(trace, same, g)
+    if greedy is not None:
+        out.append(Finding(
+            code="sampling_greedy", severity="error",
+            cause="The completions were not sampled: each group's G completions are one and the same, which sampling "
+                  "at the declared temperature would almost never give (greedy decoding: do_sample off, or one seed "
+                  "per prompt), so every group's rewards and advantages are equal and the step learns nothing.",
+            evidence=(*base, *greedy), fix=Fix(
+                "Sample the completions (do_sample=True) at the declared temperature.",
+                grpo_config={"generation_kwargs": {"do_sample": True}},
+                code_change="generate with do_sample=True (TRL: no 'do_sample': False in generation_kwargs) and a "
+                            "generator that differs per row"),
+            alternatives=("temperature_too_low: a temperature lower than declared also makes them identical",),
+            score=9.0 + frac, step=step))
+    if same and low_t and greedy is None:
         out.append(Finding(
             code="temperature_too_low", severity="error" if frac >= 0.75 else "warning",
             cause=f"No learning signal: the sampling temperature {float(trace.rollout.temperatures.float().mean()):g} "
@@ -144,6 +158,32 @@ def check_no_signal(trace) -> list[Finding]:
             alternatives=("temperature_too_low (when the temperature is below 1)",),
             score=2.0 + 2.0 * len(same) / max(b, 1), step=step))
     return out
+
+
+# a chance below this that sampling gives the identical completions seen is no longer chance
+GREEDY_CHANCE = 1e-6
+
+
+def _greedy(trace, same: list, g: int):
+    """The evidence that groups of identical completions were not sampled, or None: under sampling at the declared
+    temperature, G draws repeat the first one with chance Π_t p_t^(G−1) (p_t its tokens' recorded probabilities);
+    the joint log-chance of every identical group below log GREEDY_CHANCE cannot be chance."""
+    r = trace.rollout
+    lp = r.sampling_per_token_logps if r.sampling_per_token_logps is not None else r.per_token_logps
+    if not same or g < 2 or lp is None:
+        return None
+    m = r.completion_mask.bool().reshape(-1, g, lp.shape[1])                           # (B, G, T)
+    first = (lp.reshape(-1, g, lp.shape[1])[:, 0].double() * m[:, 0]).sum(1)            # (B,) log p(completion)
+    rows = torch.tensor(same)
+    log_chance = float((g - 1) * first[rows].sum())
+    if not math.isfinite(log_chance) or log_chance > math.log(GREEDY_CHANCE):
+        return None
+    tokens = int(m[rows, 0].sum())
+    return (E.ev("identical_groups", len(same), "groups whose G completions are one and the same"),
+            E.ev("identical_group_tokens", tokens, "tokens of one completion of each such group"),
+            E.ev("log10_chance_if_sampled", log_chance / math.log(10), f"log10 of Π over those groups of "
+                 f"p(completion)^(G−1) = {g - 1}: the chance that sampling at the declared temperature repeats each "
+                 "group's first completion G−1 times (p from the recorded log-probs)"))
 
 
 def _low_temperature(trace, zero, same, base):

@@ -38,12 +38,13 @@ def _in_generation_order(micro_batches: list, n: int, key: str, fill: Optional[t
                          ) -> Optional[torch.Tensor]:
     """Scatter the micro-batches' (rows, T) tensors back to (N, T) generation order. Every row once, except
     when the step reads a slice of its generation batch (steps_per_generation > gradient_accumulation_steps):
-    then rows this step did not train take `fill`'s values (NaN without it)."""
+    then rows this step did not train take `fill`'s values, or 0 where TRL kept none for them (the caller flags
+    it; those rows are outside the step's loss either way)."""
     parts = [(mb["rows"], mb[key]) for mb in micro_batches if mb.get(key) is not None]
     if not parts:
         return None
     t = parts[0][1]
-    out = torch.full((n, *t.shape[1:]), float("nan"), dtype=t.dtype)                  # (N, T)
+    out = torch.zeros((n, *t.shape[1:]), dtype=t.dtype)                                 # (N, T)
     if fill is not None:
         out[:] = fill[:, :out.shape[1]] if fill.shape[1] >= out.shape[1] else torch.nn.functional.pad(
             fill, (0, out.shape[1] - fill.shape[1]))
@@ -51,8 +52,9 @@ def _in_generation_order(micro_batches: list, n: int, key: str, fill: Optional[t
     for rows, x in parts:
         out[rows] = x
         seen[rows] += 1
-    if bool((seen > 1).any()) or (fill is None and not bool((seen == 1).all())):
-        raise RuntimeError(f"{key}: rows seen {seen.tolist()} times by the step's micro-batches (expected once each)")
+    if bool((seen > 1).any()):
+        raise RuntimeError(f"{key}: rows seen {seen.tolist()} times by the step's micro-batches (expected at most "
+                           "once each)")
     return out
 
 
@@ -300,6 +302,10 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
 
     flags = _capture_flags(args, gen, trained, notes, rollout, rewards, ours, advantages, loss, recomputed=recomputed,
                            trl_loss=trl_loss, adv_diff=adv_diff, logs=logs)
+    if gen_old is None and not bool(trained.all()):
+        flags.append(f"TRL kept no log-probs of the {int((~trained).sum())} generation rows this optimizer step did "
+                     "not train (old_per_token_logps is None at generation): the record shows 0 for them, and they "
+                     "are outside this step's loss")
     setup = _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weights, step=step, reasons=reasons,
                            weights_sha256=weights_sha256, num_processes=num_processes)
     capture = TRLCapture(

@@ -17,6 +17,7 @@ from .adapters import (advantage_table_from_trace, banner_from_trace, before_aft
                        rollout_token_strips, token_heatmap_from_trace, token_strips_from_trace)
 from .banners import Flag, flags_from_records, warning_banner
 from .diagnosis import diagnosis_card, diagnosis_card_from_trace
+from .fix_card import fix_card, fix_card_from_trace
 from .board import BoardView, board_from_a, board_from_p, board_from_prompt, board_view
 from .htmlview import HTMLView
 from .completions import completion_name, completions_rows, completions_table, completions_table_from_trace
@@ -53,6 +54,7 @@ __all__ = [
     # board, banners
     "BoardView", "board_view", "board_from_p", "board_from_a", "board_from_prompt",
     "Flag", "warning_banner", "flags_from_records", "diagnosis_card", "diagnosis_card_from_trace",
+    "fix_card", "fix_card_from_trace",
     # adapters over records / StepTrace
     "decode_bpe_token", "completion_token_texts", "rollout_token_strips", "token_strips_from_trace",
     "completion_metrics_from_trace",

@@ -228,7 +228,25 @@ def weights_check(p: _Pair) -> PhaseCheck:
                                            "was reset or reloaded from its start weights between the steps"),
             ("policy_reset", sk.before, "the policy at step k+1 holds step k's weights before its update: step k's "
                                         "update was lost (the model reloaded, or the update applied to a copy)")]
+    fits += [("weights_rounded", _Rounded(sk.after, dt), f"the policy at step k+1 holds step k's updated weights "
+              f"rounded to {name}: they went through a {name} copy between the steps (a checkpoint saved in "
+              f"{name} and loaded back, or a cast there and back), so each step loses what rounding removes")
+             for dt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))]
     return _weights_disagree(p, "weights", q, sk1.before, sk.after, fits)
+
+
+class _Rounded(dict):
+    """Weights rounded to `dtype` and back, each computed when read (a 124M model's copy is not made up front)."""
+
+    def __init__(self, weights: dict, dtype):
+        super().__init__()
+        self.w, self.dtype = weights, dtype
+
+    def __contains__(self, name) -> bool:
+        return name in self.w
+
+    def __getitem__(self, name):
+        return self.w[name].to(self.dtype).to(self.w[name].dtype)
 
 
 def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:

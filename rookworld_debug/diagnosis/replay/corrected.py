@@ -130,14 +130,14 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else (math.inf if a > 0 else math.nan)
 
 
-def corrected_step(trace, folder, replay=None) -> CorrectedStep:
+def corrected_step(trace, folder, replay=None, loaded=None) -> CorrectedStep:
     """The step recomputed from the replay's finding on (see the module doc). NoWeightsError when the step keeps
     no weights before and after, gradient or optimizer state; `phase == ""` with a note where the step agrees or
     the finding is in a phase this comparison does not recompute. `replay`: the step's replay, if already run."""
     from . import replay_trace
     from .weights import weights_for
     t0 = time.perf_counter()
-    w = weights_for(trace, folder)
+    w = loaded if loaded is not None else weights_for(trace, folder)      # `loaded`: the replay's, shared
     _require_weights(w)
     replay = replay if replay is not None else replay_trace(trace, folder, loaded=w)    # one forward for both
     t1 = time.perf_counter()

@@ -199,6 +199,16 @@ def reward_variants(ref: torch.Tensor, g: int) -> dict:
         out["reward_rows_misaligned/stride"] = (ref.view(b, g).T.reshape(-1), "the rewards are in prompt-major "
                                                 "order (stride B) while the rows are grouped: each completion got "
                                                 "another row's reward")
+    if n > 1:
+        out["reward_rows_misaligned/reversed"] = (ref.flip(0), "the recorded rewards are the right rewards in "
+                                                  "reverse row order: the reward function handed its values back "
+                                                  "in another order than it was given the rows")
+    if g > 1 and n % g == 0:          # a reward cached by prompt: every row of a group scored as one of its rows
+        for j, which in ((0, "first"), (g - 1, "last")):
+            out[f"reward_cached/{which}"] = (
+                ref.view(b, g)[:, j:j + 1].expand(b, g).reshape(-1), f"each group's rows carry the reward of its "
+                f"{which} row: the reward is cached by prompt (the other completions of a prompt are never scored), "
+                "so the group has no spread and no signal")
     return out
 
 

@@ -15,8 +15,9 @@ from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 from .compare import (_max_diff, DISAGREE, LOGP_TOL, MEAN_TOL, REL_TOL, SAMPLER_TOL, compare, parameter_samples,
                       skipped, tol_for)
 from .fits import value_fits
-from .terms import dot as _dot, terms_cause
+from .precision_paths import logsoftmax_path
 from .records import AGREE, PhaseCheck, fmt
+from .terms import dot as _dot, terms_cause
 
 ROWS_PER_FORWARD = 16
 # a gradient difference below this L2 norm is float noise whatever the gradient's size (all-zero advantages leave
@@ -26,14 +27,20 @@ GRAD_ATOL = 1e-6
 
 @torch.no_grad()
 def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, unshifted=False,
-                   warp=None, temperature: Optional[float] = None) -> torch.Tensor:
+                   warp=None, temperature: Optional[float] = None, other_side=False) -> torch.Tensor:
     """(N, T) log-probs of the sampled ids under a common scoring mistake: logits not divided by the temperature,
-    position ids that count the left padding, or logits not shifted by one (position t scoring token t)."""
+    position ids that count the left padding, logits not shifted by one (position t scoring token t), or the
+    prompts padded on the other side (`other_side`: the completion follows the pads, so a short prompt's first
+    completion token is predicted from a pad position)."""
     out = []
     for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD):
         rows = slice(s, s + ROWS_PER_FORWARD)
         ids, mask = r.completion_ids[rows], r.completion_mask[rows].long()
-        full, attn = torch.cat([r.prompt_ids[rows], ids], 1), torch.cat([r.prompt_mask[rows].long(), mask], 1)
+        p_ids, p_mask = r.prompt_ids[rows], r.prompt_mask[rows].long()
+        if other_side:                      # the real tokens moved to the other end, their order kept
+            order = torch.argsort(p_mask if bool(p_mask[:, 0].eq(1).all()) else 1 - p_mask, dim=1, stable=True)
+            p_ids, p_mask = p_ids.gather(1, order), p_mask.gather(1, order)
+        full, attn = torch.cat([p_ids, ids], 1), torch.cat([p_mask, mask], 1)
         kw = {} if plain_positions else {"position_ids": (attn.cumsum(1) - 1).clamp(min=0)}
         logits = model(input_ids=full, attention_mask=attn, **kw).logits.float()          # (n, P+T, V)
         p, t = r.prompt_ids.shape[1], ids.shape[1]
@@ -93,6 +100,8 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
                     mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
+        if key == "policy":         # within a low precision's tolerance: which path made it
+            c = logsoftmax_path(c, rec, mask * step_rows(trace)[:, None], model, r, dtype)
         out.append(_dropout(c, trace) if key == "policy" else c)
     out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps, sampler))
     return out
@@ -180,17 +189,8 @@ class _LogpCache:
 
 
 def _scoring_variants(trace, policy) -> dict:
-    r = trace.rollout
-    variants = {
-        "temperature_not_applied": (lambda: _variant_logps(policy, r, temperature_one=True),
-                                    "the log-probs are of the raw logits: the sampling temperature was not applied"),
-        "position_ids_left_pad": (lambda: _variant_logps(policy, r, plain_positions=True),
-                                  "the forward counted the left padding in the position ids (no position_ids from "
-                                  "the attention mask): every left-padded row is scored at shifted positions"),
-        "logits_not_shifted": (lambda: _variant_logps(policy, r, unshifted=True),
-                               "position t's logits scored token t (no shift by one): the log-probs are of the "
-                               "next token"),
-    }
+    """The forward's mistakes (`forward_variants`), then the sampler's: a top-k / top-p distribution recorded."""
+    r, variants = trace.rollout, forward_variants(trace, policy)
     warp = _sampler_warpers(trace)
     if warp is not None:        # TRL's convention (and this package's) is the tempered distribution BEFORE top-k/p
         variants["sampler_logps_after_warping"] = (
@@ -208,6 +208,27 @@ def _scoring_variants(trace, policy) -> dict:
             f"its top k = {k['k']} tokens (k fitted from the recorded values), a filter the declaration does not "
             "have (top_k=0): the rollout came from another distribution than the declared one, and a ratio against "
             "it is biased")
+    return variants
+
+
+def forward_variants(trace, model) -> dict:
+    """What a teacher-forced forward of `model` gives under each common scoring mistake, each computed when tried."""
+    r = trace.rollout
+    variants = {
+        "temperature_not_applied": (lambda: _variant_logps(model, r, temperature_one=True),
+                                    "the log-probs are of the raw logits: the sampling temperature was not applied"),
+        "position_ids_left_pad": (lambda: _variant_logps(model, r, plain_positions=True),
+                                  "the forward counted the left padding in the position ids (no position_ids from "
+                                  "the attention mask): every left-padded row is scored at shifted positions"),
+        "logits_not_shifted": (lambda: _variant_logps(model, r, unshifted=True),
+                               "position t's logits scored token t (no shift by one): the log-probs are of the "
+                               "next token"),
+    }
+    if bool((r.prompt_mask == 0).any()):     # only prompts of different lengths have a side to pad on
+        variants["scoring_padding_side"] = (
+            lambda: _variant_logps(model, r, other_side=True), "the prompts were padded on the other side than at "
+            "sampling: each shorter prompt's completion follows its pads, so its first completion token is "
+            "predicted from a pad position")
     return variants
 
 
@@ -310,6 +331,8 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
     variants = {} if ref_is_policy else {
         "reference_tracks_policy": (policy_logps, "the 'reference' log-probs are the policy's own: the KL term is "
                                                   "0 and holds nothing back")}
+    variants.update({k: (f, "in the reference's forward: " + s_)
+                     for k, (f, s_) in forward_variants(trace, reference).items()})
     if sampler is not None and logps is not None and not ref_is_policy:     # the policy as it sampled
         variants["reference_tracks_policy/sampler"] = (
             lambda: logps(sampler), "the 'reference' log-probs are the policy's own, as it sampled the rollout: the "
@@ -353,6 +376,24 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
                       measure="‖g_recorded − g‖ / ‖g‖", fit=fitted, samples=parameter_samples(recorded, ours, worst, tol))
 
 
+def _clipped_early(mb: dict, fit, names) -> Optional[str]:
+    """The sentence when the micro-batches' fitted weights are those that clipping inside the micro-batch loop
+    leaves (terms.clipped_in_loop at the declared max_grad_norm), else None."""
+    from .terms import clipped_in_loop
+    m = getattr(fit.trace.config, "max_grad_norm", None)
+    grads = fit.micro_batch_gradients()
+    if not m or len(mb) != len(grads) or len(grads) < 2:
+        return None
+    w = clipped_in_loop(list(grads.values()), names, float(m))
+    a = [mb[k][0] for k in grads]
+    if all(x >= 1.0 - 1e-9 for x in w) or any(abs(x - y) > 1e-3 * max(abs(y), 1e-12) + 1e-9 for x, y in zip(a, w)):
+        return None                           # no clip bound, or the weights are not the clip's
+    return (f"the recorded gradient is what clip_grad_norm_(max_grad_norm = {float(m):g}) leaves when it runs after "
+            "each micro-batch's backward: the micro-batches carry weights " + ", ".join(f"{x:.4g}" for x in a) +
+            " (the sequential clip's " + ", ".join(f"{x:.4g}" for x in w) + "), not 1 each. Clip once, after the "
+            "last micro-batch's backward")
+
+
 def _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation):
     """(phase, code, sentence, fit) of g_recorded = k·g, or ("gradient", "", "", None)."""
     if norm_ref == 0 or norm_rec <= GRAD_ATOL:
@@ -388,6 +429,11 @@ def _regression_fits(recorded, names, fit, bound, norm_rec, accumulation, ours):
             "kind": "carried_over", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in carried.items()},
             "residual": resid_c / norm_rec, "sentence": why}
     mb, resid_mb = fit.fit_micro_batches(recorded, names)
+    early = _clipped_early(mb, fit, names) if resid_mb <= bound else None
+    if early is not None:
+        return "gradient", "gradient_clipped_early", early, {
+            "kind": "micro_batches", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in mb.items()},
+            "residual": resid_mb / norm_rec if norm_rec > 0 else math.inf, "sentence": early}
     if resid_mb <= bound:
         why = ("the recorded gradient holds the micro-batches' gradients with other weights than the declared 1 "
                "each: " + "; ".join(f"{t}: {a:.4g}" for t, (a, _) in mb.items()) +

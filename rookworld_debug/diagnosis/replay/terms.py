@@ -171,18 +171,35 @@ class GradientFit:
     def fit_micro_batches(self, recorded: dict, names):
         """The same regression on each micro-batch's share of the declared gradient (declared: 1 each): which
         micro-batches the recorded gradient holds, and how much of each."""
-        from rookworld_debug.diagnosis.replay.data_phases import micro_batches
-        chunks = micro_batches(self.trace)
-        if len(chunks) < 2:
-            return {}, math.inf
-        u_lp, u_ent = token_weights(self.trace, Objective.from_config(self.trace.config), self.jac)
-        terms = {}
-        for k, rows in enumerate(chunks):
-            keep = torch.zeros(u_lp.shape[0], 1)
-            keep[rows] = 1.0
-            terms[f"micro-batch {k + 1} (rows {int(rows[0])}–{int(rows[-1])})"] = (
-                self.jac.gradient(u_lp * keep, u_ent * keep), 1.0)
-        return _regress(recorded, terms, names)
+        return _regress(recorded, {k: (g, 1.0) for k, g in self.micro_batch_gradients().items()}, names) \
+            if len(self.micro_batch_gradients()) > 1 else ({}, math.inf)
+
+    def micro_batch_gradients(self) -> dict:
+        """{micro-batch label: its share of the declared gradient}, in the order the loop ran them (cached)."""
+        if getattr(self, "_mb", None) is None:
+            from rookworld_debug.diagnosis.replay.data_phases import micro_batches
+            chunks = micro_batches(self.trace)
+            self._mb = {}
+            if len(chunks) > 1:
+                u_lp, u_ent = token_weights(self.trace, Objective.from_config(self.trace.config), self.jac)
+                for k, rows in enumerate(chunks):
+                    keep = torch.zeros(u_lp.shape[0], 1)
+                    keep[rows] = 1.0
+                    self._mb[f"micro-batch {k + 1} (rows {int(rows[0])}–{int(rows[-1])})"] = \
+                        self.jac.gradient(u_lp * keep, u_ent * keep)
+        return self._mb
+
+
+def clipped_in_loop(grads: list, names, max_norm: float) -> list:
+    """The weights w of Σ w_i g_i that clip_grad_norm_(max_norm) leaves when it runs after each micro-batch's
+    backward (the running sum clipped, then the next micro-batch added): from the micro-batches' Gram matrix."""
+    gram = torch.tensor([[dot(a, b, names) for b in grads] for a in grads], dtype=torch.float64)
+    w = torch.zeros(len(grads), dtype=torch.float64)
+    for i in range(len(grads)):
+        w[i] = 1.0
+        norm = float(w @ gram @ w) ** 0.5
+        w = w * min(1.0, max_norm / (norm + 1e-6))          # torch's clip coefficient, clamped at 1
+    return w.tolist()
 
 
 def _old(trace):

@@ -1,0 +1,76 @@
+"""Which numerical path made a low-precision loop's log-probs: the forward under the declared autocast with the
+log-softmax upcast to fp32 (TRL's and this package's path), or the log-softmax taken of the low-precision logits.
+
+Both agree with the fp32 recompute inside the declared precision's tolerance, so a tolerance cannot tell them apart;
+their distances to the recorded values can. The replay computes the logits once under the declared autocast and
+both log-softmaxes from them; the path the recorded values lie much nearer to (PATH_RATIO × nearer, on the mean
+absolute distance over the in-loss tokens) is the one the loop took. A loop that took the upcast path is never
+named: its values lie nearer to it than to the other.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from .records import DISAGREE, PhaseCheck
+
+PATH_RATIO = 4.0          # a distance this many times smaller is not the noise of the matmuls' order
+LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@torch.no_grad()
+def path_distances(model, r, dtype: str, rows_per_forward: int = 16) -> Optional[tuple]:
+    """((N, T) log-probs upcast, (N, T) log-probs in the low precision) of the sampled ids, both from the logits
+    computed under `dtype` autocast; None for a precision without an autocast here."""
+    low = LOW.get(dtype)
+    dev = next(model.parameters()).device
+    if low is None or (dev.type == "cpu" and low is torch.float16 and not _cpu_fp16()):
+        return None
+    up, down = [], []
+    for s in range(0, r.completion_ids.shape[0], rows_per_forward):
+        rows = slice(s, s + rows_per_forward)
+        ids, mask = r.completion_ids[rows].to(dev), r.completion_mask[rows].long().to(dev)
+        full = torch.cat([r.prompt_ids[rows].to(dev), ids], 1)
+        attn = torch.cat([r.prompt_mask[rows].long().to(dev), mask], 1)
+        with torch.autocast(dev.type, dtype=low):
+            logits = model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
+        p, t = r.prompt_ids.shape[1], ids.shape[1]
+        at = logits[:, p - 1:p + t - 1]                                                  # (n, T, V)
+        temps = r.temperatures[rows].to(dev)[:, None, None]
+        pick = (lambda x: x.gather(-1, ids[..., None]).squeeze(-1).float() * mask)
+        up.append(pick((at.float() / temps.float()).log_softmax(-1)).cpu())
+        down.append(pick((at.to(low) / temps.to(low)).log_softmax(-1)).cpu())
+    return torch.cat(up), torch.cat(down)
+
+
+def _cpu_fp16() -> bool:
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            torch.ones(2, 2) @ torch.ones(2, 2)
+        return True
+    except RuntimeError:
+        return False
+
+
+def logsoftmax_path(check: PhaseCheck, rec: torch.Tensor, mask: torch.Tensor, model, r, dtype: str) -> PhaseCheck:
+    """`check` named `logsoftmax_not_upcast` when the recorded log-probs lie PATH_RATIO × nearer the
+    low-precision log-softmax than the upcast one; else `check` unchanged."""
+    if check.cause or dtype not in LOW:
+        return check
+    paths = path_distances(model, r, dtype)
+    m = mask.bool()
+    if paths is None or not bool(m.any()):
+        return check
+    d_up, d_low = (float((rec.float() - x).abs()[m].mean()) for x in paths)
+    if not d_low * PATH_RATIO < d_up:
+        return check
+    why = (f"the loss forward took log_softmax of the {dtype} logits without upcasting them: the recorded log-probs "
+           f"lie {d_up / max(d_low, 1e-12):.3g}× nearer that path (mean |Δ| {d_low:.3g}) than the upcast one "
+           f"(logits.float() before log_softmax, mean |Δ| {d_up:.3g}), over {int(m.sum())} in-loss tokens: every "
+           f"log-prob and ratio carries {dtype} rounding of the log-normaliser. Upcast the logits before log_softmax")
+    return dataclasses.replace(check, status=DISAGREE, cause="logsoftmax_not_upcast", explanation=why,
+                               fit={"kind": "precision_path", "params": {"path": f"log_softmax in {dtype}",
+                                    "mean_abs_to_low": d_low, "mean_abs_to_upcast": d_up},
+                                    "residual": d_low, "sentence": why})

@@ -1,0 +1,84 @@
+"""The mechanism fits that name a cause from the step's own numbers, each against the mechanism it names: clipping
+inside the micro-batch loop (torch's own clip_grad_norm_ is the oracle), greedy decoding (the chance that sampling
+repeats a completion), rewards cached by prompt or returned in another order."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 0.5, 100.0])
+def test_clipped_in_loop_weights_are_what_torch_leaves(max_norm):
+    from rookworld_debug.diagnosis.replay.terms import clipped_in_loop
+    g = torch.Generator().manual_seed(0)
+    p = [torch.nn.Parameter(torch.zeros(5, 3)), torch.nn.Parameter(torch.zeros(7))]
+    names = ["a", "b"]
+    grads = [{"a": torch.randn(5, 3, generator=g), "b": torch.randn(7, generator=g)} for _ in range(3)]
+    for q in p:
+        q.grad = None
+    for mb in grads:                      # the loop's bug: clip after each micro-batch's backward
+        for q, n in zip(p, names):
+            q.grad = mb[n].clone() if q.grad is None else q.grad + mb[n]
+        torch.nn.utils.clip_grad_norm_(p, max_norm)
+    w = clipped_in_loop(grads, names, max_norm)
+    for q, n in zip(p, names):
+        want = sum(wi * mb[n].double() for wi, mb in zip(w, grads))
+        assert torch.allclose(q.grad.double(), want, rtol=1e-5, atol=1e-9)
+    assert (max_norm >= 100.0) == all(x == 1.0 for x in w)      # a bound no sum reaches leaves 1 each
+
+
+def _rollout(logp: float, b=2, g=4, t=10):
+    lp = torch.full((b * g, t), logp)
+    return SimpleNamespace(rollout=SimpleNamespace(sampling_per_token_logps=lp, per_token_logps=lp,
+                                                   completion_mask=torch.ones(b * g, t, dtype=torch.long)))
+
+
+def test_identical_groups_too_unlikely_to_be_sampled_are_named_greedy():
+    from rookworld_debug.diagnosis.checks_signal import GREEDY_CHANCE, _greedy
+    ev = _greedy(_rollout(-0.5), [0, 1], 4)            # each completion p = e^-5; repeated 3× in 2 groups: e^-30
+    assert ev is not None
+    chance = {e.name: e.value for e in ev}["log10_chance_if_sampled"]
+    assert chance == pytest.approx(-30 / math.log(10)) and chance < math.log10(GREEDY_CHANCE)
+    # a policy this sure of its completions repeats them when it samples: no claim
+    assert _greedy(_rollout(-0.01), [0, 1], 4) is None
+    assert _greedy(_rollout(-0.5), [], 4) is None
+
+
+def test_reward_variants_name_a_cache_by_prompt_and_a_reversed_order():
+    from rookworld_debug.diagnosis.replay.data_phases import reward_variants
+    ref = torch.tensor([0.1, 0.5, -1.0, 0.3, 0.9, 0.2, 0.0, -0.4], dtype=torch.float64)
+    v = reward_variants(ref, 4)
+    assert torch.equal(v["reward_rows_misaligned/reversed"][0], ref.flip(0))
+    cached = v["reward_cached/first"][0].view(2, 4)
+    assert torch.equal(cached, ref.view(2, 4)[:, :1].expand(2, 4))
+    assert "cached by prompt" in v["reward_cached/first"][1]
+
+
+def test_a_capture_whose_trainer_kept_no_log_probs_for_untrained_rows_is_built_with_them_missing():
+    from rookworld_debug.trl.build import _in_generation_order
+    mbs = [{"rows": torch.tensor([0, 1]), "per_token_logps": torch.full((2, 3), -0.5)}]
+    out = _in_generation_order(mbs, 4, "per_token_logps")          # rows 2, 3: another step's, none kept
+    assert torch.equal(out[:2], torch.full((2, 3), -0.5)) and torch.equal(out[2:], torch.zeros(2, 3))
+    fill = torch.full((4, 3), -2.0)
+    assert torch.equal(_in_generation_order(mbs, 4, "per_token_logps", fill)[2:], fill[2:])
+    with pytest.raises(RuntimeError, match="rows seen"):          # a row trained twice is not one step
+        _in_generation_order(mbs * 2, 4, "per_token_logps")
+
+
+def test_the_fix_card_shows_the_verdict_and_its_numbers_escaped():
+    from rookworld_debug.diagnosis.replay.corrected import CorrectedStep, ParameterChange, RowChange
+    from rookworld_debug.viz import fix_card
+    c = CorrectedStep("loss", "loss_kl_sign: <script>alert(1)</script>", loss=(0.5, 0.25), grad_norm=(2.0, 1.0),
+                      grad_norm_clipped=(1.0, 1.0), max_grad_norm=1.0, grad_cos=0.5, update_norm=(1e-3, 5e-4),
+                      update_cos=0.5, parameters=(ParameterChange("h.0.<b>", 1e-4, 2e-4, 1e-4),),
+                      rows=(RowChange(0, 1.0, (0.5, 0.5), 1.0, (0.2, -0.3)), RowChange(1, 0.0, (-0.5, -0.5), -1.0,
+                                                                                       (-0.1, -0.2))))
+    html = fix_card(c)._repr_html_()
+    assert "<script>" not in html and "&lt;script&gt;" in html and "h.0.&lt;b&gt;" in html
+    assert "turns this step&#x27;s update by 60°" in html and "shrinks it 2×" in html
+    assert html.count("<tr>") == 1 + 4 + 1 + 1 + 1 + 1       # headers and rows: numbers, parameters, one flipped row
+    none = fix_card(CorrectedStep("", "", note="the replay found no disagreement"))._repr_html_()
+    assert "rw-fix-none" in none and "no disagreement" in none
