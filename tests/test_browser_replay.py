@@ -23,9 +23,9 @@ NB = "01_grpo_step.ipynb"
 
 
 def _notebook(dst: Path, step: Path) -> None:
-    """Notebook 01 through its diagnosis cell, its parameters cell pointing at `step`."""
+    """Notebook 01 through its diagnosis cell and the fix card under it, its parameters cell pointing at `step`."""
     nb = nbformat.read(ROOT / "notebooks" / NB, as_version=4)
-    last = next(i for i, c in enumerate(nb.cells) if "diagnose_step(" in c.source)
+    last = next(i for i, c in enumerate(nb.cells) if "fix_card_from_trace(" in c.source)
     nb.cells = nb.cells[:last + 1]
     src = nb.cells[0].source
     assert src.count("trace_path = None") == 1
@@ -50,7 +50,7 @@ def lab(tmp_path_factory):
 
 
 @pytest.mark.browser
-def test_the_replay_view_renders_in_notebook_01_on_a_faulty_recorded_step(lab):
+def test_the_replay_view_and_the_fix_card_render_in_notebook_01_on_a_faulty_recorded_step(lab):
     from playwright.sync_api import sync_playwright
     shot = ROOT / "reports" / "jupyterlab_replay_view.png"
     t0 = time.monotonic()
@@ -72,6 +72,9 @@ def test_the_replay_view_renders_in_notebook_01_on_a_faulty_recorded_step(lab):
             page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
             fig = page.locator(".js-plotly-plot").filter(has_text="recorded vs recomputed")
             assert fig.count() >= 1
+            fix = page.locator("section.rw-fix")          # what the fix changes, under the diagnosis
+            assert fix.count() == 1 and fix.first.is_visible()
+            assert "What the fix changes:" in fix.first.inner_text() and "advantages" in fix.first.inner_text()
             page.locator("tr.rw-replay-first").scroll_into_view_if_needed()
             if shot.parent.is_dir():
                 page.screenshot(path=str(shot), full_page=False)

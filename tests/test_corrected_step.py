@@ -180,3 +180,32 @@ def test_a_step_without_weights_is_refused_by_name(tmp_path):
 def test_fix_takes_no_arms(tmp_path):
     r = run_cli("whatif", tmp_path, "--fix", "--set", "beta=0.1", timeout=120)
     assert r.returncode == 2 and "ConfigError" in r.stderr and "--set" in r.stderr
+
+
+# --------------------------------------------------------------------------------------------- the continuation
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_continuation_re_applies_a_ten_times_learning_rate_and_the_fix_lowers_the_kl(recorded):
+    """lr_changed: the loop applied 10 × its declared rate (update_scaled a = 10). Two steps × three seeds from the
+    recorded state: the bug arm runs at 10 × the recorded rate, the fix at the declared one; a ten times larger
+    step moves the policy further from the reference, so the fix's largest KL is the smaller on every seed."""
+    r = run_cli("whatif", recorded("lr_changed"), "--fix", "--steps", "2", "--seeds", "3", "--json", timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    c = json.loads(r.stdout)["continuation"]
+    assert c["bug"]["settings"]["lr"] == pytest.approx(10 * 1e-4, rel=1e-3) and c["steps"] == 2 and c["seeds"] == 3
+    kl = next(v for v in c["verdicts"] if v["symptom"] == "kl_spike")
+    assert all(b > f for f, b in zip(kl["fix_values"], kl["unchanged_values"])), kl
+    from rookworld_debug.whatif.stats import VERDICTS
+    assert {v["verdict"] for v in c["verdicts"]} <= set(VERDICTS) and len(c["verdicts"]) == 7
+    # KL 1 nat/token is the spike's absolute rule: two steps of the tiny model stay far below it in both arms
+    assert kl["verdict"] in ("removed", "cannot tell at this S", "absent in both") and kl["mean_improvement"] > 0
+    assert c["seconds_per_step"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_bug_that_is_no_setting_is_said_and_only_the_one_step_comparison_runs(recorded):
+    r = run_cli("whatif", recorded("loss_adv_sign"), "--fix", "--steps", "2", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "continuation: not run: the recorded bug" in r.stdout and "is not a setting" in r.stdout
+    assert r.stdout.startswith("the fix turns this step's update by")

@@ -141,6 +141,7 @@ class LoopConfig:
     bias_correction: bool = True     # the k3 KL × the ratio (TRL's default); False: the plain k3
     scheduler: bool = False          # a linear learning-rate decay per optimizer step (LambdaLR)
     declare: tuple = ()              # (keyword, value) pairs the recorder is told that the loop does not compute
+    declare_iteration: bool = True   # False: the recorder is not told which pass it records (under-declared)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -363,7 +364,7 @@ def _recorder(L: _Loop, c: LoopConfig, step: int, k: int, ro: dict):
     declared = dict(loss_type=c.loss_type, num_generations=c.num_generations, beta=c.beta, epsilon=c.epsilon,
                     temperature=c.temperature, reward_mode="dataset", max_grad_norm=c.max_grad_norm,
                     gradient_accumulation_steps=c.micro_batches, seed=c.seed, num_iterations=c.num_iterations,
-                    iteration=k, use_bias_correction_kl=c.bias_correction,
+                    **({"iteration": k} if c.declare_iteration else {}), use_bias_correction_kl=c.bias_correction,
                     mask_truncated_completions=c.mask_truncated, precision=c.autocast or None)
     rec = StepRecorder(L.tok, trainer="lab hand-written loop", step=step, **{**declared, **dict(c.declare)})
     rec.batch(ro["rows_p"], labels=ro["rows_l"])

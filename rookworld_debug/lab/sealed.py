@@ -18,7 +18,7 @@ from typing import Optional
 
 # healthy loops of the shapes the sealed faults need: none may get an error-level finding
 HEALTHY_SINGLE = ({}, {"autocast": "bfloat16"}, {"micro_batches": 4},
-                  {"num_iterations": 2, "declare": (("iteration", None),)})
+                  {"num_iterations": 2, "declare_iteration": False})
 
 
 def single_rows(faults=None):

@@ -42,7 +42,8 @@ class Continuation:
         return {"bug": None if self.bug is None else {"name": self.bug.name, "settings": dict(self.bug.overrides),
                                                        "source": self.bug.source},
                 "why": self.why, "steps": self.steps, "seeds": self.seeds,
-                "verdicts": [v.to_dict() for v in self.verdicts], "seconds_per_step": self.seconds_per_step}
+                "verdicts": [v.to_dict() for v in self.verdicts],
+                "seconds_per_step": self.seconds_per_step if math.isfinite(self.seconds_per_step) else None}
 
 
 def bug_arm(replay) -> tuple[Optional[Arm], str]:
@@ -56,8 +57,8 @@ def bug_arm(replay) -> tuple[Optional[Arm], str]:
     first = replay.first_disagreement
     fit = (first.fit or {}) if first is not None else {}
     params = fit.get("params") or {}
-    if first is not None and first.cause == "update_scaled" and "a" in params:
-        over["lr_factor"] = float(params["a"])
+    if first is not None and first.cause == "update_scaled" and "lr_factor" in params:
+        over["lr_factor"] = float(params["lr_factor"])
     if first is not None and fit.get("kind") == "temperature" and "temperature" in params:
         over.update(p_temperature=float(params["temperature"]), a_temperature=float(params["temperature"]))
     kl = params.get("KL term (per unit β)") if fit.get("kind") == "terms" else None

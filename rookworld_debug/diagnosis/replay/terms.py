@@ -282,7 +282,9 @@ def terms_cause(coefs: dict, accumulation: int) -> tuple[str, str, str]:
     if kl is not None and kl[1] and set(off) <= {"KL term (per unit β)", "the KL term's importance-ratio part "
                                                  "(per unit β)"}:
         if all(_near(coefs[k][0], 0.0) for k in off):
-            return "loss", "kl_not_applied", "the loss leaves out the β·KL term: " + said
+            return "loss", "kl_not_applied", ("the β·KL term carries no gradient: the loss leaves it out, or takes "
+                                              "it of detached log-probs (where β·KL is below the loss value's "
+                                              "tolerance, the value cannot tell the two apart): " + said)
         if all(_near(coefs[k][0], -coefs[k][1]) for k in off):
             return "loss", "kl_sign_flipped", "the KL term enters with −β: it pushes the policy away: " + said
     if pg is not None and part is not None and part[1] and _near(pg[0], -1.0) and _near(part[0], -part[1]):
