@@ -16,7 +16,14 @@ OUT = ROOT / "docs" / "BENCHMARKS.md"
 FAULTS = "python -m rookworld_debug.lab.faults --out runs/fault-bench"
 LOOPS = "python -m rookworld_debug.lab.replay_bench"
 # (heading, results file, which benchmark wrote it, what was measured: machine, date, the command, its scope)
+SEALED = "python -m rookworld_debug.lab.sealed"
 SOURCES = (
+    ("The sealed set: its first run, on the diagnosis as it stood when the set was frozen",
+     "sealed-first-run-20261129.jsonl", "sealed",
+     f"2-core CPU shared with the slow test set, 2026-11-29, `{SEALED}` on commit 84aec63 (the commit that froze the "
+     "set; its fits predate it): the 12 one-step faults and 3 of their healthy controls, then `--only between "
+     "--only trl` (the first run stopped at the fourth one-step control, an under-declared two-pass loop the runner "
+     "could not record then; that control is in the next table)"),
     ("Fault injection, diagnosed with the replay: every seed-0 case and the controls",
      "fault-bench-replay-seed0-all-20261128.jsonl", "faults",
      f"2-core CPU, 2026-11-28, `{FAULTS} --only /0` then `--only control`, seed 0: all 43 fault types and the 24 "
