@@ -30,9 +30,11 @@ def test_clipped_in_loop_weights_are_what_torch_leaves(max_norm):
     assert (max_norm >= 100.0) == all(x == 1.0 for x in w)      # a bound no sum reaches leaves 1 each
 
 
-def _rollout(logp: float, b=2, g=4, t=10):
+def _rollout(logp: float, b=2, g=4, t=10, top_p=None):
+    from rookworld_debug.config import StepConfig
     lp = torch.full((b * g, t), logp)
-    return SimpleNamespace(rollout=SimpleNamespace(sampling_per_token_logps=lp, per_token_logps=lp,
+    return SimpleNamespace(config=StepConfig(p_top_p=top_p or 1.0),
+                           rollout=SimpleNamespace(sampling_per_token_logps=lp, per_token_logps=lp, tasks=("P",) * b * g,
                                                    completion_mask=torch.ones(b * g, t, dtype=torch.long)))
 
 
@@ -45,6 +47,8 @@ def test_identical_groups_too_unlikely_to_be_sampled_are_named_greedy():
     # a policy this sure of its completions repeats them when it samples: no claim
     assert _greedy(_rollout(-0.01), [0, 1], 4) is None
     assert _greedy(_rollout(-0.5), [], 4) is None
+    # top-p sampling makes a token the filter leaves alone certain: the tempered probabilities bound nothing
+    assert _greedy(_rollout(-0.5, top_p=0.9), [0, 1], 4) is None
 
 
 def test_reward_variants_name_a_cache_by_prompt_and_a_reversed_order():

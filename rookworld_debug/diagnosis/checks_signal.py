@@ -167,10 +167,11 @@ GREEDY_CHANCE = 1e-6
 def _greedy(trace, same: list, g: int):
     """The evidence that groups of identical completions were not sampled, or None: under sampling at the declared
     temperature, G draws repeat the first one with chance Π_t p_t^(G−1) (p_t its tokens' recorded probabilities);
-    the joint log-chance of every identical group below log GREEDY_CHANCE cannot be chance."""
+    the joint log-chance of every identical group below log GREEDY_CHANCE cannot be chance. No claim under a
+    declared top-k / top-p (`_filtered`)."""
     r = trace.rollout
     lp = r.sampling_per_token_logps if r.sampling_per_token_logps is not None else r.per_token_logps
-    if not same or g < 2 or lp is None:
+    if not same or g < 2 or lp is None or _filtered(trace):
         return None
     m = r.completion_mask.bool().reshape(-1, g, lp.shape[1])                           # (B, G, T)
     first = (lp.reshape(-1, g, lp.shape[1])[:, 0].double() * m[:, 0]).sum(1)            # (B,) log p(completion)
@@ -184,6 +185,16 @@ def _greedy(trace, same: list, g: int):
             E.ev("log10_chance_if_sampled", log_chance / math.log(10), f"log10 of Π over those groups of "
                  f"p(completion)^(G−1) = {g - 1}: the chance that sampling at the declared temperature repeats each "
                  "group's first completion G−1 times (p from the recorded log-probs)"))
+
+
+def _filtered(trace) -> bool:
+    """The sampler declares top-k or top-p: it samples from a truncated distribution whose probabilities exceed the
+    recorded tempered ones (a token the filter leaves alone is certain), so they bound no chance."""
+    try:
+        settings = [trace.config.sampling_for(t) for t in trace.rollout.tasks]
+    except (AttributeError, TypeError):
+        return True                              # the sampler's settings are unknown: no claim
+    return any((s[2] or 0) > 0 or (s[1] is not None and float(s[1]) < 1.0) for s in settings)
 
 
 def _low_temperature(trace, zero, same, base):

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
+from rookworld_debug.diagnosis.replay.terms import near
 from rookworld_debug.errors import ConfigError, TraceError
 from rookworld_debug.whatif.overrides import Arm
 
@@ -62,10 +63,9 @@ def bug_arm(replay) -> tuple[Optional[Arm], str]:
     if first is not None and fit.get("kind") == "temperature" and "temperature" in params:
         over.update(p_temperature=float(params["temperature"]), a_temperature=float(params["temperature"]))
     kl = params.get("KL term (per unit β)") if fit.get("kind") == "terms" else None
-    if kl is not None and set(k for k, v in params.items() if abs(v["fitted"] - v["declared"]) > 1e-6 *
-                              max(abs(v["declared"]), 1.0)) <= {"KL term (per unit β)",
-                                                                "the KL term's importance-ratio part (per unit β)"}:
-        over["beta"] = float(kl["fitted"])
+    kl_terms = {"KL term (per unit β)", "the KL term's importance-ratio part (per unit β)"}
+    if kl is not None and {k for k, v in params.items() if not near(v["fitted"], v["declared"])} <= kl_terms:
+        over["beta"] = float(kl["fitted"])              # only the KL's coefficient is off: a β the step can take
     if not over:
         what = first.cause if first is not None and first.cause else "no fit"
         return None, (f"the recorded bug ({what}) is not a setting of this package's step (a sign, a grouping or a "

@@ -251,19 +251,20 @@ def dot(a: dict, b: dict, names) -> float:
     return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
 
 
-def _near(a: float, b: float) -> bool:
+def near(a: float, b: float) -> bool:
+    """A fitted coefficient equal to a declared one, within the regression's 2 % (and float noise)."""
     return abs(a - b) <= 0.02 * max(abs(b), 1e-3) + 1e-6
 
 
 def terms_cause(coefs: dict, accumulation: int) -> tuple[str, str, str]:
     """(phase, code, sentence) from the fitted coefficients: which terms differ from their declared coefficient."""
-    off = {k: (a, d) for k, (a, d) in coefs.items() if not _near(a, d)}
+    off = {k: (a, d) for k, (a, d) in coefs.items() if not near(a, d)}
     said = "; ".join(f"{k}: {a:.4g} (declared {d:.4g})" for k, (a, d) in off.items())
     ratios = [a / d for a, d in coefs.values() if abs(d) > 1e-9]
     if all(abs(a) < 0.02 * max(abs(d), 1e-3) for a, d in coefs.values() if abs(d) > 1e-9):
         return "loss", "loss_terms", ("no term of the loss carries a gradient: the loss is detached from the policy "
                                       "(its ratio or log-probs detached, or computed under no_grad): " + said)
-    if ratios and all(_near(r, ratios[0]) for r in ratios) and all(abs(a) < 1e-6 for a, d in coefs.values()
+    if ratios and all(near(r, ratios[0]) for r in ratios) and all(abs(a) < 1e-6 for a, d in coefs.values()
                                                                   if abs(d) <= 1e-9):
         k = ratios[0]
         why = f"the recorded gradient is {k:.4g} × the declared loss's (every term scaled alike)"
@@ -276,18 +277,18 @@ def terms_cause(coefs: dict, accumulation: int) -> tuple[str, str, str]:
     if set(off) == {"policy term"} and abs(pg[0]) < 0.02:
         return "loss", "loss_terms", ("the policy term carries no gradient (its ratio or log-probs detached, or "
                                       "computed under no_grad): only the other terms train the policy: " + said)
-    if set(off) == {"policy term"} and _near(pg[0], -1.0):
+    if set(off) == {"policy term"} and near(pg[0], -1.0):
         return "loss", "loss_advantage_sign", ("the policy term enters with the opposite sign (its value hides it: "
                                                "Σ A = 0 in a group; its gradient does not): " + said)
     if kl is not None and kl[1] and set(off) <= {"KL term (per unit β)", "the KL term's importance-ratio part "
                                                  "(per unit β)"}:
-        if all(_near(coefs[k][0], 0.0) for k in off):
+        if all(near(coefs[k][0], 0.0) for k in off):
             return "loss", "kl_not_applied", ("the β·KL term carries no gradient: the loss leaves it out, or takes "
                                               "it of detached log-probs (where β·KL is below the loss value's "
                                               "tolerance, the value cannot tell the two apart): " + said)
-        if all(_near(coefs[k][0], -coefs[k][1]) for k in off):
+        if all(near(coefs[k][0], -coefs[k][1]) for k in off):
             return "loss", "kl_sign_flipped", "the KL term enters with −β: it pushes the policy away: " + said
-    if pg is not None and part is not None and part[1] and _near(pg[0], -1.0) and _near(part[0], -part[1]):
+    if pg is not None and part is not None and part[1] and near(pg[0], -1.0) and near(part[0], -part[1]):
         return "loss", "loss_terms", ("every gradient through the importance ratio is reversed (the policy term "
                                       "and the KL's ratio part): the ratio is exp(ℓ_old − ℓ), inverted: " + said)
     return "loss", "loss_terms", "the loss's terms carry other coefficients than declared: " + said
