@@ -22,13 +22,15 @@ LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 @torch.no_grad()
 def path_distances(model, r, dtype: str, rows_per_forward: int = 16) -> Optional[tuple]:
-    """((N, T) log-probs upcast, (N, T) log-probs in the low precision) of the sampled ids, both from the logits
-    computed under `dtype` autocast; None for a precision without an autocast here."""
+    """((N, T) log-probs upcast, {low path: (N, T) log-probs}) of the sampled ids, all from the logits computed
+    under `dtype` autocast; None for a precision without an autocast here. The low paths: the log-softmax taken in
+    the low precision (low-precision weights, no autocast), and the logits divided by T in the low precision before
+    a log-softmax that autocast itself runs in fp32 (a loop that never upcasts, under autocast)."""
     low = LOW.get(dtype)
     dev = next(model.parameters()).device
     if low is None or (dev.type == "cpu" and low is torch.float16 and not _cpu_fp16()):
         return None
-    up, down = [], []
+    up, down, divided = [], [], []
     for s in range(0, r.completion_ids.shape[0], rows_per_forward):
         rows = slice(s, s + rows_per_forward)
         ids, mask = r.completion_ids[rows].to(dev), r.completion_mask[rows].long().to(dev)
@@ -41,8 +43,12 @@ def path_distances(model, r, dtype: str, rows_per_forward: int = 16) -> Optional
         temps = r.temperatures[rows].to(dev)[:, None, None]
         pick = (lambda x: x.gather(-1, ids[..., None]).squeeze(-1).float() * mask)
         up.append(pick((at.float() / temps.float()).log_softmax(-1)).cpu())
-        down.append(pick((at.to(low) / temps.to(low)).log_softmax(-1)).cpu())
-    return torch.cat(up), torch.cat(down)
+        # a low-precision tensor ÷ a python float computes in fp32 and rounds the quotient: so does this
+        scaled = (at.float() / temps.float()).to(low)                                    # (n, T, V)
+        down.append(pick(scaled.log_softmax(-1)).cpu())
+        divided.append(pick(scaled.float().log_softmax(-1)).cpu())
+    return torch.cat(up), {f"log_softmax in {dtype}": torch.cat(down),
+                           f"logits ÷ T in {dtype}, then autocast's fp32 log_softmax": torch.cat(divided)}
 
 
 def _cpu_fp16() -> bool:
@@ -63,14 +69,16 @@ def logsoftmax_path(check: PhaseCheck, rec: torch.Tensor, mask: torch.Tensor, mo
     m = mask.bool()
     if paths is None or not bool(m.any()):
         return check
-    d_up, d_low = (float((rec.float() - x).abs()[m].mean()) for x in paths)
+    dist = (lambda x: float((rec.float() - x).abs()[m].mean()))
+    d_up = dist(paths[0])
+    path, d_low = min(((name, dist(x)) for name, x in paths[1].items()), key=lambda kv: kv[1])
     if not d_low * PATH_RATIO < d_up:
         return check
-    why = (f"the loss forward took log_softmax of the {dtype} logits without upcasting them: the recorded log-probs "
-           f"lie {d_up / max(d_low, 1e-12):.3g}× nearer that path (mean |Δ| {d_low:.3g}) than the upcast one "
-           f"(logits.float() before log_softmax, mean |Δ| {d_up:.3g}), over {int(m.sum())} in-loss tokens: every "
-           f"log-prob and ratio carries {dtype} rounding of the log-normaliser. Upcast the logits before log_softmax")
+    why = (f"the loss forward did not upcast the {dtype} logits before the log-softmax ({path}): the recorded "
+           f"log-probs lie {d_up / max(d_low, 1e-12):.3g}× nearer that path (mean |Δ| {d_low:.3g}) than the upcast "
+           f"one (logits.float() before ÷ T and log_softmax, mean |Δ| {d_up:.3g}), over {int(m.sum())} in-loss "
+           f"tokens: every log-prob and ratio carries {dtype} rounding. Upcast the logits first")
     return dataclasses.replace(check, status=DISAGREE, cause="logsoftmax_not_upcast", explanation=why,
-                               fit={"kind": "precision_path", "params": {"path": f"log_softmax in {dtype}",
-                                    "mean_abs_to_low": d_low, "mean_abs_to_upcast": d_up},
+                               fit={"kind": "precision_path", "params": {"path": path, "mean_abs_to_low": d_low,
+                                                                         "mean_abs_to_upcast": d_up},
                                     "residual": d_low, "sentence": why})
