@@ -257,14 +257,18 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
         per_token = per_token + 0.01 * logps
     m = mask.float()
     agg = WRONG_AGGREGATION[c.loss_type] if fault == "loss_wrong_aggregation" else c.loss_type
-    if fault == "grpo_length_is_t" and agg == "grpo":        # each row's mean over T positions, not its length
+    if fault == "grpo_length_is_t" and AGGREGATIONS[agg] is _sequence_mean:   # each row's mean over T, not its length
         return (per_token * m).sum(1).div(m.shape[1]).sum() / n_total
     return AGGREGATIONS[agg](per_token * m, m, n_total, tokens_total, c)
 
 
 # TRL's aggregations of the masked per-token loss L·m over one micro-batch, as this loop writes them
+def _sequence_mean(lm, m, n, tokens, c):
+    return (lm.sum(1) / m.sum(1).clamp(min=1)).sum() / n                                # per-sequence mean
+
+
 AGGREGATIONS = {
-    "grpo": lambda lm, m, n, tokens, c: (lm.sum(1) / m.sum(1).clamp(min=1)).sum() / n,   # per-sequence mean
+    "grpo": _sequence_mean,
     "dapo": lambda lm, m, n, tokens, c: lm.sum() / tokens,                              # the batch's tokens
     "bnpo": lambda lm, m, n, tokens, c: lm.sum() / m.sum().clamp(min=1) / c.micro_batches,   # the micro-batch's
     "dr_grpo": lambda lm, m, n, tokens, c: lm.sum() / (n * c.max_new_tokens),           # a constant
