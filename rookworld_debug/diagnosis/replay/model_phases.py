@@ -100,8 +100,8 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
                     mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
-        if key == "policy":         # within a low precision's tolerance: which path made it
-            c = logsoftmax_path(c, rec, mask * step_rows(trace)[:, None], model, r, dtype)
+        if key == "policy" and (trace.recorded is not None or trace.capture is not None):   # another's code:
+            c = logsoftmax_path(c, rec, mask * step_rows(trace)[:, None], model, r, dtype)  # which path made it
         out.append(_dropout(c, trace) if key == "policy" else c)
     out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps, sampler))
     return out
