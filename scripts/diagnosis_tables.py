@@ -25,10 +25,10 @@ SOURCES = (
      "--only trl` (the first run stopped at the fourth one-step control, an under-declared two-pass loop the runner "
      "could not record then; that control is in the next table)"),
     ("The sealed set after the fits it called for (not held out)", "sealed-after-fixes-20261129.jsonl", "sealed",
-     f"2-core CPU shared with the default test run, 2026-11-29, `{SEALED} --only single --only between` on the code "
+     f"2-core CPU shared with the default test run, 2026-11-29, `{SEALED} --only single --only between`, then "
+     "`--only trl` on a quiet machine, on the code "
      "with the fits written after the first run (the bf16 log-softmax fault re-run after its path fix: "
-     "`--only single --fault logsoftmax_bf16`, its row in place of the first); no longer held out. TRL's three "
-     "faults were not re-run"),
+     "`--only single --fault logsoftmax_bf16`, its row in place of the first); no longer held out"),
     ("Fault injection, diagnosed with the replay: every seed-0 case and the controls",
      "fault-bench-replay-seed0-all-20261128.jsonl", "faults",
      f"2-core CPU, 2026-11-28, `{FAULTS} --only /0` then `--only control`, seed 0: all 43 fault types and the 24 "
