@@ -190,11 +190,15 @@ def _greedy(trace, same: list, g: int):
 def _filtered(trace) -> bool:
     """The sampler declares top-k or top-p: it samples from a truncated distribution whose probabilities exceed the
     recorded tempered ones (a token the filter leaves alone is certain), so they bound no chance."""
+    from rookworld_debug.grpo.phases.decoding import active_warpers
     try:
         settings = [trace.config.sampling_for(t) for t in trace.rollout.tasks]
     except (AttributeError, TypeError):
         return True                              # the sampler's settings are unknown: no claim
-    return any((s[2] or 0) > 0 or (s[1] is not None and float(s[1]) < 1.0) for s in settings)
+    k = torch.tensor([int(s[2] or 0) for s in settings])
+    p = torch.tensor([float(s[1] if s[1] is not None else 1.0) for s in settings])
+    k, p = active_warpers(k, p, "cpu")
+    return k is not None or p is not None
 
 
 def _low_temperature(trace, zero, same, base):

@@ -6,10 +6,10 @@ likelihood the two updates move in opposite directions. Every value is escaped; 
 from __future__ import annotations
 
 import html
-import math
 from typing import Any
 
 from ._style import FONT_SANS, INFO_BG, INFO_FG, WARN_BG, WARN_FG
+from .diagnosis import _v                 # one number as the diagnosis card shows it (escaped, n/a if not finite)
 from .htmlview import HTMLView
 
 __all__ = ["fix_card", "fix_card_from_trace"]
@@ -17,14 +17,6 @@ __all__ = ["fix_card", "fix_card_from_trace"]
 _E = html.escape
 _TD = 'style="padding:1px 8px;text-align:right;font-variant-numeric:tabular-nums"'
 _TH = 'style="padding:1px 8px;text-align:left"'
-
-
-def _v(x: Any) -> str:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return _E(str(x))
-    return "n/a" if not math.isfinite(x) else f"{x:.4g}"
 
 
 def _row(name: str, definition: str, pair: tuple) -> str:

@@ -2,7 +2,7 @@
 weights before the update, its optimizer's moments, its reference — on the step's own prompts and labels, in two
 arms with shared seeds: the recorded bug re-applied each step (its fit, as the settings that reproduce it) against
 the fix (the settings the loop declared). Each symptom is judged as `whatif` judges a branch: removed, not
-removed, cannot tell, from the paired differences over the seeds.
+removed, cannot tell, from the paired differences over S shared sampling seeds.
 
 A bug is re-applied where its fit is a setting of this package's step: a declaration fit (the loop computes
 another loss_type, KL estimator, reward scaling, β, …), a KL coefficient, a temperature, a learning-rate factor.
@@ -77,6 +77,7 @@ def bug_arm(replay) -> tuple[Optional[Arm], str]:
 def start_state(trace, folder, *, device: str = "cpu"):
     """A SavedState at the recorded step's start: the session of this package's step on the step's own prompts and
     labels, the recorded θ_before, reference and optimizer moments loaded into it."""
+    from rookworld_debug.diagnosis.replay.update import load_recorded_state
     from rookworld_debug.diagnosis.replay.weights import weights_for
     from rookworld_debug.grpo.multistep.start import setup
     from rookworld_debug.whatif.state import SavedState, snapshot
@@ -107,19 +108,12 @@ def start_state(trace, folder, *, device: str = "cpu"):
                        prompt_indices=tuple(range(len(batch.prompts))), reward_mode="dataset", device=device,
                        warmup_steps=0, heldout_n=0, **adam)
     session = setup(config)
-    _load_moments(session, s.optimizer_state or {})
+    if s.optimizer_state:
+        load_recorded_state(session.optimizer, [n for n, _ in session.policy.named_parameters()], s.optimizer_state)
     weights, moments = snapshot(session)
     return SavedState("recorded step", str(folder), config, 0, session, weights, moments, trace=None,
                       notes=(f"the recorded step's θ_before, reference and optimizer moments on its {len(batch.prompts)}"
                              " prompts; each step of a branch samples anew with this package's step",))
-
-
-def _load_moments(session, state: dict) -> None:
-    """The recorded per-parameter optimizer state ({name: {key: tensor}}) into the session's AdamW."""
-    opt = session.optimizer
-    for name, p in session.policy.named_parameters():
-        if name in state:
-            opt.state[p] = {k: v.clone().to(p.device) if k != "step" else v.clone() for k, v in state[name].items()}
 
 
 def continuation(trace, folder, replay, *, steps: int, seeds: int, on_step: Optional[Callable] = None

@@ -50,12 +50,17 @@ def recorded_optimizer(kind: str, params: list, names: list, settings: dict, opt
     except ValueError as err:                   # torch's own range checks: a negative lr, a β outside [0, 1)
         raise TraceError(f"the recorded {kind} settings are refused by torch: {err}") from None
     if opt_state:
-        sd = opt.state_dict()
-        sd["state"] = {i: {k: (v.clone() if k != "step" else v.clone().float().reshape(()))
-                           for k, v in opt_state.get(n, {}).items()} for i, n in enumerate(names)
-                       if opt_state.get(n)}
-        opt.load_state_dict(sd)
+        load_recorded_state(opt, names, opt_state)
     return opt
+
+
+def load_recorded_state(opt, names: list, opt_state: dict) -> None:
+    """The recorded per-parameter state ({name: {state key: tensor}}) into `opt`, whose parameters are `names` in
+    order (torch moves each tensor to its parameter's device)."""
+    sd = opt.state_dict()
+    sd["state"] = {i: {k: (v.clone() if k != "step" else v.clone().float().reshape(()))
+                       for k, v in opt_state.get(n, {}).items()} for i, n in enumerate(names) if opt_state.get(n)}
+    opt.load_state_dict(sd)
 
 
 class _Update:
