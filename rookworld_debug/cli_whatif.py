@@ -22,8 +22,8 @@ step): the verdict ("the fix turns this step's update by 41° and shrinks it 2.0
 direction") and a table of the loss, the gradient's and the update's norms, their angles, the parameters the fix
 changes most and each completion's log-likelihood change. With --steps K (and --seeds S, default 3): the
 continuation, K steps of this package's step from the recorded state on the step's own prompts, the recorded bug
-re-applied each step (where its fit is a setting this step has) against the fix, each symptom judged removed / not
-removed / cannot tell over the S shared seeds. Nothing is written; --json prints it as JSON.
+re-applied each step (where its fit is a setting this step has, or a factor on the advantages or on the loss)
+against the fix, each symptom judged removed / not removed / cannot tell over the S shared seeds. Nothing is written; --json prints it as JSON.
 """
 from __future__ import annotations
 

@@ -174,13 +174,6 @@ def block_network(page, blocked: list) -> None:
 def registry_restored():
     """The objective-family registry and the settings it registered, restored after the test (both are
     process-wide): a family registered in a test does not outlive it."""
-    from rookworld_debug import metrics, settings
-    from rookworld_debug.grpo.families import families
-    from rookworld_debug.grpo.registry import FAMILIES
-    families()                                     # the built-ins loaded before the snapshot
-    tables = (FAMILIES, settings._LOSS_TYPES, settings._SECTIONS, settings._OWNER, metrics.FAMILY_DEFINITIONS)
-    saved = [dict(t) for t in tables]
-    yield
-    for table, old in zip(tables, saved):
-        table.clear()
-        table.update(old)
+    from rookworld_debug.grpo.registry import registered_for_now
+    with registered_for_now():
+        yield

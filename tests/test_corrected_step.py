@@ -203,9 +203,36 @@ def test_the_continuation_re_applies_a_ten_times_learning_rate_and_the_fix_lower
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_continuation_re_applies_a_doubled_gradient_and_the_fix_halves_its_norm(recorded):
+    """accum_no_divide: the micro-batch losses not divided by the 2 accumulation steps, a loss (and gradient) 2 ×
+    the declared one. The bug arm is the declared objective with A, β and c_H × 2 (whatif/recorded_bug.py); on shared
+    seeds both arms start from the same weights and sample the same completions, so the bug's gradient norm before
+    clipping is twice the fix's at the first step, and the fix's largest norm is the smaller on every seed."""
+    r = run_cli("whatif", recorded("accum_no_divide"), "--fix", "--steps", "2", "--seeds", "3", "--json", timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    c = json.loads(r.stdout)["continuation"]
+    assert c["bug"]["settings"]["loss_type"].endswith("_advantages_times_2"), c["bug"]
+    assert c["bug"]["settings"]["beta"] == pytest.approx(2 * 0.04, rel=1e-4), c["bug"]
+    g = next(v for v in c["verdicts"] if v["symptom"] == "grad_norm_spike")
+    assert all(b > f for f, b in zip(g["fix_values"], g["unchanged_values"])) and g["mean_improvement"] > 0, g
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_continuation_re_applies_a_negated_advantage(recorded):
+    r = run_cli("whatif", recorded("loss_adv_sign"), "--fix", "--steps", "2", "--seeds", "3", timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "the bug re-applied as the declared objective with loss_advantage_sign: the advantages × −1" in r.stdout
+    from rookworld_debug.whatif.stats import VERDICTS
+    table = r.stdout.split("per step", 1)[1]
+    assert sum(v in table for v in VERDICTS) >= 2, table
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_bug_that_is_no_setting_is_said_and_only_the_one_step_comparison_runs(recorded):
-    r = run_cli("whatif", recorded("loss_adv_sign"), "--fix", "--steps", "2", timeout=900)
+    r = run_cli("whatif", recorded("adv_ddof0"), "--fix", "--steps", "2", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "continuation: not run: the recorded bug" in r.stdout and "is not a setting" in r.stdout
+    assert "continuation: not run: the recorded bug (advantage_std_ddof) is not a setting" in r.stdout
     assert r.stdout.startswith("the fix turns this step's update by")

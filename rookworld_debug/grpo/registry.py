@@ -16,6 +16,7 @@ Micro-batch weightings, w = the share of the full-batch loss one micro-batch's l
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 
@@ -28,8 +29,8 @@ from rookworld_debug import metrics
 from rookworld_debug import settings as config_settings
 from rookworld_debug.errors import ConfigError
 
-__all__ = ["WEIGHTINGS", "Family", "LossRule", "register", "checked", "family_of", "rule_of", "families",
-           "advantages_from_config"]
+__all__ = ["WEIGHTINGS", "Family", "LossRule", "register", "registered_for_now", "checked", "family_of", "rule_of",
+           "families", "advantages_from_config"]
 
 WEIGHTINGS = ("rows", "tokens", "global")
 
@@ -198,6 +199,22 @@ def register(family: Family, *, replace: bool = False) -> Family:
     for lt in family.rules:
         FAMILIES[lt] = family
     return family
+
+
+@contextlib.contextmanager
+def registered_for_now():
+    """Registrations made inside the block are undone after it: the registry, the loss types and settings sections
+    StepConfig accepts and the metric definitions come back as they were (they are process-wide)."""
+    config_settings.load_builtin()
+    tables = (FAMILIES, config_settings._LOSS_TYPES, config_settings._SECTIONS, config_settings._OWNER,
+              metrics.FAMILY_DEFINITIONS)
+    saved = [dict(t) for t in tables]
+    try:
+        yield
+    finally:
+        for table, old in zip(tables, saved):
+            table.clear()
+            table.update(old)
 
 
 def checked(family: Family, hook: str, result, kind, what: str):

@@ -5,8 +5,10 @@ the fix (the settings the loop declared). Each symptom is judged as `whatif` jud
 removed, cannot tell, from the paired differences over S shared sampling seeds.
 
 A bug is re-applied where its fit is a setting of this package's step: a declaration fit (the loop computes
-another loss_type, KL estimator, reward scaling, β, …), a KL coefficient, a temperature, a learning-rate factor.
-Any other fit (a sign, a grouping, a substituted input) is not a setting here: `bug_arm` says so and the one-step
+another loss_type, KL estimator, reward scaling, β, …), a KL coefficient, a temperature, a learning-rate factor;
+or a factor on the advantages or on the whole loss (a sign of the advantages or the rewards, a scale of the
+advantages, of the loss or of its gradient), run as the declared objective with that factor (`recorded_bug`).
+Any other fit (a grouping, a substituted input) is not a setting here: `bug_arm` says so and the one-step
 comparison (`diagnosis.replay.corrected`) is the answer.
 """
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Callable, Optional
 
 from rookworld_debug.diagnosis.replay.terms import near
 from rookworld_debug.errors import ConfigError, TraceError
+from rookworld_debug.grpo.registry import registered_for_now
 from rookworld_debug.whatif.overrides import Arm
+from rookworld_debug.whatif.recorded_bug import bug_settings, factor_of
 
 # StepRecorder's keywords that name a StepConfig setting of the same meaning
 KEYWORD_SETTING = {"loss_type": "loss_type", "beta": "beta", "epsilon": "epsilon", "scale_rewards": "scale_rewards",
@@ -47,9 +51,10 @@ class Continuation:
                 "seconds_per_step": self.seconds_per_step if math.isfinite(self.seconds_per_step) else None}
 
 
-def bug_arm(replay) -> tuple[Optional[Arm], str]:
+def bug_arm(replay, config=None) -> tuple[Optional[Arm], str]:
     """(the recorded bug as settings, how it was read) from the replay's fits; (None, why) where no setting of this
-    package's step reproduces it."""
+    package's step reproduces it. With the step's `config`, a factor on the advantages or the loss is re-applied as
+    an objective registered for the purpose: call it inside `registry.registered_for_now()`."""
     if replay is None:
         return None, "the step was not replayed"
     over = {KEYWORD_SETTING[d.keyword]: d.fitted for d in replay.declarations if d.keyword in KEYWORD_SETTING}
@@ -66,9 +71,13 @@ def bug_arm(replay) -> tuple[Optional[Arm], str]:
     kl_terms = {"KL term (per unit β)", "the KL term's importance-ratio part (per unit β)"}
     if kl is not None and {k for k, v in params.items() if not near(v["fitted"], v["declared"])} <= kl_terms:
         over["beta"] = float(kl["fitted"])              # only the KL's coefficient is off: a β the step can take
+    factor = factor_of(first) if not over and config is not None else None
+    if factor is not None and (scaled := bug_settings(config, factor)) is not None:
+        return Arm("the recorded bug", scaled, source=first.cause), \
+            f"re-applied as the declared objective with {factor.what}"
     if not over:
         what = first.cause if first is not None and first.cause else "no fit"
-        return None, (f"the recorded bug ({what}) is not a setting of this package's step (a sign, a grouping or a "
+        return None, (f"the recorded bug ({what}) is not a setting of this package's step (a grouping or a "
                       "substituted input is code): the one-step comparison is the answer")
     return Arm("the recorded bug", over, source=first.cause if first is not None else "declaration"), \
         "re-applied as " + ", ".join(f"{k} = {v!r}" for k, v in over.items())
@@ -120,15 +129,20 @@ def continuation(trace, folder, replay, *, steps: int, seeds: int, on_step: Opti
                  ) -> Continuation:
     """The two arms of the module doc over `steps` steps and `seeds` shared seeds; the bug and the fix judged on
     every symptom (whatif.symptoms.SYMPTOMS, no history: the paired difference decides)."""
+    if steps < 1 or seeds < 1:
+        raise ConfigError("--steps/--seeds", "the continuation needs --steps ≥ 1 and --seeds ≥ 1")
+    with registered_for_now():              # a bug's own objective is this continuation's, not the process's
+        bug, why = bug_arm(replay, trace.config)
+        if bug is None:
+            return Continuation(None, why)
+        return _run(trace, folder, bug, why, steps, seeds, on_step)
+
+
+def _run(trace, folder, bug: Arm, why: str, steps: int, seeds: int, on_step) -> Continuation:
     import time
     from rookworld_debug.whatif.branch import branch
     from rookworld_debug.whatif.run import judge
     from rookworld_debug.whatif.symptoms import SYMPTOMS, symptom
-    if steps < 1 or seeds < 1:
-        raise ConfigError("--steps/--seeds", "the continuation needs --steps ≥ 1 and --seeds ≥ 1")
-    bug, why = bug_arm(replay)
-    if bug is None:
-        return Continuation(None, why)
     state = start_state(trace, folder)
     if "lr_factor" in bug.overrides:               # a learning-rate factor is the rate the step really applied
         over = {k: v for k, v in bug.overrides.items() if k != "lr_factor"}
