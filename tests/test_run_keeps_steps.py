@@ -22,8 +22,11 @@ def test_a_run_keeps_its_steps_and_what_carries_over_between_them_replays_clean(
     assert steps == ["step-00001", "step-00002"]
     assert all((out / "steps" / s / "state").is_dir() for s in steps)       # the weights, kept
     d = run_cli("diagnose", out / "steps", "--json", timeout=1200)
-    assert d.returncode in (0, 1), d.stderr[-3000:]
     j = json.loads(d.stdout)
+    # a healthy run: no error but the one its 48-token budget causes (P completions run ~115 tokens: all cut);
+    # a later step of the run is after an update, so its policy is not the reference (no reference_not_start)
+    errors = {f["code"] for f in j["findings"] if f["severity"] == "error"}
+    assert errors <= {"all_truncated"}, (errors, d.stderr[-3000:])
     assert len(j["replays"]) == 2 and len(j["consecutive"]) == 1          # each step, and the pair
     pair = j["consecutive"][0]
     ran = {c["phase"]: c["status"] for c in pair["checks"] if c["status"] != "not replayed"}

@@ -264,8 +264,10 @@ def check_entropy(trace) -> list[Finding]:
 
 def check_capture_drift(trace) -> list[Finding]:
     """A TRL capture at global step t ≥ 2 (μ = 1): KL(π_t‖π_ref) is what the t − 1 earlier updates moved the policy
-    (the reference is the policy's start). Per update beyond ½·log(1 + ε)² (k3 of a log-ratio at the clip bound) the
-    updates leave the trust region."""
+    (the reference is the policy's start). k3 ≈ ½·E[Δℓ²] for small log-ratios, so √(2·KL) is the RMS distance of
+    the log-probs from the start; by the triangle inequality one of the t − 1 updates moved them at least
+    √(2·KL) / (t − 1). Beyond log(1 + ε) that update left the trust region. (A KL that grows as t² is a policy
+    moving steadily in one direction, not a too-large step: KL / (t − 1) would call every long healthy run.)"""
     cap = trace.capture
     if cap is None or int(cap.global_step) < 2 or trace.rollout.ref_per_token_logps is None:
         return []
@@ -274,21 +276,23 @@ def check_capture_drift(trace) -> list[Finding]:
         return []                                   # a dropout policy's KL is noise, not distance (dropout_active)
     kl = float(trace.loss.kl)
     eps = float(trace.config.epsilon_high)
-    bound = 0.5 * math.log1p(eps) ** 2
-    per = kl / (int(cap.global_step) - 1)
-    if not math.isfinite(kl) or per <= bound:
+    bound = math.log1p(eps)
+    updates = int(cap.global_step) - 1
+    per = math.sqrt(2 * kl) / updates if math.isfinite(kl) and kl > 0 else 0.0
+    if per <= bound:
         return []
     lr = float(cap.learning_rate)
     new_lr = round_sig(lr * bound / per / 2)
     return [Finding(
         code="lr_too_large", severity="error",
-        cause=f"Update too large: learning rate. After {int(cap.global_step) - 1} update(s) the policy is "
-              f"{kl:.3g} nats/token (KL) from its start: {per:.3g} per update, beyond what the clip range tolerates "
-              f"({bound:.3g}).",
+        cause=f"Update too large: learning rate. After {updates} update(s) the policy is {kl:.3g} nats/token (KL) "
+              f"from its start, an RMS log-prob distance √(2·KL) = {math.sqrt(2 * kl):.3g}: at least one update "
+              f"moved it {per:.3g} or more, beyond the clip range log(1 + ε) = {bound:.3g}.",
         evidence=(E.ev("kl", kl, "TRL `kl` at this step: token-mean k3 KL to the reference (= the policy's start)",
                        where="report: Loss decomposition; triage: kl curve"),
-                  E.ev("kl_per_update", per, "kl / (global step − 1)"),
-                  E.ev("trust_region_kl", bound, "½·log(1 + ε_high)²: k3 at a log-ratio on the clip bound", "config"),
+                  E.ev("rms_distance_per_update", per, f"√(2·kl) / {updates} updates (global step − 1): the least "
+                       "RMS log-prob move of the largest update"),
+                  E.ev("trust_region", bound, "log(1 + ε_high): the log-ratio at the clip bound", "config"),
                   E.ev("learning_rate", lr, "the step's learning rate", "config")),
         fix=Fix(f"Lower the learning rate (≈ {new_lr:g}).", step_config={"lr": new_lr},
                 grpo_config={"learning_rate": new_lr}),

@@ -36,7 +36,8 @@ def first_step(trace) -> Optional[int]:
 
 def before_any_update(trace, step: Optional[int] = None) -> bool:
     """True when the policy that sampled this rollout has not been updated yet: the reference must equal it.
-    run_step: no `init_policy`/warm-up and (when known) step 0; a TRL capture: global step 1, first batch."""
+    run_step: no `init_policy`/warm-up, the first step of a multi-step run, and (when known) step 0; a TRL capture:
+    global step 1, first batch."""
     cap = trace.capture
     if cap is not None:
         return int(cap.global_step) == 1 and int(getattr(cap, "generation_step", 1)) <= 1
@@ -44,8 +45,8 @@ def before_any_update(trace, step: Optional[int] = None) -> bool:
     if rec is not None:                 # the loop's own step number: 1 = its first update (None: no claim)
         return rec.step == 1
     c = trace.config
-    if getattr(c, "init_policy", None) or getattr(c, "warmup_steps", 0):
-        return False
+    if getattr(c, "init_policy", None) or getattr(c, "warmup_steps", 0) or trace.counts.get("run/step", 0):
+        return False                    # started from other weights, warmed up, or a later step of a `run`
     return step in (None, 0)
 
 

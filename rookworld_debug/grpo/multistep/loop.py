@@ -242,6 +242,7 @@ def _step(k: int, config, s0: Setup, batch, beta: BetaController, lr_s: LRSchedu
     for group in s0.optimizer.param_groups:
         group["lr"] = lr_k
     trace = run_step(step_config, session=session_k, reward_funcs=reward_funcs, reward_weights=reward_weights)
+    trace.counts["run/step"] = k            # a saved step says which step of the run it is (k > 0: after updates)
     beta.observe(k, trace.loss.kl)
     return trace
 
