@@ -14,6 +14,8 @@ TITLES = {
     "all_truncated": "every completion truncated: no learning signal",
     "truncation": "max_new_tokens too small",
     "sampling_greedy": "completions not sampled: greedy decoding",
+    "sampler_temperature_override": "sampled at another temperature than the loss scores",
+    "sampler_distribution_changed": "the sampler reweights the policy's distribution",
     "temperature_too_low": "sampling temperature too low: no learning signal",
     "no_signal_deterministic": "deterministic prompts: no learning signal",
     "reward_ignores_completion": "reward does not read the completion",

@@ -15,6 +15,7 @@ import math
 import torch
 
 from rookworld_debug.diagnosis import evidence as E
+from rookworld_debug.diagnosis.checks_trl_generation import declared_greedy
 from rookworld_debug.diagnosis.context import current_step
 from rookworld_debug.diagnosis.findings import Finding, Fix
 
@@ -171,8 +172,8 @@ def _greedy(trace, same: list, g: int):
     declared top-k / top-p (`_filtered`)."""
     r = trace.rollout
     lp = r.sampling_per_token_logps if r.sampling_per_token_logps is not None else r.per_token_logps
-    if not same or g < 2 or lp is None or _filtered(trace):
-        return None
+    if not same or g < 2 or lp is None or _filtered(trace) or declared_greedy(trace):
+        return None                             # (a TRL capture whose config says so: checks_trl_generation)
     m = r.completion_mask.bool().reshape(-1, g, lp.shape[1])                           # (B, G, T)
     first = (lp.reshape(-1, g, lp.shape[1])[:, 0].double() * m[:, 0]).sum(1)            # (B,) log p(completion)
     rows = torch.tensor(same)

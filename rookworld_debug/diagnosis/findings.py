@@ -75,7 +75,7 @@ UPSTREAM = frozenset({
     "dropout_active", "forward_mismatch", "reference_not_start", "reference_precision", "reference_tracks_policy",
     "temperature_not_applied", "position_ids_left_pad", "pad_in_mask", "tokens_after_eos_trained",
     "sampler_precision", "sampler_trainer_mismatch", "optimizer_no_op", "loss_path_mismatch",
-    "update_against_advantages", "objective_inverted", "non_finite"})
+    "update_against_advantages", "objective_inverted", "non_finite", "sampling_greedy", "sampler_temperature_override"})
 # what a broken upstream invariant produces downstream: noise-amplified advantages, a noisy or clipped update, a
 # KL term that dominates for the wrong reason, a flat run
 SYMPTOMS = frozenset({

@@ -17,6 +17,7 @@ from rookworld_debug.diagnosis import checks_run as RUN
 from rookworld_debug.diagnosis import checks_run_invariants as RIN
 from rookworld_debug.diagnosis import checks_sampler as SA
 from rookworld_debug.diagnosis import checks_signal as SI
+from rookworld_debug.diagnosis import checks_trl_generation as TG
 from rookworld_debug.diagnosis import checks_update as UP
 from rookworld_debug.diagnosis.context import at_step
 from rookworld_debug.diagnosis.findings import Finding, Fix, rank, rank_run
@@ -48,6 +49,7 @@ STEP_CHECKS = (
     SI.check_label_vs_engine,
     UP.check_advantage_noise, UP.check_kl_dominates, UP.check_update_size, UP.check_grad_clip, UP.check_noise,
     UP.check_entropy, UP.check_capture_drift, UP.check_length_bias,
+    TG.check_trl_generation,
     check_phase_flags,
 ) + _optional_checks("rookworld_debug.diagnosis.rlvr_mini")
 

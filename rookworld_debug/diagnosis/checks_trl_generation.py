@@ -1,0 +1,116 @@
+"""What TRL's sampler did, read from the GRPOConfig a capture recorded: the settings that make it draw from another
+distribution than the one the loss assumes.
+
+TRL 1.16's GRPOTrainer builds its GenerationConfig from do_sample=True, `temperature`, `top_p`, `top_k`, `min_p` and
+`repetition_penalty`, then applies `generation_kwargs` over them (`generation_kwargs.update(args.generation_kwargs)`),
+so a key there overrides what the rest of the config says. Its loss scores the completions at `args.temperature`
+on the full vocabulary. A setting of the sampler that the loss does not apply makes the rollout come from another
+policy than the one the step trains:
+  do_sample=False     every completion the argmax: a group's G completions are one sequence, σ = 0, A = 0;
+  temperature in generation_kwargs ≠ GRPOConfig's: sampled at one temperature, scored at another;
+  repetition_penalty ≠ 1, no_repeat_ngram_size, min_new_tokens / min_length (end-of-sequence suppressed),
+  bad_words_ids, suppress_tokens, num_beams > 1: probabilities the loss never sees.
+(top_k, top_p and min_p filter the same distribution the loss scores: TRL's design, not a mismatch.)
+"""
+from __future__ import annotations
+
+import math
+
+from rookworld_debug.diagnosis import evidence as E
+from rookworld_debug.diagnosis.context import current_step
+from rookworld_debug.diagnosis.findings import Finding, Fix
+
+# sampler settings the loss does not apply: key -> (its neutral value, what it does to the sampled distribution)
+REWEIGHTING = {
+    "repetition_penalty": (1.0, "divides the logit of every token already in the sequence by the penalty"),
+    "no_repeat_ngram_size": (0, "forbids any n-gram the sequence already holds"),
+    "min_new_tokens": (0, "forbids end-of-sequence before that many new tokens"),
+    "min_length": (0, "forbids end-of-sequence before that total length"),
+    "bad_words_ids": (None, "forbids the listed token sequences"),
+    "suppress_tokens": (None, "forbids the listed tokens"),
+    "num_beams": (1, "keeps the most likely beams instead of sampling"),
+}
+
+
+def _sampler(grpo_config: dict) -> tuple[dict, dict]:
+    """(the sampler's effective settings, the generation_kwargs that set them) as TRL assembles them."""
+    gk = grpo_config.get("generation_kwargs") or {}
+    gk = gk if isinstance(gk, dict) else {}
+    eff = {"do_sample": True, "temperature": grpo_config.get("temperature", 1.0),
+           "repetition_penalty": grpo_config.get("repetition_penalty", 1.0)}
+    eff.update(gk)
+    return eff, gk
+
+
+def declared_greedy(trace) -> bool:
+    """A TRL capture whose GRPOConfig turns sampling off (`check_trl_generation` names it from the config)."""
+    cap = trace.capture
+    return cap is not None and isinstance(getattr(cap, "grpo_config", None), dict) and \
+        _sampler(cap.grpo_config)[0].get("do_sample") is False
+
+
+def _where(key: str, gk: dict) -> str:
+    return f"GRPOConfig.generation_kwargs[{key!r}]" if key in gk else f"GRPOConfig.{key}"
+
+
+def _differs(value, neutral) -> bool:
+    if value is None or value == neutral:
+        return False
+    if isinstance(value, (int, float)) and isinstance(neutral, (int, float)):
+        return not math.isclose(float(value), float(neutral))
+    return bool(value) if isinstance(value, (list, tuple)) else True
+
+
+def check_trl_generation(trace) -> list[Finding]:
+    cap = trace.capture
+    if cap is None or not isinstance(getattr(cap, "grpo_config", None), dict):
+        return []
+    eff, gk = _sampler(cap.grpo_config)
+    step = E.step_of(trace, current_step())
+    uniq = trace.rollout.unique_per_group
+    g = max(int(trace.config.num_generations), 1)
+    same = sum(int(u) == 1 for u in uniq) if g > 1 else 0
+    groups = E.ev("identical_groups", same, f"groups whose {g} completions are one and the same "
+                  f"(of {len(uniq)} groups)", where="report: Rollout")
+    out = []
+    if eff.get("do_sample") is False and int(eff.get("num_beams") or 1) == 1:
+        out.append(Finding(
+            code="sampling_greedy", severity="error",
+            cause=f"The completions were not sampled: {_where('do_sample', gk)} = False overrides TRL's do_sample="
+                  f"True, so generate takes the argmax at every token; a group's {g} completions are one sequence, "
+                  "their rewards equal and their advantages 0, and the step learns nothing.",
+            evidence=(E.ev("do_sample", 0.0, f"{_where('do_sample', gk)} (TRL applies generation_kwargs over its "
+                           "own sampler settings)", "config"), groups),
+            fix=Fix("Remove 'do_sample' from generation_kwargs (TRL samples by default).",
+                    grpo_config={"generation_kwargs": {k: v for k, v in gk.items() if k != "do_sample"} or None}),
+            alternatives=("temperature_too_low: a very low temperature also makes a group's completions one",),
+            score=9.8, step=step))
+        return out
+    t_loss = float(cap.grpo_config.get("temperature", 1.0))
+    t_gen = eff.get("temperature")
+    if "temperature" in gk and t_gen is not None and not math.isclose(float(t_gen), t_loss):
+        out.append(Finding(
+            code="sampler_temperature_override", severity="error",
+            cause=f"The sampler and the loss use different temperatures: {_where('temperature', gk)} = {t_gen:g} "
+                  f"overrides GRPOConfig.temperature = {t_loss:g} for sampling only; TRL's loss divides the logits "
+                  f"by {t_loss:g}, so the completions come from another distribution than the one the loss scores.",
+            evidence=(E.ev("sampling_temperature", float(t_gen), _where("temperature", gk), "config"),
+                      E.ev("loss_temperature", t_loss, "GRPOConfig.temperature: the loss's logits ÷ T", "config")),
+            fix=Fix("Set the temperature once, in GRPOConfig.temperature, not in generation_kwargs.",
+                    grpo_config={"temperature": float(t_gen),
+                                 "generation_kwargs": {k: v for k, v in gk.items() if k != "temperature"} or None}),
+            score=9.5, step=step))
+    changed = {k: eff.get(k) for k, (neutral, _) in REWEIGHTING.items() if _differs(eff.get(k), neutral)}
+    if changed:
+        said = "; ".join(f"{_where(k, gk)} = {v!r} {REWEIGHTING[k][1]}" for k, v in changed.items())
+        out.append(Finding(
+            code="sampler_distribution_changed", severity="warning",
+            cause="The sampler draws from another distribution than the policy the loss trains: " + said + ". TRL's "
+                  "loss scores the completions with the policy's own probabilities and no correction for it, so "
+                  "the update is off-policy by that much.",
+            evidence=tuple(E.ev(k, float(v) if isinstance(v, (int, float)) else float(len(v or ())),
+                                f"{_where(k, gk)}: {REWEIGHTING[k][1]}", "config") for k, v in changed.items()),
+            fix=Fix("Sample from the policy itself: drop " + ", ".join(changed) + " (or accept the bias knowingly).",
+                    grpo_config={k: REWEIGHTING[k][0] for k in changed if k not in gk}),
+            score=6.0, step=step))
+    return out

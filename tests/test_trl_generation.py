@@ -1,0 +1,79 @@
+"""What TRL's sampler did, named from the GRPOConfig a capture recorded (diagnosis/checks_trl_generation.py): greedy
+decoding through generation_kwargs, a temperature that generation_kwargs overrides for sampling only, and sampler
+settings that reweight the policy's distribution (a repetition penalty, a forced minimum length). The config of a
+real capture is varied for the check; one real TRL run with do_sample=False is diagnosed end to end."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from cli import run_cli
+
+from rookworld_debug.diagnosis.checks_trl_generation import check_trl_generation
+from rookworld_debug.grpo.step import StepTrace
+
+
+@pytest.fixture(scope="module")
+def capture(trl_checkpointed_run):
+    return StepTrace.load(trl_checkpointed_run / "captures" / "step-000002")
+
+
+def _with(trace, **settings):
+    cap = trace.capture
+    return dataclasses.replace(trace, capture=dataclasses.replace(cap, grpo_config={**cap.grpo_config, **settings}))
+
+
+def _codes(trace):
+    return {f.code: f for f in check_trl_generation(trace)}
+
+
+def test_a_healthy_capture_gets_nothing(capture):
+    assert check_trl_generation(capture) == []
+    # top_k / top_p / min_p filter the distribution the loss scores: TRL's design, no finding
+    assert check_trl_generation(_with(capture, top_k=5, top_p=0.9, min_p=0.05)) == []
+    # generation_kwargs that repeat what GRPOConfig says change nothing
+    t = capture.capture.grpo_config["temperature"]
+    assert check_trl_generation(_with(capture, generation_kwargs={"temperature": t, "do_sample": True})) == []
+
+
+def test_greedy_through_generation_kwargs_is_named_with_its_key(capture):
+    f = _codes(_with(capture, generation_kwargs={"do_sample": False, "max_new_tokens": 48}))["sampling_greedy"]
+    assert f.severity == "error" and "GRPOConfig.generation_kwargs['do_sample'] = False" in f.cause
+    assert f.fix.grpo_config == {"generation_kwargs": {"max_new_tokens": 48}}
+
+
+def test_a_temperature_overridden_for_sampling_only_is_an_error_naming_both(capture):
+    t = capture.capture.grpo_config["temperature"]
+    f = _codes(_with(capture, generation_kwargs={"temperature": t / 2}))["sampler_temperature_override"]
+    assert f.severity == "error" and f"= {t / 2:g}" in f.cause and f"GRPOConfig.temperature = {t:g}" in f.cause
+    assert {e.name: e.value for e in f.evidence} == {"sampling_temperature": t / 2, "loss_temperature": t}
+
+
+@pytest.mark.parametrize("settings, key", [
+    ({"repetition_penalty": 1.3}, "GRPOConfig.repetition_penalty = 1.3"),
+    ({"generation_kwargs": {"min_new_tokens": 20}}, "GRPOConfig.generation_kwargs['min_new_tokens'] = 20"),
+    ({"generation_kwargs": {"repetition_penalty": 1.2}}, "GRPOConfig.generation_kwargs['repetition_penalty'] = 1.2"),
+])
+def test_a_reweighting_sampler_setting_is_a_warning_naming_its_key(capture, settings, key):
+    f = _codes(_with(capture, **settings))["sampler_distribution_changed"]
+    assert f.severity == "warning" and key in f.cause, f.cause
+
+
+@pytest.mark.timeout(900)
+def test_a_greedy_trl_run_is_diagnosed_greedy_first(tmp_path):
+    """TRL's GRPOTrainer on the tiny model with generation_kwargs={'do_sample': False}, its step 1 captured."""
+    import torch
+    torch.set_num_threads(1)
+    from rookworld_debug.trl.capture import capture_steps
+    from rookworld_debug.trl.example import make_trainer
+    trainer = make_trainer(tmp_path / "run", max_steps=1, max_completion_length=24,
+                           generation_kwargs={"do_sample": False})
+    cap = capture_steps(trainer, steps=[1], out_dir=tmp_path / "captures")
+    trainer.train()
+    assert cap.errors == {}
+    r = run_cli("diagnose", cap.paths[1], "--json", "--no-replay", timeout=600)
+    assert r.returncode == 1, r.stderr[-2000:]
+    first = json.loads(r.stdout)["findings"][0]
+    assert first["code"] == "sampling_greedy" and "generation_kwargs['do_sample'] = False" in first["cause"], first
