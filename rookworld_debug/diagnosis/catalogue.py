@@ -71,6 +71,7 @@ TITLES = {
     "update_grad_clamped": "the gradient clamped element-wise before the step",
     "rewards_other_labels": "rewards scored against other rows' labels",
     "reward_cached": "each group's rewards are one row's: a reward cached by prompt",
+    "rewards_other_batch": "the rewards are the previous batch's: a reward one batch late",
     "scoring_padding_side": "the loss forward padded the prompts on the other side",
     "loss_not_finite": "the backpropagated loss is not finite",
     "optimizer_state_reset": "the optimizer's state was reset: a new optimizer",

@@ -11,7 +11,8 @@ cannot show (each step can be right on its own while the state between them is l
     reference   its weights at k+1 = at k                                    reference_tracks_policy
     gradient    g_recorded(k+1) = ∇ of k+1's declared loss; else fitted as that + c·g_recorded(k)
                                                                              gradient_not_zeroed
-    rewards     the same (prompt, completion, label) gets the same reward in both steps   reward_has_memory
+    rewards     the same (prompt, completion, label) gets the same reward in both steps   reward_has_memory;
+                step k+1's rewards are not step k's row for row on other completions     rewards_other_batch
 
 Weights (policy, sampler, reference) are compared in units of step k's update, ‖θ_after(k) − θ_before(k)‖: what is
 carried differs from what is due by at most the recorded precision's relative tolerance of that unit (REL_TOL: 1e-3
@@ -422,6 +423,9 @@ def rewards_check(tk, tk1) -> PhaseCheck:
     not a function of its inputs at all)."""
     q = "rewards: the same (prompt, completion, label) gets the same reward at k and k+1"
     measure = "max |r(k+1) − r(k)| / max(1, |r(k)|) over the inputs both steps scored"
+    late = _previous_batch(tk, tk1)
+    if late is not None:
+        return late
     a, b = _scored(tk), _scored(tk1)
     shared = sorted(set(a) & set(b), key=repr)
     if not shared:
@@ -447,6 +451,28 @@ def rewards_check(tk, tk1) -> PhaseCheck:
     return PhaseCheck("rewards", q, DISAGREE, worst, VALUE_TOL, where, fmt(b[key]), fmt(a[key]), cause, why,
                       measure=measure, fit={"kind": "shift", "params": {"shift": shift[0]}, "residual": 0.0,
                                             "sentence": why} if constant else None)
+
+
+def _previous_batch(tk, tk1) -> Optional[PhaseCheck]:
+    """Step k+1's recorded rewards equal step k's row for row, on other completions: the reward function handed back
+    the previous call's values (one batch late). Exact equality of N values with at least 3 distinct ones is no
+    chance; the same completions (a later pass over one rollout) are no evidence. None where it does not hold."""
+    a, b = tk.rewards.rewards.double(), tk1.rewards.rewards.double()          # (N,) each
+    if a.shape != b.shape or not bool(torch.isfinite(a).all()) or a.unique().numel() < 3 or \
+            list(tk.rollout.completions) == list(tk1.rollout.completions):
+        return None
+    equal = int(((a - b).abs() <= VALUE_TOL * a.abs().clamp(min=1.0)).sum())
+    n = a.numel()
+    if equal < n:
+        return None
+    why = (f"step k+1's {n} rewards are step k's, value for value and row for row ({int(a.unique().numel())} "
+           "distinct values), on other completions: the reward function returns the previous batch's rewards "
+           "(one batch late: a cache or a queue in it), so every advantage belongs to another completion")
+    return PhaseCheck("rewards", "rewards: step k+1's rewards are its own completions' (not step k's)", DISAGREE,
+                      float(equal), float(n - 1), f"all {n} rows", fmt(b[:4].tolist()), fmt(a[:4].tolist()),
+                      "rewards_other_batch", why,
+                      measure="rows whose reward at k+1 equals step k's reward of the same row (to 1e-5 × "
+                              "max(1, |r|)), the completions differing")
 
 
 def _rdiff(xs: list, ys: list) -> float:

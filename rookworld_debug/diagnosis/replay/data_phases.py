@@ -117,8 +117,8 @@ def rewards_check(trace, labels) -> PhaseCheck:
     q = "rewards (N,): the project's RookWorld reward of each row's completion against its label"
     names = tuple(rw.func_names)
     if not names or any(n not in BUILTIN_REWARDS for n in names):
-        return skipped("rewards", q, f"the reward functions {list(names)} are the loop's own: pass them to "
-                                     "replay_trace(reward_funcs=...) to recompute them")
+        return _own_reward(trace, labels, skipped("rewards", q, f"the reward functions {list(names)} are the loop's "
+                                                  "own: pass them to replay_trace(reward_funcs=...) to recompute them"))
     engine = None
     if rw.reward_mode == "engine":
         engine, why = _replay_engine(trace)
@@ -145,6 +145,35 @@ def rewards_check(trace, labels) -> PhaseCheck:
     variants = {**reward_variants(ref, r.num_generations), **_label_variants(score, labels, r.num_generations)}
     return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=variants,
                    fit=value_fits(r.num_generations))
+
+
+# the fits of a reward function's rows, not of its values: the recorded values are the candidate's, on other rows
+ROW_FITS = ("reward_rows_misaligned", "rewards_other_labels", "reward_cached")
+
+
+def _own_reward(trace, labels, skip: PhaseCheck) -> PhaseCheck:
+    """The loop's own reward functions are never called from a file. The project's RookWorld reward against the
+    recorded labels is tried as a candidate: where it reproduces the recorded rewards, the phase agrees; where it
+    reproduces them on other rows only (shifted, reversed, another group's label, cached by prompt) with at least
+    3 distinct values (a permutation of fewer is no evidence), that is the finding; otherwise `skip`, no claim (a
+    reward of another scale or formula is the loop's own business)."""
+    r = trace.rollout
+    if not labels or not all(labels):
+        return skip
+    q = ("rewards (N,): the loop's own reward functions, against the project's RookWorld reward of each row's "
+         "completion against its label (the candidate)")
+
+    def score(lab):
+        scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(lab), reward_mode="dataset")
+        return torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)  # (N,)
+    ref = score(labels)
+    if not bool(torch.isfinite(ref).all()) or ref.unique().numel() < 3:
+        return skip
+    variants = {k: v for k, v in {**reward_variants(ref, r.num_generations),
+                                  **_label_variants(score, labels, r.num_generations)}.items()
+                if k.split("/")[0] in ROW_FITS}
+    check = compare("rewards", q, trace.rewards.rewards.double(), ref, VALUE_TOL, variants=variants)
+    return check if check.status == AGREE or check.cause else skip
 
 
 def _replay_engine(trace) -> tuple:
