@@ -47,3 +47,13 @@ def test_rewards_one_batch_late_are_named_between_consecutive_captures(steps):
     assert late.status == "disagree" and late.cause == "rewards_other_batch", late
     # the same completions again (a later pass over one rollout) carry the same rewards by right
     assert carried(t2, dataclasses.replace(t2)).cause != "rewards_other_batch"
+
+
+def test_captures_one_batch_late_are_named_from_the_folder_s_captures(steps):
+    from rookworld_debug.diagnosis.checks_run_invariants import check_captured_rewards
+    t2, t3 = steps
+    assert check_captured_rewards({2: t2, 3: t3}) == []
+    # a reward function that scores the previous call's completions: step 3's values are step 2's rows' rewards
+    late = check_captured_rewards({2: t2, 3: _rewards(t3, t2.rewards.rewards.clone(), names=("lagged",))})
+    assert [f.code for f in late] == ["rewards_other_batch"] and late[0].step == 3 and late[0].severity == "error"
+    assert "step 2's recorded rewards" in late[0].cause

@@ -149,6 +149,56 @@ def check_captured_weights(traces: dict) -> list[Finding]:
     return _no_op_captures(traces) or _reference_follows(traces)
 
 
+def check_captured_rewards(traces: dict) -> list[Finding]:
+    """Consecutive captured steps whose later rewards are the earlier step's rows' — its recorded rewards, or the
+    project's RookWorld reward of its completions against their labels (a reward the replay cannot call is compared
+    through that candidate) — row for row, on other completions: a reward function one batch late."""
+    from rookworld_debug.diagnosis.replay.consecutive import same_rewards
+    steps = sorted(traces)
+    for a, b in zip(steps, steps[1:]):
+        ta, tb = traces[a], traces[b]
+        if list(ta.rollout.completions) == list(tb.rollout.completions) or \
+                list(ta.rollout.prompts) == list(tb.rollout.prompts):
+            continue        # one rollout over several optimizer steps; the same prompts may earn the same rewards
+        rb = tb.rewards.rewards
+        for what, ra in _earlier_rewards(ta):
+            if same_rewards(ra, rb):
+                return [Finding(
+                    code="rewards_other_batch", severity="error",
+                    cause=f"The rewards are one batch late: step {b}'s {rb.numel()} rewards are {what}, row for "
+                          f"row, although step {b} scored other completions; every advantage of step {b} belongs "
+                          "to another completion.",
+                    evidence=(ev("rows_equal", float(rb.numel()), f"rows of step {b} whose reward equals {what} "
+                                 "(to 1e-5 × max(1, |r|))", "captures"),
+                              ev("distinct_values", float(rb.double().unique().numel()), f"distinct rewards of step "
+                                 f"{b} (3 or more: their equality is no chance)", "captures")),
+                    fix=Fix("Return the rewards of the completions the reward function was called with.",
+                            code_change="no cache, queue or asynchronous result in the reward function carried "
+                                        "from one call to the next"),
+                    alternatives=("reward_has_memory",), score=10.2, step=b)]
+    return []
+
+
+def _earlier_rewards(trace):
+    """(what, (N,) rewards) a lagged reward would hand the next step: the step's recorded rewards, then the
+    project's RookWorld reward of its completions against their recorded labels (when it has them)."""
+    yield f"step {_step_label(trace)}'s recorded rewards", trace.rewards.rewards
+    import torch
+    from rookworld_debug.grpo.phases.rewards import builtin_breakdowns
+    r, labels = trace.rollout, trace.setup.batch.completions if trace.setup is not None else None
+    if not labels or not all(labels):
+        return
+    rows = [x for x in labels for _ in range(r.num_generations)]
+    scored = builtin_breakdowns(list(r.prompts), list(r.completions), rows, reward_mode="dataset")
+    yield (f"the RookWorld reward of step {_step_label(trace)}'s completions",
+           torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64))
+
+
+def _step_label(trace) -> str:
+    cap = trace.capture
+    return str(int(cap.global_step)) if cap is not None else "k"
+
+
 def _reference_follows(traces: dict) -> list[Finding]:
     steps = sorted(traces)
     start = _hash(traces[steps[0]]) if steps else None

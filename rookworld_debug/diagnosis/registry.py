@@ -189,7 +189,7 @@ def folder_diagnosis(path, *, replay: bool = True) -> FolderDiagnosis:
         found += [replace_step(f, step) for f in step_found]
         if rep is not None:
             replays[step] = rep
-    found += _guarded(RIN.check_captured_weights, traces)
+    found += _guarded(RIN.check_captured_weights, traces) + _guarded(RIN.check_captured_rewards, traces)
     kept = [(s, caps[s], t) for s, t in traces.items() if getattr(t, "weights", "") == "state/"]
     cap_found, pairs = _pairs(kept, replays, replay)          # captures kept with their weights
     step_found, step_replays, step_pairs = _recorded_steps(steps, replay)

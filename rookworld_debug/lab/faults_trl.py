@@ -124,7 +124,7 @@ def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None):
 def diagnose_steps(rows, paths) -> dict:
     """{step: ranked codes} from the log up to that step plus that step's capture and its replay (diagnose_path's
     view)."""
-    from rookworld_debug.diagnosis.checks_run_invariants import check_captured_weights
+    from rookworld_debug.diagnosis.checks_run_invariants import check_captured_rewards, check_captured_weights
     from rookworld_debug.diagnosis.registry import diagnose_rows, diagnose_step, merge, rank, rank_run, replace_step
     from rookworld_debug.grpo.step import StepTrace
     out, secs, everything, traces = {}, [], [], {}
@@ -133,7 +133,7 @@ def diagnose_steps(rows, paths) -> dict:
         traces[step] = StepTrace.load(paths[step])
         found = list(diagnose_rows([r for r in rows if r["step"] <= step]))
         found += [replace_step(f, step) for f in diagnose_step(traces[step], paths[step])[0]]   # with its replay
-        found += check_captured_weights(traces)       # the captures so far, as diagnose_path reads a run folder
+        found += check_captured_weights(traces) + check_captured_rewards(traces)   # the captures so far, as diagnose_path reads a run folder
         everything += found
         out[step] = [{"code": f.code, "severity": f.severity} for f in rank(merge(found))]
         secs.append(time.perf_counter() - t0)

@@ -453,23 +453,29 @@ def rewards_check(tk, tk1) -> PhaseCheck:
                                             "sentence": why} if constant else None)
 
 
+def same_rewards(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two steps' (N,) rewards equal row for row (to 1e-5 × max(1, |r|)) with at least 3 distinct values: exact
+    equality of that many values is no chance."""
+    a, b = a.double(), b.double()
+    return a.shape == b.shape and bool(torch.isfinite(a).all()) and a.unique().numel() >= 3 and \
+        bool(((a - b).abs() <= VALUE_TOL * a.abs().clamp(min=1.0)).all())
+
+
 def _previous_batch(tk, tk1) -> Optional[PhaseCheck]:
     """Step k+1's recorded rewards equal step k's row for row, on other completions: the reward function handed back
-    the previous call's values (one batch late). Exact equality of N values with at least 3 distinct ones is no
-    chance; the same completions (a later pass over one rollout) are no evidence. None where it does not hold."""
+    the previous call's values (one batch late). The same completions (a later pass over one rollout) or the same
+    prompts (an overfit batch, whose rows may earn the same rewards again) are no evidence. None where it does not
+    hold."""
     a, b = tk.rewards.rewards.double(), tk1.rewards.rewards.double()          # (N,) each
-    if a.shape != b.shape or not bool(torch.isfinite(a).all()) or a.unique().numel() < 3 or \
-            list(tk.rollout.completions) == list(tk1.rollout.completions):
-        return None
-    equal = int(((a - b).abs() <= VALUE_TOL * a.abs().clamp(min=1.0)).sum())
+    if list(tk.rollout.completions) == list(tk1.rollout.completions) or \
+            list(tk.rollout.prompts) == list(tk1.rollout.prompts) or not same_rewards(a, b):
+        return None                 # one rollout again; the same prompts may earn the same rewards by right
     n = a.numel()
-    if equal < n:
-        return None
     why = (f"step k+1's {n} rewards are step k's, value for value and row for row ({int(a.unique().numel())} "
            "distinct values), on other completions: the reward function returns the previous batch's rewards "
            "(one batch late: a cache or a queue in it), so every advantage belongs to another completion")
     return PhaseCheck("rewards", "rewards: step k+1's rewards are its own completions' (not step k's)", DISAGREE,
-                      float(equal), float(n - 1), f"all {n} rows", fmt(b[:4].tolist()), fmt(a[:4].tolist()),
+                      float(n), float(n - 1), f"all {n} rows", fmt(b[:4].tolist()), fmt(a[:4].tolist()),
                       "rewards_other_batch", why,
                       measure="rows whose reward at k+1 equals step k's reward of the same row (to 1e-5 × "
                               "max(1, |r|)), the completions differing")
