@@ -182,16 +182,11 @@ def check_captured_rewards(traces: dict) -> list[Finding]:
 def _earlier_rewards(trace):
     """(what, (N,) rewards) a lagged reward would hand the next step: the step's recorded rewards, then the
     project's RookWorld reward of its completions against their recorded labels (when it has them)."""
+    from rookworld_debug.diagnosis.replay.data_phases import rookworld_candidate
     yield f"step {_step_label(trace)}'s recorded rewards", trace.rewards.rewards
-    import torch
-    from rookworld_debug.grpo.phases.rewards import builtin_breakdowns
-    r, labels = trace.rollout, trace.setup.batch.completions if trace.setup is not None else None
-    if not labels or not all(labels):
-        return
-    rows = [x for x in labels for _ in range(r.num_generations)]
-    scored = builtin_breakdowns(list(r.prompts), list(r.completions), rows, reward_mode="dataset")
-    yield (f"the RookWorld reward of step {_step_label(trace)}'s completions",
-           torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64))
+    candidate = rookworld_candidate(trace)
+    if candidate is not None:
+        yield f"the RookWorld reward of step {_step_label(trace)}'s completions", candidate
 
 
 def _step_label(trace) -> str:

@@ -5,6 +5,7 @@ Shape legend: N rows (B groups of G), T completion tokens, P prompt tokens.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -164,8 +165,7 @@ def _own_reward(trace, labels, skip: PhaseCheck) -> PhaseCheck:
          "completion against its label (the candidate)")
 
     def score(lab):
-        scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(lab), reward_mode="dataset")
-        return torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)  # (N,)
+        return rookworld_candidate(trace, lab)
     ref = score(labels)
     if not bool(torch.isfinite(ref).all()) or ref.unique().numel() < 3:
         return skip
@@ -174,6 +174,19 @@ def _own_reward(trace, labels, skip: PhaseCheck) -> PhaseCheck:
                 if k.split("/")[0] in ROW_FITS}
     check = compare("rewards", q, trace.rewards.rewards.double(), ref, VALUE_TOL, variants=variants)
     return check if check.status == AGREE or check.cause else skip
+
+
+def rookworld_candidate(trace, labels=None) -> Optional[torch.Tensor]:
+    """(N,) the project's RookWorld reward of each row's completion against its label (`labels` per row; default
+    the step's recorded labels, each repeated for its G rows), NaN where unscorable; None without labels."""
+    r = trace.rollout
+    if labels is None:
+        batch = trace.setup.batch.completions if trace.setup is not None else None
+        labels = [x for x in batch for _ in range(r.num_generations)] if batch and all(batch) else None
+    if not labels:
+        return None
+    scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(labels), reward_mode="dataset")
+    return torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)  # (N,)
 
 
 def _replay_engine(trace) -> tuple:
