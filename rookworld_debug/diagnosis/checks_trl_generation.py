@@ -44,7 +44,7 @@ def _sampler(grpo_config: dict) -> tuple[dict, dict]:
 
 def declared_greedy(trace) -> bool:
     """A TRL capture whose GRPOConfig turns sampling off (`check_trl_generation` names it from the config)."""
-    cap = trace.capture
+    cap = getattr(trace, "capture", None)
     return cap is not None and isinstance(getattr(cap, "grpo_config", None), dict) and \
         _sampler(cap.grpo_config)[0].get("do_sample") is False
 
