@@ -8,7 +8,8 @@ A bug is re-applied where its fit is a setting of this package's step: a declara
 another loss_type, KL estimator, reward scaling, β, …), a KL coefficient, a temperature, a learning-rate factor;
 or a factor on the advantages or on the whole loss (a sign of the advantages or the rewards, a scale of the
 advantages, of the loss or of its gradient), run as the declared objective with that factor (`recorded_bug`).
-Any other fit (a grouping, a substituted input) is not a setting here: `bug_arm` says so and the one-step
+Any other fit (a grouping, a substituted input, a forward without the temperature) is not a setting here: `bug_arm`
+says so and the one-step
 comparison (`diagnosis.replay.corrected`) is the answer.
 """
 from __future__ import annotations
@@ -77,8 +78,8 @@ def bug_arm(replay, config=None) -> tuple[Optional[Arm], str]:
             f"re-applied as the declared objective with {factor.what}"
     if not over:
         what = first.cause if first is not None and first.cause else "no fit"
-        return None, (f"the recorded bug ({what}) is not a setting of this package's step (a grouping or a "
-                      "substituted input is code): the one-step comparison is the answer")
+        return None, (f"the recorded bug ({what}) is not a setting of this package's step nor a factor on its "
+                      "advantages or loss (it is code): the one-step comparison is the answer")
     return Arm("the recorded bug", over, source=first.cause if first is not None else "declaration"), \
         "re-applied as " + ", ".join(f"{k} = {v!r}" for k, v in over.items())
 
