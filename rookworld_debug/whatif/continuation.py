@@ -9,8 +9,7 @@ another loss_type, KL estimator, reward scaling, β, …), a KL coefficient, a t
 or a factor on the advantages or on the whole loss (a sign of the advantages or the rewards, a scale of the
 advantages, of the loss or of its gradient), run as the declared objective with that factor (`recorded_bug`).
 Any other fit (a grouping, a substituted input, a forward without the temperature) is not a setting here: `bug_arm`
-says so and the one-step
-comparison (`diagnosis.replay.corrected`) is the answer.
+says so and the one-step comparison (`diagnosis.replay.corrected`) is the answer.
 """
 from __future__ import annotations
 
