@@ -29,6 +29,10 @@ SOURCES = (
      "`--only trl` on a quiet machine, on the code "
      "with the fits written after the first run (the bf16 log-softmax fault re-run after its path fix: "
      "`--only single --fault logsoftmax_bf16`, its row in place of the first); no longer held out"),
+    ("The sealed set on the final code (not held out)", "sealed-final-20261129.jsonl", "sealed",
+     f"2-core CPU, 2026-11-29, `{SEALED} --only single --only between` on commit 27a2b89 (shared with one other job "
+     "for part of the run), then `--only trl` on the code of commit 4022659 (the fits for TRL's sampler settings, a "
+     "reward the replay cannot call and rewards one batch late, written after the runs above showed those misses)"),
     ("Fault injection, diagnosed with the replay: every seed-0 case and the controls",
      "fault-bench-replay-seed0-all-20261128.jsonl", "faults",
      f"2-core CPU, 2026-11-28, `{FAULTS} --only /0` then `--only control`, seed 0: all 43 fault types and the 24 "
