@@ -153,16 +153,15 @@ def check_captured_rewards(traces: dict) -> list[Finding]:
     """Consecutive captured steps whose later rewards are the earlier step's rows' — its recorded rewards, or the
     project's RookWorld reward of its completions against their labels (a reward the replay cannot call is compared
     through that candidate) — row for row, on other completions: a reward function one batch late."""
-    from rookworld_debug.diagnosis.replay.consecutive import same_rewards
+    from rookworld_debug.diagnosis.replay.consecutive import late_by_one, new_batch
     steps = sorted(traces)
     for a, b in zip(steps, steps[1:]):
         ta, tb = traces[a], traces[b]
-        if list(ta.rollout.completions) == list(tb.rollout.completions) or \
-                list(ta.rollout.prompts) == list(tb.rollout.prompts):
-            continue        # one rollout over several optimizer steps; the same prompts may earn the same rewards
+        if not new_batch(ta, tb):
+            continue                                    # no candidate computed for one rollout seen twice
         rb = tb.rewards.rewards
         for what, ra in _earlier_rewards(ta):
-            if same_rewards(ra, rb):
+            if late_by_one(ta, tb, ra):
                 return [Finding(
                     code="rewards_other_batch", severity="error",
                     cause=f"The rewards are one batch late: step {b}'s {rb.numel()} rewards are {what}, row for "

@@ -15,6 +15,7 @@ policy than the one the step trains:
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from rookworld_debug.diagnosis import evidence as E
 from rookworld_debug.diagnosis.context import current_step
@@ -32,21 +33,24 @@ REWEIGHTING = {
 }
 
 
-def _sampler(grpo_config: dict) -> tuple[dict, dict]:
-    """(the sampler's effective settings, the generation_kwargs that set them) as TRL assembles them."""
-    gk = grpo_config.get("generation_kwargs") or {}
+def _sampler(trace) -> Optional[tuple[dict, dict, dict]]:
+    """(the capture's GRPOConfig, the sampler's effective settings as TRL assembles them, the generation_kwargs that
+    set them) of a TRL capture; None for any other step."""
+    config = getattr(getattr(trace, "capture", None), "grpo_config", None)
+    if not isinstance(config, dict):
+        return None
+    gk = config.get("generation_kwargs") or {}
     gk = gk if isinstance(gk, dict) else {}
-    eff = {"do_sample": True, "temperature": grpo_config.get("temperature", 1.0),
-           "repetition_penalty": grpo_config.get("repetition_penalty", 1.0)}
+    eff = {"do_sample": True, "temperature": config.get("temperature", 1.0),
+           "repetition_penalty": config.get("repetition_penalty", 1.0)}
     eff.update(gk)
-    return eff, gk
+    return config, eff, gk
 
 
 def declared_greedy(trace) -> bool:
     """A TRL capture whose GRPOConfig turns sampling off (`check_trl_generation` names it from the config)."""
-    cap = getattr(trace, "capture", None)
-    return cap is not None and isinstance(getattr(cap, "grpo_config", None), dict) and \
-        _sampler(cap.grpo_config)[0].get("do_sample") is False
+    settings = _sampler(trace)
+    return settings is not None and settings[1].get("do_sample") is False
 
 
 def _where(key: str, gk: dict) -> str:
@@ -62,10 +66,10 @@ def _differs(value, neutral) -> bool:
 
 
 def check_trl_generation(trace) -> list[Finding]:
-    cap = trace.capture
-    if cap is None or not isinstance(getattr(cap, "grpo_config", None), dict):
+    settings = _sampler(trace)
+    if settings is None:
         return []
-    eff, gk = _sampler(cap.grpo_config)
+    config, eff, gk = settings
     step = E.step_of(trace, current_step())
     uniq = trace.rollout.unique_per_group
     g = max(int(trace.config.num_generations), 1)
@@ -86,7 +90,7 @@ def check_trl_generation(trace) -> list[Finding]:
             alternatives=("temperature_too_low: a very low temperature also makes a group's completions one",),
             score=9.8, step=step))
         return out
-    t_loss = float(cap.grpo_config.get("temperature", 1.0))
+    t_loss = float(config.get("temperature", 1.0))
     t_gen = eff.get("temperature")
     if "temperature" in gk and t_gen is not None and not math.isclose(float(t_gen), t_loss):
         out.append(Finding(

@@ -34,7 +34,7 @@ import time
 from typing import Optional
 
 from rookworld_debug.diagnosis.replay.data_phases import (accumulation, advantages_check, generation_checks,
-                                                         loss_check, rewards_check)
+                                                         loss_check, rewards_check, row_labels)
 from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_declaration, quantity_key,
                                                           with_inferred_pass)
 from rookworld_debug.diagnosis.replay.findings import replay_findings
@@ -85,9 +85,8 @@ def _first(checks) -> Optional[PhaseCheck]:
 
 def _checks(trace, w: Weights) -> list[PhaseCheck]:
     from rookworld_debug.diagnosis.replay.compare import skipped
-    g = trace.rollout.num_generations
-    labels = [x for x in trace.setup.batch.completions for _ in range(g)] if trace.setup.batch.completions else []
-    checks = [*generation_checks(trace, w.eos, w.tokenizer), rewards_check(trace, labels), advantages_check(trace)]
+    checks = [*generation_checks(trace, w.eos, w.tokenizer), rewards_check(trace, row_labels(trace)),
+              advantages_check(trace)]
     if w.policy is not None:
         checks += _scoring(trace, w)
     else:

@@ -453,23 +453,27 @@ def rewards_check(tk, tk1) -> PhaseCheck:
                                             "sentence": why} if constant else None)
 
 
-def same_rewards(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Two steps' (N,) rewards equal row for row (to 1e-5 × max(1, |r|)) with at least 3 distinct values: exact
-    equality of that many values is no chance."""
-    a, b = a.double(), b.double()
-    return a.shape == b.shape and bool(torch.isfinite(a).all()) and a.unique().numel() >= 3 and \
-        bool(((a - b).abs() <= VALUE_TOL * a.abs().clamp(min=1.0)).all())
+def new_batch(tk, tk1) -> bool:
+    """Step k+1 scored other prompts and other completions than step k. The same completions (a later pass over one
+    rollout) or the same prompts (an overfit batch, whose rows may earn the same rewards again) are not."""
+    return list(tk.rollout.completions) != list(tk1.rollout.completions) and \
+        list(tk.rollout.prompts) != list(tk1.rollout.prompts)
+
+
+def late_by_one(tk, tk1, earlier: torch.Tensor) -> bool:
+    """On a `new_batch`, step k+1's recorded rewards are `earlier` (rewards of step k's rows: its recorded ones, or
+    a candidate's) row for row (to 1e-5 × max(1, |r|)), with at least 3 distinct values (exact equality of that many
+    is no chance): the reward function is one batch late."""
+    a, b = earlier.double(), tk1.rewards.rewards.double()                        # (N,) each
+    return new_batch(tk, tk1) and a.shape == b.shape and bool(torch.isfinite(a).all()) and \
+        a.unique().numel() >= 3 and bool(((a - b).abs() <= VALUE_TOL * a.abs().clamp(min=1.0)).all())
 
 
 def _previous_batch(tk, tk1) -> Optional[PhaseCheck]:
-    """Step k+1's recorded rewards equal step k's row for row, on other completions: the reward function handed back
-    the previous call's values (one batch late). The same completions (a later pass over one rollout) or the same
-    prompts (an overfit batch, whose rows may earn the same rewards again) are no evidence. None where it does not
-    hold."""
+    """Step k+1's recorded rewards are step k's (`late_by_one`), or None."""
     a, b = tk.rewards.rewards.double(), tk1.rewards.rewards.double()          # (N,) each
-    if list(tk.rollout.completions) == list(tk1.rollout.completions) or \
-            list(tk.rollout.prompts) == list(tk1.rollout.prompts) or not same_rewards(a, b):
-        return None                 # one rollout again; the same prompts may earn the same rewards by right
+    if not late_by_one(tk, tk1, a):
+        return None
     n = a.numel()
     why = (f"step k+1's {n} rewards are step k's, value for value and row for row ({int(a.unique().numel())} "
            "distinct values), on other completions: the reward function returns the previous batch's rewards "
@@ -495,8 +499,9 @@ def _rdiff(xs: list, ys: list) -> float:
 
 def _scored(trace) -> dict:
     """{(prompt, completion, label): [reward per row]} of one step."""
-    r, g = trace.rollout, trace.rollout.num_generations
-    labels = [x for x in (trace.setup.batch.completions or ()) for _ in range(g)] or [None] * len(r.completions)
+    from .data_phases import row_labels
+    r = trace.rollout
+    labels = row_labels(trace) or [None] * len(r.completions)
     rewards = trace.rewards.rewards.double().tolist()
     out: dict = {}
     for p, c, lab, x in zip(r.prompts, r.completions, labels, rewards):

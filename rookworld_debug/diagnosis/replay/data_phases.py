@@ -4,6 +4,7 @@ Shape legend: N rows (B groups of G), T completion tokens, P prompt tokens.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -158,32 +159,31 @@ def _own_reward(trace, labels, skip: PhaseCheck) -> PhaseCheck:
     reproduces them on other rows only (shifted, reversed, another group's label, cached by prompt) with at least
     3 distinct values (a permutation of fewer is no evidence), that is the finding; otherwise `skip`, no claim (a
     reward of another scale or formula is the loop's own business)."""
-    r = trace.rollout
-    if not labels or not all(labels):
+    g = trace.rollout.num_generations
+    score = functools.partial(rookworld_candidate, trace)
+    ref = score(labels)
+    if ref is None or not bool(torch.isfinite(ref).all()) or ref.unique().numel() < 3:
         return skip
     q = ("rewards (N,): the loop's own reward functions, against the project's RookWorld reward of each row's "
          "completion against its label (the candidate)")
-
-    def score(lab):
-        return rookworld_candidate(trace, lab)
-    ref = score(labels)
-    if not bool(torch.isfinite(ref).all()) or ref.unique().numel() < 3:
-        return skip
-    variants = {k: v for k, v in {**reward_variants(ref, r.num_generations),
-                                  **_label_variants(score, labels, r.num_generations)}.items()
+    variants = {k: v for k, v in {**reward_variants(ref, g), **_label_variants(score, labels, g)}.items()
                 if k.split("/")[0] in ROW_FITS}
     check = compare("rewards", q, trace.rewards.rewards.double(), ref, VALUE_TOL, variants=variants)
     return check if check.status == AGREE or check.cause else skip
 
 
+def row_labels(trace) -> list:
+    """Each row's dataset label: its prompt's, repeated for the G rows of its group; [] where none were recorded."""
+    batch = trace.setup.batch.completions if trace.setup is not None else None
+    return [x for x in batch for _ in range(trace.rollout.num_generations)] if batch else []
+
+
 def rookworld_candidate(trace, labels=None) -> Optional[torch.Tensor]:
     """(N,) the project's RookWorld reward of each row's completion against its label (`labels` per row; default
-    the step's recorded labels, each repeated for its G rows), NaN where unscorable; None without labels."""
+    `row_labels`), NaN where unscorable; None where a row has no label."""
     r = trace.rollout
-    if labels is None:
-        batch = trace.setup.batch.completions if trace.setup is not None else None
-        labels = [x for x in batch for _ in range(r.num_generations)] if batch and all(batch) else None
-    if not labels:
+    labels = row_labels(trace) if labels is None else labels
+    if not labels or not all(labels):
         return None
     scored = builtin_breakdowns(list(r.prompts), list(r.completions), list(labels), reward_mode="dataset")
     return torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)  # (N,)
