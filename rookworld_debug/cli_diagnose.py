@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def main(argv=None) -> int:
@@ -26,6 +27,9 @@ def main(argv=None) -> int:
                     help="skip the replay (recomputing each phase from the previous phase's recorded output with "
                          "the trusted implementation, weights included when the step kept them)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if not os.path.exists(a.path):           # named before torch and transformers load (several seconds)
+        from rookworld_debug.grpo.trace.folder import leftover_hint
+        return _fail(f"bad input: DataError: {Path(a.path)} does not exist{leftover_hint(Path(a.path))}")
     from rookworld_debug.diagnosis.text import format_findings
     from rookworld_debug.errors import RookWorldError
     try:
