@@ -101,6 +101,42 @@ def test_a_loss_total_that_is_a_ratio_of_counts_is_a_named_scale(tokenizer):
     assert got.cause == "" and got.fit["resolved"][0]["equals"] is None
 
 
+def test_a_count_ratio_of_one_total_is_no_scale_when_negative_or_refuted_by_the_gradient(tokenizer):
+    """One number always fits a scale, so a match to the step's counts is a claim only when nothing refutes it: a
+    negative ratio is no ratio of counts; a gradient that is not k × the declared one refutes a loss scaled by k;
+    a gradient scaled alike (a scale fit, or every term's coefficient k × declared) confirms it."""
+    from rookworld_debug.diagnosis.replay.compare import scalar
+    from rookworld_debug.diagnosis.replay.records import DISAGREE, PhaseCheck
+    trace = _recorder(tokenizer).build()
+    q = _q(trace)
+    ours, k = 0.8731, q["tokens_in_loss"] / q["NT"]
+    (neg,) = resolve_checks(trace, [scalar("loss", "loss", -k * ours, ours, 1e-5)])
+    assert neg.cause == "" and neg.fit["resolved"] == []
+
+    def grad(fit):
+        return PhaseCheck("gradient", "gradient", DISAGREE, 0.5, 1e-3, cause="replay_gradient", fit=fit)
+    loss = scalar("loss", "loss", k * ours, ours, 1e-5)
+    other = {"kind": "terms", "residual": 0.9, "params": {"policy term": {"fitted": 0.02, "declared": 1.0}}}
+    got, _ = resolve_checks(trace, [loss, grad(other)])
+    assert got.cause == "" and got.fit["refuted_by"] == "gradient" and "by coincidence" in got.explanation
+    alike = {"kind": "terms", "residual": 1e-6, "params": {"policy term": {"fitted": k, "declared": 1.0},
+                                                            "KL term (per unit β)": {"fitted": 0.04 * k, "declared": 0.04}}}
+    for fit in ({"kind": "scaled", "params": {"scale": k}}, alike):
+        got, _ = resolve_checks(trace, [loss, grad(fit)])
+        assert got.cause == "loss_scaled", fit
+
+
+def test_a_total_a_few_tolerances_off_is_named_only_by_a_variant_far_closer_and_alone():
+    from rookworld_debug.diagnosis.replay.compare import scalar
+    ours, rec = 7.852e-05, 1.04615e-04                  # 2.6 tolerances apart
+    c = scalar("loss", "loss", rec, ours, 1e-5, variants={"a": (1.04614e-04, "A"), "b": (9.0e-05, "B")})
+    assert c.cause == "a" and c.explanation == "A"
+    c = scalar("loss", "loss", rec, ours, 1e-5, variants={"a": (1.04614e-04, "A"), "b": (1.046145e-04, "B")})
+    assert c.cause == ""                                  # two causes as close: neither is named
+    c = scalar("loss", "loss", rec, ours, 1e-5, variants={"a": (1.0e-04, "A")})
+    assert c.cause == ""                                  # within tolerance, but not 100 × closer than ours
+
+
 def test_a_fitted_gradient_scale_is_resolved_and_carried_in_the_json(tokenizer):
     from rookworld_debug.diagnosis.replay.records import DISAGREE, PhaseCheck
     trace = _recorder(tokenizer, gradient_accumulation_steps=2).build()
@@ -319,3 +355,36 @@ def test_a_scheduler_whose_count_goes_back_or_runs_ahead_is_named(tokenizer):
     c = scheduler_carried(k, at(4), 1, 2, micro_batches=2)
     assert c.cause == "scheduler_stepped_extra" and "once per micro-batch (2 micro-batches)" in c.explanation
     assert scheduler_carried(k, at(3), 1, 2).status == "agree"
+
+
+def test_a_scheduler_created_anew_between_the_steps_is_named_by_its_identity(tokenizer):
+    """A LambdaLR re-created before each rollout records the same count at both steps, as a schedule stepped per
+    epoch would: the recorder's instance number tells the two apart; a scheduler re-created with its state loaded
+    (a resume) carries its count and passes."""
+    import dataclasses as dc
+    from rookworld_debug.diagnosis.replay.schedule import scheduler_carried
+    from rookworld_debug.record.recorder import _scheduler_state
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+
+    def recorded(sched):
+        rec = _recorder(tokenizer)
+        rec.pieces["scheduler"] = _scheduler_state(sched, opt)
+        return rec.build()
+    first = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / 10)
+    k = recorded(first)
+    assert recorded(first).recorded.scheduler["instance"] == k.recorded.scheduler["instance"]
+    p.grad = torch.ones(3)
+    opt.step()
+    first.step()
+    anew = recorded(torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / 10))     # count 0 again
+    c = scheduler_carried(k, anew, 1, 0)
+    assert c.status == "disagree" and c.cause == "scheduler_reset", c
+    assert "another object" in c.explanation and "last_epoch 0 → 0 over 1" in c.explanation
+    assert scheduler_carried(k, recorded(first), 1, 0).status == "agree"          # the same scheduler, stepped
+    resumed = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / 10)
+    resumed.load_state_dict(first.state_dict())
+    assert scheduler_carried(k, recorded(resumed), 1, 0).status == "agree"        # another object, count carried
+    old = dc.replace(anew, recorded=dc.replace(anew.recorded, scheduler={
+        key: v for key, v in anew.recorded.scheduler.items() if key != "instance"}))
+    assert scheduler_carried(k, old, 1, 0).status == "agree"         # a record without the number: per-epoch reading

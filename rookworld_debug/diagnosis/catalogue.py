@@ -55,6 +55,7 @@ TITLES = {
     "declaration_incomplete": "num_iterations declared without which pass was recorded",
     "loss_scaled": "the loss is a scaled copy of the declared objective's",
     "loss_wiring": "the loss reads one recorded input where another belongs",
+    "kl_direction_reversed": "the KL estimator's log-ratio has the other sign",
     "lr_not_from_scheduler": "the learning rate is not the one its scheduler set",
     "scheduler_reset": "the learning-rate scheduler restarted between steps",
     "scheduler_stepped_extra": "the scheduler steps more often than the optimizer",

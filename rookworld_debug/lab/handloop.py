@@ -111,10 +111,21 @@ SEALED_FAULTS = {
     "reward_first_per_prompt": ("rewards", "reward_cached"),        # a cache keyed by prompt: each group's first reward
     "kl_detached": ("loss", "loss_terms"),                          # the KL's ℓ detached: no gradient through it
 }
+# written after the sealed set's fits, from bugs of the same trackers, to probe what its fits generalise to (not
+# held out: the diagnosis was written before them, but by the same hands)
+PROBE_FAULTS = {
+    "kl_k3_reversed": ("loss", "loss_terms"),            # k3 of d = ℓ − ℓ_ref: the estimator of the other direction
+    "grpo_sum_not_mean": ("loss", "declaration_mismatch"),   # each row's loss summed over its tokens, not averaged
+    "accum_divided_twice": ("gradient", "gradient_scaled"),  # the micro-batch loss ÷ k in the loss and ÷ k again
+    "reward_text_with_prompt": ("rewards", "rewards_other_labels"),   # the reward scores prompt + completion
+    "clip_max_not_min": ("loss", "loss_terms"),          # −max(r·A, clip(r)·A): the optimistic bound (later pass)
+}
 # the setting each needs to change the step at all
 SEALED_SETTINGS = {"logsoftmax_bf16": {"autocast": "bfloat16"}, "adv_per_micro_batch": {"micro_batches": 4},
-                   "old_logps_from_ref": {"num_iterations": 2}, "clip_per_micro_batch": {"max_grad_norm": 1e-3}}
-ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS}
+                   "old_logps_from_ref": {"num_iterations": 2}, "clip_per_micro_batch": {"max_grad_norm": 1e-3},
+                   "clip_max_not_min": {"num_iterations": 2, "lr": 1e-3}}
+ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS,
+              **PROBE_FAULTS}
 
 
 @dataclass(frozen=True)
@@ -247,8 +258,10 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
         if fault == "ratio_against_ref" else torch.exp(logps - old)
     a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
     r_pg = ratio.detach() if fault == "pg_no_gradient" else ratio
-    pg = -torch.min(r_pg * a, r_pg.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
+    bound = torch.max if fault == "clip_max_not_min" else torch.min
+    pg = -bound(r_pg * a, r_pg.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
     d = (old if fault == "kl_against_old" else ref) - (logps.detach() if fault == "kl_detached" else logps)
+    d = -d if fault == "kl_k3_reversed" else d
     kl = -d if fault == "kl_k1_estimator" else torch.exp(d) - d - 1
     kl = kl * (ratio if c.bias_correction else 1.0)
     beta = -c.beta if fault == "loss_kl_sign" else c.beta ** 2 if fault == "kl_beta_squared" else c.beta
@@ -259,6 +272,8 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
     agg = WRONG_AGGREGATION[c.loss_type] if fault == "loss_wrong_aggregation" else c.loss_type
     if fault == "grpo_length_is_t" and AGGREGATIONS[agg] is _sequence_mean:   # each row's mean over T, not its length
         return (per_token * m).sum(1).div(m.shape[1]).sum() / n_total
+    if fault == "grpo_sum_not_mean" and AGGREGATIONS[agg] is _sequence_mean:  # each row's sum, not its mean
+        return (per_token * m).sum(1).sum() / n_total
     return AGGREGATIONS[agg](per_token * m, m, n_total, tokens_total, c)
 
 
@@ -341,7 +356,8 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         if fault == "completion_texts_rolled":
             texts = texts[1:] + texts[:1]
         use_labels = rows_l[g:] + rows_l[:g] if fault == "reward_wrong_labels" else rows_l
-        cols = [f(prompts=rows_p, completions=texts, label=use_labels) for f in rookworld_reward_funcs("dataset")]
+        scored = [p + t for p, t in zip(rows_p, texts)] if fault == "reward_text_with_prompt" else texts
+        cols = [f(prompts=rows_p, completions=scored, label=use_labels) for f in rookworld_reward_funcs("dataset")]
         r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
         r = torch.roll(r, 1) if fault == "reward_shift" else -r if fault == "reward_negated" else r
         r = r * 0.5 if fault == "reward_scaled_half" else r.clamp(max=0.3) if fault == "reward_clamped" else r
@@ -406,7 +422,9 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         adv = ro["r"] if fault == "loss_uses_rewards" else ro["adv"]
         loss = loss_of(lp, old, ro["ref_logps"][rows], adv[rows], mask[rows], c, n, tokens, fault)
         loss = loss / c.num_generations if fault == "loss_divided_by_g" else loss
-        (loss * (c.micro_batches if fault == "accum_no_divide" else 1)).backward()
+        scale = c.micro_batches if fault == "accum_no_divide" else 1 / c.micro_batches \
+            if fault == "accum_divided_twice" else 1
+        (loss * scale).backward()
         if fault == "clip_per_micro_batch":
             torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
         total += float(loss.detach())

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import secrets
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -488,7 +490,22 @@ def _scheduler_state(scheduler, optimizer) -> dict:
     if not rates or not all(math.isfinite(x) for x in (*rates, group)):
         raise DataError(f"model_before: the scheduler's learning rates {rates} or the optimizer's {group} are not "
                         "finite numbers")
-    return {"last_epoch": float(epoch), "last_lr": rates[0], "group_lr": group}
+    instance = _instance(scheduler)
+    return {"last_epoch": float(epoch), "last_lr": rates[0], "group_lr": group,
+            **({"instance": instance} if instance is not None else {})}
+
+
+_INSTANCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _instance(obj) -> Optional[float]:
+    """A number naming this Python object for the life of the process (52 random bits, exact as a float): two
+    records of one scheduler carry the same number, a scheduler created anew between them another. Kept beside the
+    object, never on it, so the loop's own checkpoints stay as they were."""
+    try:
+        return _INSTANCES.setdefault(obj, float(secrets.randbits(52)))
+    except TypeError:                          # an object that takes no weak reference: no identity to record
+        return None
 
 
 def _keeper() -> bool:

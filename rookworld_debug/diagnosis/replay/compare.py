@@ -18,6 +18,7 @@ MEAN_TOL = {"float32": None, "float64": None, "bfloat16": 0.02, "float16": 0.01}
 SAMPLER_TOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 0.25, "float16": 0.1}
 REL_TOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 5e-2, "float16": 2e-2}   # gradient / update, relative
 DISTINCT = 10.0              # a variant names a cause only when it is this many tolerances from the trusted value
+EXPLAINS = 100.0             # or, a total within a few tolerances, when it reproduces it this many times closer
 VALUE_TOL = 1e-5              # rewards, advantages, loss totals (float32 arithmetic of the same inputs)
 
 
@@ -142,6 +143,28 @@ def match_variant(rec: torch.Tensor, variants: Mapping[str, tuple], tol: float,
     return "", ""
 
 
+def _total_variant(recorded: float, recomputed: float, gap: float, bound: float, tol: float,
+                   variants: Mapping[str, tuple]) -> tuple[str, str]:
+    """(code, sentence) of the variant that reproduces a total: the first within tolerance and DISTINCT
+    tolerances from the trusted value; else, for a disagreement within a few tolerances, the one variant that
+    reproduces it EXPLAINS × closer than the trusted value does (and no other comes within DISTINCT × of it)."""
+    near = []
+    for c, (v, s) in variants.items():
+        v = v() if callable(v) else v
+        if v is None or not math.isfinite(float(v)):
+            continue
+        miss = abs(recorded - float(v))
+        if miss > tol * max(1.0, abs(float(v))):
+            continue
+        if abs(float(v) - recomputed) > DISTINCT * bound:
+            return c.split("/")[0], s
+        if miss * EXPLAINS <= gap:
+            near.append((miss, c.split("/")[0], s))
+    near.sort(key=lambda x: x[0])
+    rivals = {code for miss, code, _ in near if miss <= DISTINCT * max(near[0][0], 1e-300)} if near else set()
+    return (near[0][1], near[0][2]) if len(rivals) == 1 else ("", "")   # two causes as close: neither is named
+
+
 def scalar(phase: str, quantity: str, recorded: float, recomputed: float, tol: float,
            variants: Optional[Mapping[str, tuple]] = None) -> PhaseCheck:
     """A total: |recorded − recomputed| ≤ tol · max(1, |recomputed|)."""
@@ -151,14 +174,7 @@ def scalar(phase: str, quantity: str, recorded: float, recomputed: float, tol: f
         d = math.inf
     if d <= bound:
         return PhaseCheck(phase, quantity, AGREE, d, bound)
-    code, sentence = "", ""
-    for c, (v, s) in (variants or {}).items():
-        v = v() if callable(v) else v
-        if v is None or abs(float(v) - recomputed) <= DISTINCT * bound:
-            continue
-        if abs(recorded - float(v)) <= tol * max(1.0, abs(float(v))):
-            code, sentence = c.split("/")[0], s
-            break
+    code, sentence = _total_variant(recorded, recomputed, d, bound, tol, variants or {})
     return PhaseCheck(phase, quantity, DISAGREE, d, bound, "the step's total", fmt(recorded), fmt(recomputed),
                       code, sentence, samples=total_samples(recorded, recomputed, bound))
 

@@ -420,7 +420,13 @@ def loss_check(trace) -> PhaseCheck:
                 # the loss is linear in β: L(−β) = 2·L(0) − L(β)
                 "kl_sign_flipped": ((lambda: 2 * no_kl() - value) if ob.beta else None,
                                     "the KL term enters with −β: it pushes the policy away from the reference"),
-                "kl_not_applied": (no_kl if ob.beta else None, "the loss leaves out the β·KL term")}
+                "kl_not_applied": (no_kl if ob.beta else None, "the loss leaves out the β·KL term"),
+                # k3 of d = ℓ − ℓ_ref is k3 of the declared d = ℓ_ref − ℓ with the reference 2ℓ − ℓ_ref
+                "kl_direction_reversed": (v(reference=2 * lp - ref) if ob.beta and ref is not None and
+                                          ob.kl_estimator == "k3" else None,
+                                          "the KL term is k3 of d = ℓ − ℓ_ref, not of d = ℓ_ref − ℓ: exp(ℓ − ℓ_ref) − "
+                                          "(ℓ − ℓ_ref) − 1, the estimator of the other direction (the log-ratio's "
+                                          "sign swapped inside k3)")}
     for lt in sorted({lt for fam in families() for lt in fam.rules} - {ob.loss_type}):
         variants[f"loss_aggregation/{lt}"] = (v(objective=ob.replace(loss_type=lt)),
                                               f"the loss equals loss_type={lt!r}'s aggregation, not the declared "

@@ -226,9 +226,43 @@ def _mechanism(how: str, parts: tuple, role: str) -> str:
 def resolve_checks(trace, checks) -> list:
     """Each disagreeing check's fitted parameters resolved (the fit's `resolved` list, the sentence appended to
     its explanation); a total with no fit gets its recorded ÷ recomputed ratio resolved, and a named scale when it
-    matches."""
+    matches and the gradient does not refute it."""
     qs = step_quantities(trace)
-    return [_resolved(c, qs) if c.status == DISAGREE else c for c in checks]
+    out = [_resolved(c, qs) if c.status == DISAGREE else c for c in checks]
+    return [_refuted(c, out) for c in out]
+
+
+def _gradient_scale(fit: dict) -> Optional[float]:
+    """The one factor a gradient fit found between the recorded gradient and the declared one: a scale fit's, or
+    the terms' regression's where every declared term carries the same ratio (None: not a scale)."""
+    params = fit.get("params") or {}
+    if fit.get("kind") == "scaled" and isinstance(params.get("scale"), (int, float)):
+        return float(params["scale"])
+    if fit.get("kind") != "terms":
+        return None
+    ratios = [fd["fitted"] / fd["declared"] for fd in params.values()
+              if isinstance(fd, dict) and isinstance(fd.get("declared"), (int, float)) and fd["declared"]]
+    return ratios[0] if ratios and all(abs(r - ratios[0]) <= 2e-2 * abs(ratios[0]) for r in ratios) else None
+
+
+def _refuted(c: PhaseCheck, checks: list) -> PhaseCheck:
+    """A loss total named a scale k of the declared loss, unless the loop's gradient disagrees with the declared one
+    other than by that same k: a loss scaled by k backpropagates k × the declared gradient, so a gradient that is not
+    is evidence against the scale (the value's match to the step's counts was a coincidence of one number)."""
+    if c.cause != "loss_scaled" or (c.fit or {}).get("kind") != "scaled":
+        return c
+    k = float(c.fit["params"]["scale"])
+    grad = next((g for g in checks if g.phase == "gradient" and g.status == DISAGREE), None)
+    if grad is None:
+        return c
+    g = _gradient_scale(grad.fit or {})
+    if g is not None and abs(g - k) <= 2e-2 * abs(k):           # the terms' regression's 2 %
+        return c
+    why = (f"the recorded loss is {k:.4g} × the recomputed one, but the recorded gradient is not {k:.4g} × the "
+           "declared loss's gradient (the gradient check below), so no scale of the declared loss explains the step; "
+           "the ratio matched the step's counts by coincidence of one number")
+    return dataclasses.replace(c, cause="", explanation=why,
+                               fit={**c.fit, "kind": "ratio", "sentence": "", "refuted_by": "gradient"})
 
 
 def _resolved(c: PhaseCheck, qs: tuple) -> PhaseCheck:
@@ -288,9 +322,9 @@ def _total(c: PhaseCheck, qs: tuple) -> PhaseCheck:
     k = rec / ours
     tol = max(SCALAR_REL_TOL, c.tolerance / abs(ours)) if math.isfinite(c.tolerance) else SCALAR_REL_TOL
     res = resolve(abs(k), qs, tol, "scale")
-    if res.expression is None:
+    if res.expression is None or k < 0:       # the step's counts are positive: a negative ratio is not their scale
         return dataclasses.replace(c, fit={"kind": "ratio", "params": {"scale": k}, "residual": 0.0,
-                                           "sentence": "", "resolved": [res.to_dict()]})
+                                           "sentence": "", "resolved": [res.to_dict()] if k > 0 else []})
     sign = "" if k > 0 else "−"
     why = f"the recorded {c.phase} is {sign}{abs(k):.4g} × the recomputed one; {res.sentence()}"
     return dataclasses.replace(c, cause=f"{c.phase}_scaled", explanation=why,

@@ -49,6 +49,12 @@ def schedule_check(trace) -> Optional[PhaseCheck]:
                       fit={"kind": "scaled", "params": {"lr_factor": ratio}, "residual": 0.0, "sentence": why})
 
 
+def _another_object(a: dict, b: dict) -> bool:
+    """Whether two records of a scheduler name two objects (the recorder's per-process instance numbers; a loop
+    resumed in a new process records another number, and its loaded count carries over)."""
+    return "instance" in a and "instance" in b and a["instance"] != b["instance"]
+
+
 def scheduler_carried(trace_k, trace_k1, gap: int, optimizer_steps_k: Optional[int],
                       micro_batches: int = 1) -> PhaseCheck:
     """The scheduler's count from step k to k+1 against the optimizer steps between them (`gap`)."""
@@ -78,6 +84,12 @@ def scheduler_carried(trace_k, trace_k1, gap: int, optimizer_steps_k: Optional[i
         return off("scheduler_not_stepped", f"up to step k the scheduler stepped once per optimizer step (last_epoch "
                                             f"= {e0} = the optimizer's step count), then not once over the {gap} "
                                             "step(s) to k+1: the rate stopped following its schedule")
+    if moved < gap and _another_object(a, b):
+        return off("scheduler_reset", f"the scheduler recorded at k+1 is another object than the one recorded at k, "
+                                      f"and its count did not carry over ({where}, not {e0} + {gap}): it was "
+                                      "re-created between the steps without its state, so its warm-up or decay "
+                                      f"starts over at every re-creation (the rate {float(b['last_lr']):.4g} at k+1 "
+                                      f"against {float(a['last_lr']):.4g} at k)")
     return PhaseCheck("scheduler", q, AGREE, float(abs(moved - gap)) if moved else 0.0, 0.0, where,
                       measure="the scheduler's step count, exact",
                       explanation="" if moved == gap else "the scheduler did not step between these steps (a "

@@ -47,4 +47,5 @@ class RecordedStep:
                                             # torch.distributed loop held, whole groups; (): one process
     explicit: tuple = ()                    # the StepRecorder keywords the loop passed itself (the rest: defaults)
     scheduler: dict = field(default_factory=dict)   # last_epoch, last_lr, group_lr of the loop's learning-rate
-                                                    # scheduler before the update ({}: not recorded)
+                                                    # scheduler before the update, and its instance number
+                                                    # (one per Python object and process) ({}: not recorded)
