@@ -63,6 +63,30 @@ def test_bnpo_over_four_micro_batches_with_truncated_rows_masked_replays_clean(t
     assert not [f for f in found if f.code == "loss_path_mismatch"]
 
 
+def test_an_optimizer_whose_groups_differ_replays_clean_with_each_groups_settings(tmp_path):
+    """AdamW's two usual groups (weight decay on matrices, none on biases and LayerNorm weights, as HF's Trainer and
+    nanoGPT build them): the record keeps the second group's settings and the replay steps each group with its own.
+    Replayed with the first group's settings for every parameter, the same step disagrees in its update."""
+    from rookworld_debug.diagnosis import diagnose_path
+    from rookworld_debug.errors import TraceError
+    from rookworld_debug.grpo.trace.state import read_state
+    _, folder = _loop(tmp_path, weight_decay=0.1, lr=1e-3, max_new_tokens=48)
+    meta = json.loads((folder / "state" / "state.json").read_text())
+    (group,) = meta["optimizer_groups"]
+    assert group["settings"]["weight_decay"] == 0.0 and meta["optimizer_settings"]["weight_decay"] == 0.1
+    assert group["params"] and all(n.endswith(("bias", "ln_1.weight", "ln_2.weight", "ln_f.weight"))
+                                   for n in group["params"])
+    short = "all_truncated"                     # 48 tokens end no completion: a finding of the budget, kept short
+    assert not [e for e in _errors(diagnose_path(folder)) if e[0] != short]
+    (folder / "state" / "state.json").write_text(json.dumps({**meta, "optimizer_groups": []}))
+    found = [f for f in diagnose_path(folder) if f.code != short]
+    assert _errors(found) and found[0].code.startswith(("replay_update", "update_")), _errors(found)
+    bad = {**meta, "optimizer_groups": [{**group, "params": ["os.system"]}]}
+    (folder / "state" / "state.json").write_text(json.dumps(bad))
+    with pytest.raises(TraceError, match="optimizer_groups"):
+        read_state(folder)
+
+
 def _declared_as(rec, **changed):
     """A recorder holding `rec`'s recorded pieces under its declaration with `changed` keywords (None: not passed,
     left at its default)."""

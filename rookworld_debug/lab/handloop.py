@@ -153,6 +153,8 @@ class LoopConfig:
     scheduler: bool = False          # a linear learning-rate decay per optimizer step (LambdaLR)
     declare: tuple = ()              # (keyword, value) pairs the recorder is told that the loop does not compute
     declare_iteration: bool = True   # False: the recorder is not told which pass it records (under-declared)
+    weight_decay: float = 0.0        # > 0: AdamW's two usual groups, this decay on matrices and none on biases and
+                                     # LayerNorm weights (as HF's Trainer builds them)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -312,7 +314,11 @@ def _setup(c: LoopConfig) -> _Loop:
                                                  trust_remote_code=False).eval()
     ref = copy.deepcopy(model).requires_grad_(False)
     sampler = copy.deepcopy(model).requires_grad_(False) if c.separate_sampler else None
-    opt = torch.optim.AdamW(model.parameters(), lr=c.lr)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    groups = [{"params": decay, "weight_decay": c.weight_decay},
+              {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}] if c.weight_decay else \
+        model.parameters()
+    opt = torch.optim.AdamW(groups, lr=c.lr)
     sched = schedule(opt, c) if c.scheduler else None
     return _Loop(tok, model, ref, sampler, opt, sched, torch.Generator().manual_seed(c.seed))
 

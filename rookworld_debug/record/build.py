@@ -86,7 +86,7 @@ def _check_shape(name: str, x, shape: tuple) -> None:
 
 
 def _config(rec, n: int, t: int) -> StepConfig:
-    kind, settings, _, _ = rec.pieces.get("optimizer_state", ("", {}, None, ()))
+    kind, settings, *_ = rec.pieces.get("optimizer_state", ("", {}, None, (), ()))
     opt = {}
     if "lr" in settings:
         opt["lr"] = float(settings["lr"])

@@ -423,13 +423,14 @@ class StepRecorder:
         p = self.pieces
         if "weights_before" not in p:
             return None
-        kind, settings, opt_state, trainable = p.get("optimizer_state", ("", {}, None, ()))
+        kind, settings, opt_state, trainable, groups = p.get("optimizer_state", ("", {}, None, (), ()))
         cfg = p["model_config"]
         return S.RecordedState(model_type=str(cfg.get("model_type", "")), model_config=cfg,
                                before=p["weights_before"], after=p.get("weights_after"), gradient=p.get("gradient"),
                                reference=p.get("reference_weights"), optimizer_state=opt_state,
                                optimizer=kind if kind in S.OPTIMIZERS else "", optimizer_settings=dict(settings), trainable=trainable or tuple(p["weights_before"]),
-                               tokenizer_dir=None, sampler=p.get("sampler_weights"), tokenizer=self.tokenizer)
+                               tokenizer_dir=None, sampler=p.get("sampler_weights"), tokenizer=self.tokenizer,
+                               optimizer_groups=groups)
 
     def check(self) -> "DeclarationCheck":
         """Replay this step against its declaration now: on a first healthy step, which keywords the loop computes
@@ -446,7 +447,7 @@ class StepRecorder:
 
     def recorded_record(self, config, loss_value: float) -> RecordedStep:
         p = self.pieces
-        kind, settings, _, _ = p.get("optimizer_state", ("", {}, None, ()))
+        kind, settings, *_ = p.get("optimizer_state", ("", {}, None, (), ()))
         have = self.recorded_pieces()
         return RecordedStep(
             format=RECORD_FORMAT, trainer=self.trainer, step=self.step, recorded=have,

@@ -120,9 +120,13 @@ def start_state(trace, folder, *, device: str = "cpu"):
     if s.optimizer_state:
         load_recorded_state(session.optimizer, [n for n, _ in session.policy.named_parameters()], s.optimizer_state)
     weights, moments = snapshot(session)
-    return SavedState("recorded step", str(folder), config, 0, session, weights, moments, trace=None,
-                      notes=(f"the recorded step's θ_before, reference and optimizer moments on its {len(batch.prompts)}"
-                             " prompts; each step of a branch samples anew with this package's step",))
+    grouped = sum(len(names) for names, _ in s.optimizer_groups)
+    notes = (f"the recorded step's θ_before, reference and optimizer moments on its {len(batch.prompts)} prompts; "
+             "each step of a branch samples anew with this package's step",)
+    if grouped:             # this package's step holds one parameter group
+        notes += (f"the recorded optimizer gave {grouped} parameters settings of their own (another parameter "
+                  "group); both arms step them with the first group's settings",)
+    return SavedState("recorded step", str(folder), config, 0, session, weights, moments, trace=None, notes=notes)
 
 
 def continuation(trace, folder, replay, *, steps: int, seeds: int, on_step: Optional[Callable] = None

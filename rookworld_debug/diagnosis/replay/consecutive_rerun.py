@@ -46,7 +46,8 @@ def moments_after(sk, max_grad_norm, names, bound: float) -> tuple[Optional[dict
         p.grad = s.gradient[n].detach().clone().to(p.dtype)
     if max_grad_norm:
         torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
-    opt = recorded_optimizer(s.optimizer, params, names, s.optimizer_settings, s.optimizer_state)
+    opt = recorded_optimizer(s.optimizer, params, names, s.optimizer_settings, s.optimizer_state,
+                             s.optimizer_groups)
     opt.step()
     if s.after is not None:
         d = math.sqrt(sum(float((p.detach().double() - s.after[n].double()).pow(2).sum())

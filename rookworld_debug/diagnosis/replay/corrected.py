@@ -201,7 +201,8 @@ def _compare(trace, phase: str, basis: str, w) -> CorrectedStep:
     g_rec = {n: s.gradient[n] for n in names}
     g_cor = g_rec if phase == "update" else _gradient(fixed, jac, names)
     mgn = trace.recorded.max_grad_norm if trace.recorded is not None else trace.config.max_grad_norm
-    after = rerun_update(s.before, g_cor, names, s.optimizer, s.optimizer_settings, s.optimizer_state, mgn)
+    after = rerun_update(s.before, g_cor, names, s.optimizer, s.optimizer_settings, s.optimizer_state, mgn,
+                         groups=s.optimizer_groups)
     d_rec = {n: s.after[n].double() - s.before[n].double() for n in names}
     d_cor = {n: after[n].double() - s.before[n].double() for n in names}
     norms = (_norm(g_rec, names), _norm(g_cor, names))

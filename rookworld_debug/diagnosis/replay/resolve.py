@@ -275,7 +275,7 @@ def _resolved(c: PhaseCheck, qs: tuple) -> PhaseCheck:
     found = []
     for name in ("scale", "lr_factor"):
         v = params.get(name)
-        if isinstance(v, (int, float)) and math.isfinite(v) and abs(abs(v) - 1) > UNIT and v != 0:
+        if isinstance(v, (int, float)) and math.isfinite(v) and abs(abs(v) - 1) > max(UNIT, tol) and v != 0:
             found.append(resolve(abs(v), qs, tol, name))
     if kind in ("terms", "micro_batches", "carried_over"):
         found += _term_resolutions(params, qs, tol)

@@ -23,7 +23,7 @@ OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch
 
 def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict, opt_state: Optional[dict],
                  max_grad_norm: Optional[float], *, clip: bool = True, fresh_state: bool = False,
-                 grad_clamp: Optional[float] = None) -> dict:
+                 grad_clamp: Optional[float] = None, groups: tuple = ()) -> dict:
     """{name: θ after one step of the recorded optimizer} from θ_before, the recorded gradient and state
     (`grad_clamp`: the gradient also clamped element-wise to ±it after the norm clip)."""
     names = [n for n in trainable if n in grad and n in before]
@@ -35,22 +35,30 @@ def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict,
         torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
     if grad_clamp is not None:
         torch.nn.utils.clip_grad_value_(params, grad_clamp)
-    opt = recorded_optimizer(kind, params, names, settings, None if fresh_state else opt_state)
+    opt = recorded_optimizer(kind, params, names, settings, None if fresh_state else opt_state, groups)
     opt.step()
     return {n: p.detach() for n, p in zip(names, params)}
 
 
-def recorded_optimizer(kind: str, params: list, names: list, settings: dict, opt_state: Optional[dict]):
-    """The recorded optimizer over `params` (named `names`) holding its recorded state; TraceError when torch
-    refuses the recorded settings."""
+def recorded_optimizer(kind: str, params: list, names: list, settings: dict, opt_state: Optional[dict],
+                       groups: tuple = ()):
+    """The recorded optimizer over `params` (named `names`) holding its recorded state, with its later parameter
+    groups' own settings (`groups`: ((names, settings), ...)); TraceError when torch refuses the recorded
+    settings."""
     from rookworld_debug.errors import TraceError
-    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in settings.items()}
+
+    def kw(d: dict) -> dict:
+        return {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()}
+    by_name, grouped = dict(zip(names, params)), {n for g, _ in groups for n in g}
+    parts = [[n for n in names if n not in grouped]] + [[n for n in g if n in by_name] for g, _ in groups]
+    param_groups = [{"params": [by_name[n] for n in part], **kw(own)}
+                    for part, own in zip(parts, ({}, *(o for _, o in groups))) if part]
     try:
-        opt = OPTIMIZERS[kind](params, **kw)
+        opt = OPTIMIZERS[kind](param_groups, **kw(settings))
     except ValueError as err:                   # torch's own range checks: a negative lr, a β outside [0, 1)
         raise TraceError(f"the recorded {kind} settings are refused by torch: {err}") from None
     if opt_state:
-        load_recorded_state(opt, names, opt_state)
+        load_recorded_state(opt, [n for part in parts for n in part], opt_state)    # torch's order: group by group
     return opt
 
 
@@ -81,7 +89,7 @@ class _Update:
     def step(self, **kw) -> dict:
         s = self.state
         o = rerun_update(s.before, s.gradient, self.names, s.optimizer, s.optimizer_settings, s.optimizer_state,
-                         self.max_grad_norm, **kw)
+                         self.max_grad_norm, groups=s.optimizer_groups, **kw)
         return {n: o[n].double() - s.before[n].double() for n in self.names}
 
     def resid(self, fitted: dict) -> float:

@@ -87,10 +87,10 @@ class StepWatch:
         gradient, after = (self.gradient, self.after) if whole_batch else (None, None)
         if gradient is not None and math.isfinite(clip_coef) and 0.0 < clip_coef < 1.0:
             gradient = {k: v / clip_coef for k, v in gradient.items()}
-        kind, settings, opt_state, trainable = self.optimizer
+        kind, settings, opt_state, trainable, groups = self.optimizer
         return S.RecordedState(
             model_type=str(self.model_config.get("model_type", "")), model_config=self.model_config,
             before=self.before, after=after, gradient=gradient, reference=self.reference,
             optimizer_state=opt_state, optimizer=kind if kind in S.OPTIMIZERS else "",
             optimizer_settings=dict(settings), trainable=trainable or tuple(self.before), tokenizer_dir=None,
-            tokenizer=self.tokenizer)
+            tokenizer=self.tokenizer, optimizer_groups=groups)

@@ -56,11 +56,13 @@ class RecordedState:
     reference: Optional[dict]
     optimizer_state: Optional[dict]     # {name: {state key: tensor}} ("step" as a 0-dim tensor)
     optimizer: str                      # one of OPTIMIZERS, "" when not recorded
-    optimizer_settings: dict            # OPTIMIZER_KEYS of the parameter group
+    optimizer_settings: dict            # OPTIMIZER_KEYS of the first parameter group
     trainable: tuple                    # names of the parameters the optimizer steps
     tokenizer_dir: Optional[Path]
     sampler: Optional[dict] = None      # the weights that sampled the rollout (None: not recorded)
     tokenizer: object = None            # the tokenizer object of a state kept in memory (not yet written)
+    optimizer_groups: tuple = ()        # ((names, settings), ...): the later parameter groups whose settings differ
+                                        # from the first's (no weight decay on biases and norms, another rate)
 
 
 def snapshot(model: torch.nn.Module) -> dict:
@@ -74,12 +76,16 @@ def gradient_of(model: torch.nn.Module) -> dict:
             for n, p in model.named_parameters() if p.requires_grad}
 
 
-def optimizer_snapshot(model: torch.nn.Module, optimizer) -> tuple[str, dict, dict, tuple]:
-    """(kind, settings of its first group, {param name: {state key: tensor}}, trainable names) of `optimizer`."""
+def optimizer_snapshot(model: torch.nn.Module, optimizer) -> tuple[str, dict, dict, tuple, tuple]:
+    """(kind, settings of its first group, {param name: {state key: tensor}}, trainable names, the later groups
+    whose settings differ as ((names, settings), ...)) of `optimizer`."""
     names = {id(p): n for n, p in model.named_parameters()}
     kind = type(optimizer).__name__
     group = optimizer.param_groups[0]
     settings = {k: _plain(group[k]) for k in OPTIMIZER_KEYS if k in group}
+    others = tuple((tuple(names[id(p)] for p in g["params"] if id(p) in names), own)
+                   for g in optimizer.param_groups[1:]
+                   if (own := {k: _plain(g[k]) for k in OPTIMIZER_KEYS if k in g}) != settings)
     state, trainable = {}, []
     for g in optimizer.param_groups:
         for p in g["params"]:
@@ -90,7 +96,7 @@ def optimizer_snapshot(model: torch.nn.Module, optimizer) -> tuple[str, dict, di
             st = optimizer.state.get(p, {})
             state[name] = {k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else torch.tensor(float(v)))
                            for k, v in st.items() if k in STATE_KEYS + ("step",)}
-    return kind, settings, state, tuple(trainable)
+    return kind, settings, state, tuple(trainable), tuple((n, o) for n, o in others if n)
 
 
 def _plain(v):
@@ -103,7 +109,7 @@ def _plain(v):
 
 def write_state(folder: Path, *, model_config: dict, tokenizer=None, before=None, after=None, gradient=None,
                 reference=None, optimizer: str = "", optimizer_settings=None, optimizer_state=None,
-                trainable=(), sampler=None) -> Path:
+                trainable=(), sampler=None, optimizer_groups=()) -> Path:
     from safetensors.torch import save_file
     from rookworld_debug.safeio import atomic_write_json
     folder = Path(folder) / "state"
@@ -125,6 +131,7 @@ def write_state(folder: Path, *, model_config: dict, tokenizer=None, before=None
         "format": STATE_FORMAT, "model_type": model_type, "model_config": model_config, "files": written,
         "sha256": {name: _sha256(folder / f"{name}.safetensors") for name in written},
         "optimizer": optimizer, "optimizer_settings": optimizer_settings or {}, "trainable": list(trainable),
+        "optimizer_groups": [{"params": list(n), "settings": o} for n, o in optimizer_groups],
         "tokenizer": tokenizer is not None})
     return folder
 
@@ -134,7 +141,7 @@ def write_recorded(folder: Path, st: RecordedState) -> Path:
     return write_state(folder, model_config=st.model_config, tokenizer=st.tokenizer, before=st.before,
                        after=st.after, gradient=st.gradient, reference=st.reference, optimizer=st.optimizer,
                        optimizer_settings=st.optimizer_settings, optimizer_state=st.optimizer_state,
-                       trainable=st.trainable, sampler=st.sampler)
+                       trainable=st.trainable, sampler=st.sampler, optimizer_groups=st.optimizer_groups)
 
 
 def state_bytes(st: RecordedState) -> int:
@@ -204,6 +211,25 @@ def _manifest(d: dict, where: str) -> dict:
     if not isinstance(m, dict) or not all(isinstance(v, str) for v in m.values()):
         raise TraceError(f"{where}: sha256 must map file names to hex digests")
     return m
+
+
+def _groups(d: dict, optimizer: str, trainable: tuple, where: str) -> tuple:
+    """((names, settings), ...) of the later parameter groups (absent in a save older than them: none)."""
+    raw = d.get("optimizer_groups", [])
+    if not isinstance(raw, list):
+        raise TraceError(f"{where}: optimizer_groups must be a list")
+    out, seen = [], set()
+    for i, g in enumerate(raw):
+        if not isinstance(g, dict) or set(g) != {"params", "settings"}:
+            raise TraceError(f"{where}: optimizer_groups[{i}] must hold exactly params and settings")
+        names = _names(g, "params", f"{where}: optimizer_groups[{i}]")
+        if not set(names) <= set(trainable) or seen & set(names):
+            raise TraceError(f"{where}: optimizer_groups[{i}] names parameters the optimizer does not step, or "
+                             "another group's")
+        seen |= set(names)
+        out.append((tuple(names), _settings({"optimizer_settings": g["settings"]}, optimizer,
+                                            f"{where}: optimizer_groups[{i}]")))
+    return tuple(out)
 
 
 def _settings(d: dict, optimizer: str, where: str) -> dict:
@@ -310,7 +336,7 @@ def read_state(trace_dir) -> Optional[RecordedState]:
                          before=before, after=loaded.get("after"), gradient=loaded.get("gradient"),
                          reference=loaded.get("reference"), optimizer_state=opt, optimizer=optimizer,
                          optimizer_settings=settings, trainable=trainable, tokenizer_dir=_tokenizer_dir(folder, d),
-                         sampler=loaded.get("sampler"))
+                         sampler=loaded.get("sampler"), optimizer_groups=_groups(d, optimizer, trainable, where))
 
 
 def build_model(state: RecordedState, weights: dict):
