@@ -87,6 +87,19 @@ def test_an_optimizer_whose_groups_differ_replays_clean_with_each_groups_setting
         read_state(folder)
 
 
+def test_a_gradient_handed_over_after_the_loops_clip_agrees_with_a_note(tmp_path):
+    """A healthy loop that calls rec.gradient(model) after clip_grad_norm_ (a binding clip): the recorded gradient is
+    exactly the clipped one, so the gradient agrees and the note says where to record it; frozen embeddings (a
+    model partly trained) replay clean too."""
+    from rookworld_debug.diagnosis import diagnose_path
+    _, folder = _loop(tmp_path, gradient_after_clip=True, max_grad_norm=0.05, frozen_embeddings=True,
+                      max_new_tokens=48)
+    found = diagnose_path(folder)
+    assert not [e for e in _errors(found) if e[0] != "all_truncated"], _errors(found)
+    agrees = next(f for f in found if f.code == "replay_agrees")
+    assert "recorded its gradient after clip_grad_norm_" in agrees.cause and "max_grad_norm = 0.05" in agrees.cause
+
+
 def _declared_as(rec, **changed):
     """A recorder holding `rec`'s recorded pieces under its declaration with `changed` keywords (None: not passed,
     left at its default)."""

@@ -155,6 +155,8 @@ class LoopConfig:
     declare_iteration: bool = True   # False: the recorder is not told which pass it records (under-declared)
     weight_decay: float = 0.0        # > 0: AdamW's two usual groups, this decay on matrices and none on biases and
                                      # LayerNorm weights (as HF's Trainer builds them)
+    frozen_embeddings: bool = False  # the token and position embeddings frozen (requires_grad False, not optimized)
+    gradient_after_clip: bool = False   # the recorder is handed the gradient after clip_grad_norm_ (not before)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -314,10 +316,13 @@ def _setup(c: LoopConfig) -> _Loop:
                                                  trust_remote_code=False).eval()
     ref = copy.deepcopy(model).requires_grad_(False)
     sampler = copy.deepcopy(model).requires_grad_(False) if c.separate_sampler else None
-    decay = [p for p in model.parameters() if p.ndim >= 2]
+    if c.frozen_embeddings:
+        model.transformer.wpe.requires_grad_(False)
+        model.transformer.wte.requires_grad_(False)         # tied: the LM head is frozen with it
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.ndim >= 2]
     groups = [{"params": decay, "weight_decay": c.weight_decay},
-              {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}] if c.weight_decay else \
-        model.parameters()
+              {"params": [p for p in trained if p.ndim < 2], "weight_decay": 0.0}] if c.weight_decay else trained
     opt = torch.optim.AdamW(groups, lr=c.lr)
     sched = schedule(opt, c) if c.scheduler else None
     return _Loop(tok, model, ref, sampler, opt, sched, torch.Generator().manual_seed(c.seed))
@@ -441,9 +446,12 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         rec.logprobs(torch.cat(lp_rows), old=torch.cat(old_rows) if old_rows[0] is not None else None,
                      ref=ro["ref_logps"], training=model.training)
         rec.loss(total)
-        rec.gradient(model)
+        if not c.gradient_after_clip:
+            rec.gradient(model)
     if fault not in ("no_clip", "clip_after_step"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
+    if rec is not None and c.gradient_after_clip:
+        rec.gradient(model)
     if fault == "grad_value_clipped":
         torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)
     if fault == "scheduler_stepped_early" and L.sched is not None:

@@ -103,6 +103,11 @@ def _ordered(checks) -> list[PhaseCheck]:
     return sorted(checks, key=lambda c: (PHASES.index(c.phase), 0 if c.status == "disagree" and c.cause else 1))
 
 
+def _max_grad_norm(trace):
+    """The clip the loop applied between backward and step (a loop's record says; else the declared one)."""
+    return trace.recorded.max_grad_norm if trace.recorded is not None else trace.config.max_grad_norm
+
+
 def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
     """The gradient check again, with the regression on the loss's terms (one forward, a backward per term)."""
     from rookworld_debug.diagnosis.replay import model_phases as M
@@ -111,7 +116,8 @@ def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
         return checks
     fitted = M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
                               accumulation(trace),
-                              GradientFit(trace, _jacobian(trace, w), lambda: _previous_pass_gradient(trace, w)))
+                              GradientFit(trace, _jacobian(trace, w), lambda: _previous_pass_gradient(trace, w)),
+                              max_grad_norm=_max_grad_norm(trace))
     rest = [c for c in checks if not c.quantity.startswith(("gradient:", "the loss's gradient"))]
     return _ordered(rest + [fitted])
 
@@ -171,7 +177,7 @@ def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:
     if any(c.status == "disagree" for c in out) or w.policy is None or w.state is None or w.state.gradient is None:
         return out
     return out + [M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
-                                   accumulation(trace))]
+                                   accumulation(trace), max_grad_norm=_max_grad_norm(trace))]
 
 
 def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
@@ -186,7 +192,7 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
                                           "recorded"))
     elif w.state is not None and w.state.gradient is not None:
         out.append(M.gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
-                                    accumulation(trace)))
+                                    accumulation(trace), max_grad_norm=_max_grad_norm(trace)))
     elif trace.update is not None and w.state is None and _single_pass(trace.config):
         ours = _declared_gradient(trace, w)
         norm = sum(float(v.double().pow(2).sum()) for v in ours.values()) ** 0.5

@@ -149,9 +149,11 @@ def replay_findings(replay: Replay) -> list[Finding]:
                 if c.status == "disagree" and c is not first]
     else:
         agreed = sorted({c.phase for c in replay.checks if c.status == "agree"}, key=PHASES.index)
+        said = "".join(f" {c.phase}: {c.explanation}." for c in replay.checks
+                       if c.status == "agree" and c.explanation)        # how an agreement was reached, where it says
         out.append(Finding(code="replay_agrees", severity="info",
                            cause=f"Every replayed phase agrees with the trusted recomputation ({', '.join(agreed)}); "
-                                 f"weights: {replay.weights}.",
+                                 f"weights: {replay.weights}.{said}",
                            evidence=tuple(e for c in replay.checks if c.status == "agree" for e in _evidence(c)),
                            fix=Fix("Nothing to fix in the phases that were replayed."), score=0.0))
     if replay.skipped:

@@ -341,9 +341,11 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
                    variants=variants, mean_tol=tol_for(MEAN_TOL, trace_dtype(trace)), fit=_scoring_fits(reference, r))
 
 
-def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fit=None) -> PhaseCheck:
+def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fit=None,
+                   max_grad_norm=None) -> PhaseCheck:
     """The recorded gradient against the declared loss's; on a disagreement, the simplest fit that explains it: a
-    scale, then `fit` (terms.GradientFit: the loss's terms with other coefficients, then its micro-batches)."""
+    scale, then `fit` (terms.GradientFit: the loss's terms with other coefficients, then its micro-batches). A
+    gradient recorded after the loop's own clip agrees, with a note (`max_grad_norm`: the clip it applied)."""
     from rookworld_debug.grpo.trace.state import relative_error
     names = [n for n in ours if n in recorded]
     q = "gradient: ∇θ of the declared loss at the weights before the update (before clipping)"
@@ -355,6 +357,9 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
     norm_rec = math.sqrt(_dot(recorded, recorded, names))
     if err <= tol or err * norm_ref <= GRAD_ATOL:
         return PhaseCheck("gradient", q, AGREE, err, tol, measure="‖g_recorded − g‖ / ‖g‖")
+    clipped = _recorded_after_clip(recorded, ours, names, norm_ref, max_grad_norm, tol, q)
+    if clipped is not None:
+        return clipped
     bound = max(tol * norm_rec, GRAD_ATOL)          # a fit holds to the recorded precision, or to float noise
     # a NaN or inf gradient: no fit (an infinite bound would let every one hold)
     finite = math.isfinite(norm_rec) and math.isfinite(norm_ref)
@@ -374,6 +379,23 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
     return PhaseCheck(phase, quantity, DISAGREE, err, tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
                       f"‖g‖ = {fmt(norm_rec)}", f"‖g‖ = {fmt(norm_ref)}", cause, why,
                       measure="‖g_recorded − g‖ / ‖g‖", fit=fitted, samples=parameter_samples(recorded, ours, worst, tol))
+
+
+def _recorded_after_clip(recorded, ours, names, norm_ref: float, max_grad_norm, tol: float, q: str):
+    """An agreeing check when the recorded gradient is exactly clip_grad_norm_(g, max_grad_norm) of the declared
+    loss's g: the loop handed the recorder its gradient after clipping (a place to record, not a fault); else None."""
+    from rookworld_debug.grpo.trace.state import relative_error
+    if not max_grad_norm or not math.isfinite(norm_ref) or norm_ref <= float(max_grad_norm):
+        return None
+    c = float(max_grad_norm) / (norm_ref + 1e-6)                       # torch's clip coefficient
+    err = relative_error(recorded, {n: ours[n] * c for n in names}, names)[0]
+    if err > tol:
+        return None
+    return PhaseCheck("gradient", q, AGREE, err, tol, measure="‖g_recorded − clip(g)‖ / ‖clip(g)‖",
+                      explanation=f"the loop recorded its gradient after clip_grad_norm_: it is the declared loss's "
+                                  f"gradient (‖g‖ = {norm_ref:.4g}) × the clip's {c:.4g}, ‖g‖ = max_grad_norm = "
+                                  f"{float(max_grad_norm):g}. Call rec.gradient(model) before clipping, so the "
+                                  "update check sees the clip")
 
 
 def _clipped_early(mb: dict, fit, names) -> Optional[str]:
