@@ -100,6 +100,23 @@ def test_a_gradient_handed_over_after_the_loops_clip_agrees_with_a_note(tmp_path
     assert "recorded its gradient after clip_grad_norm_" in agrees.cause and "max_grad_norm = 0.05" in agrees.cause
 
 
+@pytest.mark.parametrize("kw, keyword, said", [
+    (dict(undeclare=("beta",)), "beta", "beta=0.04"),
+    (dict(undeclare=("max_grad_norm",), max_grad_norm=0.05), "max_grad_norm", "max_grad_norm=0.05"),
+    (dict(undeclare=("temperature",)), "temperature", "temperature=0.8"),
+])
+def test_a_number_the_loop_left_at_its_default_is_fitted_as_a_declaration_note(tmp_path, kw, keyword, said):
+    """β, the clip norm and the temperature are numbers, not choices: the loop that does not pass them gets the
+    value its records show as a declaration warning (the fit of the total confirmed by the gradient, the clip norm
+    by the update, the temperature by the log-probs), never an error; passed explicitly and contradicted, an error."""
+    from rookworld_debug.diagnosis import diagnose_path
+    _, folder = _loop(tmp_path, max_new_tokens=96, steps=2, num_generations=4, **kw)
+    found = [f for f in diagnose_path(folder) if f.code != "all_truncated"]
+    assert not _errors(found), _errors(found)
+    note = next(f for f in found if f.code == "declaration_mismatch")
+    assert note.severity == "warning" and f"computes {said};" in note.cause, note.cause
+
+
 def _declared_as(rec, **changed):
     """A recorder holding `rec`'s recorded pieces under its declaration with `changed` keywords (None: not passed,
     left at its default)."""

@@ -70,6 +70,7 @@ TITLES = {
     "update_along_weights": "an update component along the weights",
     "update_clamped": "the update clamped element-wise",
     "update_grad_clamped": "the gradient clamped element-wise before the step",
+    "update_clip_norm": "the gradient clipped at another norm than recorded",
     "rewards_other_labels": "rewards scored against other rows' labels",
     "reward_cached": "each group's rewards are one row's: a reward cached by prompt",
     "rewards_other_batch": "the rewards are the previous batch's: a reward one batch late",

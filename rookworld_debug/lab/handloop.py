@@ -153,6 +153,7 @@ class LoopConfig:
     scheduler: bool = False          # a linear learning-rate decay per optimizer step (LambdaLR)
     declare: tuple = ()              # (keyword, value) pairs the recorder is told that the loop does not compute
     declare_iteration: bool = True   # False: the recorder is not told which pass it records (under-declared)
+    undeclare: tuple = ()            # keywords the recorder is not told at all (their defaults stand)
     weight_decay: float = 0.0        # > 0: AdamW's two usual groups, this decay on matrices and none on biases and
                                      # LayerNorm weights (as HF's Trainer builds them)
     frozen_embeddings: bool = False  # the token and position embeddings frozen (requires_grad False, not optimized)
@@ -397,7 +398,8 @@ def _recorder(L: _Loop, c: LoopConfig, step: int, k: int, ro: dict):
                     gradient_accumulation_steps=c.micro_batches, seed=c.seed, num_iterations=c.num_iterations,
                     **({"iteration": k} if c.declare_iteration else {}), use_bias_correction_kl=c.bias_correction,
                     mask_truncated_completions=c.mask_truncated, precision=c.autocast or None)
-    rec = StepRecorder(L.tok, trainer="lab hand-written loop", step=step, **{**declared, **dict(c.declare)})
+    told = {k: v for k, v in {**declared, **dict(c.declare)}.items() if k not in c.undeclare}
+    rec = StepRecorder(L.tok, trainer="lab hand-written loop", step=step, **told)
     rec.batch(ro["rows_p"], labels=ro["rows_l"])
     if ro["sampled_by"] is not None:
         rec.sampler(ro["sampled_by"])

@@ -135,7 +135,8 @@ def _jacobian(trace, w: Weights):
     """The policy's forward over the recorded rows, its graph kept: every declaration's gradient is one backward
     through it (the rows and weights are the same for all)."""
     from rookworld_debug.diagnosis.replay.terms import TokenJacobian
-    return w.memo("jacobian", lambda: TokenJacobian(trace, w.policy, w.trainable))
+    temps = tuple(float(t) for t in trace.rollout.temperatures.unique())   # a temperature declaration: its own
+    return w.memo(("jacobian", temps), lambda: TokenJacobian(trace, w.policy, w.trainable))
 
 
 def _declared_gradient(trace, w: Weights) -> dict:
@@ -173,6 +174,10 @@ def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:
         return [advantages_check(trace)]
     if phase == "scoring":
         return _scoring(trace, w) if w.policy is not None else []
+    if phase == "update":
+        s = w.state
+        ok = s is not None and s.optimizer and all(x is not None for x in (s.after, s.gradient, s.before))
+        return [update_check(s, _max_grad_norm(trace), _dtype(trace))] if ok else []
     out = [loss_check(trace)]           # the loss value first: a cheap filter before a backward
     if any(c.status == "disagree" for c in out) or w.policy is None or w.state is None or w.state.gradient is None:
         return out
@@ -209,7 +214,7 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
         out.append(skipped("update", uq, "the optimizer is not one a replay re-runs (AdamW, Adam, SGD) or was not "
                                          "recorded"))
     else:
-        out.append(update_check(s, trace.recorded.max_grad_norm if trace.recorded else trace.config.max_grad_norm, dtype))
+        out.append(update_check(s, _max_grad_norm(trace), dtype))
     return out
 
 

@@ -437,6 +437,25 @@ def loss_check(trace) -> PhaseCheck:
     return check
 
 
+def beta_from_total(trace) -> float | None:
+    """The β under which the declared objective's loss equals the recorded total (the loss is affine in β:
+    L(β) = L(0) + β·(L(1) − L(0))); None where the step has no reference log-probs, no recorded loss, or no KL.
+    One number fits one β: a candidate only, which the loss phase's gradient must confirm."""
+    r = trace.rollout
+    recorded, _ = loss_value(trace)
+    if r.ref_per_token_logps is None or not math.isfinite(recorded):
+        return None
+    old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
+    ob = Objective.from_config(trace.config)
+    adv = trace.advantages.advantages
+    l0, l1 = (float(loss_total(trace, ob.replace(beta=b), r.per_token_logps, old, r.ref_per_token_logps, adv))
+              for b in (0.0, 1.0))
+    if not abs(l1 - l0) > 1e-12:
+        return None
+    b = (recorded - l0) / (l1 - l0)
+    return b if b > 0 and math.isfinite(b) else None
+
+
 def wiring(trace, old) -> dict:
     """{name: (the loss's inputs with one recorded tensor in another's place, the sentence)}: the loss wired to the
     wrong input of the same shape (π_old, the reference, the rewards)."""

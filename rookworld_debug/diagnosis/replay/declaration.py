@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from .records import AGREE, PhaseCheck
 
 SCALES = ("group", "batch", "none")
@@ -68,6 +70,17 @@ NEIGHBOURS = (
 )
 
 
+# keywords of a continuous value, (keyword, phases, fit kind, fit parameter): their one candidate is the value the
+# disagreeing phase's own fit found (a temperature that reproduces the log-probs, a clip norm that reproduces the
+# update), tried at 4 significant digits
+FITTED = (("temperature", ("scoring",), "temperature", "temperature"),
+          ("max_grad_norm", ("update",), "clip", "max_grad_norm"))
+
+
+# keywords whose candidate is fitted to the loss total alone (one equation, one unknown: always solvable)
+ONE_NUMBER = ("beta",)
+
+
 # where a keyword's mistake shows first (the quantity it must be), for the keywords of one forward's precision
 SHOWN_IN = {"precision": "per_token_logps", "sampler_precision": "sampling_per_token_logps"}
 
@@ -81,10 +94,28 @@ def with_declaration(trace, keyword: str, value):
             else ("sampler",)
         return dataclasses.replace(trace, recorded=dataclasses.replace(trace.recorded, **{field: value}),
                                    setup=_with_precision(trace.setup, roles, value))
+    if keyword == "temperature":
+        return _with_temperature(trace, float(value))
     try:
-        return dataclasses.replace(trace, config=trace.config.replace(**{keyword: value}))
+        other = dataclasses.replace(trace, config=trace.config.replace(**{keyword: value}))
     except (ConfigError, ValueError, TypeError):
         return None
+    if keyword == "max_grad_norm" and trace.recorded is not None:     # the update reads the recorded clip
+        other = dataclasses.replace(other, recorded=dataclasses.replace(trace.recorded, max_grad_norm=value))
+    return other
+
+
+def _with_temperature(trace, t: float):
+    """The trace as if the loop had said it samples and scores at temperature `t` (every row)."""
+    from rookworld_debug.errors import ConfigError
+    r = trace.rollout
+    try:
+        config = trace.config.replace(p_temperature=t, a_temperature=t)
+    except (ConfigError, ValueError, TypeError):
+        return None
+    sampling = {task: (t, *rest[1:]) for task, rest in (r.sampling or {}).items()}
+    rollout = dataclasses.replace(r, temperatures=torch.full_like(r.temperatures, t), sampling=sampling)
+    return dataclasses.replace(trace, config=config, rollout=rollout)
 
 
 def quantity_key(check: PhaseCheck) -> str:
@@ -147,6 +178,9 @@ def fit_declaration(trace, first: PhaseCheck, phase_checks, agreed: frozenset = 
     best, best_score, whole = None, None, False
     for keyword, value, other in _neighbours(trace, first):
         checks = _quietly(phase_checks, other, first.phase)
+        if keyword in ONE_NUMBER and not (checks and all(c.status == AGREE for c in checks)
+                                          and any(quantity_key(c) == "gradient" for c in checks)):
+            continue            # fitted to one total: the gradient must agree under it as well
         fixed = any(quantity_key(c) == want and c.status == AGREE for c in checks)
         kept = all(c.status == AGREE for c in checks if quantity_key(c) in agreed)
         # of the neighbours that fix it: the one that fixes most, then the one left nearest (in tolerances)
@@ -193,9 +227,33 @@ def _neighbours(trace, first: PhaseCheck):
             other = with_declaration(trace, keyword, value)
             if other is not None:
                 yield keyword, value, other
+    if first.phase == "loss" and quantity_key(first) == "loss" and trace.recorded is not None \
+            and "beta" not in trace.recorded.explicit:                # a β left at its default, fitted to the total
+        from .data_phases import beta_from_total
+        b = _quietly(lambda t, _: beta_from_total(t), trace, "loss")
+        if isinstance(b, float):
+            yield from _rounded(trace, "beta", b)
+    fit = first.fit or {}
+    for keyword, phases, kind, param in FITTED:
+        v = (fit.get("params") or {}).get(param)
+        if first.phase in phases and fit.get("kind") == kind and isinstance(v, (int, float)) and math.isfinite(v):
+            yield from _rounded(trace, keyword, float(v))
+
+
+def _rounded(trace, keyword: str, v: float):
+    """A fitted value at 2, 3 and 4 significant digits (the shortest that agrees is the one said)."""
+    for digits in (2, 3, 4):
+        value = float(f"{v:.{digits}g}")
+        other = with_declaration(trace, keyword, value)
+        if other is not None and value != _declared(trace, keyword):
+            yield keyword, value, other
 
 
 def _declared(trace, keyword: str):
+    if keyword == "temperature":
+        return float(trace.rollout.temperatures[0])
+    if keyword == "max_grad_norm":
+        return trace.recorded.max_grad_norm if trace.recorded is not None else trace.config.max_grad_norm
     if keyword == "precision":
         return _precision(trace)
     if keyword == "sampler_precision":

@@ -86,10 +86,11 @@ class _Update:
         self.noise = math.sqrt(sum(float((s.after[n].double().abs() * eps / 2).pow(2).sum()) for n in self.names))
         self.bound = self.tol * self.norm_rec + self.noise
 
-    def step(self, **kw) -> dict:
+    def step(self, max_grad_norm=False, **kw) -> dict:
         s = self.state
+        clip = self.max_grad_norm if max_grad_norm is False else max_grad_norm
         o = rerun_update(s.before, s.gradient, self.names, s.optimizer, s.optimizer_settings, s.optimizer_state,
-                         self.max_grad_norm, groups=s.optimizer_groups, **kw)
+                         clip, groups=s.optimizer_groups, **kw)
         return {n: o[n].double() - s.before[n].double() for n in self.names}
 
     def resid(self, fitted: dict) -> float:
@@ -124,6 +125,8 @@ def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
         cause, why, fitted = _linear_fit(u, d_ref)
         if not cause:
             cause, why, fitted = _clamp_fits(u, d_ref, fitted)
+        if not cause:
+            cause, why, fitted = _clip_fit(u, fitted)
     return PhaseCheck("update", q, DISAGREE, err, u.tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
                       f"‖Δθ‖ = {fmt(u.norm_rec)}", f"‖Δθ‖ = {fmt(math.sqrt(_dot(d_ref, d_ref, u.names)))}", cause,
                       why, measure="‖Δθ_recorded − Δθ‖ / ‖Δθ‖", fit=fitted,
@@ -183,6 +186,25 @@ def _clamp_fits(u: _Update, d_ref: dict, fit):
         return "update_grad_clamped", why, {"kind": "grad_clamped", "params": {"bound": v},
                                             "residual": r / u.norm_rec, "sentence": why}
     return "", "", fit
+
+
+def _clip_fit(u: _Update, fit):
+    """(code, sentence, fit) of the update as the step of the gradient clipped at another global norm c than the
+    recorded max_grad_norm (none, or another number): c by a golden-section search of log c below ‖g‖ (where a
+    clip binds); ("", "", fit) when no c reproduces it."""
+    g = math.sqrt(sum(float(u.state.gradient[n].double().pow(2).sum()) for n in u.names))
+    if not (math.isfinite(g) and g > 0):
+        return "", "", fit
+    log_c = golden_min(lambda x: u.resid(u.step(max_grad_norm=math.exp(x))), math.log(g * 1e-4), math.log(g), 40)
+    c = math.exp(log_c)
+    r = u.resid(u.step(max_grad_norm=c))
+    if r > u.bound or c >= g * (1 - 1e-3):
+        return "", "", fit
+    had = f"the recorded {u.max_grad_norm:g}" if u.max_grad_norm else "none recorded"
+    why = (f"the update is the optimizer's step on the gradient clipped to global norm {c:.4g} (‖g‖ = {g:.4g}), "
+           f"not at max_grad_norm = {had}: the loop clips at {c:.4g}")
+    return "update_clip_norm", why, {"kind": "clip", "params": {"max_grad_norm": c}, "residual": r / u.norm_rec,
+                                     "sentence": why}
 
 
 def golden_min(f, lo: float, hi: float, steps: int) -> float:
