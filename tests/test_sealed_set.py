@@ -23,6 +23,18 @@ def test_every_sealed_fault_names_a_phase_and_a_cause_and_its_loop_knows_it():
         LoopConfig(**kw)
 
 
+def test_the_probes_written_after_the_set_are_apart_from_it_and_their_loops_know_them():
+    from rookworld_debug.lab.handloop import ALL_FAULTS, PROBE_FAULTS, PROBE_SETTINGS, SEALED_FAULTS, LoopConfig
+    from rookworld_debug.lab.sealed import PROBE_SHAPES
+    assert PROBE_FAULTS and not set(PROBE_FAULTS) & set(SEALED_FAULTS) and set(PROBE_FAULTS) <= set(ALL_FAULTS)
+    assert all(p and c for p, c in PROBE_FAULTS.values())
+    for fault, kw in PROBE_SETTINGS.items():
+        assert fault in PROBE_FAULTS
+        LoopConfig(**kw)
+    for kw in PROBE_SHAPES:                             # the healthy shapes are settings the loop has
+        LoopConfig(**kw)
+
+
 def test_the_runners_help_answers_and_exits():
     r = subprocess.run([sys.executable, "-m", "rookworld_debug.lab.sealed", "--help"], cwd=REPO, env=ENV,
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)

@@ -114,7 +114,7 @@ SEALED_FAULTS = {
 # written after the sealed set's fits, from bugs of the same trackers, to probe what its fits generalise to (not
 # held out: the diagnosis was written before them, but by the same hands)
 PROBE_FAULTS = {
-    "kl_k3_reversed": ("loss", "loss_terms"),            # k3 of d = ℓ − ℓ_ref: the estimator of the other direction
+    "kl_k3_reversed": ("loss", "kl_direction_reversed"),   # k3 of d = ℓ − ℓ_ref: the estimator of the other direction
     "grpo_sum_not_mean": ("loss", "declaration_mismatch"),   # each row's loss summed over its tokens, not averaged
     "accum_divided_twice": ("gradient", "gradient_scaled"),  # the micro-batch loss ÷ k in the loss and ÷ k again
     "reward_text_with_prompt": ("rewards", "rewards_other_labels"),   # the reward scores prompt + completion
@@ -122,8 +122,8 @@ PROBE_FAULTS = {
 }
 # the setting each needs to change the step at all
 SEALED_SETTINGS = {"logsoftmax_bf16": {"autocast": "bfloat16"}, "adv_per_micro_batch": {"micro_batches": 4},
-                   "old_logps_from_ref": {"num_iterations": 2}, "clip_per_micro_batch": {"max_grad_norm": 1e-3},
-                   "clip_max_not_min": {"num_iterations": 2, "lr": 1e-3}}
+                   "old_logps_from_ref": {"num_iterations": 2}, "clip_per_micro_batch": {"max_grad_norm": 1e-3}}
+PROBE_SETTINGS = {"clip_max_not_min": {"num_iterations": 2, "lr": 1e-3}}
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS,
               **PROBE_FAULTS}
 

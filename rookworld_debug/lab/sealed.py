@@ -6,6 +6,12 @@ they call for were written. Scored as a user meets them: the first finding that 
     python -m rookworld_debug.lab.sealed --out reports/sealed        # about 25 minutes on a 2-core CPU
 
 Writes out/results.jsonl (a row per case, as each finishes) and out/table.md.
+
+    python -m rookworld_debug.lab.sealed --out reports/probe --only probe   # not sealed: see PROBE_SHAPES
+
+`--only probe` runs what was written after the set's fits, from the same trackers (not held out): five more faults
+of the hand-written loop, and healthy loops of shapes that real trainers have (AdamW's two parameter groups, frozen
+embeddings, a gradient handed over after the clip, numbers left at their defaults), none of which may get an error.
 """
 from __future__ import annotations
 
@@ -19,6 +25,22 @@ from typing import Optional
 # healthy loops of the shapes the sealed faults need: none may get an error-level finding
 HEALTHY_SINGLE = ({}, {"autocast": "bfloat16"}, {"micro_batches": 4},
                   {"num_iterations": 2, "declare_iteration": False})
+
+
+# healthy loops of shapes real trainers have, written with the probe faults (not held out)
+PROBE_SHAPES = ({"weight_decay": 0.1, "lr": 1e-3}, {"frozen_embeddings": True},
+                {"gradient_after_clip": True, "max_grad_norm": 0.05}, {"undeclare": ("beta",)},
+                {"undeclare": ("temperature",)}, {"undeclare": ("max_grad_norm",), "max_grad_norm": 0.05})
+
+
+def probe_rows(faults=None):
+    from rookworld_debug.lab.handloop import PROBE_FAULTS, PROBE_SETTINGS, LoopConfig
+    from rookworld_debug.lab.replay_bench import diagnose_case
+    for fault in faults if faults is not None else PROBE_FAULTS:
+        r = diagnose_case(LoopConfig(**PROBE_SETTINGS.get(fault, {})), fault)
+        yield {**r, "set": "probe", "phase_right": r["first_phase"] == r["expected_phase"]}
+    for kw in PROBE_SHAPES if faults is None else ():
+        yield {**diagnose_case(LoopConfig(**kw), ""), "set": "probe"}
 
 
 def single_rows(faults=None):
@@ -103,16 +125,16 @@ def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rookworld_debug.lab.sealed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/sealed", help="folder for results.jsonl and table.md")
-    ap.add_argument("--only", choices=("single", "between", "trl"), action="append",
-                    help="only these parts (repeatable); default: all three")
+    ap.add_argument("--only", choices=("single", "between", "trl", "probe"), action="append",
+                    help="only these parts (repeatable); default: the three sealed ones")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable; no healthy controls)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    parts = {"single": single_rows, "between": between_rows, "trl": trl_rows}
+    parts = {"single": single_rows, "between": between_rows, "trl": trl_rows, "probe": probe_rows}
     rows = []
     with open(out / "results.jsonl", "a") as fh:
-        for name in a.only or list(parts):
+        for name in a.only or ["single", "between", "trl"]:
             for row in parts[name](_subset(name, a.fault)):
                 rows.append(row)
                 fh.write(json.dumps(row, default=str) + "\n")
@@ -130,9 +152,9 @@ def _subset(part: str, names: Optional[list]):
         return None
     from rookworld_debug.lab.between_steps import SEALED_BETWEEN_FAULTS
     from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS
-    from rookworld_debug.lab.handloop import SEALED_FAULTS
+    from rookworld_debug.lab.handloop import PROBE_FAULTS, SEALED_FAULTS
     known = {"single": SEALED_FAULTS, "between": SEALED_BETWEEN_FAULTS,
-             "trl": {f.name: f for f in SEALED_TRL_FAULTS}}[part]
+             "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS}[part]
     return [n for n in names if n in known]
 
 

@@ -30,7 +30,7 @@ from rookworld_debug.whatif.recorded_bug import bug_settings, factor_of
 KEYWORD_SETTING = {"loss_type": "loss_type", "beta": "beta", "epsilon": "epsilon", "scale_rewards": "scale_rewards",
                    "kl_estimator": "kl_estimator", "use_bias_correction_kl": "use_bias_correction_kl",
                    "mask_truncated_completions": "mask_truncated_completions",
-                   "num_iterations": "num_iterations"}
+                   "num_iterations": "num_iterations", "max_grad_norm": "max_grad_norm"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,7 +72,7 @@ NEIGHBOURS = (
 
 # keywords of a continuous value, (keyword, phases, fit kind, fit parameter): their one candidate is the value the
 # disagreeing phase's own fit found (a temperature that reproduces the log-probs, a clip norm that reproduces the
-# update), tried at 4 significant digits
+# update), tried at 2, 3 and 4 significant digits
 FITTED = (("temperature", ("scoring",), "temperature", "temperature"),
           ("max_grad_norm", ("update",), "clip", "max_grad_norm"))
 
@@ -242,8 +242,7 @@ def _neighbours(trace, first: PhaseCheck):
 
 def _rounded(trace, keyword: str, v: float):
     """A fitted value at 2, 3 and 4 significant digits (the shortest that agrees is the one said)."""
-    for digits in (2, 3, 4):
-        value = float(f"{v:.{digits}g}")
+    for value in dict.fromkeys(float(f"{v:.{digits}g}") for digits in (2, 3, 4)):     # each once, shortest first
         other = with_declaration(trace, keyword, value)
         if other is not None and value != _declared(trace, keyword):
             yield keyword, value, other
