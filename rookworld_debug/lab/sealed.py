@@ -33,24 +33,26 @@ PROBE_SHAPES = ({"weight_decay": 0.1, "lr": 1e-3}, {"frozen_embeddings": True},
                 {"undeclare": ("temperature",)}, {"undeclare": ("max_grad_norm",), "max_grad_norm": 0.05})
 
 
-def probe_rows(faults=None):
-    from rookworld_debug.lab.handloop import PROBE_FAULTS, PROBE_SETTINGS, LoopConfig
+def _loop_rows(name: str, faults, all_faults: dict, settings: dict, healthy: tuple):
+    """The hand-written loop's rows: each fault under the setting it needs, then (all faults only) the healthy
+    loops."""
+    from rookworld_debug.lab.handloop import LoopConfig
     from rookworld_debug.lab.replay_bench import diagnose_case
-    for fault in faults if faults is not None else PROBE_FAULTS:
-        r = diagnose_case(LoopConfig(**PROBE_SETTINGS.get(fault, {})), fault)
-        yield {**r, "set": "probe", "phase_right": r["first_phase"] == r["expected_phase"]}
-    for kw in PROBE_SHAPES if faults is None else ():
-        yield {**diagnose_case(LoopConfig(**kw), ""), "set": "probe"}
+    for fault in faults if faults is not None else all_faults:
+        r = diagnose_case(LoopConfig(**settings.get(fault, {})), fault)
+        yield {**r, "set": name, "phase_right": r["first_phase"] == r["expected_phase"]}
+    for kw in healthy if faults is None else ():
+        yield {**diagnose_case(LoopConfig(**kw), ""), "set": name}
+
+
+def probe_rows(faults=None):
+    from rookworld_debug.lab.handloop import PROBE_FAULTS, PROBE_SETTINGS
+    return _loop_rows("probe", faults, PROBE_FAULTS, PROBE_SETTINGS, PROBE_SHAPES)
 
 
 def single_rows(faults=None):
-    from rookworld_debug.lab.handloop import SEALED_FAULTS, SEALED_SETTINGS, LoopConfig
-    from rookworld_debug.lab.replay_bench import diagnose_case
-    for fault in faults if faults is not None else SEALED_FAULTS:
-        r = diagnose_case(LoopConfig(**SEALED_SETTINGS.get(fault, {})), fault)
-        yield {**r, "set": "one step", "phase_right": r["first_phase"] == r["expected_phase"]}
-    for kw in HEALTHY_SINGLE if faults is None else ():
-        yield {**diagnose_case(LoopConfig(**kw), ""), "set": "one step"}
+    from rookworld_debug.lab.handloop import SEALED_FAULTS, SEALED_SETTINGS
+    return _loop_rows("one step", faults, SEALED_FAULTS, SEALED_SETTINGS, HEALTHY_SINGLE)
 
 
 def between_rows(faults=None):

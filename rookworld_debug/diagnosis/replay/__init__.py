@@ -33,6 +33,7 @@ import json
 import time
 from typing import Optional
 
+from rookworld_debug.diagnosis.replay.consecutive import clip_of
 from rookworld_debug.diagnosis.replay.data_phases import (accumulation, advantages_check, generation_checks,
                                                          loss_check, rewards_check, row_labels)
 from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_declaration, quantity_key,
@@ -103,11 +104,6 @@ def _ordered(checks) -> list[PhaseCheck]:
     return sorted(checks, key=lambda c: (PHASES.index(c.phase), 0 if c.status == "disagree" and c.cause else 1))
 
 
-def _max_grad_norm(trace):
-    """The clip the loop applied between backward and step (a loop's record says; else the declared one)."""
-    return trace.recorded.max_grad_norm if trace.recorded is not None else trace.config.max_grad_norm
-
-
 def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
     """The gradient check again, with the regression on the loss's terms (one forward, a backward per term)."""
     from rookworld_debug.diagnosis.replay import model_phases as M
@@ -117,7 +113,7 @@ def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
     fitted = M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
                               accumulation(trace),
                               GradientFit(trace, _jacobian(trace, w), lambda: _previous_pass_gradient(trace, w)),
-                              max_grad_norm=_max_grad_norm(trace))
+                              max_grad_norm=clip_of(trace))
     rest = [c for c in checks if not c.quantity.startswith(("gradient:", "the loss's gradient"))]
     return _ordered(rest + [fitted])
 
@@ -177,12 +173,12 @@ def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:
     if phase == "update":
         s = w.state
         ok = s is not None and s.optimizer and all(x is not None for x in (s.after, s.gradient, s.before))
-        return [update_check(s, _max_grad_norm(trace), _dtype(trace))] if ok else []
+        return [update_check(s, clip_of(trace), _dtype(trace))] if ok else []
     out = [loss_check(trace)]           # the loss value first: a cheap filter before a backward
     if any(c.status == "disagree" for c in out) or w.policy is None or w.state is None or w.state.gradient is None:
         return out
     return out + [M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
-                                   accumulation(trace), max_grad_norm=_max_grad_norm(trace))]
+                                   accumulation(trace), max_grad_norm=clip_of(trace))]
 
 
 def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
@@ -197,7 +193,7 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
                                           "recorded"))
     elif w.state is not None and w.state.gradient is not None:
         out.append(M.gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
-                                    accumulation(trace), max_grad_norm=_max_grad_norm(trace)))
+                                    accumulation(trace), max_grad_norm=clip_of(trace)))
     elif trace.update is not None and w.state is None and _single_pass(trace.config):
         ours = _declared_gradient(trace, w)
         norm = sum(float(v.double().pow(2).sum()) for v in ours.values()) ** 0.5
@@ -214,7 +210,7 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
         out.append(skipped("update", uq, "the optimizer is not one a replay re-runs (AdamW, Adam, SGD) or was not "
                                          "recorded"))
     else:
-        out.append(update_check(s, _max_grad_norm(trace), dtype))
+        out.append(update_check(s, clip_of(trace), dtype))
     return out
 
 

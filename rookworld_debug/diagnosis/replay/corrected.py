@@ -193,6 +193,7 @@ def _why_not(phase: str, basis: str) -> str:
 
 def _compare(trace, phase: str, basis: str, w) -> CorrectedStep:
     """The corrected step's numbers against the recorded ones."""
+    from .consecutive import clip_of
     from .data_phases import loss_value
     from .update import rerun_update
     s = w.state
@@ -200,7 +201,7 @@ def _compare(trace, phase: str, basis: str, w) -> CorrectedStep:
     fixed, jac = _corrected_inputs(trace, phase, w)
     g_rec = {n: s.gradient[n] for n in names}
     g_cor = g_rec if phase == "update" else _gradient(fixed, jac, names)
-    mgn = trace.recorded.max_grad_norm if trace.recorded is not None else trace.config.max_grad_norm
+    mgn = clip_of(trace)
     after = rerun_update(s.before, g_cor, names, s.optimizer, s.optimizer_settings, s.optimizer_state, mgn,
                          groups=s.optimizer_groups)
     d_rec = {n: s.after[n].double() - s.before[n].double() for n in names}

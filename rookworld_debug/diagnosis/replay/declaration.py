@@ -252,7 +252,8 @@ def _declared(trace, keyword: str):
     if keyword == "temperature":
         return float(trace.rollout.temperatures[0])
     if keyword == "max_grad_norm":
-        return trace.recorded.max_grad_norm if trace.recorded is not None else trace.config.max_grad_norm
+        from .consecutive import clip_of
+        return clip_of(trace)
     if keyword == "precision":
         return _precision(trace)
     if keyword == "sampler_precision":
