@@ -226,17 +226,24 @@ def test_an_undeclared_pass_is_read_from_the_records(tokenizer):
     assert with_inferred_pass(_two_pass(tokenizer, 0.3, iteration=0))[1] is None
 
 
-def test_an_undeclared_later_pass_gets_no_error_from_the_sampler_checks(tokenizer):
-    """π_old ≠ the loss forward's (a later pass), the sampler's log-probs π_old's: no sampler mismatch, no error."""
+@pytest.mark.parametrize("declared", [dict(num_iterations=2), {}], ids=["mu_declared", "mu_left_at_default"])
+def test_an_undeclared_later_pass_gets_no_error_from_the_sampler_checks(tokenizer, declared):
+    """π_old ≠ the loss forward's (a later pass), the sampler's log-probs π_old's: no sampler mismatch, no error,
+    whether the loop passed num_iterations=2 or left it at its default 1 (then the note names both keywords)."""
     from rookworld_debug.diagnosis.registry import diagnose_step
-    rec = _recorder(tokenizer, num_iterations=2)
+    rec = _recorder(tokenizer, **declared)
     m = rec.pieces["rollout"]["completion_mask"]
     lp = -torch.rand(8, T) * m
     rec.pieces["rollout"]["sampling_logps"] = (lp + 0.3 * m).float()
     rec.logprobs(lp, old=lp + 0.3 * m, training=False)
     found, rep = diagnose_step(rec.build())
-    assert "declaration_incomplete" in [f.code for f in found]
+    note = next(f for f in found if f.code == "declaration_incomplete")
     assert not [f for f in found if f.severity == "error"], [(f.code, f.cause[:200]) for f in found]
+    assert ("left num_iterations at its default 1" in note.cause) == (not declared), note.cause
+    # a loop that passed num_iterations=1 itself is taken at its word: π_old moved, so π_old is the finding
+    rec = _recorder(tokenizer, num_iterations=1)
+    rec.logprobs(lp, old=lp + 0.3 * m, training=False)
+    assert "declaration_incomplete" not in [f.code for f in diagnose_step(rec.build())[0]]
 
 
 # ------------------------------------------------------------------------------------- a loop's real fault

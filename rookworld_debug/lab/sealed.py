@@ -30,7 +30,8 @@ HEALTHY_SINGLE = ({}, {"autocast": "bfloat16"}, {"micro_batches": 4},
 # healthy loops of shapes real trainers have, written with the probe faults (not held out)
 PROBE_SHAPES = ({"weight_decay": 0.1, "lr": 1e-3}, {"frozen_embeddings": True},
                 {"gradient_after_clip": True, "max_grad_norm": 0.05}, {"undeclare": ("beta",)},
-                {"undeclare": ("temperature",)}, {"undeclare": ("max_grad_norm",), "max_grad_norm": 0.05})
+                {"undeclare": ("temperature",)}, {"undeclare": ("max_grad_norm",), "max_grad_norm": 0.05},
+                {"num_iterations": 2, "declare_iteration": False, "undeclare": ("num_iterations", "temperature")})
 
 
 def _loop_rows(name: str, faults, all_faults: dict, settings: dict, healthy: tuple):

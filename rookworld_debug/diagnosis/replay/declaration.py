@@ -135,31 +135,41 @@ def _with_precision(setup, roles, dtype: str):
 
 @dataclass(frozen=True)
 class PassNote:
-    """A loop that declared num_iterations > 1 but not which pass it recorded: the pass its records show."""
+    """A loop that did not say which pass it recorded (num_iterations > 1 without iteration, or num_iterations left
+    at its default 1 while π_old is not the loss forward's): the pass its records show."""
     num_iterations: int
     inferred: Optional[int]     # 0: the first pass; 1: a later one; None: the records cannot tell
     why: str                    # what in the records says so
+    mu_inferred: bool = False   # num_iterations was not passed at all: a later pass implies μ ≥ 2
 
 
 def with_inferred_pass(trace) -> tuple:
     """(the trace with the pass its records show, PassNote or None). On a rollout's first pass π_old is the weights
     before the update, so π_old's recorded log-probs equal the loss forward's; on a later pass the policy has moved
-    and they differ. A loop that passed `iteration` itself is taken at its word."""
+    and they differ. A loop that passed `iteration` itself is taken at its word; one that left num_iterations at
+    its default 1 while its π_old moved is read as a later pass of μ ≥ 2 passes, said as a note (a loop of one pass
+    whose π_old is not the loss forward's is told so in the same note), never as errors about its sampler."""
     from .compare import LOGP_TOL, MEAN_TOL, _max_diff, tol_for
     rec = trace.recorded
     mu = int(getattr(trace.config, "num_iterations", 1) or 1)
-    if rec is None or mu < 2 or rec.iteration or "iteration" in rec.explicit:
+    if rec is None or rec.iteration or "iteration" in rec.explicit or (mu < 2 and "num_iterations" in rec.explicit):
         return trace, None
     old, lp, mask = rec.old_per_token_logps, trace.rollout.per_token_logps, trace.rollout.completion_mask
     if old is None or lp is None:
+        if mu < 2:
+            return trace, None
         return _pass(trace, 1), PassNote(mu, None, "π_old's log-probs were not recorded (logprobs(old=...))")
     dt = _precision(trace)
     gap = _max_diff(old, lp, mask)
     mean = float(((old.double() - lp.double()).abs() * mask).sum() / mask.sum().clamp(min=1))
     if gap <= tol_for(LOGP_TOL, dt) or (tol_for(MEAN_TOL, dt) is not None and mean <= tol_for(MEAN_TOL, dt)):
         return trace, None                      # the first pass, as the default says: nothing to note
-    return _pass(trace, 1), PassNote(mu, 1, f"π_old's recorded log-probs differ from the loss forward's by up to "
-                                            f"{gap:.3g} nats (mean {mean:.3g}): the policy moved since sampling")
+    why = (f"π_old's recorded log-probs differ from the loss forward's by up to {gap:.3g} nats (mean {mean:.3g}): "
+           "the policy moved since sampling")
+    if mu < 2:                                  # μ left at its default: a later pass needs at least two
+        trace = dataclasses.replace(trace, config=dataclasses.replace(trace.config, num_iterations=2))
+        return _pass(trace, 1), PassNote(2, 1, why, mu_inferred=True)
+    return _pass(trace, 1), PassNote(mu, 1, why)
 
 
 def _pass(trace, k: int):

@@ -89,13 +89,21 @@ def pass_finding(note) -> Finding:
     and the sampler's log-probs checkable. A note about the declaration, never an error about the loop."""
     which = {0: "the first pass", 1: "a later pass (π_old is not the weights before the update)",
              None: "a pass the records cannot tell"}[note.inferred]
+    if note.mu_inferred:
+        said = ("Your loop left num_iterations at its default 1 and did not say which pass over the rollout this step "
+                f"is, but its records show {which}: {note.why}. The replay takes it as a later pass of a loop that "
+                "takes several optimizer steps per rollout (num_iterations ≥ 2): π_old's and the sampler's log-probs "
+                "are not replayed. If your loop takes one pass per rollout, π_old should equal the loss forward's "
+                "log-probs: then it is computed from other weights than the policy's (a stale π_old or sampler).")
+    else:
+        said = (f"Your loop declares num_iterations={note.num_iterations} but not which pass over the rollout this "
+                f"step is; its records show {which}: {note.why}. The replay takes it so: π_old's and the sampler's "
+                "log-probs are not replayed (the weights that sampled the rollout were not recorded).")
     return Finding(
-        code="declaration_incomplete", severity="warning",
-        cause=f"Your loop declares num_iterations={note.num_iterations} but not which pass over the rollout this "
-              f"step is; its records show {which}: {note.why}. The replay takes it so: π_old's and the sampler's "
-              "log-probs are not replayed (the weights that sampled the rollout were not recorded).",
+        code="declaration_incomplete", severity="warning", cause=said,
         evidence=(Evidence(name="replay/declaration/iteration", value=float(note.num_iterations),
-                           definition=f"num_iterations declared without iteration; {note.why}",
+                           definition=("num_iterations and iteration not passed" if note.mu_inferred else
+                                       "num_iterations declared without iteration") + f"; {note.why}",
                            batch="the recorded step"),),
         fix=Fix("Pass iteration=k (0 for the rollout's first optimizer pass) to StepRecorder and record the weights "
                 "that sampled the rollout with rec.sampler(model_that_sampled) on later passes.",
