@@ -395,3 +395,28 @@ def test_a_scheduler_created_anew_between_the_steps_is_named_by_its_identity(tok
     old = dc.replace(anew, recorded=dc.replace(anew.recorded, scheduler={
         key: v for key, v in anew.recorded.scheduler.items() if key != "instance"}))
     assert scheduler_carried(k, old, 1, 0).status == "agree"         # a record without the number: per-epoch reading
+
+
+def test_a_memoised_forward_is_recomputed_when_its_weights_or_rollout_change():
+    """The replay's variant forwards are computed once per model, rollout and variant: a weight changed in place
+    (its version counter moved), another rollout object or another variant is recomputed, never served stale."""
+    from rookworld_debug.diagnosis.replay.model_phases import _memoised
+    calls = []
+
+    class Rows:                      # a rollout stand-in: only its identity matters to the memo
+        pass
+
+    @_memoised
+    def forward(model, r, scale=1.0):
+        calls.append(scale)
+        return model.weight.detach().sum() * scale
+
+    m, r = torch.nn.Linear(2, 2), Rows()
+    first = forward(m, r)
+    assert forward(m, r) is first and len(calls) == 1
+    with torch.no_grad():
+        m.weight.add_(1.0)
+    assert float(forward(m, r)) == pytest.approx(float(first) + 4.0) and len(calls) == 2
+    forward(m, r, scale=2.0)
+    forward(m, Rows())
+    assert len(calls) == 4

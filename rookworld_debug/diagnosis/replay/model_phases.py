@@ -6,6 +6,7 @@ Shape legend: N rows, T completion tokens, P prompt tokens, V vocabulary.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional
 
 import torch
@@ -25,6 +26,39 @@ ROWS_PER_FORWARD = 16
 GRAD_ATOL = 1e-6
 
 
+# a model's results per rollout and variant, computed once: the declaration fits re-run the scoring phase under each
+# neighbouring declaration, asking for the same forwards again. Held weakly (a notebook's models are freed with it);
+# keyed by the parameters' in-place version counters, so a model whose weights changed is recomputed.
+_MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+MEMO_MAX_BYTES = 64 * 2 ** 20           # the raw (N, T, V) logits are kept only below this size
+
+
+def _memoised(fn):
+    def cached(model, r, **kw):
+        try:
+            key = (fn.__name__, id(r), tuple(p._version for p in model.parameters()),
+                   tuple(sorted((k, _hashable(v)) for k, v in kw.items())))
+            memo = _MEMO.setdefault(model, {})
+        except TypeError:                   # a model that cannot be held weakly: computed each time
+            return fn(model, r, **kw)
+        hit = memo.get(key)
+        if hit is not None and hit[0]() is r:
+            return hit[1]
+        value = fn(model, r, **kw)
+        if not isinstance(value, torch.Tensor) or value.numel() * value.element_size() <= MEMO_MAX_BYTES:
+            memo[key] = (weakref.ref(r), value)
+        return value
+    cached.__doc__, cached.__name__, cached.uncached = fn.__doc__, fn.__name__, fn
+    return cached
+
+
+def _hashable(v):
+    if isinstance(v, torch.Tensor):
+        return tuple(v.flatten().tolist())
+    return tuple(_hashable(x) for x in v) if isinstance(v, (tuple, list)) else v
+
+
+@_memoised
 @torch.no_grad()
 def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, unshifted=False,
                    warp=None, temperature: Optional[float] = None, other_side=False) -> torch.Tensor:
@@ -162,6 +196,7 @@ def _temperature_fit(model, r, rec, mask, tol):
                   " (1: not divided by the temperature)" if abs(t_fit - 1) < 1e-3 else ""))
 
 
+@_memoised
 @torch.no_grad()
 def _variant_logps_raw(model, r) -> torch.Tensor:
     """(N, T, V) the fp32 logits that score each completion token (position ids from the attention mask)."""
@@ -232,6 +267,7 @@ def forward_variants(trace, model) -> dict:
     return variants
 
 
+@_memoised
 @torch.no_grad()
 def _fitted_top_k(model, r) -> Optional[int]:
     """The k for which log-probs renormalised over the top k reproduce the recorded sampler's, token by token
