@@ -202,6 +202,39 @@ def test_the_continuation_re_applies_a_ten_times_learning_rate_and_the_fix_lower
     assert c["seconds_per_step"] > 0
 
 
+def test_the_continuation_judges_the_fix_on_the_paired_difference_alone():
+    """A few steps from one recorded state reach the KL's absolute rule (1 nat/token) in neither arm: there the bug
+    is judged on which way the fix moves each symptom over the shared seeds, and a symptom both arms give the same
+    value on every seed is none of the bug's."""
+    from rookworld_debug.whatif.continuation import _unmoved, paired_only
+    from rookworld_debug.whatif.stats import verdict
+    from rookworld_debug.whatif.symptoms import symptom
+    fix, bug = [0.0094, 0.0018, 0.0060], [0.0095, 0.0019, 0.0061]       # a β too small: the bug's KL a bit larger
+    assert verdict(symptom("kl_spike"), "the fix", fix, bug).verdict == "absent in both"     # the run's rule
+    kl = paired_only(symptom("kl_spike"))
+    assert kl.threshold is None and "paired difference" in kl.definition and "threshold" not in kl.definition
+    assert _unmoved(verdict(kl, "the fix", fix, bug)).verdict == "removed"
+    assert verdict(kl, "the fix", [0.0096, 0.0018, 0.0062], bug).verdict == "cannot tell at this S"   # seeds split
+    same = _unmoved(verdict(paired_only(symptom("reward_drop")), "the fix", [0.1, 0.2, 0.3], [0.1, 0.2, 0.3]))
+    assert same.verdict == "absent in both" and "the bug does not move it" in same.reason
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_continuation_re_applies_a_squared_kl_coefficient_and_the_fix_lowers_the_kl(recorded):
+    """kl_beta_squared: the loop weights its KL term by β² = 0.0016 for its declared β = 0.04 (the terms' regression
+    fits the coefficient). The bug arm runs at that β: a weaker pull to the reference, so on shared seeds its
+    largest KL is the larger on every seed, and the fix removes that (measured: 3.6e-5 nats on 0.002–0.009)."""
+    r = run_cli("whatif", recorded("kl_beta_squared"), "--fix", "--steps", "2", "--seeds", "3", "--json",
+                timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    c = json.loads(r.stdout)["continuation"]
+    assert c["bug"]["settings"]["beta"] == pytest.approx(0.04 ** 2, rel=1e-2), c["bug"]
+    kl = next(v for v in c["verdicts"] if v["symptom"] == "kl_spike")
+    assert all(b > f for f, b in zip(kl["fix_values"], kl["unchanged_values"])), kl
+    assert kl["verdict"] == "removed", kl
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_continuation_re_applies_a_doubled_gradient_and_the_fix_halves_its_norm(recorded):

@@ -157,8 +157,28 @@ def _run(trace, folder, bug: Arm, why: str, steps: int, seeds: int, on_step) -> 
     t0 = time.perf_counter()
     runs = branch(state, arms, steps=steps, seeds=seeds, on_step=on_step)
     per_step = (time.perf_counter() - t0) / (len(arms) * steps * seeds)
-    _, verdicts = judge(runs, arms, tuple(symptom(n) for n in SYMPTOMS), pick=False)
-    return Continuation(bug, why, steps, seeds, verdicts, runs, per_step)
+    _, verdicts = judge(runs, arms, tuple(paired_only(symptom(n)) for n in SYMPTOMS), pick=False)
+    return Continuation(bug, why, steps, seeds, tuple(map(_unmoved, verdicts)), runs, per_step)
+
+
+def _unmoved(v):
+    """A symptom on which the bug and the fix agree on every seed is none of this bug's: nothing for the fix to
+    remove (where `whatif` would say "not removed" of a change that moves nothing)."""
+    from rookworld_debug.whatif.stats import VERDICTS
+    if not v.fix_values or any(f != u for f, u in zip(v.fix_values, v.unchanged_values)):
+        return v
+    return dataclasses.replace(v, verdict=VERDICTS[3], reason=f"the bug and the fix give the same value on each of "
+                               f"the {len(v.fix_values)} seed(s): the bug does not move it")
+
+
+def paired_only(s):
+    """`s` judged on the paired difference alone. An absolute rule (KL above 1 nat/token) marks a broken run; a few
+    steps from one recorded state reach it in neither arm, so there it would say "absent in both" of a bug that
+    plainly moves the quantity (a β too small lets the KL grow faster on every seed). Between the bug and the fix
+    the question is which way, and by how much, the fix moves it."""
+    return dataclasses.replace(s, threshold=None, definition=s.definition.split("; threshold:")[0] +
+                               "; judged on the fix's paired difference from the bug over the shared seeds (a few "
+                               "steps from one state: no run history and no absolute rule)")
 
 
 def describe(c: Continuation) -> str:
