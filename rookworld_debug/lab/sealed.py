@@ -109,7 +109,8 @@ def table(rows: list) -> str:
     healthy = [r for r in rows if not r["fault"]]
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
-    lines = [f"Sealed faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
+    probe = bool(rows) and all(r.get("set") == "probe" for r in rows)     # written after the fits: not sealed
+    lines = [f"{'Probe' if probe else 'Sealed'} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
              f"{pct(sum(bool(r['phase_right']) for r in phased), len(phased))} (TRL cases have no phase); healthy "
              f"controls {len(healthy)}, with an error-level finding: {sum(r['errors'] > 0 for r in healthy)}", "",
