@@ -158,3 +158,27 @@ def test_a_trl_capture_with_its_weights_replays_every_phase(tmp_path, loss_type)
         assert statuses["weights"] == statuses["optimizer"] == statuses["reference"] == "agree", statuses
         errors = [f.code for f in d.findings if f.severity == "error"]
         assert set(errors) <= {"all_truncated"}, errors      # the 32-token budget cuts every completion, on purpose
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
+def test_a_healthy_trl_run_of_two_steps_per_generation_and_two_passes_gets_no_error(tmp_path):
+    """TRL's GRPOTrainer with steps_per_generation = 2 (each generation batch feeds two optimizer steps, each a
+    slice of its rows) and num_iterations = 2 (π_old stored at generation, the policy moved on the later pass),
+    captured with its weights at three consecutive steps: every step replays clean, every pair carries its weights,
+    optimizer and reference over, and no finding is an error."""
+    from rookworld_debug.diagnosis.registry import folder_diagnosis
+    from rookworld_debug.trl.example import run
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.set_num_threads(1)
+    _, cap = run(tmp_path, steps=3, capture=(1, 2, 3), keep_weights=True, per_device_train_batch_size=4,
+                 gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=2, loss_type="dapo",
+                 max_completion_length=128)
+    assert cap.errors == {} and sorted(cap.paths) == [1, 2, 3]
+    d = folder_diagnosis(tmp_path)
+    assert sorted(d.replays) == [1, 2, 3] and len(d.consecutive) == 2
+    assert all(r.first_disagreement is None for r in d.replays.values()), \
+        {k: r.first_disagreement for k, r in d.replays.items()}
+    for pair in d.consecutive:
+        statuses = {c.phase: c.status for c in pair.checks}
+        assert statuses["weights"] == statuses["optimizer"] == statuses["reference"] == "agree", statuses
+    assert not [f.code for f in d.findings if f.severity == "error"], [(f.code, f.cause[:200]) for f in d.findings]
