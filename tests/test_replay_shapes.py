@@ -160,6 +160,8 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
 @pytest.mark.parametrize("fault, kw, code, phase", [
     ("sampler_not_synced", dict(separate_sampler=True, steps=2), "sampler_weights_stale", "generation"),
     ("old_logps_recomputed", dict(num_iterations=2), "logps_from_other_weights", "scoring"),
+    # −max(r·A, clip(r)·A) on a later pass (lr 1e-3: the ratios leave the clip range)
+    ("clip_max_not_min", dict(num_iterations=2, lr=1e-3), "clip_bound_reversed", "loss"),
 ])
 def test_a_fault_of_a_loop_shape_is_placed_and_named(tmp_path, fault, kw, code, phase):
     from rookworld_debug.diagnosis import diagnose_path

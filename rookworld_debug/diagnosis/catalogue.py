@@ -56,6 +56,7 @@ TITLES = {
     "loss_scaled": "the loss is a scaled copy of the declared objective's",
     "loss_wiring": "the loss reads one recorded input where another belongs",
     "kl_direction_reversed": "the KL estimator's log-ratio has the other sign",
+    "clip_bound_reversed": "the clipped surrogate takes the max, not the min",
     "lr_not_from_scheduler": "the learning rate is not the one its scheduler set",
     "scheduler_reset": "the learning-rate scheduler restarted between steps",
     "scheduler_stepped_extra": "the scheduler steps more often than the optimizer",

@@ -118,7 +118,7 @@ PROBE_FAULTS = {
     "grpo_sum_not_mean": ("loss", "declaration_mismatch"),   # each row's loss summed over its tokens, not averaged
     "accum_divided_twice": ("gradient", "gradient_scaled"),  # the micro-batch loss ÷ k in the loss and ÷ k again
     "reward_text_with_prompt": ("rewards", "rewards_other_labels"),   # the reward scores prompt + completion
-    "clip_max_not_min": ("loss", "loss_terms"),          # −max(r·A, clip(r)·A): the optimistic bound (later pass)
+    "clip_max_not_min": ("loss", "clip_bound_reversed"),          # −max(r·A, clip(r)·A): the optimistic bound (later pass)
 }
 # the setting each needs to change the step at all
 SEALED_SETTINGS = {"logsoftmax_bf16": {"autocast": "bfloat16"}, "adv_per_micro_batch": {"micro_batches": 4},

@@ -426,7 +426,11 @@ def loss_check(trace) -> PhaseCheck:
                                           ob.kl_estimator == "k3" else None,
                                           "the KL term is k3 of d = ℓ − ℓ_ref, not of d = ℓ_ref − ℓ: exp(ℓ − ℓ_ref) − "
                                           "(ℓ − ℓ_ref) − 1, the estimator of the other direction (the log-ratio's "
-                                          "sign swapped inside k3)")}
+                                          "sign swapped inside k3)"),
+                "clip_bound_reversed": (clip_bound_reversed(trace, ob, lp, old, ref, adv),
+                                        "the clipped surrogate takes the optimistic bound −max(r·A, clip(r)·A), not "
+                                        "the pessimistic −min(r·A, clip(r)·A): where the ratio left the clip range "
+                                        "on the side the advantage favours, the update is not clipped")}
     for lt in sorted({lt for fam in families() for lt in fam.rules} - {ob.loss_type}):
         variants[f"loss_aggregation/{lt}"] = (v(objective=ob.replace(loss_type=lt)),
                                               f"the loss equals loss_type={lt!r}'s aggregation, not the declared "
@@ -435,6 +439,30 @@ def loss_check(trace) -> PhaseCheck:
         variants[f"loss_wiring/{name}"] = (v(**kw), sentence)
     check = scalar("loss", q, recorded, value, VALUE_TOL, variants=_safe(variants))
     return check
+
+
+# the token-level clipped families whose loss sums masked per-token terms with fixed weights (linear in them)
+LINEAR_CLIP_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
+
+
+def clip_bound_reversed(trace, ob, lp, old, ref, adv):
+    """The loss with −max(r·A, clip(r)·A) per token for the declared −min (a callable), or None where the loss is
+    not a sum of per-token clipped terms or the step has no π_old (on the first pass r = 1: the bounds agree). Per
+    token −max(a, b) = −a − b + min(a, b), so L_max = L_free(ℓ) + L_free(ℓ_c) − L_min(ℓ) on the policy terms alone
+    (β = c_H = 0), plus the declared loss's other terms once: L_free clips nothing, ℓ_c is π_old plus the log-ratio
+    clamped to the clip range (its ratio is clip(r))."""
+    if old is None or ob.loss_type not in LINEAR_CLIP_TYPES or ob.importance_sampling_level != "token" \
+            or ob.delta is not None:
+        return None
+    pg = ob.replace(beta=0.0, entropy_coef=0.0)
+    free = pg.replace(epsilon_low=1.0 - 1e-12, epsilon_high=1e12)          # a clip range no ratio leaves
+    clipped = old + (lp - old).clamp(math.log(1.0 - ob.epsilon_low), math.log(1.0 + ob.epsilon_high))
+
+    def total():
+        def f(o, logps):
+            return float(loss_total(trace, o, logps, old, ref, adv))
+        return f(free, lp) + f(free, clipped) - 2 * f(pg, lp) + f(ob, lp)
+    return total
 
 
 def beta_from_total(trace) -> float | None:
