@@ -120,12 +120,29 @@ PROBE_FAULTS = {
     "reward_text_with_prompt": ("rewards", "rewards_other_labels"),   # the reward scores prompt + completion
     "clip_max_not_min": ("loss", "clip_bound_reversed"),          # −max(r·A, clip(r)·A): the optimistic bound (later pass)
 }
+# a second held-out set: written and frozen in its own commit before any fit for them, scored on its first run
+# (`python -m rookworld_debug.lab.sealed --only blind`); each expectation is what the bug does, whatever the
+# diagnosis had a name for when it was written
+BLIND_FAULTS = {
+    # the micro-batch loss is its own tokens' mean ÷ k (the gradient-accumulation normaliser bug): bnpo's aggregation
+    "accum_token_mean_per_micro_batch": ("loss", "declaration_mismatch"),
+    "old_not_detached": ("loss", "loss_terms"),              # π_old = ℓ not detached: the ratio is 1 with no gradient
+    "kl_mean_over_all_positions": ("loss", "loss_terms"),   # the KL term ÷ N·T positions, the policy term ÷ its tokens
+    "logps_tempered_after_log_softmax": ("scoring", "temperature_after_log_softmax"),   # log_softmax(z) / T
+    "reward_length_penalty": ("rewards", "reward_length_term"),   # − 0.002 per completion token, undeclared
+    "clip_grad_norm_per_parameter": ("update", "update_clip_per_parameter"),   # each tensor clipped to the max norm
+    "sampler_synced_before_step": ("generation", "sampler_weights_stale"),   # the copy synced before opt.step()
+}
+BLIND_SETTINGS = {"accum_token_mean_per_micro_batch": {"loss_type": "dapo"},
+                  "kl_mean_over_all_positions": {"loss_type": "dapo"},
+                  "clip_grad_norm_per_parameter": {"max_grad_norm": 0.01},
+                  "sampler_synced_before_step": {"separate_sampler": True, "steps": 3}}
 # the setting each needs to change the step at all
 SEALED_SETTINGS = {"logsoftmax_bf16": {"autocast": "bfloat16"}, "adv_per_micro_batch": {"micro_batches": 4},
                    "old_logps_from_ref": {"num_iterations": 2}, "clip_per_micro_batch": {"max_grad_norm": 1e-3}}
 PROBE_SETTINGS = {"clip_max_not_min": {"num_iterations": 2, "lr": 1e-3}}
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS,
-              **PROBE_FAULTS}
+              **PROBE_FAULTS, **BLIND_FAULTS}
 
 
 @dataclass(frozen=True)
@@ -231,6 +248,8 @@ def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, f
     at = logits[:, p:p + ids.shape[1]] if fault == "logps_unshifted" else logits[:, p - 1:-1]
     t = 1.0 if fault == "logps_no_temperature" else temperature
     at = at.to(torch.bfloat16) if fault == "logsoftmax_bf16" else at.float()
+    if fault == "logps_tempered_after_log_softmax":
+        return (at.log_softmax(-1) / t).gather(-1, ids[..., None]).squeeze(-1) * mask
     return (at / t).log_softmax(-1).float().gather(-1, ids[..., None]).squeeze(-1) * mask
 
 
@@ -258,7 +277,7 @@ def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
 def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_total, fault: str = ""):
     """TRL's per-token PPO-clip + β·k3 KL, aggregated as `c.loss_type` (one micro-batch; ÷ micro-batches inside).
     `old`: π_old's log-probs (None: ℓ.detach(), one pass per rollout)."""
-    old = logps.detach() if old is None else old
+    old = (logps if fault == "old_not_detached" else logps.detach()) if old is None else old
     ratio = torch.exp(old - logps) if fault == "ratio_inverted" else torch.exp(logps - ref) \
         if fault == "ratio_against_ref" else torch.exp(logps - old)
     a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
@@ -274,7 +293,10 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
     if fault == "entropy_bonus_undeclared":       # a sampled-token entropy proxy, −ℓ, as a bonus
         per_token = per_token + 0.01 * logps
     m = mask.float()
+    if fault == "kl_mean_over_all_positions":       # the KL's mean over every position of the batch's rows
+        return (pg * m).sum() / tokens_total + beta * (kl * m).sum() / (n_total * m.shape[1])
     agg = WRONG_AGGREGATION[c.loss_type] if fault == "loss_wrong_aggregation" else c.loss_type
+    agg = "bnpo" if fault == "accum_token_mean_per_micro_batch" else agg
     if fault == "grpo_length_is_t" and AGGREGATIONS[agg] is _sequence_mean:   # each row's mean over T, not its length
         return (per_token * m).sum(1).div(m.shape[1]).sum() / n_total
     if fault == "grpo_sum_not_mean" and AGGREGATIONS[agg] is _sequence_mean:  # each row's sum, not its mean
@@ -343,7 +365,7 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
     """Sample G completions per prompt with the sampler (the policy itself, or its synced copy), score them."""
     from rookworld_debug.trl.rewards import rookworld_reward_funcs
     g = c.num_generations
-    if L.sampler is not None and (fault != "sampler_not_synced" or step == 1):
+    if L.sampler is not None and (fault not in ("sampler_not_synced", "sampler_synced_before_step") or step == 1):
         L.sampler.load_state_dict(L.model.state_dict())
     if fault == "ref_refreshed":
         L.ref = copy.deepcopy(L.model).requires_grad_(False)
@@ -373,6 +395,8 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
         r = torch.roll(r, 1) if fault == "reward_shift" else -r if fault == "reward_negated" else r
         r = r * 0.5 if fault == "reward_scaled_half" else r.clamp(max=0.3) if fault == "reward_clamped" else r
+        if fault == "reward_length_penalty":
+            r = r - 0.002 * mask.sum(1).float()
         if fault == "reward_first_per_prompt":
             r = r.view(-1, g)[:, :1].expand(-1, g).reshape(-1).clone()
         scorer = L.model if fault == "ref_is_policy" else L.ref
@@ -450,7 +474,10 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         rec.loss(total)
         if not c.gradient_after_clip:
             rec.gradient(model)
-    if fault not in ("no_clip", "clip_after_step"):
+    if fault == "clip_grad_norm_per_parameter":
+        for p_ in model.parameters():
+            torch.nn.utils.clip_grad_norm_([p_], c.max_grad_norm)
+    elif fault not in ("no_clip", "clip_after_step"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
     if rec is not None and c.gradient_after_clip:
         rec.gradient(model)
@@ -462,6 +489,8 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
     for group in opt.param_groups if rec is not None else ():
         group["lr"] = group["lr"] * 10 if fault == "lr_changed" else 0.0 if fault == "lr_zero" else group["lr"]
         group["weight_decay"] = 0.5 if fault == "weight_decay_changed" else group["weight_decay"]
+    if fault == "sampler_synced_before_step" and L.sampler is not None:
+        L.sampler.load_state_dict(model.state_dict())          # synced here, the update not yet applied
     if fault != "no_step":
         opt.step()
     if fault == "clip_after_step":

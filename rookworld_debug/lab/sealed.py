@@ -9,7 +9,10 @@ Writes out/results.jsonl (a row per case, as each finishes) and out/table.md.
 
     python -m rookworld_debug.lab.sealed --out reports/probe --only probe   # not sealed: see PROBE_SHAPES
 
-`--only probe` runs what was written after the set's fits, from the same trackers (not held out): five more faults
+    python -m rookworld_debug.lab.sealed --out reports/blind --only blind   # a second held-out set
+
+`--only blind` runs seven more bug classes written and frozen (in a commit of their own) before any fit for them, with
+one healthy control. `--only probe` runs what was written after the set's fits, from the same trackers (not held out): five more faults
 of the hand-written loop, and healthy loops of shapes that real trainers have (AdamW's two parameter groups, frozen
 embeddings, a gradient handed over after the clip, numbers left at their defaults), none of which may get an error.
 """
@@ -44,6 +47,11 @@ def _loop_rows(name: str, faults, all_faults: dict, settings: dict, healthy: tup
         yield {**r, "set": name, "phase_right": r["first_phase"] == r["expected_phase"]}
     for kw in healthy if faults is None else ():
         yield {**diagnose_case(LoopConfig(**kw), ""), "set": name}
+
+
+def blind_rows(faults=None):
+    from rookworld_debug.lab.handloop import BLIND_FAULTS, BLIND_SETTINGS
+    return _loop_rows("blind", faults, BLIND_FAULTS, BLIND_SETTINGS, HEALTHY_SINGLE[:1])
 
 
 def probe_rows(faults=None):
@@ -109,8 +117,9 @@ def table(rows: list) -> str:
     healthy = [r for r in rows if not r["fault"]]
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
-    probe = bool(rows) and all(r.get("set") == "probe" for r in rows)     # written after the fits: not sealed
-    lines = [f"{'Probe' if probe else 'Sealed'} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
+    kind = {"probe": "Probe", "blind": "Blind"}.get(rows[0].get("set"), "Sealed") if rows and \
+        len({r.get("set") for r in rows}) == 1 else "Sealed"       # probe: written after the fits, not sealed
+    lines = [f"{kind} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
              f"{pct(sum(bool(r['phase_right']) for r in phased), len(phased))} (TRL cases have no phase); healthy "
              f"controls {len(healthy)}, with an error-level finding: {sum(r['errors'] > 0 for r in healthy)}", "",
@@ -129,13 +138,14 @@ def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rookworld_debug.lab.sealed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/sealed", help="folder for results.jsonl and table.md")
-    ap.add_argument("--only", choices=("single", "between", "trl", "probe"), action="append",
+    ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind"), action="append",
                     help="only these parts (repeatable); default: the three sealed ones")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable; no healthy controls)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    parts = {"single": single_rows, "between": between_rows, "trl": trl_rows, "probe": probe_rows}
+    parts = {"single": single_rows, "between": between_rows, "trl": trl_rows, "probe": probe_rows,
+             "blind": blind_rows}
     rows = []
     with open(out / "results.jsonl", "a") as fh:
         for name in a.only or ["single", "between", "trl"]:
@@ -156,9 +166,9 @@ def _subset(part: str, names: Optional[list]):
         return None
     from rookworld_debug.lab.between_steps import SEALED_BETWEEN_FAULTS
     from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS
-    from rookworld_debug.lab.handloop import PROBE_FAULTS, SEALED_FAULTS
+    from rookworld_debug.lab.handloop import BLIND_FAULTS, PROBE_FAULTS, SEALED_FAULTS
     known = {"single": SEALED_FAULTS, "between": SEALED_BETWEEN_FAULTS,
-             "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS}[part]
+             "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS, "blind": BLIND_FAULTS}[part]
     return [n for n in names if n in known]
 
 
