@@ -162,6 +162,11 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
     ("old_logps_recomputed", dict(num_iterations=2), "logps_from_other_weights", "scoring"),
     # −max(r·A, clip(r)·A) on a later pass (lr 1e-3: the ratios leave the clip range)
     ("clip_max_not_min", dict(num_iterations=2, lr=1e-3), "clip_bound_reversed", "loss"),
+    # the held-out set written after the probe (lab/handloop.py BLIND_FAULTS), as fixed after its first run
+    ("clip_grad_norm_per_parameter", dict(max_grad_norm=0.01), "update_clip_per_parameter", "update"),
+    ("logps_tempered_after_log_softmax", {}, "temperature_after_log_softmax", "scoring"),
+    ("reward_length_penalty", {}, "reward_length_term", "rewards"),
+    ("kl_mean_over_all_positions", dict(loss_type="dapo", steps=2), "loss_terms", "loss"),   # KL ≠ 0: a moved policy
 ])
 def test_a_fault_of_a_loop_shape_is_placed_and_named(tmp_path, fault, kw, code, phase):
     from rookworld_debug.diagnosis import diagnose_path
@@ -461,3 +466,34 @@ def test_a_non_finite_recorded_loss_is_a_disagreement_not_a_missing_loss(ppo_ste
     (folder / "trace.json").write_text(json.dumps(d))
     first = replay_path(folder).first_disagreement
     assert first is not None and first.cause == "loss_not_finite"
+
+
+def test_a_declaration_the_step_cannot_tell_from_another_names_both(tmp_path):
+    """A dapo loop whose micro-batch loss is its own tokens' mean ÷ k (the gradient-accumulation normaliser) computes
+    bnpo's aggregation; where every micro-batch's rows have one length, grpo's per-sequence mean gives the same
+    gradient, and the finding says the step cannot tell them apart."""
+    from rookworld_debug.diagnosis import diagnose_path
+    _, folder = _loop(tmp_path, "accum_token_mean_per_micro_batch", loss_type="dapo")
+    top = diagnose_path(folder)[0]
+    assert top.code == "declaration_mismatch" and top.severity == "error", top.cause
+    fitted = {v for v in ("grpo", "bnpo") if f"computes loss_type='{v}'" in top.cause}
+    assert len(fitted) == 1, top.cause
+    other = ({"grpo", "bnpo"} - fitted).pop()
+    assert f"'{other}' gives the same gradient" in top.cause, top.cause
+
+
+def test_a_length_term_in_the_rewards_is_fitted_with_its_coefficient():
+    """The recorded rewards = the trusted ones + c·length: c by least squares (c alone over 2 distinct lengths,
+    c and an offset over 3 or more); a per-row difference no length explains gives nothing."""
+    from rookworld_debug.diagnosis.replay.data_phases import length_variant
+    ref = torch.tensor([0.1, -0.2, 0.3, 0.0, 0.5, -1.0], dtype=torch.float64)
+    lengths = torch.tensor([10, 10, 10, 20, 20, 20])
+    (fitted, said), = length_variant(ref - 0.002 * lengths, ref, lengths).values()
+    assert torch.allclose(fitted, ref - 0.002 * lengths) and "-0.002 per completion token" in said
+    lengths3 = torch.tensor([10, 12, 14, 20, 22, 24])
+    (fitted, said), = length_variant(ref + 0.01 * lengths3 + 0.5, ref, lengths3).values()
+    assert torch.allclose(fitted, ref + 0.01 * lengths3 + 0.5) and "+0.5" in said and "6 lengths" in said
+    noise = ref + torch.tensor([0.3, -0.1, 0.2, 0.0, -0.4, 0.1], dtype=torch.float64)
+    (fitted, _), = length_variant(noise, ref, lengths3).values()
+    assert (fitted - noise).abs().max() > 1e-3                 # proposed, and it does not reproduce them
+    assert length_variant(ref, ref, torch.full((6,), 7)) == {}  # one length: a constant, not a length term

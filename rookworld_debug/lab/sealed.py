@@ -117,8 +117,8 @@ def table(rows: list) -> str:
     healthy = [r for r in rows if not r["fault"]]
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
-    kind = {"probe": "Probe", "blind": "Blind"}.get(rows[0].get("set"), "Sealed") if rows and \
-        len({r.get("set") for r in rows}) == 1 else "Sealed"       # probe: written after the fits, not sealed
+    sets = {r.get("set") for r in rows}             # probe: written after the fits, not sealed
+    kind = {"probe": "Probe", "blind": "Blind"}.get(next(iter(sets)), "Sealed") if len(sets) == 1 else "All"
     lines = [f"{kind} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
              f"{pct(sum(bool(r['phase_right']) for r in phased), len(phased))} (TRL cases have no phase); healthy "

@@ -30,6 +30,7 @@ over from step k to step k+1 (weights, optimizer state, sampler, reference, grad
 from __future__ import annotations
 
 import json
+import dataclasses
 import time
 from typing import Optional
 
@@ -75,9 +76,32 @@ def replay_trace(trace, path=None, *, weights: bool = True, loaded: Optional[Wei
         first = _first(checks)
     if first is not None and first.cause in ("", "gradient_missing") and first.phase in ("loss", "gradient"):
         checks = _with_term_fit(trace, w, checks)       # a 0 gradient may be a term that carries none
+    elif first is not None and _total_only(first, checks):
+        checks = _gradient_over_total(first, _with_term_fit(trace, w, checks))
     checks = _ordered(resolve_checks(trace, checks))    # each fitted number named in the step's own quantities
     return Replay(checks=tuple(checks), weights=w.source, seconds=time.perf_counter() - t0,
                   declarations=tuple(fits), trace=trace, pass_note=pass_note)
+
+
+def _is_gradient(c) -> bool:
+    return c.quantity.startswith(("gradient:", "the loss's gradient"))
+
+
+def _total_only(first, checks) -> bool:
+    """The loss total named by a variant while the gradient disagrees unexplained: one number that the gradient,
+    a vector, has not confirmed."""
+    return first.phase == "loss" and bool(first.cause) and quantity_key(first) == "loss" and \
+        any(_is_gradient(c) and c.status == "disagree" and not c.cause for c in checks)
+
+
+def _gradient_over_total(first, checks) -> list:
+    """Where the terms' regression explains the gradient, it names the mechanism and the total's variant (a match
+    of one number the gradient contradicts) is kept as a disagreement without a cause."""
+    if not any(_is_gradient(c) and c.status == "disagree" and c.cause for c in checks):
+        return checks
+    said = f"{first.explanation} — not established: the gradient is not this variant's (the terms' fit below)"
+    return _ordered([dataclasses.replace(c, cause="", explanation=said) if c is first else c
+                     for c in checks])
 
 
 def _first(checks) -> Optional[PhaseCheck]:

@@ -144,7 +144,8 @@ def rewards_check(trace, labels) -> PhaseCheck:
         return compare("rewards", q + " (Stockfish re-run under the step's search settings)", rw.rewards.double(),
                        ref, VALUE_TOL, variants=reward_variants(ref, r.num_generations),
                        fit=value_fits(r.num_generations))
-    variants = {**reward_variants(ref, r.num_generations), **_label_variants(score, labels, r.num_generations)}
+    variants = {**reward_variants(ref, r.num_generations), **_label_variants(score, labels, r.num_generations),
+                **length_variant(rw.rewards.double(), ref, r.completion_mask.sum(1))}
     return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=variants,
                    fit=value_fits(r.num_generations))
 
@@ -227,6 +228,27 @@ def _label_variants(score, labels, g: int) -> dict:
         out["rewards_other_labels/stride"] = (lambda lab=stride: score(lab), "the rewards were scored against the "
                                               "labels in prompt-major order (stride B) while the rows are grouped")
     return out
+
+
+def length_variant(recorded: torch.Tensor, ref: torch.Tensor, lengths: torch.Tensor) -> dict:
+    """{"reward_length_term": (ref + c·length (+ b), the sentence)}: a shaping term in the completion's length that
+    the declared reward does not have, fitted by least squares over the rows: c alone where at least 2 lengths are
+    distinct, c and b where at least 3 are (k parameters fit any k points); {} with fewer than 4 finite rows."""
+    ok = torch.isfinite(recorded) & torch.isfinite(ref)
+    x, d = lengths.double()[ok], (recorded - ref)[ok]
+    distinct = x.unique().numel()
+    if int(ok.sum()) < 4 or distinct < 2:
+        return {}
+    if distinct >= 3:
+        sol = torch.linalg.lstsq(torch.stack([x, torch.ones_like(x)], 1), d[:, None]).solution.squeeze(1)   # (2,)
+        c, b = float(sol[0]), float(sol[1])
+    else:                                           # one parameter: a term per token, no offset
+        c, b = float((x * d).sum() / (x * x).sum()), 0.0
+    fitted = ref + c * lengths.double() + b
+    return {"reward_length_term": (fitted, f"the recorded rewards are the RookWorld reward {c:+.4g} per completion "
+                                           f"token" + (f" {b:+.4g}" if abs(b) > 1e-6 else "") +
+                                   f" (fitted over {int(ok.sum())} rows of {distinct} lengths): a length "
+                                   "term the declared reward does not have (a penalty or bonus on length)")}
 
 
 def reward_variants(ref: torch.Tensor, g: int) -> dict:

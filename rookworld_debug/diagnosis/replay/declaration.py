@@ -37,6 +37,7 @@ class DeclarationFit:
     difference: float           # its difference under the declaration
     tolerance: float
     trace: object = None        # the StepTrace under the fitted declaration
+    equivalent: tuple = ()      # other values of the keyword under which the whole phase agrees as well
 
 
 def _loss_types(c) -> list:
@@ -45,6 +46,15 @@ def _loss_types(c) -> list:
     own = next((f for f in families() if c.loss_type in f.rules), None)
     first = [lt for lt in (own.rules if own else ()) if lt != c.loss_type]
     return first + [lt for f in families() if f is not own for lt in f.rules]
+
+
+def _kin(keyword: str, a, b) -> bool:
+    """Values worth trying as equivalents of a fit: a loss type of the same family (the aggregations that coincide
+    when lengths are equal), any other value of a keyword of few values."""
+    if keyword != "loss_type":
+        return True
+    from rookworld_debug.grpo.families import families
+    return any(a in f.rules and b in f.rules for f in families())
 
 
 def _precision(trace) -> str:
@@ -191,6 +201,8 @@ def fit_declaration(trace, first: PhaseCheck, phase_checks, agreed: frozenset = 
         if keyword in ONE_NUMBER and not (checks and all(c.status == AGREE for c in checks)
                                           and any(quantity_key(c) == "gradient" for c in checks)):
             continue            # fitted to one total: the gradient must agree under it as well
+        if want == "loss" and any(quantity_key(c) == "gradient" and c.status != AGREE for c in checks):
+            continue            # the total fixed and its gradient not: one number that many declarations reach
         fixed = any(quantity_key(c) == want and c.status == AGREE for c in checks)
         kept = all(c.status == AGREE for c in checks if quantity_key(c) in agreed)
         # of the neighbours that fix it: the one that fixes most, then the one left nearest (in tolerances)
@@ -203,8 +215,10 @@ def fit_declaration(trace, first: PhaseCheck, phase_checks, agreed: frozenset = 
     if best is None:
         return None
     keyword, value, other = best
+    same = tuple(v for k, v, t in _neighbours(trace, first) if whole and k == keyword and v != value
+                 and _kin(keyword, v, value) and all(c.status == AGREE for c in _quietly(phase_checks, t, first.phase)))
     return DeclarationFit(keyword, _declared(trace, keyword), value, first.phase, first.quantity,
-                          first.max_abs_diff, first.tolerance, other)
+                          first.max_abs_diff, first.tolerance, other, same)
 
 
 # a difference whose signed mean is this share of its mean size leans one way: rounding does not

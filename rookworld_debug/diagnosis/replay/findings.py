@@ -72,7 +72,11 @@ def declaration_finding(fit, explicit: tuple = ()) -> Finding:
                                                                f"{fit.declared!r}") +
               f". Under the declaration its {fit.phase} ({fit.quantity}) differs from the trusted recomputation by "
               f"{fit.difference:.4g} (tolerance {fit.tolerance:.3g}); under {kw} it agrees, and every other finding "
-              f"is replayed under {kw}. " + (f"The loop contradicts what it declared: either it has a bug in its "
+              f"is replayed under {kw}. " + (f"On this step {' and '.join(repr(v) for v in fit.equivalent)} "
+                                             f"give{'s' if len(fit.equivalent) == 1 else ''} the same {fit.phase} "
+                                             f"(the step cannot tell {fit.keyword}={fit.fitted!r} from "
+                                             f"{'them' if len(fit.equivalent) > 1 else 'it'}). "
+                                             if fit.equivalent else "") + (f"The loop contradicts what it declared: either it has a bug in its "
                                              f"{fit.phase}, or the declaration is wrong." if said else
                                              f"If {kw} is what you meant, the loop is not at fault: declare it."),
         evidence=(Evidence(name=f"replay/declaration/{fit.keyword}", value=float(fit.difference),

@@ -252,6 +252,10 @@ def forward_variants(trace, model) -> dict:
     variants = {
         "temperature_not_applied": (lambda: _variant_logps(model, r, temperature_one=True),
                                     "the log-probs are of the raw logits: the sampling temperature was not applied"),
+        "temperature_after_log_softmax": (lambda: _variant_logps(model, r, temperature_one=True)
+                                          / r.temperatures.float().clamp(min=1e-6)[:, None],
+                                          "the temperature divides the log-probs, not the logits: log_softmax(z) / T "
+                                          "is not a distribution's log-probs (log_softmax(z / T) is)"),
         "position_ids_left_pad": (lambda: _variant_logps(model, r, plain_positions=True),
                                   "the forward counted the left padding in the position ids (no position_ids from "
                                   "the attention mask): every left-padded row is scored at shifted positions"),

@@ -23,16 +23,17 @@ OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch
 
 def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict, opt_state: Optional[dict],
                  max_grad_norm: Optional[float], *, clip: bool = True, fresh_state: bool = False,
-                 grad_clamp: Optional[float] = None, groups: tuple = ()) -> dict:
+                 grad_clamp: Optional[float] = None, groups: tuple = (), per_tensor: bool = False) -> dict:
     """{name: θ after one step of the recorded optimizer} from θ_before, the recorded gradient and state
-    (`grad_clamp`: the gradient also clamped element-wise to ±it after the norm clip)."""
+    (`grad_clamp`: the gradient also clamped element-wise to ±it after the norm clip; `per_tensor`: the norm clip
+    applied to each tensor on its own, not to the whole gradient)."""
     names = [n for n in trainable if n in grad and n in before]
     # in the recorded dtype: a bf16 model's optimizer steps in bf16, and its rounding is part of what it did
     params = [torch.nn.Parameter(before[n].detach().clone()) for n in names]
     for p, n in zip(params, names):
         p.grad = grad[n].detach().clone().to(p.dtype)
-    if clip and max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
+    for group in ([[p] for p in params] if per_tensor else [params]) if clip and max_grad_norm else ():
+        torch.nn.utils.clip_grad_norm_(group, float(max_grad_norm))
     if grad_clamp is not None:
         torch.nn.utils.clip_grad_value_(params, grad_clamp)
     opt = recorded_optimizer(kind, params, names, settings, None if fresh_state else opt_state, groups)
@@ -117,8 +118,11 @@ def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
                 ("optimizer_state_reset", dict(fresh_state=True),
                  "the update is a first step's: the optimizer's moments were reset (a new optimizer each step?)"),
                 ("grad_clip_not_applied", dict(clip=False),
-                 f"the update used the unclipped gradient: max_grad_norm {max_grad_norm} was not applied")):
-            if (max_grad_norm or code != "grad_clip_not_applied") and u.resid(u.step(**kw)) <= u.bound:
+                 f"the update used the unclipped gradient: max_grad_norm {max_grad_norm} was not applied"),
+                ("update_clip_per_parameter", dict(per_tensor=True),
+                 f"each parameter tensor's gradient was clipped to norm {max_grad_norm} on its own (clip_grad_norm_ "
+                 "called per tensor), not the whole gradient by its global norm: the update's direction changed")):
+            if (max_grad_norm or "clip" not in kw and "per_tensor" not in kw) and u.resid(u.step(**kw)) <= u.bound:
                 cause, why = code, sentence
                 break
     if not cause and u.norm_rec > 0 and finite:
