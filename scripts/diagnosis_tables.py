@@ -33,6 +33,15 @@ SOURCES = (
      f"2-core CPU, 2026-11-29, `{SEALED} --only single --only between` on commit 27a2b89 (shared with one other job "
      "for part of the run), then `--only trl` on the code of commit 4022659 (the fits for TRL's sampler settings, a "
      "reward the replay cannot call and rewards one batch late, written after the runs above showed those misses)"),
+    ("A second held-out set: its first run", "blind-first-run-20261129.jsonl", "sealed",
+     f"2-core CPU, 2026-11-29, `{SEALED} --only blind` on commit 4b42de6 (the commit that froze the seven faults and "
+     "their expected causes; no fit for them existed). accum_token_mean_per_micro_batch counts as named by its code, "
+     "but the loss type fitted was grpo (the loop computes bnpo's aggregation; on this step the two give the same "
+     "gradient, which the finding did not say then)"),
+    ("The second held-out set after its fixes, with the probe faults and healthy shapes (not held out)",
+     "blind-probe-after-fixes-20261129.jsonl", "sealed",
+     f"2-core CPU, 2026-11-29, `{SEALED} --only blind --only probe` on the code with the fits written after the "
+     "first run above (commit b12fa50)"),
     ("Fault injection, diagnosed with the replay: every seed-0 case and the controls",
      "fault-bench-replay-seed0-all-20261128.jsonl", "faults",
      f"2-core CPU, 2026-11-28, `{FAULTS} --only /0` then `--only control`, seed 0: all 43 fault types and the 24 "

@@ -118,7 +118,8 @@ def table(rows: list) -> str:
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
     sets = {r.get("set") for r in rows}             # probe: written after the fits, not sealed
-    kind = {"probe": "Probe", "blind": "Blind"}.get(next(iter(sets)), "Sealed") if len(sets) == 1 else "All"
+    kind = " and ".join(sorted({"probe": "probe", "blind": "blind"}[x] for x in sets)).capitalize() \
+        if sets and sets <= {"probe", "blind"} else "Sealed"
     lines = [f"{kind} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
              f"{pct(sum(bool(r['phase_right']) for r in phased), len(phased))} (TRL cases have no phase); healthy "
