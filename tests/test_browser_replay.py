@@ -49,6 +49,18 @@ def lab(tmp_path_factory):
         yield server
 
 
+def _shown_text(locator, timeout_s: float = 30.0) -> str:
+    """The element's text once it is on screen: JupyterLab skips rendering cells outside the viewport (CSS
+    content-visibility), and a skipped element's text reads empty until it is scrolled to."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        locator.scroll_into_view_if_needed()
+        text = locator.inner_text()
+        if text.strip() or time.monotonic() > deadline:
+            return text
+        time.sleep(0.5)
+
+
 @pytest.mark.browser
 def test_the_replay_view_and_the_fix_card_render_in_notebook_01_on_a_faulty_recorded_step(lab):
     from playwright.sync_api import sync_playwright
@@ -58,8 +70,9 @@ def test_the_replay_view_and_the_fix_card_render_in_notebook_01_on_a_faulty_reco
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
         try:
-            run_all_cells(page, lab, NB, ".rw-replay-table")
-            head = re.search(r"(\d+) error-level", page.locator(".rw-diagnosis").first.inner_text())
+            # the fix card is the last cell's output: once it is there, every cell above has run
+            run_all_cells(page, lab, NB, "section.rw-fix")
+            head = re.search(r"(\d+) error-level", _shown_text(page.locator(".rw-diagnosis").first))
             assert head and int(head[1]) >= 1
             assert page.locator('.rw-finding[data-code="advantage_sign_flipped"]').count() == 1
             first = page.locator("tr.rw-replay-first")
@@ -74,7 +87,8 @@ def test_the_replay_view_and_the_fix_card_render_in_notebook_01_on_a_faulty_reco
             assert fig.count() >= 1
             fix = page.locator("section.rw-fix")          # what the fix changes, under the diagnosis
             assert fix.count() == 1 and fix.first.is_visible()
-            assert "What the fix changes:" in fix.first.inner_text() and "advantages" in fix.first.inner_text()
+            said = _shown_text(fix.first)
+            assert "What the fix changes:" in said and "advantages" in said
             page.locator("tr.rw-replay-first").scroll_into_view_if_needed()
             if shot.parent.is_dir():
                 page.screenshot(path=str(shot), full_page=False)

@@ -29,8 +29,8 @@ over from step k to step k+1 (weights, optimizer state, sampler, reference, grad
 """
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 import time
 from typing import Optional
 
