@@ -196,7 +196,8 @@ def fit_declaration(trace, first: PhaseCheck, phase_checks, agreed: frozenset = 
         return None
     want = quantity_key(first)
     best, best_score, whole = None, None, False
-    for keyword, value, other in _neighbours(trace, first):
+    candidates = iter(_neighbours(trace, first))
+    for keyword, value, other in candidates:
         checks = _quietly(phase_checks, other, first.phase)
         if keyword in ONE_NUMBER and not (checks and all(c.status == AGREE for c in checks)
                                           and any(quantity_key(c) == "gradient" for c in checks)):
@@ -215,8 +216,9 @@ def fit_declaration(trace, first: PhaseCheck, phase_checks, agreed: frozenset = 
     if best is None:
         return None
     keyword, value, other = best
-    same = tuple(v for k, v, t in _neighbours(trace, first) if whole and k == keyword and v != value
-                 and _kin(keyword, v, value) and all(c.status == AGREE for c in _quietly(phase_checks, t, first.phase)))
+    # the first whole fit ended the loop, so no neighbour before it was whole: only those after it can tie with it
+    same = tuple(v for k, v, t in candidates if k == keyword and _kin(keyword, v, value)
+                 and all(c.status == AGREE for c in _quietly(phase_checks, t, first.phase))) if whole else ()
     return DeclarationFit(keyword, _declared(trace, keyword), value, first.phase, first.quantity,
                           first.max_abs_diff, first.tolerance, other, same)
 
