@@ -13,6 +13,47 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["MKL_NUM_THREADS"] = "1"
 
 
+# --------------------------------------------------------------------- disk: what a module's fixtures wrote
+# The suite saves many whole steps (weights, optimizer state, rollouts): kept to the session's end they came to
+# ~14 GB and filled a CI machine's disk. A passing test's tmp_path is removed when it ends (pyproject:
+# tmp_path_retention_policy = "failed"); the folders a module- or class-scoped fixture made with tmp_path_factory
+# are removed when its module ends, unless a test of that module failed (kept to look at, as tmp_path is).
+_FIXTURE_SCOPES: list = []      # the scopes of the fixtures being set up now, innermost last
+_MODULE_TEMPS: list = []        # folders module- and class-scoped fixtures made, in order
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    _FIXTURE_SCOPES.append(fixturedef.scope)
+    yield
+    _FIXTURE_SCOPES.pop()
+
+
+_mktemp = pytest.TempPathFactory.mktemp
+
+
+def _mktemp_noted(self, basename: str, numbered: bool = True) -> Path:
+    path = _mktemp(self, basename, numbered)
+    if _FIXTURE_SCOPES and _FIXTURE_SCOPES[-1] in ("module", "class"):
+        _MODULE_TEMPS.append(path)
+    return path
+
+
+pytest.TempPathFactory.mktemp = _mktemp_noted
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_temps_removed(request):
+    import shutil
+    start, failed = len(_MODULE_TEMPS), request.session.testsfailed
+    yield
+    made = _MODULE_TEMPS[start:]
+    del _MODULE_TEMPS[start:]
+    if request.session.testsfailed == failed:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread_after_each_module():
     """torch.set_num_threads is per process: a module that raises it (several use 2) would keep it for every later
