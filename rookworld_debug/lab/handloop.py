@@ -133,6 +133,19 @@ BLIND_FAULTS = {
     "clip_grad_norm_per_parameter": ("update", "update_clip_per_parameter"),   # each tensor clipped to the max norm
     "sampler_synced_before_step": ("generation", "sampler_weights_stale"),   # the copy synced before opt.step()
 }
+# a third held-out set, written and frozen the same way (`--only unseen`): bug classes of public trackers that no
+# earlier set had, each with what the bug does
+UNSEEN_FAULTS = {
+    "ref_in_train_mode": ("scoring", "dropout_active"),            # the reference scored with its dropout on
+    "sampler_top_p_unrecorded": ("generation", "sampler_distribution_changed"),   # nucleus 0.9, unwarped log-probs kept
+    "ref_logps_unshifted": ("scoring", "logits_not_shifted"),      # only the reference's logits taken unshifted
+    "kl_summed_per_row": ("loss", "loss_terms"),                   # the KL summed over each row, the PG its row mean
+    "adv_first_rows_each_micro_batch": ("loss", "loss_wiring"),    # every micro-batch takes adv[:n_mb], not adv[rows]
+    "texts_with_special_tokens": ("generation", "completion_text_misaligned"),   # decoded keeping <|endoftext|>
+    "last_micro_batch_no_backward": ("gradient", "gradient_micro_batches"),   # the last micro-batch's backward skipped
+    "ref_mixup_each_step": ("scoring", "reference_tracks_policy"),  # ref ← 0.4·ref + 0.6·policy before each rollout
+    "adv_whitened_again": ("advantages", "advantages_scaled"),     # group advantages whitened again over the batch
+}
 BLIND_SETTINGS = {"accum_token_mean_per_micro_batch": {"loss_type": "dapo"},
                   "kl_mean_over_all_positions": {"loss_type": "dapo"},
                   "clip_grad_norm_per_parameter": {"max_grad_norm": 0.01},
@@ -142,7 +155,7 @@ SEALED_SETTINGS = {"logsoftmax_bf16": {"autocast": "bfloat16"}, "adv_per_micro_b
                    "old_logps_from_ref": {"num_iterations": 2}, "clip_per_micro_batch": {"max_grad_norm": 1e-3}}
 PROBE_SETTINGS = {"clip_max_not_min": {"num_iterations": 2, "lr": 1e-3}}
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS,
-              **PROBE_FAULTS, **BLIND_FAULTS}
+              **PROBE_FAULTS, **BLIND_FAULTS, **UNSEEN_FAULTS}
 
 
 @dataclass(frozen=True)
@@ -209,7 +222,12 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
         if fault == "sampler_top_k":
             kth = lp.topk(5, -1).values[:, -1:]
             lp = lp.masked_fill(lp < kth, -float("inf")).log_softmax(-1)
-        tok = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(1)
+        draw = lp
+        if fault == "sampler_top_p_unrecorded":          # the smallest set of tokens holding 0.9 of the mass
+            p_sorted, order = lp.exp().sort(-1, descending=True)
+            drop = (p_sorted.cumsum(-1) - p_sorted) >= 0.9
+            draw = lp.masked_fill(drop.scatter(-1, order, drop), -float("inf")).log_softmax(-1)
+        tok = torch.multinomial(draw.exp(), 1, generator=gen).squeeze(1)
         tok = torch.where(done, torch.full_like(tok, eos), tok)
         raw = logits.float().log_softmax(-1) if fault == "sampler_no_temperature" else lp
         ids.append(tok)
@@ -271,6 +289,7 @@ def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
     if fault == "adv_std_over_batch":
         a = centred / (r.std() + 1e-4)
     a = a.flip(1) if fault == "adv_reversed_in_group" else a * g if fault == "adv_times_g" else a
+    a = (a - a.mean()) / (a.std() + 1e-8) if fault == "adv_whitened_again" else a
     return a.T.reshape(-1) if fault == "adv_grouping_stride" else a.reshape(-1)
 
 
@@ -297,6 +316,8 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
         return (pg * m).sum() / tokens_total + beta * (kl * m).sum() / (n_total * m.shape[1])
     agg = WRONG_AGGREGATION[c.loss_type] if fault == "loss_wrong_aggregation" else c.loss_type
     agg = "bnpo" if fault == "accum_token_mean_per_micro_batch" else agg
+    if fault == "kl_summed_per_row":                 # the policy term aggregated as declared, the KL each row's sum
+        return AGGREGATIONS[agg](pg * m, m, n_total, tokens_total, c) + beta * (kl * m).sum() / n_total
     if fault == "grpo_length_is_t" and AGGREGATIONS[agg] is _sequence_mean:   # each row's mean over T, not its length
         return (per_token * m).sum(1).div(m.shape[1]).sum() / n_total
     if fault == "grpo_sum_not_mean" and AGGREGATIONS[agg] is _sequence_mean:  # each row's sum, not its mean
@@ -369,6 +390,10 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         L.sampler.load_state_dict(L.model.state_dict())
     if fault == "ref_refreshed":
         L.ref = copy.deepcopy(L.model).requires_grad_(False)
+    if fault == "ref_mixup_each_step" and step > 1:
+        with torch.no_grad():
+            for p_ref, p_pol in zip(L.ref.parameters(), L.model.parameters()):
+                p_ref.mul_(0.4).add_(0.6 * p_pol)
     sampler = L.sampler if L.sampler is not None else L.model
     batch = _data(c.task, c.num_prompts, c.seed + step)
     prompts, labels = [x["prompt"] for x in batch], [x["completion"] for x in batch]
@@ -386,7 +411,8 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         if c.mask_truncated:                        # TRL's mask_truncated_completions: no EOS, no loss
             mask = mask * (ids == eos).any(1, keepdim=True).long()
             s_logps = s_logps * mask
-        texts = L.tok.batch_decode(ids * mask + eos * (1 - mask), skip_special_tokens=True)
+        texts = L.tok.batch_decode(ids * mask + eos * (1 - mask),
+                                   skip_special_tokens=fault != "texts_with_special_tokens")
         if fault == "completion_texts_rolled":
             texts = texts[1:] + texts[:1]
         use_labels = rows_l[g:] + rows_l[:g] if fault == "reward_wrong_labels" else rows_l
@@ -400,8 +426,15 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         if fault == "reward_first_per_prompt":
             r = r.view(-1, g)[:, :1].expand(-1, g).reshape(-1).clone()
         scorer = L.model if fault == "ref_is_policy" else L.ref
+        if fault == "ref_in_train_mode":             # GPT-2's dropout 0.1 (the embedded model ships 0), train mode
+            for module in scorer.modules():
+                if isinstance(module, torch.nn.Dropout):
+                    module.p = 0.1
+            scorer.train()
         ref_logps = token_logps(scorer, p_ids, p_mask, ids, mask,
-                                1.0 if fault == "ref_logps_no_temperature" else c.temperature)
+                                1.0 if fault == "ref_logps_no_temperature" else c.temperature,
+                                "logps_unshifted" if fault == "ref_logps_unshifted" else "")
+        scorer.eval()
         if fault == "ref_logps_bf16_stored":
             ref_logps = ref_logps.to(torch.bfloat16).float()
         # π_old: the sampler's teacher-forced log-probs, fixed for the rollout's passes (μ > 1 only, as TRL)
@@ -457,11 +490,13 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         if fault == "old_logps_recomputed" and old is not None:
             old = lp.detach()
         adv = ro["r"] if fault == "loss_uses_rewards" else ro["adv"]
-        loss = loss_of(lp, old, ro["ref_logps"][rows], adv[rows], mask[rows], c, n, tokens, fault)
+        adv_rows = adv[:len(rows)] if fault == "adv_first_rows_each_micro_batch" else adv[rows]
+        loss = loss_of(lp, old, ro["ref_logps"][rows], adv_rows, mask[rows], c, n, tokens, fault)
         loss = loss / c.num_generations if fault == "loss_divided_by_g" else loss
         scale = c.micro_batches if fault == "accum_no_divide" else 1 / c.micro_batches \
             if fault == "accum_divided_twice" else 1
-        (loss * scale).backward()
+        if fault != "last_micro_batch_no_backward" or rows[-1] < n - 1:
+            (loss * scale).backward()
         if fault == "clip_per_micro_batch":
             torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
         total += float(loss.detach())

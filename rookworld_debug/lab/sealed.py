@@ -11,8 +11,10 @@ Writes out/results.jsonl (a row per case, as each finishes) and out/table.md.
 
     python -m rookworld_debug.lab.sealed --out reports/blind --only blind   # a second held-out set
 
+    python -m rookworld_debug.lab.sealed --out reports/unseen --only unseen   # a third
+
 `--only blind` runs seven more bug classes written and frozen (in a commit of their own) before any fit for them, with
-one healthy control. `--only probe` runs what was written after the set's fits, from the same trackers (not held out): five more faults
+one healthy control; `--only unseen` nine more, frozen the same way. `--only probe` runs what was written after the set's fits, from the same trackers (not held out): five more faults
 of the hand-written loop, and healthy loops of shapes that real trainers have (AdamW's two parameter groups, frozen
 embeddings, a gradient handed over after the clip, numbers left at their defaults), none of which may get an error.
 """
@@ -52,6 +54,11 @@ def _loop_rows(name: str, faults, all_faults: dict, settings: dict, healthy: tup
 def blind_rows(faults=None):
     from rookworld_debug.lab.handloop import BLIND_FAULTS, BLIND_SETTINGS
     return _loop_rows("blind", faults, BLIND_FAULTS, BLIND_SETTINGS, HEALTHY_SINGLE[:1])
+
+
+def unseen_rows(faults=None):
+    from rookworld_debug.lab.handloop import UNSEEN_FAULTS
+    return _loop_rows("unseen", faults, UNSEEN_FAULTS, {}, HEALTHY_SINGLE[:1])
 
 
 def probe_rows(faults=None):
@@ -118,8 +125,7 @@ def table(rows: list) -> str:
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
     sets = {r.get("set") for r in rows}             # probe: written after the fits, not sealed
-    kind = " and ".join(sorted({"probe": "probe", "blind": "blind"}[x] for x in sets)).capitalize() \
-        if sets and sets <= {"probe", "blind"} else "Sealed"
+    kind = " and ".join(sorted(sets)).capitalize() if sets and sets <= {"probe", "blind", "unseen"} else "Sealed"
     lines = [f"{kind} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
              f"{pct(sum(bool(r['phase_right']) for r in phased), len(phased))} (TRL cases have no phase); healthy "
@@ -139,14 +145,14 @@ def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rookworld_debug.lab.sealed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/sealed", help="folder for results.jsonl and table.md")
-    ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind"), action="append",
+    ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind", "unseen"), action="append",
                     help="only these parts (repeatable); default: the three sealed ones")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable; no healthy controls)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     parts = {"single": single_rows, "between": between_rows, "trl": trl_rows, "probe": probe_rows,
-             "blind": blind_rows}
+             "blind": blind_rows, "unseen": unseen_rows}
     rows = []
     with open(out / "results.jsonl", "a") as fh:
         for name in a.only or ["single", "between", "trl"]:
@@ -167,9 +173,10 @@ def _subset(part: str, names: Optional[list]):
         return None
     from rookworld_debug.lab.between_steps import SEALED_BETWEEN_FAULTS
     from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS
-    from rookworld_debug.lab.handloop import BLIND_FAULTS, PROBE_FAULTS, SEALED_FAULTS
+    from rookworld_debug.lab.handloop import BLIND_FAULTS, PROBE_FAULTS, SEALED_FAULTS, UNSEEN_FAULTS
     known = {"single": SEALED_FAULTS, "between": SEALED_BETWEEN_FAULTS,
-             "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS, "blind": BLIND_FAULTS}[part]
+             "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS, "blind": BLIND_FAULTS,
+             "unseen": UNSEEN_FAULTS}[part]
     return [n for n in names if n in known]
 
 
