@@ -42,6 +42,9 @@ SOURCES = (
      "blind-probe-after-fixes-20261129.jsonl", "sealed",
      f"2-core CPU, 2026-11-29, `{SEALED} --only blind --only probe` on the code with the fits written after the "
      "first run above (commit b12fa50)"),
+    ("A third held-out set: its first run", "unseen-first-run-20261130.jsonl", "sealed",
+     f"2-core CPU shared with a clean-clone test run, 2026-11-30, `{SEALED} --only unseen` on commit 0b9c892 (the "
+     "commit that froze the nine faults and their expected causes; no fit for them existed)"),
     ("Fault injection, diagnosed with the replay: every seed-0 case and the controls",
      "fault-bench-replay-seed0-all-20261128.jsonl", "faults",
      f"2-core CPU, 2026-11-28, `{FAULTS} --only /0` then `--only control`, seed 0: all 43 fault types and the 24 "

@@ -25,7 +25,8 @@ __all__ = ["ReplayView", "replay_view", "replay_table", "replay_tokens", "replay
 
 _E = html.escape
 _STATUS = {"agree": ("agrees", PASS_BG, PASS_FG, "✓"), "disagree": ("disagrees", FAIL_BG, FAIL_FG, "✖"),
-           "not replayed": ("not replayed", INFO_BG, INFO_FG, "–")}
+           "not replayed": ("not replayed", INFO_BG, INFO_FG, "–"),
+           "suspect": ("suspect (a statistical test's warning)", INFO_BG, FAIL_FG, "?")}
 MAX_TOKEN_ROWS = 4          # rows the token view shows, worst first
 # scoped and specific enough to win over a notebook's own table style (JupyterLab right-aligns every cell)
 _CSS = ("<style>.rw-replay .rw-replay-table{border-collapse:collapse;margin-top:4px}"
@@ -51,7 +52,7 @@ def _batch(replay) -> str:
 def _representative(checks: list):
     """The check a phase's row shows: its first disagreement (explained first), else the agreeing check nearest
     its tolerance, else the first not replayed."""
-    dis = [c for c in checks if c.status == "disagree"]
+    dis = [c for c in checks if c.status == "disagree"] or [c for c in checks if c.status == "suspect"]
     if dis:
         return dis[0]
     agree = [c for c in checks if c.status == "agree"]

@@ -107,11 +107,28 @@ def _texts_check(r, tok) -> PhaseCheck:
     if not bad:
         return PhaseCheck("generation", "completion texts = decoded completion ids", AGREE, 0.0, 0.0)
     shifted = all(any(decoded[i].strip() == str(c).strip() for c in r.completions) for i in bad)
+    why = "the texts are the completions of other rows: rewards are joined to the wrong ids" if shifted else \
+        _special_tokens_kept(r, tok, bad)
     return PhaseCheck("generation", "completion texts = decoded completion ids", DISAGREE, float(len(bad)), 0.0,
                       f"{len(bad)} of {len(decoded)} rows, e.g. rows {bad[:6]}", repr(str(r.completions[bad[0]])[:50]),
-                      repr(decoded[bad[0]][:50]), "completion_text_misaligned" if shifted else "",
-                      "the texts are the completions of other rows: rewards are joined to the wrong ids"
-                      if shifted else "", measure="rows whose text is not their decoded ids")
+                      repr(decoded[bad[0]][:50]), "completion_text_misaligned" if why else "", why,
+                      measure="rows whose text is not their decoded ids")
+
+
+def _special_tokens_kept(r, tok, bad: list) -> str:
+    """Why the texts of rows `bad` differ, where each is its ids decoded with the special tokens kept (the EOS and
+    the padding after it read as text by the reward), else ""."""
+    ids, mask = r.completion_ids, r.completion_mask.bool()
+    spans = {"its in-mask ids": lambda i: ids[i][mask[i]], "all its T ids (the padding after EOS included)":
+             lambda i: ids[i]}
+    for span, pick in spans.items():
+        if all(tok.decode(pick(i).tolist(), skip_special_tokens=False).strip() == str(r.completions[i]).strip()
+               for i in bad):
+            eos = tok.eos_token or "the end-of-sequence token"
+            return (f"each text is the decode of {span} with the special tokens kept (skip_special_tokens=False): the "
+                    f"rewards read {eos!r} as part of the completion, so a format check or a parser sees text the "
+                    "model did not write as an answer")
+    return ""
 
 
 def rewards_check(trace, labels) -> PhaseCheck:

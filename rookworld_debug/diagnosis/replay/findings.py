@@ -5,7 +5,7 @@ from __future__ import annotations
 from rookworld_debug.diagnosis.findings import Evidence, Finding, Fix
 
 from .ranks import with_ranks
-from .records import PHASES, Replay
+from .records import PHASES, SUSPECT, Replay
 
 # what to look at in a loop when a phase disagrees and no known mechanism names the cause
 FIXES = {
@@ -131,6 +131,17 @@ def _finding(c, first: bool, upstream: str = "") -> Finding:
                    score=REPLAY_SCORE if first else REPLAY_SCORE / 2 - PHASES.index(c.phase))
 
 
+def _suspect_finding(c) -> Finding:
+    """A statistical test's warning: the recorded step is unlikely under the declaration, by the stated
+    probability, but not beyond doubt (its error bound)."""
+    return Finding(code=c.cause or f"replay_{c.phase}", severity="warning",
+                   cause=f"{c.phase[0].upper() + c.phase[1:]}: {c.explanation}. A test of the recorded values' "
+                         f"statistics, not a recomputation: {c.measure} = {c.max_abs_diff:.3g}, past its warning bound "
+                         f"{c.tolerance:.3g} but not its error bound.",
+                   evidence=_evidence(c), fix=Fix(FIXES[c.phase], code_change=FIXES[c.phase]),
+                   score=REPLAY_SCORE / 2)
+
+
 FIX_COMMAND = " Then `rookworld-debug whatif STEP --fix` shows what the fix changes in this step's update."
 
 
@@ -159,7 +170,7 @@ def replay_findings(replay: Replay) -> list[Finding]:
         out.append(with_ranks(_with_fix_command(_finding(first, True), replay), first, spans))
         out += [with_ranks(_finding(c, False, first.phase), c, spans) for c in replay.checks
                 if c.status == "disagree" and c is not first]
-    else:
+    elif not any(c.status == SUSPECT for c in replay.checks):
         agreed = sorted({c.phase for c in replay.checks if c.status == "agree"}, key=PHASES.index)
         said = "".join(f" {c.phase}: {c.explanation}." for c in replay.checks
                        if c.status == "agree" and c.explanation)        # how an agreement was reached, where it says
@@ -168,6 +179,7 @@ def replay_findings(replay: Replay) -> list[Finding]:
                                  f"weights: {replay.weights}.{said}",
                            evidence=tuple(e for c in replay.checks if c.status == "agree" for e in _evidence(c)),
                            fix=Fix("Nothing to fix in the phases that were replayed."), score=0.0))
+    out += [_suspect_finding(c) for c in replay.checks if c.status == SUSPECT]
     if replay.skipped:
         out.append(Finding(code="replay_incomplete", severity="info",
                            cause="Not replayed: " + "; ".join(f"{c.phase} ({c.quantity}): {c.explanation}"

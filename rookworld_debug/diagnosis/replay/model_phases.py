@@ -15,6 +15,7 @@ from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 
 from .compare import (_max_diff, DISAGREE, LOGP_TOL, MEAN_TOL, REL_TOL, SAMPLER_TOL, compare, parameter_samples,
                       skipped, tol_for)
+from .dropout_noise import dropout_noise
 from .fits import value_fits
 from .precision_paths import logsoftmax_path
 from .records import AGREE, PhaseCheck, fmt
@@ -136,9 +137,23 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
             c = _other_weights(c, rec, mask, model, models, logps, tol)
         if key == "policy" and (trace.recorded is not None or trace.capture is not None):   # another's code:
             c = logsoftmax_path(c, rec, mask * step_rows(trace)[:, None], model, r, dtype)  # which path made it
-        out.append(_dropout(c, trace) if key == "policy" else c)
-    out.append(_reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps, sampler))
-    return out
+        c = _dropout(c, trace) if key == "policy" else c
+        out.append(dropout_noise(c, rec, logps(model), model, r, mask))
+    ref = _reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps, sampler)
+    if reference is not None and r.ref_per_token_logps is not None:
+        ref = dropout_noise(ref, r.ref_per_token_logps, logps(reference), reference, r, mask)
+    return out + [ref] + _sampled_tokens(trace, sampled_by)
+
+
+def _sampled_tokens(trace, model) -> list[PhaseCheck]:
+    """The tokens the sampler chose against the distribution the loop declares (sampled_tokens.py), where the
+    weights that sampled are known: a TRL step that reads a slice of an older generation batch is left out."""
+    from .sampled_tokens import sampled_tokens_check
+    cap = trace.capture
+    if model is None or (cap is not None and int(getattr(cap, "steps_per_generation", 0) or 1) > 1):
+        return []
+    c = sampled_tokens_check(model, trace.rollout, declared_filter=_sampler_warpers(trace) is not None)
+    return [c] if c is not None else []
 
 
 def step_rows(trace) -> torch.Tensor:
@@ -510,4 +525,21 @@ def _regression_fits(recorded, names, fit, bound, norm_rec, accumulation, ours):
         return "loss", "loss_wiring", why, {"kind": "wiring", "params": {"substitution": name},
                                             "residual": resid_w / norm_rec if norm_rec > 0 else math.inf,
                                             "sentence": why}
-    return "gradient", "", "", fitted
+    return _rows_fit(recorded, names, fit, bound, norm_rec) or ("gradient", "", "", fitted)
+
+
+def _rows_fit(recorded, names, fit, bound, norm_rec) -> Optional[tuple]:
+    """(phase, code, sentence, fit) of the per-row regression (each row's policy term and KL term with its own
+    coefficient), where it reproduces the recorded gradient and its coefficients say which rows went wrong."""
+    from rookworld_debug.grpo.phases.generation import loss_mask
+    from .terms import rows_cause
+    rows, resid = fit.fit_rows(recorded, names)
+    if not rows or resid > bound:
+        return None
+    t = fit.trace
+    said = rows_cause(rows, t.advantages.advantages, float(t.config.beta), loss_mask(t.rollout, t.config).sum(1))
+    if said is None:
+        return None
+    code, why = said
+    return "loss", code, why, {"kind": "rows", "params": {k: [float(x) for x in v] for k, v in rows.items()},
+                               "residual": resid / norm_rec if norm_rec > 0 else math.inf, "sentence": why}

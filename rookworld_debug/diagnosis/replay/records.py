@@ -11,6 +11,9 @@ PHASES = ("generation", "rewards", "advantages", "scoring", "loss", "gradient", 
 # the rollout or its scores, which a one-step comparison from the recorded rollout cannot hold
 CORRECTABLE = ("advantages", "scoring", "loss", "gradient", "update")
 AGREE, DISAGREE, SKIPPED = "agree", "disagree", "not replayed"
+# a statistical test (not a recompute) beyond its warning bound but not its error bound: a warning, never the first
+# disagreement a fit or the phases after it hang on
+SUSPECT = "suspect"
 # values a disagreement keeps for a plot (all of them when fewer): the worst quarter, then an even spread
 MAX_SAMPLES = 2000
 
@@ -36,7 +39,7 @@ class PhaseCheck:
     """One recorded quantity recomputed from the previous phase's recorded output by the trusted implementation."""
     phase: str                  # one of PHASES
     quantity: str               # what was compared, e.g. "advantages (N,)"
-    status: str                 # AGREE | DISAGREE | SKIPPED
+    status: str                 # AGREE | DISAGREE | SKIPPED | SUSPECT
     max_abs_diff: float = math.nan    # max |recorded − recomputed| (relative error for the gradient and update)
     tolerance: float = math.nan       # the bound the difference was held to (from the recorded precision)
     where: str = ""             # rows, tokens or layers where it differs most
@@ -77,8 +80,7 @@ class Replay:
             cs = [c for c in self.checks if c.phase == p]
             if not cs:
                 continue
-            status = DISAGREE if any(c.status == DISAGREE for c in cs) else \
-                AGREE if any(c.status == AGREE for c in cs) else SKIPPED
+            status = next((s for s in (DISAGREE, SUSPECT, AGREE) if any(c.status == s for c in cs)), SKIPPED)
             out.append({"phase": p, "status": status, "quantities": [c.quantity for c in cs],
                         "why": "; ".join(c.explanation for c in cs if c.status == SKIPPED)})
         return out

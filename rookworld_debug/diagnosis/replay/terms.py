@@ -16,6 +16,7 @@ Shape legend: N rows, T completion tokens.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -174,6 +175,29 @@ class GradientFit:
         return _regress(recorded, {k: (g, 1.0) for k, g in self.micro_batch_gradients().items()}, names) \
             if len(self.micro_batch_gradients()) > 1 else ({}, math.inf)
 
+    def fit_rows(self, recorded: dict, names, max_rows: int = 32):
+        """The regression on each row's policy term (per unit advantage) and each row's KL term (per unit β):
+        ({"policy": (N,) fitted, "kl": (N,) fitted or None}, ‖recorded − fit‖): the advantage each row's loss used
+        and the β each row's KL carried, as the gradient says (a backward per row and term; N ≤ `max_rows`)."""
+        t = self.trace
+        n = t.rollout.completion_ids.shape[0]
+        if n > max_rows or t.config.kl_estimator == "full":
+            return {}, math.inf
+        base = Objective.from_config(t.config).replace(beta=0.0, entropy_coef=0.0)
+        units = {"policy": token_weights(t, base, self.jac, advantages=torch.ones(n))[0]}
+        if t.rollout.ref_per_token_logps is not None:
+            units["kl"] = token_weights(t, base.replace(beta=1.0), self.jac, advantages=torch.zeros(n))[0]
+        terms, zero = {}, torch.zeros_like(units["policy"])
+        for term, u in units.items():
+            for i in range(n):
+                row = zero.clone()
+                row[i] = u[i]
+                terms[(term, i)] = (self.jac.gradient(row, zero), 0.0)
+        coefs, resid = _regress(recorded, terms, names)
+        out = {term: torch.tensor([coefs.get((term, i), (0.0, 0.0))[0] for i in range(n)], dtype=torch.float64)
+               for term in units}
+        return out, resid
+
     def micro_batch_gradients(self) -> dict:
         """{micro-batch label: its share of the declared gradient}, in the order the loop ran them (cached)."""
         if getattr(self, "_mb", None) is None:
@@ -254,6 +278,49 @@ def dot(a: dict, b: dict, names) -> float:
 def near(a: float, b: float) -> bool:
     """A fitted coefficient equal to a declared one, within the regression's 2 % (and float noise)."""
     return abs(a - b) <= 0.02 * max(abs(b), 1e-3) + 1e-6
+
+
+def rows_cause(rows: dict, advantages: torch.Tensor, beta: float, lengths: torch.Tensor) -> Optional[tuple]:
+    """(code, sentence) from the per-row fit (`GradientFit.fit_rows`): which rows' policy term used another row's
+    advantage, and how each row's KL weight follows the row's length; None where neither says anything."""
+    a = advantages.double()
+    pg, kl = rows["policy"], rows.get("kl")
+    tol = 1e-3 * float(a.abs().max()) + 1e-6
+    said, code = [], "loss_terms"
+    off = [i for i in range(a.numel()) if abs(float(pg[i] - a[i])) > tol]
+    if off:
+        took = {i: [j for j in range(a.numel()) if abs(float(pg[i] - a[j])) <= tol] for i in off}
+        if not all(took.values()):
+            return None                           # a row's weight is no advantage of the step: not a wiring
+        d = next((d for d in range(-a.numel() + 1, a.numel()) if d and all(i - d in took[i] for i in off)), None)
+        said.append(f"the policy term of rows {_span(off)} used the advantages of rows "
+                    f"{_span([i - d for i in off]) if d is not None else [took[i][0] for i in off]}, not their own"
+                    f" (the gradient fitted per row reproduces the recorded one; e.g. row {off[0]}: "
+                    f"{float(pg[off[0]]):.4g} where its advantage is {float(a[off[0]]):.4g}): an index into the "
+                    "advantages that is not the micro-batch's rows")
+        code = "loss_wiring"
+    if kl is not None and beta and any(abs(float(k) - beta) > 0.02 * abs(beta) for k in kl):
+        ratio = kl / beta                                                              # (N,)
+        lengths = lengths.double().clamp(min=1)
+        per_token = ratio / lengths
+        if bool((per_token - per_token.mean()).abs().max() <= 0.02 * per_token.mean().abs()):
+            k = float(per_token.mean())
+            said.append(f"each row's KL term carries β × {k:.4g} × its length (row lengths "
+                        f"{_span_vals(lengths)}; fitted β per row {_span_vals(kl)}): the KL is summed over each "
+                        "row's tokens" + ("" if abs(k - 1) < 0.02 else f" and scaled by {k:.4g}") +
+                        " where the declared objective takes each row's mean")
+        else:
+            said.append("each row's KL term carries its own β: " + _span_vals(kl) + f" (declared {beta:g})")
+    return (code, "; ".join(said)) if said else None
+
+
+def _span(rows: list) -> str:
+    return f"{rows[0]}–{rows[-1]}" if len(rows) > 2 and rows == list(range(rows[0], rows[-1] + 1)) else str(rows)
+
+
+def _span_vals(v) -> str:
+    vals = [f"{float(x):.4g}" for x in v]
+    return "[" + ", ".join(vals[:8]) + (", …" if len(vals) > 8 else "") + "]"
 
 
 def terms_cause(coefs: dict, accumulation: int) -> tuple[str, str, str]:

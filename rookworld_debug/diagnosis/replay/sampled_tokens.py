@@ -1,0 +1,186 @@
+"""What the sampler did, read from the tokens it chose: the rollout's tokens against the distribution the loop
+declares it sampled from (the weights that sampled, at the declared temperature, no filter).
+
+A loop can record log-probs that agree with the policy's and still have sampled from another distribution: a
+nucleus (top-p) or top-k filter, greedy decoding, a repetition penalty, another temperature, applied while sampling
+and left out of the recorded log-probs. Every such sampler leaves a trace in WHICH tokens it chose, and each trace
+has an exact probability under the declared distribution, position by position:
+  a filter      no chosen token outside the top k (or the top-p nucleus): P = Π_t mass_t(kept set); the kept set
+                tried is the tightest of the usual values that holds every chosen token (k = 1 is greedy);
+  a penalty     tokens already in the sequence chosen less often than Σ_t P_t(a seen token) predicts;
+  a temperature the chosen tokens' log-probs summed, against their expectation −Σ_t H_t and variance Σ_t Var_t.
+Each is a test the declared distribution passes except with the stated probability (a filter's P is family-wise:
+× the number of sets tried). Past its error bound (P < P_ERROR, |z| > Z_ERROR) the generation phase disagrees; past
+only its warning bound (P < P_WARN, |z| > Z_WARN) it is SUSPECT, a warning that no later phase waits on. Either
+names the sampler's mechanism with the step's numbers.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .records import AGREE, DISAGREE, SUSPECT, PhaseCheck
+
+TOP_K = (1, 2, 3, 5, 10, 20, 40, 50, 64, 100)       # the top-k values samplers use (1: greedy)
+TOP_P = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.92, 0.95, 0.98, 0.99)   # and top-p
+# family-wise probabilities under the declared distribution: an error claims the sampler's filter, a warning says to
+# look (a healthy sampler draws a false warning once in 10,000 recorded steps)
+P_ERROR, P_WARN = 1e-8, 1e-4
+# a sum this many standard deviations from its expectation (normal tails: 1e-15 and 6e-7)
+Z_ERROR, Z_WARN = 8.0, 5.0
+MIN_TOKENS = 32           # fewer chosen tokens say nothing about a sampler
+_PARTS = ("rank", "cum_before", "k_mass", "p_mass", "seen", "seen_mass", "lp", "mean", "var")
+QUANTITY = "the tokens the sampler chose, against the declared distribution (the weights that sampled, ÷ T)"
+
+
+@torch.no_grad()
+def token_statistics(model, r, elements: int = 2 ** 25) -> dict:
+    """Per chosen token (the completion mask's): its rank, the mass of the top-k and top-p sets of TOP_K / TOP_P,
+    whether it was already in the sequence and the chance of that, its log-prob with that log-prob's mean and
+    variance under the declared distribution; (M,) or (M, len(grid)) tensors over the M masked tokens. Rows go
+    through the model a few at a time: each holds (rows, T, V) tensors of `elements` at most."""
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    rows_per_forward = max(1, elements // max(1, r.completion_ids.shape[1] * vocab))
+    parts: dict = {k: [] for k in _PARTS}
+    for s in range(0, r.completion_ids.shape[0], rows_per_forward):
+        rows = slice(s, s + rows_per_forward)
+        ids, mask = r.completion_ids[rows], r.completion_mask[rows].bool()
+        full = torch.cat([r.prompt_ids[rows], ids], 1)
+        attn = torch.cat([r.prompt_mask[rows].long(), mask.long()], 1)
+        logits = model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
+        p, t = r.prompt_ids.shape[1], ids.shape[1]
+        lp = (logits[:, p - 1:p + t - 1].float() / r.temperatures[rows].float()[:, None, None]).log_softmax(-1)
+        _add(parts, lp, ids, mask, seen_before(r.prompt_ids[rows], r.prompt_mask[rows].bool(), ids, lp.shape[-1]))
+    return {**{k: torch.cat(v) for k, v in parts.items()}, "vocab": vocab}
+
+
+def statistics_of(lp: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, seen_before: torch.Tensor) -> dict:
+    """`token_statistics` of given (n, T, V) log-probs of the declared distribution and the chosen ids (n, T)."""
+    parts: dict = {k: [] for k in _PARTS}
+    _add(parts, lp, ids, mask.bool(), seen_before)
+    return {**{k: torch.cat(v) for k, v in parts.items()}, "vocab": int(lp.shape[-1])}
+
+
+def _add(parts: dict, lp, ids, mask, seen_before) -> None:
+    probs = lp.exp()                                                                   # (n, T, V)
+    sorted_p = probs.sort(-1, descending=True).values                                  # (n, T, V)
+    cum = sorted_p.cumsum(-1)
+    chosen = lp.gather(-1, ids[..., None]).squeeze(-1)                                 # (n, T)
+    above = lp > chosen[..., None]                                                     # (n, T, V)
+    parts["rank"].append((above.sum(-1) + 1)[mask])
+    parts["cum_before"].append((probs * above).sum(-1)[mask])
+    ks = torch.tensor(TOP_K).clamp(max=lp.shape[-1])
+    parts["k_mass"].append(cum[..., ks - 1][mask])                                     # (M, |K|)
+    before = cum - sorted_p                                                            # exclusive cumsum
+    p_mass = torch.stack([(sorted_p * (before < q)).sum(-1) for q in TOP_P], -1)       # (n, T, |P|)
+    parts["p_mass"].append(p_mass[mask])
+    parts["seen"].append(seen_before.gather(-1, ids[..., None]).squeeze(-1)[mask])
+    parts["seen_mass"].append((probs * seen_before).sum(-1)[mask])
+    ent_terms = torch.where(probs > 0, probs * lp, torch.zeros_like(lp))
+    mean = ent_terms.sum(-1)                                                           # E[ℓ] = −H
+    second = torch.where(probs > 0, probs * lp * lp, torch.zeros_like(lp)).sum(-1)
+    parts["lp"].append(chosen[mask])
+    parts["mean"].append(mean[mask])
+    parts["var"].append((second - mean * mean).clamp(min=0)[mask])
+
+
+def seen_before(prompt_ids, prompt_mask, ids, vocab: int) -> torch.Tensor:
+    """(n, T, V) bool: token v occurs in the row before completion position t (its prompt's real tokens, then the
+    completion's earlier tokens): what a repetition penalty divides."""
+    one_hot = torch.nn.functional.one_hot
+    prompt = (one_hot(prompt_ids.clamp(0, vocab - 1), vocab).bool() & prompt_mask[..., None]).any(1)   # (n, V)
+    earlier = one_hot(ids.clamp(0, vocab - 1), vocab).cumsum(1).bool()                                # (n, T, V)
+    earlier = torch.cat([torch.zeros_like(earlier[:, :1]), earlier[:, :-1]], 1)                       # before t
+    return prompt[:, None] | earlier
+
+
+def sampled_tokens_check(model, r, declared_filter: bool) -> Optional[PhaseCheck]:
+    """The chosen tokens against the declared distribution (module doc); None where it cannot be tested: a filter
+    the loop declares (its kept set is the declared distribution) or too few tokens."""
+    if declared_filter or int(r.completion_mask.sum()) < MIN_TOKENS:
+        return None
+    return judge(token_statistics(model, r))
+
+
+def judge(st: dict) -> PhaseCheck:
+    """The check from the chosen tokens' statistics (`token_statistics`): the first test past its bound names
+    the mechanism, a filter first (the most specific), then a penalty, then a sharper or flatter distribution."""
+    m = st["rank"].numel()
+    found = _filter(st, m) or _penalty(st, m) or _temperature(st, m)
+    if found is None:
+        return PhaseCheck("generation", QUANTITY, AGREE, 0.0, P_WARN,
+                          measure="a filter's P, a repeat or sharpness z (none beyond its warning bound)")
+    size, where, rec, ours, explanation, params = found
+    code = "sampling_greedy" if params.get("filter") == "top_k=1" else "sampler_distribution_changed"
+    if params["kind"] == "sampler_filter":
+        strong, bound, measure = size < P_ERROR, (P_ERROR if size < P_ERROR else P_WARN), \
+            "P (family-wise) of the chosen tokens under the declared distribution"
+    else:
+        strong, bound, measure = size > Z_ERROR, (Z_ERROR if size > Z_ERROR else Z_WARN), "|z| of the chosen tokens"
+    return PhaseCheck("generation", QUANTITY, DISAGREE if strong else SUSPECT, size, bound, where, rec, ours, code,
+                      explanation, measure=measure, fit={"kind": params["kind"], "params": params, "residual": None})
+
+
+def _filter(st: dict, m: int) -> Optional[tuple]:
+    """The tightest top-k and top-p sets of the usual values that hold every chosen token; the less probable of the
+    two under the declared distribution, when that probability (family-wise) is below P_WARN."""
+    vocab = st["vocab"]
+    k = next((k for k in TOP_K if k >= int(st["rank"].max()) and k < vocab), None)
+    q = next((q for q in TOP_P if q > float(st["cum_before"].max())), None)
+    kept = ([(f"top_k={k}", st["k_mass"][:, TOP_K.index(k)])] if k is not None else []) + \
+        ([(f"top_p={q:g}", st["p_mass"][:, TOP_P.index(q)])] if q is not None else [])
+    if not kept:
+        return None
+    log_p, name, mass = min(((float(mass.double().clamp(min=1e-300).log().sum()), name, mass) for name, mass in kept),
+                            key=lambda x: x[0])
+    log_p += math.log(len(TOP_K) + len(TOP_P))         # any of the sets could have been the tightest
+    if log_p > math.log(P_WARN):
+        return None
+    outside = float((1 - mass.double()).sum())
+    what = "greedy decoding (every chosen token the most likely one)" if name == "top_k=1" else \
+        f"a {name.replace('_', '-')} filter"
+    explanation = (f"the sampler drew from a filtered distribution, {what}, that the loop does not declare: none of "
+                   f"the {m} chosen tokens lies outside it, where the declared distribution puts {outside:.1f} of "
+                   f"them (P = {math.exp(log_p):.2g} that none would, over the {len(TOP_K) + len(TOP_P)} usual sets; "
+                   f"the loosest chosen token: rank {int(st['rank'].max())}, "
+                   f"{float(st['cum_before'].max()):.3f} of the probability above it). The loss scores the completions "
+                   "under the unfiltered policy: the rollout is off-policy by the filter")
+    return (math.exp(log_p), f"{m} chosen tokens", f"0 outside {name}", f"{outside:.1f} expected outside",
+            explanation, {"kind": "sampler_filter", "filter": name, "tokens": m, "expected_outside": outside,
+                          "log_probability": log_p})
+
+
+def _penalty(st: dict, m: int) -> Optional[tuple]:
+    """Tokens already in the sequence chosen less (or more) often than the declared distribution gives."""
+    q = st["seen_mass"].double()
+    observed, expected, sd = float(st["seen"].sum()), float(q.sum()), float((q * (1 - q)).sum()) ** 0.5
+    z = (observed - expected) / sd if sd > 0 else 0.0
+    if abs(z) < Z_WARN:
+        return None
+    how = "less" if z < 0 else "more"
+    explanation = (f"the sampler chose tokens already in the sequence {how} often than the declared distribution "
+                   f"gives: {observed:.0f} of {m} chosen tokens repeat one, where {expected:.1f} ± {sd:.1f} are "
+                   f"expected (z = {z:.1f}): " + ("a repetition penalty (or a no-repeat filter) reweights the "
+                                                  "sampler's distribution" if z < 0 else
+                                                  "the sampler favours repeats") + "; the loss scores the "
+                   "completions under the unpenalised policy, so the rollout is off-policy by it")
+    return (abs(z), f"{m} chosen tokens", f"{observed:.0f} repeats", f"{expected:.1f} ± {sd:.1f}", explanation,
+            {"kind": "sampler_repetition", "z": z, "observed": observed, "expected": expected, "tokens": m})
+
+
+def _temperature(st: dict, m: int) -> Optional[tuple]:
+    """The chosen tokens' summed log-prob against its expectation under the declared distribution."""
+    observed, expected = float(st["lp"].double().sum()), float(st["mean"].double().sum())
+    sd = float(st["var"].double().sum()) ** 0.5
+    z = (observed - expected) / sd if sd > 0 else 0.0
+    if abs(z) < Z_WARN:
+        return None
+    how = "sharper (a lower temperature, or a filter of another kind)" if z > 0 else \
+        "flatter (a higher temperature)"
+    explanation = (f"the chosen tokens are {'more' if z > 0 else 'less'} likely than sampling the declared "
+                   f"distribution gives: Σ log-prob = {observed:.1f} over {m} tokens where {expected:.1f} ± {sd:.1f} "
+                   f"is expected (z = {z:.1f}): the sampler's distribution is {how} than the declared one")
+    return (abs(z), f"{m} chosen tokens", f"Σℓ = {observed:.1f}", f"{expected:.1f} ± {sd:.1f}", explanation,
+            {"kind": "sampler_sharpness", "z": z, "observed": observed, "expected": expected, "tokens": m})
