@@ -226,7 +226,7 @@ SCHEMA = {
                                                                                                 "residual"]}]}}}]},
         "phases": {"type": "array", "items": {
             "type": "object", "required": ["phase", "status", "why"],
-            "properties": {"status": {"enum": ["agree", "disagree", "not replayed"]}}}},
+            "properties": {"status": {"enum": ["agree", "disagree", "suspect", "not replayed"]}}}},
         "replays": {"type": "array", "items": {"type": "object", "required": ["step", "declarations", "checks"]}},
     }}
 
