@@ -45,6 +45,11 @@ SOURCES = (
     ("A third held-out set: its first run", "unseen-first-run-20261130.jsonl", "sealed",
      f"2-core CPU shared with a clean-clone test run, 2026-11-30, `{SEALED} --only unseen` on commit 0b9c892 (the "
      "commit that froze the nine faults and their expected causes; no fit for them existed)"),
+    ("The third held-out set after its fixes, with the second set, the probe faults and healthy shapes (not held "
+     "out)", "unseen-blind-probe-after-fixes-20261130.jsonl", "sealed",
+     f"2-core CPU, 2026-11-30, `{SEALED} --only unseen --only probe --only blind` on commit 824a498 (the fits "
+     "written after the third set's first run: the sampler read from its tokens, dropout noise, the per-row gradient "
+     "fit, texts decoded with special tokens)"),
     ("Fault injection, diagnosed with the replay: every seed-0 case and the controls",
      "fault-bench-replay-seed0-all-20261128.jsonl", "faults",
      f"2-core CPU, 2026-11-28, `{FAULTS} --only /0` then `--only control`, seed 0: all 43 fault types and the 24 "
