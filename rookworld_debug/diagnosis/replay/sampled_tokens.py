@@ -73,9 +73,10 @@ def _add(parts: dict, lp, ids, mask, seen_before) -> None:
     parts["cum_before"].append((probs * above).sum(-1)[mask])
     ks = torch.tensor(TOP_K).clamp(max=lp.shape[-1])
     parts["k_mass"].append(cum[..., ks - 1][mask])                                     # (M, |K|)
-    before = cum - sorted_p                                                            # exclusive cumsum
-    p_mass = torch.stack([(sorted_p * (before < q)).sum(-1) for q in TOP_P], -1)       # (n, T, |P|)
-    parts["p_mass"].append(p_mass[mask])
+    before = (cum - sorted_p).contiguous()                                             # exclusive cumsum
+    qs = torch.tensor(TOP_P, dtype=before.dtype).expand(*before.shape[:2], len(TOP_P)).contiguous()
+    kept = torch.searchsorted(before, qs)                          # (n, T, |P|) tokens with less mass above than q
+    parts["p_mass"].append(cum.gather(-1, (kept - 1).clamp(min=0))[mask])             # the nucleus's mass
     parts["seen"].append(seen_before.gather(-1, ids[..., None]).squeeze(-1)[mask])
     parts["seen_mass"].append((probs * seen_before).sum(-1)[mask])
     ent_terms = torch.where(probs > 0, probs * lp, torch.zeros_like(lp))
@@ -89,11 +90,13 @@ def _add(parts: dict, lp, ids, mask, seen_before) -> None:
 def seen_before(prompt_ids, prompt_mask, ids, vocab: int) -> torch.Tensor:
     """(n, T, V) bool: token v occurs in the row before completion position t (its prompt's real tokens, then the
     completion's earlier tokens): what a repetition penalty divides."""
-    one_hot = torch.nn.functional.one_hot
-    prompt = (one_hot(prompt_ids.clamp(0, vocab - 1), vocab).bool() & prompt_mask[..., None]).any(1)   # (n, V)
-    earlier = one_hot(ids.clamp(0, vocab - 1), vocab).cumsum(1).bool()                                # (n, T, V)
-    earlier = torch.cat([torch.zeros_like(earlier[:, :1]), earlier[:, :-1]], 1)                       # before t
-    return prompt[:, None] | earlier
+    n, t = ids.shape
+    prompt = torch.zeros(n, vocab, dtype=torch.uint8)
+    prompt[torch.arange(n)[:, None].expand_as(prompt_ids)[prompt_mask], prompt_ids.clamp(0, vocab - 1)[prompt_mask]] = 1
+    at = torch.zeros(n, t, vocab, dtype=torch.uint8)                                       # token v chosen at t
+    at.scatter_(2, ids.clamp(0, vocab - 1)[..., None], 1)
+    earlier = torch.cat([torch.zeros_like(at[:, :1]), at[:, :-1]], 1).cummax(1).values    # (n, T, V) before t
+    return (earlier | prompt[:, None]).bool()
 
 
 def sampled_tokens_check(model, r, declared_filter: bool) -> Optional[PhaseCheck]:
