@@ -13,25 +13,32 @@ from rookworld_debug.diagnosis.replay.records import AGREE, DISAGREE, SUSPECT
 N, T, V, P = 8, 128, 257, 12            # rows, completion tokens, vocabulary, prompt tokens
 
 
-def _draw(seed: int, sampler=None, temperature: float = 1.0, penalty: float = 1.0) -> dict:
+EOS = 0
+
+
+def _draw(seed: int, sampler=None, temperature: float = 1.0, penalty: float = 1.0, min_new: int = 0) -> dict:
     """The statistics of N×T tokens drawn one position at a time from softmax(logits / temperature), through
     `sampler` (a function of the (N, V) log-probs) and a repetition penalty (HF's: a seen token's logit ÷ penalty
-    when positive, × penalty when negative), judged against softmax(logits) itself."""
+    when positive, × penalty when negative), judged against softmax(logits) itself; EOS (id 0, its logit raised
+    so rows end early) forbidden before `min_new` tokens."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(N, T, V, generator=g) * 2.5                                    # (N, T, V)
+    logits[..., EOS] += 4.0
     prompt = torch.randint(0, V, (N, P), generator=g)
     seen = torch.zeros(N, V, dtype=torch.bool).scatter_(1, prompt, True)
     ids = torch.zeros(N, T, dtype=torch.long)
     for t in range(T):
         z = logits[:, t] / temperature
         z = torch.where(seen, torch.where(z > 0, z / penalty, z * penalty), z)
+        z = z.clone()
+        z[:, EOS] = -float("inf") if t < min_new else z[:, EOS]
         lp = z.log_softmax(-1)
         lp = sampler(lp) if sampler is not None else lp
         ids[:, t] = torch.multinomial(lp.exp(), 1, generator=g).squeeze(1)
         seen[torch.arange(N), ids[:, t]] = True
     mask = torch.ones(N, T, dtype=torch.bool)
     return S.statistics_of(logits.log_softmax(-1), ids, mask, S.seen_before(prompt, torch.ones(N, P, dtype=torch.bool),
-                                                                            ids, V))
+                                                                            ids, V), eos=EOS)
 
 
 def _top_p(q: float):
@@ -66,6 +73,12 @@ def test_a_filter_the_loop_does_not_declare_is_named_with_its_setting(sampler, n
     assert c.status == DISAGREE and c.cause == "sampler_distribution_changed", c.explanation
     assert c.fit["params"]["filter"] == name and c.max_abs_diff < S.P_ERROR
     assert f"{N * T} chosen tokens" in c.explanation and "does not declare" in c.explanation
+
+
+def test_an_end_of_sequence_forbidden_before_a_length_is_named_with_it():
+    c = S.judge(_draw(0, min_new=30))
+    assert c.status == DISAGREE and c.cause == "sampler_distribution_changed", c.explanation
+    assert c.fit["params"]["filter"] == "min_new_tokens≥30" and "no row ended before token 30" in c.explanation
 
 
 def test_greedy_decoding_is_named_as_such():

@@ -181,7 +181,7 @@ def _scoring(trace, w: Weights) -> list[PhaseCheck]:
     from rookworld_debug.diagnosis.replay import model_phases as M
     return M.scoring_checks(trace, w.policy, w.reference, _scoring_dtype(trace), have=w.have,
                             ref_is_policy=w.ref_is_policy,
-                            policy_moved=_moved_before(w.state), sampler=w.sampler, cache=w.cache)
+                            policy_moved=_moved_before(w.state), sampler=w.sampler, cache=w.cache, eos=w.eos)
 
 
 def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:

@@ -101,7 +101,8 @@ def recompute_logps(model, r) -> torch.Tensor:
 
 
 def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_policy: bool,
-                   policy_moved: bool = False, sampler=None, cache: Optional[dict] = None) -> list[PhaseCheck]:
+                   policy_moved: bool = False, sampler=None, cache: Optional[dict] = None,
+                   eos: Optional[int] = None) -> list[PhaseCheck]:
     """Each recorded log-prob tensor against the recompute from the weights that made it (the policy's from the
     weights before the update; π_old's and the sampler's from the weights that sampled: `sampler`, or the weights
     before on a rollout's first pass); mistakes that reproduce it name the cause."""
@@ -142,17 +143,17 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
     ref = _reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps, sampler)
     if reference is not None and r.ref_per_token_logps is not None:
         ref = dropout_noise(ref, r.ref_per_token_logps, logps(reference), reference, r, mask)
-    return out + [ref] + _sampled_tokens(trace, sampled_by)
+    return out + [ref] + _sampled_tokens(trace, sampled_by, eos)
 
 
-def _sampled_tokens(trace, model) -> list[PhaseCheck]:
+def _sampled_tokens(trace, model, eos: Optional[int] = None) -> list[PhaseCheck]:
     """The tokens the sampler chose against the distribution the loop declares (sampled_tokens.py), where the
     weights that sampled are known: a TRL step that reads a slice of an older generation batch is left out."""
     from .sampled_tokens import sampled_tokens_check
     cap = trace.capture
     if model is None or (cap is not None and int(getattr(cap, "steps_per_generation", 0) or 1) > 1):
         return []
-    c = sampled_tokens_check(model, trace.rollout, declared_filter=_sampler_warpers(trace) is not None)
+    c = sampled_tokens_check(model, trace.rollout, declared_filter=_sampler_warpers(trace) is not None, eos=eos)
     return [c] if c is not None else []
 
 

@@ -7,6 +7,7 @@ and left out of the recorded log-probs. Every such sampler leaves a trace in WHI
 has an exact probability under the declared distribution, position by position:
   a filter      no chosen token outside the top k (or the top-p nucleus): P = Π_t mass_t(kept set); the kept set
                 tried is the tightest of the usual values that holds every chosen token (k = 1 is greedy);
+  a minimum     no row ending before token m, the earliest any row ended: P = Π_rows Π_{t<m} (1 − P_t(EOS));
   a penalty     tokens already in the sequence chosen less often than Σ_t P_t(a seen token) predicts;
   a temperature the chosen tokens' log-probs summed, against their expectation −Σ_t H_t and variance Σ_t Var_t.
 Each is a test the declared distribution passes except with the stated probability (a filter's P is family-wise:
@@ -31,12 +32,12 @@ P_ERROR, P_WARN = 1e-8, 1e-4
 # a sum this many standard deviations from its expectation (normal tails: 1e-15 and 6e-7)
 Z_ERROR, Z_WARN = 8.0, 5.0
 MIN_TOKENS = 32           # fewer chosen tokens say nothing about a sampler
-_PARTS = ("rank", "cum_before", "k_mass", "p_mass", "seen", "seen_mass", "lp", "mean", "var")
+_PARTS = ("rank", "cum_before", "k_mass", "p_mass", "seen", "seen_mass", "lp", "mean", "var", "first", "p_eos")
 QUANTITY = "the tokens the sampler chose, against the declared distribution (the weights that sampled, ÷ T)"
 
 
 @torch.no_grad()
-def token_statistics(model, r, elements: int = 2 ** 25) -> dict:
+def token_statistics(model, r, elements: int = 2 ** 25, eos: Optional[int] = None) -> dict:
     """Per chosen token (the completion mask's): its rank, the mass of the top-k and top-p sets of TOP_K / TOP_P,
     whether it was already in the sequence and the chance of that, its log-prob with that log-prob's mean and
     variance under the declared distribution; (M,) or (M, len(grid)) tensors over the M masked tokens. Rows go
@@ -52,18 +53,19 @@ def token_statistics(model, r, elements: int = 2 ** 25) -> dict:
         logits = model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
         p, t = r.prompt_ids.shape[1], ids.shape[1]
         lp = (logits[:, p - 1:p + t - 1].float() / r.temperatures[rows].float()[:, None, None]).log_softmax(-1)
-        _add(parts, lp, ids, mask, seen_before(r.prompt_ids[rows], r.prompt_mask[rows].bool(), ids, lp.shape[-1]))
-    return {**{k: torch.cat(v) for k, v in parts.items()}, "vocab": vocab}
+        _add(parts, lp, ids, mask, seen_before(r.prompt_ids[rows], r.prompt_mask[rows].bool(), ids, lp.shape[-1]), eos)
+    return {**{k: torch.cat(v) for k, v in parts.items() if v}, "vocab": vocab}
 
 
-def statistics_of(lp: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, seen_before: torch.Tensor) -> dict:
+def statistics_of(lp: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, seen_before: torch.Tensor,
+                  eos: Optional[int] = None) -> dict:
     """`token_statistics` of given (n, T, V) log-probs of the declared distribution and the chosen ids (n, T)."""
     parts: dict = {k: [] for k in _PARTS}
-    _add(parts, lp, ids, mask.bool(), seen_before)
-    return {**{k: torch.cat(v) for k, v in parts.items()}, "vocab": int(lp.shape[-1])}
+    _add(parts, lp, ids, mask.bool(), seen_before, eos)
+    return {**{k: torch.cat(v) for k, v in parts.items() if v}, "vocab": int(lp.shape[-1])}
 
 
-def _add(parts: dict, lp, ids, mask, seen_before) -> None:
+def _add(parts: dict, lp, ids, mask, seen_before, eos: Optional[int] = None) -> None:
     probs = lp.exp()                                                                   # (n, T, V)
     sorted_p = probs.sort(-1, descending=True).values                                  # (n, T, V)
     cum = sorted_p.cumsum(-1)
@@ -85,6 +87,10 @@ def _add(parts: dict, lp, ids, mask, seen_before) -> None:
     parts["lp"].append(chosen[mask])
     parts["mean"].append(mean[mask])
     parts["var"].append((second - mean * mean).clamp(min=0)[mask])
+    if eos is not None and 0 <= eos < lp.shape[-1]:     # each row's first EOS (T: none) and P(EOS) at every t
+        ended = (ids == eos) & mask
+        parts["first"].append(torch.where(ended.any(1), ended.int().argmax(1), torch.full_like(ids[:, 0], ids.shape[1])))
+        parts["p_eos"].append(probs[..., eos])
 
 
 def seen_before(prompt_ids, prompt_mask, ids, vocab: int) -> torch.Tensor:
@@ -99,19 +105,19 @@ def seen_before(prompt_ids, prompt_mask, ids, vocab: int) -> torch.Tensor:
     return (earlier | prompt[:, None]).bool()
 
 
-def sampled_tokens_check(model, r, declared_filter: bool) -> Optional[PhaseCheck]:
+def sampled_tokens_check(model, r, declared_filter: bool, eos: Optional[int] = None) -> Optional[PhaseCheck]:
     """The chosen tokens against the declared distribution (module doc); None where it cannot be tested: a filter
     the loop declares (its kept set is the declared distribution) or too few tokens."""
     if declared_filter or int(r.completion_mask.sum()) < MIN_TOKENS:
         return None
-    return judge(token_statistics(model, r))
+    return judge(token_statistics(model, r, eos=eos))
 
 
 def judge(st: dict) -> PhaseCheck:
     """The check from the chosen tokens' statistics (`token_statistics`): the first test past its bound names
     the mechanism, a filter first (the most specific), then a penalty, then a sharper or flatter distribution."""
     m = st["rank"].numel()
-    found = _filter(st, m) or _penalty(st, m) or _temperature(st, m)
+    found = _filter(st, m) or _min_length(st) or _penalty(st, m) or _temperature(st, m)
     if found is None:
         return PhaseCheck("generation", QUANTITY, AGREE, 0.0, P_WARN,
                           measure="a filter's P, a repeat or sharpness z (none beyond its warning bound)")
@@ -153,6 +159,26 @@ def _filter(st: dict, m: int) -> Optional[tuple]:
     return (math.exp(log_p), f"{m} chosen tokens", f"0 outside {name}", f"{outside:.1f} expected outside",
             explanation, {"kind": "sampler_filter", "filter": name, "tokens": m, "expected_outside": outside,
                           "log_probability": log_p})
+
+
+def _min_length(st: dict) -> Optional[tuple]:
+    """No row ended before the earliest end any row has, where the declared distribution puts EOS there."""
+    if not st.get("first", torch.zeros(0)).numel():
+        return None
+    first, p_eos = st["first"], st["p_eos"].double()                                   # (N,), (N, T)
+    m = int(first.min())
+    before = torch.arange(p_eos.shape[1])[None] < m                                    # (1, T)
+    log_p = float(((1 - p_eos).clamp(min=1e-300).log() * before).sum())
+    if m < 2 or log_p > math.log(P_WARN):
+        return None
+    expected = float((p_eos * before).sum())
+    explanation = (f"no row ended before token {m}: the earliest end-of-sequence of the {first.numel()} rows is at "
+                   f"token {m}, where the declared distribution puts {expected:.1f} ends before it (P = "
+                   f"{math.exp(log_p):.2g} that none would): the sampler suppressed end-of-sequence before {m} "
+                   "tokens (a min_new_tokens or min_length), a rule the loss's probabilities do not have")
+    return (math.exp(log_p), f"{first.numel()} rows", f"earliest end at token {m}", f"{expected:.1f} ends expected "
+            "before it", explanation, {"kind": "sampler_filter", "filter": f"min_new_tokens≥{m}",
+                                       "expected_outside": expected, "log_probability": log_p, "tokens": m})
 
 
 def _penalty(st: dict, m: int) -> Optional[tuple]:
