@@ -11,9 +11,11 @@ has an exact probability under the declared distribution, position by position:
   a penalty     tokens already in the sequence chosen less often than Σ_t P_t(a seen token) predicts;
   a temperature the chosen tokens' log-probs summed, against their expectation −Σ_t H_t and variance Σ_t Var_t.
 Each is a test the declared distribution passes except with the stated probability (a filter's P is family-wise:
-× the number of sets tried). Past its error bound (P < P_ERROR, |z| > Z_ERROR) the generation phase disagrees; past
-only its warning bound (P < P_WARN, |z| > Z_WARN) it is SUSPECT, a warning that no later phase waits on. Either
-names the sampler's mechanism with the step's numbers.
+× the number of sets tried). A filter's and a minimum's P is exact: past its error bound (P < P_ERROR) the generation
+phase disagrees; past only its warning bound (P < P_WARN) it is SUSPECT, a warning that no later phase waits on. The
+two sums are normal approximations, and tokens the loop wrote rather than sampled (a fixed completion, a replay
+buffer) move them too: past Z_WARN they are SUSPECT, never more. Each names the sampler's mechanism with the step's
+numbers.
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ TOP_P = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.92, 0.95, 0.98, 0.99)   # and to
 # family-wise probabilities under the declared distribution: an error claims the sampler's filter, a warning says to
 # look (a healthy sampler draws a false warning once in 10,000 recorded steps)
 P_ERROR, P_WARN = 1e-8, 1e-4
-# a sum this many standard deviations from its expectation (normal tails: 1e-15 and 6e-7)
-Z_ERROR, Z_WARN = 8.0, 5.0
+# a sum this many standard deviations from its expectation (a normal tail of 6e-7): a warning
+Z_WARN = 5.0
 MIN_TOKENS = 32           # fewer chosen tokens say nothing about a sampler
 _PARTS = ("rank", "cum_before", "k_mass", "p_mass", "seen", "seen_mass", "lp", "mean", "var", "first", "p_eos")
 QUANTITY = "the tokens the sampler chose, against the declared distribution (the weights that sampled, ÷ T)"
@@ -127,7 +129,7 @@ def judge(st: dict) -> PhaseCheck:
         strong, bound, measure = size < P_ERROR, (P_ERROR if size < P_ERROR else P_WARN), \
             "P (family-wise) of the chosen tokens under the declared distribution"
     else:
-        strong, bound, measure = size > Z_ERROR, (Z_ERROR if size > Z_ERROR else Z_WARN), "|z| of the chosen tokens"
+        strong, bound, measure = False, Z_WARN, "|z| of the chosen tokens"
     return PhaseCheck("generation", QUANTITY, DISAGREE if strong else SUSPECT, size, bound, where, rec, ours, code,
                       explanation, measure=measure, fit={"kind": params["kind"], "params": params, "residual": None})
 
