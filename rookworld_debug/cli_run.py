@@ -30,10 +30,11 @@ def format_step_line(row: dict, steps: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rookworld_debug.grpo.multistep.loop import BETA_KINDS, LR_KINDS, MODES
-    from rookworld_debug.cli_step import config_keys_help
-    p = argparse.ArgumentParser(prog="rookworld-debug run", description=__doc__, epilog=config_keys_help(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from rookworld_debug.grpo.multistep.checkpoint import MODES       # light modules: --help without torch
+    from rookworld_debug.grpo.multistep.schedules import BETA_KINDS, LR_KINDS
+    from rookworld_debug.cli_step import KeysHelpParser
+    p = KeysHelpParser(prog="rookworld-debug run", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, required=True, help="total number of steps N (also the LR schedule length)")
     p.add_argument("--config", help="YAML or JSON file with StepConfig fields")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -70,19 +71,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from tqdm.auto import tqdm
-
-    from rookworld_debug.errors import RookWorldError
-    from rookworld_debug.cli_step import config_from_args
-    from rookworld_debug.grpo.multistep.loop import BetaSchedule, LRSchedule, run_steps
-
+    from rookworld_debug.errors import ConfigError, RookWorldError
     from rookworld_debug.safeio import check_input_file, check_output_dir
-    out = check_output_dir(args.out, "--out")          # before the run: a bad --out must not cost N steps
+    out = check_output_dir(args.out, "--out")          # before the run (and torch): a bad --out must not cost N steps
     if args.config:
         check_input_file(args.config, "--config")
     if args.steps is not None and args.steps < 1:
-        from rookworld_debug.errors import ConfigError
         raise ConfigError("--steps", f"must be ≥ 1, got {args.steps}")
+    from tqdm.auto import tqdm
+
+    from rookworld_debug.cli_step import config_from_args
+    from rookworld_debug.grpo.multistep.loop import BetaSchedule, LRSchedule, run_steps
     bar = None
     try:
         resuming = args.resume is not None

@@ -44,6 +44,16 @@ def config_keys_help(width: int = 118) -> str:
     return "\n".join(lines)
 
 
+class KeysHelpParser(argparse.ArgumentParser):
+    """A parser whose epilog is `config_keys_help()`, made only when help is printed: listing the keys imports
+    the loss registry (and torch), which bad input and a normal run should not wait for before their first line."""
+
+    def format_help(self) -> str:
+        if self.epilog is None:
+            self.epilog = config_keys_help()
+        return super().format_help()
+
+
 def parse_value(text: str):
     """'0.1' → 0.1, 'true' → True, 'none' → None, '[1,2]' → [1, 2], else the string."""
     low = text.strip().lower()
@@ -86,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rookworld-debug step", description=__doc__, epilog=config_keys_help(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = KeysHelpParser(prog="rookworld-debug step", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML or JSON file with StepConfig fields")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one StepConfig field (repeatable), e.g. --set beta=0.05")
@@ -96,16 +106,17 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-replay", action="store_true", help="diagnose the step by its checks only, without "
                    "replaying its phases (the replay takes a few seconds on the embedded model)")
     args = p.parse_args(argv)
-    from rookworld_debug.diagnosis.registry import diagnose_step
-    from rookworld_debug.grpo.step import check_step_folder, run_step
     from rookworld_debug.safeio import check_input_file, check_output_dir
-    from rookworld_debug.steplog import format_step_log
-    # paths first: a bad --out must not cost a whole step (errors end in cli.run_guarded: one line, exit 2)
+    # paths first, before torch is imported: a bad --out must not cost a whole step, nor the seconds of the imports
+    # (errors end in cli.run_guarded: one line, exit 2)
     if args.config:
         check_input_file(args.config, "--config")
     check_output_dir(args.out, "--out")
-    check_step_folder(Path(args.out))
     config = config_from_args(args.config, args.overrides)
+    from rookworld_debug.diagnosis.registry import diagnose_step
+    from rookworld_debug.grpo.step import check_step_folder, run_step
+    from rookworld_debug.steplog import format_step_log
+    check_step_folder(Path(args.out))
     trace = run_step(config)
     print(format_step_log(trace, diagnose_step(trace, replay=not args.no_replay)[0]))   # what `diagnose` says
     path = trace.save(args.out)

@@ -57,3 +57,21 @@ def test_bad_input_is_one_named_line_and_exit_2(tmp_path, name):
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"rookworld-debug {args[0]}: error:" in r.stderr, r.stderr[-2000:]
     assert elapsed < 60, f"{name} took {elapsed:.0f} s: the check must come before the work"
+
+
+# Bad paths and bounds are checked before torch is imported: the error line comes before the seconds the imports
+# take (the same commands as above, in one process each, asking whether torch was loaded when the error came).
+BEFORE_TORCH = ("step-config-missing", "step-out-is-file", "run-out-is-file", "run-bad-steps", "measure-zero-positions")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name", BEFORE_TORCH)
+def test_bad_paths_and_bounds_fail_before_torch_is_imported(tmp_path, name):
+    args = CASES[name](tmp_path)
+    code = ("import sys; from rookworld_debug.cli import main\n"
+            f"try:\n    rc = main({args!r})\nexcept SystemExit as stop:\n    rc = stop.code\n"   # argparse's exit 2
+            "print(rc, 'torch' in sys.modules)")
+    r = subprocess.run([str(REPO / ".venv/bin/python"), "-c", code], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=80, env=ENV)
+    assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr[-2000:])
+    assert f"rookworld-debug {args[0]}: error:" in r.stderr, r.stderr[-2000:]

@@ -41,7 +41,6 @@ from rookworld_debug import cliargs
 import chess
 
 from rookworld_debug.errors import ConfigError, ModelLoadError
-from rookworld_debug.models.loading import TINY_DIR  # the bundled weights stay in models/
 
 P_SAMPLING = dict(temperature=0.5, top_p=0.9)
 A_SAMPLING = dict(temperature=0.95, top_p=0.95)
@@ -62,6 +61,7 @@ def _load(model_or_path, tokenizer=None, device: str = "cpu"):
         if tokenizer is None:
             raise ModelLoadError("measure(model) needs tokenizer= when given a loaded model")
         return model_or_path, tokenizer, getattr(model_or_path, "name_or_path", type(model_or_path).__name__)
+    from rookworld_debug.models.loading import TINY_DIR    # the bundled weights stay in models/ (imports torch)
     name = str(model_or_path)
     path = TINY_DIR if name == "tiny" else Path(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
