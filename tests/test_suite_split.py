@@ -1,0 +1,44 @@
+"""The default run and the slow set: CI runs both, the slow files' tests are all in the slow set, and the list of
+slow files names real test files once each."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _listed() -> list[str]:
+    text = (REPO / "tests" / "slow_files.txt").read_text()
+    return [line.split()[0] for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_ci_runs_the_default_run_and_the_slow_set():
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == "bash scripts/test.sh --all", ci
+    script = (REPO / "scripts" / "test.sh").read_text()
+    assert '-m "not slow"' in script and "-m slow" in script
+    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "test.sh")], timeout=30).returncode == 0
+    assert "bash scripts/test.sh --all" in (REPO / "README.md").read_text()
+
+
+def test_the_slow_files_are_test_files_named_once():
+    names = _listed()
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    for name in names:
+        assert name.startswith("tests/test_") and name.endswith(".py") and (REPO / name).is_file(), name
+
+
+def test_every_test_of_a_slow_file_is_in_the_slow_set_and_none_in_the_default_run():
+    name = _listed()[-1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    def collected(marker: str) -> list[str]:
+        r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                            "-m", marker, name], cwd=REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode in (0, 5), r.stdout[-2000:] + r.stderr[-2000:]       # 5: nothing collected
+        return [line for line in r.stdout.splitlines() if "::" in line]
+    assert collected("slow") and not collected("not slow")
