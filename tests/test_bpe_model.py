@@ -138,6 +138,7 @@ def test_own_tokenizer_folder_is_identified(bpe_dir):
     assert str(bpe_dir) in p.tokenizer_source and "tokenizer.json" in p.tokenizer_source
 
 
+@pytest.mark.slow                       # notebook 01 under papermill, about 20 s
 def test_report_cli_runs_notebook_01_on_the_bpe_model(bpe_dir, tmp_path):
     """`rookworld-debug report` as a user runs it: papermill executes notebook 01 on the BPE model, the
     HTML report is written; its strips show tokens by their bytes, the provenance names the tokenizer."""

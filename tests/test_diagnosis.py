@@ -115,6 +115,7 @@ def _cli(*args, timeout=120):
     return run_cli(*args, timeout=timeout)
 
 
+@pytest.mark.slow                       # diagnose as a subprocess, several times
 def test_diagnose_cli_json_and_exit_codes(dropout, healthy, tmp_path):
     _, path = dropout
     r = _cli("diagnose", str(path), "--json")

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import chess
+import pytest
 
 from rookworld_debug.chess.formats import parse_a_prompt
 from rookworld_debug.data.positions import a_cases, overlap, random_play_positions
@@ -60,6 +61,7 @@ def test_p_metrics_and_wilson():
     assert overlap(["a", "b"], {"a"}) == 0.5
 
 
+@pytest.mark.slow                       # the measure command as a subprocess, about 25 s
 def test_measure_cli_on_fresh_positions_exits_with_rates(tmp_path):
     out = tmp_path / "m.json"
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")

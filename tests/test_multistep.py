@@ -264,6 +264,7 @@ def test_cli_run_and_resume(model_dir, tmp_path, capsys):
     assert main(["--steps", "2", "--set", "bogus=1"]) == 2
 
 
+@pytest.mark.slow                       # notebook 03 under papermill
 def test_notebook_runs_under_papermill_and_writes_summary(model_dir, tmp_path):
     """notebooks/03_multi_step.ipynb: parameters cell first, committed without outputs, papermill-runnable,
     writes summary.json with headline metrics for `rookworld-debug report`."""

@@ -138,7 +138,7 @@ def test_engine_rewards_are_re_run_under_the_recorded_search(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+@pytest.mark.parametrize("loss_type", [pytest.param("dapo", marks=pytest.mark.slow), "grpo"])  # a TRL run each
 def test_a_trl_capture_with_its_weights_replays_every_phase(tmp_path, loss_type):
     from rookworld_debug.diagnosis.replay import replay_path
     from rookworld_debug.trl.example import run
@@ -160,6 +160,7 @@ def test_a_trl_capture_with_its_weights_replays_every_phase(tmp_path, loss_type)
         assert set(errors) <= {"all_truncated"}, errors      # the 32-token budget cuts every completion, on purpose
 
 
+@pytest.mark.slow                       # a TRL run of its own, about 20 s
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 def test_a_healthy_trl_run_of_two_steps_per_generation_and_two_passes_gets_no_error(tmp_path):
     """TRL's GRPOTrainer with steps_per_generation = 2 (each generation batch feeds two optimizer steps, each a

@@ -63,6 +63,7 @@ def test_bnpo_over_four_micro_batches_with_truncated_rows_masked_replays_clean(t
     assert not [f for f in found if f.code == "loss_path_mismatch"]
 
 
+@pytest.mark.slow                       # a loop of its own, about 20 s
 def test_an_optimizer_whose_groups_differ_replays_clean_with_each_groups_settings(tmp_path):
     """AdamW's two usual groups (weight decay on matrices, none on biases and LayerNorm weights, as HF's Trainer and
     nanoGPT build them): the record keeps the second group's settings and the replay steps each group with its own.
@@ -102,10 +103,11 @@ def test_a_gradient_handed_over_after_the_loops_clip_agrees_with_a_note(tmp_path
 
 @pytest.mark.parametrize("kw, keyword, said", [
     (dict(undeclare=("beta",)), "beta", "beta=0.04"),
-    (dict(undeclare=("max_grad_norm",), max_grad_norm=0.05), "max_grad_norm", "max_grad_norm=0.05"),
-    (dict(undeclare=("temperature",)), "temperature", "temperature=0.8"),
-    (dict(num_iterations=2, declare_iteration=False, undeclare=("num_iterations", "temperature")), "temperature",
-     "temperature=0.8"),
+    pytest.param(dict(undeclare=("max_grad_norm",), max_grad_norm=0.05), "max_grad_norm", "max_grad_norm=0.05",
+                 marks=pytest.mark.slow),                          # one loop each: β in the default run
+    pytest.param(dict(undeclare=("temperature",)), "temperature", "temperature=0.8", marks=pytest.mark.slow),
+    pytest.param(dict(num_iterations=2, declare_iteration=False, undeclare=("num_iterations", "temperature")),
+                 "temperature", "temperature=0.8", marks=pytest.mark.slow),
 ])
 def test_a_number_the_loop_left_at_its_default_is_fitted_as_a_declaration_note(tmp_path, kw, keyword, said):
     """β, the clip norm and the temperature are numbers, not choices: the loop that does not pass them gets the
@@ -157,18 +159,25 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
     assert rec.check().ok
 
 
+# Each case trains a loop of its own (20–60 s): the default run keeps the reward-shaping case, the slow set the rest.
 @pytest.mark.parametrize("fault, kw, code, phase", [
-    ("sampler_not_synced", dict(separate_sampler=True, steps=2), "sampler_weights_stale", "generation"),
-    ("old_logps_recomputed", dict(num_iterations=2), "logps_from_other_weights", "scoring"),
+    pytest.param("sampler_not_synced", dict(separate_sampler=True, steps=2), "sampler_weights_stale", "generation",
+                 marks=pytest.mark.slow),
+    pytest.param("old_logps_recomputed", dict(num_iterations=2), "logps_from_other_weights", "scoring",
+                 marks=pytest.mark.slow),
     # −max(r·A, clip(r)·A) on a later pass (lr 1e-3: the ratios leave the clip range)
-    ("clip_max_not_min", dict(num_iterations=2, lr=1e-3), "clip_bound_reversed", "loss"),
+    pytest.param("clip_max_not_min", dict(num_iterations=2, lr=1e-3), "clip_bound_reversed", "loss",
+                 marks=pytest.mark.slow),
     # the held-out set written after the probe (lab/handloop.py BLIND_FAULTS), as fixed after its first run
-    ("clip_grad_norm_per_parameter", dict(max_grad_norm=0.01), "update_clip_per_parameter", "update"),
-    ("logps_tempered_after_log_softmax", {}, "temperature_after_log_softmax", "scoring"),
+    pytest.param("clip_grad_norm_per_parameter", dict(max_grad_norm=0.01), "update_clip_per_parameter", "update",
+                 marks=pytest.mark.slow),
+    pytest.param("logps_tempered_after_log_softmax", {}, "temperature_after_log_softmax", "scoring",
+                 marks=pytest.mark.slow),
     ("reward_length_penalty", {}, "reward_length_term", "rewards"),
-    ("kl_mean_over_all_positions", dict(loss_type="dapo", steps=2), "loss_terms", "loss"),   # KL ≠ 0: a moved policy
+    pytest.param("kl_mean_over_all_positions", dict(loss_type="dapo", steps=2), "loss_terms", "loss",
+                 marks=pytest.mark.slow),   # KL ≠ 0: a moved policy
     # the third held-out set (UNSEEN_FAULTS), as fixed after its first run
-    ("texts_with_special_tokens", {}, "completion_text_misaligned", "generation"),
+    pytest.param("texts_with_special_tokens", {}, "completion_text_misaligned", "generation", marks=pytest.mark.slow),
     pytest.param("ref_in_train_mode", {}, "dropout_active", "scoring", marks=pytest.mark.slow),
     pytest.param("kl_summed_per_row", dict(steps=2), "loss_terms", "loss", marks=pytest.mark.slow),
     pytest.param("adv_first_rows_each_micro_batch", {}, "loss_wiring", "loss", marks=pytest.mark.slow),
@@ -297,6 +306,7 @@ def test_a_folder_reused_for_a_step_without_weights_keeps_none_of_the_old_ones(p
     assert "recorded no weights" in replay_path(reused).weights
 
 
+@pytest.mark.slow                       # the example trainer as a subprocess, about 30 s
 def test_the_ppo_epochs_example_records_its_step_and_replays_clean(tmp_path):
     import jsonschema
     out = tmp_path / "step-4"
@@ -357,10 +367,10 @@ def test_masked_minus_inf_is_kept_out_and_a_missing_reference_is_said(tokenizer,
     assert not [f for f in found if f.code == "check_failed"], [f.cause for f in found]
 
 
-@pytest.mark.parametrize("script, argv, match", [
-    ("manual_loop.py", ["--record-step", "0"], "--record-step"),
-    ("mini_loop.py", ["--record-step", "3", "--steps", "1"], "--record-step"),
-    ("ppo_epochs_loop.py", ["--record-step", "9"], "--record-step"),
+@pytest.mark.parametrize("script, argv, match", [                    # a subprocess each: one in the default run
+    pytest.param("manual_loop.py", ["--record-step", "0"], "--record-step", marks=pytest.mark.slow),
+    pytest.param("mini_loop.py", ["--record-step", "3", "--steps", "1"], "--record-step", marks=pytest.mark.slow),
+    pytest.param("ppo_epochs_loop.py", ["--record-step", "9"], "--record-step", marks=pytest.mark.slow),
     ("manual_loop.py", ["--out", "FILE"], "is a file"),
 ])
 def test_an_example_trainer_checks_its_arguments_before_training(tmp_path, script, argv, match):
@@ -473,6 +483,7 @@ def test_a_non_finite_recorded_loss_is_a_disagreement_not_a_missing_loss(ppo_ste
     assert first is not None and first.cause == "loss_not_finite"
 
 
+@pytest.mark.slow                       # a loop of its own, about 15 s
 def test_a_declaration_the_step_cannot_tell_from_another_names_both(tmp_path):
     """A dapo loop whose micro-batch loss is its own tokens' mean ÷ k (the gradient-accumulation normaliser) computes
     bnpo's aggregation; where every micro-batch's rows have one length, grpo's per-sequence mean gives the same

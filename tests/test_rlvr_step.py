@@ -162,6 +162,7 @@ def test_faults_table_is_well_formed():
         assert set(accept) <= codes, code
 
 
+@pytest.mark.slow                       # the step command as a subprocess, about 20 s
 def test_cli_step_rlvr_mini(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": "1"}
