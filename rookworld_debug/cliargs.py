@@ -23,3 +23,15 @@ def int_in(lo: int, hi: int):
 
 
 threads = int_in(1, MAX_THREADS)
+
+
+def default_threads(fallback: int = 2) -> int:
+    """The --threads default: OMP_NUM_THREADS where the environment sets it (a job scheduler's or a test harness's
+    limit for each process: more threads than that fight the other processes for the cores, and OpenMP's waiting
+    threads spin), else `fallback`."""
+    import os
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", ""), 10)
+    except ValueError:
+        return fallback
+    return n if 1 <= n <= MAX_THREADS else fallback
