@@ -50,13 +50,13 @@ def by_file(entries: list[dict]) -> dict[str, float]:
     return {k: round(v, 1) for k, v in files.most_common()}
 
 
-def machine() -> dict:
+def machine(commit: str | None = None) -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     mem = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                 if line.startswith("MemTotal")), 0) if Path("/proc/meminfo").exists() else 0
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=30).stdout.strip()
+    commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                      text=True, timeout=30).stdout.strip()
     return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem / 2 ** 20, 1), "python": sys.version.split()[0],
             "commit": commit}
 
@@ -80,12 +80,13 @@ def main(argv=None) -> int:
     ap.add_argument("log", help="the output of `bash scripts/test.sh [--all] --durations=0`")
     ap.add_argument("--out", required=True, help="the JSON to write")
     ap.add_argument("--md", default=None, help="also write the tables as Markdown here")
+    ap.add_argument("--commit", default=None, help="the commit the run tested (default: this checkout's HEAD)")
     ap.add_argument("--note", default="", help="what else ran on the machine, or anything a reader should know")
     a = ap.parse_args(argv)
     runs = parse(Path(a.log).read_text(errors="replace"))
     if not runs:
         ap.error(f"{a.log}: no `scripts/test.sh: the … took N s` line: not the log of scripts/test.sh")
-    doc = {"machine": machine(), "note": a.note,
+    doc = {"machine": machine(a.commit), "note": a.note,
            "runs": [{**{k: v for k, v in r.items() if k != "entries"}, "by_file": by_file(r["entries"]),
                      "slowest": r["entries"][:50]} for r in runs]}
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
