@@ -54,6 +54,18 @@ def test_an_integer_option_takes_exactly_the_integers_in_its_range(text):
             threads(text)
 
 
+@pytest.mark.parametrize("env, expected", [(None, 2), ("1", 1), ("4", 4), ("0", 2), ("-3", 2), ("two", 2),
+                                           ("", 2), ("99999999", 2)])
+def test_the_threads_default_follows_omp_num_threads_where_it_is_a_count(monkeypatch, env, expected):
+    """--threads of whatif, measure and verify-capture: OMP_NUM_THREADS when it is a usable count, else 2."""
+    from rookworld_debug.cliargs import default_threads
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    assert default_threads() == expected
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(["lr", "beta", "epsilon_low", "max_grad_norm", "num_generations"]),
        st.one_of(st.text(max_size=8), st.floats(allow_nan=False, allow_infinity=False).map(repr)))
