@@ -1,7 +1,9 @@
 """How long the diagnosis commands take as a user runs them: `rookworld-debug diagnose STEP --json` (with its replay,
 and with --no-replay) on the recorded step of examples/manual_loop.py (the embedded model), each a fresh process with
 stdin closed, start-up and imports included; beside them the floor every such process pays, importing torch and
-transformers' GPT-2. Writes one JSON file (median and max of each, the machine, its load before and after).
+transformers' GPT-2; with --fix, `rookworld-debug whatif STEP --fix` on a recorded step of the hand-written loop with
+a known bug (the corrected one-step comparison). Writes one JSON file (median and max of each, the machine, its load
+before and after).
 
     .venv/bin/python scripts/bench_commands.py --out docs/bench/commands-$(date +%Y%m%d).json
     .venv/bin/python scripts/bench_commands.py --runs 1 --out /tmp/commands.json     # a quick look
@@ -26,6 +28,8 @@ PY = str(ROOT / ".venv/bin/python")
 CLI = str(ROOT / ".venv/bin/rookworld-debug")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "0"}
 IMPORTS = "import torch; from transformers import GPT2LMHeadModel"
+FAULTY = ("from rookworld_debug.lab.handloop import LoopConfig, run; "
+          "run(LoopConfig(), out={out!r}, fault='loss_adv_sign')")    # the hand-written loop, its step 2 recorded
 
 
 def timed(argv: list[str], timeout: float) -> dict:
@@ -59,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="measured runs per command (after one warm-up)")
     ap.add_argument("--step", help="a recorded step folder (default: record one with examples/manual_loop.py)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one command may take")
+    ap.add_argument("--fix", action="store_true", help="also `whatif STEP --fix` on a step of the hand-written loop "
+                    "with its advantages negated (the corrected one-step comparison)")
     a = ap.parse_args(argv)
     if a.runs < 1:
         ap.error("--runs must be ≥ 1")
@@ -75,6 +81,14 @@ def main(argv=None) -> int:
                           a.runs, a.timeout),
                    series("diagnose MISSING (bad input)", [CLI, "diagnose", str(Path(tmp) / "missing")], a.runs,
                           a.timeout)]
+        if a.fix:               # the corrected one-step comparison on a step with a known bug (its advantages × −1)
+            faulty = str(Path(tmp) / "faulty" / "step-2")
+            rec = timed([PY, "-c", FAULTY.format(out=faulty)], a.timeout)
+            if rec["rc"] != 0:
+                raise SystemExit(f"the faulty loop failed: {rec.get('stderr', '')}")
+            results.append(series("whatif FAULTY --fix --json (the corrected step, one step)",
+                                  [CLI, "whatif", faulty, "--fix", "--json", "--out", str(Path(tmp) / "whatif")],
+                                  a.runs, a.timeout))
     out = {"date": time.strftime("%Y-%m-%d"), "step": a.step or "examples/manual_loop.py --out STEP (its step 2)",
            "machine": before, "load_1min_after": os.getloadavg()[0], "results": results}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

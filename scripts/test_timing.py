@@ -65,9 +65,11 @@ def markdown(runs: list[dict], title: str) -> str:
     out = [f"# {title}", ""]
     for run in runs:
         busy = sum(e["seconds"] for e in run["entries"])
-        out += [f"## The {run['name']}: {run.get('pytest_seconds', 0):.0f} s by pytest's count, {run['wall_seconds']} s "
-                f"by the clock (set-up excluded); {', '.join(f'{n} {k}' for k, n in run.get('counts', {}).items())}; "
-                f"entries of 5 ms or more: {busy:.0f} worker-seconds", "", "By file (worker-seconds):", "", "```"]
+        counts = ", ".join(f"{n} {k}" for k, n in run.get("counts", {}).items())
+        out += [f"## The {run['name']}: {run.get('pytest_seconds', 0):.0f} s by pytest's count, "
+                f"{run['wall_seconds']} s by the clock (set-up excluded); {counts}; "
+                f"the entries the log lists (every one of 5 ms or more with --durations=0): {busy:.0f} "
+                "worker-seconds", "", "By file (worker-seconds):", "", "```"]
         out += [f"{s:8.1f}  {f}" for f, s in list(by_file(run["entries"]).items())[:40]]
         out += ["```", "", "The 50 slowest entries:", "", "```"]
         out += [f"{e['seconds']:7.2f}s {e['when']:<8} {e['test']}" for e in run["entries"][:50]]
