@@ -54,8 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="whatif-out", help="folder for whatif.json and whatif.html")
     ap.add_argument("--json", action="store_true", help="print the JSON")
     ap.add_argument("--cluster", help="Dask scheduler address (tcp://host:8786): run the arms there")
-    ap.add_argument("--threads", type=cliargs.threads, default=cliargs.default_threads(),
-                    help="CPU threads for torch (default: $OMP_NUM_THREADS where set, else 2)")
+    cliargs.add_threads(ap)
     ap.add_argument("--device", help="where the arms run: 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto' (default: the "
                     "saved step's own device setting; the unchanged arm reproduces the record only on the same kind "
                     "of device)")

@@ -35,3 +35,9 @@ def default_threads(fallback: int = 2) -> int:
     except ValueError:
         return fallback
     return n if 1 <= n <= MAX_THREADS else fallback
+
+
+def add_threads(parser: argparse.ArgumentParser) -> None:
+    """The --threads option of the commands that run torch on the CPU (default: `default_threads()`)."""
+    parser.add_argument("--threads", type=threads, default=default_threads(),
+                        help="CPU threads for torch (default: $OMP_NUM_THREADS where set, else 2)")

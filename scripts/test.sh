@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything (venv, CPU torch, Stockfish, Chromium) and run the default test suite (-m "not slow").
-#   bash scripts/test.sh          the default run: about 11 minutes of pytest on a 2-core machine
+#   bash scripts/test.sh          the default run: about 7 minutes of pytest on a 2-core machine
 #   bash scripts/test.sh --all    the default run, then the slow set (every test; what CI runs)
 # Other arguments go to pytest (both runs with --all).
 set -euo pipefail

@@ -14,30 +14,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 # --------------------------------------------------------------------- the default run and the slow set
-# `scripts/test.sh` runs `-m "not slow"` (the default run, about 11 minutes on 2 cores); `scripts/test.sh --all`, and
+# `scripts/test.sh` runs `-m "not slow"` (the default run, about 7 minutes on 2 cores); `scripts/test.sh --all`, and
 # CI, run the slow set after it. Slow are the tests marked so in their file and every test of the files listed in
 # tests/slow_files.txt: whole files, so that a module's fixtures are built in one of the two runs, not in both. The
 # list is made from measured times (docs/bench/test-durations-*.md); a line naming no file is an error, not a
 # silently shorter slow set.
-_SLOW_FILES = Path(__file__).with_name("slow_files.txt")
+_REPO = Path(__file__).resolve().parents[1]
 
 
-def _slow_files() -> set:
-    names = {line.split()[0] for line in _SLOW_FILES.read_text().splitlines() if line.strip() and
-             not line.lstrip().startswith("#")}
-    root = Path(__file__).resolve().parents[1]
-    missing = sorted(n for n in names if not (root / n).is_file())
-    if missing:
-        raise pytest.UsageError(f"tests/slow_files.txt names files that do not exist: {', '.join(missing)}")
-    return names
+def slow_files() -> list[str]:
+    """The files tests/slow_files.txt lists (paths from the repository's root), in its order."""
+    text = (_REPO / "tests" / "slow_files.txt").read_text()
+    return [line.split()[0] for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
 @pytest.hookimpl(tryfirst=True)          # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    slow = _slow_files()
-    root = Path(__file__).resolve().parents[1]
+    slow = set(slow_files())
+    missing = sorted(n for n in slow if not (_REPO / n).is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/slow_files.txt names files that do not exist: {', '.join(missing)}")
     for item in items:
-        if item.path.resolve().relative_to(root).as_posix() in slow:
+        if item.path.resolve().relative_to(_REPO).as_posix() in slow:
             item.add_marker(pytest.mark.slow)
 
 

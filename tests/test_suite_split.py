@@ -11,8 +11,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _listed() -> list[str]:
-    text = (REPO / "tests" / "slow_files.txt").read_text()
-    return [line.split()[0] for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    from conftest import slow_files           # the list as the suite reads it
+    return slow_files()
 
 
 def test_ci_runs_the_default_run_and_the_slow_set():

@@ -423,8 +423,7 @@ def main(argv=None) -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--engine-depth", type=int, default=10)
     ap.add_argument("--no-rewards", action="store_true")
-    ap.add_argument("--threads", type=cliargs.threads, default=cliargs.default_threads(),
-                    help="CPU threads for torch (default: $OMP_NUM_THREADS where set, else 2)")
+    cliargs.add_threads(ap)
     ap.add_argument("--device", default="cpu", help="'cpu' (default), 'cuda', 'cuda:N', 'mps' or 'auto'")
     ap.add_argument("--json", default=None, help="write the result dict here")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)

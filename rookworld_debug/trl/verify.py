@@ -227,8 +227,7 @@ def main(argv=None) -> int:
     ap.add_argument("--before", required=True, help="the checkpoint-N folder saved before the step (N = step − 1)")
     ap.add_argument("--after", required=True, help="the checkpoint-N folder saved after the step (N = step)")
     ap.add_argument("--rtol", type=float, default=RTOL, help=f"per-layer tolerance relative to the true update ({RTOL})")
-    ap.add_argument("--threads", type=cliargs.threads, default=cliargs.default_threads(),
-                    help="CPU threads for torch (default: $OMP_NUM_THREADS where set, else 2)")
+    cliargs.add_threads(ap)
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from rookworld_debug.errors import ConfigError
     from rookworld_debug.safeio import check_input_file
