@@ -71,9 +71,12 @@ def _short(x) -> str:
 
 
 def _tokenizer_class(name) -> bool:
-    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+    from .tokenizer_file import CLASSES
     if not isinstance(name, str) or not name.isidentifier():
         return False
+    if name in CLASSES:                       # answered without importing transformers (a second)
+        return True
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
     # transformers tries the fast variant first, then the name as written
     return any(tokenizer_class_from_name(n) is not None for n in (name, name + "Fast", name.removesuffix("Fast")))
 

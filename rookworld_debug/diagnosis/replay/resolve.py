@@ -149,6 +149,8 @@ def _candidates(qs: tuple):
         yield 1, a.value, f"{_v(a.value)}", a.name, "times", (a,)
         yield 1, 1 / a.value, f"1 / {_v(a.value)}", f"1 / {a.name}", "over", (a,)
     for a, b in permutations(qs, 2):
+        if a.value == b.value:                 # a ratio of two equal numbers is 1: it names no normaliser
+            continue
         yield 2, a.value / b.value, f"{_v(a.value)} / {_v(b.value)}", f"{a.name} / {b.name}", "ratio", (a, b)
     for a, b in combinations(qs, 2):
         yield 2, a.value * b.value, f"{_v(a.value)} × {_v(b.value)}", f"{a.name} × {b.name}", "product", (a, b)
@@ -297,7 +299,7 @@ def _term_resolutions(params: dict, qs: tuple, tol: float) -> list:
         a, d = fd.get("fitted"), fd.get("declared")
         if not isinstance(a, (int, float)) or not isinstance(d, (int, float)) or not math.isfinite(a) or abs(a) < 1e-9:
             continue
-        if d and abs(a / d - 1) > 0.02:
+        if d and abs(abs(a / d) - 1) > 0.02:       # a term of the opposite sign and its size is a sign, not a scale
             out.append(resolve(abs(a / d), qs, max(tol, 1e-4), f"{term}: fitted ÷ declared", "coefficient"))
         elif not d and abs(a) > 1e-6:
             out.append(resolve(abs(a), qs, max(tol, 1e-4), f"{term}: fitted", "coefficient"))

@@ -9,7 +9,10 @@ rounding of θ_after − θ_before in the weights' own dtype (a small step on a 
 """
 from __future__ import annotations
 
+import importlib
 import math
+import sys
+import threading
 from typing import Optional
 
 import torch
@@ -19,6 +22,31 @@ from .records import AGREE, DISAGREE, PhaseCheck, fmt
 from .terms import dot as _dot
 
 OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}
+
+
+_EARLY: list = []             # the background import of import_optimizers_early, joined before an optimizer is built
+EARLY_IMPORT_WAIT_S = 120      # past this the optimizer's own import goes ahead in this thread
+
+
+def import_optimizers_early() -> None:
+    """Start importing what torch's optimizers import on first use (torch._dynamo: 1.2 s on a 2-core CPU, about as
+    long as the replay's forwards) in a background thread, so it runs beside the forwards instead of after them. A
+    failure there is left for the optimizer's own import to raise, where it is named."""
+    def quiet():
+        try:
+            importlib.import_module("torch._dynamo")
+        except Exception:  # noqa: BLE001 - raised again, named, where the optimizer is built
+            pass
+    if "torch._dynamo" not in sys.modules and not any(t.is_alive() for t in _EARLY):
+        _EARLY[:] = [threading.Thread(target=quiet, name="import torch._dynamo", daemon=True)]
+        _EARLY[0].start()
+
+
+def _early_import_done() -> None:
+    """The background import finished (or its deadline passed) before this thread builds an optimizer: two threads
+    never import the same modules at once."""
+    for t in _EARLY:
+        t.join(EARLY_IMPORT_WAIT_S)
 
 
 def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict, opt_state: Optional[dict],
@@ -54,6 +82,7 @@ def recorded_optimizer(kind: str, params: list, names: list, settings: dict, opt
     parts = [[n for n in names if n not in grouped]] + [[n for n in g if n in by_name] for g, _ in groups]
     param_groups = [{"params": [by_name[n] for n in part], **kw(own)}
                     for part, own in zip(parts, ({}, *(o for _, o in groups))) if part]
+    _early_import_done()
     try:
         opt = OPTIMIZERS[kind](param_groups, **kw(settings))
     except ValueError as err:                   # torch's own range checks: a negative lr, a β outside [0, 1)

@@ -38,20 +38,38 @@ class Weights:
 
 
 def _tokenizer(folder, top_id: int):
-    """The recorded tokenizer, which must decode every id of the rollout. Its files are transformers' to parse, and
-    the types that parse fails with are named here."""
-    from transformers import AutoTokenizer
+    """The recorded tokenizer, which must decode every id of the rollout: read from its tokenizer.json where that
+    is what transformers would load (models.tokenizer_file), else transformers' to parse, the types that parse fails
+    with named here."""
     from rookworld_debug.errors import TraceError
+    from rookworld_debug.models import tokenizer_file
     from rookworld_debug.models.custom_code import refuse_custom_code
     refuse_custom_code(folder, TraceError)
-    try:
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise TraceError(f"{folder}: the recorded tokenizer is unreadable ({type(err).__name__}: "
-                         f"{str(err)[:200]})") from None
+    tok = tokenizer_file.read(folder)
+    tok = tok if tok is not None else _auto_tokenizer(folder)
     if len(tok) <= top_id:
         raise TraceError(f"{folder}: the recorded tokenizer has {len(tok)} tokens; the rollout holds id {top_id}")
     return tok
+
+
+def _auto_tokenizer(folder):
+    from transformers import AutoTokenizer
+    from rookworld_debug.errors import TraceError
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise TraceError(f"{folder}: the recorded tokenizer is unreadable ({type(err).__name__}: "
+                         f"{str(err)[:200]})") from None
+
+
+def has_optimizer_state(trace, path, loaded: Optional[Weights] = None) -> bool:
+    """The step keeps its optimizer's state (its update is re-run with the recorded optimizer), read without
+    loading the weights."""
+    from pathlib import Path
+    state = loaded.state if loaded is not None else getattr(trace, "kept", None)
+    if state is not None:
+        return bool(state.optimizer_state)
+    return path is not None and (Path(path) / "state" / "optimizer.safetensors").is_file()
 
 
 def weights_for(trace, path) -> Weights:

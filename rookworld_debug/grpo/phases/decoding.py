@@ -7,7 +7,7 @@ C = P + max_new_tokens cache capacity.
 Why our own loop (docs/PERFORMANCE.md § Sampling):
 - the prompt forward runs on the B distinct prompts and the KV cache is expanded to N rows after it
   (`generate` runs it on all N copies);
-- the cache is preallocated once (`_PreallocLayer`) and written in place: `DynamicCache` concatenates
+- the cache is preallocated once (`kv_layers.PreallocLayer`) and written in place: `DynamicCache` concatenates
   the whole cache on every step (`aten::cat`, 12 % of the profiled step);
 - rows that emitted EOS are dropped from the batch, so later steps forward only live rows;
 - temperature, top-k and top-p are per-row tensors, so a mixed P:/A: batch decodes in ONE loop;
@@ -99,68 +99,10 @@ class Decoded:
 
 
 # ------------------------------------------------------------------------------------------ cache
-def _cache_layer_base():
-    from transformers.cache_utils import DynamicLayer
-    return DynamicLayer
-
-
-def _kv_buffers(layer, key_states, value_states, new) -> tuple:
-    """(keys, values) buffers of `layer.capacity` columns, (n, H, C, D) each, made by `new` (Tensor.new_empty or
-    new_zeros) in the states' dtype and device; the layer is marked initialized."""
-    layer.dtype, layer.device = key_states.dtype, key_states.device
-    n, h, _, d = key_states.shape
-    layer.is_initialized = True
-    return (new(key_states, (n, h, layer.capacity, d)),
-            new(value_states, (n, h, layer.capacity, value_states.shape[-1])))
-
-
-class _PreallocLayer(_cache_layer_base()):
-    """A KV-cache layer with a preallocated (n, heads, C, head_dim) buffer written in place; the model
-    sees views of the filled part. Row expansion/selection copy only the filled part."""
-
-    def __init__(self, capacity: int):
-        super().__init__()
-        self.capacity, self.length = capacity, 0
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        self.buf_k, self.buf_v = _kv_buffers(self, key_states, value_states, torch.Tensor.new_empty)
-
-    def _views(self):
-        self.keys, self.values = self.buf_k[:, :, :self.length], self.buf_v[:, :, :self.length]
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start, t = self.length, key_states.shape[-2]
-        self.buf_k[:, :, start:start + t].copy_(key_states)
-        self.buf_v[:, :, start:start + t].copy_(value_states)
-        self.length = start + t
-        self._views()
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def _remap(self, rows: torch.Tensor) -> None:
-        for name in ("buf_k", "buf_v"):
-            old = getattr(self, name)
-            new = old.new_empty((rows.numel(), *old.shape[1:]))
-            new[:, :, :self.length] = old[rows, :, :self.length]
-            setattr(self, name, new)
-        self._views()
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.is_initialized:
-            self._remap(torch.arange(self.buf_k.shape[0], device=self.device).repeat_interleave(repeats))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized:
-            self._remap(indices.to(self.device))
-
-
 def _new_cache(model, capacity: int):
     from transformers.cache_utils import Cache
-    return Cache(layers=[_PreallocLayer(capacity) for _ in range(model.config.num_hidden_layers)])
+    from .kv_layers import PreallocLayer          # transformers' cache classes, imported when a loop decodes
+    return Cache(layers=[PreallocLayer(capacity) for _ in range(model.config.num_hidden_layers)])
 
 
 # ------------------------------------------------------------------------------------------ warpers

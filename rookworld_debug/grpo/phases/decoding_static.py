@@ -24,11 +24,11 @@ import torch
 from rookworld_debug.errors import NumericalError
 from rookworld_debug.models.precision import autocast_for
 
-from .decoding import (Decoded, GreedyRows, SamplingParams, _cache_layer_base, _decode_mask, _kv_buffers,
-                       _prompt_forward, _rows, _warp)
+from .decoding import Decoded, GreedyRows, SamplingParams, _decode_mask, _prompt_forward, _rows, _warp
+from .kv_layers import DynamicLayer, kv_buffers
 
 
-class _StaticLayer(_cache_layer_base()):
+class _StaticLayer(DynamicLayer):
     """A (n, H, C, D) KV buffer written at `index` (a device tensor): the model always sees all C columns."""
 
     def __init__(self, capacity: int, index: torch.Tensor):
@@ -37,7 +37,7 @@ class _StaticLayer(_cache_layer_base()):
 
     def lazy_initialization(self, key_states, value_states) -> None:
         # zeros: the model sees all C columns, the unwritten ones masked
-        self.keys, self.values = _kv_buffers(self, key_states, value_states, torch.Tensor.new_zeros)
+        self.keys, self.values = kv_buffers(self, key_states, value_states, torch.Tensor.new_zeros)
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:

@@ -87,6 +87,15 @@ def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
     return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
 
 
+def _new_cache(model):
+    """The model's own KV cache where it brings one (models.gpt2_torch), else transformers' DynamicCache."""
+    own = getattr(model, "new_cache", None)
+    if callable(own):
+        return own()
+    from transformers.cache_utils import DynamicCache
+    return DynamicCache(config=model.config)
+
+
 def _forward_completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
     """Last hidden states (n, T, d) at the positions that predict each completion token (P-1 … P+T-2); the LM
     head of them is `_forward_completion_logits`. (`replay` applies the head one step at a time.)
@@ -105,10 +114,9 @@ def _forward_completion_hidden(model, prompt_ids, prompt_mask, completion_ids, c
     if groups is None:
         return body(input_ids=torch.cat([prompt_ids, completion_ids], 1), attention_mask=attn, position_ids=pos,
                     use_cache=False).last_hidden_state[:, -(t + 1):-1]                     # (n, T, d)
-    from transformers.cache_utils import DynamicCache
     uniq, expand = groups                                                                # (b,), (n,)
     p = prompt_ids.shape[1]
-    cache, ckw = DynamicCache(config=model.config), cache_kw(body)
+    cache, ckw = _new_cache(model), cache_kw(body)
     first = body(input_ids=prompt_ids[uniq], attention_mask=prompt_mask[uniq], position_ids=pos[uniq, :p],
                  **{ckw: cache}, use_cache=True).last_hidden_state[:, -1:]                   # (b, 1, d)
     if t == 1:                                                                            # nothing after the prompt

@@ -340,8 +340,10 @@ def read_state(trace_dir) -> Optional[RecordedState]:
 
 
 def build_model(state: RecordedState, weights: dict):
-    """A model of the recorded architecture holding `weights` (eval mode, fp32 unless the weights say otherwise)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A model of the recorded architecture holding `weights` (eval mode, fp32 unless the weights say otherwise):
+    the plain-torch GPT-2 of models.gpt2_torch where it computes this config exactly as transformers does (no
+    transformers import), else transformers' own class."""
+    from rookworld_debug.models import gpt2_torch
     if state.model_type not in MODEL_TYPES:
         raise TraceError(f"recorded model_type {state.model_type!r}: a replay rebuilds {MODEL_TYPES} only")
     kw = _gpt2_config(state.model_config)
@@ -351,6 +353,20 @@ def build_model(state: RecordedState, weights: dict):
     if len(dtypes) != 1 or next(iter(dtypes)) not in REPLAY_DTYPES:
         raise TraceError(f"recorded weights hold {sorted(map(str, dtypes))}: a replay rebuilds a model of one of "
                          f"{[str(t) for t in REPLAY_DTYPES]}")
+    build = _build_transformers if gpt2_torch.supports({**state.model_config, **kw}) else _build_plain
+    return build(state, kw, weights)
+
+
+def _build_plain(state: RecordedState, kw: dict, weights: dict):
+    from rookworld_debug.models import gpt2_torch
+    try:
+        return gpt2_torch.build(kw, weights)
+    except (RuntimeError, KeyError) as err:
+        raise TraceError(f"recorded weights do not fit the recorded architecture: {str(err)[:300]}") from None
+
+
+def _build_transformers(state: RecordedState, kw: dict, weights: dict):
+    from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.for_model(MODEL_TYPES[MODEL_TYPES.index(state.model_type)], **kw)
     model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     try:
@@ -368,7 +384,6 @@ def build_model(state: RecordedState, weights: dict):
 def _gpt2_config(config: dict) -> dict:
     """The recorded config's GPT2_SETTINGS, each of its type, numbers finite, the activation one transformers has
     (TraceError naming the first that is not): transformers' own refusals are of many types, some after allocating."""
-    from transformers.activations import ACT2FN
     kw = {k: config[k] for k in GPT2_SETTINGS if k in config}
     for k, v in kw.items():
         kinds = GPT2_SETTINGS[k]
@@ -376,13 +391,22 @@ def _gpt2_config(config: dict) -> dict:
                 float in kinds and not _number(v):
             raise TraceError(f"recorded state.json: model_config {k} = {v!r:.80} is not "
                              f"{' or '.join('a finite ' + t.__name__ if t is float else t.__name__ for t in kinds)}")
-    if kw.get("activation_function", "gelu_new") not in ACT2FN:
+    if not _known_activation(kw.get("activation_function", "gelu_new")):
         raise TraceError(f"recorded state.json: activation_function {kw['activation_function']!r:.80} is not one "
                          "transformers knows")
     eps = kw.get("layer_norm_epsilon", 1e-5)
     if not eps > 0:
         raise TraceError(f"recorded state.json: layer_norm_epsilon {eps!r} is not positive")
     return {**kw, "layer_norm_epsilon": float(eps)}          # transformers' field takes a float only
+
+
+def _known_activation(name) -> bool:
+    """An activation transformers knows (GPT-2's own answered without importing it)."""
+    from rookworld_debug.models.gpt2_torch import ACTIVATIONS
+    if name in ACTIVATIONS:
+        return True
+    from transformers.activations import ACT2FN
+    return isinstance(name, str) and name in ACT2FN
 
 
 def _token_ids(config: dict, vocab: int) -> dict:
