@@ -420,3 +420,21 @@ def test_a_memoised_forward_is_recomputed_when_its_weights_or_rollout_change():
     forward(m, r, scale=2.0)
     forward(m, Rows())
     assert len(calls) == 4
+
+
+def test_a_term_of_the_opposite_sign_and_its_own_size_is_not_resolved_as_a_scale(tokenizer):
+    """A policy term fitted at −1 × its declared coefficient is a sign flip: its size 1 is no ratio of the step's
+    counts, even where two counts are equal (no truncated rows: in-loss tokens = tokens with the truncated rows)."""
+    from rookworld_debug.diagnosis.replay.records import DISAGREE, PhaseCheck
+    from rookworld_debug.diagnosis.replay.resolve import _candidates
+    trace = _recorder(tokenizer, truncated=()).build()
+    q = _q(trace)
+    assert q["tokens_in_loss"] == q["tokens_with_truncated"]
+    assert all(abs(v - 1) > 1e-9 for _, v, _, _, how, _ in _candidates(step_quantities(trace)) if how == "ratio")
+    fit = {"kind": "terms", "residual": 1e-7, "params": {"policy term": {"fitted": -1.0, "declared": 1.0},
+                                                          "KL term (per unit β)": {"fitted": 0.5, "declared": 1.0}}}
+    check = PhaseCheck("loss", "gradient: the loss's gradient", DISAGREE, 1.0, 1e-6, cause="loss_advantage_sign",
+                       explanation="the policy term enters with the opposite sign", fit=fit)
+    out = resolve_checks(trace, [check])[0]
+    assert [r["parameter"] for r in out.fit["resolved"]] == ["KL term (per unit β): fitted ÷ declared"]
+    assert "policy term" not in out.explanation.split(". ", 1)[1]
