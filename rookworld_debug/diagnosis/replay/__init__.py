@@ -43,8 +43,8 @@ from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks
 from rookworld_debug.diagnosis.replay.schedule import schedule_check
-from rookworld_debug.diagnosis.replay.update import import_optimizers_early, update_check
-from rookworld_debug.diagnosis.replay.weights import Weights, has_optimizer_state, weights_for
+from rookworld_debug.diagnosis.replay.update import update_check
+from rookworld_debug.diagnosis.replay.weights import Weights, weights_for
 
 # a loop rarely differs from its declaration in more than a couple of keywords; past three, the fits stop
 MAX_DECLARATION_FITS = 3
@@ -60,8 +60,6 @@ def replay_trace(trace, path=None, *, weights: bool = True, loaded: Optional[Wei
     gradient disagreement nothing simpler explains. `loaded`: the step's weights, already read (`weights_for`): the
     caller shares their forward and gradients (the corrected step)."""
     t0 = time.perf_counter()
-    if has_optimizer_state(trace, path, loaded) and (weights or loaded is not None):
-        import_optimizers_early()                       # the update check builds the recorded optimizer
     trace, pass_note = with_inferred_pass(trace)
     w = loaded if loaded is not None else weights_for(trace, path) if weights else \
         Weights.none("not asked for (--no-replay of the weights)")

@@ -44,8 +44,11 @@ class TokenJacobian:
             with_grad=True, entropy_grad=True)                                                  # (N, T) each
 
     def gradient(self, u_logps: torch.Tensor, u_entropy: torch.Tensor) -> dict:
-        grads = torch.autograd.grad([self.logps, self.entropy], [p for _, p in self.params],
-                                    [u_logps, u_entropy], retain_graph=True, allow_unused=True)
+        # Jᵀu as the gradient of Σ u·(ℓ, H): torch's grad with explicit grad_outputs imports its symbolic-shapes
+        # machinery (sympy: 0.4 s, and more at exit), for the same vector
+        total = (self.logps * u_logps.to(self.logps.dtype)).sum() + \
+            (self.entropy * u_entropy.to(self.entropy.dtype)).sum()
+        grads = torch.autograd.grad(total, [p for _, p in self.params], retain_graph=True, allow_unused=True)
         return {n: (g if g is not None else torch.zeros_like(p)).detach() for (n, p), g in zip(self.params, grads)}
 
 

@@ -9,10 +9,7 @@ rounding of θ_after − θ_before in the weights' own dtype (a small step on a 
 """
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-import threading
 from typing import Optional
 
 import torch
@@ -21,32 +18,7 @@ from .compare import REL_TOL, parameter_samples, tol_for
 from .records import AGREE, DISAGREE, PhaseCheck, fmt
 from .terms import dot as _dot
 
-OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}
-
-
-_EARLY: list = []             # the background import of import_optimizers_early, joined before an optimizer is built
-EARLY_IMPORT_WAIT_S = 120      # past this the optimizer's own import goes ahead in this thread
-
-
-def import_optimizers_early() -> None:
-    """Start importing what torch's optimizers import on first use (torch._dynamo: 1.2 s on a 2-core CPU, about as
-    long as the replay's forwards) in a background thread, so it runs beside the forwards instead of after them. A
-    failure there is left for the optimizer's own import to raise, where it is named."""
-    def quiet():
-        try:
-            importlib.import_module("torch._dynamo")
-        except Exception:  # noqa: BLE001 - raised again, named, where the optimizer is built
-            pass
-    if "torch._dynamo" not in sys.modules and not any(t.is_alive() for t in _EARLY):
-        _EARLY[:] = [threading.Thread(target=quiet, name="import torch._dynamo", daemon=True)]
-        _EARLY[0].start()
-
-
-def _early_import_done() -> None:
-    """The background import finished (or its deadline passed) before this thread builds an optimizer: two threads
-    never import the same modules at once."""
-    for t in _EARLY:
-        t.join(EARLY_IMPORT_WAIT_S)
+from .optimizers import CLASSES as OPTIMIZERS, RecordedOptimizer
 
 
 def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict, opt_state: Optional[dict],
@@ -70,10 +42,10 @@ def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict,
 
 
 def recorded_optimizer(kind: str, params: list, names: list, settings: dict, opt_state: Optional[dict],
-                       groups: tuple = ()):
+                       groups: tuple = ()) -> RecordedOptimizer:
     """The recorded optimizer over `params` (named `names`) holding its recorded state, with its later parameter
     groups' own settings (`groups`: ((names, settings), ...)); TraceError when torch refuses the recorded
-    settings."""
+    settings. torch's own step without a torch.optim object (replay.optimizers says why)."""
     from rookworld_debug.errors import TraceError
 
     def kw(d: dict) -> dict:
@@ -82,13 +54,12 @@ def recorded_optimizer(kind: str, params: list, names: list, settings: dict, opt
     parts = [[n for n in names if n not in grouped]] + [[n for n in g if n in by_name] for g, _ in groups]
     param_groups = [{"params": [by_name[n] for n in part], **kw(own)}
                     for part, own in zip(parts, ({}, *(o for _, o in groups))) if part]
-    _early_import_done()
     try:
-        opt = OPTIMIZERS[kind](param_groups, **kw(settings))
+        opt = RecordedOptimizer(kind, param_groups, **kw(settings))
     except ValueError as err:                   # torch's own range checks: a negative lr, a β outside [0, 1)
         raise TraceError(f"the recorded {kind} settings are refused by torch: {err}") from None
     if opt_state:
-        load_recorded_state(opt, [n for part in parts for n in part], opt_state)    # torch's order: group by group
+        opt.load({by_name[n]: opt_state[n] for part in parts for n in part if opt_state.get(n)})
     return opt
 
 

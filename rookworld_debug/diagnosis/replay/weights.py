@@ -62,16 +62,6 @@ def _auto_tokenizer(folder):
                          f"{str(err)[:200]})") from None
 
 
-def has_optimizer_state(trace, path, loaded: Optional[Weights] = None) -> bool:
-    """The step keeps its optimizer's state (its update is re-run with the recorded optimizer), read without
-    loading the weights."""
-    from pathlib import Path
-    state = loaded.state if loaded is not None else getattr(trace, "kept", None)
-    if state is not None:
-        return bool(state.optimizer_state)
-    return path is not None and (Path(path) / "state" / "optimizer.safetensors").is_file()
-
-
 def weights_for(trace, path) -> Weights:
     """The weights the step kept (a recorded step's state/, a run_step trace's or a TRL capture's kept weights, in
     memory or beside the trace), else the embedded/local model a run_step trace names at its first update, else none
