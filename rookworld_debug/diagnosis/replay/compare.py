@@ -91,8 +91,12 @@ def take_samples(rec: torch.Tensor, ref: torch.Tensor, diff: torch.Tensor, thres
     bad = torch.nonzero((diff.reshape(-1) > threshold) & inside.reshape(-1)).flatten()
     bad = bad[diff.reshape(-1)[bad].argsort(descending=True)][:MAX_SAMPLES]
 
-    def at(ix):
-        return tuple(tuple(int(v) for v in torch.unravel_index(ix, diff.shape)[k]) for k in range(diff.ndim))
+    def at(ix):                         # torch.unravel_index, without its import of torch's symbolic shapes
+        out, rest = [], ix
+        for size in reversed(diff.shape):
+            out.append(rest % size)
+            rest = rest // size
+        return tuple(tuple(int(v) for v in k) for k in reversed(out))
     pos = tuple(zip(*at(pick))) if pick.numel() else ()
     return Samples(recorded=tuple(rec.reshape(-1)[pick].tolist()), recomputed=tuple(ref.reshape(-1)[pick].tolist()),
                    positions=pos, axes=axes, beyond=tuple(zip(*at(bad))) if bad.numel() else (),
