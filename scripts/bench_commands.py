@@ -1,9 +1,9 @@
 """How long the diagnosis commands take as a user runs them: `rookworld-debug diagnose STEP --json` (with its replay,
 and with --no-replay) on the recorded step of examples/manual_loop.py (the embedded model), each a fresh process with
-stdin closed, start-up and imports included; beside them the floor every such process pays, importing torch and
-transformers' GPT-2; with --fix, `rookworld-debug whatif STEP --fix` on a recorded step of the hand-written loop with
-a known bug (the corrected one-step comparison). Writes one JSON file (median and max of each, the machine, its load
-before and after).
+stdin closed, start-up and imports included; beside them the floor every such process pays, importing torch, and
+what importing transformers' GPT-2 as well costs (the replay does without it); with --fix, `rookworld-debug whatif
+STEP --fix` on a recorded step of the hand-written loop with a known bug (the corrected one-step comparison). Writes
+one JSON file (median and max of each, the machine, its load before and after).
 
     .venv/bin/python scripts/bench_commands.py --out docs/bench/commands-$(date +%Y%m%d).json
     .venv/bin/python scripts/bench_commands.py --runs 1 --out /tmp/commands.json     # a quick look
@@ -75,7 +75,10 @@ def main(argv=None) -> int:
             if rec["rc"] != 0:
                 raise SystemExit(f"examples/manual_loop.py failed: {rec.get('stderr', '')}")
         before = machine()
-        results = [series("imports: torch + transformers' GPT2LMHeadModel", [PY, "-c", IMPORTS], a.runs, a.timeout),
+        results = [series("import torch (the floor of every command that computes)", [PY, "-c", "import torch"],
+                          a.runs, a.timeout),
+                   series("imports: torch + transformers' GPT2LMHeadModel (what the replay paid before it "
+                          "stopped importing transformers)", [PY, "-c", IMPORTS], a.runs, a.timeout),
                    series("diagnose STEP --json", [CLI, "diagnose", step, "--json"], a.runs, a.timeout),
                    series("diagnose STEP --json --no-replay", [CLI, "diagnose", step, "--json", "--no-replay"],
                           a.runs, a.timeout),

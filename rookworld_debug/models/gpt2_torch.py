@@ -17,7 +17,6 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -78,6 +77,18 @@ class GPT2Settings:
     num_hidden_layers = property(lambda self: self.n_layer)
     num_attention_heads = property(lambda self: self.n_head)
     max_position_embeddings = property(lambda self: self.n_positions)
+
+
+@dataclass(frozen=True)
+class BodyOutput:
+    last_hidden_state: torch.Tensor     # (n, q, d)
+    cache: Optional[KVCache]
+
+
+@dataclass(frozen=True)
+class LMOutput:
+    logits: torch.Tensor                # (n, q, V)
+    cache: Optional[KVCache]
 
 
 class Conv1D(nn.Module):
@@ -222,7 +233,7 @@ class GPT2Body(nn.Module):
         mask = causal_mask(attention_mask, rows, q, past, x.device)
         for block in self.h:
             x = block(x, mask, cache)
-        return SimpleNamespace(last_hidden_state=self.ln_f(x), cache=cache if use_cache else None)
+        return BodyOutput(last_hidden_state=self.ln_f(x), cache=cache if use_cache else None)
 
 
 def _packed(position_ids) -> bool:
@@ -284,7 +295,7 @@ class GPT2LM(nn.Module):
         out = self.transformer(input_ids, cache=cache if cache is not None else past_key_values,
                                attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache)
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
-        return SimpleNamespace(logits=self.lm_head(hidden), cache=out.cache)
+        return LMOutput(logits=self.lm_head(hidden), cache=out.cache)
 
 
 def build(config: dict, weights: dict) -> GPT2LM:
