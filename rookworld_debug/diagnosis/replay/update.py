@@ -15,10 +15,9 @@ from typing import Optional
 import torch
 
 from .compare import REL_TOL, parameter_samples, tol_for
+from .optimizers import CLASSES as OPTIMIZERS, RecordedOptimizer
 from .records import AGREE, DISAGREE, PhaseCheck, fmt
 from .terms import dot as _dot
-
-from .optimizers import CLASSES as OPTIMIZERS, RecordedOptimizer
 
 
 def rerun_update(before: dict, grad: dict, trainable, kind: str, settings: dict, opt_state: Optional[dict],
