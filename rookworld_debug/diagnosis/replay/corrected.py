@@ -73,7 +73,7 @@ class CorrectedStep:
     rows: tuple = ()            # RowChange per completion (N,)
     corrected_update: Optional[dict] = None            # {name: Δθ_corrected} float64, parameter shapes; not in JSON
     seconds: float = 0.0        # the comparison's own time
-    replay_seconds: float = 0.0     # the replay's that found what to correct (0: it was given)
+    replay_seconds: float = 0.0     # the replay's that found what to correct (its own, also when it was given)
 
     @property
     def grad_ratio(self) -> float:
@@ -139,13 +139,15 @@ def corrected_step(trace, folder, replay=None, loaded=None) -> CorrectedStep:
     t0 = time.perf_counter()
     w = loaded if loaded is not None else weights_for(trace, folder)      # `loaded`: the replay's, shared
     _require_weights(w)
-    replay = replay if replay is not None else replay_trace(trace, folder, loaded=w)    # one forward for both
+    given = replay is not None
+    replay = replay if given else replay_trace(trace, folder, loaded=w)    # one forward for both
     t1 = time.perf_counter()
+    spent = replay.seconds if given else t1 - t0
     phase, base, basis = _plan(trace, replay)
     if phase not in CORRECTABLE:
-        return CorrectedStep("", basis, note=_why_not(phase, basis), replay_seconds=t1 - t0)
+        return CorrectedStep("", basis, note=_why_not(phase, basis), replay_seconds=spent)
     return dataclasses.replace(_compare(base, phase, basis, w), seconds=time.perf_counter() - t1,
-                               replay_seconds=t1 - t0)
+                               replay_seconds=spent)
 
 
 def _require_weights(w) -> None:
