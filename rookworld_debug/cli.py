@@ -46,7 +46,7 @@ DELEGATED = {
                  "the flight recorder (then: rookworld-debug triage OUT)"),
     "diagnose": ("rookworld_debug.cli_diagnose", "what is likely wrong with a step or a run: cause, evidence, fix "
                  "(exit 1 on an error-level finding)"),
-    "verify-capture": ("rookworld_debug.trl.verify", "replay a captured TRL step from the checkpoint before it and "
+    "verify-capture": ("rookworld_debug.trl.verify_cli", "replay a captured TRL step from the checkpoint before it and "
                        "compare with the checkpoint after it"),
     "whatif": ("rookworld_debug.cli_whatif", "branch a saved step or run from its state with changed settings: "
                "self-check, one-step counterfactual, k-step arms with shared seeds, a verdict per symptom"),

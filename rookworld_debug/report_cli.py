@@ -93,6 +93,12 @@ def _sigterm_as_interrupt(signum, frame):
 
 def report_main(args: argparse.Namespace) -> int:
     """Run the sweep described by parsed ``args``; print where the index is; return the exit status."""
+    missing = [t for t in getattr(args, "traces", None) or () if not Path(t).expanduser().exists()]
+    if missing:                         # named before the sweep's imports (torch and the notebook tools: seconds)
+        from rookworld_debug.grpo.trace.folder import not_a_trace
+        said = not_a_trace(Path(missing[0]).expanduser().resolve(), "no such folder")
+        print(f"rookworld-debug report: error: {said}", file=sys.stderr)
+        return 2
     from rookworld_debug.errors import RookWorldError
     from rookworld_debug.report import make_grid, run_sweep
 

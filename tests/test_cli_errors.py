@@ -42,6 +42,8 @@ CASES = {
     "bench-out-is-file": lambda t: ["bench", "--out", _file(t), "--variants", "a", "--reps", "1"],
     "bench-bad-reps": lambda t: ["bench", "--reps", "0", "--out", str(t / "b")],
     "smoke-bad-model": lambda t: ["smoke", "--model", "/nonexistent/model", "--depth", "1"],
+    "verify-capture-before-missing": lambda t: ["verify-capture", str(t), "--before", "/nonexistent",
+                                                "--after", "/nonexistent"],
 }
 
 
@@ -61,7 +63,8 @@ def test_bad_input_is_one_named_line_and_exit_2(tmp_path, name):
 
 # Bad paths and bounds are checked before torch is imported: the error line comes before the seconds the imports
 # take (the same commands as above, in one process each, asking whether torch was loaded when the error came).
-BEFORE_TORCH = ("step-config-missing", "step-out-is-file", "run-out-is-file", "run-bad-steps", "measure-zero-positions")
+BEFORE_TORCH = ("step-config-missing", "step-out-is-file", "run-out-is-file", "run-bad-steps", "measure-zero-positions",
+                "report-trace-missing", "verify-capture-before-missing")
 
 
 @pytest.mark.timeout(90)
@@ -75,3 +78,14 @@ def test_bad_paths_and_bounds_fail_before_torch_is_imported(tmp_path, name):
                        capture_output=True, text=True, timeout=80, env=ENV)
     assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr[-2000:])
     assert f"rookworld-debug {args[0]}: error:" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.timeout(90)
+def test_verify_capture_help_answers_without_torch():
+    code = ("import sys; from rookworld_debug.cli import main\n"
+            "try:\n    main(['verify-capture', '--help'])\nexcept SystemExit as stop:\n    rc = stop.code\n"
+            "print(rc, 'torch' in sys.modules, file=sys.stderr)")
+    r = subprocess.run([str(REPO / ".venv/bin/python"), "-c", code], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=80, env=ENV)
+    assert r.stderr.split()[-2:] == ["0", "False"], r.stderr[-2000:]
+    assert "--before" in r.stdout and "verify-capture" in r.stdout

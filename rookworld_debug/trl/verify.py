@@ -1,35 +1,18 @@
-"""Verify a capture against the run's checkpoints: is the step you opened the step that happened?
-
-    rookworld-debug verify-capture captures/step-000212 --before out/checkpoint-211 --after out/checkpoint-212
-
-From the `--before` checkpoint (weights + AdamW state, as TRL's Trainer saved them) the captured step's
-update is applied again from the captured batch alone, with no generation: every micro-batch's loss is
-recomputed with gradients (grpo.objective.loss on the captured ids, old/ref log-probs and advantages, TRL's
-per-micro-batch normalization), the gradient is clipped at `max_grad_norm`, and one AdamW step is taken
-at the captured learning rate. The result is compared, layer by layer, with the `--after` checkpoint:
-max |θ_replayed − θ_after| absolute, and relative to the layer's true update max |θ_after − θ_before|.
-Exit 0 when every layer is within tolerance, 1 otherwise (naming the worst layers), 2 on bad input.
+"""What `rookworld-debug verify-capture` computes (its arguments: `trl.verify_cli`): the captured step's update
+applied again from the `--before` checkpoint and the captured batch alone, compared layer by layer with `--after`.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-from rookworld_debug import cliargs
 
 import torch
 
 from rookworld_debug.errors import CheckpointError, TraceError
 
-# ‖θ_replayed − θ_after‖₂ / ‖θ_after − θ_before‖₂ per layer. Measured on the tiny model (tests/
-# test_verify_capture.py): the right pairing gives ≤ 0.001 (single elements can be off by 10 % of their update
-# where Adam divides fp noise by √v ≈ ε; the max is shown, the L2 is gated), the previous step's checkpoints 0.9
-RTOL = 0.05
-ATOL = 1e-9          # absolute floor (L2) for layers the step did not move
+from .tolerances import ATOL, RTOL, check_tolerances
 
 
 @dataclass(frozen=True)
@@ -71,15 +54,6 @@ def _load_weights(folder: Path):
                                                     trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - any loader failure names the folder
         raise CheckpointError(f"{folder}: the weights cannot be loaded ({type(err).__name__}: {err})") from None
-
-
-def check_tolerances(rtol, atol) -> None:
-    """ConfigError unless both tolerances are finite numbers ≥ 0 (NaN would pass every layer: `d ≤ NaN` is False,
-    but a NaN tolerance is no check at all)."""
-    from rookworld_debug.errors import ConfigError
-    for name, v in (("--rtol", rtol), ("atol", atol)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
-            raise ConfigError(name, f"a tolerance is a finite number ≥ 0, got {v!r}")
 
 
 def _check_model_of(model, trace, folder: Path) -> None:
@@ -218,30 +192,3 @@ def format_result(res: VerifyResult, rtol: float = RTOL, worst: int = 5) -> str:
     lines.append("VERIFIED: the captured step reproduces the checkpoint" if res.ok else
                  f"NOT VERIFIED: {len(bad)} layer(s) differ, worst: {', '.join(c.layer for c in bad[:3])}")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rookworld-debug verify-capture", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step_dir", help="a captured step folder (step-NNNNNN)")
-    ap.add_argument("--before", required=True, help="the checkpoint-N folder saved before the step (N = step − 1)")
-    ap.add_argument("--after", required=True, help="the checkpoint-N folder saved after the step (N = step)")
-    ap.add_argument("--rtol", type=float, default=RTOL, help=f"per-layer tolerance relative to the true update ({RTOL})")
-    cliargs.add_threads(ap)
-    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    from rookworld_debug.errors import ConfigError
-    from rookworld_debug.safeio import check_input_file
-    check_tolerances(a.rtol, ATOL)
-    if not 1 <= a.threads <= 1024:
-        raise ConfigError("--threads", f"a number of CPU threads ≥ 1, got {a.threads}")
-    for flag, folder in (("--before", a.before), ("--after", a.after)):
-        check_input_file(Path(folder) / "config.json", flag)
-    check_input_file(Path(a.before) / "optimizer.pt", "--before")
-    torch.set_num_threads(a.threads)
-    res = verify_capture(a.step_dir, a.before, a.after, rtol=a.rtol)
-    print(format_result(res, a.rtol))
-    return 0 if res.ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -75,6 +75,17 @@ def leftovers(path: Path) -> list:
     return []
 
 
+def not_a_trace(path: Path, why: str) -> str:
+    """Why `path` opens as no step trace, and what would: the captured steps it holds, or what a trace folder is
+    (read without torch: a command names a wrong path before its imports)."""
+    path = Path(path)
+    steps = sorted(p.name for p in path.glob("step-*") if (p / "trace.json").is_file()) if path.is_dir() else []
+    hint = (f"; it holds captured steps {steps}: open one of them, e.g. {path / steps[0]}" if steps else
+            "; a trace folder holds trace.json + trace.safetensors (StepTrace.save, rookworld-debug step, or a TRL "
+            "capture's step-NNNNNN folder)")
+    return f"{path} is not a step trace or TRL capture: {why}{leftover_hint(path)}{hint}"
+
+
 def leftover_hint(path: Path) -> str:
     """A clause for a reader that found no step at `path`: what interrupted saves left beside it."""
     prefix = f".{Path(path).name}."

@@ -198,12 +198,8 @@ def decode(payload: Any, tensors: dict[str, torch.Tensor], source: str = "trace"
 
 def _not_a_trace(path, why: str):
     from rookworld_debug.errors import TraceError
-    steps = sorted(p.name for p in path.glob("step-*") if (p / "trace.json").is_file()) if path.is_dir() else []
-    hint = (f"; it holds captured steps {steps}: open one of them, e.g. {path / steps[0]}" if steps else
-            "; a trace folder holds trace.json + trace.safetensors (StepTrace.save, rookworld-debug step, or a TRL "
-            "capture's step-NNNNNN folder)")
-    from rookworld_debug.grpo.trace.folder import leftover_hint
-    return TraceError(f"{path} is not a step trace or TRL capture: {why}{leftover_hint(path)}{hint}")
+    from rookworld_debug.grpo.trace.folder import not_a_trace
+    return TraceError(not_a_trace(path, why))
 
 
 def read_trace(path, record: str, version: int | None = None) -> Any:
