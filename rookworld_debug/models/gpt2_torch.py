@@ -70,8 +70,8 @@ class GPT2Settings:
 
     @classmethod
     def of(cls, config: dict) -> "GPT2Settings":
-        return cls(**{k: config.get(k, v) if config.get(k) is not None or k == "n_inner" else v
-                      for k, v in SETTINGS.items()})
+        """A field the config leaves out or sets to None takes transformers' default (n_inner's is None)."""
+        return cls(**{k: v if config.get(k) is None else config[k] for k, v in SETTINGS.items()})
 
     hidden_size = property(lambda self: self.n_embd)
     num_hidden_layers = property(lambda self: self.n_layer)
