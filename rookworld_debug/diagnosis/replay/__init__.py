@@ -113,6 +113,7 @@ def _checks(trace, w: Weights) -> list[PhaseCheck]:
     checks = [*generation_checks(trace, w.eos, w.tokenizer), rewards_check(trace, row_labels(trace)),
               advantages_check(trace)]
     if w.policy is not None:
+        _share_policy_forward(trace, w)
         checks += _scoring(trace, w)
     else:
         checks.append(skipped("scoring", "log-probs from the weights", w.why))
@@ -157,6 +158,15 @@ def _jacobian(trace, w: Weights):
     from rookworld_debug.diagnosis.replay.terms import TokenJacobian
     temps = tuple(float(t) for t in trace.rollout.temperatures.unique())   # a temperature declaration: its own
     return w.memo(("jacobian", temps), lambda: TokenJacobian(trace, w.policy, w.trainable))
+
+
+def _share_policy_forward(trace, w: Weights) -> None:
+    """Where the gradient check will run, its forward (graph kept) gives the scoring check the policy's log-probs
+    too: one forward of the weights before the update, not two."""
+    from rookworld_debug.diagnosis.replay.model_phases import remember_logps
+    if w.state is None or w.state.gradient is None or (trace.config.beta and trace.rollout.ref_per_token_logps is None):
+        return
+    remember_logps(w.cache, w.policy, trace.rollout, _jacobian(trace, w).logps.detach())
 
 
 def _declared_gradient(trace, w: Weights) -> dict:

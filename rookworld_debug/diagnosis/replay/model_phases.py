@@ -233,10 +233,19 @@ class _LogpCache:
         self.rollout, self.done = rollout, {} if cache is None else cache
 
     def __call__(self, model) -> torch.Tensor:
-        key = ("logps", id(model), id(self.rollout))
+        key = _logps_key(model, self.rollout)
         if key not in self.done:
             self.done[key] = recompute_logps(model, self.rollout)
         return self.done[key]
+
+
+def _logps_key(model, rollout) -> tuple:
+    return "logps", id(model), id(rollout)
+
+
+def remember_logps(cache: dict, model, rollout, logps: torch.Tensor) -> None:
+    """`logps` (N, T), the recompute's values from another forward of the same model and rows (the gradient's)."""
+    cache.setdefault(_logps_key(model, rollout), logps)
 
 
 def _scoring_variants(trace, policy) -> dict:

@@ -30,8 +30,16 @@ from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 TERM_ATOL = 1e-6
 
 
+# Jᵀ is linear: a u within this many of its dtype's epsilons (relative; at most 1e-5) of a combination of earlier
+# ones, its own rounding, takes that combination of their gradients instead of a backward
+SPAN_EPS = 64
+# ... unless the combination cancels: Σ|a_i|·‖u_i‖ above this many ‖u‖ would amplify the earlier gradients' rounding
+SPAN_MAX_GAIN = 4.0
+
+
 class TokenJacobian:
-    """The policy's (ℓ, H) over the recorded rows with their graph: `gradient(u)` = Jᵀu by one backward."""
+    """The policy's (ℓ, H) over the recorded rows with their graph: `gradient(u)` = Jᵀu by one backward, or by
+    linearity from the gradients already taken (`backwards` counts the backwards run)."""
 
     def __init__(self, trace, policy, trainable):
         r = trace.rollout
@@ -42,14 +50,47 @@ class TokenJacobian:
         self.logps, self.entropy = per_token_logps_and_entropy(
             policy, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, r.temperatures,
             with_grad=True, entropy_grad=True)                                                  # (N, T) each
+        self._us: list[torch.Tensor] = []           # the u of each backward, flattened, float64   (2·N·T,)
+        self._grads: list[dict] = []                # its gradient
+        self.backwards = 0
 
     def gradient(self, u_logps: torch.Tensor, u_entropy: torch.Tensor) -> dict:
+        u = torch.cat([u_logps.detach().flatten(), u_entropy.detach().flatten()]).double()           # (2·N·T,)
+        known = self._from_span(u, min(SPAN_EPS * torch.finfo(u_logps.dtype).eps, 1e-5))
+        if known is not None:
+            return known
         # Jᵀu as the gradient of Σ u·(ℓ, H): torch's grad with explicit grad_outputs imports its symbolic-shapes
         # machinery (sympy: 0.4 s, and more at exit), for the same vector
         total = (self.logps * u_logps.to(self.logps.dtype)).sum() + \
             (self.entropy * u_entropy.to(self.entropy.dtype)).sum()
         grads = torch.autograd.grad(total, [p for _, p in self.params], retain_graph=True, allow_unused=True)
-        return {n: (g if g is not None else torch.zeros_like(p)).detach() for (n, p), g in zip(self.params, grads)}
+        out = {n: (g if g is not None else torch.zeros_like(p)).detach() for (n, p), g in zip(self.params, grads)}
+        self.backwards += 1
+        self._us.append(u)
+        self._grads.append(out)
+        return out
+
+    def _from_span(self, u: torch.Tensor, rtol: float) -> Optional[dict]:
+        """Σ a_i·g_i where u = Σ a_i·u_i over the earlier backwards' u (to `rtol`, without cancellation), else None.
+        The same u gives the same tensors; u = 0 gives zeros."""
+        norm = float(u.norm())
+        if norm == 0.0:
+            return {n: torch.zeros_like(p) for n, p in self.params}
+        for v, g in zip(self._us, self._grads):
+            if torch.equal(u, v):
+                return dict(g)
+        if not self._us:
+            return None
+        basis = torch.stack(self._us, 1)                                                           # (2·N·T, K)
+        scale = basis.norm(dim=0).clamp(min=1e-300)
+        a = torch.linalg.lstsq(basis / scale, u[:, None]).solution.squeeze(1) / scale              # (K,)
+        if not bool(torch.isfinite(a).all()):
+            return None
+        resid = float((basis @ a - u).norm())
+        if resid > rtol * norm or float((a.abs() * scale).sum()) > SPAN_MAX_GAIN * norm:
+            return None
+        return {n: sum((float(c) * g[n].double() for c, g in zip(a, self._grads)),
+                       torch.zeros(p.shape, dtype=torch.float64, device=p.device)).to(p.dtype) for n, p in self.params}
 
 
 def token_weights(trace, objective, jac: TokenJacobian, extra=None, advantages=None
@@ -140,37 +181,51 @@ class GradientFit:
                 return name, sentence, resid
         return None
 
-    def terms(self) -> dict:
-        """{term: (its gradient, its declared coefficient)}."""
+    def terms(self, declared_only: bool = False) -> dict:
+        """{term: (its gradient, its declared coefficient)}; `declared_only`: the terms the declared loss carries
+        (coefficient ≠ 0). The KL and entropy terms first: the policy term is then the declared gradient less them,
+        by linearity (TokenJacobian.gradient), without a backward of its own."""
         t = self.trace
         if t.config.kl_estimator == "full":
             return {}
         ob = Objective.from_config(t.config)
         base = ob.replace(beta=0.0, entropy_coef=0.0)
-
         zero = torch.zeros_like(t.advantages.advantages)
-
-        def grad(objective, extra=None, advantages=None):
-            return self.jac.gradient(*token_weights(t, objective, self.jac, extra, advantages))
-        # each term on its own (A = 0 leaves no policy term): a small term is never the difference of two large ones
-        out = {"policy term": (grad(base), 1.0)}
-        if t.rollout.ref_per_token_logps is not None:
-            plain = grad(base.replace(beta=1.0, use_bias_correction_kl=False), advantages=zero)
-            corrected = grad(base.replace(beta=1.0, use_bias_correction_kl=True), advantages=zero)
-            out["KL term (per unit β)"] = (plain, ob.beta)
-            out["the KL term's importance-ratio part (per unit β)"] = (
-                _minus(corrected, plain), ob.beta if ob.use_bias_correction_kl else 0.0)
-        out["entropy bonus (per unit c_H)"] = (grad(base.replace(entropy_coef=1.0), advantages=zero), ob.entropy_coef)
         n_rows = t.rollout.completion_ids.shape[0]
 
         def mean_logp(lp, ent, mask):             # + Σ_i mean_t ℓ_it / N: a likelihood (SFT-like) term
             return (lp * mask).sum(1).div(mask.sum(1).clamp(min=1)).sum() / n_rows
-        out["mean log-likelihood term"] = (grad(base, mean_logp, advantages=zero), 0.0)
+        # (term, declared coefficient, objective, extra, advantages): each term on its own (A = 0 leaves no policy
+        # term): a small term is never the difference of two large ones
+        specs = []
+        if t.rollout.ref_per_token_logps is not None:
+            specs += [("KL term (per unit β)", ob.beta, base.replace(beta=1.0, use_bias_correction_kl=False), None,
+                       zero),
+                      ("KL term, bias-corrected (per unit β)", ob.beta if ob.use_bias_correction_kl else 0.0,
+                       base.replace(beta=1.0, use_bias_correction_kl=True), None, zero)]
+        specs += [("entropy bonus (per unit c_H)", ob.entropy_coef, base.replace(entropy_coef=1.0), None, zero),
+                  ("policy term", 1.0, base, None, None),
+                  ("mean log-likelihood term", 0.0, base, mean_logp, zero)]
+        grads = {}
+        for name, declared, objective, extra, adv in specs:
+            if declared_only and not declared and not name.startswith("KL term (per unit"):
+                continue
+            if declared_only and name.startswith("KL term (per unit") and not ob.beta:
+                continue
+            grads[name] = (self.jac.gradient(*token_weights(t, objective, self.jac, extra, adv)), declared)
+        out = {k: grads[k] for k in ("policy term", "KL term (per unit β)") if k in grads}
+        if "KL term, bias-corrected (per unit β)" in grads:
+            corrected, declared = grads["KL term, bias-corrected (per unit β)"]
+            out["the KL term's importance-ratio part (per unit β)"] = (
+                _minus(corrected, grads["KL term (per unit β)"][0]), declared)
+        out.update({k: grads[k] for k in ("entropy bonus (per unit c_H)", "mean log-likelihood term") if k in grads})
         return out
 
     def fit(self, recorded: dict, names, tol: float):
-        """(coefficients {term: (fitted, declared)}, ‖recorded − fit‖) by least squares."""
-        return _regress(recorded, self.terms(), names)
+        """(coefficients {term: (fitted, declared)}, ‖recorded − fit‖) by least squares: on the declared loss's
+        own terms first, and on every term where those leave more than `tol` (the simplest fit that holds)."""
+        coefs, resid = _regress(recorded, self.terms(declared_only=True), names)
+        return (coefs, resid) if resid <= tol else _regress(recorded, self.terms(), names)
 
     def fit_micro_batches(self, recorded: dict, names):
         """The same regression on each micro-batch's share of the declared gradient (declared: 1 each): which
@@ -253,20 +308,34 @@ def _rewired(trace, kw: dict):
 
 def _regress(recorded: dict, terms: dict, names):
     """Least squares of `recorded` on the terms' gradients: ({term: (fitted, declared)}, ‖recorded − fit‖)."""
-    # a term whose gradient is float noise here (the KL at a policy still at its reference) has no coefficient
-    terms = {k: v for k, v in terms.items() if dot(v[0], v[0], names) > TERM_ATOL ** 2}
-    if not terms:
-        return {}, math.inf
     keys = list(terms)
-    gram = torch.tensor([[dot(terms[a][0], terms[b][0], names) for b in keys] for a in keys], dtype=torch.float64)
-    rhs = torch.tensor([dot(terms[a][0], recorded, names) for a in keys], dtype=torch.float64)
+    if not keys:
+        return {}, math.inf
+    gram, rhs = _gram(recorded, [terms[k][0] for k in keys], names)                     # (K, K), (K,)
+    # a term whose gradient is float noise here (the KL at a policy still at its reference) has no coefficient
+    keep = [i for i in range(len(keys)) if float(gram[i, i]) > TERM_ATOL ** 2]
+    if not keep:
+        return {}, math.inf
+    keys, gram, rhs = [keys[i] for i in keep], gram[keep][:, keep], rhs[keep]
     if not (bool(torch.isfinite(gram).all()) and bool(torch.isfinite(rhs).all())):
         return {}, math.inf                        # a NaN or inf gradient: no combination of terms explains it
     scale = gram.diagonal().sqrt()                  # normalised columns: terms of very different sizes
     coef = torch.linalg.lstsq(gram / scale[:, None] / scale[None], (rhs / scale)[:, None]).solution.squeeze(1) / scale
-    fitted = {n: sum(float(c) * terms[k][0][n].double() for c, k in zip(coef, keys)) for n in names}
-    resid = math.sqrt(sum(float((recorded[n].double() - fitted[n]).pow(2).sum()) for n in names))
+    resid = math.sqrt(sum(float((recorded[n].double() - sum(float(c) * terms[k][0][n].double()
+                                                              for c, k in zip(coef, keys))).pow(2).sum())
+                          for n in names))
     return {k: (float(c), terms[k][1]) for c, k in zip(coef, keys)}, resid
+
+
+def _gram(recorded: dict, grads: list, names) -> tuple[torch.Tensor, torch.Tensor]:
+    """(⟨g_i, g_j⟩, ⟨g_i, recorded⟩) in float64, a parameter at a time (each tensor converted once)."""
+    k = len(grads)
+    gram, rhs = torch.zeros(k, k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)
+    for n in names:
+        m = torch.stack([g[n].detach().reshape(-1).double() for g in grads])                     # (K, numel)
+        gram += (m @ m.T).cpu()
+        rhs += (m @ recorded[n].detach().reshape(-1).double().to(m.device)).cpu()
+    return gram, rhs
 
 
 def _minus(a: dict, b: dict) -> dict:
