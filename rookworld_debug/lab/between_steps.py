@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from rookworld_debug.lab import faults_fresh as F
 from rookworld_debug.lab.handloop import LoopConfig, _data, _Loop, _optimizer_step, _recorder, _setup, advantages, \
     sample, schedule, token_logps
 
@@ -47,7 +48,16 @@ SEALED_BETWEEN_FAULTS = {
     "weights_bf16_roundtrip": ("weights", "weights_rounded"),          # the policy saved and reloaded in bf16
     "reward_running_mean": ("rewards", "reward_has_memory"),           # rewards minus the running mean of earlier calls
 }
-ALL_BETWEEN_FAULTS = {**BETWEEN_FAULTS, **SEALED_BETWEEN_FAULTS}
+# the consecutive-step part of the fourth held-out set (`--only fresh`, with handloop.FRESH_FAULTS), written and
+# frozen the same way; each acts between the two recorded steps
+FRESH_BETWEEN_FAULTS = {
+    "adam_betas_changed_at_resume": ("optimizer", "optimizer_settings_changed"),   # betas (0.9, 0.95) over the state
+    "optimizer_state_blocks_reversed": ("optimizer", "optimizer_state_permuted"),  # block i gets block n−1−i's moments
+    "scheduler_skipped_on_saved_step": ("scheduler", "scheduler_not_stepped"),    # the save path skips sched.step()
+    "sampler_sync_skips_embeddings": ("sampler", "sampler_weights_partly_synced"),   # wte, wpe and the tied head stale
+    "optimizer_stepped_again_after_step": ("weights", "update_applied_twice"),   # a second opt.step() on the same grads
+}
+ALL_BETWEEN_FAULTS = {**BETWEEN_FAULTS, **SEALED_BETWEEN_FAULTS, **FRESH_BETWEEN_FAULTS}
 # the loop the faults are written into (a sampler copy, so that a stale one can show); and healthy loops of other
 # shapes: dapo with two optimizer passes per rollout and a schedule (the pair spans a rollout's last pass and the
 # next rollout's first), bnpo over one micro-batch
@@ -91,7 +101,9 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) ->
     g = c.num_generations
     if L.sampler is not None and not (fault == "sampler_stale" and step > 1):
         src = L.ref if fault == "sampler_synced_from_ref" and step > 1 else L.model
-        L.sampler.load_state_dict(src.state_dict())
+        partial = fault == "sampler_sync_skips_embeddings" and step > 1
+        state = F.state_without_embeddings(src.state_dict()) if partial else src.state_dict()
+        L.sampler.load_state_dict(state, strict=not partial)
     sampler = L.sampler if L.sampler is not None else L.model
     batch = _batch(c, step)
     prompts, labels = [x["prompt"] for x in batch], [x["completion"] for x in batch]
@@ -128,6 +140,10 @@ def _before_rollout(L: _Loop, c: LoopConfig, step: int, fault: str, start: dict)
         with torch.no_grad():
             for r, p in zip(L.ref.parameters(), L.model.parameters()):
                 r.mul_(0.5).add_(p.detach(), alpha=0.5)
+    if fault == "adam_betas_changed_at_resume":
+        F.betas_reset(L.opt)
+    if fault == "optimizer_state_blocks_reversed":
+        F.block_states_reversed(L.model, L.opt)
 
 
 def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward, start: dict,
@@ -146,7 +162,12 @@ def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: 
             for st in L.opt.state.values():
                 st["step"].zero_()
         rec = _recorder(L, c, n, k, ro) if n in record else None
+        sched = L.sched                          # a step the loop saves returns before scheduler.step() (the fault)
+        L.sched = None if fault == "scheduler_skipped_on_saved_step" and rec is not None else sched
         _optimizer_step(L, c, ro, "no_zero_grad" if fault == "grads_carried" and n > 1 else "", rec, last=True)
+        L.sched = sched
+        if fault == "optimizer_stepped_again_after_step":    # a callback steps the optimizer once more
+            L.opt.step()
         if fault == "scheduler_per_micro_batch" and L.sched is not None:
             for _ in range(c.micro_batches - 1):     # the loop's one step, plus one per further micro-batch
                 L.sched.step()

@@ -18,6 +18,8 @@ from typing import Optional
 
 import torch
 
+from rookworld_debug.lab import faults_fresh as F
+
 # fault → (phase it breaks, the finding code that names it; "" = the phase alone: no known mechanism)
 FAULTS = {
     "rows_prompt_major": ("generation", "rows_not_grouped"),
@@ -146,6 +148,21 @@ UNSEEN_FAULTS = {
     "ref_mixup_each_step": ("scoring", "reference_tracks_policy"),  # ref ← 0.4·ref + 0.6·policy before each rollout
     "adv_whitened_again": ("advantages", "advantages_scaled"),     # group advantages whitened again over the batch
 }
+# a fourth held-out set, written and frozen the same way (`--only fresh`, with the consecutive-step faults of
+# between_steps.FRESH_BETWEEN_FAULTS): bug classes of public trackers that no earlier set had, each with what it does
+FRESH_FAULTS = {
+    "sampler_one_seed_every_row": ("generation", "sampling_draws_shared"),   # one uniform per position for all rows
+    "logps_no_attention_mask": ("scoring", "attention_mask_not_applied"),    # the loss forward attends to the pads
+    "logps_padded_vocab": ("scoring", "logsoftmax_over_padded_vocab"),       # log_softmax over 63 zero-logit pad rows
+    "kl_penalty_in_reward": ("rewards", "kl_in_reward"),          # r − β·Σ(ℓ_sampler − ℓ_ref), the KL in the loss too
+    "ratio_bf16": ("loss", "ratio_low_precision"),                # exp(ℓ − ℓ_old) taken in bf16 (later pass)
+    "ratio_clipped_in_log_space": ("loss", "clip_range_log_scale"),   # exp(clamp(ℓ − ℓ_old, ±ε)) for clamp(r, 1 ± ε)
+    "dual_clip_every_sign": ("loss", "dual_clip_positive_advantages"),   # min(pg, −3·A) on A > 0 tokens too
+    "adv_discounted_per_token": ("loss", "advantage_discounted_per_token"),   # A·0.99^(L − 1 − t) per token
+    "checkpointing_blocks_no_grad": ("gradient", "gradient_parameters_missing"),   # only ln_f and the head get grads
+    "optimizer_without_vectors": ("update", "parameters_not_in_optimizer"),   # biases and LayerNorms never stepped
+    "clip_norm_of_first_shard": ("update", "grad_norm_of_shard"),  # the clip's norm over half the parameters only
+}
 BLIND_SETTINGS = {"accum_token_mean_per_micro_batch": {"loss_type": "dapo"},
                   "kl_mean_over_all_positions": {"loss_type": "dapo"},
                   "clip_grad_norm_per_parameter": {"max_grad_norm": 0.01},
@@ -154,8 +171,10 @@ BLIND_SETTINGS = {"accum_token_mean_per_micro_batch": {"loss_type": "dapo"},
 SEALED_SETTINGS = {"logsoftmax_bf16": {"autocast": "bfloat16"}, "adv_per_micro_batch": {"micro_batches": 4},
                    "old_logps_from_ref": {"num_iterations": 2}, "clip_per_micro_batch": {"max_grad_norm": 1e-3}}
 PROBE_SETTINGS = {"clip_max_not_min": {"num_iterations": 2, "lr": 1e-3}}
+FRESH_SETTINGS = {"ratio_bf16": {"num_iterations": 2}, "ratio_clipped_in_log_space": {"num_iterations": 2, "lr": 1e-3},
+                  "clip_norm_of_first_shard": {"max_grad_norm": 0.01}}
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS,
-              **PROBE_FAULTS, **BLIND_FAULTS, **UNSEEN_FAULTS}
+              **PROBE_FAULTS, **BLIND_FAULTS, **UNSEEN_FAULTS, **FRESH_FAULTS}
 
 
 @dataclass(frozen=True)
@@ -227,7 +246,8 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
             p_sorted, order = lp.exp().sort(-1, descending=True)
             drop = (p_sorted.cumsum(-1) - p_sorted) >= 0.9
             draw = lp.masked_fill(drop.scatter(-1, order, drop), -float("inf")).log_softmax(-1)
-        tok = torch.multinomial(draw.exp(), 1, generator=gen).squeeze(1)
+        tok = F.draw_shared(draw.exp(), gen) if fault == "sampler_one_seed_every_row" else \
+            torch.multinomial(draw.exp(), 1, generator=gen).squeeze(1)
         tok = torch.where(done, torch.full_like(tok, eos), tok)
         raw = logits.float().log_softmax(-1) if fault == "sampler_no_temperature" else lp
         ids.append(tok)
@@ -259,13 +279,15 @@ def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, f
     kw = {} if fault == "logps_no_position_ids" else {"position_ids": _positions(attn)}
     # the fault's own autocast only: an inner autocast(enabled=False) would switch off the loop's (c.autocast)
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if fault == "scoring_bf16" else \
-        torch.autocast("cpu", dtype=torch.float16) if fault == "scoring_fp16" else contextlib.nullcontext()
+        torch.autocast("cpu", dtype=torch.float16) if fault == "scoring_fp16" else \
+        F.blocks_without_gradient(model) if fault == "checkpointing_blocks_no_grad" else contextlib.nullcontext()
     with ctx:
-        logits = model(input_ids=full, attention_mask=attn, **kw).logits
+        logits = model(input_ids=full, attention_mask=None if fault == "logps_no_attention_mask" else attn, **kw).logits
     p = prompt_ids.shape[1]
     at = logits[:, p:p + ids.shape[1]] if fault == "logps_unshifted" else logits[:, p - 1:-1]
     t = 1.0 if fault == "logps_no_temperature" else temperature
     at = at.to(torch.bfloat16) if fault == "logsoftmax_bf16" else at.float()
+    at = F.padded_vocab(at) if fault == "logps_padded_vocab" else at
     if fault == "logps_tempered_after_log_softmax":
         return (at.log_softmax(-1) / t).gather(-1, ids[..., None]).squeeze(-1) * mask
     return (at / t).log_softmax(-1).float().gather(-1, ids[..., None]).squeeze(-1) * mask
@@ -298,11 +320,16 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
     `old`: π_old's log-probs (None: ℓ.detach(), one pass per rollout)."""
     old = (logps if fault == "old_not_detached" else logps.detach()) if old is None else old
     ratio = torch.exp(old - logps) if fault == "ratio_inverted" else torch.exp(logps - ref) \
-        if fault == "ratio_against_ref" else torch.exp(logps - old)
+        if fault == "ratio_against_ref" else F.ratio_bf16(logps, old) if fault == "ratio_bf16" else \
+        torch.exp(logps - old)
     a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
+    a = F.discounted_advantages(adv, mask) if fault == "adv_discounted_per_token" else a
     r_pg = ratio.detach() if fault == "pg_no_gradient" else ratio
     bound = torch.max if fault == "clip_max_not_min" else torch.min
-    pg = -bound(r_pg * a, r_pg.clamp(1 - c.epsilon, 1 + c.epsilon) * a)
+    clipped = F.ratio_clipped_in_log_space(logps, old, c.epsilon) if fault == "ratio_clipped_in_log_space" else \
+        r_pg.clamp(1 - c.epsilon, 1 + c.epsilon)
+    pg = -bound(r_pg * a, clipped * a)
+    pg = F.dual_clip_every_sign(pg, a) if fault == "dual_clip_every_sign" else pg
     d = (old if fault == "kl_against_old" else ref) - (logps.detach() if fault == "kl_detached" else logps)
     d = -d if fault == "kl_k3_reversed" else d
     kl = -d if fault == "kl_k1_estimator" else torch.exp(d) - d - 1
@@ -437,6 +464,8 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         scorer.eval()
         if fault == "ref_logps_bf16_stored":
             ref_logps = ref_logps.to(torch.bfloat16).float()
+        if fault == "kl_penalty_in_reward":
+            r = F.kl_penalised_rewards(r, s_logps, ref_logps, mask, c.beta)
         # π_old: the sampler's teacher-forced log-probs, fixed for the rollout's passes (μ > 1 only, as TRL)
         old = token_logps(sampler, p_ids, p_mask, ids, mask, c.temperature) if c.num_iterations > 1 else None
         old = ref_logps.clone() if fault == "old_logps_from_ref" else old
@@ -512,6 +541,8 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
     if fault == "clip_grad_norm_per_parameter":
         for p_ in model.parameters():
             torch.nn.utils.clip_grad_norm_([p_], c.max_grad_norm)
+    elif fault == "clip_norm_of_first_shard":
+        F.clip_by_first_shard_norm(list(model.parameters()), c.max_grad_norm)
     elif fault not in ("no_clip", "clip_after_step"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
     if rec is not None and c.gradient_after_clip:
@@ -553,6 +584,9 @@ def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
     if fault and fault not in ALL_FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {sorted(ALL_FAULTS)}")
     L, rec = _setup(c), None
+    if fault == "optimizer_without_vectors":
+        L.opt = F.optimizer_without_vectors(L.model, c.lr)
+        L.sched = schedule(L.opt, c) if c.scheduler else None
     record_pass = c.record_pass % c.num_iterations
     for step in range(1, c.steps + 1):
         ro = _rollout(L, c, step, fault)

@@ -13,8 +13,12 @@ Writes out/results.jsonl (a row per case, as each finishes) and out/table.md.
 
     python -m rookworld_debug.lab.sealed --out reports/unseen --only unseen   # a third
 
+    python -m rookworld_debug.lab.sealed --out reports/fresh --only fresh     # a fourth
+
 `--only blind` runs seven more bug classes written and frozen (in a commit of their own) before any fit for them, with
-one healthy control; `--only unseen` nine more, frozen the same way. `--only probe` runs what was written after the set's fits, from the same trackers (not held out): five more faults
+one healthy control; `--only unseen` nine more, frozen the same way; `--only fresh` sixteen more, frozen the same way:
+eleven in one step of the hand-written loop and five between its consecutive steps, with one healthy control of each
+kind. `--only probe` runs what was written after the set's fits, from the same trackers (not held out): five more faults
 of the hand-written loop, and healthy loops of shapes that real trainers have (AdamW's two parameter groups, frozen
 embeddings, a gradient handed over after the clip, numbers left at their defaults), none of which may get an error.
 """
@@ -61,6 +65,19 @@ def unseen_rows(faults=None):
     return _loop_rows("unseen", faults, UNSEEN_FAULTS, {}, HEALTHY_SINGLE[:1])
 
 
+def fresh_rows(faults=None):
+    """The fourth held-out set: its one-step faults as blind_rows runs them, then its consecutive-step faults as
+    between_rows runs the sealed ones (each part with its healthy control when the whole set runs)."""
+    from rookworld_debug.lab.between_steps import FRESH_BETWEEN_FAULTS
+    from rookworld_debug.lab.handloop import FRESH_FAULTS, FRESH_SETTINGS
+    one = None if faults is None else [f for f in faults if f in FRESH_FAULTS]
+    two = None if faults is None else [f for f in faults if f in FRESH_BETWEEN_FAULTS]
+    if one is None or one:
+        yield from _loop_rows("fresh", one, FRESH_FAULTS, FRESH_SETTINGS, HEALTHY_SINGLE[:1])
+    if two is None or two:
+        yield from between_rows(two, FRESH_BETWEEN_FAULTS, "fresh between steps")
+
+
 def probe_rows(faults=None):
     from rookworld_debug.lab.handloop import PROBE_FAULTS, PROBE_SETTINGS
     return _loop_rows("probe", faults, PROBE_FAULTS, PROBE_SETTINGS, PROBE_SHAPES)
@@ -71,12 +88,14 @@ def single_rows(faults=None):
     return _loop_rows("one step", faults, SEALED_FAULTS, SEALED_SETTINGS, HEALTHY_SINGLE)
 
 
-def between_rows(faults=None):
-    """The consecutive-step faults, each recorded by run_pair and replayed as a pair; the healthy pair first: a
-    fault whose second step's tensors equal the healthy one's changed nothing and is not scored."""
+def between_rows(faults=None, known: Optional[dict] = None, name: str = "consecutive steps"):
+    """The consecutive-step faults (`known`: the sealed ones unless given), each recorded by run_pair and replayed as
+    a pair; the healthy pair first: a fault whose second step's tensors equal the healthy one's changed nothing and
+    is not scored."""
     from rookworld_debug.lab.between_steps import BASE, SEALED_BETWEEN_FAULTS, _pair_result, run_pair
+    known = SEALED_BETWEEN_FAULTS if known is None else known
     healthy = None
-    for fault in [""] + (faults if faults is not None else list(SEALED_BETWEEN_FAULTS)):
+    for fault in [""] + (faults if faults is not None else list(known)):
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             folders = run_pair(BASE, tmp, fault)
@@ -86,8 +105,8 @@ def between_rows(faults=None):
         if not fault and faults is not None:
             continue                                   # a subset: the healthy pair only to tell effect
         first = next((p for p, s in r["checks"].items() if s == "disagree"), "")
-        want = SEALED_BETWEEN_FAULTS.get(fault, ("", ""))
-        yield {"set": "consecutive steps", "fault": fault, "expected_phase": want[0], "expected_cause": want[1],
+        want = known.get(fault, ("", ""))
+        yield {"set": name, "fault": fault, "expected_phase": want[0], "expected_cause": want[1],
                "codes": r["errors"][:5], "errors": len(r["errors"]), "top1": r["found"],
                "top3": bool(fault) and want[1] in r["errors"][:3], "first_phase": first,
                "phase_right": bool(fault) and first == want[0], "effective": not fault or digest != healthy,
@@ -124,8 +143,9 @@ def table(rows: list) -> str:
     healthy = [r for r in rows if not r["fault"]]
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
-    sets = {r.get("set") for r in rows}             # probe: written after the fits, not sealed
-    kind = " and ".join(sorted(sets)).capitalize() if sets and sets <= {"probe", "blind", "unseen"} else "Sealed"
+    sets = {str(r.get("set") or "").partition(" ")[0] for r in rows}   # probe: written after the fits, not sealed
+    kind = " and ".join(sorted(sets)).capitalize() if sets and sets <= {"probe", "blind", "unseen", "fresh"} \
+        else "Sealed"
     lines = [f"{kind} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
              f"{pct(sum(bool(r['phase_right']) for r in phased), len(phased))} (TRL cases have no phase); healthy "
@@ -145,14 +165,15 @@ def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rookworld_debug.lab.sealed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/sealed", help="folder for results.jsonl and table.md")
-    ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind", "unseen"), action="append",
+    ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind", "unseen", "fresh"),
+                    action="append",
                     help="only these parts (repeatable); default: the three sealed ones")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable; no healthy controls)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     parts = {"single": single_rows, "between": between_rows, "trl": trl_rows, "probe": probe_rows,
-             "blind": blind_rows, "unseen": unseen_rows}
+             "blind": blind_rows, "unseen": unseen_rows, "fresh": fresh_rows}
     rows = []
     with open(out / "results.jsonl", "a") as fh:
         for name in a.only or ["single", "between", "trl"]:
@@ -171,12 +192,12 @@ def _subset(part: str, names: Optional[list]):
     """The faults of `part` among `names` (None: all of them, with the healthy controls)."""
     if names is None:
         return None
-    from rookworld_debug.lab.between_steps import SEALED_BETWEEN_FAULTS
+    from rookworld_debug.lab.between_steps import FRESH_BETWEEN_FAULTS, SEALED_BETWEEN_FAULTS
     from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS
-    from rookworld_debug.lab.handloop import BLIND_FAULTS, PROBE_FAULTS, SEALED_FAULTS, UNSEEN_FAULTS
+    from rookworld_debug.lab.handloop import BLIND_FAULTS, FRESH_FAULTS, PROBE_FAULTS, SEALED_FAULTS, UNSEEN_FAULTS
     known = {"single": SEALED_FAULTS, "between": SEALED_BETWEEN_FAULTS,
              "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS, "blind": BLIND_FAULTS,
-             "unseen": UNSEEN_FAULTS}[part]
+             "unseen": UNSEEN_FAULTS, "fresh": {**FRESH_FAULTS, **FRESH_BETWEEN_FAULTS}}[part]
     return [n for n in names if n in known]
 
 
