@@ -212,3 +212,18 @@ def test_the_tokenizer_reader_never_opens_a_fifo_or_a_link(tmp_path):
         else:
             (folder / "tokenizer.json").symlink_to(tmp_path / "real" / "tokenizer.json")
         assert tokenizer_file.read(folder) is None           # returns at once: the FIFO is never opened
+
+
+def test_position_ids_without_a_mask_read_as_packed_sequences_as_transformers_reads_them():
+    # a forward given position ids from the mask but no attention mask: left pads restart the positions, which
+    # transformers takes for packed sequences (each pad a segment of its own); plain ones are one sequence
+    hf, plain = _pair()
+    pid, pm, cid, cm = _rows()
+    ids, mask = torch.cat([pid, cid], 1), torch.cat([pm, cm], 1)
+    for pos in ((mask.cumsum(1) - 1).clamp(min=0), torch.arange(ids.shape[1])[None]):
+        for use_cache in (None, False, True):     # transformers reads packing only without a cache
+            with torch.no_grad():
+                a = hf(input_ids=ids, position_ids=pos, use_cache=use_cache).logits
+                b = plain(input_ids=ids, position_ids=pos, use_cache=use_cache).logits
+            assert torch.equal(a, b), use_cache
+    assert gpt2_torch.packed_mask((mask.cumsum(1) - 1).clamp(min=0), ids.shape[0]) is not None

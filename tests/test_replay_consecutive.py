@@ -165,3 +165,26 @@ def test_a_reward_seen_once_is_not_checkable(runs):
                                                                                        b.rollout.prompts)))
     c = rewards_check(a, other)
     assert c.status == "not replayed" and "not checkable" in c.explanation
+
+
+# the fourth held-out set's consecutive-step faults (FRESH_BETWEEN_FAULTS), as fixed after its first run: a pair each
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["adam_betas_changed_at_resume", "optimizer_state_blocks_reversed",
+                                   "sampler_sync_skips_embeddings", "optimizer_stepped_again_after_step"])
+def test_a_fresh_fault_between_steps_is_named_first(tmp_path, fault):
+    from rookworld_debug.lab.between_steps import BASE, FRESH_BETWEEN_FAULTS, run_pair
+    quantity, code = FRESH_BETWEEN_FAULTS[fault]
+    pair, found = _pair(run_pair(BASE, tmp_path, fault))
+    errors = _errors(found)
+    assert errors and errors[0].code == code, [(f.code, f.cause[:160]) for f in errors]
+    assert _check(pair, quantity).cause == code
+
+
+@pytest.mark.slow
+def test_a_scheduler_that_did_not_step_after_the_first_step_is_a_warning_naming_both_readings(tmp_path):
+    # at the run's first step a schedule stepped per epoch and a skipped per-step schedule leave the same counts
+    from rookworld_debug.lab.between_steps import BASE, run_pair
+    pair, found = _pair(run_pair(BASE, tmp_path, "scheduler_skipped_on_saved_step"))
+    assert not _errors(found)
+    warned = [f for f in found if f.code == "scheduler_not_stepped"]
+    assert warned and warned[0].severity == "warning" and "per epoch" in warned[0].cause

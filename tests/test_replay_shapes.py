@@ -181,6 +181,18 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
     pytest.param("ref_in_train_mode", {}, "dropout_active", "scoring", marks=pytest.mark.slow),
     pytest.param("kl_summed_per_row", dict(steps=2), "loss_terms", "loss", marks=pytest.mark.slow),
     pytest.param("adv_first_rows_each_micro_batch", {}, "loss_wiring", "loss", marks=pytest.mark.slow),
+    # the fourth held-out set (FRESH_FAULTS), as fixed after its first run
+    ("optimizer_without_vectors", {}, "parameters_not_in_optimizer", "update"),
+    pytest.param("sampler_one_seed_every_row", {}, "sampling_draws_shared", "generation", marks=pytest.mark.slow),
+    pytest.param("logps_no_attention_mask", {}, "attention_mask_not_applied", "scoring", marks=pytest.mark.slow),
+    pytest.param("logps_padded_vocab", {}, "logsoftmax_over_padded_vocab", "scoring", marks=pytest.mark.slow),
+    pytest.param("kl_penalty_in_reward", {}, "kl_in_reward", "rewards", marks=pytest.mark.slow),
+    pytest.param("ratio_bf16", dict(num_iterations=2), "ratio_low_precision", "loss", marks=pytest.mark.slow),
+    pytest.param("ratio_clipped_in_log_space", dict(num_iterations=2, lr=1e-3), "clip_range_log_scale", "loss",
+                 marks=pytest.mark.slow),
+    pytest.param("dual_clip_every_sign", {}, "dual_clip_positive_advantages", "loss", marks=pytest.mark.slow),
+    pytest.param("checkpointing_blocks_no_grad", {}, "gradient_parameters_missing", "gradient",
+                 marks=pytest.mark.slow),
 ])
 def test_a_fault_of_a_loop_shape_is_placed_and_named(tmp_path, fault, kw, code, phase):
     from rookworld_debug.diagnosis import diagnose_path

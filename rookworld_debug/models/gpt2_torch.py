@@ -35,7 +35,7 @@ ACTIVATIONS = {"gelu_new": gelu_new,                                         # t
 SETTINGS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
             "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "scale_attn_weights": True,
             "scale_attn_by_inverse_layer_idx": False, "tie_word_embeddings": True,
-            "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}       # transformers' GPT2Config defaults
+            "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "use_cache": True}   # GPT2Config's defaults
 
 
 def supports(config: dict) -> str:
@@ -65,6 +65,7 @@ class GPT2Settings:
     resid_pdrop: float
     embd_pdrop: float
     attn_pdrop: float
+    use_cache: bool = True
     model_type: str = "gpt2"
     _attn_implementation: str = "sdpa"
 
@@ -227,19 +228,27 @@ class GPT2Body(nn.Module):
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = (torch.arange(q, device=x.device) + past).unsqueeze(0)
-        elif attention_mask is None and cache is None and _packed(position_ids.expand(rows, -1)):
-            raise NotImplementedError("packed rows (position ids restarting without an attention mask)")
         x = self.drop(x + self.wpe(position_ids).to(x.device))
-        mask = causal_mask(attention_mask, rows, q, past, x.device)
+        # transformers makes a cache whenever use_cache (its config's by default) and reads position ids that do not
+        # rise by one as packed sequences only without a mask and without a cache
+        caching = use_cache if use_cache is not None else self.config.use_cache
+        packed = packed_mask(position_ids, rows) if attention_mask is None and cache is None and not caching else None
+        mask = packed if packed is not None else causal_mask(attention_mask, rows, q, past, x.device)
         for block in self.h:
             x = block(x, mask, cache)
         return BodyOutput(last_hidden_state=self.ln_f(x), cache=cache if use_cache else None)
 
 
-def _packed(position_ids) -> bool:
-    """transformers reads position ids that restart inside a row (no mask given) as packed sequences."""
-    diff = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
-    return bool(((diff != 1).cumsum(-1)[:, -1] != 0).any())
+def packed_mask(position_ids, rows: int) -> Optional[torch.Tensor]:
+    """transformers' mask for position ids that do not rise by one along a row when no attention mask is given (it
+    reads them as packed sequences: `find_packed_sequence_indices`): (n, 1, q, q) booleans, a query attends to the
+    keys of its own segment at positions ≤ its own; None where every row is one sequence."""
+    pos = position_ids.expand(rows, -1)                                                    # (n, q)
+    seg = (torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1).cumsum(-1)                # (n, q)
+    if not bool((seg[:, -1] != 0).any()):
+        return None
+    same = seg[:, :, None] == seg[:, None, :]                                              # (n, q, k)
+    return (same & (pos[:, None, :] <= pos[:, :, None]))[:, None]
 
 
 class Head(nn.Module):

@@ -43,7 +43,7 @@ from rookworld_debug.diagnosis.replay.findings import replay_findings
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks
 from rookworld_debug.diagnosis.replay.schedule import schedule_check
-from rookworld_debug.diagnosis.replay.update import update_check
+from rookworld_debug.diagnosis.replay.update import untrained_check, update_check
 from rookworld_debug.diagnosis.replay.weights import Weights, weights_for
 
 # a loop rarely differs from its declaration in more than a couple of keywords; past three, the fits stop
@@ -245,7 +245,9 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
                                          "recorded"))
     else:
         out.append(update_check(s, clip_of(trace), dtype))
-    return out
+    idle = untrained_check(s) if s is not None and s.gradient is not None and s.before is not None \
+        and s.after is not None else None
+    return out + ([idle] if idle is not None else [])
 
 
 def _moved_before(state) -> bool:

@@ -137,7 +137,10 @@ def match_variant(rec: torch.Tensor, variants: Mapping[str, tuple], tol: float,
     a sentence may be a callable: a fitted parameter it names is known only once its values are computed),
     else ("", "")."""
     for code, (values, sentence) in variants.items():
-        v = values() if callable(values) else values
+        try:
+            v = values() if callable(values) else values
+        except (RuntimeError, ValueError):      # a forward the model refuses (an unsupported mask): explains nothing
+            continue
         if v is None or tuple(v.shape) != tuple(rec.shape):
             continue
         if trusted is not None and _max_diff(v, trusted, mask) <= DISTINCT * tol:

@@ -32,17 +32,14 @@ from typing import Optional
 import torch
 
 from .compare import REL_TOL, VALUE_TOL, parameter_samples, skipped, tol_for
+from .consecutive_optimizer import optimizer_check
+from .consecutive_rerun import clip_of
 from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
 from .terms import dot
 
 # the carried quantities, in the order checked; a check whose upstream one disagrees may only follow from it
 CARRIED = ("weights", "optimizer", "scheduler", "sampler", "reference", "gradient", "rewards")
 DEPENDS = {"sampler": "weights"}
-def clip_of(trace):
-    """The gradient clip the step applied: its loop's recorded one, else its config's (run_step, TRL)."""
-    return trace.recorded.max_grad_norm if trace.recorded is not None else trace.config.max_grad_norm
-
-
 WEIGHTS_MEASURE = "‖recorded − due‖ / ‖θ_after(k) − θ_before(k)‖"
 
 
@@ -186,6 +183,9 @@ def _weights_disagree(p: _Pair, phase: str, q: str, got: dict, due: dict, fits: 
     worst = max(p.names, key=lambda n: float((got[n].double() - due[n].double()).norm()))
     cause, why = "", ""
     for code, other, sentence in fits:
+        other = other() if callable(other) else other           # a fit that costs a re-run: made when reached
+        if isinstance(other, tuple):                            # (weights, the sentence the fit itself wrote)
+            other, sentence = other
         if other is not None and _has(other, p.names) and _dist(got, _in_dtype_of(got, other, p)[0],
                                                                  p.names) <= bound:
             cause, why = code, sentence
@@ -218,6 +218,7 @@ def _along_update(p: _Pair, got: dict, due: dict) -> str:
 
 
 def weights_check(p: _Pair) -> PhaseCheck:
+    from .consecutive_rerun import stepped_twice
     q = "weights: θ_before(k+1) = θ_after(k) (the policy step k+1 starts from is what step k's update left)"
     sk, sk1 = p.sk, p.sk1
     if sk is None or sk1 is None or sk.after is None or sk1.before is None or not _has(sk1.before, p.names) \
@@ -233,6 +234,13 @@ def weights_check(p: _Pair) -> PhaseCheck:
               f"rounded to {name}: they went through a {name} copy between the steps (a checkpoint saved in "
               f"{name} and loaded back, or a cast there and back), so each step loses what rounding removes")
              for dt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))]
+    lr_k, lr_k1 = ((st.optimizer_settings or {}).get("lr") for st in (sk, sk1))
+    factors = dict.fromkeys([1.0] + ([lr_k1 / lr_k] if isinstance(lr_k, float) and isinstance(lr_k1, float) and lr_k
+                                     else []))         # the second step at k's rate, or at k+1's (scheduler between)
+    fits += [("update_applied_twice", lambda f=f: stepped_twice(sk, clip_of(p.trace_k), p.names, f),
+                 "the policy at step k+1 holds two optimizer steps from step k's weights on step k's gradient: "
+                 "optimizer.step() ran again on the same gradients after the step (a second step call, or an "
+                 "accumulation boundary counted twice), so every update is applied twice") for f in factors]
     return _weights_disagree(p, "weights", q, sk1.before, sk.after, fits)
 
 
@@ -267,7 +275,9 @@ def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
     synced = "" if not weights_disagree else (
         "the sampler holds the policy's weights before step k+1 (it was synced): the policy's own weights did not "
         "carry over (the weights check)")
+    stale = sk.sampler if sk.sampler is not None else sk.before
     fits = [("", sk1.before if weights_disagree else None, synced),
+            ("sampler_weights_partly_synced", lambda: _partly(p, sk1.sampler, due, stale), ""),
             ("sampler_weights_stale", sk.sampler, "the sampler still holds the weights that sampled step k: it was "
                                                   "not synced after step k's update"),
             ("sampler_weights_stale", sk.before, "the sampler holds step k's weights before its update: it was not "
@@ -275,6 +285,21 @@ def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
             ("sampler_weights_stale", sk.reference, "the sampler holds the reference's (start) weights: it was never "
                                                     "synced")]
     return _weights_disagree(p, "sampler", q, sk1.sampler, due, fits)
+
+
+def _partly(p: _Pair, got: dict, synced: dict, stale) -> Optional[tuple]:
+    """(`got`, the sentence) when each parameter holds either what the sync is due to give it or the stale weights,
+    both kinds present (a sync that copies some parameters only), else None."""
+    if stale is None or not _has(stale, p.names):
+        return None
+    fresh = [n for n in p.names if _dist({n: got[n]}, {n: synced[n]}, [n]) <= p.bound]
+    old = [n for n in p.names if n not in fresh and _dist({n: got[n]}, {n: stale[n]}, [n]) <= p.bound]
+    if not fresh or not old or len(fresh) + len(old) != len(p.names):
+        return None
+    return got, (f"the sampler's sync copied {len(fresh)} of {len(p.names)} parameters; the other {len(old)} still "
+                f"hold the weights that sampled step k: {', '.join(old[:4])}{', …' if len(old) > 4 else ''}: a sync "
+                "that skips them (a filter on names or on the state dict's keys: tied or shared weights, "
+                "embeddings, the head)")
 
 
 def reference_check(p: _Pair) -> PhaseCheck:
@@ -314,61 +339,14 @@ def _toward(p: _Pair, ref0: dict, ref1: dict, theta) -> Optional[float]:
     return a if resid <= p.bound and abs(a) * math.sqrt(dd) > p.bound else None
 
 
-def optimizer_check(p: _Pair) -> PhaseCheck:
-    """The optimizer's class, its step count, then its moments (k's step re-run from k's recorded state)."""
-    from .consecutive_rerun import has_moments, step_count, zero_state
-    q = "optimizer: its state at k+1 is what step k's update left (step count + 1, moments carried)"
-    sk, sk1 = p.sk, p.sk1
-    if sk is None or sk1 is None or sk.optimizer_state is None or sk1.optimizer_state is None:
-        return skipped("optimizer", q, "the optimizer's state was not recorded at both steps")
-    if sk.optimizer != sk1.optimizer:
-        return PhaseCheck("optimizer", q, DISAGREE, math.inf, 0.0, "the optimizer's class", sk1.optimizer or "—",
-                          sk.optimizer or "—", "optimizer_state_reset", f"the optimizer at k+1 is another "
-                          f"({sk1.optimizer or 'not recorded'}) than at k ({sk.optimizer or 'not recorded'}): it was "
-                          "re-created", measure="the optimizer's class")
-    n0, n1 = step_count(sk.optimizer_state, sk.optimizer), step_count(sk1.optimizer_state, sk1.optimizer)
-    if n0 is not None and n1 is not None and n1 != n0 + p.gap:
-        reset = n1 <= n0
-        return PhaseCheck("optimizer", q, DISAGREE, abs(n1 - n0 - p.gap), 0.0, "the step count", f"{n1}",
-                          f"{n0} + {p.gap}", "optimizer_state_reset" if reset else "",
-                          f"the optimizer's step count went from {n0} at step k to {n1} at step k+1, not "
-                          f"{n0 + p.gap}" + (": its state was re-created (or restored from an earlier one) between "
-                                             "the steps" if reset else ""),
-                          measure="|step count(k+1) − step count(k) − steps between|")
-    moving = sk.gradient is not None and any(bool(v.abs().sum() > 0) for v in sk.gradient.values())
-    if has_moments(sk.optimizer, sk.optimizer_settings) and zero_state(sk1.optimizer_state) and moving:
-        return PhaseCheck("optimizer", q, DISAGREE, 1.0, p.tol, "every parameter", "moments all 0",
-                          "step k's moments", "optimizer_state_reset", "the optimizer's moments at k+1 are all 0 "
-                          "after a step on a non-zero gradient: its state was reset between the steps",
-                          measure="‖m_recorded − m‖ / ‖m‖")
-    return _moments_check(p, q, f"step count {n0} → {n1}" if n1 is not None else "no step count kept")
-
-
 def _scheduler_check(p: _Pair) -> PhaseCheck:
     from .consecutive_rerun import step_count
     from .data_phases import accumulation
     from .schedule import scheduler_carried
-    n0 = step_count(p.sk.optimizer_state, p.sk.optimizer) if p.sk is not None and p.sk.optimizer_state else None
+    # a recorded empty state is a fresh optimizer's (count 0); an unrecorded one says nothing
+    n0 = step_count(p.sk.optimizer_state, p.sk.optimizer) if p.sk is not None and p.sk.optimizer_state is not None \
+        else None
     return scheduler_carried(p.trace_k, p.trace_k1, p.gap, n0, accumulation(p.trace_k))
-
-
-def _moments_check(p: _Pair, q: str, count: str) -> PhaseCheck:
-    from .consecutive_rerun import has_moments, moments_after, relative_moments
-    if p.gap != 1 or not has_moments(p.sk.optimizer, p.sk.optimizer_settings):
-        return PhaseCheck("optimizer", q, AGREE, 0.0, 0.0, count, measure="the step count, exact",
-                          explanation="" if p.gap == 1 else f"{p.gap} steps apart: the moments were not re-run")
-    after, why = moments_after(p.sk, clip_of(p.trace_k), p.names, p.bound)
-    if after is None:
-        return PhaseCheck("optimizer", q, AGREE, 0.0, 0.0, count, explanation=why, measure="the step count, exact")
-    err, worst = relative_moments(p.sk1.optimizer_state, after, p.names)
-    measure = "‖m_recorded − m‖ / ‖m‖ (the worst moment, over every parameter)"
-    if err <= p.tol:
-        return PhaseCheck("optimizer", q, AGREE, err, p.tol, count, measure=measure)
-    before_k, _ = relative_moments(p.sk1.optimizer_state, p.sk.optimizer_state, p.names)
-    cause, why = ("optimizer_state_reset", "the optimizer's moments at k+1 are the ones before step k: its state "
-                  "was restored from before step k's update") if before_k <= p.tol else ("", "")
-    return PhaseCheck("optimizer", q, DISAGREE, err, p.tol, f"{count}; worst moment {worst}", "", "", cause, why,
-                      measure=measure)
 
 
 def gradient_check(p: _Pair, replay_k1=None) -> PhaseCheck:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rookworld_debug.diagnosis.findings import Evidence, Finding, Fix
 
 from .consecutive import DEPENDS, ConsecutiveReplay
-from .records import AGREE, DISAGREE, SKIPPED
+from .records import AGREE, DISAGREE, SKIPPED, SUSPECT
 
 # what to change in a loop when a quantity does not carry over from one step to the next
 FIXES = {
@@ -60,7 +60,8 @@ def _finding(c, pair: ConsecutiveReplay, follows: str) -> Finding:
     else:
         cause = (f"Between steps {k} and {k1} (k and k+1), {c.quantity} does not carry over: it differs from what "
                  f"is due by {size} at {c.where or 'the whole'}. {what}.")
-    return Finding(code=c.cause or f"consecutive_{c.phase}", severity="warning" if follows else "error", cause=cause,
+    return Finding(code=c.cause or f"consecutive_{c.phase}",
+                   severity="warning" if follows or c.status == SUSPECT else "error", cause=cause,
                    evidence=_evidence(c, pair.steps), fix=Fix(FIXES[c.phase], code_change=FIXES[c.phase]),
                    alternatives=ALTERNATIVES.get(c.cause, ()) + ((f"another change to the {c.phase} between the "
                                                                   "steps that happens to give the same values",)
@@ -78,8 +79,8 @@ def consecutive_findings(pair: ConsecutiveReplay) -> list[Finding]:
                                 "step, each in a folder of its own)."), score=1.0, step=k1)]
     failed = {c.phase for c in pair.checks if c.status == DISAGREE}
     out, codes = [], set()
-    for c in pair.checks:
-        if c.status != DISAGREE:
+    for c in sorted(pair.checks, key=lambda c: c.status == SUSPECT):      # an error before a warning
+        if c.status not in (DISAGREE, SUSPECT):
             continue
         f = _finding(c, pair, DEPENDS.get(c.phase, "") if DEPENDS.get(c.phase) in failed else "")
         if f.code not in codes:

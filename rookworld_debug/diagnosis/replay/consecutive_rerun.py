@@ -12,7 +12,13 @@ from .update import OPTIMIZERS, recorded_optimizer
 
 MOMENTS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
 
-__all__ = ["GRAD_ATOL", "declared_gradient_at", "moments_after", "relative_moments", "step_count", "zero_state"]
+
+def clip_of(trace):
+    """The gradient clip the step applied: its loop's recorded one, else its config's (run_step, TRL)."""
+    return trace.recorded.max_grad_norm if trace.recorded is not None else trace.config.max_grad_norm
+
+__all__ = ["GRAD_ATOL", "clip_of", "declared_gradient_at", "moments_after", "relative_moments", "step_count", "stepped_twice",
+           "zero_state"]
 
 
 def step_count(state: dict, kind: str) -> Optional[int]:
@@ -33,6 +39,33 @@ def has_moments(kind: str, settings: dict) -> bool:
     return kind in ("Adam", "AdamW") or kind == "SGD" and bool(settings.get("momentum"))
 
 
+def _stepper(s, max_grad_norm, names):
+    """(params, optimizer): θ_before(k) with step k's recorded gradient (clipped as the loop clips), in the recorded
+    optimizer holding its recorded state."""
+    params = [torch.nn.Parameter(s.before[n].detach().clone()) for n in names]
+    for p, n in zip(params, names):
+        p.grad = s.gradient[n].detach().clone().to(p.dtype)
+    if max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
+    return params, recorded_optimizer(s.optimizer, params, names, s.optimizer_settings, s.optimizer_state,
+                                      s.optimizer_groups)
+
+
+def stepped_twice(sk, max_grad_norm, names, lr_factor: float = 1.0) -> Optional[dict]:
+    """{name: θ} after two steps of step k's optimizer on its one (clipped) gradient, the second at `lr_factor` × the
+    first's rate (a scheduler stepped between them), or None where not replayable: what a loop that calls
+    optimizer.step() again on the same gradients leaves."""
+    if not sk.optimizer or sk.optimizer not in OPTIMIZERS or sk.before is None or sk.gradient is None or \
+            not all(n in sk.gradient and n in sk.before for n in names):
+        return None
+    params, opt = _stepper(sk, max_grad_norm, list(names))
+    opt.step()
+    for g in opt.param_groups:
+        g["lr"] = g["lr"] * lr_factor
+    opt.step()
+    return {n: p.detach() for n, p in zip(names, params)}
+
+
 def moments_after(sk, max_grad_norm, names, bound: float) -> tuple[Optional[dict], str]:
     """({name: {moment: tensor}} that step k's optimizer step leaves, re-run from θ_before(k), its recorded gradient
     and state, as `update.rerun_update` does; "") — or (None, why not): not replayable, or the re-run θ is not the
@@ -41,13 +74,7 @@ def moments_after(sk, max_grad_norm, names, bound: float) -> tuple[Optional[dict
     if not s.optimizer or s.optimizer not in OPTIMIZERS or s.before is None or s.gradient is None:
         return None, "step k's optimizer is not one a replay re-runs, or its weights or gradient were not recorded"
     names = [n for n in names if n in s.gradient and n in s.before]
-    params = [torch.nn.Parameter(s.before[n].detach().clone()) for n in names]
-    for p, n in zip(params, names):
-        p.grad = s.gradient[n].detach().clone().to(p.dtype)
-    if max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(params, float(max_grad_norm))
-    opt = recorded_optimizer(s.optimizer, params, names, s.optimizer_settings, s.optimizer_state,
-                             s.optimizer_groups)
+    params, opt = _stepper(s, max_grad_norm, names)
     opt.step()
     if s.after is not None:
         d = math.sqrt(sum(float((p.detach().double() - s.after[n].double()).pow(2).sum())

@@ -162,7 +162,8 @@ def rewards_check(trace, labels) -> PhaseCheck:
                        ref, VALUE_TOL, variants=reward_variants(ref, r.num_generations),
                        fit=value_fits(r.num_generations))
     variants = {**reward_variants(ref, r.num_generations), **_label_variants(score, labels, r.num_generations),
-                **length_variant(rw.rewards.double(), ref, r.completion_mask.sum(1))}
+                **length_variant(rw.rewards.double(), ref, r.completion_mask.sum(1)),
+                **kl_reward_variant(trace, rw.rewards.double(), ref)}
     return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=variants,
                    fit=value_fits(r.num_generations))
 
@@ -266,6 +267,40 @@ def length_variant(recorded: torch.Tensor, ref: torch.Tensor, lengths: torch.Ten
                                            f"token" + (f" {b:+.4g}" if abs(b) > 1e-6 else "") +
                                    f" (fitted over {int(ok.sum())} rows of {distinct} lengths): a length "
                                    "term the declared reward does not have (a penalty or bonus on length)")}
+
+
+def kl_reward_variant(trace, recorded: torch.Tensor, ref: torch.Tensor) -> dict:
+    """{"kl_in_reward": (ref − c·KL_row, the sentence)}: a KL penalty folded into the reward (PPO's token-level
+    reward) while the loss keeps its own β·KL: KL_row = Σ_t (ℓ − ℓ_ref) over the row's tokens (k1, summed as
+    token rewards are) or their mean, ℓ the sampler's recorded log-probs (else the policy's); c by least squares
+    over the rows (one parameter), the first candidate that leaves every row within the tolerance; {} where the step
+    has no reference log-probs or fewer than 4 finite rows."""
+    r = trace.rollout
+    if r.ref_per_token_logps is None:
+        return {}
+    m = loss_mask(r, trace.config).double()                                                   # (N, T)
+    ok = torch.isfinite(recorded) & torch.isfinite(ref)
+    if int(ok.sum()) < 4:
+        return {}
+    beta = float(trace.config.beta)
+    for whose, lp in (("the sampler's", r.sampling_per_token_logps), ("the policy's", r.per_token_logps)):
+        if lp is None:
+            continue
+        d = ((lp.double() - r.ref_per_token_logps.double()) * m).nan_to_num()                # (N, T)
+        for how, x in (("summed over", d.sum(1)), ("averaged over", d.sum(1) / m.sum(1).clamp(min=1))):
+            xx = float((x[ok] * x[ok]).sum())
+            if xx <= 0:
+                continue
+            c = -float((x[ok] * (recorded - ref)[ok]).sum()) / xx
+            fitted = ref - c * x
+            if bool(((fitted - recorded)[ok].abs() <= VALUE_TOL * recorded[ok].abs().clamp(min=1)).all()):
+                said = f"{c:.4g}" + (f" (= β = {beta:g})" if beta and abs(c - beta) <= 0.02 * beta else "")
+                return {"kl_in_reward": (fitted, f"the recorded rewards are the RookWorld reward minus {said} × "
+                                                 f"Σ(ℓ − ℓ_ref) {how} each row's tokens ({whose} log-probs against "
+                                                 "the reference's): a KL penalty in the reward (PPO's token-level "
+                                                 "reward) on top of the loss's own β·KL term, so the KL is "
+                                                 "penalised twice; GRPO keeps it in the loss only")}
+    return {}
 
 
 def reward_variants(ref: torch.Tensor, g: int) -> dict:
@@ -397,19 +432,24 @@ def micro_batches(trace) -> list:
 
 def loss_total(trace, objective, logps, old, ref, adv):
     """Σ over the micro-batches of the declared loss (a 0-dim tensor, differentiable through `logps`)."""
+    total = 0.0
+    for b in loss_parts(trace, objective, logps, old, ref, adv):
+        total = total + b.loss
+    return total
+
+
+def loss_parts(trace, objective, logps, old, ref, adv) -> list:
+    """Each micro-batch's LossBreakdown of the declared loss, in the loop's order."""
     r = trace.rollout
     mask = loss_mask(r, trace.config)
-    chunks = micro_batches(trace)
     entropy = recorded_entropy(trace)
-    total = 0.0
-    for rows in chunks:
-        def pick(x):
-            return None if x is None else x[rows]
-        total = total + compute_loss(pick(logps), pick(old), pick(ref), adv[rows], mask[rows], objective,
-                                     LossBatch(entropy=pick(entropy), num_items_in_batch=_num_items(trace, mask),
-                                               gradient_accumulation_steps=accumulation(trace),
-                                               num_generations=None)).loss
-    return total
+
+    def pick(x, rows):
+        return None if x is None else x[rows]
+    return [compute_loss(pick(logps, rows), pick(old, rows), pick(ref, rows), adv[rows], mask[rows], objective,
+                         LossBatch(entropy=pick(entropy, rows), num_items_in_batch=_num_items(trace, mask),
+                                   gradient_accumulation_steps=accumulation(trace), num_generations=None))
+            for rows in micro_batches(trace)]
 
 
 def _num_items(trace, mask):
@@ -469,7 +509,8 @@ def loss_check(trace) -> PhaseCheck:
                 "clip_bound_reversed": (clip_bound_reversed(trace, ob, lp, old, ref, adv),
                                         "the clipped surrogate takes the optimistic bound −max(r·A, clip(r)·A), not "
                                         "the pessimistic −min(r·A, clip(r)·A): where the ratio left the clip range "
-                                        "on the side the advantage favours, the update is not clipped")}
+                                        "on the side the advantage favours, the update is not clipped"),
+                **ratio_variants(trace, ob, lp, old, ref, adv)}
     for lt in sorted({lt for fam in families() for lt in fam.rules} - {ob.loss_type}):
         variants[f"loss_aggregation/{lt}"] = (v(objective=ob.replace(loss_type=lt)),
                                               f"the loss equals loss_type={lt!r}'s aggregation, not the declared "
@@ -501,6 +542,60 @@ def clip_bound_reversed(trace, ob, lp, old, ref, adv):
         def f(o, logps):
             return float(loss_total(trace, o, logps, old, ref, adv))
         return f(free, lp) + f(free, clipped) - 2 * f(pg, lp) + f(ob, lp)
+    return total
+
+
+# the dual clip's constant c of −max(min(r·A, clip(r)·A), c·A) for A < 0 (verl's clip_ratio_c, its default)
+DUAL_CLIP_C = 3.0
+
+
+def ratio_variants(trace, ob, lp, old, ref, adv) -> dict:
+    """{code: (the loss total, the sentence)} of the importance ratio computed otherwise than declared: in bfloat16
+    or float16, clipped in log space, or cut by a dual clip applied to every advantage's sign. Only for the
+    token-level clipped families (the ratio's precision and its clip range only with a recorded π_old: on a first
+    pass r = 1)."""
+    if ob.loss_type not in LINEAR_CLIP_TYPES or ob.importance_sampling_level != "token" or ob.delta is not None:
+        return {}
+    out = {"dual_clip_positive_advantages": (
+        lambda: _dual_clip_every_sign(trace, ob, lp, old, ref, adv),
+        f"the dual clip min(PG, −c·A) with c = {DUAL_CLIP_C:g} is applied to every token, not only where A < 0: at a "
+        "ratio near 1 a positive advantage's term becomes the constant −c·A, and those completions get no gradient")}
+    if old is None:
+        return out
+
+    def low_precision(dtype):
+        # the ratio exp(ℓ − ℓ_old) in `dtype` wherever it enters (the surrogate, a bias-corrected KL's weight): ℓ'
+        # = ℓ_old + log r', with the reference moved alike so that the KL's d = ℓ_ref − ℓ is unchanged
+        def total():
+            moved = old + torch.exp((lp - old).to(dtype)).float().log()
+            return float(loss_total(trace, ob, moved, old, None if ref is None else ref + (moved - lp), adv))
+        return total
+    lo, hi = ob.epsilon_low, ob.epsilon_high
+    log_range = ob.replace(epsilon_low=1.0 - math.exp(-lo), epsilon_high=math.exp(hi) - 1.0)
+    out.update({f"ratio_low_precision/{name}": (low_precision(dt), f"the importance ratio exp(ℓ − ℓ_old) is computed "
+                                                                   f"in {name} (the log-ratio cast down before the "
+                                                                   "exponential): its rounding moves the clipped "
+                                                                   "surrogate; take the ratio in float32")
+                for dt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))})
+    out["clip_range_log_scale"] = (
+        lambda: float(loss_total(trace, log_range, lp, old, ref, adv)),
+        f"the ratio is clipped in log space, exp(clamp(ℓ − ℓ_old, −ε, ε)): the range [e^−ε, e^ε] = "
+        f"[{math.exp(-lo):.4g}, {math.exp(hi):.4g}] where the declared [1 − ε, 1 + ε] = [{1 - lo:.4g}, {1 + hi:.4g}]")
+    return out
+
+
+def _dual_clip_every_sign(trace, ob, lp, old, ref, adv) -> float:
+    """The declared loss with each token's policy term PG replaced by min(PG, −c·A) for every sign of A: the linear
+    families weigh each row's tokens alike, so the change is Σ_i w_i·Σ_t (min(PG, −c·A) − PG)_it with w_i the row's
+    weight in the aggregate (its per-row PG over its tokens' PG)."""
+    pg = ob.replace(beta=0.0, entropy_coef=0.0)
+    total = float(loss_total(trace, ob, lp, old, ref, adv))
+    for b in loss_parts(trace, pg, lp, old, ref, adv):
+        per_row = b.per_token_pg.sum(-1)                                                       # (n,)
+        w = torch.where(per_row != 0, b.per_seq_pg / per_row.where(per_row != 0, torch.ones_like(per_row)),
+                        torch.zeros_like(per_row))                                             # (n,)
+        cut = torch.minimum(b.per_token_pg, -DUAL_CLIP_C * b.advantages[:, None]) - b.per_token_pg   # (n, T)
+        total += float((w[:, None] * cut * b.completion_mask).sum())
     return total
 
 

@@ -62,11 +62,13 @@ def _hashable(v):
 @_memoised
 @torch.no_grad()
 def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, unshifted=False,
-                   warp=None, temperature: Optional[float] = None, other_side=False) -> torch.Tensor:
+                   warp=None, temperature: Optional[float] = None, other_side=False, no_mask=False,
+                   pad_logits: int = 0) -> torch.Tensor:
     """(N, T) log-probs of the sampled ids under a common scoring mistake: logits not divided by the temperature,
-    position ids that count the left padding, logits not shifted by one (position t scoring token t), or the
+    position ids that count the left padding, logits not shifted by one (position t scoring token t), the
     prompts padded on the other side (`other_side`: the completion follows the pads, so a short prompt's first
-    completion token is predicted from a pad position)."""
+    completion token is predicted from a pad position), no attention mask (`no_mask`: every position attends to
+    the pads), or `pad_logits` more entries of logit 0 in the log-softmax (a vocabulary padded to a multiple)."""
     out = []
     for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD):
         rows = slice(s, s + ROWS_PER_FORWARD)
@@ -77,7 +79,7 @@ def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, un
             p_ids, p_mask = p_ids.gather(1, order), p_mask.gather(1, order)
         full, attn = torch.cat([p_ids, ids], 1), torch.cat([p_mask, mask], 1)
         kw = {} if plain_positions else {"position_ids": (attn.cumsum(1) - 1).clamp(min=0)}
-        logits = model(input_ids=full, attention_mask=attn, **kw).logits.float()          # (n, P+T, V)
+        logits = model(input_ids=full, attention_mask=None if no_mask else attn, **kw).logits.float()  # (n, P+T, V)
         p, t = r.prompt_ids.shape[1], ids.shape[1]
         at = logits[:, p:p + t] if unshifted else logits[:, p - 1:p + t - 1]             # (n, T, V)
         temps = torch.ones(ids.shape[0]) if temperature_one else r.temperatures[rows].float() \
@@ -88,9 +90,15 @@ def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, un
             n_, t_, v_ = tempered.shape
             k, p_ = (None if w is None else w[rows].repeat_interleave(t_) for w in warp)
             tempered = _warp(tempered.reshape(n_ * t_, v_), k, p_).reshape(n_, t_, v_)
+        if pad_logits:
+            tempered = torch.cat([tempered, tempered.new_zeros(*tempered.shape[:-1], pad_logits)], -1)
         lp = tempered.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
         out.append(lp * mask)
     return torch.cat(out)
+
+
+# the multiples a vocabulary is padded to (Megatron-style trainers pad GPT-2's 50,257 rows to 50,304 = 787 × 64)
+VOCAB_MULTIPLES = (8, 64, 128)
 
 
 def recompute_logps(model, r) -> torch.Tensor:
@@ -288,7 +296,22 @@ def forward_variants(trace, model) -> dict:
                                "position t's logits scored token t (no shift by one): the log-probs are of the "
                                "next token"),
     }
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    for m in VOCAB_MULTIPLES:
+        k = -vocab % m
+        if k and f"logsoftmax_over_padded_vocab/{vocab + k}" not in variants:
+            variants[f"logsoftmax_over_padded_vocab/{vocab + k}"] = (
+                lambda k=k: _variant_logps(model, r, pad_logits=k),
+                f"the log-softmax runs over {vocab + k} entries, the {vocab} tokens' logits and {k} more of logit 0: "
+                f"the vocabulary padded to {vocab + k} rows (a multiple of {m}) without masking the padding, so "
+                f"every log-prob is low by log(1 + {k} / Σ exp(z/T))")
     if bool((r.prompt_mask == 0).any()):     # only prompts of different lengths have a side to pad on
+        variants["attention_mask_not_applied"] = (
+            lambda: _variant_logps(model, r, no_mask=True), "the forward was given no attention mask: each row "
+            "attends to its prompt's pads, so every left-padded row is scored on other inputs than it sampled from")
+        variants["attention_mask_not_applied/positions"] = (
+            lambda: _variant_logps(model, r, no_mask=True, plain_positions=True), "the forward was given neither "
+            "an attention mask nor position ids: each row attends to its prompt's pads and counts them as positions")
         variants["scoring_padding_side"] = (
             lambda: _variant_logps(model, r, other_side=True), "the prompts were padded on the other side than at "
             "sampling: each shorter prompt's completion follows its pads, so its first completion token is "
@@ -430,6 +453,8 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
     finite = math.isfinite(norm_rec) and math.isfinite(norm_ref)
     phase, cause, why, fitted = _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation) \
         if finite else ("gradient", "", "the recorded or recomputed gradient holds NaN or ±inf", None)
+    if not cause and finite and norm_rec > GRAD_ATOL:
+        cause, why = _parameters_missing(recorded, ours, names, tol)
     if not cause and fit is not None and finite:
         phase, cause, why, fitted = _regression_fits(recorded, names, fit, bound, norm_rec, accumulation, ours)
     if not cause and norm_rec <= GRAD_ATOL:
@@ -444,6 +469,28 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
     return PhaseCheck(phase, quantity, DISAGREE, err, tol, f"worst parameter {worst} (relative error {worst_err:.3g})",
                       f"‖g‖ = {fmt(norm_rec)}", f"‖g‖ = {fmt(norm_ref)}", cause, why,
                       measure="‖g_recorded − g‖ / ‖g‖", fit=fitted, samples=parameter_samples(recorded, ours, worst, tol))
+
+
+def _parameters_missing(recorded, ours, names, tol: float) -> tuple[str, str]:
+    """(code, sentence) where the recorded gradient is exactly 0 on whole parameters whose declared gradient is not
+    (backward never reached them: a gradient of a used parameter is never exactly 0 by chance), else ("", "")."""
+    def norm(d, n):
+        return float(d[n].double().norm())
+    zero = [n for n in names if float(recorded[n].abs().max()) == 0.0 and norm(ours, n) > GRAD_ATOL]
+    if not zero:
+        return "", ""
+    rest = [n for n in names if n not in zero]
+    off = [n for n in rest if norm(recorded, n) == 0.0 or
+           float((recorded[n].double() - ours[n].double()).norm()) > tol * max(norm(ours, n), GRAD_ATOL)]
+    lost = math.sqrt(sum(norm(ours, n) ** 2 for n in zero))
+    have = [n for n in rest if norm(recorded, n) > 0]
+    why = (f"the recorded gradient is exactly 0 on {len(zero)} of {len(names)} parameters whose gradient under the "
+           f"declared loss is not (‖g‖ = {lost:.4g} there): {', '.join(zero[:3])}{', …' if len(zero) > 3 else ''}; "
+           f"only {', '.join(have[:4])}{', …' if len(have) > 4 else ''} carry one"
+           + (f" ({len(rest) - len(off)} of them as declared)" if off else ", as declared") +
+           ". Backward never reached those parameters: the graph is cut between them and the loss (a detach, a "
+           "no_grad region, or reentrant activation checkpointing whose inputs do not require grad)")
+    return "gradient_parameters_missing", why
 
 
 def _recorded_after_clip(recorded, ours, names, norm_ref: float, max_grad_norm, tol: float, q: str):

@@ -112,7 +112,42 @@ def sampled_tokens_check(model, r, declared_filter: bool, eos: Optional[int] = N
     the loop declares (its kept set is the declared distribution) or too few tokens."""
     if declared_filter or int(r.completion_mask.sum()) < MIN_TOKENS:
         return None
-    return judge(token_statistics(model, r, eos=eos))
+    st = token_statistics(model, r, eos=eos)
+    return shared_draws(st, r) or judge(st)
+
+
+def shared_draws(st: dict, r) -> Optional[PhaseCheck]:
+    """A disagreement when groups whose G rows are one and the same completion (a chance of Π p(completion)^(G−1)
+    under independent draws, below P_ERROR) hold tokens that are not the most likely (so not greedy decoding): the
+    rows drew with the same random numbers (one seed or generator for every request of a group); else None."""
+    g = int(r.num_generations)
+    n, t = r.completion_ids.shape
+    if g < 2 or n % g:
+        return None
+    ids = (r.completion_ids * r.completion_mask).view(n // g, g, t)
+    same = [k for k in range(n // g) if bool((ids[k] == ids[k, :1]).all()) and
+            bool((r.completion_mask.view(n // g, g, t)[k] == r.completion_mask.view(n // g, g, t)[k, :1]).all())]
+    if not same:
+        return None
+    counts = r.completion_mask.sum(1).long().tolist()
+    lp = torch.split(st["lp"].double(), counts)
+    # not the most likely beyond a rounding flip: more than twice the token's own probability ranks above it
+    clear = torch.split((st["rank"] > 1) & (st["cum_before"].double() > 2 * st["lp"].double().exp()), counts)
+    firsts = [k * g for k in same]
+    log10 = (g - 1) * float(sum(lp[i].sum() for i in firsts)) / math.log(10)
+    off = sum(int(clear[i].sum()) for i in firsts)
+    tokens = sum(counts[i] for i in firsts)
+    if log10 > math.log10(P_ERROR) or off == 0:
+        return None                     # chance, or every token the argmax: greedy decoding (the filter test's)
+    why = (f"{len(same)} of {n // g} groups hold G = {g} copies of one completion (under independent draws at the "
+           f"declared temperature: chance 10^{log10:.0f}), and {off} of their {tokens} tokens are clearly not the most "
+           "likely ones (more than twice their probability ranks above them), so they were sampled, not decoded greedily: every row of a group drew with the same random numbers "
+           "(one seed or generator shared by the group's requests). Seed each row's sampler differently")
+    return PhaseCheck("generation", QUANTITY, DISAGREE, 10 ** log10, P_ERROR, f"groups {same[:6]}",
+                      f"{len(same)} groups of identical rows", "G independent draws per group",
+                      "sampling_draws_shared", why, measure="P of identical rows under independent draws",
+                      fit={"kind": "shared_draws", "params": {"groups": len(same), "not_argmax": off},
+                           "residual": None})
 
 
 def judge(st: dict) -> PhaseCheck:
