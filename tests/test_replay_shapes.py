@@ -193,6 +193,7 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
     pytest.param("dual_clip_every_sign", {}, "dual_clip_positive_advantages", "loss", marks=pytest.mark.slow),
     pytest.param("checkpointing_blocks_no_grad", {}, "gradient_parameters_missing", "gradient",
                  marks=pytest.mark.slow),
+    pytest.param("adv_discounted_per_token", {}, "advantage_discounted_per_token", "loss", marks=pytest.mark.slow),
 ])
 def test_a_fault_of_a_loop_shape_is_placed_and_named(tmp_path, fault, kw, code, phase):
     from rookworld_debug.diagnosis import diagnose_path
@@ -513,7 +514,7 @@ def test_a_declaration_the_step_cannot_tell_from_another_names_both(tmp_path):
 def test_a_length_term_in_the_rewards_is_fitted_with_its_coefficient():
     """The recorded rewards = the trusted ones + c·length: c by least squares (c alone over 2 distinct lengths,
     c and an offset over 3 or more); a per-row difference no length explains gives nothing."""
-    from rookworld_debug.diagnosis.replay.data_phases import length_variant
+    from rookworld_debug.diagnosis.replay.reward_variants import length_variant
     ref = torch.tensor([0.1, -0.2, 0.3, 0.0, 0.5, -1.0], dtype=torch.float64)
     lengths = torch.tensor([10, 10, 10, 20, 20, 20])
     (fitted, said), = length_variant(ref - 0.002 * lengths, ref, lengths).values()

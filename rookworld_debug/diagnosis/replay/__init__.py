@@ -40,6 +40,7 @@ from rookworld_debug.diagnosis.replay.data_phases import (accumulation, advantag
 from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_declaration, quantity_key,
                                                           with_inferred_pass)
 from rookworld_debug.diagnosis.replay.findings import replay_findings
+from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks
 from rookworld_debug.diagnosis.replay.schedule import schedule_check
@@ -131,14 +132,13 @@ def _ordered(checks) -> list[PhaseCheck]:
 
 def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
     """The gradient check again, with the regression on the loss's terms (one forward, a backward per term)."""
-    from rookworld_debug.diagnosis.replay import model_phases as M
     from rookworld_debug.diagnosis.replay.terms import GradientFit
     if w.policy is None or w.state is None or w.state.gradient is None:
         return checks
-    fitted = M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
-                              accumulation(trace),
-                              GradientFit(trace, _jacobian(trace, w), lambda: _previous_pass_gradient(trace, w)),
-                              max_grad_norm=clip_of(trace))
+    fitted = gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
+                            accumulation(trace),
+                            GradientFit(trace, _jacobian(trace, w), lambda: _previous_pass_gradient(trace, w)),
+                            max_grad_norm=clip_of(trace))
     rest = [c for c in checks if not c.quantity.startswith(("gradient:", "the loss's gradient"))]
     return _ordered(rest + [fitted])
 
@@ -196,7 +196,6 @@ def _scoring(trace, w: Weights) -> list[PhaseCheck]:
 
 def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:
     """One phase's checks on `trace` (a neighbouring declaration's): what a declaration fit compares."""
-    from rookworld_debug.diagnosis.replay import model_phases as M
     from rookworld_debug.diagnosis.replay.data_phases import mask_checks
     if phase == "generation":
         return mask_checks(trace, w.eos)
@@ -211,13 +210,12 @@ def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:
     out = [loss_check(trace)]           # the loss value first: a cheap filter before a backward
     if any(c.status == "disagree" for c in out) or w.policy is None or w.state is None or w.state.gradient is None:
         return out
-    return out + [M.gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
-                                   accumulation(trace), max_grad_norm=clip_of(trace))]
+    return out + [gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
+                                 accumulation(trace), max_grad_norm=clip_of(trace))]
 
 
 def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
-    from rookworld_debug.diagnosis.replay import model_phases as M
-    from rookworld_debug.diagnosis.replay.compare import scalar, skipped, tol_for
+    from rookworld_debug.diagnosis.replay.compare import REL_TOL, scalar, skipped, tol_for
     q = "gradient: ∇θ of the declared loss at the weights before the update"
     out = []
     if w.policy is None:
@@ -226,13 +224,13 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
         out.append(skipped("gradient", q, "the declared KL term needs the reference's log-probs, which were not "
                                           "recorded"))
     elif w.state is not None and w.state.gradient is not None:
-        out.append(M.gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
-                                    accumulation(trace), max_grad_norm=clip_of(trace)))
+        out.append(gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
+                                  accumulation(trace), max_grad_norm=clip_of(trace)))
     elif trace.update is not None and w.state is None and _single_pass(trace.config):
         ours = _declared_gradient(trace, w)
         norm = sum(float(v.double().pow(2).sum()) for v in ours.values()) ** 0.5
         out.append(scalar("gradient", q + " (its global L2 norm: the trace keeps no gradient)",
-                          float(trace.update.grad_norm_pre_clip), norm, tol_for(M.REL_TOL, dtype)))
+                          float(trace.update.grad_norm_pre_clip), norm, tol_for(REL_TOL, dtype)))
     else:
         out.append(skipped("gradient", q, "no gradient was recorded"))
     s = w.state

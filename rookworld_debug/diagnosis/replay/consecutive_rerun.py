@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from .model_phases import GRAD_ATOL
+from .gradient_phase import GRAD_ATOL
 from .update import OPTIMIZERS, recorded_optimizer
 
 MOMENTS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")

@@ -37,6 +37,10 @@ SPAN_EPS = 64
 SPAN_MAX_GAIN = 4.0
 
 
+# discounts an RL trainer's cumulative-return pass is left at where GRPO's outcome advantage wants γ = 1
+DISCOUNTS = (0.99, 0.995, 0.999, 0.95, 0.9)
+
+
 class TokenJacobian:
     """The policy's (ℓ, H) over the recorded rows with their graph: `gradient(u)` = Jᵀu by one backward, or by
     linearity from the gradients already taken (`backwards` counts the backwards run)."""
@@ -164,6 +168,26 @@ class GradientFit:
                                            "the previous pass's gradient": (prev, 0.0)}, names)
         # the previous pass's gradient left out as float noise: nothing was carried over
         return (coefs, resid) if "the previous pass's gradient" in coefs else ({}, math.inf)
+
+    def fit_discount(self, recorded: dict, names, bound: float):
+        """(γ, residual) of the first γ in DISCOUNTS under which the declared loss with each token's advantage
+        A·γ^(L−1−t) (the row's outcome advantage discounted by the token's distance to the row's last token)
+        reproduces the recorded gradient within `bound`, else None. The policy term is positively homogeneous in
+        each token's advantage, so its u at those advantages is γ^(L−1−t) × its u at A: one backward per γ."""
+        t = self.trace
+        ob = Objective.from_config(t.config)
+        if ob.loss_type not in ("grpo", "dapo", "bnpo", "dr_grpo") or ob.importance_sampling_level != "token":
+            return None
+        mask = loss_mask(t.rollout, t.config)
+        u_decl, u_ent = token_weights(t, ob, self.jac)
+        u_pol = token_weights(t, ob.replace(beta=0.0, entropy_coef=0.0), self.jac)[0]
+        to_end = (mask.sum(1, keepdim=True) - 1 - torch.arange(mask.shape[1])[None]).clamp(min=0)     # (N, T)
+        for gamma in DISCOUNTS:
+            g = self.jac.gradient(u_decl + (gamma ** to_end - 1) * u_pol * mask, u_ent)
+            resid = math.sqrt(sum(float((recorded[n].double() - g[n].double()).pow(2).sum()) for n in names))
+            if resid <= bound:
+                return gamma, resid
+        return None
 
     def fit_wiring(self, recorded: dict, names, bound: float):
         """(name, sentence, residual) of the first rewiring of the loss's inputs (data_phases.wiring) whose
