@@ -194,6 +194,8 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
     pytest.param("checkpointing_blocks_no_grad", {}, "gradient_parameters_missing", "gradient",
                  marks=pytest.mark.slow),
     pytest.param("adv_discounted_per_token", {}, "advantage_discounted_per_token", "loss", marks=pytest.mark.slow),
+    pytest.param("clip_norm_of_first_shard", dict(max_grad_norm=0.01, steps=2), "grad_norm_of_shard", "update",
+                 marks=pytest.mark.slow),
 ])
 def test_a_fault_of_a_loop_shape_is_placed_and_named(tmp_path, fault, kw, code, phase):
     from rookworld_debug.diagnosis import diagnose_path

@@ -75,6 +75,7 @@ TITLES = {
     "update_grad_clamped": "the gradient clamped element-wise before the step",
     "update_clip_norm": "the gradient clipped at another norm than recorded",
     "update_clip_per_parameter": "the gradient clipped per tensor, not by its global norm",
+    "grad_norm_of_shard": "the clip's norm taken over one shard of the parameters",
     "rewards_other_labels": "rewards scored against other rows' labels",
     "reward_cached": "each group's rewards are one row's: a reward cached by prompt",
     "rewards_other_batch": "the rewards are the previous batch's: a reward one batch late",

@@ -230,11 +230,63 @@ def _clip_fit(u: _Update, fit):
     r = u.resid(u.step(max_grad_norm=c))
     if r > u.bound or c >= g * (1 - 1e-3):
         return "", "", fit
+    shard = _shard_clip(u, g, c) if u.max_grad_norm else None
+    if shard is not None:
+        return shard
     had = f"the recorded {u.max_grad_norm:g}" if u.max_grad_norm else "none recorded"
     why = (f"the update is the optimizer's step on the gradient clipped to global norm {c:.4g} (‖g‖ = {g:.4g}), "
            f"not at max_grad_norm = {had}: the loop clips at {c:.4g}")
     return "update_clip_norm", why, {"kind": "clip", "params": {"max_grad_norm": c}, "residual": r / u.norm_rec,
                                      "sentence": why}
+
+
+# the shards a parameter list is cut into (ranks of FSDP / ZeRO): contiguous runs of the parameters, in their order
+SHARDS = (2, 4, 8)
+# the implied norm must be a shard's to this relative precision (the clip fit's search finds c to ~1e-6): among the
+# 28 shard norms tried a chance match is then below 1 in 1,000
+SHARD_RTOL = 1e-5
+
+
+def _shard_clip(u: _Update, g: float, c: float):
+    """(code, sentence, fit) when the clip at the recorded max_grad_norm m took its norm over one contiguous shard of
+    the parameters (k equal runs of tensors, or of weights), not over them all: the coefficient m / ‖g_shard‖ the
+    loop applied equals the fitted c / ‖g‖, and the re-run with it reproduces the update; else None."""
+    m = float(u.max_grad_norm)
+    names = list(u.names)
+    sq = {n: float(u.state.gradient[n].double().pow(2).sum()) for n in names}
+    sizes = [u.state.gradient[n].numel() for n in names]
+    implied = m * (g + 1e-6) / c - 1e-6                     # the norm the loop divided by
+    for k in SHARDS:
+        for how, bounds in (("tensors", _cuts([1] * len(names), k)), ("weights", _cuts(sizes, k))):
+            for j, (a, b) in enumerate(bounds):
+                norm = math.sqrt(sum(sq[n] for n in names[a:b]))
+                if not (0 < norm < g and abs(norm - implied) <= SHARD_RTOL * implied):
+                    continue
+                r = u.resid(u.step(max_grad_norm=m * (g + 1e-6) / (norm + 1e-6)))
+                if r > u.bound:
+                    continue
+                why = (f"the clip's coefficient is max_grad_norm / ‖g‖ over parameters {a + 1}–{b} of {len(names)} "
+                       f"(shard {j + 1} of {k}, cut by {how}: ‖g_shard‖ = {norm:.4g}, the whole gradient's ‖g‖ = "
+                       f"{g:.4g}): {m:g} / {norm:.4g} where {m:g} / {g:.4g} was due, so the update is "
+                       f"{min(1.0, m / norm) / min(1.0, m / g):.3g}× the clipped step. The norm of one rank's shard, "
+                       "never reduced over the ranks: clip with the global norm (FSDP's model.clip_grad_norm_, or an "
+                       "all-reduce of the squared norms)")
+                return "grad_norm_of_shard", why, {"kind": "shard_clip", "params": {
+                    "shards": k, "shard": j + 1, "cut_by": how, "shard_norm": norm, "grad_norm": g},
+                    "residual": r / u.norm_rec, "sentence": why}
+    return None
+
+
+def _cuts(sizes: list, k: int) -> list:
+    """(start, end) of k contiguous runs of items whose sizes are as equal as cutting at item boundaries allows."""
+    total, out, start, acc = sum(sizes), [], 0, 0
+    for i, s in enumerate(sizes):
+        acc += s
+        if len(out) < k - 1 and acc >= total * (len(out) + 1) / k:
+            out.append((start, i + 1))
+            start = i + 1
+    out.append((start, len(sizes)))
+    return [(a, b) for a, b in out if b > a]
 
 
 def golden_min(f, lo: float, hi: float, steps: int) -> float:
