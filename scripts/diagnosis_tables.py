@@ -50,6 +50,28 @@ SOURCES = (
      f"2-core CPU, 2026-11-30, `{SEALED} --only unseen --only probe --only blind` on commit 824a498 (the fits "
      "written after the third set's first run: the sampler read from its tokens, dropout noise, the per-row gradient "
      "fit, texts decoded with special tokens)"),
+    ("A fourth held-out set: its first run", "fresh-first-run-20261130.jsonl", "sealed",
+     f"2-core CPU, 2026-11-30, `{SEALED} --only fresh` on commit e1f0d31 (the commit that froze the sixteen faults — "
+     "eleven in one step of the hand-written loop, five between its consecutive steps — with their expected causes, "
+     "written from each bug's mechanism; no fit for them existed). Fifteen of the sixteen expected codes were names "
+     "the diagnosis did not have; a cause counts as named only by its code"),
+    ("The fourth held-out set after its fixes (not held out)", "fresh-after-fixes-20261130.jsonl", "sealed",
+     f"2-core CPU, 2026-11-30, `{SEALED} --only fresh` on commit b850b30 (the fits written after the first run: "
+     "parameters left out of the optimizer, a gradient that never reached whole parameters, the ratio in low "
+     "precision, clipped in log space, a dual clip on every sign, a KL penalty in the reward, no attention mask, a "
+     "padded vocabulary, shared random draws, discounted per-token advantages; between steps: changed optimizer "
+     "settings, permuted moments, a partial sampler sync, a second optimizer step), then `--only fresh --fault "
+     "clip_norm_of_first_shard` on commit 4cebf05 (the shard's norm), its row in place of the first. The scheduler "
+     "skipped after the run's first step is a warning, which the table does not count: at that step a schedule "
+     "stepped per epoch leaves the same counts"),
+    ("The earlier held-out sets and the probes on the fourth set's code (not held out)",
+     "unseen-blind-probe-fresh-after-fixes-20261130.jsonl", "sealed",
+     f"2-core CPU, 2026-11-30, `{SEALED} --only fresh --only unseen --only blind --only probe` on commit 85ed616 "
+     "(its fresh rows are the fourth set before its last two fits: see the table above for those)"),
+    ("The sealed set's one-step and consecutive parts on the fourth set's code (not held out)",
+     "sealed-single-between-20261130.jsonl", "sealed",
+     f"2-core CPU, 2026-11-30, `{SEALED} --only single --only between` on commit b850b30: the same findings as on "
+     "2026-11-29 for every fault"),
     ("Fault injection, diagnosed with the replay: every seed-0 case and the controls",
      "fault-bench-replay-seed0-all-20261128.jsonl", "faults",
      f"2-core CPU, 2026-11-28, `{FAULTS} --only /0` then `--only control`, seed 0: all 43 fault types and the 24 "

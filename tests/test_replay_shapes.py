@@ -186,7 +186,7 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
     pytest.param("sampler_one_seed_every_row", {}, "sampling_draws_shared", "generation", marks=pytest.mark.slow),
     pytest.param("logps_no_attention_mask", {}, "attention_mask_not_applied", "scoring", marks=pytest.mark.slow),
     pytest.param("logps_padded_vocab", {}, "logsoftmax_over_padded_vocab", "scoring", marks=pytest.mark.slow),
-    pytest.param("kl_penalty_in_reward", {}, "kl_in_reward", "rewards", marks=pytest.mark.slow),
+    pytest.param("kl_penalty_in_reward", dict(steps=2), "kl_in_reward", "rewards", marks=pytest.mark.slow),  # KL ≠ 0
     pytest.param("ratio_bf16", dict(num_iterations=2), "ratio_low_precision", "loss", marks=pytest.mark.slow),
     pytest.param("ratio_clipped_in_log_space", dict(num_iterations=2, lr=1e-3), "clip_range_log_scale", "loss",
                  marks=pytest.mark.slow),

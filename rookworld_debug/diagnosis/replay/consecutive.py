@@ -237,10 +237,11 @@ def weights_check(p: _Pair) -> PhaseCheck:
     lr_k, lr_k1 = ((st.optimizer_settings or {}).get("lr") for st in (sk, sk1))
     factors = dict.fromkeys([1.0] + ([lr_k1 / lr_k] if isinstance(lr_k, float) and isinstance(lr_k1, float) and lr_k
                                      else []))         # the second step at k's rate, or at k+1's (scheduler between)
-    fits += [("update_applied_twice", lambda f=f: stepped_twice(sk, clip_of(p.trace_k), p.names, f),
-                 "the policy at step k+1 holds two optimizer steps from step k's weights on step k's gradient: "
-                 "optimizer.step() ran again on the same gradients after the step (a second step call, or an "
-                 "accumulation boundary counted twice), so every update is applied twice") for f in factors]
+    twice = ("the policy at step k+1 holds two optimizer steps from step k's weights on step k's gradient: "
+             "optimizer.step() ran again on the same gradients after the step (a second step call, or an accumulation "
+             "boundary counted twice), so every update is applied twice")
+    fits += [("update_applied_twice", lambda f=f: stepped_twice(sk, clip_of(p.trace_k), p.names, f), twice)
+             for f in factors]
     return _weights_disagree(p, "weights", q, sk1.before, sk.after, fits)
 
 

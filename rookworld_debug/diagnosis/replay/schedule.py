@@ -84,18 +84,18 @@ def scheduler_carried(trace_k, trace_k1, gap: int, optimizer_steps_k: Optional[i
         return off("scheduler_not_stepped", f"up to step k the scheduler stepped once per optimizer step (last_epoch "
                                             f"= {e0} = the optimizer's step count), then not once over the {gap} "
                                             "step(s) to k+1: the rate stopped following its schedule")
-    if moved == 0 and gap > 0 and optimizer_steps_k == e0 == 0:
-        return PhaseCheck("scheduler", q, SUSPECT, float(gap), 0.0, where, rec, due, "scheduler_not_stepped",
-                          f"the scheduler did not step over the {gap} optimizer step(s) after the run's first: a "
-                          "schedule stepped per epoch does this; one stepped per optimizer step (as TRL's and "
-                          "transformers' Trainer step it) was skipped, and its rate stopped following its schedule",
-                          measure="|scheduler steps − optimizer steps| between k and k+1")
     if moved < gap and _another_object(a, b):
         return off("scheduler_reset", f"the scheduler recorded at k+1 is another object than the one recorded at k, "
                                       f"and its count did not carry over ({where}, not {e0} + {gap}): it was "
                                       "re-created between the steps without its state, so its warm-up or decay "
                                       f"starts over at every re-creation (the rate {float(b['last_lr']):.4g} at k+1 "
                                       f"against {float(a['last_lr']):.4g} at k)")
+    if moved == 0 and gap > 0 and optimizer_steps_k == e0 == 0:
+        return PhaseCheck("scheduler", q, SUSPECT, float(gap), 0.0, where, rec, due, "scheduler_not_stepped",
+                          f"the scheduler did not step over the {gap} optimizer step(s) after the run's first: a "
+                          "schedule stepped per epoch does this; one stepped per optimizer step (as TRL's and "
+                          "transformers' Trainer step it) was skipped, and its rate stopped following its schedule",
+                          measure="|scheduler steps − optimizer steps| between k and k+1")
     return PhaseCheck("scheduler", q, AGREE, float(abs(moved - gap)) if moved else 0.0, 0.0, where,
                       measure="the scheduler's step count, exact",
                       explanation="" if moved == gap else "the scheduler did not step between these steps (a "
