@@ -65,8 +65,10 @@ class TokenJacobian:
             return known
         # Jᵀu as the gradient of Σ u·(ℓ, H): torch's grad with explicit grad_outputs imports its symbolic-shapes
         # machinery (sympy: 0.4 s, and more at exit), for the same vector
-        total = (self.logps * u_logps.to(self.logps.dtype)).sum() + \
-            (self.entropy * u_entropy.to(self.entropy.dtype)).sum()
+        # a channel whose weights are all 0 is left out: autograd would carry its zeros through the whole head
+        parts = [(x * w.to(x.dtype)).sum() for x, w in ((self.logps, u_logps), (self.entropy, u_entropy))
+                 if bool(w.ne(0).any())]
+        total = parts[0] if len(parts) == 1 else parts[0] + parts[1]
         grads = torch.autograd.grad(total, [p for _, p in self.params], retain_graph=True, allow_unused=True)
         out = {n: (g if g is not None else torch.zeros_like(p)).detach() for (n, p), g in zip(self.params, grads)}
         self.backwards += 1
