@@ -132,12 +132,14 @@ def _finding(c, first: bool, upstream: str = "") -> Finding:
 
 
 def _suspect_finding(c) -> Finding:
-    """A statistical test's warning: the recorded step is unlikely under the declaration, by the stated
-    probability, but not beyond doubt (its error bound)."""
+    """A warning: the recorded step is unlikely under the declaration, by the stated probability, but not beyond
+    doubt (a statistical test past its warning bound only), or it has a reading that is no fault (a check whose
+    tolerance is 0: the sentence names both readings)."""
+    said = (f"A test of the recorded values' statistics, not a recomputation: {c.measure} = {c.max_abs_diff:.3g}, "
+            f"past its warning bound {c.tolerance:.3g} but not its error bound." if c.tolerance else
+            f"{c.measure}: {c.max_abs_diff:.3g}.")
     return Finding(code=c.cause or f"replay_{c.phase}", severity="warning",
-                   cause=f"{c.phase[0].upper() + c.phase[1:]}: {c.explanation}. A test of the recorded values' "
-                         f"statistics, not a recomputation: {c.measure} = {c.max_abs_diff:.3g}, past its warning bound "
-                         f"{c.tolerance:.3g} but not its error bound.",
+                   cause=f"{c.phase[0].upper() + c.phase[1:]}: {c.explanation}. {said}",
                    evidence=_evidence(c), fix=Fix(FIXES[c.phase], code_change=FIXES[c.phase]),
                    score=REPLAY_SCORE / 2)
 

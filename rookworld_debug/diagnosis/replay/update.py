@@ -16,7 +16,7 @@ import torch
 
 from .compare import REL_TOL, parameter_samples, tol_for
 from .optimizers import CLASSES as OPTIMIZERS, RecordedOptimizer
-from .records import AGREE, DISAGREE, PhaseCheck, fmt
+from .records import AGREE, DISAGREE, SUSPECT, PhaseCheck, fmt
 from .terms import dot as _dot
 
 
@@ -139,25 +139,28 @@ def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
 def untrained_check(state) -> Optional[PhaseCheck]:
     """A disagreement when parameters with a non-zero recorded gradient are in no parameter group of the recorded
     optimizer and did not move (they never train), else None. A parameter the loop froze has no gradient; one that
-    another optimizer steps moves."""
+    another optimizer steps moves. Where the idle ones are every bias and norm weight (1-D) and nothing else, a
+    no-weight-decay filter dropped them: an error; any other set may be a freeze done by leaving modules out of the
+    optimizer (with their gradients still computed): a warning (suspect)."""
     names = [n for n in state.gradient if n not in set(state.trainable) and n in state.before and n in state.after]
-    idle = [n for n in names if bool(torch.isfinite(state.gradient[n]).all()) and float(state.gradient[n].abs().max()) > 0
-            and torch.equal(state.before[n], state.after[n])]
+    idle = [n for n in names if bool(torch.isfinite(state.gradient[n]).all())
+            and float(state.gradient[n].abs().max()) > 0 and torch.equal(state.before[n], state.after[n])]
     if not idle:
         return None
     g_idle = math.sqrt(sum(float(state.gradient[n].double().pow(2).sum()) for n in idle))
     g_all = math.sqrt(sum(float(state.gradient[n].double().pow(2).sum()) for n in state.gradient
                           if bool(torch.isfinite(state.gradient[n]).all())))
     size = sum(state.gradient[n].numel() for n in idle)
-    vectors = all(state.before[n].ndim <= 1 for n in idle)
+    vectors = set(idle) == {n for n in state.gradient if n in state.before and state.before[n].ndim <= 1}
     why = (f"{len(idle)} parameters ({size:,} weights) have a non-zero gradient (‖g‖ = {g_idle:.4g} of the whole "
            f"gradient's {g_all:.4g}) but are in no parameter group of the recorded {state.optimizer or 'optimizer'}, "
            f"and did not move: {', '.join(idle[:4])}{', …' if len(idle) > 4 else ''}. They never train" +
            (": every one is a bias or a norm's weight (1-D), the parameters a no-weight-decay filter picks: give "
             "them a group with weight_decay = 0 instead of leaving them out" if vectors else
-            ": pass every trainable parameter to the optimizer (or set requires_grad = False on those meant frozen)"))
-    return PhaseCheck("update", "the parameters with a gradient that the optimizer steps", DISAGREE,
-                      len(idle) / len(state.gradient), 0.0,
+            ": pass every trainable parameter to the optimizer, or set requires_grad = False on those meant frozen "
+            "(their gradients are computed for nothing)"))
+    return PhaseCheck("update", "the parameters with a gradient that the optimizer steps",
+                      DISAGREE if vectors else SUSPECT, len(idle) / len(state.gradient), 0.0,
                       f"{len(idle)} of {len(state.gradient)} parameters", f"{len(idle)} with a gradient, unmoved",
                       "every parameter with a gradient in the optimizer", "parameters_not_in_optimizer", why,
                       measure="share of the gradient's parameters left out of the optimizer")
