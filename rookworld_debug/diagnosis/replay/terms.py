@@ -176,9 +176,10 @@ class GradientFit:
         A·γ^(L−1−t) (the row's outcome advantage discounted by the token's distance to the row's last token)
         reproduces the recorded gradient within `bound`, else None. The policy term is positively homogeneous in
         each token's advantage, so its u at those advantages is γ^(L−1−t) × its u at A: one backward per γ."""
+        from rookworld_debug.diagnosis.replay.data_phases import LINEAR_CLIP_TYPES
         t = self.trace
         ob = Objective.from_config(t.config)
-        if ob.loss_type not in ("grpo", "dapo", "bnpo", "dr_grpo") or ob.importance_sampling_level != "token":
+        if ob.loss_type not in LINEAR_CLIP_TYPES or ob.importance_sampling_level != "token":
             return None
         mask = loss_mask(t.rollout, t.config)
         u_decl, u_ent = token_weights(t, ob, self.jac)
