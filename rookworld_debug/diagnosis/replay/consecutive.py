@@ -35,7 +35,7 @@ from .compare import REL_TOL, VALUE_TOL, parameter_samples, skipped, tol_for
 from .consecutive_optimizer import optimizer_check
 from .consecutive_rerun import clip_of
 from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
-from .terms import dot
+from .terms import distance as _dist, dot
 
 # the carried quantities, in the order checked; a check whose upstream one disagrees may only follow from it
 CARRIED = ("weights", "optimizer", "scheduler", "sampler", "reference", "gradient", "rewards")
@@ -162,10 +162,6 @@ def _scale(sk, names) -> tuple[float, float]:
     eps = torch.finfo(sk.after[names[0]].dtype).eps
     noise = math.sqrt(sum(float((sk.after[n].double().abs() * eps / 2).pow(2).sum()) for n in names))
     return max(unit, noise, 1e-30), noise
-
-
-def _dist(a: dict, b: dict, names) -> float:
-    return math.sqrt(sum(float((a[n].double() - b[n].double()).pow(2).sum()) for n in names))
 
 
 def _has(d, names) -> bool:

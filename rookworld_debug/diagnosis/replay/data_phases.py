@@ -446,14 +446,19 @@ def loss_check(trace) -> PhaseCheck:
 LINEAR_CLIP_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
 
 
+def _per_token_clipped(ob) -> bool:
+    """The loss sums masked per-token clipped terms with fixed weights: a linear family, token-level ratios, no
+    two-sided δ bound."""
+    return ob.loss_type in LINEAR_CLIP_TYPES and ob.importance_sampling_level == "token" and ob.delta is None
+
+
 def clip_bound_reversed(trace, ob, lp, old, ref, adv):
     """The loss with −max(r·A, clip(r)·A) per token for the declared −min (a callable), or None where the loss is
     not a sum of per-token clipped terms or the step has no π_old (on the first pass r = 1: the bounds agree). Per
     token −max(a, b) = −a − b + min(a, b), so L_max = L_free(ℓ) + L_free(ℓ_c) − L_min(ℓ) on the policy terms alone
     (β = c_H = 0), plus the declared loss's other terms once: L_free clips nothing, ℓ_c is π_old plus the log-ratio
     clamped to the clip range (its ratio is clip(r))."""
-    if old is None or ob.loss_type not in LINEAR_CLIP_TYPES or ob.importance_sampling_level != "token" \
-            or ob.delta is not None:
+    if old is None or not _per_token_clipped(ob):
         return None
     pg = ob.replace(beta=0.0, entropy_coef=0.0)
     free = pg.replace(epsilon_low=1.0 - 1e-12, epsilon_high=1e12)          # a clip range no ratio leaves
@@ -475,7 +480,7 @@ def ratio_variants(trace, ob, lp, old, ref, adv) -> dict:
     or float16, clipped in log space, or cut by a dual clip applied to every advantage's sign. Only for the
     token-level clipped families (the ratio's precision and its clip range only with a recorded π_old: on a first
     pass r = 1)."""
-    if ob.loss_type not in LINEAR_CLIP_TYPES or ob.importance_sampling_level != "token" or ob.delta is not None:
+    if not _per_token_clipped(ob):
         return {}
     out = {"dual_clip_positive_advantages": (
         lambda: _dual_clip_every_sign(trace, ob, lp, old, ref, adv),

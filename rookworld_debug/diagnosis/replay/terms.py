@@ -187,7 +187,7 @@ class GradientFit:
         to_end = (mask.sum(1, keepdim=True) - 1 - torch.arange(mask.shape[1])[None]).clamp(min=0)     # (N, T)
         for gamma in DISCOUNTS:
             g = self.jac.gradient(u_decl + (gamma ** to_end - 1) * u_pol * mask, u_ent)
-            resid = math.sqrt(sum(float((recorded[n].double() - g[n].double()).pow(2).sum()) for n in names))
+            resid = distance(recorded, g, names)
             if resid <= bound:
                 return gamma, resid
         return None
@@ -203,7 +203,7 @@ class GradientFit:
             if other is None:
                 continue
             g = self.jac.gradient(*token_weights(other, ob, self.jac))
-            resid = math.sqrt(sum(float((recorded[n].double() - g[n].double()).pow(2).sum()) for n in names))
+            resid = distance(recorded, g, names)
             if resid <= bound:
                 return name, sentence, resid
         return None
@@ -235,9 +235,7 @@ class GradientFit:
                   ("mean log-likelihood term", 0.0, base, mean_logp, zero)]
         grads = {}
         for name, declared, objective, extra, adv in specs:
-            if declared_only and not declared and not name.startswith("KL term (per unit"):
-                continue
-            if declared_only and name.startswith("KL term (per unit") and not ob.beta:
+            if declared_only and not declared:     # (a declared bias-corrected KL has β ≠ 0: its plain part too)
                 continue
             grads[name] = (self.jac.gradient(*token_weights(t, objective, self.jac, extra, adv)), declared)
         out = {k: grads[k] for k in ("policy term", "KL term (per unit β)") if k in grads}
@@ -372,6 +370,11 @@ def _minus(a: dict, b: dict) -> dict:
 def dot(a: dict, b: dict, names) -> float:
     """Σ over `names` of ⟨a[n], b[n]⟩ in float64: the inner product of two {name: tensor} gradients."""
     return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
+
+
+def distance(a: dict, b: dict, names) -> float:
+    """‖a − b‖ over `names` in float64: the L2 distance of two {name: tensor} gradients or weights."""
+    return math.sqrt(sum(float((a[n].double() - b[n].double()).pow(2).sum()) for n in names))
 
 
 def near(a: float, b: float) -> bool:
