@@ -109,3 +109,61 @@ def test_a_term_the_declaration_leaves_out_is_fitted_with_all_terms(step):
                 + 0.3 * every["mean log-likelihood term"][0][n] for n in names}
     coefs, resid = fit.fit(recorded, names, 1e-6)
     assert "mean log-likelihood term" in coefs and abs(coefs["mean log-likelihood term"][0] - 0.3) < 1e-3
+
+
+def _screened_part(g: dict, names) -> torch.Tensor:
+    return torch.cat([g[n].reshape(-1).double() for n in names])
+
+
+def test_the_head_screen_is_the_final_layer_norms_gradient(step):
+    """The closed form (head_screen.py) against autograd, on both channels, at the step's temperature."""
+    jac = _jac(step)
+    assert jac.screen is not None and all("ln_f" in n for n in jac.screen.names)
+    gen = torch.Generator().manual_seed(0)
+    mask = step[0].rollout.completion_mask.double()
+    noise = (torch.randn(mask.shape, generator=gen, dtype=torch.float64) * mask).float()
+    for u in (_u(step, jac), _u(step, jac, entropy_coef=0.5), (noise, noise.flip(0))):
+        got, want = jac.screen.gradient(*u), _screened_part(jac.gradient(*u), jac.screen.names)
+        assert float((got - want).norm()) <= 1e-5 * float(want.norm())
+
+
+def test_the_screen_rules_out_only_gradients_that_cannot_agree(step):
+    """A neighbouring declaration's gradient is skipped only where the gradient check could not agree with it: the
+    screen's gap is a lower bound of the whole distance, a clipped copy is never ruled out, a reversed one is."""
+    from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check, unreachable
+    from rookworld_debug.diagnosis.replay.terms import distance
+    jac = _jac(step)
+    names = [n for n, _ in jac.params]
+    u = _u(step, jac)
+    g = jac.gradient(*u)
+    assert unreachable(g, jac, u, "float32") is None
+    assert unreachable({n: 0.5 * v for n, v in g.items()}, jac, u, "float32") is None         # a clip's scale
+    assert unreachable({n: -v for n, v in g.items()}, jac, u, "float32") is not None
+    adv = step[0].advantages.advantages
+    screened = {}
+    for key, change in (("no KL", {"beta": 0.0}), ("reversed", {"advantages": -adv}),
+                        ("no bias correction", {"use_bias_correction_kl": False}), ("entropy", {"entropy_coef": 0.1}),
+                        ("dr_grpo", {"loss_type": "dr_grpo"}), ("doubled", {"advantages": 2 * adv})):
+        other = _u(step, jac, **change)
+        full = jac.gradient(*other)
+        assert jac.screen.gap(g, names, *other) <= distance(g, full, names)
+        screened[key] = unreachable(g, jac, other, "float32") is not None
+        assert not (screened[key] and gradient_check(g, full, "float32", 1).status == "agree")
+    # a reversed policy term and an entropy bonus move the layer norm's part by far more than the bound; a doubled
+    # gradient may be a clip's (s in [0, 1]): never ruled out
+    assert screened["reversed"] and screened["entropy"] and not screened["doubled"]
+
+
+def test_the_sampled_tokens_statistics_from_the_gradients_forward(step):
+    """The sampler check's statistics from the loss forward's head inputs equal those of its own forward."""
+    from rookworld_debug.diagnosis.replay.sampled_tokens import token_statistics
+    trace, w = step
+    jac = _jac(step)
+    own, shared = token_statistics(w.policy, trace.rollout, eos=w.eos), \
+        token_statistics(w.policy, trace.rollout, eos=w.eos, hidden=jac.hidden)
+    assert own.keys() == shared.keys()
+    for k in own:
+        if torch.is_tensor(own[k]):
+            assert torch.allclose(own[k].double(), shared[k].double(), rtol=1e-4, atol=1e-5), k
+        else:
+            assert own[k] == shared[k]

@@ -40,7 +40,7 @@ from rookworld_debug.diagnosis.replay.data_phases import (accumulation, advantag
 from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_declaration, quantity_key,
                                                           with_inferred_pass)
 from rookworld_debug.diagnosis.replay.findings import replay_findings
-from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check
+from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check, unreachable
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks
 from rookworld_debug.diagnosis.replay.schedule import schedule_check
@@ -162,17 +162,31 @@ def _jacobian(trace, w: Weights):
 
 def _share_policy_forward(trace, w: Weights) -> None:
     """Where the gradient check will run, its forward (graph kept) gives the scoring check the policy's log-probs
-    too: one forward of the weights before the update, not two."""
+    and the sampled tokens' check its head inputs too: one forward of the weights before the update, not three."""
     from rookworld_debug.diagnosis.replay.model_phases import remember_logps
     if w.state is None or w.state.gradient is None or (trace.config.beta and trace.rollout.ref_per_token_logps is None):
         return
-    remember_logps(w.cache, w.policy, trace.rollout, _jacobian(trace, w).logps.detach())
+    jac = _jacobian(trace, w)
+    remember_logps(w.cache, w.policy, trace.rollout, jac.logps.detach(), jac.hidden)
 
 
 def _declared_gradient(trace, w: Weights) -> dict:
     from rookworld_debug.diagnosis.replay.terms import declared_gradient
-    key = ("gradient", json.dumps(trace.config.to_dict(), sort_keys=True, default=str))   # by content, not id
-    return w.memo(key, lambda: declared_gradient(trace, _jacobian(trace, w)))
+    return w.memo(_gradient_key(trace), lambda: declared_gradient(trace, _jacobian(trace, w)))
+
+
+def _unreachable(trace, w: Weights):
+    """The declared gradient's disagreement where the head screen shows it without a backward (a neighbouring
+    declaration's gradient, ruled out), else None. A gradient already taken is compared as it is."""
+    from rookworld_debug.diagnosis.replay.terms import declared_weights
+    if _gradient_key(trace) in w.cache:
+        return None
+    jac = _jacobian(trace, w)
+    return unreachable(w.state.gradient, jac, declared_weights(trace, jac), _dtype(trace))
+
+
+def _gradient_key(trace) -> tuple:
+    return "gradient", json.dumps(trace.config.to_dict(), sort_keys=True, default=str)    # by content, not id
 
 
 def _dtype(trace) -> str:
@@ -210,6 +224,9 @@ def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:
     out = [loss_check(trace)]           # the loss value first: a cheap filter before a backward
     if any(c.status == "disagree" for c in out) or w.policy is None or w.state is None or w.state.gradient is None:
         return out
+    ruled_out = _unreachable(trace, w)  # then the head screen: a backward only for a gradient that can agree
+    if ruled_out is not None:
+        return out + [ruled_out]
     return out + [gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
                                  accumulation(trace), max_grad_norm=clip_of(trace))]
 

@@ -145,17 +145,18 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
     ref = _reference_check(trace, reference, ours, tol, ref_is_policy, policy_moved, logps, sampler)
     if reference is not None and r.ref_per_token_logps is not None:
         ref = dropout_noise(ref, r.ref_per_token_logps, logps(reference), reference, r, mask)
-    return out + [ref] + _sampled_tokens(trace, sampled_by, eos)
+    return out + [ref] + _sampled_tokens(trace, sampled_by, eos, cache)
 
 
-def _sampled_tokens(trace, model, eos: Optional[int] = None) -> list[PhaseCheck]:
+def _sampled_tokens(trace, model, eos: Optional[int] = None, cache: Optional[dict] = None) -> list[PhaseCheck]:
     """The tokens the sampler chose against the distribution the loop declares (sampled_tokens.py), where the
     weights that sampled are known: a TRL step that reads a slice of an older generation batch is left out."""
     from .sampled_tokens import sampled_tokens_check
     cap = trace.capture
     if model is None or (cap is not None and int(getattr(cap, "steps_per_generation", 0) or 1) > 1):
         return []
-    c = sampled_tokens_check(model, trace.rollout, declared_filter=_sampler_warpers(trace) is not None, eos=eos)
+    c = sampled_tokens_check(model, trace.rollout, declared_filter=_sampler_warpers(trace) is not None, eos=eos,
+                             hidden=(cache or {}).get(_hidden_key(model, trace.rollout)))
     return [c] if c is not None else []
 
 
@@ -245,9 +246,16 @@ def _logps_key(model, rollout) -> tuple:
     return "logps", id(model), id(rollout)
 
 
-def remember_logps(cache: dict, model, rollout, logps: torch.Tensor) -> None:
-    """`logps` (N, T), the recompute's values from another forward of the same model and rows (the gradient's)."""
+def remember_logps(cache: dict, model, rollout, logps: torch.Tensor, hidden: Optional[torch.Tensor] = None) -> None:
+    """`logps` (N, T), the recompute's values from another forward of the same model and rows (the gradient's), and
+    `hidden` (N, T, d), that forward's LM-head inputs (the sampled tokens' statistics apply the head to them)."""
     cache.setdefault(_logps_key(model, rollout), logps)
+    if hidden is not None:
+        cache.setdefault(_hidden_key(model, rollout), hidden)
+
+
+def _hidden_key(model, rollout) -> tuple:
+    return "head inputs", id(model), id(rollout)
 
 
 def _scoring_variants(trace, policy) -> dict:

@@ -39,24 +39,35 @@ QUANTITY = "the tokens the sampler chose, against the declared distribution (the
 
 
 @torch.no_grad()
-def token_statistics(model, r, elements: int = 2 ** 25, eos: Optional[int] = None) -> dict:
+def token_statistics(model, r, elements: int = 2 ** 25, eos: Optional[int] = None,
+                     hidden: Optional[torch.Tensor] = None) -> dict:
     """Per chosen token (the completion mask's): its rank, the mass of the top-k and top-p sets of TOP_K / TOP_P,
     whether it was already in the sequence and the chance of that, its log-prob with that log-prob's mean and
     variance under the declared distribution; (M,) or (M, len(grid)) tensors over the M masked tokens. Rows go
-    through the model a few at a time: each holds (rows, T, V) tensors of `elements` at most."""
-    vocab = int(model.get_output_embeddings().weight.shape[0])
+    through the model a few at a time: each holds (rows, T, V) tensors of `elements` at most. `hidden` (N, T, d):
+    the LM head's inputs at the completion positions from a forward of these weights already run (the head alone
+    is applied to them)."""
+    head = model.get_output_embeddings()
+    vocab = int(head.weight.shape[0])
     rows_per_forward = max(1, elements // max(1, r.completion_ids.shape[1] * vocab))
     parts: dict = {k: [] for k in _PARTS}
     for s in range(0, r.completion_ids.shape[0], rows_per_forward):
         rows = slice(s, s + rows_per_forward)
         ids, mask = r.completion_ids[rows], r.completion_mask[rows].bool()
-        full = torch.cat([r.prompt_ids[rows], ids], 1)
-        attn = torch.cat([r.prompt_mask[rows].long(), mask.long()], 1)
-        logits = model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
-        p, t = r.prompt_ids.shape[1], ids.shape[1]
-        lp = (logits[:, p - 1:p + t - 1].float() / r.temperatures[rows].float()[:, None, None]).log_softmax(-1)
+        lp = (_completion_logits(model, r, rows) if hidden is None else head(hidden[rows])).float()
+        lp = (lp / r.temperatures[rows].float().to(lp.device)[:, None, None]).log_softmax(-1)
         _add(parts, lp, ids, mask, seen_before(r.prompt_ids[rows], r.prompt_mask[rows].bool(), ids, lp.shape[-1]), eos)
     return {**{k: torch.cat(v) for k, v in parts.items() if v}, "vocab": vocab}
+
+
+def _completion_logits(model, r, rows) -> torch.Tensor:
+    """(n, T, V) the logits that predict each completion token of `rows`: one forward of prompt and completion."""
+    ids, mask = r.completion_ids[rows], r.completion_mask[rows]
+    full = torch.cat([r.prompt_ids[rows], ids], 1)
+    attn = torch.cat([r.prompt_mask[rows].long(), mask.long()], 1)
+    logits = model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
+    p, t = r.prompt_ids.shape[1], ids.shape[1]
+    return logits[:, p - 1:p + t - 1]
 
 
 def statistics_of(lp: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, seen_before: torch.Tensor,
@@ -107,12 +118,14 @@ def seen_before(prompt_ids, prompt_mask, ids, vocab: int) -> torch.Tensor:
     return (earlier | prompt[:, None]).bool()
 
 
-def sampled_tokens_check(model, r, declared_filter: bool, eos: Optional[int] = None) -> Optional[PhaseCheck]:
+def sampled_tokens_check(model, r, declared_filter: bool, eos: Optional[int] = None,
+                         hidden: Optional[torch.Tensor] = None) -> Optional[PhaseCheck]:
     """The chosen tokens against the declared distribution (module doc); None where it cannot be tested: a filter
-    the loop declares (its kept set is the declared distribution) or too few tokens."""
+    the loop declares (its kept set is the declared distribution) or too few tokens. `hidden`: as token_statistics
+    takes it."""
     if declared_filter or int(r.completion_mask.sum()) < MIN_TOKENS:
         return None
-    st = token_statistics(model, r, eos=eos)
+    st = token_statistics(model, r, eos=eos, hidden=hidden)
     return shared_draws(st, r) or judge(st)
 
 

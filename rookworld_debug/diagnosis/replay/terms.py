@@ -25,6 +25,8 @@ from rookworld_debug.grpo.objective.params import LossBatch, Objective
 from rookworld_debug.grpo.phases.generation import loss_mask
 from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 
+from .head_screen import HeadScreen
+
 
 # the L2 norm below which a term's gradient is float noise (as the gradient check's absolute floor)
 TERM_ATOL = 1e-6
@@ -51,9 +53,19 @@ class TokenJacobian:
         self.params = [(n, p) for n, p in policy.named_parameters() if n in names]
         for n, p in policy.named_parameters():
             p.requires_grad_(n in names)
-        self.logps, self.entropy = per_token_logps_and_entropy(
-            policy, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, r.temperatures,
-            with_grad=True, entropy_grad=True)                                                  # (N, T) each
+        hidden = []                                 # the head's inputs, chunk by chunk: the screen's values
+        hook = policy.get_output_embeddings().register_forward_hook(
+            lambda m, args, out: hidden.append(None if torch.is_autocast_enabled(args[0].device.type)
+                                               else args[0].detach()))
+        try:
+            self.logps, self.entropy = per_token_logps_and_entropy(
+                policy, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, r.temperatures,
+                with_grad=True, entropy_grad=True)                                              # (N, T) each
+        finally:
+            hook.remove()
+        # (N, T, d) the head's inputs: an autocast forward's are left out (the screen's closed form is float32)
+        self.hidden = torch.cat(hidden) if hidden and all(h is not None for h in hidden) else None
+        self.screen = HeadScreen.of(policy, self.hidden, r, names)
         self._us: list[torch.Tensor] = []           # the u of each backward, flattened, float64   (2·N·T,)
         self._grads: list[dict] = []                # its gradient
         self.backwards = 0
@@ -75,6 +87,12 @@ class TokenJacobian:
         self._us.append(u)
         self._grads.append(out)
         return out
+
+    def rules_out(self, recorded: dict, names, u_logps, u_entropy, bound: float, scale: tuple = (1.0, 1.0)
+                  ) -> bool:
+        """Whether Jᵀu (times any s in [scale]) cannot be within `bound` of `recorded` over `names`, by the head
+        screen alone (head_screen.py): its backward can be skipped. False where this model has no screen."""
+        return self.screen is not None and self.screen.rules_out(recorded, names, u_logps, u_entropy, bound, scale)
 
     def _from_span(self, u: torch.Tensor, rtol: float) -> Optional[dict]:
         """Σ a_i·g_i where u = Σ a_i·u_i over the earlier backwards' u (to `rtol`, without cancellation), else None.
@@ -148,9 +166,14 @@ def _value_point(trace, jac: TokenJacobian) -> torch.Tensor:
     return torch.where(m, kept, mine)
 
 
+def declared_weights(trace, jac: TokenJacobian) -> tuple[torch.Tensor, torch.Tensor]:
+    """u of the trace's declared loss, each (N, T): its gradient is jac.gradient(*u)."""
+    return token_weights(trace, Objective.from_config(trace.config), jac)
+
+
 def declared_gradient(trace, jac: TokenJacobian) -> dict:
     """∇θ of the trace's declared loss (one backward through `jac`'s forward)."""
-    return jac.gradient(*token_weights(trace, Objective.from_config(trace.config), jac))
+    return jac.gradient(*declared_weights(trace, jac))
 
 
 class GradientFit:
@@ -186,7 +209,10 @@ class GradientFit:
         u_pol = token_weights(t, ob.replace(beta=0.0, entropy_coef=0.0), self.jac)[0]
         to_end = (mask.sum(1, keepdim=True) - 1 - torch.arange(mask.shape[1])[None]).clamp(min=0)     # (N, T)
         for gamma in DISCOUNTS:
-            g = self.jac.gradient(u_decl + (gamma ** to_end - 1) * u_pol * mask, u_ent)
+            u = u_decl + (gamma ** to_end - 1) * u_pol * mask
+            if self.jac.rules_out(recorded, names, u, u_ent, bound):
+                continue
+            g = self.jac.gradient(u, u_ent)
             resid = distance(recorded, g, names)
             if resid <= bound:
                 return gamma, resid
@@ -202,7 +228,10 @@ class GradientFit:
             other = _rewired(t, kw)
             if other is None:
                 continue
-            g = self.jac.gradient(*token_weights(other, ob, self.jac))
+            u = token_weights(other, ob, self.jac)
+            if self.jac.rules_out(recorded, names, *u, bound):
+                continue
+            g = self.jac.gradient(*u)
             resid = distance(recorded, g, names)
             if resid <= bound:
                 return name, sentence, resid
