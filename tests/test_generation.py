@@ -127,6 +127,32 @@ def test_helper_matches_rollout_and_supports_grad(models, rollout):
     models.policy.zero_grad(set_to_none=True)
 
 
+def test_columns_past_every_rows_end_are_not_run_and_change_nothing(models, rollout):
+    """A rollout padded with completion columns no row reaches (a loop padding to max_new_tokens) gets the same
+    log-probs, entropies and gradient, 0 in those columns; the forward runs only the columns a mask holds."""
+    from rookworld_debug.grpo.phases.scoring import used_columns
+    r, extra = rollout, 7
+    pad = lambda x: torch.nn.functional.pad(x, (0, extra))                      # noqa: E731
+    args = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, r.temperatures)
+    wide = (r.prompt_ids, r.prompt_mask, pad(r.completion_ids), pad(r.completion_mask), r.temperatures)
+    assert used_columns(wide[3]) == used_columns(r.completion_mask) <= r.completion_ids.shape[1]
+    seen = []
+    hook = models.policy.get_output_embeddings().register_forward_hook(lambda m, a, o: seen.append(a[0].shape[1]))
+    try:
+        lp, ent = per_token_logps_and_entropy(models.policy, *args, with_grad=True)
+        lp_w, ent_w = per_token_logps_and_entropy(models.policy, *wide, with_grad=True)
+    finally:
+        hook.remove()
+    assert seen[-1] == used_columns(r.completion_mask)                         # the padding never ran
+    assert lp_w.shape[1] == lp.shape[1] + extra and not bool(lp_w[:, -extra:].any() or ent_w[:, -extra:].any())
+    assert torch.allclose(lp_w[:, :-extra], lp, atol=1e-6) and torch.allclose(ent_w[:, :-extra], ent, atol=1e-6)
+    w = models.policy.transformer.wte.weight
+    g, = torch.autograd.grad(lp.sum(), w)
+    g_w, = torch.autograd.grad(lp_w.sum(), w)
+    assert torch.allclose(g, g_w, atol=1e-6, rtol=1e-5)
+    assert used_columns(torch.zeros(2, 5)) == 1
+
+
 def test_left_padding_does_not_change_logps(models):
     """A prompt's log-probs are the same alone and batched with a much longer prompt."""
     pol, _, tok, _ = models

@@ -155,15 +155,31 @@ def test_the_screen_rules_out_only_gradients_that_cannot_agree(step):
 
 
 def test_the_sampled_tokens_statistics_from_the_gradients_forward(step):
-    """The sampler check's statistics from the loss forward's head inputs equal those of its own forward."""
-    from rookworld_debug.diagnosis.replay.sampled_tokens import token_statistics
+    """The sampler check's statistics from the loss forward's head inputs equal those of its own forward, also where
+    that forward skipped the columns no row reaches (its width stops at the last masked token)."""
+    import dataclasses
+    from rookworld_debug.diagnosis.replay.sampled_tokens import judge, token_statistics
+    from rookworld_debug.diagnosis.replay.terms import TokenJacobian
     trace, w = step
-    jac = _jac(step)
-    own, shared = token_statistics(w.policy, trace.rollout, eos=w.eos), \
-        token_statistics(w.policy, trace.rollout, eos=w.eos, hidden=jac.hidden)
-    assert own.keys() == shared.keys()
-    for k in own:
-        if torch.is_tensor(own[k]):
-            assert torch.allclose(own[k].double(), shared[k].double(), rtol=1e-4, atol=1e-5), k
-        else:
-            assert own[k] == shared[k]
+    r = trace.rollout
+    ids, mask = r.completion_ids.clone(), r.completion_mask.clone()
+    ids[0, 10], mask[0, 11:] = w.eos, 0                          # row 0 ends at its 11th token, the others run on
+    wide = dataclasses.replace(r, completion_ids=torch.nn.functional.pad(ids, (0, 7), value=w.eos),
+                               completion_mask=torch.nn.functional.pad(mask, (0, 7)))
+    for rollout in (r, wide):
+        jac = TokenJacobian(dataclasses.replace(trace, rollout=rollout), w.policy, w.trainable)
+        own, shared = token_statistics(w.policy, rollout, eos=w.eos), \
+            token_statistics(w.policy, rollout, eos=w.eos, hidden=jac.hidden)
+        assert jac.hidden.shape[1] == r.completion_ids.shape[1]       # the padding columns never ran
+        assert own.keys() == shared.keys()
+        for k in own:
+            a, b = own[k], shared[k]
+            if k == "first":                    # a row without an end: the width of the columns read
+                assert int(a.min()) == int(b.min())
+            elif k == "p_eos":                  # P(EOS) is read before the earliest end only
+                a, b = a[:, :int(own["first"].min())], b[:, :int(own["first"].min())]
+            if torch.is_tensor(a) and k != "first":
+                assert torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5), k
+            elif k != "first":
+                assert a == b
+        assert (judge(own).status, judge(own).cause) == (judge(shared).status, judge(shared).cause)

@@ -48,8 +48,10 @@ class HeadScreen:
         ids = {id(p): n for n, p in model.named_parameters()}
         names = (ids.get(id(ln.weight)), ids.get(id(ln.bias)))
         n, t = rollout.completion_ids.shape
-        if not all(x in set(trainable) for x in names) or tuple(hidden.shape[:2]) != (n, t) \
-                or bool((ln.weight == 0).any()) or hidden.dtype != torch.float32:
+        run = hidden.shape[1]           # the forward ran the columns through the last one a mask holds
+        if not all(x in set(trainable) for x in names) or hidden.shape[0] != n or run > t \
+                or bool(rollout.completion_mask[:, run:].any()) or bool((ln.weight == 0).any()) \
+                or hidden.dtype != torch.float32:
             return None                 # x̂ = (h − β) / γ needs γ without zeros; an autocast forward rounds otherwise
         bias = getattr(head, "bias", None)
         return cls(names, hidden, ln.weight.detach(), ln.bias.detach(), head.weight.detach(),
@@ -58,7 +60,8 @@ class HeadScreen:
     def gradient(self, u_logps: torch.Tensor, u_entropy: torch.Tensor) -> torch.Tensor:
         """(2·d,) float64: (∂/∂γ, ∂/∂β) of Σ u·(ℓ, H)."""
         a, b, ag, bg = self._precomputed()
-        ul, ue = u_logps.detach().double(), u_entropy.detach().double()                     # (N, T) each
+        run = a.shape[1]                            # the columns after these hold no token: their u does nothing
+        ul, ue = u_logps.detach()[:, :run].double(), u_entropy.detach()[:, :run].double()  # (N, T) each
         grad_gamma = torch.einsum("nt,ntd->d", ul, ag) + torch.einsum("nt,ntd->d", ue, bg)
         grad_beta = torch.einsum("nt,ntd->d", ul, a) + torch.einsum("nt,ntd->d", ue, b)
         return torch.cat([grad_gamma, grad_beta])
@@ -94,7 +97,8 @@ class HeadScreen:
 @torch.no_grad()
 def _basis(hidden, gamma, beta, w, bias, rollout):
     """(A, B, A⊙x̂, B⊙x̂), each (N, T, d) float64: ∂/∂h_t per unit u_ℓ,t (A) and per unit u_H,t (B)."""
-    ids, mask = rollout.completion_ids, rollout.completion_mask
+    run = hidden.shape[1]
+    ids, mask = rollout.completion_ids[:, :run], rollout.completion_mask[:, :run]
     n, t = ids.shape
     temps = rollout.temperatures.to(torch.float32).reshape(-1)
     temps = temps.expand(n) if temps.numel() == 1 else temps

@@ -49,15 +49,25 @@ def token_statistics(model, r, elements: int = 2 ** 25, eos: Optional[int] = Non
     is applied to them)."""
     head = model.get_output_embeddings()
     vocab = int(head.weight.shape[0])
-    rows_per_forward = max(1, elements // max(1, r.completion_ids.shape[1] * vocab))
+    if hidden is not None and hidden.shape[1] < r.completion_ids.shape[1] and \
+            _earliest_end(r.completion_ids, r.completion_mask, eos) > hidden.shape[1]:
+        hidden = None           # the minimum-length test reads P(EOS) up to the earliest end: past those columns
+    t = r.completion_ids.shape[1] if hidden is None else hidden.shape[1]
+    rows_per_forward = max(1, elements // max(1, t * vocab))
     parts: dict = {k: [] for k in _PARTS}
     for s in range(0, r.completion_ids.shape[0], rows_per_forward):
         rows = slice(s, s + rows_per_forward)
-        ids, mask = r.completion_ids[rows], r.completion_mask[rows].bool()
+        ids, mask = r.completion_ids[rows, :t], r.completion_mask[rows, :t].bool()
         lp = (_completion_logits(model, r, rows) if hidden is None else head(hidden[rows])).float()
         lp = (lp / r.temperatures[rows].float().to(lp.device)[:, None, None]).log_softmax(-1)
         _add(parts, lp, ids, mask, seen_before(r.prompt_ids[rows], r.prompt_mask[rows].bool(), ids, lp.shape[-1]), eos)
     return {**{k: torch.cat(v) for k, v in parts.items() if v}, "vocab": vocab}
+
+
+def _earliest_end(ids: torch.Tensor, mask: torch.Tensor, eos: Optional[int]) -> int:
+    """The column of the earliest end-of-sequence token in any row's mask (the width where none has one)."""
+    at = ((ids == eos) & mask.bool()).any(0).nonzero() if eos is not None else ids.new_zeros(0)
+    return int(at.min()) if at.numel() else ids.shape[1]
 
 
 def _completion_logits(model, r, rows) -> torch.Tensor:

@@ -167,11 +167,15 @@ def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: to
     its entropy bonus is on — the grad path then holds only gathered logit − logsumexp, not three more
     (n, T, V) tensors.
     Returns (per_token_logps (N, T), per_token_entropy (N, T)), 0 where completion_mask is 0, on the device of
-    `completion_ids` (the forward runs on the model's; a CPU record gets CPU results, the graph kept).
+    `completion_ids` (the forward runs on the model's; a CPU record gets CPU results, the graph kept). The
+    columns after the last one any row's mask holds are not run (`used_columns`).
     """
     if not torch.is_tensor(temperatures) or temperatures.ndim == 0:
         temperatures = torch.full((completion_ids.shape[0],), float(temperatures))     # (N,)
     entropy_grad = with_grad if entropy_grad is None else entropy_grad and with_grad
+    width = completion_ids.shape[1]
+    used = used_columns(completion_mask)     # the columns past every row's last token predict nothing read
+    completion_ids, completion_mask = completion_ids[:, :used], completion_mask[:, :used]
     logps, entropies = [], []
     with torch.set_grad_enabled(with_grad):
         for rows, logits in _iter_tempered_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
@@ -186,7 +190,16 @@ def per_token_logps_and_entropy(model, prompt_ids: torch.Tensor, prompt_mask: to
             logps.append(lp)
             entropies.append(ent)
     mask = completion_mask.to(logps[0].device).bool()                                   # (N, T)
-    return tuple(torch.cat(x).masked_fill(~mask, 0.0).to(completion_ids.device) for x in (logps, entropies))
+    return tuple(torch.nn.functional.pad(torch.cat(x).masked_fill(~mask, 0.0), (0, width - used))
+                 .to(completion_ids.device) for x in (logps, entropies))
+
+
+def used_columns(completion_mask: torch.Tensor) -> int:
+    """How many completion columns a forward must run: through the last one any row's mask holds (at least 1). A
+    loop that pads every completion to max_new_tokens leaves the rest all padding; causal attention makes the
+    earlier positions' values the same without them."""
+    cols = completion_mask.bool().any(0).nonzero()
+    return int(cols.max()) + 1 if cols.numel() else 1
 
 
 def per_token_logps_entropy_full_kl(policy, reference, prompt_ids, prompt_mask, completion_ids, completion_mask,
