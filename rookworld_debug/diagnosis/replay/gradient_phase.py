@@ -63,19 +63,21 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
 
 def unreachable(recorded: dict, jac, u: tuple, dtype: str) -> Optional[PhaseCheck]:
     """gradient_check(recorded, Jᵀu, dtype, …)'s disagreement where the head screen shows it without the backward
-    (terms.TokenJacobian.rules_out), else None. That check agrees only where ‖recorded − s·Jᵀu‖ ≤ tol·‖s·Jᵀu‖ (or
+    (terms.TokenJacobian.screen_gap), else None. That check agrees only where ‖recorded − s·Jᵀu‖ ≤ tol·‖s·Jᵀu‖ (or
     GRAD_ATOL) for s = 1 or a clip's s < 1, and then ‖s·Jᵀu‖ ≤ ‖recorded‖ / (1 − tol): no s in [0, 1] within
     max(tol·‖recorded‖ / (1 − tol), GRAD_ATOL) rules every agreement out."""
     names = [n for n, _ in jac.params if n in recorded]
     tol = tol_for(REL_TOL, dtype)
     norm_rec = math.sqrt(_dot(recorded, recorded, names))
     bound = max(tol * norm_rec / (1.0 - tol), GRAD_ATOL)
-    if not names or not jac.rules_out(recorded, names, *u, bound, scale=(0.0, 1.0)):
+    gap = jac.screen_gap(recorded, names, *u, scale=(0.0, 1.0)) if names else None
+    if gap is None or gap <= bound:
         return None
     return PhaseCheck("gradient", "gradient: ∇θ of the declared loss at the weights before the update (before "
-                      "clipping)", DISAGREE, math.inf, tol, "the final layer norm's gradient alone is farther from "
-                      "the recorded one than any agreement allows (no backward run)", f"‖g‖ = {fmt(norm_rec)}", "",
-                      measure="‖g_recorded − g‖ / ‖g‖")
+                      "clipping)", DISAGREE, gap / norm_rec, tol, "the final layer norm's gradient alone is farther "
+                      "from the recorded one than any agreement allows (no backward run)", f"‖g‖ = {fmt(norm_rec)}",
+                      "", measure="min over s in [0, 1] of ‖g_recorded − s·g‖ / ‖g_recorded‖ on the final layer norm "
+                                  "(a lower bound)")
 
 
 def _parameters_missing(recorded, ours, names, tol: float) -> tuple[str, str]:

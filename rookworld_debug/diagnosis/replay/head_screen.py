@@ -11,7 +11,7 @@ head's weight, τ the row's temperature and m_t the completion mask,
 (ℓ_t = log p_t(y_t) and H_t = −Σ_v p log p, as the loss forward computes them). Both are linear in u: two (N, T, d)
 tensors per channel, computed once, answer every u. A candidate gradient farther than a bound from the recorded one
 on these 2·d coordinates is farther than it on all of them, so a fit that tests "within the bound" skips the
-candidate's backward (`HeadScreen.rules_out`); one it cannot rule out still runs.
+candidate's backward (`TokenJacobian.rules_out`); one it cannot rule out still runs.
 
 Shape legend: N rows, T completion tokens, d width, V vocabulary.
 """
@@ -79,13 +79,6 @@ class HeadScreen:
         sq = float(ours @ ours)
         s = min(max(float(rec @ ours) / sq if sq > 0 else scale[0], scale[0]), scale[1])   # the nearest s allowed
         return float((rec - s * ours).norm()) - SCREEN_RTOL * (float(rec.norm()) + abs(s) * math.sqrt(sq))
-
-    def rules_out(self, recorded: dict, names, u_logps, u_entropy, bound: float, scale: tuple = (1.0, 1.0)
-                  ) -> bool:
-        """Whether no s in [scale] leaves ‖recorded − s·Jᵀu‖ over `names` within `bound` (module doc): the layer
-        norm's part of that distance alone exceeds it."""
-        g = self.gap(recorded, names, u_logps, u_entropy, scale)
-        return g is not None and math.isfinite(bound) and g > bound
 
     def _precomputed(self):
         if self._basis is None:

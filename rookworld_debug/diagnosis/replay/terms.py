@@ -92,7 +92,13 @@ class TokenJacobian:
                   ) -> bool:
         """Whether Jᵀu (times any s in [scale]) cannot be within `bound` of `recorded` over `names`, by the head
         screen alone (head_screen.py): its backward can be skipped. False where this model has no screen."""
-        return self.screen is not None and self.screen.rules_out(recorded, names, u_logps, u_entropy, bound, scale)
+        gap = self.screen_gap(recorded, names, u_logps, u_entropy, scale)
+        return gap is not None and math.isfinite(bound) and gap > bound
+
+    def screen_gap(self, recorded: dict, names, u_logps, u_entropy, scale: tuple = (1.0, 1.0)) -> Optional[float]:
+        """A lower bound of min over s in [scale] of ‖recorded − s·Jᵀu‖ over `names`, without a backward (the head
+        screen's), or None where this model has none."""
+        return None if self.screen is None else self.screen.gap(recorded, names, u_logps, u_entropy, scale)
 
     def _from_span(self, u: torch.Tensor, rtol: float) -> Optional[dict]:
         """Σ a_i·g_i where u = Σ a_i·u_i over the earlier backwards' u (to `rtol`, without cancellation), else None.
