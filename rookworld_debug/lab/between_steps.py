@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from rookworld_debug.lab import faults_fresh as F
+from rookworld_debug.lab import faults_novel as N
 from rookworld_debug.lab.handloop import LoopConfig, _data, _Loop, _optimizer_step, _recorder, _setup, advantages, \
     sample, schedule, token_logps
 
@@ -57,7 +58,19 @@ FRESH_BETWEEN_FAULTS = {
     "sampler_sync_skips_embeddings": ("sampler", "sampler_weights_partly_synced"),   # wte, wpe and the tied head stale
     "optimizer_stepped_again_after_step": ("weights", "update_applied_twice"),   # a second opt.step() on the same grads
 }
-ALL_BETWEEN_FAULTS = {**BETWEEN_FAULTS, **SEALED_BETWEEN_FAULTS, **FRESH_BETWEEN_FAULTS}
+# the consecutive-step part of the fifth held-out set (`--only novel`, with handloop.NOVEL_FAULTS), written and
+# frozen the same way; the source of each is named beside it
+NOVEL_BETWEEN_FAULTS = {
+    # OpenRLHF PR #1348: the weights synced into a sampler engine that holds bfloat16 weights are cast to bf16
+    "sampler_synced_in_bf16": ("sampler", "sampler_precision"),
+    # NVIDIA-NeMo/Megatron-Bridge PR #5680: a resume from a checkpoint without optimizer state materialises a fresh
+    # state with one dummy step (moments zero, step count 1)
+    "optimizer_state_from_empty_checkpoint": ("optimizer", "optimizer_state_reset"),
+    # vLLM issue #11953 (the engine's fixed default seed, which a trainer that re-creates or re-seeds its sampler
+    # each rollout inherits): the sampler's generator seeded again with the same seed before every rollout
+    "sampler_seed_repeated": ("sampler", "sampling_seed_repeated"),
+}
+ALL_BETWEEN_FAULTS = {**BETWEEN_FAULTS, **SEALED_BETWEEN_FAULTS, **FRESH_BETWEEN_FAULTS, **NOVEL_BETWEEN_FAULTS}
 # the loop the faults are written into (a sampler copy, so that a stale one can show); and healthy loops of other
 # shapes: dapo with two optimizer passes per rollout and a schedule (the pair spans a rollout's last pass and the
 # next rollout's first), bnpo over one micro-batch
@@ -103,6 +116,7 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) ->
         src = L.ref if fault == "sampler_synced_from_ref" and step > 1 else L.model
         partial = fault == "sampler_sync_skips_embeddings" and step > 1
         state = F.state_without_embeddings(src.state_dict()) if partial else src.state_dict()
+        state = N.rounded_to_bf16(state) if fault == "sampler_synced_in_bf16" else state
         L.sampler.load_state_dict(state, strict=not partial)
     sampler = L.sampler if L.sampler is not None else L.model
     batch = _batch(c, step)
@@ -144,6 +158,10 @@ def _before_rollout(L: _Loop, c: LoopConfig, step: int, fault: str, start: dict)
         F.betas_reset(L.opt)
     if fault == "optimizer_state_blocks_reversed":
         F.block_states_reversed(L.model, L.opt)
+    if fault == "optimizer_state_from_empty_checkpoint":
+        N.optimizer_state_scaffold(L.opt)
+    if fault == "sampler_seed_repeated":
+        N.reseed(L.gen, c.seed)
 
 
 def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward, start: dict,

@@ -5,7 +5,8 @@ diagnosis by replay on bugs written into a loop, not into the project.
 Its own sampling loop (KV cache, one token per forward, fixed length T with EOS padding), the RookWorld reward
 against the dataset label, TRL's group advantages A = (r − mean_g) / (std_g + 1e-4), the PPO-clip objective with
 the k3 KL, aggregated as TRL's grpo / dapo / bnpo / dr_grpo, micro-batches with gradient accumulation, AdamW with
-grad clip. `FAULTS` maps each fault to the phase it breaks and the cause a diagnosis should name.
+grad clip. Its fault sets (`lab.fault_sets`, re-exported here: `FAULTS`, …, `ALL_FAULTS`) map each fault to the
+phase it breaks and the cause a diagnosis should name.
 """
 from __future__ import annotations
 
@@ -19,162 +20,11 @@ from typing import Optional
 import torch
 
 from rookworld_debug.lab import faults_fresh as F
-
-# fault → (phase it breaks, the finding code that names it; "" = the phase alone: no known mechanism)
-FAULTS = {
-    "rows_prompt_major": ("generation", "rows_not_grouped"),
-    "mask_after_eos": ("generation", "tokens_after_eos_trained"),
-    "mask_drops_eos": ("generation", "eos_not_in_mask"),
-    "reward_shift": ("rewards", "reward_rows_misaligned"),
-    "reward_wrong_labels": ("rewards", "rewards_other_labels"),
-    "adv_no_std": ("advantages", "declaration_mismatch"),        # the loop computes scale_rewards='none'
-    "adv_grouping_stride": ("advantages", "advantage_grouping"),
-    "adv_ddof0": ("advantages", "advantage_std_ddof"),
-    "sampler_no_temperature": ("scoring", "temperature_not_applied"),
-    "logps_no_temperature": ("scoring", "temperature_not_applied"),
-    "logps_no_position_ids": ("scoring", "position_ids_left_pad"),
-    "logps_unshifted": ("scoring", "logits_not_shifted"),
-    "ref_is_policy": ("scoring", "reference_tracks_policy"),
-    "loss_kl_sign": ("loss", "kl_sign_flipped"),
-    "loss_adv_sign": ("loss", "loss_advantage_sign"),
-    "loss_wrong_aggregation": ("loss", "declaration_mismatch"),  # the loop computes another loss_type
-    "accum_no_divide": ("gradient", "gradient_scaled"),
-    "no_zero_grad": ("gradient", "gradient_not_zeroed"),
-    "optimizer_reset": ("update", "optimizer_state_reset"),
-    "no_clip": ("update", "grad_clip_not_applied"),
-    "lr_changed": ("update", "update_scaled"),
-    "no_step": ("update", "optimizer_no_op"),
-}
-# written after an earlier version of the replay's checks was frozen; the generic fits were written after them, so
-# these are no longer held out (the faults in FROZEN_FAULTS are): the cause is the code a fit names, "" where none does
-HELDOUT_FAULTS = {
-    "sampler_top_k": ("scoring", "sampler_logps_after_warping"),   # samples from the top-5 renormalised; records those
-    "completion_texts_rolled": ("generation", "completion_text_misaligned"),   # texts of the next row scored
-    "mask_shifted": ("generation", "generation_shifted"),   # the loss mask shifted one token right
-    "reward_negated": ("rewards", "reward_sign_flipped"),
-    "adv_not_centred": ("advantages", "advantage_not_centered"),
-    "adv_clipped": ("advantages", "advantages_clamped"),    # advantages clipped to ±0.5 (not declared)
-    "ref_refreshed": ("scoring", "reference_tracks_policy"),   # the reference re-copied from the policy each step
-    "scoring_bf16": ("scoring", "declaration_mismatch"),    # the loss forward under bf16 autocast, declared fp32
-    "ratio_inverted": ("loss", "loss_terms"),               # ratio = exp(ℓ_old − ℓ)
-    "entropy_bonus_undeclared": ("loss", "loss_terms"),     # + 0.01 · ℓ per token added to the loss
-    "zero_grad_per_micro_batch": ("gradient", "gradient_micro_batches"),   # only the last micro-batch's survives
-    "grad_doubled_by_hook": ("gradient", "gradient_scaled"),   # a gradient hook that multiplies by 2
-    "weight_decay_changed": ("update", "update_along_weights"),   # weight decay raised after the snapshot
-    "clip_after_step": ("update", "grad_clip_not_applied"),
-    "lr_zero": ("update", "optimizer_no_op"),           # a schedule at 0 for this step
-}
-# faults that only exist in a loop of a given shape (the setting they need)
-SHAPE_FAULTS = {
-    "sampler_not_synced": ("generation", "sampler_weights_stale"),    # the sampler copy is never synced
-    "old_logps_recomputed": ("scoring", "logps_from_other_weights"),  # π_old recomputed on every pass
-}
-# written after the generic fits and the declaration fits were frozen (the commit that froze them is named in
-# docs/DIAGNOSIS.md), scored against them unchanged
-FROZEN_FAULTS = {
-    "reward_scaled_half": ("rewards", "rewards_scaled"),                  # a reward weight of 0.5 left in
-    "reward_clamped": ("rewards", "rewards_clamped"),                     # rewards capped at 0.3
-    "adv_reversed_in_group": ("advantages", "advantages_permuted"),       # right per group, then flipped in it
-    "adv_times_g": ("advantages", "advantages_scaled"),                   # × G (a sum where a mean was meant)
-    "adv_batch_mean": ("advantages", "advantages_affine_per_set"),        # (r − batch mean) / group std
-    "adv_std_floor": ("advantages", "advantages_affine_per_set"),         # ÷ max(std_g, 0.3) instead of std_g + ε
-    "ref_logps_bf16_stored": ("scoring", "scoring_rounded"),              # reference log-probs kept in bf16
-    "sampler_temperature_squared": ("scoring", "scoring_temperature"),    # the sampler divides by T twice
-    "logps_mb_order_reversed": ("scoring", "scoring_permuted"),           # micro-batches' log-probs joined reversed
-    "kl_beta_squared": ("loss", "loss_terms"),                            # β² where β was meant
-    "kl_k1_estimator": ("loss", "declaration_mismatch"),                  # the k1 estimator, k3 declared
-    "pg_no_gradient": ("loss", "loss_terms"),                             # the policy term's ratio detached
-    "scheduler_stepped_early": ("update", "update_scaled"),               # scheduler.step() before optimizer.step()
-    "update_clamped": ("update", "update_clamped"),                       # each weight moves at most 1e-5
-    "grad_value_clipped": ("update", "update_grad_clamped"),              # clip_grad_value_(1e-3) before the step
-}
-# faults whose fitted parameter is a ratio of the step's own counts: the diagnosis must name the counts
-STRUCTURE_FAULTS = {
-    "dapo_tokens_with_truncated": ("loss", "loss_scaled"),     # ÷ tokens counted before truncated rows are masked
-    "dapo_tokens_all_positions": ("loss", "loss_scaled"),      # ÷ N·T: every completion position, padding included
-    "loss_divided_by_g": ("loss", "loss_scaled"),              # an extra ÷ G (a mean over the group's rows)
-    "ratio_against_ref": ("loss", "loss_wiring"),              # ratio = exp(ℓ − ℓ_ref): the reference for π_old
-    "kl_against_old": ("loss", "loss_wiring"),                 # the KL's d = ℓ_old − ℓ: π_old for the reference
-    "loss_uses_rewards": ("loss", "loss_wiring"),              # the rewards passed where the advantages belong
-}
-# written and frozen before the fits of position, precision path, generation and reward memory were written; each is
-# a bug class reported against a public trainer, and its cause is what the mechanism says a diagnosis must name
-SEALED_FAULTS = {
-    "scoring_prompt_right_padded": ("scoring", "scoring_padding_side"),   # the loss forward re-pads prompts right
-    "sampler_no_position_ids": ("scoring", "position_ids_left_pad"),      # the sampler's forwards take no position ids
-    "logsoftmax_bf16": ("scoring", "logsoftmax_not_upcast"),        # bf16 loop: log_softmax of bf16 logits
-    "scoring_fp16": ("scoring", "declaration_mismatch"),            # the loss forward under fp16 autocast, fp32 declared
-    "adv_per_micro_batch": ("advantages", "advantage_grouping"),    # standardised over each micro-batch's rows
-    "adv_std_over_batch": ("advantages", "declaration_mismatch"),   # ÷ the batch's std (scale_rewards='batch')
-    "grpo_length_is_t": ("loss", "declaration_mismatch"),           # per-sequence mean ÷ T, not the row's length
-    "old_logps_from_ref": ("scoring", "logps_from_other_weights"),  # π_old's log-probs taken from the reference
-    "ref_logps_no_temperature": ("scoring", "temperature_not_applied"),   # the reference's logits not ÷ T
-    "clip_per_micro_batch": ("gradient", "gradient_clipped_early"),   # clip_grad_norm_ after each micro-batch
-    "reward_first_per_prompt": ("rewards", "reward_cached"),        # a cache keyed by prompt: each group's first reward
-    "kl_detached": ("loss", "loss_terms"),                          # the KL's ℓ detached: no gradient through it
-}
-# written after the sealed set's fits, from bugs of the same trackers, to probe what its fits generalise to (not
-# held out: the diagnosis was written before them, but by the same hands)
-PROBE_FAULTS = {
-    "kl_k3_reversed": ("loss", "kl_direction_reversed"),   # k3 of d = ℓ − ℓ_ref: the estimator of the other direction
-    "grpo_sum_not_mean": ("loss", "declaration_mismatch"),   # each row's loss summed over its tokens, not averaged
-    "accum_divided_twice": ("gradient", "gradient_scaled"),  # the micro-batch loss ÷ k in the loss and ÷ k again
-    "reward_text_with_prompt": ("rewards", "rewards_other_labels"),   # the reward scores prompt + completion
-    "clip_max_not_min": ("loss", "clip_bound_reversed"),          # −max(r·A, clip(r)·A): the optimistic bound (later pass)
-}
-# a second held-out set: written and frozen in its own commit before any fit for them, scored on its first run
-# (`python -m rookworld_debug.lab.sealed --only blind`); each expectation is what the bug does, whatever the
-# diagnosis had a name for when it was written
-BLIND_FAULTS = {
-    # the micro-batch loss is its own tokens' mean ÷ k (the gradient-accumulation normaliser bug): bnpo's aggregation
-    "accum_token_mean_per_micro_batch": ("loss", "declaration_mismatch"),
-    "old_not_detached": ("loss", "loss_terms"),              # π_old = ℓ not detached: the ratio is 1 with no gradient
-    "kl_mean_over_all_positions": ("loss", "loss_terms"),   # the KL term ÷ N·T positions, the policy term ÷ its tokens
-    "logps_tempered_after_log_softmax": ("scoring", "temperature_after_log_softmax"),   # log_softmax(z) / T
-    "reward_length_penalty": ("rewards", "reward_length_term"),   # − 0.002 per completion token, undeclared
-    "clip_grad_norm_per_parameter": ("update", "update_clip_per_parameter"),   # each tensor clipped to the max norm
-    "sampler_synced_before_step": ("generation", "sampler_weights_stale"),   # the copy synced before opt.step()
-}
-# a third held-out set, written and frozen the same way (`--only unseen`): bug classes of public trackers that no
-# earlier set had, each with what the bug does
-UNSEEN_FAULTS = {
-    "ref_in_train_mode": ("scoring", "dropout_active"),            # the reference scored with its dropout on
-    "sampler_top_p_unrecorded": ("generation", "sampler_distribution_changed"),   # nucleus 0.9, unwarped log-probs kept
-    "ref_logps_unshifted": ("scoring", "logits_not_shifted"),      # only the reference's logits taken unshifted
-    "kl_summed_per_row": ("loss", "loss_terms"),                   # the KL summed over each row, the PG its row mean
-    "adv_first_rows_each_micro_batch": ("loss", "loss_wiring"),    # every micro-batch takes adv[:n_mb], not adv[rows]
-    "texts_with_special_tokens": ("generation", "completion_text_misaligned"),   # decoded keeping <|endoftext|>
-    "last_micro_batch_no_backward": ("gradient", "gradient_micro_batches"),   # the last micro-batch's backward skipped
-    "ref_mixup_each_step": ("scoring", "reference_tracks_policy"),  # ref ← 0.4·ref + 0.6·policy before each rollout
-    "adv_whitened_again": ("advantages", "advantages_scaled"),     # group advantages whitened again over the batch
-}
-# a fourth held-out set, written and frozen the same way (`--only fresh`, with the consecutive-step faults of
-# between_steps.FRESH_BETWEEN_FAULTS): bug classes of public trackers that no earlier set had, each with what it does
-FRESH_FAULTS = {
-    "sampler_one_seed_every_row": ("generation", "sampling_draws_shared"),   # one uniform per position for all rows
-    "logps_no_attention_mask": ("scoring", "attention_mask_not_applied"),    # the loss forward attends to the pads
-    "logps_padded_vocab": ("scoring", "logsoftmax_over_padded_vocab"),       # log_softmax over 63 zero-logit pad rows
-    "kl_penalty_in_reward": ("rewards", "kl_in_reward"),          # r − β·Σ(ℓ_sampler − ℓ_ref), the KL in the loss too
-    "ratio_bf16": ("loss", "ratio_low_precision"),                # exp(ℓ − ℓ_old) taken in bf16 (later pass)
-    "ratio_clipped_in_log_space": ("loss", "clip_range_log_scale"),   # exp(clamp(ℓ − ℓ_old, ±ε)) for clamp(r, 1 ± ε)
-    "dual_clip_every_sign": ("loss", "dual_clip_positive_advantages"),   # min(pg, −3·A) on A > 0 tokens too
-    "adv_discounted_per_token": ("loss", "advantage_discounted_per_token"),   # A·0.99^(L − 1 − t) per token
-    "checkpointing_blocks_no_grad": ("gradient", "gradient_parameters_missing"),   # only ln_f and the head get grads
-    "optimizer_without_vectors": ("update", "parameters_not_in_optimizer"),   # biases and LayerNorms never stepped
-    "clip_norm_of_first_shard": ("update", "grad_norm_of_shard"),  # the clip's norm over half the parameters only
-}
-BLIND_SETTINGS = {"accum_token_mean_per_micro_batch": {"loss_type": "dapo"},
-                  "kl_mean_over_all_positions": {"loss_type": "dapo"},
-                  "clip_grad_norm_per_parameter": {"max_grad_norm": 0.01},
-                  "sampler_synced_before_step": {"separate_sampler": True, "steps": 3}}
-# the setting each needs to change the step at all
-SEALED_SETTINGS = {"logsoftmax_bf16": {"autocast": "bfloat16"}, "adv_per_micro_batch": {"micro_batches": 4},
-                   "old_logps_from_ref": {"num_iterations": 2}, "clip_per_micro_batch": {"max_grad_norm": 1e-3}}
-PROBE_SETTINGS = {"clip_max_not_min": {"num_iterations": 2, "lr": 1e-3}}
-FRESH_SETTINGS = {"ratio_bf16": {"num_iterations": 2}, "ratio_clipped_in_log_space": {"num_iterations": 2, "lr": 1e-3},
-                  "clip_norm_of_first_shard": {"max_grad_norm": 0.01}}
-ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS,
-              **PROBE_FAULTS, **BLIND_FAULTS, **UNSEEN_FAULTS, **FRESH_FAULTS}
+from rookworld_debug.lab import faults_novel as N
+from rookworld_debug.lab.fault_sets import (  # noqa: F401  (re-exported: the loop's fault sets, as before)
+    ALL_FAULTS, BLIND_FAULTS, BLIND_SETTINGS, FAULTS, FRESH_FAULTS, FRESH_SETTINGS, FROZEN_FAULTS, HELDOUT_FAULTS,
+    NOVEL_FAULTS, NOVEL_SETTINGS, PROBE_FAULTS, PROBE_SETTINGS, SEALED_FAULTS, SEALED_SETTINGS, SHAPE_FAULTS,
+    STRUCTURE_FAULTS, UNSEEN_FAULTS)
 
 
 @dataclass(frozen=True)
@@ -277,6 +127,7 @@ def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, f
         prompt_ids, prompt_mask = prompt_ids.gather(1, order), prompt_mask.gather(1, order)
     full, attn = torch.cat([prompt_ids, ids], 1), torch.cat([prompt_mask, mask], 1)
     kw = {} if fault == "logps_no_position_ids" else {"position_ids": _positions(attn)}
+    kw = {"position_ids": N.positions_from_one(attn)} if fault == "position_ids_from_one" else kw
     # the fault's own autocast only: an inner autocast(enabled=False) would switch off the loop's (c.autocast)
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if fault == "scoring_bf16" else \
         torch.autocast("cpu", dtype=torch.float16) if fault == "scoring_fp16" else \
@@ -286,6 +137,8 @@ def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, f
     p = prompt_ids.shape[1]
     at = logits[:, p:p + ids.shape[1]] if fault == "logps_unshifted" else logits[:, p - 1:-1]
     t = 1.0 if fault == "logps_no_temperature" else temperature
+    if fault == "logps_labels_shifted_left":
+        return N.logps_of_next_tokens(logits, p, ids, t, mask, model.config.eos_token_id)
     at = at.to(torch.bfloat16) if fault == "logsoftmax_bf16" else at.float()
     at = F.padded_vocab(at) if fault == "logps_padded_vocab" else at
     if fault == "logps_tempered_after_log_softmax":
@@ -294,6 +147,8 @@ def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, f
 
 
 def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
+    if fault == "adv_whole_batch_one_group":
+        return N.one_group_advantages(r)
     b = r.numel() // g
     grouped = r.view(g, b).T if fault == "adv_grouping_stride" else r.view(b, g)
     centred = grouped - grouped.mean(1, keepdim=True)
@@ -327,6 +182,7 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
     r_pg = ratio.detach() if fault == "pg_no_gradient" else ratio
     bound = torch.max if fault == "clip_max_not_min" else torch.min
     clipped = F.ratio_clipped_in_log_space(logps, old, c.epsilon) if fault == "ratio_clipped_in_log_space" else \
+        N.clip_lower_bound_at_epsilon(r_pg, c.epsilon) if fault == "clip_lower_bound_epsilon" else \
         r_pg.clamp(1 - c.epsilon, 1 + c.epsilon)
     pg = -bound(r_pg * a, clipped * a)
     pg = F.dual_clip_every_sign(pg, a) if fault == "dual_clip_every_sign" else pg
@@ -433,7 +289,10 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         rows_p, rows_l = [p for p in prompts for _ in range(g)], [x for x in labels for _ in range(g)]
     eos = L.tok.eos_token_id
     with torch.no_grad(), _autocast(c):
-        ids, mask, s_logps = sample(sampler, p_ids, p_mask, c.max_new_tokens, c.temperature, eos, L.gen, fault)
+        s_ids, s_mask = N.with_extra_bos(p_ids, p_mask, L.tok.bos_token_id, L.tok.pad_token_id) \
+            if fault == "sampler_prompt_extra_bos" else (p_ids, p_mask)
+        ids, mask, s_logps = sample(sampler, s_ids, s_mask, c.max_new_tokens, c.temperature, eos, L.gen, fault)
+        ids = N.force_eos_on_truncated(ids, eos) if fault == "eos_forced_on_truncated" else ids
         raw_mask = mask
         if c.mask_truncated:                        # TRL's mask_truncated_completions: no EOS, no loss
             mask = mask * (ids == eos).any(1, keepdim=True).long()
@@ -445,6 +304,7 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         use_labels = rows_l[g:] + rows_l[:g] if fault == "reward_wrong_labels" else rows_l
         scored = [p + t for p, t in zip(rows_p, texts)] if fault == "reward_text_with_prompt" else texts
         cols = [f(prompts=rows_p, completions=scored, label=use_labels) for f in rookworld_reward_funcs("dataset")]
+        cols = [N.one_value_per_batch(col) for col in cols] if fault == "reward_single_value_broadcast" else cols
         r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
         r = torch.roll(r, 1) if fault == "reward_shift" else -r if fault == "reward_negated" else r
         r = r * 0.5 if fault == "reward_scaled_half" else r.clamp(max=0.3) if fault == "reward_clamped" else r
@@ -509,6 +369,7 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         opt.zero_grad()
     ids, mask = ro["ids"], ro["mask"]
     total, lp_rows, old_rows, n, tokens = 0.0, [], [], ids.shape[0], _tokens(ro, fault)
+    running = None                                    # the running loss total (backward_on_running_loss)
     for rows in torch.arange(n).chunk(c.micro_batches):
         if fault == "zero_grad_per_micro_batch":
             opt.zero_grad()
@@ -524,8 +385,12 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
         loss = loss / c.num_generations if fault == "loss_divided_by_g" else loss
         scale = c.micro_batches if fault == "accum_no_divide" else 1 / c.micro_batches \
             if fault == "accum_divided_twice" else 1
-        if fault != "last_micro_batch_no_backward" or rows[-1] < n - 1:
+        if fault == "backward_on_running_loss":
+            running = N.backward_running_total(running, loss * scale)
+        elif fault != "last_micro_batch_no_backward" or rows[-1] < n - 1:
             (loss * scale).backward()
+        if fault == "optimizer_step_per_micro_batch" and rows[-1] < n - 1:    # the last one steps below, as usual
+            N.step_inside_micro_batch_loop(model, opt, c.max_grad_norm)
         if fault == "clip_per_micro_batch":
             torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
         total += float(loss.detach())

@@ -15,12 +15,16 @@ Writes out/results.jsonl (a row per case, as each finishes) and out/table.md.
 
     python -m rookworld_debug.lab.sealed --out reports/fresh --only fresh     # a fourth
 
+    python -m rookworld_debug.lab.sealed --out reports/novel --only novel     # a fifth
+
 `--only blind` runs seven more bug classes written and frozen (in a commit of their own) before any fit for them, with
 one healthy control; `--only unseen` nine more, frozen the same way; `--only fresh` sixteen more, frozen the same way:
 eleven in one step of the hand-written loop and five between its consecutive steps, with one healthy control of each
-kind. `--only probe` runs what was written after the set's fits, from the same trackers (not held out): five more faults
-of the hand-written loop, and healthy loops of shapes that real trainers have (AdamW's two parameter groups, frozen
-embeddings, a gradient handed over after the clip, numbers left at their defaults), none of which may get an error.
+kind; `--only novel` twelve more, frozen the same way: nine in one step and three between consecutive steps, with one
+healthy control of each kind. `--only probe` runs what was written after the set's fits, from the same trackers (not
+held out): five more faults of the hand-written loop, and healthy loops of shapes that real trainers have (AdamW's two
+parameter groups, frozen embeddings, a gradient handed over after the clip, numbers left at their defaults), none of
+which may get an error.
 """
 from __future__ import annotations
 
@@ -76,6 +80,19 @@ def fresh_rows(faults=None):
         yield from _loop_rows("fresh", one, FRESH_FAULTS, FRESH_SETTINGS, HEALTHY_SINGLE[:1])
     if two is None or two:
         yield from between_rows(two, FRESH_BETWEEN_FAULTS, "fresh between steps")
+
+
+def novel_rows(faults=None):
+    """The fifth held-out set, run as fresh_rows runs the fourth: its one-step faults, then its consecutive-step
+    faults (each part with its healthy control when the whole set runs)."""
+    from rookworld_debug.lab.between_steps import NOVEL_BETWEEN_FAULTS
+    from rookworld_debug.lab.handloop import NOVEL_FAULTS, NOVEL_SETTINGS
+    one = None if faults is None else [f for f in faults if f in NOVEL_FAULTS]
+    two = None if faults is None else [f for f in faults if f in NOVEL_BETWEEN_FAULTS]
+    if one is None or one:
+        yield from _loop_rows("novel", one, NOVEL_FAULTS, NOVEL_SETTINGS, HEALTHY_SINGLE[:1])
+    if two is None or two:
+        yield from between_rows(two, NOVEL_BETWEEN_FAULTS, "novel between steps")
 
 
 def probe_rows(faults=None):
@@ -144,7 +161,7 @@ def table(rows: list) -> str:
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
     sets = {str(r.get("set") or "").partition(" ")[0] for r in rows}   # probe: written after the fits, not sealed
-    kind = " and ".join(sorted(sets)).capitalize() if sets and sets <= {"probe", "blind", "unseen", "fresh"} \
+    kind = " and ".join(sorted(sets)).capitalize() if sets and sets <= {"probe", "blind", "unseen", "fresh", "novel"} \
         else "Sealed"
     lines = [f"{kind} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
@@ -165,7 +182,7 @@ def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rookworld_debug.lab.sealed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/sealed", help="folder for results.jsonl and table.md")
-    ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind", "unseen", "fresh"),
+    ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind", "unseen", "fresh", "novel"),
                     action="append",
                     help="only these parts (repeatable); default: the three sealed ones")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable; no healthy controls)")
@@ -173,7 +190,7 @@ def main(argv: Optional[list] = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     parts = {"single": single_rows, "between": between_rows, "trl": trl_rows, "probe": probe_rows,
-             "blind": blind_rows, "unseen": unseen_rows, "fresh": fresh_rows}
+             "blind": blind_rows, "unseen": unseen_rows, "fresh": fresh_rows, "novel": novel_rows}
     rows = []
     with open(out / "results.jsonl", "a") as fh:
         for name in a.only or ["single", "between", "trl"]:
@@ -192,12 +209,14 @@ def _subset(part: str, names: Optional[list]):
     """The faults of `part` among `names` (None: all of them, with the healthy controls)."""
     if names is None:
         return None
-    from rookworld_debug.lab.between_steps import FRESH_BETWEEN_FAULTS, SEALED_BETWEEN_FAULTS
+    from rookworld_debug.lab.between_steps import FRESH_BETWEEN_FAULTS, NOVEL_BETWEEN_FAULTS, SEALED_BETWEEN_FAULTS
     from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS
-    from rookworld_debug.lab.handloop import BLIND_FAULTS, FRESH_FAULTS, PROBE_FAULTS, SEALED_FAULTS, UNSEEN_FAULTS
+    from rookworld_debug.lab.handloop import BLIND_FAULTS, FRESH_FAULTS, NOVEL_FAULTS, PROBE_FAULTS, SEALED_FAULTS, \
+        UNSEEN_FAULTS
     known = {"single": SEALED_FAULTS, "between": SEALED_BETWEEN_FAULTS,
              "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS, "blind": BLIND_FAULTS,
-             "unseen": UNSEEN_FAULTS, "fresh": {**FRESH_FAULTS, **FRESH_BETWEEN_FAULTS}}[part]
+             "unseen": UNSEEN_FAULTS, "fresh": {**FRESH_FAULTS, **FRESH_BETWEEN_FAULTS},
+             "novel": {**NOVEL_FAULTS, **NOVEL_BETWEEN_FAULTS}}[part]
     return [n for n in names if n in known]
 
 
