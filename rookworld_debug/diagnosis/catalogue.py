@@ -93,6 +93,11 @@ TITLES = {
     "gradient_parameters_missing": "backward never reached some parameters",
     "parameters_not_in_optimizer": "parameters with a gradient left out of the optimizer",
     "advantage_discounted_per_token": "each token's advantage discounted by its distance to the end",
+    "position_ids_offset": "position ids counted from 1, not 0",
+    "prompt_tokens_differ": "the forward saw a BOS before each prompt that the recorded ids lack",
+    "clip_range_lower_bound": "the ratio's lower clip bound at ε, not 1 − ε",
+    "eos_forced_on_truncated": "EOS written over the last token of truncated completions",
+    "completion_ids_rewritten": "completion ids changed after sampling",
     # what a replay of two consecutive steps finds between them (diagnosis/replay/consecutive.py)
     "policy_reset": "the policy's update did not carry over to the next step",
     "update_applied_twice": "the optimizer stepped twice on one gradient",

@@ -267,7 +267,28 @@ def _step_findings(trace, folder, replay: bool) -> tuple[list, object]:
     found = _guarded(run_replay, trace)
     rep = got[0] if got else None
     checked = rep.trace if rep is not None and rep.trace is not None else trace
-    return diagnose_trace(checked) + found, rep
+    return _unrefuted(diagnose_trace(checked), rep) + found, rep
+
+
+# signature checks (read from the recorded numbers, without the weights) whose mistake the replay recomputes on the
+# weights as a scoring variant: where it scored both log-prob tensors and that mistake reproduced neither, the
+# signature's pattern has another cause (another bug that hits the same rows)
+REPLAYED_SIGNATURES = frozenset({"position_ids_left_pad", "temperature_not_applied"})
+SCORED = ("per_token_logps", "sampling_per_token_logps")
+
+
+def _unrefuted(found: list, rep) -> list:
+    """`found` with each signature finding the replay refuted made an info line that says so."""
+    from dataclasses import replace
+    scored = {c.quantity.split(" ")[0] for c in getattr(rep, "checks", ()) if c.status in ("agree", "disagree")}
+    if not set(SCORED) <= scored:
+        return found
+    named = {c.cause for c in rep.checks}
+    return [replace(f, severity="info", score=0.0,
+                    cause="Not borne out by the replay: the log-probs recomputed on the recorded weights with this "
+                          "mistake reproduce neither the loss forward's nor the sampler's recorded ones, so the "
+                          f"pattern has another cause. The pattern: {f.cause}")
+            if f.code in REPLAYED_SIGNATURES and f.code not in named else f for f in found]
 
 
 def refused_step(err) -> Finding:

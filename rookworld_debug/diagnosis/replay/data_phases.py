@@ -477,7 +477,8 @@ DUAL_CLIP_C = 3.0
 
 def ratio_variants(trace, ob, lp, old, ref, adv) -> dict:
     """{code: (the loss total, the sentence)} of the importance ratio computed otherwise than declared: in bfloat16
-    or float16, clipped in log space, or cut by a dual clip applied to every advantage's sign. Only for the
+    or float16, clipped in log space or at ε below (not 1 − ε), or cut by a dual clip applied to every advantage's
+    sign. Only for the
     token-level clipped families (the ratio's precision and its clip range only with a recorded π_old: on a first
     pass r = 1)."""
     if not _per_token_clipped(ob):
@@ -507,6 +508,11 @@ def ratio_variants(trace, ob, lp, old, ref, adv) -> dict:
         lambda: float(loss_total(trace, log_range, lp, old, ref, adv)),
         f"the ratio is clipped in log space, exp(clamp(ℓ − ℓ_old, −ε, ε)): the range [e^−ε, e^ε] = "
         f"[{math.exp(-lo):.4g}, {math.exp(hi):.4g}] where the declared [1 − ε, 1 + ε] = [{1 - lo:.4g}, {1 + hi:.4g}]")
+    if 0.0 < lo < 0.5:                          # ε and 1 − ε apart: the two lower bounds clip different ratios
+        out["clip_range_lower_bound"] = (
+            lambda: float(loss_total(trace, ob.replace(epsilon_low=1.0 - lo), lp, old, ref, adv)),
+            f"the ratio's lower clip bound is ε = {lo:g}, not 1 − ε = {1 - lo:g}: clamp(r, ε, 1 + ε), so a ratio that "
+            f"fell below {1 - lo:g} (a token the update already made less likely) is not clipped")
     return out
 
 

@@ -18,6 +18,7 @@ from .dropout_noise import dropout_noise
 from .fits import value_fits
 from .precision_paths import logsoftmax_path
 from .records import AGREE, PhaseCheck
+from .rewritten_ids import rewritten_ids
 
 ROWS_PER_FORWARD = 16
 
@@ -57,12 +58,13 @@ def _hashable(v):
 @torch.no_grad()
 def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, unshifted=False,
                    warp=None, temperature: Optional[float] = None, other_side=False, no_mask=False,
-                   pad_logits: int = 0) -> torch.Tensor:
+                   pad_logits: int = 0, position_offset: int = 0, prefix: Optional[int] = None) -> torch.Tensor:
     """(N, T) log-probs of the sampled ids under a common scoring mistake: logits not divided by the temperature,
     position ids that count the left padding, logits not shifted by one (position t scoring token t), the
     prompts padded on the other side (`other_side`: the completion follows the pads, so a short prompt's first
     completion token is predicted from a pad position), no attention mask (`no_mask`: every position attends to
-    the pads), or `pad_logits` more entries of logit 0 in the log-softmax (a vocabulary padded to a multiple)."""
+    the pads), `pad_logits` more entries of logit 0 in the log-softmax (a vocabulary padded to a multiple), position
+    ids `position_offset` later, or one more token `prefix` before every prompt (attended: a BOS the ids lack)."""
     out = []
     for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD):
         rows = slice(s, s + ROWS_PER_FORWARD)
@@ -71,10 +73,13 @@ def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, un
         if other_side:                      # the real tokens moved to the other end, their order kept
             order = torch.argsort(p_mask if bool(p_mask[:, 0].eq(1).all()) else 1 - p_mask, dim=1, stable=True)
             p_ids, p_mask = p_ids.gather(1, order), p_mask.gather(1, order)
+        if prefix is not None:              # at column 0: the pads between it and the prompt are not attended
+            p_ids = torch.cat([p_ids.new_full((p_ids.shape[0], 1), prefix), p_ids], 1)
+            p_mask = torch.cat([p_mask.new_ones((p_mask.shape[0], 1)), p_mask], 1)
         full, attn = torch.cat([p_ids, ids], 1), torch.cat([p_mask, mask], 1)
-        kw = {} if plain_positions else {"position_ids": (attn.cumsum(1) - 1).clamp(min=0)}
+        kw = {} if plain_positions else {"position_ids": (attn.cumsum(1) - 1).clamp(min=0) + position_offset}
         logits = model(input_ids=full, attention_mask=None if no_mask else attn, **kw).logits.float()  # (n, P+T, V)
-        p, t = r.prompt_ids.shape[1], ids.shape[1]
+        p, t = p_ids.shape[1], ids.shape[1]
         at = logits[:, p:p + t] if unshifted else logits[:, p - 1:p + t - 1]             # (n, T, V)
         temps = torch.ones(ids.shape[0]) if temperature_one else r.temperatures[rows].float() \
             if temperature is None else torch.full((ids.shape[0],), float(temperature))
@@ -138,6 +143,9 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
                     mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
+        if key == "sampler" and c.status == DISAGREE and not c.cause:     # the ids it drew, rewritten after
+            c = rewritten_ids(c, rec, logps(model), mask, lambda: _variant_logps_raw(model, r), r, c.tolerance,
+                              eos)
         if key == "policy" and (trace.recorded is not None or trace.capture is not None):   # another's code:
             c = logsoftmax_path(c, rec, mask * step_rows(trace)[:, None], model, r, dtype)  # which path made it
         c = _dropout(c, trace) if key == "policy" else c
@@ -281,6 +289,16 @@ def _scoring_variants(trace, policy) -> dict:
     return variants
 
 
+def _bos_id(model) -> Optional[int]:
+    """The model's BOS token id from the config it was built from (GPT-2's is its <|endoftext|>), or None."""
+    config = getattr(model, "source", None) or {}
+    bos = config.get("bos_token_id") if isinstance(config, dict) else None
+    if bos is None:
+        bos = getattr(getattr(model, "config", None), "bos_token_id", None)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    return int(bos) if isinstance(bos, int) and 0 <= bos < vocab else None
+
+
 def forward_variants(trace, model) -> dict:
     """What a teacher-forced forward of `model` gives under each common scoring mistake, each computed when tried."""
     r = trace.rollout
@@ -297,7 +315,16 @@ def forward_variants(trace, model) -> dict:
         "logits_not_shifted": (lambda: _variant_logps(model, r, unshifted=True),
                                "position t's logits scored token t (no shift by one): the log-probs are of the "
                                "next token"),
+        "position_ids_offset": (lambda: _variant_logps(model, r, position_offset=1),
+                                "the position ids count from 1, not 0 (cumsum(attention_mask) without the − 1): "
+                                "every token is scored one position later than it was sampled at"),
     }
+    bos = _bos_id(model)
+    if bos is not None:
+        variants["prompt_tokens_differ"] = (
+            lambda: _variant_logps(model, r, prefix=bos), f"the forward saw one more token, BOS (id {bos}), before "
+            "every prompt: the prompt was tokenized again with the tokenizer's BOS, which the recorded prompt ids "
+            "lack, so every log-prob is conditioned on another context")
     vocab = int(model.get_output_embeddings().weight.shape[0])
     for m in VOCAB_MULTIPLES:
         k = -vocab % m
