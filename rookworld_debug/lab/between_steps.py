@@ -61,12 +61,12 @@ FRESH_BETWEEN_FAULTS = {
 # the consecutive-step part of the fifth held-out set (`--only novel`, with handloop.NOVEL_FAULTS), written and
 # frozen the same way; the source of each is named beside it
 NOVEL_BETWEEN_FAULTS = {
-    # OpenRLHF PR #1348: the weights synced into a sampler engine that holds bfloat16 weights are cast to bf16
+    # OpenRLHF pull request: the weights synced into a sampler engine that holds bfloat16 weights are cast to bf16
     "sampler_synced_in_bf16": ("sampler", "sampler_precision"),
-    # NVIDIA-NeMo/Megatron-Bridge PR #5680: a resume from a checkpoint without optimizer state materialises a fresh
+    # NVIDIA-NeMo/Megatron-Bridge pull request: a resume from a checkpoint without optimizer state materialises a fresh
     # state with one dummy step (moments zero, step count 1)
     "optimizer_state_from_empty_checkpoint": ("optimizer", "optimizer_state_reset"),
-    # vLLM issue #11953 (the engine's fixed default seed, which a trainer that re-creates or re-seeds its sampler
+    # vLLM issue (the engine's fixed default seed, which a trainer that re-creates or re-seeds its sampler
     # each rollout inherits): the sampler's generator seeded again with the same seed before every rollout
     "sampler_seed_repeated": ("sampler", "sampling_seed_repeated"),
 }

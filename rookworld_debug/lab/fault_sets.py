@@ -161,23 +161,23 @@ FRESH_SETTINGS = {"ratio_bf16": {"num_iterations": 2}, "ratio_clipped_in_log_spa
 # between_steps.NOVEL_BETWEEN_FAULTS): bug classes of public trackers that no earlier set had, each expectation what
 # the bug does; the source of each is named beside it
 NOVEL_FAULTS = {
-    # OpenRLHF issue #238: a completion cut at the budget gets its last sampled token overwritten with EOS
+    # OpenRLHF issue: a completion cut at the budget gets its last sampled token overwritten with EOS
     "eos_forced_on_truncated": ("generation", "eos_forced_on_truncated"),
-    # TRL's GRPOTrainer issue #6533: a reward function returning one value is broadcast to every completion
+    # TRL's GRPOTrainer issue: a reward function returning one value is broadcast to every completion
     "reward_single_value_broadcast": ("rewards", "reward_ignores_completion"),
-    # THUDM/slime PR #1918: rewards reshaped into one global group, standardised over the whole batch
+    # THUDM/slime pull request: rewards reshaped into one global group, standardised over the whole batch
     "adv_whole_batch_one_group": ("advantages", "advantage_grouping"),
-    # TRL's GRPOTrainer issue #3853: the sampler's prompt carries a second BOS the trainer's prompt ids lack
+    # TRL's GRPOTrainer issue: the sampler's prompt carries a second BOS the trainer's prompt ids lack
     "sampler_prompt_extra_bos": ("scoring", "sampler_prompt_differs"),
-    # prime-rl PR #1545 (review): position ids counted from 1 in the loss forward
+    # prime-rl pull request (review): position ids counted from 1 in the loss forward
     "position_ids_from_one": ("scoring", "position_ids_offset"),
-    # prime-rl PR #1525 (review): labels shifted left on unshifted logits, ℓ_t is the next token's log-prob
+    # prime-rl pull request (review): labels shifted left on unshifted logits, ℓ_t is the next token's log-prob
     "logps_labels_shifted_left": ("scoring", "scoring_shifted"),
-    # ChenmienTan/RL2 PR #21: the ratio clipped to [ε, 1 + ε] where [1 − ε, 1 + ε] was meant (later pass)
+    # ChenmienTan/RL2 pull request: the ratio clipped to [ε, 1 + ε] where [1 − ε, 1 + ε] was meant (later pass)
     "clip_lower_bound_epsilon": ("loss", "clip_range_lower_bound"),
-    # TRL issue #130 (a retain_graph=True workaround): a running loss total backpropagated after each micro-batch
+    # TRL issue (a retain_graph=True workaround): a running loss total backpropagated after each micro-batch
     "backward_on_running_loss": ("gradient", "gradient_micro_batches"),
-    # TRL's AlignProp trainer issue #2618: optimizer.step() inside the micro-batch loop (later micro-batches are
+    # TRL's AlignProp trainer issue: optimizer.step() inside the micro-batch loop (later micro-batches are
     # scored at weights an earlier micro-batch's step already moved)
     "optimizer_step_per_micro_batch": ("scoring", "optimizer_stepped_per_micro_batch"),
 }
