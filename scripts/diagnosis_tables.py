@@ -64,6 +64,12 @@ SOURCES = (
      "clip_norm_of_first_shard` on commit 4cebf05 (the shard's norm), its row in place of the first. The scheduler "
      "skipped after the run's first step is a warning, which the table does not count: at that step a schedule "
      "stepped per epoch leaves the same counts"),
+    ("A fifth held-out set: its first run", "novel-first-run-20261130.jsonl", "sealed",
+     f"2-core CPU shared with a clean-clone test run, 2026-11-30, `{SEALED} --only novel` on commit 12d4925 (the "
+     "commit that froze the twelve faults — nine in one step of the hand-written loop, three between its "
+     "consecutive steps — with their expected causes, written from each bug's mechanism by a hand that had not run "
+     "the diagnosis on them; no fit for them existed). Six of the twelve expected codes were names the diagnosis "
+     "did not have; a cause counts as named only by its code"),
     ("The earlier held-out sets and the probes on the fourth set's code (not held out)",
      "unseen-blind-probe-fresh-after-fixes-20261130.jsonl", "sealed",
      f"2-core CPU, 2026-11-30, `{SEALED} --only fresh --only unseen --only blind --only probe` on commit 85ed616 "
