@@ -74,25 +74,24 @@ def fresh_rows(faults=None):
     between_rows runs the sealed ones (each part with its healthy control when the whole set runs)."""
     from rookworld_debug.lab.between_steps import FRESH_BETWEEN_FAULTS
     from rookworld_debug.lab.handloop import FRESH_FAULTS, FRESH_SETTINGS
-    one = None if faults is None else [f for f in faults if f in FRESH_FAULTS]
-    two = None if faults is None else [f for f in faults if f in FRESH_BETWEEN_FAULTS]
-    if one is None or one:
-        yield from _loop_rows("fresh", one, FRESH_FAULTS, FRESH_SETTINGS, HEALTHY_SINGLE[:1])
-    if two is None or two:
-        yield from between_rows(two, FRESH_BETWEEN_FAULTS, "fresh between steps")
+    return _two_part_rows("fresh", faults, FRESH_FAULTS, FRESH_SETTINGS, FRESH_BETWEEN_FAULTS)
 
 
 def novel_rows(faults=None):
-    """The fifth held-out set, run as fresh_rows runs the fourth: its one-step faults, then its consecutive-step
-    faults (each part with its healthy control when the whole set runs)."""
+    """The fifth held-out set, run as fresh_rows runs the fourth."""
     from rookworld_debug.lab.between_steps import NOVEL_BETWEEN_FAULTS
     from rookworld_debug.lab.handloop import NOVEL_FAULTS, NOVEL_SETTINGS
-    one = None if faults is None else [f for f in faults if f in NOVEL_FAULTS]
-    two = None if faults is None else [f for f in faults if f in NOVEL_BETWEEN_FAULTS]
+    return _two_part_rows("novel", faults, NOVEL_FAULTS, NOVEL_SETTINGS, NOVEL_BETWEEN_FAULTS)
+
+
+def _two_part_rows(name: str, faults, single: dict, settings: dict, between: dict):
+    """A set's one-step faults, then its consecutive-step faults (`faults`: only these, no controls)."""
+    one = None if faults is None else [f for f in faults if f in single]
+    two = None if faults is None else [f for f in faults if f in between]
     if one is None or one:
-        yield from _loop_rows("novel", one, NOVEL_FAULTS, NOVEL_SETTINGS, HEALTHY_SINGLE[:1])
+        yield from _loop_rows(name, one, single, settings, HEALTHY_SINGLE[:1])
     if two is None or two:
-        yield from between_rows(two, NOVEL_BETWEEN_FAULTS, "novel between steps")
+        yield from between_rows(two, between, f"{name} between steps")
 
 
 def probe_rows(faults=None):
