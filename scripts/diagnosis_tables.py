@@ -70,6 +70,13 @@ SOURCES = (
      "consecutive steps — with their expected causes, written from each bug's mechanism by a hand that had not run "
      "the diagnosis on them; no fit for them existed). Six of the twelve expected codes were names the diagnosis "
      "did not have; a cause counts as named only by its code"),
+    ("The fifth held-out set after its fixes, with the fourth on the same code (not held out)",
+     "novel-fresh-after-fixes-20261130.jsonl", "sealed",
+     f"2-core CPU, 2026-11-30, `{SEALED} --only novel --only fresh` on commit 3abfe77 (the fits written after "
+     "the fifth set's first run: ids rewritten after sampling read from the sampler's log-probs, position ids from "
+     "1, a BOS before every prompt, the ratio's lower clip bound at ε, and signature checks the replay refuted made "
+     "info lines). The extra BOS is named `prompt_tokens_differ`, one code for whichever forward saw it, where the "
+     "frozen expectation says `sampler_prompt_differs`: counted as a miss"),
     ("The earlier held-out sets and the probes on the fourth set's code (not held out)",
      "unseen-blind-probe-fresh-after-fixes-20261130.jsonl", "sealed",
      f"2-core CPU, 2026-11-30, `{SEALED} --only fresh --only unseen --only blind --only probe` on commit 85ed616 "
