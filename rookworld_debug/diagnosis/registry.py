@@ -274,13 +274,14 @@ def _step_findings(trace, folder, replay: bool) -> tuple[list, object]:
 # weights as a scoring variant: where it scored both log-prob tensors and that mistake reproduced neither, the
 # signature's pattern has another cause (another bug that hits the same rows)
 REPLAYED_SIGNATURES = frozenset({"position_ids_left_pad", "temperature_not_applied"})
-SCORED = ("per_token_logps", "sampling_per_token_logps")
+SCORED = ("per_token_logps (N, T)", "sampling_per_token_logps (N, T)")
 
 
 def _unrefuted(found: list, rep) -> list:
     """`found` with each signature finding the replay refuted made an info line that says so."""
     from dataclasses import replace
-    scored = {c.quantity.split(" ")[0] for c in getattr(rep, "checks", ()) if c.status in ("agree", "disagree")}
+    from rookworld_debug.diagnosis.replay.declaration import quantity_key
+    scored = {quantity_key(c) for c in getattr(rep, "checks", ()) if c.status in ("agree", "disagree")}
     if not set(SCORED) <= scored:
         return found
     named = {c.cause for c in rep.checks}

@@ -49,7 +49,8 @@ class HeadScreen:
         names = (ids.get(id(ln.weight)), ids.get(id(ln.bias)))
         n, t = rollout.completion_ids.shape
         run = hidden.shape[1]           # the forward ran the columns through the last one a mask holds
-        if not all(x in set(trainable) for x in names) or hidden.shape[0] != n or run > t \
+        trainable = set(trainable)
+        if not all(x in trainable for x in names) or hidden.shape[0] != n or run > t \
                 or bool(rollout.completion_mask[:, run:].any()) or bool((ln.weight == 0).any()) \
                 or hidden.dtype != torch.float32:
             return None                 # x̂ = (h − β) / γ needs γ without zeros; an autocast forward rounds otherwise

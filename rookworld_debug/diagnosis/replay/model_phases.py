@@ -227,15 +227,9 @@ def _temperature_fit(model, r, rec, mask, tol):
 @torch.no_grad()
 def _variant_logps_raw(model, r) -> torch.Tensor:
     """(N, T, V) the fp32 logits that score each completion token (position ids from the attention mask)."""
-    out = []
-    for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD):
-        rows = slice(s, s + ROWS_PER_FORWARD)
-        ids, mask = r.completion_ids[rows], r.completion_mask[rows].long()
-        full, attn = torch.cat([r.prompt_ids[rows], ids], 1), torch.cat([r.prompt_mask[rows].long(), mask], 1)
-        logits = model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
-        p, t = r.prompt_ids.shape[1], ids.shape[1]
-        out.append(logits[:, p - 1:p + t - 1].float())
-    return torch.cat(out)
+    from .sampled_tokens import completion_logits
+    return torch.cat([completion_logits(model, r, slice(s, s + ROWS_PER_FORWARD)).float()
+                      for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD)])
 
 
 class _LogpCache:
@@ -353,14 +347,12 @@ def forward_variants(trace, model) -> dict:
 def _fitted_top_k(model, r) -> Optional[int]:
     """The k for which log-probs renormalised over the top k reproduce the recorded sampler's, token by token
     (its most common value over the tokens a filter changed), or None."""
+    from .sampled_tokens import completion_logits
     ks = []
     for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD):
         rows = slice(s, s + ROWS_PER_FORWARD)
         ids, mask = r.completion_ids[rows], r.completion_mask[rows].bool()
-        full, attn = torch.cat([r.prompt_ids[rows], ids], 1), torch.cat([r.prompt_mask[rows].long(), mask.long()], 1)
-        logits = model(input_ids=full, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
-        p, t = r.prompt_ids.shape[1], ids.shape[1]
-        lp = (logits[:, p - 1:p + t - 1].float() / r.temperatures[rows].float()[:, None, None]).log_softmax(-1)
+        lp = (completion_logits(model, r, rows).float() / r.temperatures[rows].float()[:, None, None]).log_softmax(-1)
         mass = lp.sort(-1, descending=True).values.logcumsumexp(-1)                      # (n, T, V) log Σ top-k
         gap = lp.gather(-1, ids[..., None]).squeeze(-1) - r.sampling_per_token_logps[rows].float()   # (n, T) ≤ 0
         changed = mask & (gap < -1e-3)

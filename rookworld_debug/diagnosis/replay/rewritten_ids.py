@@ -46,8 +46,10 @@ def rewritten_ids(check: PhaseCheck, recorded: torch.Tensor, trusted: torch.Tens
     ids = rollout.completion_ids[rows, cols]
     if bool((drawn == ids).any()):
         return check
-    return dataclasses.replace(check, phase="generation", cause=_code(rows, cols, ids, rollout, eos),
-                               explanation=_sentence(rows, cols, ids, drawn, rollout, eos))
+    forced = _forced_eos(rows, cols, ids, rollout, eos)
+    return dataclasses.replace(check, phase="generation",
+                               cause="eos_forced_on_truncated" if forced else "completion_ids_rewritten",
+                               explanation=_sentence(rows, cols, ids, drawn, rollout.completion_ids.shape[1], forced))
 
 
 def _forced_eos(rows, cols, ids, rollout, eos) -> bool:
@@ -57,18 +59,14 @@ def _forced_eos(rows, cols, ids, rollout, eos) -> bool:
     return not bool((rollout.completion_ids[rows, :-1] == eos).any())
 
 
-def _code(rows, cols, ids, rollout, eos) -> str:
-    return "eos_forced_on_truncated" if _forced_eos(rows, cols, ids, rollout, eos) else "completion_ids_rewritten"
-
-
-def _sentence(rows, cols, ids, drawn, rollout, eos) -> str:
+def _sentence(rows, cols, ids, drawn, width: int, forced: bool) -> str:
     at = ", ".join(f"row {int(r)} token {int(c)}: id {int(i)} recorded, id {int(d)} drawn"
                    for r, c, i, d in list(zip(rows, cols, ids, drawn))[:4]) + (", …" if len(rows) > 4 else "")
     said = (f"the completion ids were changed after sampling at {len(rows)} position(s) ({at}): there the sampler's "
             "recorded log-prob is exactly another token's under the weights that sampled, the token it drew, and "
             "not the recorded id's, so the loss trains tokens the policy never chose")
-    if _forced_eos(rows, cols, ids, rollout, eos):
-        said += (f"; each is the last of the {rollout.completion_ids.shape[1]} tokens of a completion that reached "
+    if forced:
+        said += (f"; each is the last of the {width} tokens of a completion that reached "
                  "the length limit without an end-of-sequence, overwritten with EOS: a truncated completion made "
                  "to look finished (mask it, or keep the drawn token and flag the row truncated)")
     return said

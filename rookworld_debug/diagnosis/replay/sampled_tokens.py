@@ -58,7 +58,7 @@ def token_statistics(model, r, elements: int = 2 ** 25, eos: Optional[int] = Non
     for s in range(0, r.completion_ids.shape[0], rows_per_forward):
         rows = slice(s, s + rows_per_forward)
         ids, mask = r.completion_ids[rows, :t], r.completion_mask[rows, :t].bool()
-        lp = (_completion_logits(model, r, rows) if hidden is None else head(hidden[rows])).float()
+        lp = (completion_logits(model, r, rows) if hidden is None else head(hidden[rows])).float()
         lp = (lp / r.temperatures[rows].float().to(lp.device)[:, None, None]).log_softmax(-1)
         _add(parts, lp, ids, mask, seen_before(r.prompt_ids[rows], r.prompt_mask[rows].bool(), ids, lp.shape[-1]), eos)
     return {**{k: torch.cat(v) for k, v in parts.items() if v}, "vocab": vocab}
@@ -70,8 +70,9 @@ def _earliest_end(ids: torch.Tensor, mask: torch.Tensor, eos: Optional[int]) -> 
     return int(at.min()) if at.numel() else ids.shape[1]
 
 
-def _completion_logits(model, r, rows) -> torch.Tensor:
-    """(n, T, V) the logits that predict each completion token of `rows`: one forward of prompt and completion."""
+def completion_logits(model, r, rows) -> torch.Tensor:
+    """(n, T, V) the logits that predict each completion token of `rows`: one forward of prompt and completion,
+    position ids from the attention mask."""
     ids, mask = r.completion_ids[rows], r.completion_mask[rows]
     full = torch.cat([r.prompt_ids[rows], ids], 1)
     attn = torch.cat([r.prompt_mask[rows].long(), mask.long()], 1)
