@@ -219,32 +219,39 @@ def bench(device: str, quick: bool, tmp: Path) -> dict:
     return res
 
 
-def measure(a, quick: bool, skip: set) -> dict:
-    """One pass of the check: each part not in `skip`, small (`quick`) or at the debug run's scale."""
+def measure(a, quick: bool, skip: set, order: tuple = PARTS) -> dict:
+    """One pass of the check: each part not in `skip`, small (`quick`) or at the debug run's scale, in `order`. The
+    JSON is rewritten after every part ("complete": false until the last), so a loan that ends mid-pass keeps the
+    parts that finished."""
     t0 = time.perf_counter()
     result = {"schema": "rookworld_debug.gpu_check/1", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "quick": quick, "machine": machine(a.device)}
+              "quick": quick, "complete": False, "machine": machine(a.device)}
     with tempfile.TemporaryDirectory(prefix="rookworld-gpu-check-") as d:
         tmp = Path(d)
-        if "suite" not in skip:
-            result["suite"] = suite(quick, a.workers, tmp)
-        if "commands" not in skip:
-            result["commands"] = commands(a.device, quick, tmp)
-        if "trl" not in skip:
-            result["trl"] = trl_capture(a.device, quick, tmp)
-        if "bench" not in skip:
-            result["bench"] = bench(a.device, quick, tmp)
+        for part in (p for p in order if p not in skip):
+            result[part] = {"suite": lambda: suite(quick, a.workers, tmp),
+                            "commands": lambda: commands(a.device, quick, tmp),
+                            "trl": lambda: trl_capture(a.device, quick, tmp),
+                            "bench": lambda: bench(a.device, quick, tmp)}[part]()
+            result["seconds"] = round(time.perf_counter() - t0, 1)
+            write(result, a, quiet=True)
     result["seconds"] = round(time.perf_counter() - t0, 1)
+    result["complete"] = True
     return result
 
 
-def write(result: dict, a) -> Path:
+def write(result: dict, a, quiet: bool = False) -> Path:
+    """The pass's JSON, replaced atomically (a kill mid-write leaves the previous version, never half a file)."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = re.sub(r"[^A-Za-z0-9]+", "-", result["machine"].get("gpu") or a.device).strip("-").lower()
     path = out / f"gpu-check-{time.strftime('%Y%m%d')}-{tag}{'-quick' if result['quick'] else ''}.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
-    print(f"[gpu-check] {path} ({result['seconds']} s)")
+    part = path.with_name(path.name + ".partial")
+    part.write_text(json.dumps(result, indent=1, default=str))
+    os.replace(part, path)
+    if quiet:
+        return path
+    print(f"[gpu-check] {path} ({result.get('seconds')} s)")
     s = result.get("suite", {}).get("counts")
     if s:
         print(f"[gpu-check] suite: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped")
@@ -259,6 +266,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="only the quick pass: two test files, small steps, the "
                                                          "tiny bench (a rehearsal, or a short loan)")
+    ap.add_argument("--long-only", action="store_true", help="only the long pass (a second call on a machine whose "
+                                                             "quick pass already wrote its JSON)")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--out", default=str(REPO / "docs" / "bench"))
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: suite, commands, trl, bench")
@@ -267,15 +276,19 @@ def main() -> int:
     # its arguments first, before anything is measured: never a part silently run, nor a traceback at the end
     refusal = (f"--skip {a.skip!r}: unknown parts {sorted(skip - set(PARTS))}; the parts are {', '.join(PARTS)}"
                if skip - set(PARTS) else out_refusal(a.out) or device_refusal(a.device))
+    if a.quick and a.long_only:
+        refusal = "--quick and --long-only: choose one pass (neither runs both)"
     if a.workers < 1:
         refusal = f"--workers {a.workers}: must be at least 1"
     if refusal:                  # never a JSON that reads like a measurement of a GPU this machine does not have
         print(f"gpu-check: error: {refusal}", file=sys.stderr)
         return 2
     # the quick pass first, its JSON written before the long pass starts: a short loan still yields numbers
-    write(measure(a, True, skip), a)
+    if not a.long_only:
+        write(measure(a, True, skip), a)
     if not a.quick:
-        write(measure(a, False, skip), a)
+        # the parts only a GPU can measure first: the suite runs on the CPU cores and the quick pass sampled it
+        write(measure(a, False, skip, order=("commands", "trl", "bench", "suite")), a)
     return 0
 
 

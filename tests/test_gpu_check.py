@@ -20,6 +20,7 @@ def test_the_command_prepares_and_writes_its_json(tmp_path):
     d = json.loads(out.read_text())
     assert d["schema"] == "rookworld_debug.gpu_check/1" and d["machine"]["device"] == "cpu"
     assert d["machine"]["torch"] and d["machine"]["trl"]            # what the suite and the TRL part will need
+    assert d["complete"] is True and not list(tmp_path.glob("*.partial"))   # the atomic replace left no temporary
 
 
 def test_files_whose_imports_the_machine_lacks_are_skipped_by_name():
@@ -46,7 +47,7 @@ def test_bad_arguments_are_one_named_line_before_anything_runs(tmp_path):
     afile = tmp_path / "a.json"
     afile.write_text("{}")
     for args, words in [(["--skip", "benchh"], "unknown parts ['benchh']"), (["--out", str(afile)], "a file, not a folder"),
-                        (["--workers", "0"], "--workers 0")]:
+                        (["--workers", "0"], "--workers 0"), (["--long-only"], "choose one pass")]:
         argv = [sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--quick", "--out", str(tmp_path), *args]
         r = subprocess.run(argv, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
