@@ -28,7 +28,7 @@ PY = str(REPO / ".venv/bin/python")
 # what the test suite imports beyond the package's core needs; a bare GPU machine may lack some of them
 TEST_MODULES = ("papermill", "nbformat", "nbconvert", "nbclient", "ipykernel", "ipywidgets", "anywidget", "jupyterlab",
                 "playwright", "dask", "distributed", "grimp", "importlinter", "latex2mathml", "hypothesis", "filelock",
-                "trl", "datasets", "chess", "plotly", "accelerate")
+                "trl", "datasets", "chess", "plotly", "accelerate", "jsonschema")
 
 
 def run(name: str, cmd: list, timeout: float, env: dict | None = None) -> dict:
@@ -244,7 +244,9 @@ def write(result: dict, a, quiet: bool = False) -> Path:
     """The pass's JSON, replaced atomically (a kill mid-write leaves the previous version, never half a file)."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = re.sub(r"[^A-Za-z0-9]+", "-", result["machine"].get("gpu") or a.device).strip("-").lower()
+    # named after the device the parts ran on: a --device cpu pass on a GPU machine is a CPU measurement
+    gpu = result["machine"].get("gpu") if a.device.startswith("cuda") else None
+    tag = re.sub(r"[^A-Za-z0-9]+", "-", gpu or a.device).strip("-").lower()
     path = out / f"gpu-check-{time.strftime('%Y%m%d')}-{tag}{'-quick' if result['quick'] else ''}.json"
     part = path.with_name(path.name + ".partial")
     part.write_text(json.dumps(result, indent=1, default=str))

@@ -64,9 +64,13 @@ def test_every_scorer_record():
 
 
 def test_engine_path_cases():
+    from rookworld_debug.chess.engine import find_stockfish
     for case in golden()["reward_scorer"]["stockfish_path_cases"]:
         i = case["inputs"]
-        cfg = R.RlvrScorerConfig(engine_path=i["stockfish_path"], **i["scorer_config"])
+        # the golden's machine had its engine at Debian's path; a machine with it elsewhere (ROOKWORLD_STOCKFISH)
+        # stands its own engine in, and the missing-engine cases keep their path that exists nowhere
+        path = find_stockfish() if i["stockfish_path"] == "/usr/games/stockfish" else i["stockfish_path"]
+        cfg = R.RlvrScorerConfig(engine_path=path, **i["scorer_config"])
         s = R.score_single(i["prompt"], i["completion"], i["ground_truth"], cfg)
         assert same(_result(s), case["outputs"]["result"]), case["id"]
         assert list(s.engine_errors) == case["outputs"]["caught_exception_texts"], case["id"]
