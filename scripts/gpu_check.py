@@ -146,7 +146,7 @@ def _junit(path: Path) -> dict:
         name = f"{c.get('classname')}::{c.get('name')}"
         if c.find("failure") is not None or c.find("error") is not None:
             bad = c.find("failure") if c.find("failure") is not None else c.find("error")
-            failed.append({"test": name, "message": (bad.get("message") or "")[:300]})
+            failed.append({"test": name, "message": (bad.get("message") or "")[:3000]})  # the cause, past the assertion's head
         elif c.find("skipped") is not None:
             skipped.append({"test": name, "why": (c.find("skipped").get("message") or "")[:200]})
     return {"counts": {"total": total, "failed": len(failed), "skipped": len(skipped),
