@@ -26,6 +26,7 @@ import torch
 
 from rookworld_debug.lab import faults_fresh as F
 from rookworld_debug.lab import faults_novel as N
+from rookworld_debug.lab import faults_sixth as S
 from rookworld_debug.lab.handloop import LoopConfig, _data, _Loop, _optimizer_step, _recorder, _setup, advantages, \
     sample, schedule, token_logps
 
@@ -70,7 +71,24 @@ NOVEL_BETWEEN_FAULTS = {
     # each rollout inherits): the sampler's generator seeded again with the same seed before every rollout
     "sampler_seed_repeated": ("sampler", "sampling_seed_repeated"),
 }
-ALL_BETWEEN_FAULTS = {**BETWEEN_FAULTS, **SEALED_BETWEEN_FAULTS, **FRESH_BETWEEN_FAULTS, **NOVEL_BETWEEN_FAULTS}
+# the consecutive-step part of the sixth held-out set (`--only sixth`, with handloop.SIXTH_FAULTS), written and
+# frozen the same way; the source of each is named beside it
+SIXTH_BETWEEN_FAULTS = {
+    # vLLM feature request and NVIDIA-NeMo/RL and prime-rl pull requests: a prefix cache not reset by the weight
+    # sync, so a prompt an earlier rollout sent is served the KV the previous weights computed
+    "sampler_prefix_cache_stale": ("sampler", "sampler_prefix_cache_stale"),
+    # ColossalAI issue (and torch-points3d pull request): a resume restores the scheduler but leaves the optimizer's
+    # rate at the config's initial value, so the first step after it runs at that rate
+    "lr_from_config_at_resume": ("optimizer", "lr_not_from_scheduler"),
+    # OpenTau issue and torchtitan pull request: Adam's moments saved in bfloat16 and loaded back, rounded
+    "adam_moments_bf16_at_resume": ("optimizer", "optimizer_state_rounded"),
+    # TRL's create_reference_model (a pull request there points the reference's shared layers at the policy's
+    # storage, meant frozen in both): the policy's optimizer still trains those layers, so the reference's blocks move
+    # with every update
+    "reference_shares_policy_blocks": ("reference", "reference_tracks_policy"),
+}
+ALL_BETWEEN_FAULTS = {**BETWEEN_FAULTS, **SEALED_BETWEEN_FAULTS, **FRESH_BETWEEN_FAULTS, **NOVEL_BETWEEN_FAULTS,
+                      **SIXTH_BETWEEN_FAULTS}
 # the loop the faults are written into (a sampler copy, so that a stale one can show); and healthy loops of other
 # shapes: dapo with two optimizer passes per rollout and a schedule (the pair spans a rollout's last pass and the
 # next rollout's first), bnpo over one micro-batch
@@ -112,6 +130,7 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) ->
     """G completions per prompt from the sampler (the policy, or its copy: synced first unless the fault), scored;
     the rows as handloop's rollout gives them to its recorder and optimizer step."""
     g = c.num_generations
+    stale = copy.deepcopy(L.sampler) if fault == "sampler_prefix_cache_stale" and step > 1 else None
     if L.sampler is not None and not (fault == "sampler_stale" and step > 1):
         src = L.ref if fault == "sampler_synced_from_ref" and step > 1 else L.model
         partial = fault == "sampler_sync_skips_embeddings" and step > 1
@@ -125,8 +144,10 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) ->
     p_ids, p_mask = enc.input_ids.repeat_interleave(g, 0), enc.attention_mask.repeat_interleave(g, 0)
     rows_p, rows_l = [p for p in prompts for _ in range(g)], [x for x in labels for _ in range(g)]
     eos = L.tok.eos_token_id
+    prefix = None if stale is None else (stale, S.rows_seen(rows_p, [x["prompt"] for x in _batch(c, step - 1)]))
     with torch.no_grad():
-        ids, mask, s_logps = sample(sampler, p_ids, p_mask, c.max_new_tokens, c.temperature, eos, L.gen)
+        ids, mask, s_logps = sample(sampler, p_ids, p_mask, c.max_new_tokens, c.temperature, eos, L.gen,
+                                    prefix=prefix)
         texts = L.tok.batch_decode(ids * mask + eos * (1 - mask), skip_special_tokens=True)
         r = reward(rows_p, texts, rows_l)
         ref_logps = token_logps(L.ref, p_ids, p_mask, ids, mask, c.temperature)
@@ -137,7 +158,10 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) ->
 
 
 def _before_rollout(L: _Loop, c: LoopConfig, step: int, fault: str, start: dict) -> None:
-    """What the faults change before a rollout after the first: the policy reloaded, the reference moved."""
+    """What the faults change before a rollout after the first: the policy reloaded, the reference moved (one
+    fault acts before the first: a reference built sharing the policy's first blocks)."""
+    if step == 1 and fault == "reference_shares_policy_blocks":
+        S.share_first_blocks(L.ref, L.model)
     if step == 1:
         return
     if fault == "policy_reset":
@@ -162,6 +186,10 @@ def _before_rollout(L: _Loop, c: LoopConfig, step: int, fault: str, start: dict)
         N.optimizer_state_scaffold(L.opt)
     if fault == "sampler_seed_repeated":
         N.reseed(L.gen, c.seed)
+    if fault == "lr_from_config_at_resume":
+        S.lr_from_config(L.opt)
+    if fault == "adam_moments_bf16_at_resume":
+        S.moments_rounded_to_bf16(L.opt)
 
 
 def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward, start: dict,

@@ -1,7 +1,8 @@
 """The hand-written loop's fault sets (`lab.handloop` re-exports every name here): each maps a fault written into
 the loop to the phase it breaks first and the cause code a diagnosis should name, and each `*_SETTINGS` the
 `LoopConfig` keywords a fault needs to change the step at all. Data only: the faults themselves live in the loop
-(`if fault == "name"` where the bug is) and in the helpers it calls (`faults_fresh`, `faults_novel`)."""
+(`if fault == "name"` where the bug is) and in the helpers it calls (`faults_fresh`, `faults_novel`,
+`faults_sixth`)."""
 from __future__ import annotations
 
 # fault → (phase it breaks, the finding code that names it; "" = the phase alone: no known mechanism)
@@ -183,5 +184,37 @@ NOVEL_FAULTS = {
 }
 NOVEL_SETTINGS = {"eos_forced_on_truncated": {"max_new_tokens": 118},
                   "clip_lower_bound_epsilon": {"num_iterations": 2, "lr": 1e-3}}
+# a sixth held-out set, written and frozen the same way (`--only sixth`, with the consecutive-step faults of
+# between_steps.SIXTH_BETWEEN_FAULTS and the TRL faults of faults_trl.SIXTH_TRL_FAULTS): bug classes of public
+# trackers that no earlier set had, each expectation what the bug does; the source of each is named beside it
+SIXTH_FAULTS = {
+    # transformers' generate (custom stopping criteria; also reported against unsloth and lm-evaluation-harness):
+    # a stopping criterion that returns one bool for the batch stops every row when the first row emits EOS
+    "batch_stops_at_first_eos": ("generation", "generation_stopped_for_batch"),
+    # OpenRLHF pull request (rewards promoted to at least FP32), CarperAI's trlx and THUDM/slime pull requests (a
+    # rewards tensor built without a float dtype): rewards written into an integer buffer, truncated toward zero
+    "rewards_in_integer_tensor": ("rewards", "rewards_truncated_to_integer"),
+    # THUDM/slime pull request (group ordering in the balanced data): the rows reordered to balance the micro-batches'
+    # token counts before the (-1, G) reshape that forms the groups, so a group is not one prompt's G rows
+    "adv_groups_after_balancing": ("advantages", "advantage_grouping"),
+    # transformers pull request (a packed-sequence mask ignored when a 2D all-ones attention mask is passed; TRL's
+    # packing without flash attention): rows packed into one sequence attend to the rows packed before them
+    "packed_rows_attend_across": ("scoring", "packed_sequences_cross_attend"),
+    # TRL's GRPOTrainer pull request (max_prompt_length ignored when generating with vLLM): the trainer scores the
+    # prompts cut to max_prompt_length while the sampler generated from the whole prompts
+    "prompt_truncated_for_trainer_only": ("scoring", "prompt_tokens_differ"),
+    # verl pull request (rollout correction): the truncated importance-sampling weight π_θ / π_sampler not detached,
+    # so the policy term's gradient flows through the weight too
+    "is_weight_not_detached": ("loss", "importance_weight_not_detached"),
+    # DeepSpeed issue (ZeRO with bf16 accumulates gradients in bf16): the accumulation buffer rounded to bf16 after
+    # each micro-batch's backward
+    "grads_accumulated_in_bf16": ("gradient", "gradient_accumulated_in_bf16"),
+    # DeepSpeedExamples (DeepSpeed-Chat) pull request and a transformers issue: a name-based no-decay list
+    # ("bias", "LayerNorm.weight") that GPT-2's ln_1 / ln_2 / ln_f weights do not match, so they are decayed
+    "norm_weights_decayed": ("update", "weight_decay_on_norm_weights"),
+}
+SIXTH_SETTINGS = {"norm_weights_decayed": {"weight_decay": 0.1, "lr": 1e-3}}
+# the sixth set's one-step healthy controls: the plain loop, and AdamW's two parameter groups over four micro-batches
+SIXTH_HEALTHY = ({}, {"weight_decay": 0.1, "lr": 1e-3, "micro_batches": 4})
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS,
-              **PROBE_FAULTS, **BLIND_FAULTS, **UNSEEN_FAULTS, **FRESH_FAULTS, **NOVEL_FAULTS}
+              **PROBE_FAULTS, **BLIND_FAULTS, **UNSEEN_FAULTS, **FRESH_FAULTS, **NOVEL_FAULTS, **SIXTH_FAULTS}

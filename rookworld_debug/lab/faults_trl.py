@@ -99,6 +99,35 @@ SEALED_TRL_FAULTS = (
 )
 
 
+def _generation_config_with_repeat_ban(trainer):
+    """The policy's generation config as a checkpoint may ship it, with a no-repeat n-gram ban of 3: a key TRL's own
+    sampling settings do not set, so generate() merges it in and samples with it."""
+    trainer.model.generation_config.no_repeat_ngram_size = 3
+
+
+def _rewards_rounded_to_bf16(prompts, completions, **kw):
+    """The RookWorld reward of each row as a reward head run in bfloat16 returns it: rounded to bf16."""
+    import torch
+    from rookworld_debug.trl.rewards import rookworld_reward_funcs
+    cols = [f(prompts=prompts, completions=completions, **kw) for f in rookworld_reward_funcs("dataset")]
+    totals = [sum(v for v in vals if v is not None) for vals in zip(*cols)]
+    return torch.tensor(totals, dtype=torch.float32).to(torch.bfloat16).float().tolist()
+
+
+# the TRL part of the sixth held-out set (`--only sixth`), written and frozen with it; each a bug class reported against
+# a public trainer, the source named beside it
+SIXTH_TRL_FAULTS = (
+    # TRL's GRPOTrainer (its generation config merged over the model's, which keeps every key TRL does not set):
+    # a checkpoint's generation config with a no-repeat n-gram ban is applied to the sampling
+    TRLFault("trl_checkpoint_generation_config_applied", frozenset({"sampler_distribution_changed"}), "the policy's "
+             "generation config ships no_repeat_ngram_size = 3, a key TRL's sampling settings do not set",
+             patch=_generation_config_with_repeat_ban),
+    # OpenRLHF pull request (rewards promoted to at least FP32): a reward head run in bfloat16 returns rounded scores
+    TRLFault("trl_rewards_bf16", frozenset({"rewards_rounded"}), "the reward function returns the RookWorld reward "
+             "rounded to bfloat16", reward=_rewards_rounded_to_bf16),
+)
+
+
 def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None):
     """Train STEPS steps capturing each; returns (log rows, {step: capture folder})."""
     from rookworld_debug.diagnosis.runlog import rows_from_history

@@ -21,10 +21,11 @@ import torch
 
 from rookworld_debug.lab import faults_fresh as F
 from rookworld_debug.lab import faults_novel as N
+from rookworld_debug.lab import faults_sixth as S
 from rookworld_debug.lab.fault_sets import (  # noqa: F401  (re-exported: the loop's fault sets, as before)
     ALL_FAULTS, BLIND_FAULTS, BLIND_SETTINGS, FAULTS, FRESH_FAULTS, FRESH_SETTINGS, FROZEN_FAULTS, HELDOUT_FAULTS,
     NOVEL_FAULTS, NOVEL_SETTINGS, PROBE_FAULTS, PROBE_SETTINGS, SEALED_FAULTS, SEALED_SETTINGS, SHAPE_FAULTS,
-    STRUCTURE_FAULTS, UNSEEN_FAULTS)
+    SIXTH_FAULTS, SIXTH_HEALTHY, SIXTH_SETTINGS, STRUCTURE_FAULTS, UNSEEN_FAULTS)
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,15 @@ def _positions(attn: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int, gen, fault: str = ""):
-    """(ids (N, T), mask (N, T) through the first EOS, the sampler's log-probs (N, T))."""
+def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int, gen, fault: str = "",
+           prefix: Optional[tuple] = None):
+    """(ids (N, T), mask (N, T) through the first EOS, the sampler's log-probs (N, T)). `prefix`: (the weights
+    that computed a stale prefix cache, the rows it serves), the sixth set's sampler_prefix_cache_stale."""
     attn = prompt_mask.clone()
     no_pos = fault == "sampler_no_position_ids"
     out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=None if no_pos else _positions(attn),
-                use_cache=True)
+                use_cache=True) if prefix is None else \
+        S.prefill_with_stale_prefix(model, *prefix, prompt_ids, attn, _positions(attn))
     past, logits = out.past_key_values, out.logits[:, -1]
     pos = _positions(attn)[:, -1]
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
@@ -122,6 +126,8 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
 
 
 def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, fault: str = ""):
+    if fault == "packed_rows_attend_across":
+        return S.packed_logps(model, prompt_ids, prompt_mask, ids, mask, temperature)
     if fault == "scoring_prompt_right_padded":     # real tokens first, pads after: a pad predicts the completion
         order = torch.argsort(1 - prompt_mask, dim=1, stable=True)
         prompt_ids, prompt_mask = prompt_ids.gather(1, order), prompt_mask.gather(1, order)
@@ -170,9 +176,9 @@ def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
     return a.T.reshape(-1) if fault == "adv_grouping_stride" else a.reshape(-1)
 
 
-def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_total, fault: str = ""):
+def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_total, fault: str = "", sampled=None):
     """TRL's per-token PPO-clip + β·k3 KL, aggregated as `c.loss_type` (one micro-batch; ÷ micro-batches inside).
-    `old`: π_old's log-probs (None: ℓ.detach(), one pass per rollout)."""
+    `old`: π_old's log-probs (None: ℓ.detach(), one pass per rollout); `sampled`: the sampler's."""
     old = (logps if fault == "old_not_detached" else logps.detach()) if old is None else old
     ratio = torch.exp(old - logps) if fault == "ratio_inverted" else torch.exp(logps - ref) \
         if fault == "ratio_against_ref" else F.ratio_bf16(logps, old) if fault == "ratio_bf16" else \
@@ -186,6 +192,7 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
         r_pg.clamp(1 - c.epsilon, 1 + c.epsilon)
     pg = -bound(r_pg * a, clipped * a)
     pg = F.dual_clip_every_sign(pg, a) if fault == "dual_clip_every_sign" else pg
+    pg = pg * S.is_weight_with_gradient(logps, sampled) if fault == "is_weight_not_detached" else pg
     d = (old if fault == "kl_against_old" else ref) - (logps.detach() if fault == "kl_detached" else logps)
     d = -d if fault == "kl_k3_reversed" else d
     kl = -d if fault == "kl_k1_estimator" else torch.exp(d) - d - 1
@@ -293,6 +300,10 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
             if fault == "sampler_prompt_extra_bos" else (p_ids, p_mask)
         ids, mask, s_logps = sample(sampler, s_ids, s_mask, c.max_new_tokens, c.temperature, eos, L.gen, fault)
         ids = N.force_eos_on_truncated(ids, eos) if fault == "eos_forced_on_truncated" else ids
+        if fault == "batch_stops_at_first_eos":
+            ids, mask, s_logps = S.stopped_at_first_eos(ids, mask, s_logps, eos)
+        if fault == "prompt_truncated_for_trainer_only":
+            p_ids, p_mask = S.truncated_prompts(p_ids, p_mask)
         raw_mask = mask
         if c.mask_truncated:                        # TRL's mask_truncated_completions: no EOS, no loss
             mask = mask * (ids == eos).any(1, keepdim=True).long()
@@ -306,6 +317,7 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         cols = [f(prompts=rows_p, completions=scored, label=use_labels) for f in rookworld_reward_funcs("dataset")]
         cols = [N.one_value_per_batch(col) for col in cols] if fault == "reward_single_value_broadcast" else cols
         r = torch.tensor([sum(v for v in vals if v is not None) for vals in zip(*cols)], dtype=torch.float32)
+        r = S.rewards_in_ids_dtype(r, ids) if fault == "rewards_in_integer_tensor" else r
         r = torch.roll(r, 1) if fault == "reward_shift" else -r if fault == "reward_negated" else r
         r = r * 0.5 if fault == "reward_scaled_half" else r.clamp(max=0.3) if fault == "reward_clamped" else r
         if fault == "reward_length_penalty":
@@ -318,9 +330,10 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
                 if isinstance(module, torch.nn.Dropout):
                     module.p = 0.1
             scorer.train()
-        ref_logps = token_logps(scorer, p_ids, p_mask, ids, mask,
-                                1.0 if fault == "ref_logps_no_temperature" else c.temperature,
-                                "logps_unshifted" if fault == "ref_logps_unshifted" else "")
+        ref_logps = S.packed_logps(scorer, p_ids, p_mask, ids, mask, c.temperature, c.micro_batches) \
+            if fault == "packed_rows_attend_across" else \
+            token_logps(scorer, p_ids, p_mask, ids, mask, 1.0 if fault == "ref_logps_no_temperature" else c.temperature,
+                        "logps_unshifted" if fault == "ref_logps_unshifted" else "")
         scorer.eval()
         if fault == "ref_logps_bf16_stored":
             ref_logps = ref_logps.to(torch.bfloat16).float()
@@ -331,6 +344,8 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
         old = ref_logps.clone() if fault == "old_logps_from_ref" else old
     snapshot = copy.deepcopy(sampler) if c.num_iterations > 1 or L.sampler is not None else None
     adv = advantages(r, g, fault)
+    if fault == "adv_groups_after_balancing":       # the groups formed after a batch balancer reordered the rows
+        adv = S.grouped_after_balancing(r, S.balanced_order(mask.sum(1), c.micro_batches), lambda x: advantages(x, g))
     if fault == "adv_per_micro_batch":                # each micro-batch's rows standardised together
         adv = torch.cat([(x - x.mean()) / (x.std() + 1e-4) for x in r.chunk(c.micro_batches)])
     return dict(p_ids=p_ids, p_mask=p_mask, rows_p=rows_p, rows_l=rows_l, ids=ids, mask=mask, raw_mask=raw_mask,
@@ -381,7 +396,8 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
             old = lp.detach()
         adv = ro["r"] if fault == "loss_uses_rewards" else ro["adv"]
         adv_rows = adv[:len(rows)] if fault == "adv_first_rows_each_micro_batch" else adv[rows]
-        loss = loss_of(lp, old, ro["ref_logps"][rows], adv_rows, mask[rows], c, n, tokens, fault)
+        loss = loss_of(lp, old, ro["ref_logps"][rows], adv_rows, mask[rows], c, n, tokens, fault,
+                       sampled=ro["s_logps"][rows])
         loss = loss / c.num_generations if fault == "loss_divided_by_g" else loss
         scale = c.micro_batches if fault == "accum_no_divide" else 1 / c.micro_batches \
             if fault == "accum_divided_twice" else 1
@@ -393,6 +409,8 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
             N.step_inside_micro_batch_loop(model, opt, c.max_grad_norm)
         if fault == "clip_per_micro_batch":
             torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
+        if fault == "grads_accumulated_in_bf16":
+            S.round_grads_to_bf16(model)
         total += float(loss.detach())
         lp_rows.append(lp.detach())
         old_rows.append(old)
@@ -449,8 +467,9 @@ def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
     if fault and fault not in ALL_FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {sorted(ALL_FAULTS)}")
     L, rec = _setup(c), None
-    if fault == "optimizer_without_vectors":
-        L.opt = F.optimizer_without_vectors(L.model, c.lr)
+    if fault in ("optimizer_without_vectors", "norm_weights_decayed"):
+        L.opt = F.optimizer_without_vectors(L.model, c.lr) if fault == "optimizer_without_vectors" else \
+            S.optimizer_no_decay_by_name(L.model, c.lr, c.weight_decay)
         L.sched = schedule(L.opt, c) if c.scheduler else None
     record_pass = c.record_pass % c.num_iterations
     for step in range(1, c.steps + 1):

@@ -17,14 +17,18 @@ Writes out/results.jsonl (a row per case, as each finishes) and out/table.md.
 
     python -m rookworld_debug.lab.sealed --out reports/novel --only novel     # a fifth
 
+    python -m rookworld_debug.lab.sealed --out reports/sixth --only sixth     # a sixth
+
 `--only blind` runs seven more bug classes written and frozen (in a commit of their own) before any fit for them, with
 one healthy control; `--only unseen` nine more, frozen the same way; `--only fresh` sixteen more, frozen the same way:
 eleven in one step of the hand-written loop and five between its consecutive steps, with one healthy control of each
 kind; `--only novel` twelve more, frozen the same way: nine in one step and three between consecutive steps, with one
-healthy control of each kind. `--only probe` runs what was written after the set's fits, from the same trackers (not
-held out): five more faults of the hand-written loop, and healthy loops of shapes that real trainers have (AdamW's two
-parameter groups, frozen embeddings, a gradient handed over after the clip, numbers left at their defaults), none of
-which may get an error.
+healthy control of each kind; `--only sixth` fourteen more, frozen the same way: eight in one step, four between
+consecutive steps and two in TRL's GRPOTrainer, with two healthy controls in one step (the plain loop, and AdamW's two
+parameter groups over four micro-batches), one between consecutive steps and one TRL run. `--only probe` runs what
+was written after the set's fits, from the same trackers (not held out): five more faults of the hand-written loop,
+and healthy loops of shapes that real trainers have (AdamW's two parameter groups, frozen embeddings, a gradient
+handed over after the clip, numbers left at their defaults), none of which may get an error.
 """
 from __future__ import annotations
 
@@ -84,12 +88,24 @@ def novel_rows(faults=None):
     return _two_part_rows("novel", faults, NOVEL_FAULTS, NOVEL_SETTINGS, NOVEL_BETWEEN_FAULTS)
 
 
-def _two_part_rows(name: str, faults, single: dict, settings: dict, between: dict):
+def sixth_rows(faults=None):
+    """The sixth held-out set: its one-step and consecutive-step faults as fresh_rows runs the fourth's, then its TRL
+    faults as trl_rows runs the sealed ones (each part with its healthy controls when the whole set runs)."""
+    from rookworld_debug.lab.between_steps import SIXTH_BETWEEN_FAULTS
+    from rookworld_debug.lab.faults_trl import SIXTH_TRL_FAULTS
+    from rookworld_debug.lab.handloop import SIXTH_FAULTS, SIXTH_HEALTHY, SIXTH_SETTINGS
+    yield from _two_part_rows("sixth", faults, SIXTH_FAULTS, SIXTH_SETTINGS, SIXTH_BETWEEN_FAULTS, SIXTH_HEALTHY)
+    trl = None if faults is None else [f for f in faults if f in {x.name for x in SIXTH_TRL_FAULTS}]
+    if trl is None or trl:
+        yield from trl_rows(trl, SIXTH_TRL_FAULTS, "sixth TRL")
+
+
+def _two_part_rows(name: str, faults, single: dict, settings: dict, between: dict, healthy: tuple = HEALTHY_SINGLE[:1]):
     """A set's one-step faults, then its consecutive-step faults (`faults`: only these, no controls)."""
     one = None if faults is None else [f for f in faults if f in single]
     two = None if faults is None else [f for f in faults if f in between]
     if one is None or one:
-        yield from _loop_rows(name, one, single, settings, HEALTHY_SINGLE[:1])
+        yield from _loop_rows(name, one, single, settings, healthy)
     if two is None or two:
         yield from between_rows(two, between, f"{name} between steps")
 
@@ -138,15 +154,16 @@ def _tensors_digest(folder) -> str:
     return h.hexdigest()
 
 
-def trl_rows(names=None):
+def trl_rows(names=None, known: Optional[tuple] = None, name: str = "TRL"):
+    """TRL's GRPOTrainer runs of `known` (the sealed TRL faults unless given), then (all faults only) a healthy run."""
     from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS, trl_case
     twins: dict = {}
-    faults = [f for f in SEALED_TRL_FAULTS if names is None or f.name in names]
+    faults = [f for f in (SEALED_TRL_FAULTS if known is None else known) if names is None or f.name in names]
     for fault in faults + ([None] if names is None else []):
         r = trl_case(fault, 0, twins)
         codes = [c["code"] for c in r["findings"] if c["severity"] != "info"]
         accept = set(r.get("accept", ()))
-        yield {"set": "TRL", "fault": fault.name if fault else "", "expected_phase": "",
+        yield {"set": name, "fault": fault.name if fault else "", "expected_phase": "",
                "expected_cause": "|".join(sorted(accept)), "codes": codes[:5],
                "errors": sum(c["severity"] == "error" for c in r["findings"]),
                "top1": bool(codes) and codes[0] in accept, "top3": bool(accept & set(codes[:3])),
@@ -160,8 +177,8 @@ def table(rows: list) -> str:
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
     sets = {str(r.get("set") or "").partition(" ")[0] for r in rows}   # probe: written after the fits, not sealed
-    kind = " and ".join(sorted(sets)).capitalize() if sets and sets <= {"probe", "blind", "unseen", "fresh", "novel"} \
-        else "Sealed"
+    held_out = {"probe", "blind", "unseen", "fresh", "novel", "sixth"}
+    kind = " and ".join(sorted(sets)).capitalize() if sets and sets <= held_out else "Sealed"
     lines = [f"{kind} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
              f"{pct(sum(bool(r['phase_right']) for r in phased), len(phased))} (TRL cases have no phase); healthy "
@@ -181,7 +198,8 @@ def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rookworld_debug.lab.sealed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/sealed", help="folder for results.jsonl and table.md")
-    ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind", "unseen", "fresh", "novel"),
+    ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind", "unseen", "fresh", "novel",
+                                       "sixth"),
                     action="append",
                     help="only these parts (repeatable); default: the three sealed ones")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable; no healthy controls)")
@@ -189,7 +207,8 @@ def main(argv: Optional[list] = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     parts = {"single": single_rows, "between": between_rows, "trl": trl_rows, "probe": probe_rows,
-             "blind": blind_rows, "unseen": unseen_rows, "fresh": fresh_rows, "novel": novel_rows}
+             "blind": blind_rows, "unseen": unseen_rows, "fresh": fresh_rows, "novel": novel_rows,
+             "sixth": sixth_rows}
     rows = []
     with open(out / "results.jsonl", "a") as fh:
         for name in a.only or ["single", "between", "trl"]:
@@ -208,14 +227,16 @@ def _subset(part: str, names: Optional[list]):
     """The faults of `part` among `names` (None: all of them, with the healthy controls)."""
     if names is None:
         return None
-    from rookworld_debug.lab.between_steps import FRESH_BETWEEN_FAULTS, NOVEL_BETWEEN_FAULTS, SEALED_BETWEEN_FAULTS
-    from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS
+    from rookworld_debug.lab.between_steps import FRESH_BETWEEN_FAULTS, NOVEL_BETWEEN_FAULTS, SEALED_BETWEEN_FAULTS, \
+        SIXTH_BETWEEN_FAULTS
+    from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS, SIXTH_TRL_FAULTS
     from rookworld_debug.lab.handloop import BLIND_FAULTS, FRESH_FAULTS, NOVEL_FAULTS, PROBE_FAULTS, SEALED_FAULTS, \
-        UNSEEN_FAULTS
+        SIXTH_FAULTS, UNSEEN_FAULTS
     known = {"single": SEALED_FAULTS, "between": SEALED_BETWEEN_FAULTS,
              "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS, "blind": BLIND_FAULTS,
              "unseen": UNSEEN_FAULTS, "fresh": {**FRESH_FAULTS, **FRESH_BETWEEN_FAULTS},
-             "novel": {**NOVEL_FAULTS, **NOVEL_BETWEEN_FAULTS}}[part]
+             "novel": {**NOVEL_FAULTS, **NOVEL_BETWEEN_FAULTS},
+             "sixth": {**SIXTH_FAULTS, **SIXTH_BETWEEN_FAULTS, **{f.name: f for f in SIXTH_TRL_FAULTS}}}[part]
     return [n for n in names if n in known]
 
 
