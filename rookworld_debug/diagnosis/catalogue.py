@@ -98,6 +98,7 @@ TITLES = {
     "clip_range_lower_bound": "the ratio's lower clip bound at ε, not 1 − ε",
     "eos_forced_on_truncated": "EOS written over the last token of truncated completions",
     "completion_ids_rewritten": "completion ids changed after sampling",
+    "optimizer_stepped_per_micro_batch": "the optimizer stepped after every micro-batch, inside the accumulation loop",
     # what a replay of two consecutive steps finds between them (diagnosis/replay/consecutive.py)
     "policy_reset": "the policy's update did not carry over to the next step",
     "update_applied_twice": "the optimizer stepped twice on one gradient",

@@ -203,9 +203,13 @@ def _scoring_dtype(trace) -> str:
 
 def _scoring(trace, w: Weights) -> list[PhaseCheck]:
     from rookworld_debug.diagnosis.replay import model_phases as M
-    return M.scoring_checks(trace, w.policy, w.reference, _scoring_dtype(trace), have=w.have,
-                            ref_is_policy=w.ref_is_policy,
-                            policy_moved=_moved_before(w.state), sampler=w.sampler, cache=w.cache, eos=w.eos)
+    from rookworld_debug.diagnosis.replay.stepped_in_accumulation import stepped_in_accumulation
+    checks = M.scoring_checks(trace, w.policy, w.reference, _scoring_dtype(trace), have=w.have,
+                              ref_is_policy=w.ref_is_policy,
+                              policy_moved=_moved_before(w.state), sampler=w.sampler, cache=w.cache, eos=w.eos)
+    # the loss forward's log-probs of weights this step had already moved: it needs the optimizer, so it is here
+    return [stepped_in_accumulation(c, trace, w, M.policy_logps(trace, w.policy, w.cache), clip_of(trace))
+            if c.quantity.startswith("per_token_logps") else c for c in checks]
 
 
 def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:

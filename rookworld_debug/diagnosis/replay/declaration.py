@@ -241,14 +241,25 @@ def systematic(check: PhaseCheck) -> bool:
     return size > 0 and abs(sum(d) / len(d)) > SYSTEMATIC_SHARE * size
 
 
+def confined_to_rows(check: PhaseCheck, trace) -> bool:
+    """Whether `check`'s differences beyond its tolerance sit in at most half of the rows that have completion
+    tokens (every such position listed): another precision rounds every row's values, so a difference that spares
+    the other rows at the declared precision is not its rounding (rows scored at other weights, other inputs)."""
+    s = check.samples
+    if s is None or s.axes != ("row", "token") or not s.beyond or s.n_beyond > len(s.beyond):
+        return False
+    rows = int((trace.rollout.completion_mask.sum(1) > 0).sum())
+    return 2 * len({pos[0] for pos in s.beyond}) <= rows
+
+
 def _neighbours(trace, first: PhaseCheck):
     """(keyword, value, the trace under it) of every neighbouring declaration that can change `first`'s phase,
     simplest first."""
     for keyword, phases, values in NEIGHBOURS:
         if first.phase not in phases or not first.quantity.startswith(SHOWN_IN.get(keyword, "")):
             continue            # a forward in another precision shows first in that forward's own log-probs
-        if keyword in SHOWN_IN and systematic(first):
-            continue
+        if keyword in SHOWN_IN and (systematic(first) or first.cause or confined_to_rows(first, trace)):
+            continue            # not rounding: a mechanism reproduces it, or it leans one way or spares rows
         for value in values(trace):
             other = with_declaration(trace, keyword, value)
             if other is not None:

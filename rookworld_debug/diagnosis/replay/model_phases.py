@@ -232,6 +232,11 @@ def _variant_logps_raw(model, r) -> torch.Tensor:
                       for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD)])
 
 
+def policy_logps(trace, policy, cache: Optional[dict] = None) -> torch.Tensor:
+    """(N, T) the trusted log-probs of `policy` over the trace's rollout (computed once per cache)."""
+    return _LogpCache(trace.rollout, cache)(policy)
+
+
 class _LogpCache:
     """The trusted log-probs of the rollout under each model, computed once per model."""
     def __init__(self, rollout, cache: Optional[dict] = None):
