@@ -77,6 +77,12 @@ SOURCES = (
      "1, a BOS before every prompt, the ratio's lower clip bound at ε, and signature checks the replay refuted made "
      "info lines). The extra BOS is named `prompt_tokens_differ`, one code for whichever forward saw it, where the "
      "frozen expectation says `sampler_prompt_differs`: counted as a miss"),
+    ("A sixth held-out set: its first run", "sixth-first-run-20261130.jsonl", "sealed",
+     f"quiet 2-core CPU, 2026-11-30, `{SEALED} --only sixth` on commit 207e747 (the code after the fifth set's "
+     "last fit; the set was frozen in commit f551a00 — eight faults in one step of the hand-written loop, four "
+     "between its consecutive steps, two in TRL's GRPOTrainer, with healthy controls — by a hand that had not run "
+     "the diagnosis on them; no fit for them existed). Nine of the fourteen expected codes were names the diagnosis "
+     "did not have; a cause counts as named only by its code"),
     ("The earlier held-out sets and the probes on the fourth set's code (not held out)",
      "unseen-blind-probe-fresh-after-fixes-20261130.jsonl", "sealed",
      f"2-core CPU, 2026-11-30, `{SEALED} --only fresh --only unseen --only blind --only probe` on commit 85ed616 "
