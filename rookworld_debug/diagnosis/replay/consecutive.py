@@ -310,6 +310,16 @@ def reference_check(p: _Pair) -> PhaseCheck:
     if c.status != DISAGREE:
         return c
     for name, theta in (("θ_after(k)", sk.after), ("θ_before(k+1)", sk1.before), ("θ_before(k)", sk.before)):
+        shared = _shares(p, sk.reference, sk1.reference, theta)
+        if shared:
+            why = (f"{len(shared)} of the reference's {len(p.names)} parameters moved between the steps, and each now "
+                   f"holds the policy's ({name}): {', '.join(shared[:4])}{', …' if len(shared) > 4 else ''}. Those "
+                   "tensors are the policy's own (shared storage: a reference built by reusing the policy's modules, "
+                   "or layers tied to it), so the KL term does not hold the policy to a fixed reference there")
+            return PhaseCheck("reference", q, DISAGREE, c.max_abs_diff, c.tolerance, c.where, c.recorded,
+                              c.recomputed, "reference_tracks_policy", why, measure=c.measure,
+                              fit={"kind": "shares_policy", "params": {"parameters": shared, "toward": name},
+                                   "residual": 0.0, "sentence": why}, samples=c.samples)
         a = _toward(p, sk.reference, sk1.reference, theta)
         if a is not None:
             why = (f"the reference was re-copied from the policy ({name}) between the steps" if abs(a - 1) <= p.tol
@@ -320,6 +330,20 @@ def reference_check(p: _Pair) -> PhaseCheck:
                               fit={"kind": "toward_policy", "params": {"alpha": a, "toward": name},
                                    "residual": 0.0, "sentence": why}, samples=c.samples)
     return c
+
+
+def _shares(p: _Pair, ref0: dict, ref1: dict, theta) -> list:
+    """The parameters the reference moved between the steps where it moved only some, when every one of them now
+    equals θ's (within the relative tolerance); else []."""
+    if theta is None or not _has(theta, p.names):
+        return []
+
+    def off(a, b, n) -> bool:
+        return float((a[n].double() - b[n].double()).norm()) > p.tol * float(b[n].double().norm()) + 1e-12
+    moved = [n for n in p.names if off(ref1, ref0, n)]
+    if not moved or len(moved) == len(p.names) or any(off(ref1, theta, n) for n in moved):
+        return []
+    return moved
 
 
 def _toward(p: _Pair, ref0: dict, ref1: dict, theta) -> Optional[float]:

@@ -43,6 +43,9 @@ def optimizer_check(p) -> PhaseCheck:
                                              "the steps" if reset else ": it stepped twice for each step the loop "
                                              "took (optimizer.step() called again)" if twice else ""),
                           measure="|step count(k+1) − step count(k) − steps between|")
+    rate = _rate_not_scheduled(p, q)
+    if rate is not None:
+        return rate
     moving = sk.gradient is not None and any(bool(v.abs().sum() > 0) for v in sk.gradient.values())
     if has_moments(sk.optimizer, sk.optimizer_settings) and zero_state(sk1.optimizer_state) and moving:
         return PhaseCheck("optimizer", q, DISAGREE, 1.0, p.tol, "every parameter", "moments all 0",
@@ -50,6 +53,24 @@ def optimizer_check(p) -> PhaseCheck:
                           "after a step on a non-zero gradient: its state was reset between the steps",
                           measure="‖m_recorded − m‖ / ‖m‖")
     return _moments_check(p, q, f"step count {n0} → {n1}" if n1 is not None else "no step count kept")
+
+
+def _rate_not_scheduled(p, q: str):
+    """A disagreement when the optimizer's learning rate at k+1 is not the rate its scheduler last set (the single
+    step's own check) while the scheduler's count carried over: the optimizer's param_groups were not restored with
+    the scheduler; else None."""
+    from .schedule import schedule_check
+    c = schedule_check(p.trace_k1)
+    if c is None or c.status != DISAGREE:
+        return None
+    lr_k = (p.sk.optimizer_settings or {}).get("lr")
+    held = lr_k is not None and c.recorded == f"lr = {float(lr_k):.6g}"
+    why = (c.explanation + ". Between the steps the scheduler's count carried over but the optimizer's rate did not "
+           "follow it" + (f": the optimizer still holds step k's rate {float(lr_k):.6g} (a resume that restores the "
+                          "scheduler and leaves param_groups at the config's rate, or a rate written back by hand)"
+                          if held else ""))
+    return PhaseCheck("optimizer", q, DISAGREE, c.max_abs_diff, c.tolerance, "the learning rate at k+1", c.recorded,
+                      c.recomputed, "lr_not_from_scheduler", why, measure=c.measure, fit=c.fit)
 
 
 # what a scheduler moves from step to step: not a change of the optimizer's settings
@@ -79,9 +100,28 @@ def _moments_check(p, q: str, count: str) -> PhaseCheck:
     before_k = relative_moments(p.sk1.optimizer_state, p.sk.optimizer_state, p.names)[0] if kept else math.inf
     cause, why = ("optimizer_state_reset", "the optimizer's moments at k+1 are the ones before step k: its state "
                   "was restored from before step k's update") if before_k <= p.tol else \
+        _rounded_moments(p.sk1.optimizer_state, after, p.names, p.tol, err) or \
         _permuted_moments(p.sk1.optimizer_state, after, p.names, p.tol)
     return PhaseCheck("optimizer", q, DISAGREE, err, p.tol, f"{count}; worst moment {worst}", "", "", cause, why,
                       measure=measure)
+
+
+def _rounded_moments(got: dict, due: dict, names, tol: float, err: float) -> tuple[str, str]:
+    """("optimizer_state_rounded", sentence) when the moments at k+1 are the due ones rounded to bf16 or fp16 (a state
+    saved or loaded in a 16-bit type), far closer than to the due ones themselves; else ("", "")."""
+    import torch
+    for dt in (torch.bfloat16, torch.float16):
+        rounded = {n: {k: (v.to(dt).to(v.dtype) if k in MOMENTS and v.is_floating_point() else v)
+                       for k, v in (due.get(n) or {}).items()} for n in names}
+        left, where = relative_moments(got, rounded, names)
+        if left <= tol and left <= 0.1 * err:
+            name = str(dt).removeprefix("torch.")
+            return "optimizer_state_rounded", (
+                f"the optimizer's moments at k+1 are the ones step k left, rounded to {name}: ‖m − m_{name}‖ / ‖m‖ = "
+                f"{left:.2g} against {err:.2g} for the moments themselves (worst: {where or 'none'}); the state was "
+                f"saved or loaded in {name} (a checkpoint written in the model's dtype, or a cast at a resume), so "
+                "every moment lost its low bits and the smallest second moments became 0 or denormal")
+    return "", ""
 
 
 def _permuted_moments(got: dict, due: dict, names, tol: float) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from .compare import DISAGREE, VALUE_TOL, compare, scalar, skipped
 from .fits import token_fits, value_fits
 from .records import AGREE, PhaseCheck, fmt
 from .reward_variants import kl_reward_variant, length_variant, reward_variants
+from .stopped_rows import stopped_rows_check
 
 
 def expected_mask(ids: torch.Tensor, eos: int) -> torch.Tensor:
@@ -37,6 +38,8 @@ def generation_checks(trace, eos: int | None, tokenizer=None) -> list[PhaseCheck
     g = r.num_generations
     out = [_grouping(r, g)]
     out += mask_checks(trace, eos)
+    stopped = stopped_rows_check(trace, eos)
+    out += [stopped] if stopped is not None else []
     if tokenizer is not None:
         out.append(_texts_check(r, tokenizer))
     return out

@@ -191,6 +191,23 @@ def _rounded(rec, ref, mask, tol, g):
     return None
 
 
+def _integer(rec, ref, mask, tol, g):
+    """Every recorded value a whole number where the right ones are not, and the right ones truncated toward zero,
+    floored or rounded within the tolerance: the values were written into an integer tensor or cast by int()."""
+    w = _w(mask, ref).bool()
+    if not bool(w.any()) or not bool((rec[w] == rec[w].round()).all()) or bool((ref[w] == ref[w].round()).all()):
+        return None
+    for kind, op, said in (("truncated_to_integer", torch.trunc, "truncated toward zero"),
+                           ("floored_to_integer", torch.floor, "floored"),
+                           ("rounded_to_integer", torch.round, "rounded")):
+        r = _resid(rec, op(ref), mask)
+        if r <= tol:
+            return Fit(kind, {"operation": said}, r, f"the recorded values are the right ones {said} to whole "
+                                                     "numbers: they were written into an integer tensor (or cast "
+                                                     "by int()), which drops the fraction")
+    return None
+
+
 def _per_group_affine(rec, ref, mask, tol, g):
     """rec = a_k·ref + b_k within each set of a grouping (statistics taken over another grouping)."""
     if rec.ndim != 1 or not g or rec.numel() % g:
@@ -217,7 +234,7 @@ def _per_group_affine(rec, ref, mask, tol, g):
     return None
 
 
-VALUE_FITS = (_sign, _scale, _permutation, _shift, _affine, _clamp, _rounded, _per_group_affine)
+VALUE_FITS = (_integer, _sign, _scale, _permutation, _shift, _affine, _clamp, _rounded, _per_group_affine)
 
 
 def value_fits(g: int) -> Callable:

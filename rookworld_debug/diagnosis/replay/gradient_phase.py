@@ -1,6 +1,6 @@
 """The gradient phase: the recorded gradient against ∇θ of the declared loss at the weights before the update; on a
-disagreement, what it was fitted to be (a scale, whole parameters backward never reached, the loss's terms with other
-coefficients, the micro-batches weighted otherwise, an input wired in another's place, per-token discounted
+disagreement, what it was fitted to be (a scale, whole parameters backward never reached, the micro-batches summed in
+a 16-bit buffer, the loss's terms with other coefficients, the micro-batches weighted otherwise, an input wired in another's place, per-token discounted
 advantages, the rows' own coefficients).
 
     gradient_check(recorded, ours, dtype, accumulation, fit=None, max_grad_norm=None) -> PhaseCheck
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 from typing import Optional
+
+import torch
 
 from .compare import DISAGREE, REL_TOL, parameter_samples, skipped, tol_for
 from .records import AGREE, PhaseCheck, fmt
@@ -156,6 +158,9 @@ def _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation):
 def _regression_fits(recorded, names, fit, bound, norm_rec, accumulation, ours):
     """(phase, code, sentence, fit) of the loss's terms' regression, then the micro-batches'; the terms' fit (with
     its residual) as evidence when neither holds."""
+    low = _accumulated_in_low_precision(recorded, names, fit, bound, norm_rec, ours)
+    if low is not None:
+        return low
     coefs, resid = fit.fit(recorded, names, bound)
     rel = resid / norm_rec if norm_rec > 0 else math.inf
     fitted = {"kind": "terms", "params": {t: {"fitted": a, "declared": d} for t, (a, d) in coefs.items()},
@@ -202,6 +207,34 @@ def _regression_fits(recorded, names, fit, bound, norm_rec, accumulation, ours):
             "kind": "discount", "params": {"gamma": gamma},
             "residual": resid_d / norm_rec if norm_rec > 0 else math.inf, "sentence": why}
     return _rows_fit(recorded, names, fit, bound, norm_rec) or ("gradient", "", "", fitted)
+
+
+def _accumulated_in_low_precision(recorded, names, fit, bound, norm_rec, ours) -> Optional[tuple]:
+    """(phase, code, sentence, fit) where every recorded value is a 16-bit one and the micro-batches' gradients,
+    summed in that type (the buffer rounded after each micro-batch's backward, as a bf16 or fp16 .grad accumulates
+    them), reproduce the recorded gradient far closer than the declared one does; else None."""
+    grads = list(fit.micro_batch_gradients().values())
+    if len(grads) < 2:
+        return None
+    plain = math.sqrt(sum(float((recorded[n].double() - ours[n].double()).pow(2).sum()) for n in names))
+    for dt in (torch.bfloat16, torch.float16):
+        if not all(torch.equal(recorded[n], recorded[n].to(dt).to(recorded[n].dtype)) for n in names):
+            continue
+        acc = {n: torch.zeros(recorded[n].shape, dtype=torch.float32) for n in names}
+        for g in grads:
+            acc = {n: (acc[n] + g[n].float()).to(dt).float() for n in names}
+        resid = math.sqrt(sum(float((recorded[n].double() - acc[n].double()).pow(2).sum()) for n in names))
+        if resid <= bound and resid <= 0.1 * plain:       # the rounding is what closes the gap
+            name = str(dt).removeprefix("torch.")
+            why = (f"the recorded gradient is the {len(grads)} micro-batches' gradients summed in {name}: the "
+                   f"accumulation buffer was rounded to {name} after each backward (a {name} .grad, or a cast after "
+                   f"each micro-batch), so every partial sum lost its low bits; ‖g − g_{name} sum‖ / ‖g‖ = "
+                   f"{resid / norm_rec:.2g} against {plain / norm_rec:.2g} for the declared fp32 sum. Accumulate "
+                   "gradients in fp32")
+            return "gradient", f"gradient_accumulated_in_{'bf16' if dt == torch.bfloat16 else 'fp16'}", why, {
+                "kind": "accumulated_in_low_precision", "params": {"dtype": name, "micro_batches": len(grads)},
+                "residual": resid / norm_rec if norm_rec > 0 else math.inf, "sentence": why}
+    return None
 
 
 def _rows_fit(recorded, names, fit, bound, norm_rec) -> Optional[tuple]:

@@ -166,6 +166,43 @@ def untrained_check(state) -> Optional[PhaseCheck]:
                       measure="share of the gradient's parameters left out of the optimizer")
 
 
+def decay_groups_check(state) -> Optional[PhaseCheck]:
+    """A disagreement when the recorded optimizer keeps a weight-decay-free group for the biases while norm weights
+    (the other 1-D parameters) are in a group with weight decay: a no-decay filter that matched biases but missed the
+    norms (names such as ln_1, ln_2, ln_f that its list did not hold); else None."""
+    groups = _decay_by_name(state)
+    if not groups:
+        return None
+    vectors = [n for n in groups if n in state.before and state.before[n].ndim == 1]
+    biases = [n for n in vectors if n.endswith("bias")]
+    norms = [n for n in vectors if not n.endswith("bias")]
+    decayed = [n for n in norms if groups[n] > 0]
+    if not biases or not decayed or any(groups[n] > 0 for n in biases):
+        return None
+    wd = max(groups[n] for n in decayed)
+    why = (f"the biases are in a group with weight_decay = 0 but {len(decayed)} norm weights are decayed with "
+           f"weight_decay = {wd:g}: {', '.join(decayed[:4])}{', …' if len(decayed) > 4 else ''}. A no-decay filter "
+           "matched the biases by name and missed the norms (its list names LayerNorm.weight or layer_norm, this "
+           "model's are named otherwise), so every update pulls their scales toward 0. Select the no-decay "
+           "parameters by shape (ndim < 2) or by module type")
+    return PhaseCheck("update", "weight decay: the optimizer's groups leave biases and norm weights undecayed",
+                      DISAGREE, len(decayed) / len(norms), 0.0, f"{len(decayed)} of {len(norms)} norm weights",
+                      f"weight_decay = {wd:g}", "weight_decay = 0 (as the biases)", "weight_decay_on_norm_weights",
+                      why, measure="share of the norm weights in a decayed group")
+
+
+def _decay_by_name(state) -> dict:
+    """{parameter: its group's weight_decay} over the recorded optimizer's groups ({} when it keeps one group)."""
+    later = tuple(getattr(state, "optimizer_groups", ()) or ())
+    if not later or not state.optimizer_settings:
+        return {}
+    out = {n: float(state.optimizer_settings.get("weight_decay", 0.0) or 0.0) for n in state.trainable}
+    for names, settings in later:
+        for n in names:
+            out[n] = float((settings or {}).get("weight_decay", 0.0) or 0.0)
+    return out
+
+
 def _linear_fit(u: _Update, d_ref: dict):
     """(code, sentence, fit) of Δθ_recorded ≈ a·Δθ_optimizer (+ c·θ_before); ("", "", fit with its residual)."""
     names, d_rec = u.names, u.d_rec
