@@ -80,3 +80,14 @@ def test_a_token_shift_is_found_in_a_token_tensor():
 def test_noise_fits_nothing(right):
     torch.manual_seed(2)
     assert fit(right + 0.1 * torch.randn(12, dtype=torch.float64), right) is None
+
+
+def test_values_written_into_an_integer_tensor_are_named_by_the_cut(right):
+    """Whole numbers where the right values have fractions: truncated toward zero, floored or rounded, each named;
+    a scale never claims them first."""
+    assert fit(torch.trunc(right * 2), right * 2).kind == "truncated_to_integer"
+    assert fit(torch.floor(right * 2), right * 2).kind == "floored_to_integer"
+    assert fit(torch.round(right * 2.5), right * 2.5).kind == "rounded_to_integer"
+    whole = torch.tensor([1.0, -2.0, 0.0, 3.0] * 3, dtype=torch.float64)
+    assert fit(torch.zeros_like(whole), whole) is None or fit(torch.zeros_like(whole), whole).kind != \
+        "truncated_to_integer"                     # right values already whole: no cut to name

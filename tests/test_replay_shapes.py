@@ -206,6 +206,14 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
     # a difference in a later micro-batch's rows alone is not a precision's rounding: the re-run inner step names it
     pytest.param("optimizer_step_per_micro_batch", {}, "optimizer_stepped_per_micro_batch", "scoring",
                  marks=pytest.mark.slow),
+    # the sixth held-out set (SIXTH_FAULTS), as fixed after its first run
+    pytest.param("rewards_in_integer_tensor", {}, "rewards_truncated_to_integer", "rewards", marks=pytest.mark.slow),
+    pytest.param("grads_accumulated_in_bf16", {}, "gradient_accumulated_in_bf16", "gradient",
+                 marks=pytest.mark.slow),
+    pytest.param("norm_weights_decayed", dict(weight_decay=0.1, lr=1e-3), "weight_decay_on_norm_weights", "update",
+                 marks=pytest.mark.slow),
+    pytest.param("batch_stops_at_first_eos", {}, "generation_stopped_for_batch", "generation",
+                 marks=pytest.mark.slow),
 ])
 def test_a_fault_of_a_loop_shape_is_placed_and_named(tmp_path, fault, kw, code, phase):
     from rookworld_debug.diagnosis import diagnose_path

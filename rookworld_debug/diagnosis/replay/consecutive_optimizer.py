@@ -98,10 +98,12 @@ def _moments_check(p, q: str, count: str) -> PhaseCheck:
         return PhaseCheck("optimizer", q, AGREE, err, p.tol, count, measure=measure)
     kept = any(k in MOMENTS for st in p.sk.optimizer_state.values() for k in st)     # an empty state matches anything
     before_k = relative_moments(p.sk1.optimizer_state, p.sk.optimizer_state, p.names)[0] if kept else math.inf
-    cause, why = ("optimizer_state_reset", "the optimizer's moments at k+1 are the ones before step k: its state "
-                  "was restored from before step k's update") if before_k <= p.tol else \
-        _rounded_moments(p.sk1.optimizer_state, after, p.names, p.tol, err) or \
-        _permuted_moments(p.sk1.optimizer_state, after, p.names, p.tol)
+    if before_k <= p.tol:
+        cause, why = ("optimizer_state_reset", "the optimizer's moments at k+1 are the ones before step k: its "
+                      "state was restored from before step k's update")
+    else:
+        cause, why = _rounded_moments(p.sk1.optimizer_state, after, p.names, p.tol, err)
+        cause, why = (cause, why) if cause else _permuted_moments(p.sk1.optimizer_state, after, p.names, p.tol)
     return PhaseCheck("optimizer", q, DISAGREE, err, p.tol, f"{count}; worst moment {worst}", "", "", cause, why,
                       measure=measure)
 

@@ -18,6 +18,7 @@ from .dropout_noise import dropout_noise
 from .fits import value_fits
 from .precision_paths import logsoftmax_path
 from .records import AGREE, PhaseCheck
+from .prompt_cut import prompt_cut
 from .rewritten_ids import rewritten_ids
 
 ROWS_PER_FORWARD = 16
@@ -58,13 +59,15 @@ def _hashable(v):
 @torch.no_grad()
 def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, unshifted=False,
                    warp=None, temperature: Optional[float] = None, other_side=False, no_mask=False,
-                   pad_logits: int = 0, position_offset: int = 0, prefix: Optional[int] = None) -> torch.Tensor:
+                   pad_logits: int = 0, position_offset: int = 0, prefix: Optional[int] = None,
+                   keep_last: Optional[int] = None) -> torch.Tensor:
     """(N, T) log-probs of the sampled ids under a common scoring mistake: logits not divided by the temperature,
     position ids that count the left padding, logits not shifted by one (position t scoring token t), the
     prompts padded on the other side (`other_side`: the completion follows the pads, so a short prompt's first
     completion token is predicted from a pad position), no attention mask (`no_mask`: every position attends to
     the pads), `pad_logits` more entries of logit 0 in the log-softmax (a vocabulary padded to a multiple), position
-    ids `position_offset` later, or one more token `prefix` before every prompt (attended: a BOS the ids lack)."""
+    ids `position_offset` later, one more token `prefix` before every prompt (attended: a BOS the ids lack), or each
+    prompt cut to its last `keep_last` tokens (the earlier ones masked out: a left truncation)."""
     out = []
     for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD):
         rows = slice(s, s + ROWS_PER_FORWARD)
@@ -73,6 +76,8 @@ def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, un
         if other_side:                      # the real tokens moved to the other end, their order kept
             order = torch.argsort(p_mask if bool(p_mask[:, 0].eq(1).all()) else 1 - p_mask, dim=1, stable=True)
             p_ids, p_mask = p_ids.gather(1, order), p_mask.gather(1, order)
+        if keep_last is not None:           # the real tokens before the last keep_last, masked as pads
+            p_mask = p_mask * (p_mask.flip(1).cumsum(1).flip(1) <= keep_last).long()
         if prefix is not None:              # at column 0: the pads between it and the prompt are not attended
             p_ids = torch.cat([p_ids.new_full((p_ids.shape[0], 1), prefix), p_ids], 1)
             p_mask = torch.cat([p_mask.new_ones((p_mask.shape[0], 1)), p_mask], 1)
@@ -143,6 +148,8 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
                     mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
+        if c.status == DISAGREE and not c.cause:      # a forward that saw its prompts cut
+            c = prompt_cut(c, rec, logps(model), mask, lambda k: _variant_logps(model, r, keep_last=k), r.prompt_mask)
         if key == "sampler" and c.status == DISAGREE and not c.cause:     # the ids it drew, rewritten after
             c = rewritten_ids(c, rec, logps(model), mask, lambda: _variant_logps_raw(model, r), r, c.tolerance,
                               eos)
@@ -266,8 +273,10 @@ def _hidden_key(model, rollout) -> tuple:
 
 
 def _scoring_variants(trace, policy) -> dict:
-    """The forward's mistakes (`forward_variants`), then the sampler's: a top-k / top-p distribution recorded."""
+    """The forward's mistakes (`forward_variants`, rows packed across), then the sampler's: a top-k / top-p
+    distribution recorded."""
     r, variants = trace.rollout, forward_variants(trace, policy)
+    variants.update(_packed_variants(trace, policy))
     warp = _sampler_warpers(trace)
     if warp is not None:        # TRL's convention (and this package's) is the tempered distribution BEFORE top-k/p
         variants["sampler_logps_after_warping"] = (
@@ -345,6 +354,32 @@ def forward_variants(trace, model) -> dict:
             "sampling: each shorter prompt's completion follows its pads, so its first completion token is "
             "predicted from a pad position")
     return variants
+
+
+# tokens one packed forward may hold (its attention is quadratic in them); position ids restart at each row, so a
+# pack may be longer than the model's context
+MAX_PACK = 4096
+
+
+def _packed_variants(trace, model) -> dict:
+    """The rows packed into one sequence per micro-batch, or per batch, under a plain causal mask (packed_rows.py)."""
+    from .data_phases import micro_batches
+    from .packed_rows import packed_logps
+    r, out = trace.rollout, {}
+    layouts = {"each micro-batch": [list(map(int, rows)) for rows in micro_batches(trace)],
+               "the whole batch": [list(range(r.completion_ids.shape[0]))]}
+    rows_len = (r.prompt_mask.sum(1) + r.completion_mask.sum(1)).tolist()                  # (N,) real tokens
+    for name, packs in layouts.items():
+        if f"packed_sequences_cross_attend/{len(packs)}" in out or all(len(p) < 2 for p in packs) \
+                or max(sum(rows_len[i] for i in p) for p in packs) > MAX_PACK:
+            continue
+        out[f"packed_sequences_cross_attend/{len(packs)}"] = (
+            lambda packs=packs: packed_logps(model, r, packs),
+            f"the forward packed {name}'s rows into one sequence (padding removed, position ids restarting at each "
+            "row) under a plain all-ones attention mask: each row attends to the rows packed before it, so every "
+            "row but a pack's first is scored on other rows' tokens too. Pass the packed layout to the attention "
+            "(a varlen or block-diagonal mask, or position ids with no attention mask where the model infers it)")
+    return out
 
 
 @_memoised

@@ -481,6 +481,12 @@ def terms_cause(coefs: dict, accumulation: int) -> tuple[str, str, str]:
     if set(off) == {"policy term"} and abs(pg[0]) < 0.02:
         return "loss", "loss_terms", ("the policy term carries no gradient (its ratio or log-probs detached, or "
                                       "computed under no_grad): only the other terms train the policy: " + said)
+    if set(off) == {"policy term"} and pg[1] and near(pg[0], 2.0 * pg[1]):
+        return "loss", "importance_weight_not_detached", (
+            "the policy term's gradient is exactly twice the declared one: a factor whose value is 1 on this step's "
+            "weights but whose gradient flows, as an importance weight π_θ / π_sampler (or π_θ / π_old) multiplied "
+            "in without .detach() gives (its gradient adds the policy term's own once more); the policy term "
+            "added to the loss twice gives the same: " + said)
     if set(off) == {"policy term"} and near(pg[0], -1.0):
         return "loss", "loss_advantage_sign", ("the policy term enters with the opposite sign (its value hides it: "
                                                "Σ A = 0 in a group; its gradient does not): " + said)
