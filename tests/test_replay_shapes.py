@@ -214,6 +214,11 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
                  marks=pytest.mark.slow),
     pytest.param("batch_stops_at_first_eos", {}, "generation_stopped_for_batch", "generation",
                  marks=pytest.mark.slow),
+    pytest.param("packed_rows_attend_across", {}, "packed_sequences_cross_attend", "scoring", marks=pytest.mark.slow),
+    pytest.param("prompt_truncated_for_trainer_only", {}, "prompt_tokens_differ", "scoring", marks=pytest.mark.slow),
+    # the second rollout: its reference has drifted from the policy, so the KL term carries a gradient of its own
+    pytest.param("is_weight_not_detached", dict(num_generations=4, steps=2), "importance_weight_not_detached", "loss",
+                 marks=pytest.mark.slow),
 ])
 def test_a_fault_of_a_loop_shape_is_placed_and_named(tmp_path, fault, kw, code, phase):
     from rookworld_debug.diagnosis import diagnose_path

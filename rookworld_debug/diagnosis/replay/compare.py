@@ -139,7 +139,8 @@ def match_variant(rec: torch.Tensor, variants: Mapping[str, tuple], tol: float,
     for code, (values, sentence) in variants.items():
         try:
             v = values() if callable(values) else values
-        except (RuntimeError, ValueError):      # a forward the model refuses (an unsupported mask): explains nothing
+        except (RuntimeError, ValueError, IndexError):   # a forward the model refuses (an unsupported mask, positions
+            # past its table): explains nothing
             continue
         if v is None or tuple(v.shape) != tuple(rec.shape):
             continue

@@ -281,7 +281,19 @@ def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
                                                  "synced after the update"),
             ("sampler_weights_stale", sk.reference, "the sampler holds the reference's (start) weights: it was never "
                                                     "synced")]
+    declared = _LOW.get(getattr(p.trace_k1.recorded, "sampler_dtype", "") or "")
+    if declared is not None:                 # a sampler declared in 16 bits holds the synced weights rounded
+        due = _Rounded(due, declared)
+    fits += [("sampler_precision", _Rounded(due, dt), f"the sampler holds the synced weights rounded to {name}: its "
+              f"copy keeps them in {name} (an engine loaded in {name}, or the sync cast them), so it samples from "
+              f"another distribution than the {str(next(iter(due.values())).dtype).removeprefix('torch.')} policy "
+              f"it is due to hold; declare sampler_precision='{name}' if that is meant")
+             for dt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")) if declared is None]
     return _weights_disagree(p, "sampler", q, sk1.sampler, due, fits)
+
+
+# the 16-bit types a sampler may be declared in (StepRecorder's sampler_precision)
+_LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _partly(p: _Pair, got: dict, synced: dict, stale) -> Optional[tuple]:

@@ -366,6 +366,8 @@ def _packed_variants(trace, model) -> dict:
     from .data_phases import micro_batches
     from .packed_rows import packed_logps
     r, out = trace.rollout, {}
+    if trace.capture is not None:    # TRL's scoring forward counts positions across the padding: no packed path
+        return out
     layouts = {"each micro-batch": [list(map(int, rows)) for rows in micro_batches(trace)],
                "the whole batch": [list(range(r.completion_ids.shape[0]))]}
     rows_len = (r.prompt_mask.sum(1) + r.completion_mask.sum(1)).tolist()                  # (N,) real tokens
