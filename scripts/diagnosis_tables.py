@@ -83,6 +83,15 @@ SOURCES = (
      "between its consecutive steps, two in TRL's GRPOTrainer, with healthy controls — by a hand that had not run "
      "the diagnosis on them; no fit for them existed). Nine of the fourteen expected codes were names the diagnosis "
      "did not have; a cause counts as named only by its code"),
+    ("The sixth held-out set after its fixes, with the fifth and fourth on the same code (not held out)",
+     "sixth-novel-fresh-after-fixes-20261130.jsonl", "sealed",
+     f"quiet 2-core CPU, 2026-11-30, `{SEALED} --only sixth --only novel --only fresh` on commit 0df9b23 (the fits "
+     "written after the sixth set's first run: rows cut where the batch stopped at its first EOS, rewards truncated "
+     "to whole numbers, gradients summed in bf16, weight decay on the norm weights, a prompt cut for one forward, "
+     "rows packed under a plain causal mask, a policy-term gradient doubled; between steps: moments rounded to 16 "
+     "bits, a reference sharing the policy's tensors, an optimizer rate not following its scheduler, a sampler "
+     "holding 16-bit weights; and the fifth set's optimizer step inside the accumulation loop). The stale prefix "
+     "cache moves step 2's sampler log-probs by at most 7e-5 and is not found"),
     ("The earlier held-out sets and the probes on the fourth set's code (not held out)",
      "unseen-blind-probe-fresh-after-fixes-20261130.jsonl", "sealed",
      f"2-core CPU, 2026-11-30, `{SEALED} --only fresh --only unseen --only blind --only probe` on commit 85ed616 "
