@@ -38,7 +38,7 @@ def stepped_in_accumulation(check: PhaseCheck, trace, w, ours: torch.Tensor, cli
     said = (f"the rows of micro-batch j + 1 were scored at the weights after j optimizer steps: optimizer.step() ran "
             f"after each of the {k} micro-batches' backward, inside the accumulation loop, so this step made {k} "
             f"updates where one was due. Re-running them (each micro-batch's share of the declared gradient, clipped "
-            f"at {clip}, through the recorded optimizer) reproduces micro-batches 2–{k}'s recorded log-probs to "
+            f"at {clip}, through the recorded optimizer) reproduces {'micro-batch 2' if k == 2 else f'micro-batches 2–{k}'}'s recorded log-probs to "
             f"{fmt(max(gaps))} (tolerance {fmt(check.tolerance)})")
     fit = Fit("stepped_in_accumulation", {"micro_batches": k, "max_gap": max(gaps), "gaps": gaps,
                                           "rows": [[int(chunk[0]), int(chunk[-1])] for chunk in chunks]},
