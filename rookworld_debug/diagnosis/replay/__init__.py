@@ -203,19 +203,13 @@ def _scoring_dtype(trace) -> str:
 
 def _scoring(trace, w: Weights) -> list[PhaseCheck]:
     from rookworld_debug.diagnosis.replay import model_phases as M
-    from rookworld_debug.diagnosis.replay.prompt_cut import prompt_text_cut
     from rookworld_debug.diagnosis.replay.stepped_in_accumulation import stepped_in_accumulation
     checks = M.scoring_checks(trace, w.policy, w.reference, _scoring_dtype(trace), have=w.have,
-                              ref_is_policy=w.ref_is_policy,
-                              policy_moved=_moved_before(w.state), sampler=w.sampler, cache=w.cache, eos=w.eos)
-    # the loss forward's log-probs of weights this step had already moved (it needs the optimizer), and the
-    # sampler's of a prompt longer than the recorded ids (it needs the tokenizer): so they are here
-    sampled_by = w.sampler if w.sampler is not None else w.policy if not getattr(trace.recorded, "iteration", 0) \
-        else None
+                              ref_is_policy=w.ref_is_policy, policy_moved=_moved_before(w.state), sampler=w.sampler,
+                              cache=w.cache, eos=w.eos, tokenizer=w.tokenizer)
+    # the loss forward's log-probs of weights this step had already moved: it needs the optimizer, so it is here
     return [stepped_in_accumulation(c, trace, w, M.policy_logps(trace, w.policy, w.cache), clip_of(trace))
-            if c.quantity.startswith("per_token_logps") else
-            prompt_text_cut(c, trace, w.tokenizer, M.policy_logps(trace, sampled_by, w.cache))
-            if c.quantity.startswith("sampling_per_token_logps") and sampled_by is not None else c for c in checks]
+            if c.quantity.startswith("per_token_logps") else c for c in checks]
 
 
 def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:

@@ -229,7 +229,7 @@ def weights_check(p: _Pair) -> PhaseCheck:
     fits += [("weights_rounded", _Rounded(sk.after, dt), f"the policy at step k+1 holds step k's updated weights "
               f"rounded to {name}: they went through a {name} copy between the steps (a checkpoint saved in "
               f"{name} and loaded back, or a cast there and back), so each step loses what rounding removes")
-             for dt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))]
+             for name, dt in SIXTEEN_BIT.items()]
     lr_k, lr_k1 = ((st.optimizer_settings or {}).get("lr") for st in (sk, sk1))
     factors = dict.fromkeys([1.0] + ([lr_k1 / lr_k] if isinstance(lr_k, float) and isinstance(lr_k1, float) and lr_k
                                      else []))         # the second step at k's rate, or at k+1's (scheduler between)
@@ -239,6 +239,10 @@ def weights_check(p: _Pair) -> PhaseCheck:
     fits += [("update_applied_twice", lambda f=f: stepped_twice(sk, clip_of(p.trace_k), p.names, f), twice)
              for f in factors]
     return _weights_disagree(p, "weights", q, sk1.before, sk.after, fits)
+
+
+# the 16-bit types a copy of the weights may be kept in (the names StepRecorder's sampler_precision takes)
+SIXTEEN_BIT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class _Rounded(dict):
@@ -281,19 +285,15 @@ def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
                                                  "synced after the update"),
             ("sampler_weights_stale", sk.reference, "the sampler holds the reference's (start) weights: it was never "
                                                     "synced")]
-    declared = _LOW.get(getattr(p.trace_k1.recorded, "sampler_dtype", "") or "")
+    declared = SIXTEEN_BIT.get(getattr(p.trace_k1.recorded, "sampler_dtype", "") or "")
     if declared is not None:                 # a sampler declared in 16 bits holds the synced weights rounded
         due = _Rounded(due, declared)
     fits += [("sampler_precision", _Rounded(due, dt), f"the sampler holds the synced weights rounded to {name}: its "
               f"copy keeps them in {name} (an engine loaded in {name}, or the sync cast them), so it samples from "
               f"another distribution than the {str(next(iter(due.values())).dtype).removeprefix('torch.')} policy "
               f"it is due to hold; declare sampler_precision='{name}' if that is meant")
-             for dt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")) if declared is None]
+             for name, dt in SIXTEEN_BIT.items() if declared is None]
     return _weights_disagree(p, "sampler", q, sk1.sampler, due, fits)
-
-
-# the 16-bit types a sampler may be declared in (StepRecorder's sampler_precision)
-_LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _partly(p: _Pair, got: dict, synced: dict, stale) -> Optional[tuple]:

@@ -18,7 +18,7 @@ from .dropout_noise import dropout_noise
 from .fits import value_fits
 from .precision_paths import logsoftmax_path
 from .records import AGREE, PhaseCheck
-from .prompt_cut import prompt_cut
+from .prompt_cut import prompt_cut, prompt_text_cut
 from .rewritten_ids import rewritten_ids
 
 ROWS_PER_FORWARD = 16
@@ -114,7 +114,7 @@ def recompute_logps(model, r) -> torch.Tensor:
 
 def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_policy: bool,
                    policy_moved: bool = False, sampler=None, cache: Optional[dict] = None,
-                   eos: Optional[int] = None) -> list[PhaseCheck]:
+                   eos: Optional[int] = None, tokenizer=None) -> list[PhaseCheck]:
     """Each recorded log-prob tensor against the recompute from the weights that made it (the policy's from the
     weights before the update; π_old's and the sampler's from the weights that sampled: `sampler`, or the weights
     before on a rollout's first pass); mistakes that reproduce it name the cause."""
@@ -148,6 +148,8 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
                     mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
+        if key == "sampler":          # the recorded prompt ids a cut of the text the sampler saw: no forward
+            c = prompt_text_cut(c, trace, tokenizer, logps(model))
         if c.status == DISAGREE and not c.cause:      # a forward that saw its prompts cut
             c = prompt_cut(c, rec, logps(model), mask, lambda k: _variant_logps(model, r, keep_last=k), r.prompt_mask)
         if key == "sampler" and c.status == DISAGREE and not c.cause:     # the ids it drew, rewritten after
