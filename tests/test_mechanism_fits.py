@@ -61,6 +61,18 @@ def test_reward_variants_name_a_cache_by_prompt_and_a_reversed_order():
     assert "cached by prompt" in v["reward_cached/first"][1]
 
 
+def test_one_reward_broadcast_to_the_batch_is_a_reward_that_ignores_the_completion():
+    from rookworld_debug.diagnosis.replay.compare import compare
+    from rookworld_debug.diagnosis.replay.data_phases import reward_variants
+    ref = torch.tensor([0.1, 0.5, -1.0, 0.3, 0.9, 0.2, 0.0, -0.4], dtype=torch.float64)
+    for j, which in ((0, "first"), (7, "last")):         # the function returned one number: assignment broadcasts it
+        check = compare("rewards", "rewards", ref[j].expand(8).clone(), ref, 1e-6, variants=reward_variants(ref, 4))
+        assert check.cause == "reward_ignores_completion" and f"{which} row" in check.explanation
+    # one group of G rows cached by prompt is not a whole batch broadcast: the cache names it
+    cached = ref.view(2, 4)[:, :1].expand(2, 4).reshape(-1)
+    assert compare("rewards", "rewards", cached, ref, 1e-6, variants=reward_variants(ref, 4)).cause == "reward_cached"
+
+
 def test_a_capture_whose_trainer_kept_no_log_probs_for_untrained_rows_is_built_with_them_missing():
     from rookworld_debug.trl.build import _in_generation_order
     mbs = [{"rows": torch.tensor([0, 1]), "per_token_logps": torch.full((2, 3), -0.5)}]

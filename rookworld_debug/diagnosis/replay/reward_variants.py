@@ -92,4 +92,10 @@ def reward_variants(ref: torch.Tensor, g: int) -> dict:
                 ref.view(b, g)[:, j:j + 1].expand(b, g).reshape(-1), f"each group's rows carry the reward of its "
                 f"{which} row: the reward is cached by prompt (the other completions of a prompt are never scored), "
                 "so the group has no spread and no signal")
+    if n > 1:                         # a function that returned one number: the tensor assignment broadcast it
+        for j, which in ((0, "first"), (n - 1, "last")):
+            out[f"reward_ignores_completion/{which}"] = (
+                ref[j:j + 1].expand(n), f"every row carries the reward of the batch's {which} row "
+                f"({float(ref[j]):.6g}): the reward function returned one value for the batch and it was broadcast "
+                f"to all {n} rows, so no other completion was scored and no group has a signal")
     return out
