@@ -98,3 +98,27 @@ def test_the_fix_card_shows_the_verdict_and_its_numbers_escaped():
     assert html.count("<tr>") == 1 + 4 + 1 + 1 + 1 + 1       # headers and rows: numbers, parameters, one flipped row
     none = fix_card(CorrectedStep("", "", note="the replay found no disagreement"))._repr_html_()
     assert "rw-fix-none" in none and "no disagreement" in none
+
+
+def test_a_log_prob_bound_grows_with_the_log_prob():
+    from rookworld_debug.diagnosis.replay.compare import LOGP_REL, LOGP_TOL, compare
+    ref = torch.tensor([[-0.3, -14.0, -2.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3)
+    tol, rel = LOGP_TOL["float32"], LOGP_REL["float32"]
+    far = ref + torch.tensor([[0.0, 1.2e-4, 0.0]], dtype=torch.float64)      # fp32 rounding of an unlikely token
+    assert compare("scoring", "q", far, ref, tol, mask=mask, rel=rel).status == "agree"
+    near = ref + torch.tensor([[1.2e-4, 0.0, 0.0]], dtype=torch.float64)     # the same gap at a likely token
+    c = compare("scoring", "q", near, ref, tol, mask=mask, rel=rel)
+    assert c.status == "disagree" and "(0, 0)" in c.where
+    assert compare("scoring", "q", far, ref, tol, mask=mask).status == "disagree"    # without rel: the fixed bound
+
+
+def test_a_loops_own_reward_is_held_only_to_how_its_values_are_stored():
+    from rookworld_debug.diagnosis.replay.fits import STORAGE_FITS, value_fits
+    ref = torch.tensor([0.1234567, 0.51, -1.0371, 0.3333333, 0.9, 0.2, 0.0, -0.4], dtype=torch.float64)
+    only = value_fits(4, STORAGE_FITS)
+    got = only(ref.to(torch.bfloat16).double(), ref, None, 1e-5)
+    assert got is not None and got.kind == "rounded" and got.params["dtype"] == "bfloat16"
+    assert only(ref.trunc(), ref, None, 1e-5).kind == "truncated_to_integer"
+    # another formula of the same rows (a scale) is the loop's own business: only the full fits name it
+    assert only(1.01 * ref, ref, None, 1e-5) is None and value_fits(4)(1.01 * ref, ref, None, 1e-5).kind == "scaled"

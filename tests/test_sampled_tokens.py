@@ -100,6 +100,39 @@ def test_a_lower_sampling_temperature_is_named_as_a_sharper_distribution():
         assert c.fit["params"]["z"] > S.Z_WARN and "sharper" in c.explanation
 
 
+def _shared_draw(seed: int, penalty: float = 1.0, g: int = 4):
+    """(statistics, rollout) of N×T tokens where each group of g rows draws with ONE uniform per position (the rows
+    of a group are then one completion), through HF's repetition penalty; judged against softmax(logits)."""
+    from types import SimpleNamespace
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(N, T, V, generator=gen) * 2.5
+    logits = logits.view(N // g, g, T, V)[:, :1].expand(N // g, g, T, V).reshape(N, T, V)   # a group: one prompt
+    prompt = torch.randint(0, V, (N // g, 1, P), generator=gen).expand(N // g, g, P).reshape(N, P)
+    seen = torch.zeros(N, V, dtype=torch.bool).scatter_(1, prompt, True)
+    ids = torch.zeros(N, T, dtype=torch.long)
+    for t in range(T):
+        z = torch.where(seen, torch.where(logits[:, t] > 0, logits[:, t] / penalty, logits[:, t] * penalty),
+                        logits[:, t])
+        u = torch.rand(N // g, 1, generator=gen).repeat_interleave(g, 0)                 # (N, 1) shared per group
+        ids[:, t] = (z.softmax(-1).cumsum(-1) < u).sum(-1).clamp(max=V - 1)
+        seen[torch.arange(N), ids[:, t]] = True
+    mask = torch.ones(N, T, dtype=torch.long)
+    st = S.statistics_of(logits.log_softmax(-1), ids, mask, S.seen_before(prompt, torch.ones(N, P, dtype=torch.bool),
+                                                                           ids, V))
+    return st, SimpleNamespace(num_generations=g, completion_ids=ids, completion_mask=mask)
+
+
+def test_rows_drawn_with_one_seed_per_group_are_named_unless_their_tokens_reject_the_distribution():
+    c = S.shared_or_judged(*_shared_draw(0))
+    assert c.status == DISAGREE and c.cause == "sampling_draws_shared", c.explanation
+    assert c.fit["params"]["rows"] == [k * 4 + j for k in range(N // 4) for j in range(1, 4)]
+    # a penalty that forces tokens repeats a group's rows too: the distinct rows' tokens name the penalty instead
+    st, r = _shared_draw(0, penalty=3.0)
+    assert S.shared_draws(st, r) is not None             # the identical rows alone would read as shared draws
+    c = S.shared_or_judged(st, r)
+    assert c.cause == "sampler_distribution_changed" and c.fit["kind"] == "sampler_repetition", c.explanation
+
+
 def test_too_few_tokens_or_a_declared_filter_are_not_tested():
     class Rollout:                       # only what the check reads before it needs a model
         completion_mask = torch.ones(1, S.MIN_TOKENS - 1)

@@ -16,6 +16,9 @@ LOGP_TOL = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 0.5, "float16": 0.2}
 MEAN_TOL = {"float32": None, "float64": None, "bfloat16": 0.02, "float16": 0.01}
 # the sampler's KV-cached loop against a full forward: fp32 agrees to ~1e-5; 16-bit rounds apart by up to ~0.1 nats
 SAMPLER_TOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 0.25, "float16": 0.1}
+# a log-prob's rounding grows with its size (the chosen logit's distance from the log-sum-exp, both carrying the
+# logits' relative error): a token of log-prob −14 recomputes ~1e-4 apart in fp32; the bound is tol + rel·|value|
+LOGP_REL = {"float32": 1e-5, "float64": 1e-10, "bfloat16": 0.0, "float16": 0.0}
 REL_TOL = {"float32": 1e-3, "float64": 1e-6, "bfloat16": 5e-2, "float16": 2e-2}   # gradient / update, relative
 DISTINCT = 10.0              # a variant names a cause only when it is this many tolerances from the trusted value
 EXPLAINS = 100.0             # or, a total within a few tolerances, when it reproduces it this many times closer
@@ -40,11 +43,12 @@ def _where(diff: torch.Tensor, tol: float, unit: str) -> tuple[str, list]:
 def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch.Tensor, tol: float, *,
             mask: Optional[torch.Tensor] = None, unit: str = "row",
             variants: Optional[Mapping[str, tuple]] = None, mean_tol: Optional[float] = None,
-            fit=None) -> PhaseCheck:
+            fit=None, rel: float = 0.0) -> PhaseCheck:
     """Recorded vs recomputed, elementwise (where `mask` is 1). `variants`: {code: (values, sentence)} — known
     mechanisms; the first that reproduces the recorded values within `tol` names the cause. `fit(rec, ref, mask,
     tol) -> Fit | None`: the generic fits (fits.py) tried when no variant does. `mean_tol`: also hold the mean
-    |difference| to it (16-bit recomputes: a loose max, a tight mean)."""
+    |difference| to it (16-bit recomputes: a loose max, a tight mean). `rel`: each element's bound is
+    tol + rel·|recomputed| (log-probs, whose rounding grows with their size)."""
     rec, ref = recorded.double(), recomputed.double()
     if rec.shape != ref.shape:
         return PhaseCheck(phase, quantity, DISAGREE, math.inf, tol, f"shape {tuple(rec.shape)}",
@@ -56,9 +60,10 @@ def compare(phase: str, quantity: str, recorded: torch.Tensor, recomputed: torch
     worst = float(diff.max()) if diff.numel() else 0.0
     mean = float(diff.sum() / mask.sum().clamp(min=1)) if mask is not None else float(diff.mean()) \
         if diff.numel() else 0.0
-    if worst <= tol and (mean_tol is None or mean <= mean_tol):
+    over = diff if rel == 0 else diff * (diff > tol + rel * ref.abs().nan_to_num(0.0))   # beyond each one's bound
+    if float(over.max() if over.numel() else 0.0) <= tol and (mean_tol is None or mean <= mean_tol):
         return PhaseCheck(phase, quantity, AGREE, worst, tol)
-    where, idx = _where(diff, tol if worst > tol else mean_tol, unit)
+    where, idx = _where(over, tol if worst > tol else mean_tol, unit)
     code, sentence = match_variant(rec, variants or {}, tol, mask, trusted=ref)
     found = fit(rec, ref, None if mask is None else mask.double(), tol) if fit is not None and not code else None
     if found is not None:
@@ -192,4 +197,4 @@ def tol_for(table: dict, dtype: str) -> float:
 
 
 __all__ = ["AGREE", "DISAGREE", "SKIPPED", "compare", "scalar", "skipped", "match_variant", "tol_for",
-           "LOGP_TOL", "REL_TOL", "VALUE_TOL"]
+           "LOGP_REL", "LOGP_TOL", "REL_TOL", "VALUE_TOL"]

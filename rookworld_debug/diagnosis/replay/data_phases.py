@@ -19,7 +19,7 @@ from rookworld_debug.grpo.phases.generation import loss_mask
 from rookworld_debug.grpo.phases.rewards import BUILTIN_REWARDS, LABEL_REWARD_MODES, builtin_breakdowns
 
 from .compare import DISAGREE, VALUE_TOL, compare, scalar, skipped
-from .fits import token_fits, value_fits
+from .fits import STORAGE_FITS, token_fits, value_fits
 from .records import AGREE, PhaseCheck, fmt
 from .reward_variants import kl_reward_variant, length_variant, reward_variants
 from .stopped_rows import stopped_rows_check
@@ -179,9 +179,10 @@ ROW_FITS = ("reward_rows_misaligned", "rewards_other_labels", "reward_cached")
 def _own_reward(trace, labels, skip: PhaseCheck) -> PhaseCheck:
     """The loop's own reward functions are never called from a file. The project's RookWorld reward against the
     recorded labels is tried as a candidate: where it reproduces the recorded rewards, the phase agrees; where it
-    reproduces them on other rows only (shifted, reversed, another group's label, cached by prompt) with at least
-    3 distinct values (a permutation of fewer is no evidence), that is the finding; otherwise `skip`, no claim (a
-    reward of another scale or formula is the loop's own business)."""
+    reproduces them on other rows only (shifted, reversed, another group's label, cached by prompt) or only as
+    stored in another type (rounded to bf16, cut to whole numbers) with at least 3 distinct values (a permutation of
+    fewer is no evidence), that is the finding; otherwise `skip`, no claim (a reward of another scale or formula is
+    the loop's own business)."""
     g = trace.rollout.num_generations
     score = functools.partial(rookworld_candidate, trace)
     ref = score(labels)
@@ -191,7 +192,8 @@ def _own_reward(trace, labels, skip: PhaseCheck) -> PhaseCheck:
          "completion against its label (the candidate)")
     variants = {k: v for k, v in {**reward_variants(ref, g), **_label_variants(score, labels, g)}.items()
                 if k.split("/")[0] in ROW_FITS}
-    check = compare("rewards", q, trace.rewards.rewards.double(), ref, VALUE_TOL, variants=variants)
+    check = compare("rewards", q, trace.rewards.rewards.double(), ref, VALUE_TOL, variants=variants,
+                    fit=value_fits(g, STORAGE_FITS))
     return check if check.status == AGREE or check.cause else skip
 
 

@@ -237,10 +237,15 @@ def _per_group_affine(rec, ref, mask, tol, g):
 VALUE_FITS = (_integer, _sign, _scale, _permutation, _shift, _affine, _clamp, _rounded, _per_group_affine)
 
 
-def value_fits(g: int) -> Callable:
-    """The fit function `compare` calls on a disagreement: the first generic fit that holds, else None."""
+# the fits that keep every value where it was and change only how it is stored: a loop's own formula of the same
+# values could not produce them by chance (each recorded value must be the right one to within a rounding)
+STORAGE_FITS = (_integer, _rounded)
+
+
+def value_fits(g: int, fits: tuple = VALUE_FITS) -> Callable:
+    """The fit function `compare` calls on a disagreement: the first generic fit of `fits` that holds, else None."""
     def fit(rec, ref, mask, tol) -> Optional[Fit]:
-        for f in VALUE_FITS:
+        for f in fits:
             got = f(rec, ref, mask, tol, g)
             if got is not None:
                 return got

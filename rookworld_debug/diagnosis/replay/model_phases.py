@@ -13,7 +13,7 @@ import torch
 
 from rookworld_debug.grpo.phases.scoring import per_token_logps_and_entropy
 
-from .compare import _max_diff, DISAGREE, LOGP_TOL, MEAN_TOL, SAMPLER_TOL, compare, skipped, tol_for
+from .compare import _max_diff, DISAGREE, LOGP_REL, LOGP_TOL, MEAN_TOL, SAMPLER_TOL, compare, skipped, tol_for
 from .dropout_noise import dropout_noise
 from .fits import value_fits
 from .precision_paths import logsoftmax_path
@@ -145,7 +145,8 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
         dt = (getattr(trace.recorded, "sampler_dtype", "") or dtype) if key == "sampler" else dtype
         c = compare("scoring", q, rec, logps(model), tol_for(SAMPLER_TOL, dt) if key == "sampler" else tol,
                     mask=mask * step_rows(trace)[:, None] if key == "policy" else mask, unit="token", variants=_scoring_variants(trace, model),   # of the weights it is held to
-                    mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r))
+                    mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r),
+                    rel=0.0 if key == "sampler" else tol_for(LOGP_REL, dt))
         if c.status == DISAGREE and not c.cause:
             c = _other_weights(c, rec, mask, model, models, logps, tol)
         if key == "sampler":          # the recorded prompt ids a cut of the text the sampler saw: no forward
@@ -491,4 +492,5 @@ def _reference_check(trace, reference, policy_logps, tol: float, ref_is_policy: 
             lambda: logps(sampler), "the 'reference' log-probs are the policy's own, as it sampled the rollout: the "
                                     "KL term measures the policy against itself and holds nothing back")
     return compare("scoring", q, r.ref_per_token_logps, ours, tol, mask=r.completion_mask, unit="token",
-                   variants=variants, mean_tol=tol_for(MEAN_TOL, trace_dtype(trace)), fit=_scoring_fits(reference, r))
+                   variants=variants, mean_tol=tol_for(MEAN_TOL, trace_dtype(trace)), fit=_scoring_fits(reference, r),
+                   rel=tol_for(LOGP_REL, trace_dtype(trace)))

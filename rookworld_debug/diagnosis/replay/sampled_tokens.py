@@ -136,8 +136,29 @@ def sampled_tokens_check(model, r, declared_filter: bool, eos: Optional[int] = N
     takes it."""
     if declared_filter or int(r.completion_mask.sum()) < MIN_TOKENS:
         return None
-    st = token_statistics(model, r, eos=eos, hidden=hidden)
-    return shared_draws(st, r) or judge(st)
+    return shared_or_judged(token_statistics(model, r, eos=eos, hidden=hidden), r)
+
+
+def shared_or_judged(st: dict, r) -> PhaseCheck:
+    """Groups of identical rows drawn with shared random numbers, unless the distinct rows' tokens reject the
+    declared distribution (then `judge`'s mechanism)."""
+    shared = shared_draws(st, r)
+    if shared is None:
+        return judge(st)
+    # shared draws' chance is computed under the declared distribution: where the distinct rows' tokens reject that
+    # distribution (a ban or penalty that forces tokens repeats rows too), the identical rows are no evidence
+    verdict = judge(_distinct_rows(st, r, shared.fit["params"]["rows"]))
+    return shared if verdict.status == AGREE else verdict
+
+
+def _distinct_rows(st: dict, r, copies: list) -> dict:
+    """`st` without the rows in `copies` (repeats of another row): per-token parts by token, per-row parts by row."""
+    n = r.completion_ids.shape[0]
+    keep_row = torch.ones(n, dtype=torch.bool)
+    keep_row[copies] = False
+    keep_tok = keep_row.repeat_interleave(r.completion_mask.sum(1).long())                   # (M,)
+    per_row = {"first", "p_eos"}
+    return {k: (v[keep_row] if k in per_row else v[keep_tok]) if torch.is_tensor(v) else v for k, v in st.items()}
 
 
 def shared_draws(st: dict, r) -> Optional[PhaseCheck]:
@@ -170,7 +191,8 @@ def shared_draws(st: dict, r) -> Optional[PhaseCheck]:
     return PhaseCheck("generation", QUANTITY, DISAGREE, 10 ** log10, P_ERROR, f"groups {same[:6]}",
                       f"{len(same)} groups of identical rows", "G independent draws per group",
                       "sampling_draws_shared", why, measure="P of identical rows under independent draws",
-                      fit={"kind": "shared_draws", "params": {"groups": len(same), "not_argmax": off},
+                      fit={"kind": "shared_draws", "params": {"groups": len(same), "not_argmax": off,
+                                                              "rows": [k * g + j for k in same for j in range(1, g)]},
                            "residual": None})
 
 
