@@ -61,6 +61,30 @@ def test_a_reweighting_sampler_setting_is_a_warning_naming_its_key(capture, sett
     assert f.severity == "warning" and key in f.cause, f.cause
 
 
+def test_a_checkpoints_generation_config_key_is_named_where_it_comes_from(capture):
+    cap = capture.capture
+    banned = dataclasses.replace(capture, capture=dataclasses.replace(
+        cap, generation_config={**cap.generation_config, "no_repeat_ngram_size": 3, "repetition_penalty": 1.5}))
+    f = _codes(banned)["sampler_distribution_changed"]
+    assert "the policy's generation_config.no_repeat_ngram_size" in f.cause and "= 3" in f.cause
+    assert f.fix.code_change == "model.generation_config.no_repeat_ngram_size = 0 before building the trainer"
+    assert f.fix.grpo_config == {} and "repetition_penalty" not in f.cause    # TRL sets that key itself
+    # a key generation_kwargs sets goes over the model's: named there
+    f = _codes(_with(banned, generation_kwargs={"no_repeat_ngram_size": 2}))["sampler_distribution_changed"]
+    assert "GRPOConfig.generation_kwargs['no_repeat_ngram_size'] = 2" in f.cause and f.fix.code_change is None
+
+
+def test_the_capture_records_the_policys_own_generation_config():
+    import transformers
+    from rookworld_debug.trl.build import model_generation_config
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16))
+    model.generation_config.no_repeat_ngram_size = 3
+    model.generation_config.bad_words_ids = [[5], [6, 7]]
+    got = model_generation_config(model)
+    assert got["no_repeat_ngram_size"] == 3 and got["bad_words_ids"] == [[5], [6, 7]]
+    assert "transformers_version" not in got and json.loads(json.dumps(got)) == got
+
+
 @pytest.mark.timeout(900)
 def test_a_greedy_trl_run_is_diagnosed_greedy_first(tmp_path):
     """TRL's GRPOTrainer on the tiny model with generation_kwargs={'do_sample': False}, its step 1 captured."""

@@ -33,18 +33,34 @@ REWEIGHTING = {
 }
 
 
+# the setting read from the run's own config names the mechanism that the replay's test of the chosen tokens (a
+# warning, REPLAY_SCORE / 2) can only describe by its effect: it ranks just above that test
+SETTING_SCORE = 51.0
+
+
 def _sampler(trace) -> Optional[tuple[dict, dict, dict]]:
-    """(the capture's GRPOConfig, the sampler's effective settings as TRL assembles them, the generation_kwargs that
-    set them) of a TRL capture; None for any other step."""
-    config = getattr(getattr(trace, "capture", None), "grpo_config", None)
+    """(the capture's GRPOConfig, the sampler's effective settings as TRL and generate() assemble them, the
+    generation_kwargs that set them) of a TRL capture; None for any other step. generate() fills in the policy's own
+    generation_config under every key TRL's GenerationConfig leaves unset (the reweighting keys here, TRL's own
+    being repetition_penalty); generation_kwargs go over both."""
+    cap = getattr(trace, "capture", None)
+    config = getattr(cap, "grpo_config", None)
     if not isinstance(config, dict):
         return None
     gk = config.get("generation_kwargs") or {}
     gk = gk if isinstance(gk, dict) else {}
-    eff = {"do_sample": True, "temperature": config.get("temperature", 1.0),
+    model = _model_keys(trace)
+    eff = {**model, "do_sample": True, "temperature": config.get("temperature", 1.0),
            "repetition_penalty": config.get("repetition_penalty", 1.0)}
     eff.update(gk)
     return config, eff, gk
+
+
+def _model_keys(trace) -> dict:
+    """The reweighting keys the policy's own generation_config sets that TRL's GenerationConfig does not."""
+    model = getattr(getattr(trace, "capture", None), "generation_config", None)
+    model = model if isinstance(model, dict) else {}
+    return {k: v for k, v in model.items() if k in REWEIGHTING and k != "repetition_penalty"}
 
 
 def declared_greedy(trace) -> bool:
@@ -53,8 +69,13 @@ def declared_greedy(trace) -> bool:
     return settings is not None and settings[1].get("do_sample") is False
 
 
-def _where(key: str, gk: dict) -> str:
-    return f"GRPOConfig.generation_kwargs[{key!r}]" if key in gk else f"GRPOConfig.{key}"
+def _where(key: str, gk: dict, model: Optional[dict] = None) -> str:
+    if key in gk:
+        return f"GRPOConfig.generation_kwargs[{key!r}]"
+    if key in (model or {}):
+        return (f"the policy's generation_config.{key} (its generation_config.json, which generate() applies where "
+                "TRL's GenerationConfig leaves the key unset)")
+    return f"GRPOConfig.{key}"
 
 
 def _differs(value, neutral) -> bool:
@@ -105,16 +126,19 @@ def check_trl_generation(trace) -> list[Finding]:
                                  "generation_kwargs": {k: v for k, v in gk.items() if k != "temperature"} or None}),
             score=9.5, step=step))
     changed = {k: eff.get(k) for k, (neutral, _) in REWEIGHTING.items() if _differs(eff.get(k), neutral)}
+    model = {k: v for k, v in _model_keys(trace).items() if k in changed and k not in gk}
     if changed:
-        said = "; ".join(f"{_where(k, gk)} = {v!r} {REWEIGHTING[k][1]}" for k, v in changed.items())
+        said = "; ".join(f"{_where(k, gk, model)} = {v!r} {REWEIGHTING[k][1]}" for k, v in changed.items())
         out.append(Finding(
             code="sampler_distribution_changed", severity="warning",
             cause="The sampler draws from another distribution than the policy the loss trains: " + said + ". TRL's "
                   "loss scores the completions with the policy's own probabilities and no correction for it, so "
                   "the update is off-policy by that much.",
             evidence=tuple(E.ev(k, float(v) if isinstance(v, (int, float)) else float(len(v or ())),
-                                f"{_where(k, gk)}: {REWEIGHTING[k][1]}", "config") for k, v in changed.items()),
+                                f"{_where(k, gk, model)}: {REWEIGHTING[k][1]}", "config") for k, v in changed.items()),
             fix=Fix("Sample from the policy itself: drop " + ", ".join(changed) + " (or accept the bias knowingly).",
-                    grpo_config={k: REWEIGHTING[k][0] for k in changed if k not in gk}),
-            score=6.0, step=step))
+                    grpo_config={k: REWEIGHTING[k][0] for k in changed if k not in gk and k not in model},
+                    code_change="; ".join(f"model.generation_config.{k} = {REWEIGHTING[k][0]!r} before building the "
+                                          "trainer" for k in model) or None),
+            score=SETTING_SCORE, step=step))
     return out

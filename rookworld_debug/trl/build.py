@@ -226,6 +226,24 @@ def _capture_setup(trainer, policy, config, prompts, rollout, gen, names, weight
                  provenance=provenance, batch=batch, heldout=(), invariants=None, seconds=math.nan)
 
 
+def model_generation_config(policy) -> dict:
+    """The policy's generation_config keys that differ from transformers' defaults, plain values only (what
+    generate() fills in where TRL's own GenerationConfig leaves a key unset)."""
+    gc = getattr(policy, "generation_config", None)
+    try:
+        diff = gc.to_diff_dict() if gc is not None else {}
+    except (AttributeError, TypeError, ValueError):
+        return {}
+    return {k: v for k, v in diff.items() if k != "transformers_version" and _plain(v)}
+
+
+def _plain(v, depth: int = 0) -> bool:
+    """A JSON value of numbers, strings and lists of them (bad_words_ids: a list of lists), two levels deep."""
+    if isinstance(v, (bool, int, float, str, type(None))):
+        return True
+    return isinstance(v, (list, tuple)) and depth < 2 and all(_plain(x, depth + 1) for x in v)
+
+
 def trl_logprob_path(policy, args) -> str:
     """How TRL's GRPOTrainer computed the captured step's log-probs, and what that means for the comparison with the
     record (which recomputes them with one full-vocabulary fp32 log-softmax per position)."""
@@ -321,7 +339,8 @@ def build_captured_trace(trainer, *, gen: dict, micro_batches: list, logs: Optio
         unmapped=unmapped, mapping_notes=notes, reward_func_names=names, reward_weights=weights,
         old_per_token_logps=old, sampling_per_token_logps=gen.get("sampling_per_token_logps"),
         capture_seconds=float(cost.get("seconds", math.nan)), capture_bytes=int(cost.get("bytes", 0)),
-        dataset_columns={k: list(v) for k, v in gen.get("columns", {}).items()})
+        dataset_columns={k: list(v) for k, v in gen.get("columns", {}).items()},
+        generation_config=model_generation_config(policy))
     return StepTrace(config=config, setup=setup, before=None, before_heldout=None, rollout=rollout, rewards=rewards,
                      advantages=advantages, loss=loss, update=update, evaluation=None,
                      timings={"capture": float(cost.get("seconds", math.nan))},

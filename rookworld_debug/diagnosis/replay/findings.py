@@ -25,7 +25,23 @@ FIXES = {
     "update": "Check the optimizer step: built over the policy's own parameters, clip_grad_norm_ before step(), "
               "one optimizer kept across steps, the learning rate it was given.",
 }
+# where a mechanism names the cause, what removes that mechanism (else the phase's FIXES)
+CAUSE_FIXES = {
+    "sampler_distribution_changed": "Sample from the distribution the loss scores: remove the sampler's filter, "
+                                    "penalty, n-gram ban, forced minimum length or other temperature (a key of the "
+                                    "model's generation_config, of generation_kwargs, or the sampling code), or "
+                                    "declare the filter (top_p / top_k) the loop means to use.",
+    "sampling_greedy": "Sample the rollout (do_sample=True at a temperature > 0): greedy decoding makes a group's G "
+                       "completions one, so its rewards are equal and its advantages 0.",
+    "sampling_draws_shared": "Give each row of a group its own random numbers: one generator for the batch, or one "
+                             "per request seeded differently (seed + row), never one seed per group.",
+}
 REPLAY_SCORE = 100.0
+
+
+def _fix(c) -> Fix:
+    said = CAUSE_FIXES.get(c.cause) or FIXES[c.phase]
+    return Fix(said, code_change=said)
 
 
 def _evidence(c) -> tuple:
@@ -125,7 +141,7 @@ def _finding(c, first: bool, upstream: str = "") -> Finding:
         cause = (f"{c.phase} also disagrees with its replay ({c.quantity}: {c.max_abs_diff:.4g} at {c.where}); it "
                  f"comes after {upstream}, which may explain it. {what}.")
     return Finding(code=code, severity="error" if first else "warning", cause=cause, evidence=_evidence(c),
-                   fix=Fix(FIXES[c.phase], code_change=FIXES[c.phase]),
+                   fix=_fix(c),
                    alternatives=() if not c.cause else (f"replay_{c.phase}: another bug in the {c.phase} phase that "
                                                         "happens to reproduce the same values",),
                    score=REPLAY_SCORE if first else REPLAY_SCORE / 2 - PHASES.index(c.phase))
@@ -140,7 +156,7 @@ def _suspect_finding(c) -> Finding:
             f"{c.measure}: {c.max_abs_diff:.3g}.")
     return Finding(code=c.cause or f"replay_{c.phase}", severity="warning",
                    cause=f"{c.phase[0].upper() + c.phase[1:]}: {c.explanation}. {said}",
-                   evidence=_evidence(c), fix=Fix(FIXES[c.phase], code_change=FIXES[c.phase]),
+                   evidence=_evidence(c), fix=_fix(c),
                    score=REPLAY_SCORE / 2)
 
 

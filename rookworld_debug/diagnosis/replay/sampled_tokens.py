@@ -290,7 +290,7 @@ def _temperature(st: dict, m: int) -> Optional[tuple]:
     if abs(z) < Z_WARN:
         return None
     how = "sharper (a lower temperature, or a filter of another kind)" if z > 0 else \
-        "flatter (a higher temperature)"
+        "flatter (a higher temperature, or a ban or penalty that forces less likely tokens)"
     explanation = (f"the chosen tokens are {'more' if z > 0 else 'less'} likely than sampling the declared "
                    f"distribution gives: Σ log-prob = {observed:.1f} over {m} tokens where {expected:.1f} ± {sd:.1f} "
                    f"is expected (z = {z:.1f}): the sampler's distribution is {how} than the declared one")

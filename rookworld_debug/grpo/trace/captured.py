@@ -58,6 +58,9 @@ class TRLCapture:
     capture_seconds: float                  # wall time the capture spent on this step (copies + record + save)
     capture_bytes: int                      # bytes of tensors copied for this step
     dataset_columns: dict = field(default_factory=dict)  # extra dataset columns of the batch rows (e.g. label)
+    # the policy's own generation_config (its generation_config.json) where it differs from transformers' defaults:
+    # generate() fills in from it every key TRL's GenerationConfig leaves unset
+    generation_config: dict = field(default_factory=dict)
 
 
 def check_compatible(capture_payload: dict, path) -> None:
