@@ -84,6 +84,7 @@ TITLES = {
     "optimizer_state_reset": "the optimizer's state was reset: a new optimizer",
     "gradient_not_zeroed": "gradients not zeroed: an earlier gradient is carried",
     "sampling_draws_shared": "a group's rows drew with the same random numbers",
+    "sampling_seed_repeated": "each step's sampler drew with the previous step's random numbers (one seed reused)",
     "attention_mask_not_applied": "the scoring forward got no attention mask",
     "logsoftmax_over_padded_vocab": "the log-softmax runs over a padded vocabulary",
     "kl_in_reward": "a KL penalty in the reward as well as in the loss",

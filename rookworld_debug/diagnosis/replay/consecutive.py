@@ -8,6 +8,8 @@ cannot show (each step can be right on its own while the state between them is l
                                                                              _not_stepped
     sampler     the weights that sampled k+1 = θ_after(k) (on a later pass over k's rollout: the weights that
                 sampled k)                                                   sampler_weights_stale
+                and its random numbers not step k's: k+1's tokens match k's at the same position no more often
+                than independent draws give (consecutive_draws.py)          sampling_seed_repeated
     reference   its weights at k+1 = at k                                    reference_tracks_policy
     gradient    g_recorded(k+1) = ∇ of k+1's declared loss; else fitted as that + c·g_recorded(k)
                                                                              gradient_not_zeroed
@@ -32,6 +34,7 @@ from typing import Optional
 import torch
 
 from .compare import REL_TOL, VALUE_TOL, parameter_samples, skipped, tol_for
+from .consecutive_draws import draws_check
 from .consecutive_optimizer import optimizer_check
 from .consecutive_rerun import clip_of
 from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
@@ -110,7 +113,7 @@ def replay_consecutive(folder_k, folder_k1, *, traces: tuple = (), replay_k1=Non
         return ConsecutiveReplay(steps, tuple(map(str, folders)), checks, time.perf_counter() - t0, note, code)
     checks = [weights_check(pair)]
     checks += [optimizer_check(pair), _scheduler_check(pair), sampler_check(pair, checks[0].status == DISAGREE),
-               reference_check(pair),
+               draws_check(pair), reference_check(pair),
                gradient_check(pair, replay_k1), rewards_check(tk, tk1)]
     return ConsecutiveReplay(steps, tuple(map(str, folders)), tuple(checks), time.perf_counter() - t0)
 
