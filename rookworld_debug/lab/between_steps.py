@@ -26,6 +26,7 @@ import torch
 
 from rookworld_debug.lab import faults_fresh as F
 from rookworld_debug.lab import faults_novel as N
+from rookworld_debug.lab import faults_seventh as S7
 from rookworld_debug.lab import faults_sixth as S
 from rookworld_debug.lab.handloop import LoopConfig, _data, _Loop, _optimizer_step, _recorder, _setup, advantages, \
     sample, schedule, token_logps
@@ -87,8 +88,27 @@ SIXTH_BETWEEN_FAULTS = {
     # with every update
     "reference_shares_policy_blocks": ("reference", "reference_tracks_policy"),
 }
+# the consecutive-step part of the seventh held-out set (`--only seventh`, with handloop.SEVENTH_FAULTS), written and
+# frozen the same way; the source of each is named beside it
+SEVENTH_BETWEEN_FAULTS = {
+    # huggingface/peft pull request (merging adapter weights was not idempotent: the delta added again at each
+    # merge) and a radixark/miles pull request (base weights synced with the adapter merged while the adapter is
+    # synced too, so the engine applies it twice): the sampler gets θ + (θ − θ_start)
+    "sampler_adapter_merged_twice": ("sampler", "sampler_weights_extrapolated"),
+    # NVIDIA-NeMo/RL pull request (a fused QKV written in one layout, read in another) and vLLM / SGLang fused-qkv
+    # loader fixes: the sync converts each fused attention projection to the per-head interleaved layout while the
+    # sampler reads [Q | K | V]
+    "sampler_qkv_layout_scrambled": ("sampler", "sampler_weights_permuted"),
+    # huggingface/accelerate issue (the dataloader yields another sequence after a resume) and an allenai/open-instruct
+    # pull request (the skip-batches logic on resume): the rollout after a resume draws the batch of the step before
+    "batch_repeated_at_resume": ("batch", "batch_repeated"),
+    # huggingface/trl issue (the adaptive KL flag was not used: the controller always adapted), CarperAI/trlx pull
+    # request and verl issue (the controller's update): β moved by an adaptive controller after each step while a
+    # fixed β is configured and declared
+    "kl_coef_adapted_while_fixed": ("loss", "kl_coefficient_changed"),
+}
 ALL_BETWEEN_FAULTS = {**BETWEEN_FAULTS, **SEALED_BETWEEN_FAULTS, **FRESH_BETWEEN_FAULTS, **NOVEL_BETWEEN_FAULTS,
-                      **SIXTH_BETWEEN_FAULTS}
+                      **SIXTH_BETWEEN_FAULTS, **SEVENTH_BETWEEN_FAULTS}
 # the loop the faults are written into (a sampler copy, so that a stale one can show); and healthy loops of other
 # shapes: dapo with two optimizer passes per rollout and a schedule (the pair spans a rollout's last pass and the
 # next rollout's first), bnpo over one micro-batch
@@ -126,9 +146,10 @@ def _batch(c: LoopConfig, step: int) -> list[dict]:
     return _data("P", c.num_prompts - n_a, c.seed + step) + (_data("A", n_a, c.seed) if n_a else [])
 
 
-def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) -> dict:
+def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward, start: Optional[dict] = None) -> dict:
     """G completions per prompt from the sampler (the policy, or its copy: synced first unless the fault), scored;
-    the rows as handloop's rollout gives them to its recorder and optimizer step."""
+    the rows as handloop's rollout gives them to its recorder and optimizer step (`start`: the policy's weights at
+    the run's start)."""
     g = c.num_generations
     stale = copy.deepcopy(L.sampler) if fault == "sampler_prefix_cache_stale" and step > 1 else None
     if L.sampler is not None and not (fault == "sampler_stale" and step > 1):
@@ -136,9 +157,11 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward) ->
         partial = fault == "sampler_sync_skips_embeddings" and step > 1
         state = F.state_without_embeddings(src.state_dict()) if partial else src.state_dict()
         state = N.rounded_to_bf16(state) if fault == "sampler_synced_in_bf16" else state
+        state = S7.delta_applied_twice(state, start) if fault == "sampler_adapter_merged_twice" else state
+        state = S7.qkv_interleaved(state, L.model.config.n_head) if fault == "sampler_qkv_layout_scrambled" else state
         L.sampler.load_state_dict(state, strict=not partial)
     sampler = L.sampler if L.sampler is not None else L.model
-    batch = _batch(c, step)
+    batch = _batch(c, step - 1 if fault == "batch_repeated_at_resume" and step > 1 else step)
     prompts, labels = [x["prompt"] for x in batch], [x["completion"] for x in batch]
     enc = L.tok(prompts, return_tensors="pt", padding=True)
     p_ids, p_mask = enc.input_ids.repeat_interleave(g, 0), enc.attention_mask.repeat_interleave(g, 0)
@@ -197,8 +220,11 @@ def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: 
     """Rollout `step` and its μ optimizer passes; the passes whose optimizer step number is in `record` are saved
     to out/step-<n>. Returns the saved folders."""
     _before_rollout(L, c, step, fault, start)
-    ro = _rollout(L, c, step, fault, reward)
+    ro = _rollout(L, c, step, fault, reward, start)
     saved = []
+    run_c = c                                   # the loop's settings; the fault moves β, the declared one stays
+    if fault == "kl_coef_adapted_while_fixed":
+        run_c = replace(c, beta=getattr(L, "adapted_beta", c.beta))
     for k in range(c.num_iterations):
         n = (step - 1) * c.num_iterations + k + 1
         if n > 1 and fault == "optimizer_recreated":
@@ -210,7 +236,7 @@ def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: 
         rec = _recorder(L, c, n, k, ro) if n in record else None
         sched = L.sched                          # a step the loop saves returns before scheduler.step() (the fault)
         L.sched = None if fault == "scheduler_skipped_on_saved_step" and rec is not None else sched
-        _optimizer_step(L, c, ro, "no_zero_grad" if fault == "grads_carried" and n > 1 else "", rec, last=True)
+        _optimizer_step(L, run_c, ro, "no_zero_grad" if fault == "grads_carried" and n > 1 else "", rec, last=True)
         L.sched = sched
         if fault == "optimizer_stepped_again_after_step":    # a callback steps the optimizer once more
             L.opt.step()
@@ -219,6 +245,9 @@ def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: 
                 L.sched.step()
         if rec is not None:
             saved.append(rec.save(out / f"step-{n}"))
+    if fault == "kl_coef_adapted_while_fixed":      # the controller's update after the rollout's steps
+        L.adapted_beta = S7.adapted_beta(run_c.beta, S7.rollout_kl(ro["ref_logps"], ro["s_logps"], ro["mask"]),
+                                         ro["ids"].shape[0])
     return saved
 
 

@@ -2,7 +2,7 @@
 the loop to the phase it breaks first and the cause code a diagnosis should name, and each `*_SETTINGS` the
 `LoopConfig` keywords a fault needs to change the step at all. Data only: the faults themselves live in the loop
 (`if fault == "name"` where the bug is) and in the helpers it calls (`faults_fresh`, `faults_novel`,
-`faults_sixth`)."""
+`faults_sixth`, `faults_seventh`)."""
 from __future__ import annotations
 
 # fault → (phase it breaks, the finding code that names it; "" = the phase alone: no known mechanism)
@@ -216,5 +216,38 @@ SIXTH_FAULTS = {
 SIXTH_SETTINGS = {"norm_weights_decayed": {"weight_decay": 0.1, "lr": 1e-3}}
 # the sixth set's one-step healthy controls: the plain loop, and AdamW's two parameter groups over four micro-batches
 SIXTH_HEALTHY = ({}, {"weight_decay": 0.1, "lr": 1e-3, "micro_batches": 4})
+# a seventh held-out set, written and frozen the same way (`--only seventh`, with the consecutive-step faults of
+# between_steps.SEVENTH_BETWEEN_FAULTS, the TRL faults of faults_trl.SEVENTH_TRL_FAULTS and the faults in the
+# project's own step of faults_heldout.SEVENTH_STEP_FAULTS): bug classes of public trackers that no earlier set had,
+# each expectation what the bug does; the source of each is named beside it
+SEVENTH_FAULTS = {
+    # ColossalAI issue (an actor's action mask cut with [:, 1:]), DeepSpeedExamples issue (the actor loss's mask
+    # sliced from the wrong start) and a minimind pull request (the loss mask's boundary leaves out the first answer
+    # token): the first completion token is left out of the loss mask
+    "mask_drops_first_token": ("generation", "first_token_not_in_mask"),
+    # NVIDIA-NeMo/RL pull request (record the log-prob of the sampled token; also a TRL vLLM-server review): the
+    # sampler's log-prob read as the first entry of vLLM's per-position logprob dictionary, the top-ranked token's
+    "sampler_logps_of_top_token": ("scoring", "sampler_logps_other_token"),
+    # rllm issue and pull request (a log-prob list shorter than the completion's ids zero-padded at its tail to the
+    # action length): each row's last sampled token gets a sampler log-prob of 0
+    "sampler_logps_tail_zero_padded": ("scoring", "sampler_logps_zero_padded"),
+    # an issue against a GRPO tutorial's example code (the ratio taken of SUMMED sequence log-probs, the product of
+    # the token ratios) and a pull request of a GRPO trainer (GSPO's length-normalised sequence ratio): the ratio
+    # exp(Σ_t (ℓ − ℓ_old)) per row where the token ratios were meant
+    "ratio_sequence_summed": ("loss", "sequence_ratio_not_length_normalised"),
+    # NVIDIA/Megatron-LM pull requests (the tied embedding and output weight counted twice in the global gradient
+    # norm, so the gradient is over-clipped): clip_grad_norm_'s norm counts the tied wte / lm_head gradient twice
+    "grad_norm_counts_tied_twice": ("update", "grad_norm_counts_shared_twice"),
+    # pytorch/examples issue and Pytorch-UNet issue and pull request (clip_grad_norm_ before scaler.unscale_): the
+    # gradient clipped while it still carries the loss scale of 2^16, then unscaled by the optimizer step
+    "clip_before_unscale": ("update", "clip_before_unscale"),
+}
+SEVENTH_SETTINGS = {"ratio_sequence_summed": {"num_iterations": 2, "lr": 1e-3},
+                    "grad_norm_counts_tied_twice": {"max_grad_norm": 0.01}}
+# the seventh set's one-step healthy controls: the plain loop, two optimizer passes over four micro-batches (the pass
+# declared), and bf16 autocast with AdamW's two parameter groups
+SEVENTH_HEALTHY = ({}, {"num_iterations": 2, "micro_batches": 4},
+                   {"autocast": "bfloat16", "weight_decay": 0.1, "lr": 1e-3})
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS,
-              **PROBE_FAULTS, **BLIND_FAULTS, **UNSEEN_FAULTS, **FRESH_FAULTS, **NOVEL_FAULTS, **SIXTH_FAULTS}
+              **PROBE_FAULTS, **BLIND_FAULTS, **UNSEEN_FAULTS, **FRESH_FAULTS, **NOVEL_FAULTS, **SIXTH_FAULTS,
+              **SEVENTH_FAULTS}

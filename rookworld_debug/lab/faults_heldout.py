@@ -125,6 +125,72 @@ HELDOUT_STEP_FAULTS = (
 )
 
 
+# ------------------------------------------------------------------------------------------ the seventh set's
+def _grad_norm_in_bf16(s):
+    from unittest import mock
+
+    import torch
+
+    def clip(parameters, max_norm, *args, **kw):  # the per-tensor norms and their norm taken in bfloat16
+        params = [p for p in parameters if p.grad is not None]
+        norms = [p.grad.detach().to(torch.bfloat16).norm() for p in params]
+        total = torch.stack(norms).norm().float()
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        with torch.no_grad():
+            for p in params:
+                p.grad.mul_(coef)
+        return total
+    return mock.patch.object(torch.nn.utils, "clip_grad_norm_", clip)
+
+
+REWARD_MAX_CHARS = 48          # the reward scorer's input budget, cut on the right (RookWorld A: completions run ~70)
+
+
+def _reward_of_truncated_text(seed):
+    """The RookWorld reward as a scorer that truncates its input on the right sees it: each completion cut to its
+    first REWARD_MAX_CHARS characters before scoring (its end, where the answer is, dropped)."""
+    from rookworld_debug.grpo.phases.rewards import builtin_breakdowns
+
+    def scored(prompts, completions, labels=(), **kw):
+        cut = [c[:REWARD_MAX_CHARS] for c in completions]
+        return [b.total if b is not None else None
+                for b in builtin_breakdowns(prompts, cut, labels, reward_mode="dataset", engine=None)]
+    return {"rookworld_scorer": scored}, {"rookworld": 0.0, "rookworld_scorer": 1.0}
+
+
+def _lm_head_untied(s):
+    import torch
+
+    from rookworld_debug.grpo.phases.update import make_optimizer
+    head = s.policy.get_output_embeddings()     # the output head given its own copy of the embedding matrix
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    _set(s, "optimizer", make_optimizer(s.policy, s.config))    # built after, over both (two separate steps)
+    return contextlib.nullcontext()
+
+
+# the part of the seventh held-out set (`--only seventh`) in the project's own step, written and frozen with it; each
+# a bug class reported against a public trainer, the source named beside it
+SEVENTH_STEP_FAULTS = (
+    # facebookresearch/fairscale issue (clip_grad_norm_ casts the partial norms to bf16 before reducing them),
+    # NVIDIA-NeMo/Automodel and pytorch/torchtitan pull requests (the clip's norm taken in float32): with
+    # max_grad_norm = 0.1 (both runs) the clip's global norm is taken of bf16 per-tensor norms, in bf16
+    Fault("grad_norm_in_bf16", frozenset({"grad_norm_low_precision"}), "max_grad_norm = 0.1 (both runs); the clip's "
+          "norm computed in bfloat16", base={"max_grad_norm": 0.1}, patch=_grad_norm_in_bf16),
+    # allenai/reward-bench issue (long sequences must be truncated on the left) and a vLLM pull request (the
+    # truncation side of scoring tasks): a reward scorer that truncates its input on the right drops the end of long
+    # completions, where the answer is
+    Fault("reward_input_truncated", frozenset({"reward_input_truncated"}), "the reward scores each completion cut "
+          "to its first 48 characters (a scorer's input truncated on the right)", rewards=_reward_of_truncated_text),
+    # paiml/entrenar issue (the tied weight's gradients not accumulated: the LM head and the embedding get separate
+    # optimizer steps) and NVIDIA/Megatron-LM issue (LM head weights untied while training): the output head holds
+    # its own copy of the embedding matrix, each trained on its half of the gradient
+    Fault("lm_head_untied", frozenset({"tied_weights_untied"}), "the output head given its own copy of the tied "
+          "embedding matrix before the optimizer is built", patch=_lm_head_untied),
+)
+# the seventh set's own-step healthy controls: the plain step, and the step over micro-batches of four rows
+SEVENTH_STEP_CONTROLS = ({"name": "seventh-control-00"}, {"name": "seventh-control-01", "micro_batch_size": 4})
+
+
 # ------------------------------------------------------------------------------------------ TRL injections
 def _trl_ref_is_policy(trainer):
     trainer.ref_model = trainer.model

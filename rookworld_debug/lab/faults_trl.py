@@ -24,6 +24,7 @@ class TRLFault:
     config: dict = field(default_factory=dict)         # GRPOConfig overrides that ARE the fault
     patch: Optional[Callable] = None                    # (trainer) -> None, after construction
     reward: Optional[Callable] = None                   # replaces the reward functions
+    base: dict = field(default_factory=dict)           # GRPOConfig settings shared with its fault-free twin
 
 
 def _const(prompts, completions, **kw):
@@ -128,8 +129,47 @@ SIXTH_TRL_FAULTS = (
 )
 
 
-def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None):
-    """Train STEPS steps capturing each; returns (log rows, {step: capture folder})."""
+def _high_entropy_mask_over_padding(self, entropies, mask, threshold: float):
+    """TRL's high-entropy token mask as it was before padding was excluded: the quantile threshold taken over every
+    position's entropy (the padding's included), the mask over the completion's tokens."""
+    import torch
+    cut = torch.quantile(entropies.detach().flatten().float(), threshold)
+    return (entropies >= cut) & mask.bool()
+
+
+def _entropy_mask_over_padding(trainer):
+    import types
+    trainer.get_high_entropy_mask = types.MethodType(_high_entropy_mask_over_padding, trainer)
+
+
+# the TRL part of the seventh held-out set (`--only seventh`), written and frozen with it; each a bug class reported
+# against a public trainer, the source named beside it
+SEVENTH_TRL_FAULTS = (
+    # huggingface/trl pull request (GRPO: honour every EOS id the generation declares; a completion that stopped on
+    # a secondary EOS is trained past it and counted as truncated): the generation stops on '+' (id 43) as well as
+    # the EOS (id 256; generation_kwargs), while the trainer cuts the completion mask at <|endoftext|> only
+    TRLFault("trl_stop_token_not_eos", frozenset({"stop_token_not_trainer_eos", "tokens_after_eos_trained"}),
+             "generation_kwargs eos_token_id = [256, 43]: generation stops on '+' too, the trainer's EOS is "
+             "the tokenizer's (256) alone", config={"generation_kwargs": {"eos_token_id": [256, 43]}}),
+    # huggingface/trl issue and pull request (the high-entropy threshold's quantile computed over the padding's
+    # entropies too): top_entropy_quantile = 0.2 with the threshold taken over every position
+    TRLFault("trl_entropy_quantile_counts_padding", frozenset({"entropy_mask_counts_padding"}), "top_entropy_quantile "
+             "= 0.2 (both runs); the high-entropy threshold's quantile taken over the padding too",
+             base={"top_entropy_quantile": 0.2}, patch=_entropy_mask_over_padding),
+    # modelscope/ms-swift issue (max_completion_length not in effect) and TRL's generation_kwargs, merged over the
+    # trainer's own sampling settings: a max_new_tokens there overrides max_completion_length, so completions are cut
+    # at 48 tokens while the trainer's budget is 160
+    TRLFault("trl_generation_budget_overridden", frozenset({"completion_cut_early"}), "generation_kwargs "
+             "max_new_tokens = 48 under max_completion_length = 160",
+             config={"generation_kwargs": {"max_new_tokens": 48}}),
+)
+# the seventh set's TRL healthy controls: the plain run, and the run with the high-entropy token mask
+SEVENTH_TRL_HEALTHY = ({}, {"top_entropy_quantile": 0.2})
+
+
+def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None, base: Optional[dict] = None):
+    """Train STEPS steps capturing each (under `base`: GRPOConfig settings, the fault's own when it has some); returns
+    (log rows, {step: capture folder})."""
     from rookworld_debug.diagnosis.runlog import rows_from_history
     from rookworld_debug.trl.capture import capture_steps
     from trl import GRPOTrainer
@@ -138,7 +178,7 @@ def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None):
     from rookworld_debug.models.loading import TINY_DIR
     from rookworld_debug.trl.example import grpo_config, tiny_dataset
     from rookworld_debug.trl.rewards import rookworld_reward_funcs
-    kw = {**BASE, **(fault.config if fault else {})}
+    kw = {**BASE, **(base or (fault.base if fault else None) or {}), **(fault.config if fault else {})}
     funcs = [fault.reward] if fault and fault.reward else rookworld_reward_funcs("dataset")
     trainer = GRPOTrainer(model=str(TINY_DIR), reward_funcs=funcs, train_dataset=tiny_dataset(),
                           args=grpo_config(out, max_steps=STEPS, seed=seed, **kw),
@@ -174,13 +214,16 @@ def diagnose_steps(rows, paths) -> dict:
 KEYS = ("loss", "reward", "kl", "entropy", "grad_norm", "completions/mean_length", "frac_reward_zero_std")
 
 
-def trl_case(fault: Optional[TRLFault], seed: int, twins: dict) -> dict:
+def trl_case(fault: Optional[TRLFault], seed: int, twins: dict, base: Optional[dict] = None) -> dict:
+    """A TRL run of `fault` (None: a healthy run, under `base`), diagnosed step by step; a fault's run is compared
+    with its twin (the same seed and base settings, no fault) to tell whether it changed anything."""
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="rookworld-faults-"))
+    key = seed if fault is None or not fault.base else (seed, json.dumps(fault.base, sort_keys=True))
     try:
-        if fault is not None and seed not in twins:
-            twins[seed] = run_trl(tmp / "twin", seed)[0]
-        rows, paths, errors = run_trl(tmp / "run", seed, fault)
+        if fault is not None and key not in twins:
+            twins[key] = run_trl(tmp / "twin", seed, base=fault.base)[0]
+        rows, paths, errors = run_trl(tmp / "run", seed, fault, base=base)
         per_step, secs = diagnose_steps(rows, paths)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -190,7 +233,7 @@ def trl_case(fault: Optional[TRLFault], seed: int, twins: dict) -> dict:
            "diagnose_seconds": max(secs) if secs else math.nan, "seconds": time.perf_counter() - t0}
     if fault is None:
         return {**rec, "name": f"trl-control-{seed}", "errors": sum(c["severity"] == "error" for c in last)}
-    twin = twins[seed]
+    twin = twins[key]
     diff = sorted({k for a, b in zip(rows, twin) for k in KEYS
                    if a.get(k) is not None and b.get(k) is not None
                    and not math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-9)})

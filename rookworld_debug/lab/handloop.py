@@ -21,11 +21,13 @@ import torch
 
 from rookworld_debug.lab import faults_fresh as F
 from rookworld_debug.lab import faults_novel as N
+from rookworld_debug.lab import faults_seventh as S7
 from rookworld_debug.lab import faults_sixth as S
 from rookworld_debug.lab.fault_sets import (  # noqa: F401  (re-exported: the loop's fault sets, as before)
     ALL_FAULTS, BLIND_FAULTS, BLIND_SETTINGS, FAULTS, FRESH_FAULTS, FRESH_SETTINGS, FROZEN_FAULTS, HELDOUT_FAULTS,
     NOVEL_FAULTS, NOVEL_SETTINGS, PROBE_FAULTS, PROBE_SETTINGS, SEALED_FAULTS, SEALED_SETTINGS, SHAPE_FAULTS,
-    SIXTH_FAULTS, SIXTH_HEALTHY, SIXTH_SETTINGS, STRUCTURE_FAULTS, UNSEEN_FAULTS)
+    SEVENTH_FAULTS, SEVENTH_HEALTHY, SEVENTH_SETTINGS, SIXTH_FAULTS, SIXTH_HEALTHY, SIXTH_SETTINGS, STRUCTURE_FAULTS,
+    UNSEEN_FAULTS)
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,8 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
         tok = torch.where(done, torch.full_like(tok, eos), tok)
         raw = logits.float().log_softmax(-1) if fault == "sampler_no_temperature" else lp
         ids.append(tok)
-        logps.append(raw.gather(1, tok[:, None]).squeeze(1))
+        logps.append(S7.top_token_logps(raw) if fault == "sampler_logps_of_top_token" else
+                     raw.gather(1, tok[:, None]).squeeze(1))
         done |= tok == eos
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
         pos = pos + 1
@@ -182,7 +185,7 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
     old = (logps if fault == "old_not_detached" else logps.detach()) if old is None else old
     ratio = torch.exp(old - logps) if fault == "ratio_inverted" else torch.exp(logps - ref) \
         if fault == "ratio_against_ref" else F.ratio_bf16(logps, old) if fault == "ratio_bf16" else \
-        torch.exp(logps - old)
+        S7.sequence_ratio_summed(logps, old, mask) if fault == "ratio_sequence_summed" else torch.exp(logps - old)
     a = (-adv if fault == "loss_adv_sign" else adv)[:, None]
     a = F.discounted_advantages(adv, mask) if fault == "adv_discounted_per_token" else a
     r_pg = ratio.detach() if fault == "pg_no_gradient" else ratio
@@ -304,6 +307,10 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str) -> dict:
             ids, mask, s_logps = S.stopped_at_first_eos(ids, mask, s_logps, eos)
         if fault == "prompt_truncated_for_trainer_only":
             p_ids, p_mask = S.truncated_prompts(p_ids, p_mask)
+        if fault == "mask_drops_first_token":
+            mask, s_logps = S7.without_first_token(mask, s_logps)
+        if fault == "sampler_logps_tail_zero_padded":
+            s_logps = S7.last_logp_zero_padded(s_logps, mask)
         raw_mask = mask
         if c.mask_truncated:                        # TRL's mask_truncated_completions: no EOS, no loss
             mask = mask * (ids == eos).any(1, keepdim=True).long()
@@ -426,6 +433,10 @@ def _optimizer_step(L: _Loop, c: LoopConfig, ro: dict, fault: str, rec, last: bo
             torch.nn.utils.clip_grad_norm_([p_], c.max_grad_norm)
     elif fault == "clip_norm_of_first_shard":
         F.clip_by_first_shard_norm(list(model.parameters()), c.max_grad_norm)
+    elif fault == "grad_norm_counts_tied_twice":
+        S7.clip_counting_tied_twice(model, c.max_grad_norm)
+    elif fault == "clip_before_unscale":
+        S7.clip_while_scaled(model, c.max_grad_norm)
     elif fault not in ("no_clip", "clip_after_step"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
     if rec is not None and c.gradient_after_clip:

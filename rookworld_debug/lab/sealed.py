@@ -19,13 +19,20 @@ Writes out/results.jsonl (a row per case, as each finishes) and out/table.md.
 
     python -m rookworld_debug.lab.sealed --out reports/sixth --only sixth     # a sixth
 
+    python -m rookworld_debug.lab.sealed --out reports/seventh --only seventh   # a seventh
+
 `--only blind` runs seven more bug classes written and frozen (in a commit of their own) before any fit for them, with
 one healthy control; `--only unseen` nine more, frozen the same way; `--only fresh` sixteen more, frozen the same way:
 eleven in one step of the hand-written loop and five between its consecutive steps, with one healthy control of each
 kind; `--only novel` twelve more, frozen the same way: nine in one step and three between consecutive steps, with one
 healthy control of each kind; `--only sixth` fourteen more, frozen the same way: eight in one step, four between
 consecutive steps and two in TRL's GRPOTrainer, with two healthy controls in one step (the plain loop, and AdamW's two
-parameter groups over four micro-batches), one between consecutive steps and one TRL run. `--only probe` runs what
+parameter groups over four micro-batches), one between consecutive steps and one TRL run; `--only seventh` sixteen
+more, frozen the same way: six in one step, four between consecutive steps, three in TRL's GRPOTrainer and three in
+the project's own step (run through the fault benchmark's step cases, seed 0), with three healthy controls in one step
+(the plain loop, two optimizer passes over four micro-batches, bf16 autocast with AdamW's two parameter groups), one
+between consecutive steps, two TRL runs (the plain run, a high-entropy token mask) and two own steps (the plain step,
+micro-batches of four rows). `--only probe` runs what
 was written after the set's fits, from the same trackers (not held out): five more faults of the hand-written loop,
 and healthy loops of shapes that real trainers have (AdamW's two parameter groups, frozen embeddings, a gradient
 handed over after the clip, numbers left at their defaults), none of which may get an error.
@@ -100,6 +107,45 @@ def sixth_rows(faults=None):
         yield from trl_rows(trl, SIXTH_TRL_FAULTS, "sixth TRL")
 
 
+def seventh_rows(faults=None):
+    """The seventh held-out set: its one-step and consecutive-step faults as sixth_rows runs the sixth's, its TRL
+    faults as trl_rows runs them (with two healthy runs), then its faults in the project's own step as step_rows runs
+    them (each part with its healthy controls when the whole set runs)."""
+    from rookworld_debug.lab.between_steps import SEVENTH_BETWEEN_FAULTS
+    from rookworld_debug.lab.faults_heldout import SEVENTH_STEP_CONTROLS, SEVENTH_STEP_FAULTS
+    from rookworld_debug.lab.faults_trl import SEVENTH_TRL_FAULTS, SEVENTH_TRL_HEALTHY
+    from rookworld_debug.lab.handloop import SEVENTH_FAULTS, SEVENTH_HEALTHY, SEVENTH_SETTINGS
+    yield from _two_part_rows("seventh", faults, SEVENTH_FAULTS, SEVENTH_SETTINGS, SEVENTH_BETWEEN_FAULTS,
+                              SEVENTH_HEALTHY)
+    trl = None if faults is None else [f for f in faults if f in {x.name for x in SEVENTH_TRL_FAULTS}]
+    if trl is None or trl:
+        yield from trl_rows(trl, SEVENTH_TRL_FAULTS, "seventh TRL", SEVENTH_TRL_HEALTHY)
+    own = None if faults is None else [f for f in faults if f in {x.name for x in SEVENTH_STEP_FAULTS}]
+    if own is None or own:
+        yield from step_rows(own, SEVENTH_STEP_FAULTS, "seventh own step", SEVENTH_STEP_CONTROLS)
+
+
+def step_rows(names, known: tuple, name: str, controls: tuple = ()):
+    """Faults in the project's own step (`run_step`), each through the fault benchmark's step case (seed 0: the run
+    against its fault-free twin, then the diagnosis a user gets), then (all faults only) the healthy `controls`."""
+    from rookworld_debug.lab.faults import control_case, step_case
+    twins: dict = {}
+    for fault in [f for f in known if names is None or f.name in names]:
+        r = step_case(fault, 0, twins)
+        codes = [c["code"] for c in r["findings"] if c["severity"] != "info"]
+        accept = set(r["accept"])
+        yield {"set": name, "fault": fault.name, "expected_phase": "", "expected_cause": "|".join(sorted(accept)),
+               "codes": codes[:5], "errors": sum(c["severity"] == "error" for c in r["findings"]),
+               "top1": bool(codes) and codes[0] in accept, "top3": bool(accept & set(codes[:3])),
+               "first_phase": "", "phase_right": None, "effective": r["effective"], "seconds": r["seconds"]}
+    for ctrl in controls if names is None else ():
+        r = control_case(ctrl)
+        codes = [c["code"] for c in r["findings"] if c["severity"] != "info"]
+        yield {"set": name, "fault": "", "expected_phase": "", "expected_cause": "", "codes": codes[:5],
+               "errors": r["errors"], "top1": False, "top3": False, "first_phase": "", "phase_right": None,
+               "effective": True, "seconds": r["seconds"]}
+
+
 def _two_part_rows(name: str, faults, single: dict, settings: dict, between: dict, healthy: tuple = HEALTHY_SINGLE[:1]):
     """A set's one-step faults, then its consecutive-step faults (`faults`: only these, no controls)."""
     one = None if faults is None else [f for f in faults if f in single]
@@ -154,13 +200,15 @@ def _tensors_digest(folder) -> str:
     return h.hexdigest()
 
 
-def trl_rows(names=None, known: Optional[tuple] = None, name: str = "TRL"):
-    """TRL's GRPOTrainer runs of `known` (the sealed TRL faults unless given), then (all faults only) a healthy run."""
+def trl_rows(names=None, known: Optional[tuple] = None, name: str = "TRL", healthy: tuple = ({},)):
+    """TRL's GRPOTrainer runs of `known` (the sealed TRL faults unless given), then (all faults only) a healthy run
+    under each of `healthy`'s GRPOConfig settings."""
     from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS, trl_case
     twins: dict = {}
     faults = [f for f in (SEALED_TRL_FAULTS if known is None else known) if names is None or f.name in names]
-    for fault in faults + ([None] if names is None else []):
-        r = trl_case(fault, 0, twins)
+    runs = [(f, None) for f in faults] + ([(None, kw) for kw in healthy] if names is None else [])
+    for fault, base in runs:
+        r = trl_case(fault, 0, twins, base=base)
         codes = [c["code"] for c in r["findings"] if c["severity"] != "info"]
         accept = set(r.get("accept", ()))
         yield {"set": name, "fault": fault.name if fault else "", "expected_phase": "",
@@ -177,7 +225,7 @@ def table(rows: list) -> str:
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
     sets = {str(r.get("set") or "").partition(" ")[0] for r in rows}   # probe: written after the fits, not sealed
-    held_out = {"probe", "blind", "unseen", "fresh", "novel", "sixth"}
+    held_out = {"probe", "blind", "unseen", "fresh", "novel", "sixth", "seventh"}
     kind = " and ".join(sorted(sets)).capitalize() if sets and sets <= held_out else "Sealed"
     lines = [f"{kind} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
@@ -199,7 +247,7 @@ def main(argv: Optional[list] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/sealed", help="folder for results.jsonl and table.md")
     ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind", "unseen", "fresh", "novel",
-                                       "sixth"),
+                                       "sixth", "seventh"),
                     action="append",
                     help="only these parts (repeatable); default: the three sealed ones")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable; no healthy controls)")
@@ -208,7 +256,7 @@ def main(argv: Optional[list] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     parts = {"single": single_rows, "between": between_rows, "trl": trl_rows, "probe": probe_rows,
              "blind": blind_rows, "unseen": unseen_rows, "fresh": fresh_rows, "novel": novel_rows,
-             "sixth": sixth_rows}
+             "sixth": sixth_rows, "seventh": seventh_rows}
     rows = []
     with open(out / "results.jsonl", "a") as fh:
         for name in a.only or ["single", "between", "trl"]:
@@ -228,15 +276,18 @@ def _subset(part: str, names: Optional[list]):
     if names is None:
         return None
     from rookworld_debug.lab.between_steps import FRESH_BETWEEN_FAULTS, NOVEL_BETWEEN_FAULTS, SEALED_BETWEEN_FAULTS, \
-        SIXTH_BETWEEN_FAULTS
-    from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS, SIXTH_TRL_FAULTS
+        SEVENTH_BETWEEN_FAULTS, SIXTH_BETWEEN_FAULTS
+    from rookworld_debug.lab.faults_heldout import SEVENTH_STEP_FAULTS
+    from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS, SEVENTH_TRL_FAULTS, SIXTH_TRL_FAULTS
     from rookworld_debug.lab.handloop import BLIND_FAULTS, FRESH_FAULTS, NOVEL_FAULTS, PROBE_FAULTS, SEALED_FAULTS, \
-        SIXTH_FAULTS, UNSEEN_FAULTS
+        SEVENTH_FAULTS, SIXTH_FAULTS, UNSEEN_FAULTS
     known = {"single": SEALED_FAULTS, "between": SEALED_BETWEEN_FAULTS,
              "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS, "blind": BLIND_FAULTS,
              "unseen": UNSEEN_FAULTS, "fresh": {**FRESH_FAULTS, **FRESH_BETWEEN_FAULTS},
              "novel": {**NOVEL_FAULTS, **NOVEL_BETWEEN_FAULTS},
-             "sixth": {**SIXTH_FAULTS, **SIXTH_BETWEEN_FAULTS, **{f.name: f for f in SIXTH_TRL_FAULTS}}}[part]
+             "sixth": {**SIXTH_FAULTS, **SIXTH_BETWEEN_FAULTS, **{f.name: f for f in SIXTH_TRL_FAULTS}},
+             "seventh": {**SEVENTH_FAULTS, **SEVENTH_BETWEEN_FAULTS, **{f.name: f for f in SEVENTH_TRL_FAULTS},
+                         **{f.name: f for f in SEVENTH_STEP_FAULTS}}}[part]
     return [n for n in names if n in known]
 
 
