@@ -19,10 +19,12 @@ def _pair(seed: int, reseed: bool):
     logits_k = torch.randn(N, T, V, generator=g) * 1.5
     logits_k1 = logits_k + torch.randn(N, T, V, generator=g)           # another batch: related, not the same
     gen = torch.Generator().manual_seed(1000 + seed)
-    y_k = torch.stack([torch.multinomial(logits_k[:, t].softmax(-1), 1, generator=gen).squeeze(1) for t in range(T)], 1)
+    y_k = torch.stack([torch.multinomial(logits_k[:, t].softmax(-1), 1, generator=gen).squeeze(1)
+                       for t in range(T)], 1)
     if reseed:
         gen.manual_seed(1000 + seed)                                     # the same stream again
-    y_k1 = torch.stack([torch.multinomial(logits_k1[:, t].softmax(-1), 1, generator=gen).squeeze(1) for t in range(T)], 1)
+    y_k1 = torch.stack([torch.multinomial(logits_k1[:, t].softmax(-1), 1, generator=gen).squeeze(1)
+                        for t in range(T)], 1)
     prob = logits_k1.softmax(-1).gather(-1, y_k[..., None]).squeeze(-1).double()
     return y_k == y_k1, prob, torch.ones(N, T, dtype=torch.bool)
 

@@ -6,7 +6,8 @@ The test reads only the tokens and the declared distribution of the weights that
 draws, step k+1's token at (i, t) equals step k's with probability p_{k+1}(y_k[i, t]), whatever the prompts are
 (a peaked distribution repeats its token by itself, and that is in the expectation). The count of matches M over
 the positions both rows reach is then a sum of those Bernoulli terms given each row's own prefix (a martingale), and
-Freedman's inequality bounds its upper tail: P(M − E ≥ x) ≤ exp(−x² / (2(V + x/3))), E = Σ p, V = Σ p(1 − p).
+Freedman's inequality bounds its upper tail: P(M − E ≥ x) ≤ exp(−x² / (2(V + x/3))), E = Σ p,
+V = Σ p(1 − p).
 Shared draws push M far past E; the bound against P_ERROR decides, as sampled_tokens.py's exact tests do.
 
 Not tested: a later pass over one rollout (the tokens are the same by design), two steps with the same tokens and
@@ -85,7 +86,8 @@ def _match_probabilities(model, r, other_ids: torch.Tensor) -> tuple[torch.Tenso
         lp = completion_logits(model, r, rows).float()
         lp = (lp / r.temperatures[rows].float()[:, None, None]).log_softmax(-1)                        # (n, T, V)
         w = other_ids.shape[1]
-        out[rows, :w] = lp[:, :w].gather(-1, other_ids[rows].clamp(0, lp.shape[-1] - 1)[..., None]).squeeze(-1).exp().double()
+        other = other_ids[rows].clamp(0, lp.shape[-1] - 1)[..., None]                                  # (n, w, 1)
+        out[rows, :w] = lp[:, :w].gather(-1, other).squeeze(-1).exp().double()
         ids, mask = r.completion_ids[rows], r.completion_mask[rows].bool()
         parts.append(statistics_of(lp, ids, mask, seen_before(r.prompt_ids[rows], r.prompt_mask[rows].bool(), ids,
                                                               lp.shape[-1])))
