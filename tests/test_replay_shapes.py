@@ -551,3 +551,25 @@ def test_a_length_term_in_the_rewards_is_fitted_with_its_coefficient():
     (fitted, _), = length_variant(noise, ref, lengths3).values()
     assert (fitted - noise).abs().max() > 1e-3                 # proposed, and it does not reproduce them
     assert length_variant(ref, ref, torch.full((6,), 7)) == {}  # one length: a constant, not a length term
+
+
+@pytest.mark.slow
+def test_a_bf16_loops_gradient_is_held_to_the_rounding_of_its_own_step(tmp_path):
+    """bf16 autocast, AdamW's weight decay and a large rate (the recorded step 2 starts far from step 1): the loop's
+    gradient is its bf16 path, 6 % from fp32 on this step, past the fixed 5 % bound. The replay's own bf16
+    gradient measures the rounding and the check agrees, saying so; a gradient scaled by 1.5 still disagrees."""
+    from rookworld_debug.diagnosis import diagnose_path
+    from rookworld_debug.diagnosis.replay import replay_path
+    from rookworld_debug.diagnosis.replay.gradient_phase import within_rounding
+    from rookworld_debug.diagnosis.replay.records import PhaseCheck
+    _, folder = _loop(tmp_path, autocast="bfloat16", weight_decay=0.1, lr=1e-3, steps=2, num_prompts=2,
+                      num_generations=4, max_new_tokens=160, task="P")
+    found = diagnose_path(folder)
+    assert not _errors(found), _errors(found)
+    grad = [c for c in replay_path(folder).checks if c.phase == "gradient"]
+    assert grad and all(c.status == "agree" for c in grad)
+    rounded = [c for c in grad if "bfloat16 rounding" in c.explanation]     # past the fixed bound: held to
+    assert rounded and 0.05 < rounded[0].max_abs_diff <= rounded[0].tolerance   # twice the measured rounding
+    # a disagreement far past the rounding is left as it is, and an fp32 loop's is never re-judged
+    far = PhaseCheck("gradient", "gradient: q", "disagree", 0.5, 0.05)
+    assert within_rounding(far, None, None, (), {}, "float32") is far

@@ -40,7 +40,7 @@ from rookworld_debug.diagnosis.replay.data_phases import (accumulation, advantag
 from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_declaration, quantity_key,
                                                           with_inferred_pass)
 from rookworld_debug.diagnosis.replay.findings import replay_findings
-from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check, unreachable
+from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check, unreachable, within_rounding
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks
 from rookworld_debug.diagnosis.replay.schedule import schedule_check
@@ -135,12 +135,19 @@ def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
     from rookworld_debug.diagnosis.replay.terms import GradientFit
     if w.policy is None or w.state is None or w.state.gradient is None:
         return checks
-    fitted = gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
-                            accumulation(trace),
-                            GradientFit(trace, _jacobian(trace, w), lambda: _previous_pass_gradient(trace, w)),
-                            max_grad_norm=clip_of(trace))
+    fitted = _rounded(trace, w, gradient_check(
+        w.state.gradient, _declared_gradient(trace, w), _dtype(trace), accumulation(trace),
+        GradientFit(trace, _jacobian(trace, w), lambda: _previous_pass_gradient(trace, w)),
+        max_grad_norm=clip_of(trace)))
     rest = [c for c in checks if not c.quantity.startswith(("gradient:", "the loss's gradient"))]
     return _ordered(rest + [fitted])
+
+
+def _rounded(trace, w: Weights, check: PhaseCheck) -> PhaseCheck:
+    """A 16-bit step's unexplained gradient difference held to the rounding its cancellation allows."""
+    if check.status != "disagree" or check.cause or w.policy is None:
+        return check
+    return within_rounding(check, trace, w.policy, w.trainable, _declared_gradient(trace, w), _dtype(trace))
 
 
 def _previous_pass_gradient(trace, w: Weights):
@@ -231,8 +238,8 @@ def _phase(trace, w: Weights, phase: str) -> list[PhaseCheck]:
     ruled_out = _unreachable(trace, w)  # then the head screen: a backward only for a gradient that can agree
     if ruled_out is not None:
         return out + [ruled_out]
-    return out + [gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
-                                 accumulation(trace), max_grad_norm=clip_of(trace))]
+    return out + [_rounded(trace, w, gradient_check(w.state.gradient, _declared_gradient(trace, w), _dtype(trace),
+                                                   accumulation(trace), max_grad_norm=clip_of(trace)))]
 
 
 def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
@@ -245,8 +252,8 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
         out.append(skipped("gradient", q, "the declared KL term needs the reference's log-probs, which were not "
                                           "recorded"))
     elif w.state is not None and w.state.gradient is not None:
-        out.append(gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
-                                  accumulation(trace), max_grad_norm=clip_of(trace)))
+        out.append(_rounded(trace, w, gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
+                                                     accumulation(trace), max_grad_norm=clip_of(trace))))
     elif trace.update is not None and w.state is None and _single_pass(trace.config):
         ours = _declared_gradient(trace, w)
         norm = sum(float(v.double().pow(2).sum()) for v in ours.values()) ** 0.5

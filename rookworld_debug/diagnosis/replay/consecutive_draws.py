@@ -34,7 +34,6 @@ def draws_check(p) -> PhaseCheck:
     from rookworld_debug.errors import RookWorldError
     from rookworld_debug.grpo.trace.state import build_model
     from .model_phases import _sampler_warpers
-    from .weights import scoring_model
     tk, tk1 = p.trace_k, p.trace_k1
     r0, r1 = tk.rollout, tk1.rollout
     later_pass = int(getattr(tk1.recorded, "iteration", 0) or 0) > 0
@@ -49,7 +48,7 @@ def draws_check(p) -> PhaseCheck:
         return skipped("sampler", QUANTITY, f"the two steps' rows share {int(both.sum())} positions (fewer than "
                                             f"{MIN_TOKENS} say nothing)")
     try:
-        model = scoring_model(tk1, build_model(p.sk1, weights))
+        model = build_model(p.sk1, weights)           # positions from the mask, as generate() sampled
     except RookWorldError as err:
         return skipped("sampler", QUANTITY, f"the weights that sampled k+1 cannot be rebuilt ({err})")
     p_match, st = _match_probabilities(model, r1, r0.completion_ids[:, :t])

@@ -170,11 +170,15 @@ def _sampled_tokens(trace, model, eos: Optional[int] = None, cache: Optional[dic
     """The tokens the sampler chose against the distribution the loop declares (sampled_tokens.py), where the
     weights that sampled are known: a TRL step that reads a slice of an older generation batch is left out."""
     from .sampled_tokens import sampled_tokens_check
+    from .weights import sampling_positions
     cap = trace.capture
     if model is None or (cap is not None and int(getattr(cap, "steps_per_generation", 0) or 1) > 1):
         return []
-    c = sampled_tokens_check(model, trace.rollout, declared_filter=_sampler_warpers(trace) is not None, eos=eos,
-                             hidden=(cache or {}).get(_hidden_key(model, trace.rollout)))
+    # the sampler's positions: a TRL capture's scoring forward counts the left padding, its generate() did not
+    hidden = (cache or {}).get(_hidden_key(model, trace.rollout)) if cap is None else None
+    with sampling_positions(model):
+        c = sampled_tokens_check(model, trace.rollout, declared_filter=_sampler_warpers(trace) is not None, eos=eos,
+                                 hidden=hidden)
     return [c] if c is not None else []
 
 

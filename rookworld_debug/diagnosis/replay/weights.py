@@ -145,8 +145,26 @@ def _plain_positions(model):
 
     def plain(*args, position_ids=None, **kw):
         return forward(*args, **kw)
+    plain.sampling_forward = forward          # generate() counted positions from the mask while it sampled
     body.forward = plain
     return model
+
+
+@contextmanager
+def sampling_positions(model):
+    """`model` as generate() ran it while sampling, positions counted from the attention mask, for the duration:
+    a TRL capture's scoring model (`scoring_model`) drops them only for the trainer's forward."""
+    body = model.base_model
+    plain = body.forward
+    original = getattr(plain, "sampling_forward", None)
+    if original is None:
+        yield model
+        return
+    body.forward = original
+    try:
+        yield model
+    finally:
+        body.forward = plain
 
 
 @contextmanager
