@@ -180,14 +180,16 @@ def test_a_fresh_fault_between_steps_is_named_first(tmp_path, fault):
     assert _check(pair, quantity).cause == code
 
 
-# the sixth held-out set's consecutive-step faults (SIXTH_BETWEEN_FAULTS) and the fifth's sampler rounding, as fixed
-# after their first runs
+# the sixth and seventh held-out sets' consecutive-step faults (SIXTH_BETWEEN_FAULTS, SEVENTH_BETWEEN_FAULTS) and the
+# fifth's sampler rounding, as fixed after their first runs
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["lr_from_config_at_resume", "adam_moments_bf16_at_resume",
-                                   "reference_shares_policy_blocks", "sampler_synced_in_bf16"])
+                                   "reference_shares_policy_blocks", "sampler_synced_in_bf16",
+                                   "sampler_adapter_merged_twice", "sampler_qkv_layout_scrambled"])
 def test_a_sixth_set_fault_between_steps_is_named_first(tmp_path, fault):
-    from rookworld_debug.lab.between_steps import BASE, NOVEL_BETWEEN_FAULTS, SIXTH_BETWEEN_FAULTS, run_pair
-    quantity, code = {**NOVEL_BETWEEN_FAULTS, **SIXTH_BETWEEN_FAULTS}[fault]
+    from rookworld_debug.lab.between_steps import BASE, NOVEL_BETWEEN_FAULTS, SEVENTH_BETWEEN_FAULTS, \
+        SIXTH_BETWEEN_FAULTS, run_pair
+    quantity, code = {**NOVEL_BETWEEN_FAULTS, **SIXTH_BETWEEN_FAULTS, **SEVENTH_BETWEEN_FAULTS}[fault]
     pair, found = _pair(run_pair(BASE, tmp_path, fault))
     errors = _errors(found)
     assert errors and errors[0].code == code, [(f.code, f.cause[:160]) for f in errors]

@@ -61,6 +61,15 @@ def test_a_reweighting_sampler_setting_is_a_warning_naming_its_key(capture, sett
     assert f.severity == "warning" and key in f.cause, f.cause
 
 
+def test_a_budget_in_generation_kwargs_below_max_completion_length_is_named(capture):
+    cap = capture.capture.grpo_config["max_completion_length"]
+    f = _codes(_with(capture, generation_kwargs={"max_new_tokens": 4, "top_k": 0}))["completion_cut_early"]
+    assert f.severity == "error" and "GRPOConfig.generation_kwargs['max_new_tokens'] = 4" in f.cause
+    assert f"max_completion_length = {cap}" in f.cause and f.fix.grpo_config == {"generation_kwargs": {"top_k": 0}}
+    # a budget at or above the configured one cuts nothing
+    assert "completion_cut_early" not in _codes(_with(capture, generation_kwargs={"max_new_tokens": cap}))
+
+
 def test_a_checkpoints_generation_config_key_is_named_where_it_comes_from(capture):
     cap = capture.capture
     banned = dataclasses.replace(capture, capture=dataclasses.replace(

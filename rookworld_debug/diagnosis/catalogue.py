@@ -111,6 +111,8 @@ TITLES = {
     "optimizer_settings_changed": "the optimizer's settings changed between steps",
     "optimizer_state_permuted": "the optimizer's state loaded into other parameters",
     "sampler_weights_partly_synced": "the sampler's sync skipped some parameters",
+    "sampler_weights_extrapolated": "the sampler holds the update applied twice (a delta merged into weights holding it)",
+    "sampler_weights_permuted": "the sampler holds the right values in another layout (a conversion at the sync)",
     "weights_rounded": "the weights were rounded to a lower precision between steps",
     "packed_sequences_cross_attend": "packed rows attend to each other: no per-row mask in the packed forward",
     "importance_weight_not_detached": "the policy term's gradient doubled: a weight of value 1 left attached",

@@ -63,6 +63,29 @@ def _model_keys(trace) -> dict:
     return {k: v for k, v in model.items() if k in REWEIGHTING and k != "repetition_penalty"}
 
 
+def _budget_override(trace, config: dict, gk: dict, step) -> list[Finding]:
+    """generation_kwargs' max_new_tokens below GRPOConfig.max_completion_length: generate() stops there, so rows are
+    cut short of the budget the run was configured with (an error where rows reach the override, else a warning)."""
+    budget, cap = gk.get("max_new_tokens"), config.get("max_completion_length")
+    if not isinstance(budget, int) or isinstance(budget, bool) or not isinstance(cap, int) or budget >= cap:
+        return []
+    lengths = trace.rollout.completion_mask.sum(1)
+    at = int((lengths >= budget).sum())
+    return [Finding(
+        code="completion_cut_early", severity="error" if at else "warning",
+        cause=f"The completions are cut at {_where('max_new_tokens', gk)} = {budget}, below GRPOConfig."
+              f"max_completion_length = {cap}: TRL applies generation_kwargs over its own sampler settings, so "
+              f"generate() stops every row at {budget} tokens; {at} of {lengths.numel()} rows reach it, cut "
+              "unfinished, and their rewards score answers the configured budget would have let end.",
+        evidence=(E.ev("generation_max_new_tokens", float(budget), _where("max_new_tokens", gk), "config"),
+                  E.ev("max_completion_length", float(cap), "GRPOConfig.max_completion_length", "config"),
+                  E.ev("rows_at_override", float(at), f"rows whose completion is {budget} tokens or longer")),
+        fix=Fix("Remove 'max_new_tokens' from generation_kwargs (set the budget once, in max_completion_length).",
+                grpo_config={"generation_kwargs": {k: v for k, v in gk.items() if k != "max_new_tokens"} or None}),
+        alternatives=("all_truncated: a budget too small for the task reads the same from the lengths alone",),
+        score=9.6 if at else 5.0, step=step)]
+
+
 def declared_greedy(trace) -> bool:
     """A TRL capture whose GRPOConfig turns sampling off (`check_trl_generation` names it from the config)."""
     settings = _sampler(trace)
@@ -111,6 +134,7 @@ def check_trl_generation(trace) -> list[Finding]:
             alternatives=("temperature_too_low: a very low temperature also makes a group's completions one",),
             score=9.8, step=step))
         return out
+    out += _budget_override(trace, config, gk, step)
     t_loss = float(config.get("temperature", 1.0))
     t_gen = eff.get("temperature")
     if "temperature" in gk and t_gen is not None and not math.isclose(float(t_gen), t_loss):

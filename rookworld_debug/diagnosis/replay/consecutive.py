@@ -248,6 +248,21 @@ def weights_check(p: _Pair) -> PhaseCheck:
 SIXTEEN_BIT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class _Extrapolated(dict):
+    """θ + (θ − θ_start) of each parameter, computed when read: an update applied on top of weights holding it."""
+
+    def __init__(self, weights: dict, start: dict):
+        super().__init__()
+        self.w, self.start = weights, start
+
+    def __contains__(self, name) -> bool:
+        return name in self.w and name in self.start
+
+    def __getitem__(self, name):
+        w = self.w[name]
+        return w + (w - self.start[name].to(w.dtype))
+
+
 class _Rounded(dict):
     """Weights rounded to `dtype` and back, each computed when read (a 124M model's copy is not made up front)."""
 
@@ -287,7 +302,12 @@ def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
             ("sampler_weights_stale", sk.before, "the sampler holds step k's weights before its update: it was not "
                                                  "synced after the update"),
             ("sampler_weights_stale", sk.reference, "the sampler holds the reference's (start) weights: it was never "
-                                                    "synced")]
+                                                    "synced"),
+            ("sampler_weights_extrapolated", _Extrapolated(due, sk.reference) if sk.reference is not None else None,
+             "the sampler holds the synced weights plus their whole change since the start once more "
+             "(θ + (θ − θ_start)): the update was merged into weights that already held it (an adapter or delta "
+             "merged twice)"),
+            ("sampler_weights_permuted", lambda: _reordered(p, sk1.sampler, due), "")]
     declared = SIXTEEN_BIT.get(getattr(p.trace_k1.recorded, "sampler_dtype", "") or "")
     if declared is not None:                 # a sampler declared in 16 bits holds the synced weights rounded
         due = _Rounded(due, declared)
@@ -297,6 +317,18 @@ def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
               f"it is due to hold; declare sampler_precision='{name}' if that is meant")
              for name, dt in SIXTEEN_BIT.items() if declared is None]
     return _weights_disagree(p, "sampler", q, sk1.sampler, due, fits)
+
+
+def _reordered(p: _Pair, got: dict, due: dict) -> Optional[tuple]:
+    """(`got`, the sentence) when every parameter that differs from what is due holds exactly the due values in
+    another order (a layout conversion: fused q/k/v columns, a transpose), else None."""
+    moved = [n for n in p.names if not torch.equal(got[n], due[n].to(got[n].dtype))]
+    if not moved or any(got[n].shape != due[n].shape or not torch.equal(
+            got[n].flatten().sort().values, due[n].to(got[n].dtype).flatten().sort().values) for n in moved):
+        return None
+    return got, (f"{len(moved)} of the sampler's tensors (e.g. {moved[0]}) hold exactly the values due to them in "
+                 "another order: the sync converted their layout (fused q/k/v columns interleaved per head, a "
+                 "transpose) where the engine reads another one")
 
 
 def _partly(p: _Pair, got: dict, synced: dict, stale) -> Optional[tuple]:
