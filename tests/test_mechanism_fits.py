@@ -122,3 +122,18 @@ def test_a_loops_own_reward_is_held_only_to_how_its_values_are_stored():
     assert only(ref.trunc(), ref, None, 1e-5).kind == "truncated_to_integer"
     # another formula of the same rows (a scale) is the loop's own business: only the full fits name it
     assert only(1.01 * ref, ref, None, 1e-5) is None and value_fits(4)(1.01 * ref, ref, None, 1e-5).kind == "scaled"
+
+
+def test_a_mask_whose_start_is_off_by_one_names_the_first_token_left_out():
+    from rookworld_debug.diagnosis.replay.data_phases import _mask_check
+    ids = torch.tensor([[5, 6, 0, 9], [7, 0, 9, 9], [8, 8, 8, 8]])          # EOS = 0; row 2 never ends
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    off = right.clone()
+    off[:, 0] = 0
+    c = _mask_check(ids, off, 0)
+    assert c.status == "disagree" and c.cause == "first_token_not_in_mask" and "first 1 completion token " \
+        in c.explanation
+    assert _mask_check(ids, right, 0).status == "agree"
+    one_row = right.clone()
+    one_row[1, 0] = 0                               # one row's first token: not the mask's start for every row
+    assert _mask_check(ids, one_row, 0).cause != "first_token_not_in_mask"

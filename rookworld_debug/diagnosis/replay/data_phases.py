@@ -77,6 +77,17 @@ def _grouping(r, g: int) -> PhaseCheck:
                       measure="rows whose prompt differs from their group's first row")
 
 
+def _leading_columns_dropped(mask, want, most: int = 2) -> int:
+    """k (1..`most`) when the mask differs from `want` exactly by 0 in the first k columns of every row that has
+    them in `want`, else 0."""
+    for k in range(1, most + 1):
+        cut = want.clone()
+        cut[:, :k] = 0
+        if bool((want[:, :k] == 1).any()) and torch.equal(mask, cut):
+            return k
+    return 0
+
+
 def _mask_check(ids, mask, eos: int, mask_truncated: bool = False) -> PhaseCheck:
     """The loss mask against TRL's; a mask that only adds tokens after the first EOS, or only drops the EOS, names
     its mechanism. `mask_truncated`: a row with no EOS may be all 0 (TRL masks it before the loss)."""
@@ -92,6 +103,12 @@ def _mask_check(ids, mask, eos: int, mask_truncated: bool = False) -> PhaseCheck
         if bool(after_eos.any()) and not bool(((mask == 0) & (want == 1)).any()):
             check = _with_cause(check, "tokens_after_eos_trained", "the mask is 1 on tokens after the first EOS: the "
                                                                    "loss trains the padding")
+        elif _leading_columns_dropped(mask, want):
+            k = _leading_columns_dropped(mask, want)
+            check = _with_cause(check, "first_token_not_in_mask", f"the mask is 0 on the first {k} completion "
+                                f"token{'s' if k > 1 else ''} of every row and right after: the mask's start is "
+                                f"off by {k} (an action mask sliced [:, {k}:] against the completion, or shifted "
+                                "with the prompt), so the loss never trains the token that opens each answer")
         elif bool(eos_dropped.any()) and not bool(after_eos.any()):
             check = _with_cause(check, "eos_not_in_mask", "the mask is 0 on the EOS token: the loss never teaches the "
                                                           "policy to stop")
