@@ -60,14 +60,15 @@ def _hashable(v):
 def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, unshifted=False,
                    warp=None, temperature: Optional[float] = None, other_side=False, no_mask=False,
                    pad_logits: int = 0, position_offset: int = 0, prefix: Optional[int] = None,
-                   keep_last: Optional[int] = None) -> torch.Tensor:
+                   keep_last: Optional[int] = None, top_token: bool = False) -> torch.Tensor:
     """(N, T) log-probs of the sampled ids under a common scoring mistake: logits not divided by the temperature,
     position ids that count the left padding, logits not shifted by one (position t scoring token t), the
     prompts padded on the other side (`other_side`: the completion follows the pads, so a short prompt's first
     completion token is predicted from a pad position), no attention mask (`no_mask`: every position attends to
     the pads), `pad_logits` more entries of logit 0 in the log-softmax (a vocabulary padded to a multiple), position
     ids `position_offset` later, one more token `prefix` before every prompt (attended: a BOS the ids lack), or each
-    prompt cut to its last `keep_last` tokens (the earlier ones masked out: a left truncation)."""
+    prompt cut to its last `keep_last` tokens (the earlier ones masked out: a left truncation), or the log-prob of
+    each position's most likely token instead of the sampled one (`top_token`)."""
     out = []
     for s in range(0, r.completion_ids.shape[0], ROWS_PER_FORWARD):
         rows = slice(s, s + ROWS_PER_FORWARD)
@@ -96,7 +97,8 @@ def _variant_logps(model, r, *, temperature_one=False, plain_positions=False, un
             tempered = _warp(tempered.reshape(n_ * t_, v_), k, p_).reshape(n_, t_, v_)
         if pad_logits:
             tempered = torch.cat([tempered, tempered.new_zeros(*tempered.shape[:-1], pad_logits)], -1)
-        lp = tempered.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+        lp = tempered.log_softmax(-1)
+        lp = lp.max(-1).values if top_token else lp.gather(-1, ids[..., None]).squeeze(-1)
         out.append(lp * mask)
     return torch.cat(out)
 
@@ -143,8 +145,10 @@ def scoring_checks(trace, policy, reference, dtype: str, *, have: set, ref_is_po
                                              "weights that sampled it were not recorded (StepRecorder.sampler)"))
             continue
         dt = (getattr(trace.recorded, "sampler_dtype", "") or dtype) if key == "sampler" else dtype
+        variants = {**_scoring_variants(trace, model), **(_sampler_variants(model, r) if key == "sampler" else {})}
         c = compare("scoring", q, rec, logps(model), tol_for(SAMPLER_TOL, dt) if key == "sampler" else tol,
-                    mask=mask * step_rows(trace)[:, None] if key == "policy" else mask, unit="token", variants=_scoring_variants(trace, model),   # of the weights it is held to
+                    mask=mask * step_rows(trace)[:, None] if key == "policy" else mask, unit="token",
+                    variants=variants,                                   # of the weights it is held to
                     mean_tol=tol_for(MEAN_TOL, dt), fit=_scoring_fits(model, r),
                     rel=0.0 if key == "sampler" else tol_for(LOGP_REL, dt))
         if c.status == DISAGREE and not c.cause:
@@ -302,6 +306,15 @@ def _scoring_variants(trace, policy) -> dict:
             "have (top_k=0): the rollout came from another distribution than the declared one, and a ratio against "
             "it is biased")
     return variants
+
+
+def _sampler_variants(model, r) -> dict:
+    """How an engine's log-probs are misread: each position's first-listed (most likely) token's log-prob."""
+    return {"sampler_logps_other_token": (
+        lambda: _variant_logps(model, r, top_token=True),
+        "the recorded log-prob at each position is the distribution's most likely token's, not the sampled token's "
+        "(an engine's per-position logprob list read by its first entry): right only where the sampled token was "
+        "the top one, so every ratio against it is wrong where sampling chose another")}
 
 
 def _bos_id(model) -> Optional[int]:
