@@ -222,6 +222,9 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
     # the seventh held-out set (SEVENTH_FAULTS), as fixed after its first run
     pytest.param("mask_drops_first_token", {}, "first_token_not_in_mask", "generation", marks=pytest.mark.slow),
     pytest.param("sampler_logps_of_top_token", {}, "sampler_logps_other_token", "scoring", marks=pytest.mark.slow),
+    pytest.param("clip_before_unscale", {}, "clip_before_unscale", "update", marks=pytest.mark.slow),
+    pytest.param("grad_norm_counts_tied_twice", dict(max_grad_norm=0.01), "grad_norm_counts_shared_twice", "update",
+                 marks=pytest.mark.slow),
 ])
 def test_a_fault_of_a_loop_shape_is_placed_and_named(tmp_path, fault, kw, code, phase):
     from rookworld_debug.diagnosis import diagnose_path

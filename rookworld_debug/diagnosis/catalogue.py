@@ -115,6 +115,8 @@ TITLES = {
     "sampler_weights_permuted": "the sampler holds the right values in another layout (a conversion at the sync)",
     "first_token_not_in_mask": "the loss mask leaves out each completion's first token (its start off by one)",
     "sampler_logps_other_token": "the sampler recorded another token's log-prob (the top one, not the sampled one)",
+    "clip_before_unscale": "the gradient was clipped while still multiplied by the loss scale",
+    "grad_norm_counts_shared_twice": "the clip's norm counts a tied weight's gradient twice",
     "weights_rounded": "the weights were rounded to a lower precision between steps",
     "packed_sequences_cross_attend": "packed rows attend to each other: no per-row mask in the packed forward",
     "importance_weight_not_detached": "the policy term's gradient doubled: a weight of value 1 left attached",

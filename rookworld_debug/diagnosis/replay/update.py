@@ -124,6 +124,8 @@ def update_check(state, max_grad_norm, dtype: str) -> PhaseCheck:
             if (max_grad_norm or "clip" not in kw and "per_tensor" not in kw) and u.resid(u.step(**kw)) <= u.bound:
                 cause, why = code, sentence
                 break
+    if not cause and u.norm_rec > 0 and finite and max_grad_norm:
+        cause, why, fitted = _clip_mechanisms(u)
     if not cause and u.norm_rec > 0 and finite:
         cause, why, fitted = _linear_fit(u, d_ref)
         if not cause:
@@ -278,6 +280,43 @@ def _clip_fit(u: _Update, fit):
            f"not at max_grad_norm = {had}: the loop clips at {c:.4g}")
     return "update_clip_norm", why, {"kind": "clip", "params": {"max_grad_norm": c}, "residual": r / u.norm_rec,
                                      "sentence": why}
+
+
+# a loss scaler's scales: GradScaler starts at 2^16 and halves or doubles from there
+LOSS_SCALES = tuple(2.0 ** k for k in (16, 15, 17, 14, 18, 13, 19, 12, 20, 11, 21, 10, 22, 23, 24))
+# the names a weight shared by the input embedding and the output head goes by (GPT-2's wte, a tied lm_head)
+TIED = ("wte", "embed", "lm_head", "word_embeddings")
+
+
+def _clip_mechanisms(u: _Update):
+    """(code, sentence, fit) of a clip at the recorded max_grad_norm m that divided by another norm than ‖g‖:
+    the gradient still multiplied by a loss scaler's scale S (clip before unscale: m / S in effect), or a norm that
+    counts a tied weight's gradient twice (√(‖g‖² + ‖g_tied‖²)). Each is one re-run at the threshold it implies; a
+    loss scale counts only where S/2 and 2S do not also reproduce the update (else the step cannot tell S)."""
+    m = float(u.max_grad_norm)
+    sq = {n: float(u.state.gradient[n].double().pow(2).sum()) for n in u.names}
+    g = math.sqrt(sum(sq.values()))
+    if not (math.isfinite(g) and g > 0):
+        return "", "", None
+
+    def holds(threshold: float) -> bool:
+        return u.resid(u.step(max_grad_norm=threshold)) <= u.bound
+    for scale in LOSS_SCALES:
+        if m / scale < g and holds(m / scale) and not holds(m / scale * 2) and not holds(m / scale / 2):
+            why = (f"the clip divided by {scale:.0f} × ‖g‖ (= {scale * g:.4g}): clip_grad_norm_ ran on the gradient "
+                   f"still multiplied by the loss scaler's scale {scale:.0f} (before scaler.unscale_(optimizer)), so "
+                   f"max_grad_norm = {m:g} acted as {m / scale:.3g} on the real gradient (‖g‖ = {g:.4g})")
+            return "clip_before_unscale", why, {"kind": "clip_scaled", "params": {"loss_scale": scale},
+                                                "residual": None, "sentence": why}
+    for n in (n for n in u.names if any(t in n for t in TIED)):
+        twice = math.sqrt(g * g + sq[n])
+        if m < twice and holds(m * g / twice):
+            why = (f"the clip divided by √(‖g‖² + ‖g_{n}‖²) = {twice:.4g}, not ‖g‖ = {g:.4g}: the norm counts "
+                   f"{n}'s gradient twice (a weight tied between the input embedding and the output head, listed "
+                   "once per name), so every clipped step is smaller than max_grad_norm allows")
+            return "grad_norm_counts_shared_twice", why, {"kind": "clip_norm_counts_twice", "params": {
+                "parameter": n, "norm_used": twice, "grad_norm": g}, "residual": None, "sentence": why}
+    return "", "", None
 
 
 # the shards a parameter list is cut into (ranks of FSDP / ZeRO): contiguous runs of the parameters, in their order
