@@ -223,6 +223,8 @@ def test_a_declaration_unlike_the_loop_is_a_note_naming_the_keyword(ppo_step, tm
     pytest.param("mask_drops_first_token", {}, "first_token_not_in_mask", "generation", marks=pytest.mark.slow),
     pytest.param("sampler_logps_of_top_token", {}, "sampler_logps_other_token", "scoring", marks=pytest.mark.slow),
     pytest.param("clip_before_unscale", {}, "clip_before_unscale", "update", marks=pytest.mark.slow),
+    pytest.param("ratio_sequence_summed", dict(num_iterations=2, lr=1e-3), "sequence_ratio_not_length_normalised",
+                 "loss", marks=pytest.mark.slow),
     pytest.param("grad_norm_counts_tied_twice", dict(max_grad_norm=0.01), "grad_norm_counts_shared_twice", "update",
                  marks=pytest.mark.slow),
 ])

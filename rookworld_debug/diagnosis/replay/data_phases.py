@@ -519,6 +519,15 @@ def ratio_variants(trace, ob, lp, old, ref, adv) -> dict:
             moved = old + torch.exp((lp - old).to(dtype)).float().log()
             return float(loss_total(trace, ob, moved, old, None if ref is None else ref + (moved - lp), adv))
         return total
+    def summed():
+        # one ratio per row, exp(Σ_t m·(ℓ − ℓ_old)): the product of its token ratios, not their geometric mean
+        m = loss_mask(trace.rollout, trace.config).to(lp.dtype)                                   # (N, T)
+        moved = old + ((lp - old) * m).sum(1, keepdim=True).expand_as(lp)
+        return float(loss_total(trace, ob, moved, old, None if ref is None else ref + (moved - lp), adv))
+    out["sequence_ratio_not_length_normalised"] = (
+        summed, "each row's importance ratio is exp(Σ_t (ℓ − ℓ_old)), its summed log-ratio, applied to every token: "
+                "the product of the token ratios, not their length-normalised mean (GSPO divides by the length), so "
+                "a long completion's ratio leaves the clip range at the smallest drift")
     lo, hi = ob.epsilon_low, ob.epsilon_high
     log_range = ob.replace(epsilon_low=1.0 - math.exp(-lo), epsilon_high=math.exp(hi) - 1.0)
     out.update({f"ratio_low_precision/{name}": (low_precision(dt), f"the importance ratio exp(ℓ − ℓ_old) is computed "
