@@ -81,8 +81,10 @@ def test_healthy_consecutive_steps_carry_over_every_quantity(pairs):
     pair, found = pairs[""]
     assert not _errors(found), [(f.code, f.cause[:160]) for f in _errors(found)]
     assert {c.phase: c.status for c in pair.checks} == dict.fromkeys(
-        ("weights", "optimizer", "scheduler", "sampler", "reference", "gradient", "rewards"),
+        ("weights", "optimizer", "scheduler", "sampler", "reference", "gradient", "rewards", "batch"),
         "agree")                                           # rewards: A prompts repeat; the loop's decay per step
+    draws = [c for c in pair.checks if c.quantity.startswith("sampler draws")]
+    assert len(draws) == 1 and draws[0].status == "agree"  # new random numbers each step
     assert [f.code for f in found] == ["consecutive_agrees"]
 
 
@@ -204,3 +206,15 @@ def test_a_scheduler_that_did_not_step_after_the_first_step_is_a_warning_naming_
     assert not _errors(found)
     warned = [f for f in found if f.code == "scheduler_not_stepped"]
     assert warned and warned[0].severity == "warning" and "per epoch" in warned[0].cause
+
+
+@pytest.mark.slow
+def test_a_batch_handed_again_at_the_next_step_is_a_warning_naming_both_readings(tmp_path):
+    # a dataset of exactly one batch repeats it by design: the evidence cannot tell that from a restarted iterator
+    from rookworld_debug.lab.between_steps import BASE, run_pair
+    pair, found = _pair(run_pair(BASE, tmp_path, "batch_repeated_at_resume"))
+    assert not _errors(found)
+    c = _check(pair, "batch")
+    assert c.status == "suspect" and c.cause == "batch_repeated" and "by design" in c.explanation
+    warned = [f for f in found if f.code == "batch_repeated"]
+    assert warned and warned[0].severity == "warning" and "skip_first_batches" in warned[0].fix.description

@@ -15,6 +15,8 @@ cannot show (each step can be right on its own while the state between them is l
                                                                              gradient_not_zeroed
     rewards     the same (prompt, completion, label) gets the same reward in both steps   reward_has_memory;
                 step k+1's rewards are not step k's row for row on other completions     rewards_other_batch
+    batch       step k+1's prompts are not step k's again, in order, with new completions (a warning: a dataset
+                of one batch repeats it by design)                          batch_repeated
 
 Weights (policy, sampler, reference) are compared in units of step k's update, ‖θ_after(k) − θ_before(k)‖: what is
 carried differs from what is due by at most the recorded precision's relative tolerance of that unit (REL_TOL: 1e-3
@@ -37,11 +39,11 @@ from .compare import REL_TOL, VALUE_TOL, parameter_samples, skipped, tol_for
 from .consecutive_draws import draws_check
 from .consecutive_optimizer import optimizer_check
 from .consecutive_rerun import clip_of
-from .records import AGREE, DISAGREE, SKIPPED, PhaseCheck, fmt
+from .records import AGREE, DISAGREE, SKIPPED, SUSPECT, PhaseCheck, fmt
 from .terms import distance as _dist, dot
 
 # the carried quantities, in the order checked; a check whose upstream one disagrees may only follow from it
-CARRIED = ("weights", "optimizer", "scheduler", "sampler", "reference", "gradient", "rewards")
+CARRIED = ("weights", "optimizer", "scheduler", "sampler", "reference", "gradient", "rewards", "batch")
 DEPENDS = {"sampler": "weights"}
 WEIGHTS_MEASURE = "‖recorded − due‖ / ‖θ_after(k) − θ_before(k)‖"
 
@@ -114,7 +116,7 @@ def replay_consecutive(folder_k, folder_k1, *, traces: tuple = (), replay_k1=Non
     checks = [weights_check(pair)]
     checks += [optimizer_check(pair), _scheduler_check(pair), sampler_check(pair, checks[0].status == DISAGREE),
                draws_check(pair), reference_check(pair),
-               gradient_check(pair, replay_k1), rewards_check(tk, tk1)]
+               gradient_check(pair, replay_k1), rewards_check(tk, tk1), batch_check(tk, tk1)]
     return ConsecutiveReplay(steps, tuple(map(str, folders)), tuple(checks), time.perf_counter() - t0)
 
 
@@ -497,6 +499,24 @@ def rewards_check(tk, tk1) -> PhaseCheck:
     return PhaseCheck("rewards", q, DISAGREE, worst, VALUE_TOL, where, fmt(b[key]), fmt(a[key]), cause, why,
                       measure=measure, fit={"kind": "shift", "params": {"shift": shift[0]}, "residual": 0.0,
                                             "sentence": why} if constant else None)
+
+
+def batch_check(tk, tk1) -> PhaseCheck:
+    """Step k+1 sampled new completions for exactly step k's prompts, in step k's order: the data loader handed
+    the same batch again (SUSPECT: a dataset of one batch does so by design)."""
+    q = "batch: step k+1's prompts are its own (not step k's batch again)"
+    r0, r1 = tk.rollout, tk1.rollout
+    if list(r0.completions) == list(r1.completions):
+        return skipped("batch", q, "step k+1 holds step k's rollout (a later pass over it): one batch by design")
+    if list(r0.prompts) != list(r1.prompts):
+        return PhaseCheck("batch", q, AGREE, 0.0, 0.0, measure="prompts step k+1 shares with step k, in order")
+    n = len(r1.prompts)
+    why = (f"step k+1's {n} prompts are step k's, in the same order, with new completions: the data loader handed "
+           "the same batch again (an iterator restarted at a resume without skipping the batches already trained, "
+           "or re-created every step), so the run trains on its first batches over and over. A dataset of exactly "
+           "one batch repeats it by design")
+    return PhaseCheck("batch", q, SUSPECT, float(n), 0.0, f"all {n} prompts", f"{n} prompts of step k", "new ones",
+                      "batch_repeated", why, measure="prompts step k+1 shares with step k, in order")
 
 
 def new_batch(tk, tk1) -> bool:

@@ -25,6 +25,8 @@ FIXES = {
     "gradient": "Call optimizer.zero_grad() at the start of every step, before the first micro-batch's backward.",
     "rewards": "Make the reward a function of (prompt, completion, label) only: no counter, running statistic or "
                "cache carried from one call to the next (a cache keyed by the whole input is fine).",
+    "batch": "Create the data iterator once and keep it across steps; on resume, skip the batches already trained "
+             "(accelerate's skip_first_batches, or the sampler's saved state).",
 }
 # what the evidence cannot tell from the cause: a change between steps that is meant
 ALTERNATIVES = {
