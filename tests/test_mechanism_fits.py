@@ -137,3 +137,17 @@ def test_a_mask_whose_start_is_off_by_one_names_the_first_token_left_out():
     one_row = right.clone()
     one_row[1, 0] = 0                               # one row's first token: not the mask's start for every row
     assert _mask_check(ids, one_row, 0).cause != "first_token_not_in_mask"
+
+
+def test_a_tied_weight_trained_as_two_parameters_is_named():
+    from rookworld_debug.diagnosis.replay.update import untied_check
+    w = torch.randn(6, 4)
+    state = SimpleNamespace(model_config={"model_type": "gpt2", "tie_word_embeddings": True},
+                            trainable=["transformer.wte.weight", "lm_head.weight", "transformer.ln_f.weight"],
+                            before={"transformer.wte.weight": w, "lm_head.weight": w + 1e-3},
+                            gradient={"transformer.wte.weight": torch.ones(6, 4), "lm_head.weight": torch.ones(6, 4)})
+    c = untied_check(state)
+    assert c.status == "disagree" and c.cause == "tied_weights_untied" and "already differ" in c.explanation
+    # one parameter (the tie kept: named_parameters lists it once), or a config that unties them: nothing to say
+    assert untied_check(SimpleNamespace(**{**vars(state), "trainable": ["transformer.wte.weight"]})) is None
+    assert untied_check(SimpleNamespace(**{**vars(state), "model_config": {"tie_word_embeddings": False}})) is None

@@ -168,6 +168,37 @@ def untrained_check(state) -> Optional[PhaseCheck]:
                       measure="share of the gradient's parameters left out of the optimizer")
 
 
+# (input embedding, output head) names of a tied pair: GPT-2's, Llama-style and BERT-style checkpoints
+TIED_PAIRS = (("transformer.wte.weight", "lm_head.weight"), ("model.embed_tokens.weight", "lm_head.weight"))
+
+
+def untied_check(state) -> Optional[PhaseCheck]:
+    """A disagreement when the recorded model's config ties its output head to its input embedding and the loop's
+    trainable parameters hold the two as separate tensors: each gets only its own half of the shared gradient and
+    its own optimizer step, so the two drift apart (a copy made when the head was re-created, or weights loaded into
+    it); else None."""
+    config = state.model_config if isinstance(getattr(state, "model_config", None), dict) else {}
+    if config.get("tie_word_embeddings", True) is False:
+        return None
+    trainable = set(state.trainable)
+    pair = next(((a, b) for a, b in TIED_PAIRS if a in trainable and b in trainable), None)
+    if pair is None:
+        return None
+    a, b = pair
+    grad = state.gradient or {}
+    norms = {n: math.sqrt(float(grad[n].double().pow(2).sum())) if n in grad else math.nan for n in pair}
+    apart = state.before is not None and a in state.before and b in state.before and \
+        not torch.equal(state.before[a], state.before[b])
+    why = (f"the model's config ties {b} to {a} (tie_word_embeddings), but the loop trains them as two parameters "
+           f"(‖g‖ = {norms[a]:.4g} and {norms[b]:.4g}): each gets only its own half of the shared gradient and its "
+           f"own optimizer step" + (", and their weights already differ" if apart else "") + ". The head was given "
+           "its own copy of the matrix (re-created or loaded after the model was built): tie them again "
+           "(model.tie_weights()) before the optimizer is built")
+    return PhaseCheck("gradient", "the tied input embedding and output head: one parameter", DISAGREE, 1.0, 0.0,
+                      f"{a} and {b}", "two parameters", "one tied parameter", "tied_weights_untied", why,
+                      measure="separate tensors for one tied weight")
+
+
 def decay_groups_check(state) -> Optional[PhaseCheck]:
     """A disagreement when the recorded optimizer keeps a weight-decay-free group for the biases while norm weights
     (the other 1-D parameters) are in a group with weight decay: a no-decay filter that matched biases but missed the
