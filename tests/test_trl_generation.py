@@ -70,6 +70,16 @@ def test_a_budget_in_generation_kwargs_below_max_completion_length_is_named(capt
     assert "completion_cut_early" not in _codes(_with(capture, generation_kwargs={"max_new_tokens": cap}))
 
 
+def test_stop_ids_in_generation_kwargs_the_trainer_does_not_end_at_are_named(capture):
+    trainer_eos = capture.capture.generation_config.get("eos_token_id")
+    assert trainer_eos is not None                               # the policy's own: what the trainer cuts at
+    row0 = int(capture.rollout.completion_ids[0, 0])             # an id the rows hold: they stopped on it
+    f = _codes(_with(capture, generation_kwargs={"eos_token_id": [trainer_eos, row0]}))["stop_token_not_trainer_eos"]
+    assert f.severity == "error" and f"[{row0}]" in f.cause and f.fix.grpo_config == {"generation_kwargs": None}
+    # the trainer's own EOS listed again changes nothing
+    assert "stop_token_not_trainer_eos" not in _codes(_with(capture, generation_kwargs={"eos_token_id": trainer_eos}))
+
+
 def test_a_checkpoints_generation_config_key_is_named_where_it_comes_from(capture):
     cap = capture.capture
     banned = dataclasses.replace(capture, capture=dataclasses.replace(

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import torch
+
 from rookworld_debug.diagnosis import evidence as E
 from rookworld_debug.diagnosis.context import current_step
 from rookworld_debug.diagnosis.findings import Finding, Fix
@@ -86,6 +88,41 @@ def _budget_override(trace, config: dict, gk: dict, step) -> list[Finding]:
         score=9.6 if at else 5.0, step=step)]
 
 
+def _ids(v) -> set:
+    return {v} if isinstance(v, int) and not isinstance(v, bool) else \
+        {x for x in v if isinstance(x, int) and not isinstance(x, bool)} if isinstance(v, (list, tuple)) else set()
+
+
+def _stop_ids(trace, gk: dict, step) -> list[Finding]:
+    """generation_kwargs' eos_token_id holding ids the trainer does not count as an end (TRL 1.16 counts the
+    policy's generation_config eos_token_id and the tokenizer's EOS): generate() stops on them, the completion mask
+    does not end there (an error where rows end on one, else a warning)."""
+    model = getattr(getattr(trace, "capture", None), "generation_config", None)
+    trainer = _ids((model or {}).get("eos_token_id")) if isinstance(model, dict) else set()
+    extra = sorted(_ids(gk.get("eos_token_id")) - trainer)
+    if not extra or not trainer:
+        return []
+    r = trace.rollout
+    last = r.completion_ids.gather(1, (r.completion_mask.sum(1).long() - 1).clamp(min=0)[:, None]).squeeze(1)  # (N,)
+    ids = r.completion_ids
+    stopped = int(torch.isin(ids, torch.tensor(extra)).any(1).sum()) if ids.numel() else 0
+    return [Finding(
+        code="stop_token_not_trainer_eos", severity="error" if stopped else "warning",
+        cause=f"{_where('eos_token_id', gk)} = {gk.get('eos_token_id')!r} stops generation on {extra} too, but the "
+              f"trainer ends a completion only at {sorted(trainer)} (the policy's generation_config and the "
+              f"tokenizer's EOS): {stopped} of {ids.shape[0]} rows hold one, so their mask runs past where generation "
+              f"stopped and they count as truncated (the last masked token of row 0 is {int(last[0])}).",
+        evidence=(E.ev("extra_stop_ids", float(len(extra)), f"ids in {_where('eos_token_id', gk)} the trainer does not "
+                       f"count as an end: {extra}", "config"),
+                  E.ev("rows_with_one", float(stopped), "rows whose completion holds one of them")),
+        fix=Fix("Declare every stop id where the trainer reads its EOS (the policy's generation_config.eos_token_id) "
+                "instead of in generation_kwargs.",
+                grpo_config={"generation_kwargs": {k: v for k, v in gk.items() if k != "eos_token_id"} or None},
+                code_change=f"model.generation_config.eos_token_id = {sorted(trainer | set(extra))} before building "
+                            "the trainer"),
+        score=9.7 if stopped else 5.0, step=step)]
+
+
 def declared_greedy(trace) -> bool:
     """A TRL capture whose GRPOConfig turns sampling off (`check_trl_generation` names it from the config)."""
     settings = _sampler(trace)
@@ -134,7 +171,7 @@ def check_trl_generation(trace) -> list[Finding]:
             alternatives=("temperature_too_low: a very low temperature also makes a group's completions one",),
             score=9.8, step=step))
         return out
-    out += _budget_override(trace, config, gk, step)
+    out += _budget_override(trace, config, gk, step) + _stop_ids(trace, gk, step)
     t_loss = float(config.get("temperature", 1.0))
     t_gen = eff.get("temperature")
     if "temperature" in gk and t_gen is not None and not math.isclose(float(t_gen), t_loss):
