@@ -151,3 +151,15 @@ def test_a_tied_weight_trained_as_two_parameters_is_named():
     # one parameter (the tie kept: named_parameters lists it once), or a config that unties them: nothing to say
     assert untied_check(SimpleNamespace(**{**vars(state), "trainable": ["transformer.wte.weight"]})) is None
     assert untied_check(SimpleNamespace(**{**vars(state), "model_config": {"tie_word_embeddings": False}})) is None
+
+
+@pytest.mark.slow
+def test_a_scorer_that_reads_each_completion_cut_short_is_named_with_the_cut():
+    from rookworld_debug.diagnosis.replay import replay_trace
+    from rookworld_debug.lab import faults as F, faults_heldout as H
+    fault = {f.name: f for f in H.SEVENTH_STEP_FAULTS}["reward_input_truncated"]
+    trace = F.run_one(fault.base, rewards=fault.rewards, seed=0)          # the loop's own scorer, 48 characters
+    c = next(c for c in replay_trace(trace).checks if c.phase == "rewards")
+    assert c.status == "disagree" and c.cause == "reward_input_truncated" and "first 48 characters" in c.explanation
+    healthy = next(c for c in replay_trace(F.run_one(fault.base, seed=0)).checks if c.phase == "rewards")
+    assert healthy.status == "agree"

@@ -119,6 +119,7 @@ TITLES = {
     "sequence_ratio_not_length_normalised": "each row's ratio is exp of its summed log-ratio (not length-normalised)",
     "batch_repeated": "a step trained on the previous step's prompts again (the data loader repeated its batch)",
     "tied_weights_untied": "the tied embedding and output head are trained as two parameters",
+    "reward_input_truncated": "the reward scored each completion cut short (its scorer's input truncated)",
     "stop_token_not_trainer_eos": "generation stops on ids the trainer does not count as an end",
     "grad_norm_counts_shared_twice": "the clip's norm counts a tied weight's gradient twice",
     "weights_rounded": "the weights were rounded to a lower precision between steps",

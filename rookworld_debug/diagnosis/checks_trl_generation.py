@@ -102,16 +102,14 @@ def _stop_ids(trace, gk: dict, step) -> list[Finding]:
     extra = sorted(_ids(gk.get("eos_token_id")) - trainer)
     if not extra or not trainer:
         return []
-    r = trace.rollout
-    last = r.completion_ids.gather(1, (r.completion_mask.sum(1).long() - 1).clamp(min=0)[:, None]).squeeze(1)  # (N,)
-    ids = r.completion_ids
+    ids = trace.rollout.completion_ids                                                              # (N, T)
     stopped = int(torch.isin(ids, torch.tensor(extra)).any(1).sum()) if ids.numel() else 0
     return [Finding(
         code="stop_token_not_trainer_eos", severity="error" if stopped else "warning",
         cause=f"{_where('eos_token_id', gk)} = {gk.get('eos_token_id')!r} stops generation on {extra} too, but the "
               f"trainer ends a completion only at {sorted(trainer)} (the policy's generation_config and the "
               f"tokenizer's EOS): {stopped} of {ids.shape[0]} rows hold one, so their mask runs past where generation "
-              f"stopped and they count as truncated (the last masked token of row 0 is {int(last[0])}).",
+              "stopped and they count as truncated.",
         evidence=(E.ev("extra_stop_ids", float(len(extra)), f"ids in {_where('eos_token_id', gk)} the trainer does not "
                        f"count as an end: {extra}", "config"),
                   E.ev("rows_with_one", float(stopped), "rows whose completion holds one of them")),

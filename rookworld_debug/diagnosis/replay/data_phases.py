@@ -183,6 +183,7 @@ def rewards_check(trace, labels) -> PhaseCheck:
                        ref, VALUE_TOL, variants=reward_variants(ref, r.num_generations),
                        fit=value_fits(r.num_generations))
     variants = {**reward_variants(ref, r.num_generations), **_label_variants(score, labels, r.num_generations),
+                **(_cut_variants(trace, labels) if rw.reward_mode == "dataset" else {}),
                 **length_variant(rw.rewards.double(), ref, r.completion_mask.sum(1)),
                 **kl_reward_variant(trace, rw.rewards.double(), ref)}
     return compare("rewards", q, rw.rewards.double(), ref, VALUE_TOL, variants=variants,
@@ -190,7 +191,7 @@ def rewards_check(trace, labels) -> PhaseCheck:
 
 
 # the fits of a reward function's rows, not of its values: the recorded values are the candidate's, on other rows
-ROW_FITS = ("reward_rows_misaligned", "rewards_other_labels", "reward_cached")
+ROW_FITS = ("reward_rows_misaligned", "rewards_other_labels", "reward_cached", "reward_input_truncated")
 
 
 def _own_reward(trace, labels, skip: PhaseCheck) -> PhaseCheck:
@@ -198,20 +199,26 @@ def _own_reward(trace, labels, skip: PhaseCheck) -> PhaseCheck:
     recorded labels is tried as a candidate: where it reproduces the recorded rewards, the phase agrees; where it
     reproduces them on other rows only (shifted, reversed, another group's label, cached by prompt) or only as
     stored in another type (rounded to bf16, cut to whole numbers) with at least 3 distinct values (a permutation of
-    fewer is no evidence), that is the finding; otherwise `skip`, no claim (a reward of another scale or formula is
-    the loop's own business)."""
+    fewer is no evidence), or where the rewards are exactly the candidate's of each completion cut short (at least 3
+    distinct recorded values), that is the finding; otherwise `skip`, no claim (a reward of another scale or formula
+    is the loop's own business)."""
     g = trace.rollout.num_generations
     score = functools.partial(rookworld_candidate, trace)
     ref = score(labels)
-    if ref is None or not bool(torch.isfinite(ref).all()) or ref.unique().numel() < 3:
+    rec = trace.rewards.rewards.double()
+    if ref is None or not bool(torch.isfinite(ref).all()):
+        return skip
+    spread = ref.unique().numel() >= 3
+    variants = {**reward_variants(ref, g), **_label_variants(score, labels, g)} if spread else {}
+    variants.update(_cut_variants(trace, labels) if rec.unique().numel() >= 3 else {})
+    variants = {k: v for k, v in variants.items() if k.split("/")[0] in ROW_FITS}
+    if not spread and not variants:
         return skip
     q = ("rewards (N,): the loop's own reward functions, against the project's RookWorld reward of each row's "
          "completion against its label (the candidate)")
-    variants = {k: v for k, v in {**reward_variants(ref, g), **_label_variants(score, labels, g)}.items()
-                if k.split("/")[0] in ROW_FITS}
-    check = compare("rewards", q, trace.rewards.rewards.double(), ref, VALUE_TOL, variants=variants,
-                    fit=value_fits(g, STORAGE_FITS))
-    return check if check.status == AGREE or check.cause else skip
+    check = compare("rewards", q, rec, ref, VALUE_TOL, variants=variants,
+                    fit=value_fits(g, STORAGE_FITS) if spread else None)
+    return check if check.status == AGREE and spread or check.cause else skip
 
 
 def row_labels(trace) -> list:
@@ -269,6 +276,29 @@ def _label_variants(score, labels, g: int) -> dict:
         out["rewards_other_labels/stride"] = (lambda lab=stride: score(lab), "the rewards were scored against the "
                                               "labels in prompt-major order (stride B) while the rows are grouped")
     return out
+
+
+# the input lengths (characters) a reward scorer is commonly capped at
+CUTS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048)
+
+
+def _cut_variants(trace, labels) -> dict:
+    """The rewards of each completion cut to its first c characters (a scorer whose input is truncated on the right,
+    so it never sees a long completion's end), for each c of CUTS shorter than the longest completion; each computed
+    only when tried."""
+    r = trace.rollout
+    longest = max((len(str(c)) for c in r.completions), default=0)
+    if not labels or not all(labels):
+        return {}
+
+    def cut(c: int):
+        scored = builtin_breakdowns(list(r.prompts), [str(x)[:c] for x in r.completions], list(labels),
+                                    reward_mode="dataset")
+        return torch.tensor([b.total if b is not None else math.nan for b in scored], dtype=torch.float64)
+    return {f"reward_input_truncated/{c}": (lambda c=c: cut(c), f"the rewards are those of each completion cut to "
+                                            f"its first {c} characters: the scorer's input is truncated on the right, "
+                                            "so it never reads a long completion's end, where the answer is")
+            for c in CUTS if c < longest}
 
 
 def advantages_check(trace) -> PhaseCheck:
