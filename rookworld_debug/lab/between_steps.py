@@ -328,7 +328,16 @@ def _pair_result(name: str, folders: tuple, fault: str = "") -> dict:
     want = ALL_BETWEEN_FAULTS[fault][1] if fault else ""
     return {"case": name, "fault": fault, "steps": list(pair.steps), "errors": errors,
             "found": bool(fault) and errors[:1] == [want], "seconds": round(pair.seconds, 3),
-            "cpu_seconds": round(cpu, 3), "checks": {c.phase: c.status for c in pair.checks}}
+            "cpu_seconds": round(cpu, 3), "checks": _by_phase(pair.checks)}
+
+
+def _by_phase(checks) -> dict:
+    """{phase: status}, a phase's disagreement kept over a later check of the same phase that agrees."""
+    out: dict = {}
+    for c in checks:
+        if out.get(c.phase) != "disagree":
+            out[c.phase] = c.status
+    return out
 
 
 def measure(out) -> list[dict]:

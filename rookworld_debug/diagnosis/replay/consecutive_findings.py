@@ -28,6 +28,11 @@ FIXES = {
     "batch": "Create the data iterator once and keep it across steps; on resume, skip the batches already trained "
              "(accelerate's skip_first_batches, or the sampler's saved state).",
 }
+# where a cause is named and its fix is not the quantity's
+CAUSE_FIXES = {
+    "sampling_seed_repeated": "Seed the sampler's generator once per run (or with seed + step), never again with "
+                              "the same seed before each rollout; an engine's per-call seed must change per call.",
+}
 # what the evidence cannot tell from the cause: a change between steps that is meant
 ALTERNATIVES = {
     "reference_tracks_policy": ("a reference synced on purpose (TRL's sync_ref_model): then it is the objective",),
@@ -64,7 +69,8 @@ def _finding(c, pair: ConsecutiveReplay, follows: str) -> Finding:
                  f"is due by {size} at {c.where or 'the whole'}. {what}.")
     return Finding(code=c.cause or f"consecutive_{c.phase}",
                    severity="warning" if follows or c.status == SUSPECT else "error", cause=cause,
-                   evidence=_evidence(c, pair.steps), fix=Fix(FIXES[c.phase], code_change=FIXES[c.phase]),
+                   evidence=_evidence(c, pair.steps), fix=Fix(CAUSE_FIXES.get(c.cause, FIXES[c.phase]),
+                                                              code_change=CAUSE_FIXES.get(c.cause, FIXES[c.phase])),
                    alternatives=ALTERNATIVES.get(c.cause, ()) + ((f"another change to the {c.phase} between the "
                                                                   "steps that happens to give the same values",)
                                                                  if c.cause else ()),
