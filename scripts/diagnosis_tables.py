@@ -92,6 +92,28 @@ SOURCES = (
      "bits, a reference sharing the policy's tensors, an optimizer rate not following its scheduler, a sampler "
      "holding 16-bit weights; and the fifth set's optimizer step inside the accumulation loop). The stale prefix "
      "cache moves step 2's sampler log-probs by at most 7e-5 and is not found"),
+    ("A seventh held-out set: its first run", "seventh-first-run-20261130.jsonl", "sealed",
+     f"2-core CPU, 2026-11-30, `{SEALED} --only seventh` on commit 3810153 (the commit that froze it: six faults in "
+     "one step of the hand-written loop, four between its consecutive steps, three in TRL's GRPOTrainer, three in the "
+     "project's own step, with eight healthy controls, written from public trackers by a hand that had not run the "
+     "diagnosis on them; no fit for them existed). Fourteen of the sixteen faults expected codes the diagnosis "
+     "did not have; a cause counts as named only by its code. One healthy control (bf16 autocast with AdamW's weight "
+     "decay) got an error: its gradient is 6 % from fp32, past the fixed 5 %"),
+    ("The seventh held-out set after its fixes, with the sixth, fifth and fourth on the same code (not held out)",
+     "seventh-sixth-novel-fresh-after-fixes-20261130.jsonl", "sealed",
+     f"2-core CPU, 2026-11-30, `{SEALED} --only seventh` on commit c068774, and `--only sixth --only novel --only "
+     "fresh` on commit 4573b58 (the later commits add the scorer's cut input, the between-steps runner's phase "
+     "column and one fix's words). "
+     "The fits written after the seventh set's first run: a loss mask off by one, sampler log-probs of the top "
+     "token, a clip before unscaling, a clip norm counting a tied weight twice, a summed sequence ratio, a tied "
+     "weight untied, a scorer's input cut short, TRL's generation_kwargs budget and stop ids; between steps: a "
+     "sampler holding the update twice or its weights reordered, a batch handed again (a warning, which the table "
+     "does not count); and the controls' bf16 gradient held to its own rounding, TRL's tokens judged at generate()'s "
+     "positions"),
+    ("The sealed set's consecutive and TRL parts on the seventh set's code (not held out)",
+     "sealed-between-trl-20261130-seventh.jsonl", "sealed",
+     f"2-core CPU, 2026-11-30, `{SEALED} --only between --only trl` on commit c068774: the same causes named first "
+     "as before for every fault, and no error on their healthy controls"),
     ("The earlier held-out sets and the probes on the fourth set's code (not held out)",
      "unseen-blind-probe-fresh-after-fixes-20261130.jsonl", "sealed",
      f"2-core CPU, 2026-11-30, `{SEALED} --only fresh --only unseen --only blind --only probe` on commit 85ed616 "
