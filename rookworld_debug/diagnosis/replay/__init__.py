@@ -145,7 +145,7 @@ def _with_term_fit(trace, w: Weights, checks) -> list[PhaseCheck]:
 
 
 def _rounded(trace, w: Weights, check: PhaseCheck) -> PhaseCheck:
-    """A 16-bit step's unexplained gradient difference held to the rounding its cancellation allows."""
+    """A 16-bit step's unexplained gradient difference held to the rounding the replay measures on this step."""
     if check.status != "disagree" or check.cause or w.policy is None:
         return check
     return within_rounding(check, trace, w.policy, w.trainable, _declared_gradient(trace, w), _dtype(trace))
