@@ -508,6 +508,9 @@ def batch_check(tk, tk1) -> PhaseCheck:
     r0, r1 = tk.rollout, tk1.rollout
     if list(r0.completions) == list(r1.completions):
         return skipped("batch", q, "step k+1 holds step k's rollout (a later pass over it): one batch by design")
+    if tk1.recorded is None and tk1.capture is None:
+        return skipped("batch", q, "this package's own run: its batch mode (overfit_single_batch by default) trains "
+                                   "the same batch every step by design")
     if list(r0.prompts) != list(r1.prompts):
         return PhaseCheck("batch", q, AGREE, 0.0, 0.0, measure="prompts step k+1 shares with step k, in order")
     n = len(r1.prompts)
