@@ -450,8 +450,8 @@ def loss_check(trace) -> PhaseCheck:
                               measure="|recorded − recomputed|")
         return skipped("loss", q, "the loss was not recorded")
     if trace.capture is not None:          # TRL scales per micro-batch: the capture recomputed it that way
-        cap = trace.capture
-        return scalar("loss", q, recorded, float(cap.recomputed_loss), VALUE_TOL)
+        return scalar("loss", q, recorded, float(trace.capture.recomputed_loss), VALUE_TOL,
+                      variants=_capture_variants(trace))
     if trace.config.beta and trace.rollout.ref_per_token_logps is None:
         return skipped("loss", q, f"β = {trace.config.beta:g} needs the reference's log-probs, which were not "
                                   "recorded (StepRecorder.logprobs(ref=...))")
@@ -460,10 +460,34 @@ def loss_check(trace) -> PhaseCheck:
                                   "the step did not keep (its gradient is replayed from the weights)")
     r, adv = trace.rollout, trace.advantages.advantages
     old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
-    ref = r.ref_per_token_logps
     ob = Objective.from_config(trace.config)
-    value = float(loss_total(trace, ob, r.per_token_logps, old, ref, adv))
-    lp = r.per_token_logps
+    value = float(loss_total(trace, ob, r.per_token_logps, old, r.ref_per_token_logps, adv))
+    return scalar("loss", q, recorded, value, VALUE_TOL, variants=_safe(loss_variants(trace, ob, old, value)))
+
+
+def _capture_variants(trace) -> dict:
+    """A TRL capture's loss variants, where the declared loss over the capture's micro-batches reproduces the
+    capture's own recomputation (then each variant is that same computation with one thing changed); else none."""
+    r, adv = trace.rollout, trace.advantages.advantages
+    old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
+    if r.per_token_logps is None or (trace.config.beta and r.ref_per_token_logps is None):
+        return {}
+    ob = Objective.from_config(trace.config)
+    try:
+        value = float(loss_total(trace, ob, r.per_token_logps, old, r.ref_per_token_logps, adv))
+    except Exception:  # noqa: BLE001 - a capture shape the generic path cannot take: no variants
+        return {}
+    if not abs(value - float(trace.capture.recomputed_loss)) <= VALUE_TOL * max(1.0, abs(value)):
+        return {}
+    return _safe(loss_variants(trace, ob, old, value))
+
+
+def loss_variants(trace, ob, old, value: float) -> dict:
+    """{code: (the loss total computed otherwise, the sentence)}: the declared loss (`value`) with one known
+    mistake in it (a sign, a missing or reversed KL, a clip bound, the ratio, another aggregation, an input wired in
+    another's place)."""
+    r, adv = trace.rollout, trace.advantages.advantages
+    ref, lp = r.ref_per_token_logps, r.per_token_logps
 
     def v(objective=ob, a=adv, reference=ref, logps=lp, old_=old):
         return lambda: float(loss_total(trace, objective, logps, old_, reference, a))
@@ -490,8 +514,7 @@ def loss_check(trace) -> PhaseCheck:
                                               f"{ob.loss_type!r}'s")
     for name, (kw, sentence) in wiring(trace, old).items():
         variants[f"loss_wiring/{name}"] = (v(**kw), sentence)
-    check = scalar("loss", q, recorded, value, VALUE_TOL, variants=_safe(variants))
-    return check
+    return variants
 
 
 # the token-level clipped families whose loss sums masked per-token terms with fixed weights (linear in them)

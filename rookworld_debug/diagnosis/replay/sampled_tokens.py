@@ -175,17 +175,22 @@ def shared_draws(st: dict, r) -> Optional[PhaseCheck]:
     if not same:
         return None
     counts = r.completion_mask.sum(1).long().tolist()
-    lp = torch.split(st["lp"].double(), counts)
+    # each row's last in-mask token is left out: an engine may append it rather than draw it (a stop id or string
+    # ended the row and the trainer's pad, its EOS, follows), and then its probability says nothing about the draws
+    m = r.completion_mask.bool()
+    drawn = ((m.cumsum(1) < m.sum(1, keepdim=True)) & m)[m]                          # (M,) all but each row's last
+    lp = torch.split(st["lp"].double() * drawn, counts)
     # not the most likely beyond a rounding flip: more than twice the token's own probability ranks above it
-    clear = torch.split((st["rank"] > 1) & (st["cum_before"].double() > 2 * st["lp"].double().exp()), counts)
+    clear = torch.split((st["rank"] > 1) & (st["cum_before"].double() > 2 * st["lp"].double().exp()) & drawn, counts)
     firsts = [k * g for k in same]
     log10 = (g - 1) * float(sum(lp[i].sum() for i in firsts)) / math.log(10)
     off = sum(int(clear[i].sum()) for i in firsts)
-    tokens = sum(counts[i] for i in firsts)
+    tokens = sum(max(counts[i] - 1, 0) for i in firsts)
     if log10 > math.log10(P_ERROR) or off == 0:
         return None                     # chance, or every token the argmax: greedy decoding (the filter test's)
     why = (f"{len(same)} of {n // g} groups hold G = {g} copies of one completion (under independent draws at the "
-           f"declared temperature: chance 10^{log10:.0f}), and {off} of their {tokens} tokens are clearly not the most "
+           f"declared temperature: chance 10^{log10:.0f}), and {off} of their {tokens} tokens before each row's last are "
+           "clearly not the most "
            "likely ones (more than twice their probability ranks above them), so they were sampled, not decoded greedily: every row of a group drew with the same random numbers "
            "(one seed or generator shared by the group's requests). Seed each row's sampler differently")
     return PhaseCheck("generation", QUANTITY, DISAGREE, 10 ** log10, P_ERROR, f"groups {same[:6]}",
