@@ -22,11 +22,10 @@ import torch
 
 from .compare import skipped
 from .records import DISAGREE, SUSPECT, AGREE, PhaseCheck
-from .sampled_tokens import MIN_TOKENS, P_ERROR, P_WARN, completion_logits, judge, statistics_of, seen_before
+from .sampled_tokens import MIN_TOKENS, P_ERROR, P_WARN, judge, token_statistics
 
 QUANTITY = ("sampler draws: step k+1's tokens against step k's at the same row and position (under independent "
             "draws each matches with its probability under k+1's declared distribution)")
-ROWS_PER_FORWARD = 4
 
 
 def draws_check(p) -> PhaseCheck:
@@ -76,22 +75,14 @@ def _not_tested(r0, r1, later_pass: bool, weights, declared_filter: bool) -> str
 @torch.no_grad()
 def _match_probabilities(model, r, other_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """((N, T) the probability under `r`'s declared distribution of `other_ids`' token at each position (0 past
-    other_ids' width), the chosen tokens' statistics for `judge`); rows a few at a time."""
-    n, t = r.completion_ids.shape
-    out = torch.zeros(n, t, dtype=torch.float64)
-    parts = []
-    for s in range(0, n, ROWS_PER_FORWARD):
-        rows = slice(s, s + ROWS_PER_FORWARD)
-        lp = completion_logits(model, r, rows).float()
-        lp = (lp / r.temperatures[rows].float()[:, None, None]).log_softmax(-1)                        # (n, T, V)
-        w = other_ids.shape[1]
-        other = other_ids[rows].clamp(0, lp.shape[-1] - 1)[..., None]                                  # (n, w, 1)
-        out[rows, :w] = lp[:, :w].gather(-1, other).squeeze(-1).exp().double()
-        ids, mask = r.completion_ids[rows], r.completion_mask[rows].bool()
-        parts.append(statistics_of(lp, ids, mask, seen_before(r.prompt_ids[rows], r.prompt_mask[rows].bool(), ids,
-                                                              lp.shape[-1])))
-    st = {k: torch.cat([x[k] for x in parts]) for k in parts[0] if torch.is_tensor(parts[0][k])}
-    return out, {**st, "vocab": parts[0]["vocab"]}
+    other_ids' width), the chosen tokens' statistics for `judge`): one pass of `token_statistics`."""
+    out = torch.zeros(r.completion_ids.shape, dtype=torch.float64)
+    w = other_ids.shape[1]
+
+    def each(rows, lp):                                                                    # lp: (n, T, V)
+        other = other_ids[rows].clamp(0, lp.shape[-1] - 1)[..., None]                      # (n, w, 1)
+        out[rows, :w] = lp[:, :w].gather(-1, other[:, :lp.shape[1]]).squeeze(-1).exp().double()
+    return out, token_statistics(model, r, each=each)
 
 
 def _verdict(match: torch.Tensor, prob: torch.Tensor, both: torch.Tensor) -> PhaseCheck:

@@ -20,7 +20,7 @@ numbers.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -40,13 +40,14 @@ QUANTITY = "the tokens the sampler chose, against the declared distribution (the
 
 @torch.no_grad()
 def token_statistics(model, r, elements: int = 2 ** 25, eos: Optional[int] = None,
-                     hidden: Optional[torch.Tensor] = None) -> dict:
+                     hidden: Optional[torch.Tensor] = None, each: Optional[Callable] = None) -> dict:
     """Per chosen token (the completion mask's): its rank, the mass of the top-k and top-p sets of TOP_K / TOP_P,
     whether it was already in the sequence and the chance of that, its log-prob with that log-prob's mean and
     variance under the declared distribution; (M,) or (M, len(grid)) tensors over the M masked tokens. Rows go
     through the model a few at a time: each holds (rows, T, V) tensors of `elements` at most. `hidden` (N, T, d):
     the LM head's inputs at the completion positions from a forward of these weights already run (the head alone
-    is applied to them)."""
+    is applied to them). `each(rows, lp)`: called with every chunk's (rows, T, V) log-probs, for a caller that
+    reads more of the same distribution."""
     head = model.get_output_embeddings()
     vocab = int(head.weight.shape[0])
     if hidden is not None and hidden.shape[1] < r.completion_ids.shape[1] and \
@@ -61,6 +62,8 @@ def token_statistics(model, r, elements: int = 2 ** 25, eos: Optional[int] = Non
         lp = (completion_logits(model, r, rows) if hidden is None else head(hidden[rows])).float()
         lp = (lp / r.temperatures[rows].float().to(lp.device)[:, None, None]).log_softmax(-1)
         _add(parts, lp, ids, mask, seen_before(r.prompt_ids[rows], r.prompt_mask[rows].bool(), ids, lp.shape[-1]), eos)
+        if each is not None:
+            each(rows, lp)
     return {**{k: torch.cat(v) for k, v in parts.items() if v}, "vocab": vocab}
 
 
