@@ -290,7 +290,7 @@ def test_a_healthy_trl_run_with_two_steps_per_generation_replays_clean(tmp_path)
 def test_a_loss_wired_to_the_wrong_input_names_the_input(tokenizer, fault, said):
     """The loss value of the hand-written loop's own loss function (lab.handloop.loss_of), with one input in
     another's place, against the replay's loss check: the substitution is named."""
-    from rookworld_debug.diagnosis.replay.data_phases import loss_check
+    from rookworld_debug.diagnosis.replay.loss_phase import loss_check
     from rookworld_debug.lab.handloop import LoopConfig, loss_of
     torch.manual_seed(0)
     rec = _recorder(tokenizer, beta=0.04, num_iterations=2, iteration=1)

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from rookworld_debug.diagnosis.replay.data_phases import _capture_variants, loss_check
+from rookworld_debug.diagnosis.replay.loss_phase import _capture_variants, loss_check
 from rookworld_debug.grpo.step import StepTrace
 
 

@@ -35,11 +35,11 @@ import time
 from typing import Optional
 
 from rookworld_debug.diagnosis.replay.consecutive import clip_of
-from rookworld_debug.diagnosis.replay.data_phases import (accumulation, advantages_check, generation_checks,
-                                                         loss_check, rewards_check, row_labels)
+from rookworld_debug.diagnosis.replay.data_phases import advantages_check, generation_checks, rewards_check, row_labels
 from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_declaration, quantity_key,
                                                           with_inferred_pass)
 from rookworld_debug.diagnosis.replay.findings import replay_findings
+from rookworld_debug.diagnosis.replay.loss_phase import accumulation, loss_check
 from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check, unreachable, within_rounding
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks

@@ -411,7 +411,7 @@ def _toward(p: _Pair, ref0: dict, ref1: dict, theta) -> Optional[float]:
 
 def _scheduler_check(p: _Pair) -> PhaseCheck:
     from .consecutive_rerun import step_count
-    from .data_phases import accumulation
+    from .loss_phase import accumulation
     from .schedule import scheduler_carried
     # a recorded empty state is a fresh optimizer's (count 0); an unrecorded one says nothing
     n0 = step_count(p.sk.optimizer_state, p.sk.optimizer) if p.sk is not None and p.sk.optimizer_state is not None \

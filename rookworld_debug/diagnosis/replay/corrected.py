@@ -196,7 +196,7 @@ def _why_not(phase: str, basis: str) -> str:
 def _compare(trace, phase: str, basis: str, w) -> CorrectedStep:
     """The corrected step's numbers against the recorded ones."""
     from .consecutive import clip_of
-    from .data_phases import loss_value
+    from .loss_phase import loss_value
     from .update import rerun_update
     s = w.state
     names = [n for n in s.trainable if n in s.gradient and n in s.before and n in s.after]
@@ -271,7 +271,7 @@ def _gradient(trace, jac, names) -> dict:
 def _loss(trace) -> float:
     """The declared loss of the trace's (corrected) inputs, as the replay's loss phase computes it."""
     from rookworld_debug.grpo.objective.params import Objective
-    from .data_phases import loss_total
+    from .loss_phase import loss_total
     r = trace.rollout
     old = trace.capture.old_per_token_logps if trace.capture is not None else \
         getattr(trace.recorded, "old_per_token_logps", None)

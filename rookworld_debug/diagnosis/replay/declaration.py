@@ -266,7 +266,7 @@ def _neighbours(trace, first: PhaseCheck):
                 yield keyword, value, other
     if first.phase == "loss" and quantity_key(first) == "loss" and trace.recorded is not None \
             and "beta" not in trace.recorded.explicit:                # a β left at its default, fitted to the total
-        from .data_phases import beta_from_total
+        from .loss_phase import beta_from_total
         b = _quietly(lambda t, _: beta_from_total(t), trace, "loss")
         if isinstance(b, float):
             yield from _rounded(trace, "beta", b)

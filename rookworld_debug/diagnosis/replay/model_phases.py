@@ -383,7 +383,7 @@ MAX_PACK = 4096
 
 def _packed_variants(trace, model) -> dict:
     """The rows packed into one sequence per micro-batch, or per batch, under a plain causal mask (packed_rows.py)."""
-    from .data_phases import micro_batches
+    from .loss_phase import micro_batches
     from .packed_rows import packed_logps
     r, out = trace.rollout, {}
     if trace.capture is not None:    # TRL's scoring forward counts positions across the padding: no packed path

@@ -108,7 +108,7 @@ def step_quantities(trace) -> tuple:
 
 
 def _micro_batch_quantities(trace, mask) -> list:
-    from .data_phases import accumulation, micro_batches
+    from .loss_phase import accumulation, micro_batches
     k = accumulation(trace)
     out = [Quantity("k", "k micro-batches (gradient_accumulation_steps)", k),
            Quantity("k2", "k² (micro-batches squared)", k * k)]

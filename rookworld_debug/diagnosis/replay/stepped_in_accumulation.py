@@ -20,7 +20,7 @@ def stepped_in_accumulation(check: PhaseCheck, trace, w, ours: torch.Tensor, cli
     """`check` (the loss forward's log-probs against the weights before the update, `ours` (N, T)) with the cause
     named where each later micro-batch's recorded log-probs are those of the weights after the earlier micro-batches'
     steps; else `check` unchanged."""
-    from .data_phases import micro_batches
+    from .loss_phase import micro_batches
     s, chunks = w.state, micro_batches(trace)
     if check.status != DISAGREE or check.cause or trace.capture is not None or len(chunks) < 2 or s is None \
             or not s.optimizer or w.policy is None:

@@ -128,7 +128,7 @@ def token_weights(trace, objective, jac: TokenJacobian, extra=None, advantages=N
     """u = (∂L/∂ℓ, ∂L/∂H), each (N, T): the loss composition (micro-batches as the loop normalised them) of
     `objective` (with `advantages` in place of the recorded ones, if given), plus `extra(ℓ, H, mask)`,
     differentiated at the values of `jac`'s forward alone."""
-    from rookworld_debug.diagnosis.replay.data_phases import accumulation, micro_batches
+    from rookworld_debug.diagnosis.replay.loss_phase import accumulation, micro_batches
     r = trace.rollout
     mask = loss_mask(r, trace.config)
     lp = _value_point(trace, jac).requires_grad_(True)
@@ -205,7 +205,7 @@ class GradientFit:
         A·γ^(L−1−t) (the row's outcome advantage discounted by the token's distance to the row's last token)
         reproduces the recorded gradient within `bound`, else None. The policy term is positively homogeneous in
         each token's advantage, so its u at those advantages is γ^(L−1−t) × its u at A: one backward per γ."""
-        from rookworld_debug.diagnosis.replay.data_phases import LINEAR_CLIP_TYPES
+        from rookworld_debug.diagnosis.replay.loss_phase import LINEAR_CLIP_TYPES
         t = self.trace
         ob = Objective.from_config(t.config)
         if ob.loss_type not in LINEAR_CLIP_TYPES or ob.importance_sampling_level != "token":
@@ -225,9 +225,9 @@ class GradientFit:
         return None
 
     def fit_wiring(self, recorded: dict, names, bound: float):
-        """(name, sentence, residual) of the first rewiring of the loss's inputs (data_phases.wiring) whose
+        """(name, sentence, residual) of the first rewiring of the loss's inputs (loss_phase.wiring) whose
         declared gradient reproduces the recorded one within `bound`, else None."""
-        from rookworld_debug.diagnosis.replay.data_phases import wiring
+        from rookworld_debug.diagnosis.replay.loss_phase import wiring
         t = self.trace
         ob = Objective.from_config(t.config)
         for name, (kw, sentence) in wiring(t, _old(t)).items():
@@ -319,7 +319,7 @@ class GradientFit:
     def micro_batch_gradients(self) -> dict:
         """{micro-batch label: its share of the declared gradient}, in the order the loop ran them (cached)."""
         if getattr(self, "_mb", None) is None:
-            from rookworld_debug.diagnosis.replay.data_phases import micro_batches
+            from rookworld_debug.diagnosis.replay.loss_phase import micro_batches
             chunks = micro_batches(self.trace)
             self._mb = {}
             if len(chunks) > 1:

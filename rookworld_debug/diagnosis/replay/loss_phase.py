@@ -1,0 +1,312 @@
+"""The loss phase of a replay, recomputed without weights: the declared objective's loss from the recorded log-probs,
+π_old, reference and advantages over the loop's micro-batches, and the loss computed otherwise (one known mistake
+at a time) for the fit of a disagreement.
+
+Shape legend: N rows (B groups of G), T completion tokens.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rookworld_debug.grpo.families import families
+from rookworld_debug.grpo.objective.loss import compute_loss
+from rookworld_debug.grpo.objective.params import LossBatch, Objective
+from rookworld_debug.grpo.phases.generation import loss_mask
+
+from .compare import DISAGREE, VALUE_TOL, scalar, skipped
+from .records import PhaseCheck, fmt
+
+
+def loss_value(trace) -> tuple[float, str]:
+    """(the loss the step reported, whose)."""
+    if trace.recorded is not None:
+        return float(trace.recorded.loss), "the loop's backpropagated loss"
+    if trace.capture is not None:
+        return float(trace.capture.trl_loss), "TRL's loss (Σ of its micro-batch losses)"
+    # a run_step trace: its loss record (the update's own forward is compared with it by the loss-path check)
+    return float(trace.loss.loss), "the loss record"
+
+
+def accumulation(trace) -> int:
+    """g, the count each micro-batch's loss is divided by: the declared gradient_accumulation_steps (TRL divides by
+    it whatever the rows' split), 1 for a trace that was not recorded by a loop."""
+    if trace.capture is not None:                 # TRL divides each micro-batch's loss by its accumulation steps
+        return max(1, int(trace.capture.gradient_accumulation_steps))
+    return max(1, int(trace.recorded.gradient_accumulation_steps)) if trace.recorded is not None else 1
+
+
+def micro_batches(trace) -> list:
+    """The rows of each micro-batch the recorded loss was summed over: `gradient_accumulation_steps` contiguous,
+    equal chunks (torch.chunk) — the layout a recorder declares; TRL scales each one's loss by its own count."""
+    n = trace.rollout.completion_ids.shape[0]
+    if trace.capture is not None and trace.capture.micro_batch_rows:     # TRL's own (shuffled) micro-batches
+        return [torch.tensor(rows, dtype=torch.long) for rows in trace.capture.micro_batch_rows]
+    ga = trace.recorded.gradient_accumulation_steps if trace.recorded is not None else 1
+    return list(torch.arange(n).chunk(max(1, min(int(ga), n))))
+
+
+def loss_total(trace, objective, logps, old, ref, adv):
+    """Σ over the micro-batches of the declared loss (a 0-dim tensor, differentiable through `logps`)."""
+    total = 0.0
+    for b in loss_parts(trace, objective, logps, old, ref, adv):
+        total = total + b.loss
+    return total
+
+
+def loss_parts(trace, objective, logps, old, ref, adv) -> list:
+    """Each micro-batch's LossBreakdown of the declared loss, in the loop's order."""
+    r = trace.rollout
+    mask = loss_mask(r, trace.config)
+    entropy = recorded_entropy(trace)
+
+    def pick(x, rows):
+        return None if x is None else x[rows]
+    return [compute_loss(pick(logps, rows), pick(old, rows), pick(ref, rows), adv[rows], mask[rows], objective,
+                         LossBatch(entropy=pick(entropy, rows), num_items_in_batch=_num_items(trace, mask),
+                                   gradient_accumulation_steps=accumulation(trace), num_generations=None))
+            for rows in micro_batches(trace)]
+
+
+def _num_items(trace, mask):
+    """The token count a token-normalised loss divides by: TRL's recorded count for a capture, else Σ mask."""
+    if trace.capture is not None and math.isfinite(trace.capture.num_items_in_batch):
+        return torch.tensor(float(trace.capture.num_items_in_batch))
+    return mask.sum()
+
+
+def recorded_entropy(trace):
+    """(N, T) the per-token entropy the step kept (a run_step trace's), None when it has none (a loop's record)."""
+    ent = trace.rollout.per_token_entropy
+    m = trace.rollout.completion_mask.bool()
+    return ent if ent is not None and bool(torch.isfinite(ent[m]).all()) else None
+
+
+def loss_check(trace) -> PhaseCheck:
+    """The declared objective's loss from the recorded log-probs, π_old, reference and advantages."""
+    recorded, whose = loss_value(trace)
+    q = f"loss: {whose} against the declared objective ({trace.config.loss_type}, β = {trace.config.beta:g})"
+    if not math.isfinite(recorded):
+        if trace.recorded is not None and "loss" in trace.recorded.recorded:
+            return PhaseCheck("loss", q, DISAGREE, math.inf, VALUE_TOL, "the step's total", fmt(recorded), "finite",
+                              "loss_not_finite", "the loss the loop backpropagated is not a finite number",
+                              measure="|recorded − recomputed|")
+        return skipped("loss", q, "the loss was not recorded")
+    if trace.capture is not None:          # TRL scales per micro-batch: the capture recomputed it that way
+        return scalar("loss", q, recorded, float(trace.capture.recomputed_loss), VALUE_TOL,
+                      variants=_capture_variants(trace))
+    if trace.config.beta and trace.rollout.ref_per_token_logps is None:
+        return skipped("loss", q, f"β = {trace.config.beta:g} needs the reference's log-probs, which were not "
+                                  "recorded (StepRecorder.logprobs(ref=...))")
+    if trace.config.entropy_coef and recorded_entropy(trace) is None:
+        return skipped("loss", q, f"entropy_coef = {trace.config.entropy_coef:g} needs the per-token entropy, which "
+                                  "the step did not keep (its gradient is replayed from the weights)")
+    r, adv = trace.rollout, trace.advantages.advantages
+    old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
+    ob = Objective.from_config(trace.config)
+    value = float(loss_total(trace, ob, r.per_token_logps, old, r.ref_per_token_logps, adv))
+    return scalar("loss", q, recorded, value, VALUE_TOL, variants=_safe(loss_variants(trace, ob, old, value)))
+
+
+def _capture_variants(trace) -> dict:
+    """A TRL capture's loss variants, where the declared loss over the capture's micro-batches reproduces the
+    capture's own recomputation (then each variant is that same computation with one thing changed); else none."""
+    r, adv = trace.rollout, trace.advantages.advantages
+    old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
+    if r.per_token_logps is None or (trace.config.beta and r.ref_per_token_logps is None):
+        return {}
+    ob = Objective.from_config(trace.config)
+    try:
+        value = float(loss_total(trace, ob, r.per_token_logps, old, r.ref_per_token_logps, adv))
+    except Exception:  # noqa: BLE001 - a capture shape the generic path cannot take: no variants
+        return {}
+    if not abs(value - float(trace.capture.recomputed_loss)) <= VALUE_TOL * max(1.0, abs(value)):
+        return {}
+    return _safe(loss_variants(trace, ob, old, value))
+
+
+def loss_variants(trace, ob, old, value: float) -> dict:
+    """{code: (the loss total computed otherwise, the sentence)}: the declared loss (`value`) with one known
+    mistake in it (a sign, a missing or reversed KL, a clip bound, the ratio, another aggregation, an input wired in
+    another's place)."""
+    r, adv = trace.rollout, trace.advantages.advantages
+    ref, lp = r.ref_per_token_logps, r.per_token_logps
+
+    def v(objective=ob, a=adv, reference=ref, logps=lp, old_=old):
+        return lambda: float(loss_total(trace, objective, logps, old_, reference, a))
+    no_kl = v(objective=ob.replace(beta=0.0))
+    variants = {"loss_advantage_sign": (v(a=-adv), "the loss uses −A: it pushes down the better completions"),
+                # the loss is linear in β: L(−β) = 2·L(0) − L(β)
+                "kl_sign_flipped": ((lambda: 2 * no_kl() - value) if ob.beta else None,
+                                    "the KL term enters with −β: it pushes the policy away from the reference"),
+                "kl_not_applied": (no_kl if ob.beta else None, "the loss leaves out the β·KL term"),
+                # k3 of d = ℓ − ℓ_ref is k3 of the declared d = ℓ_ref − ℓ with the reference 2ℓ − ℓ_ref
+                "kl_direction_reversed": (v(reference=2 * lp - ref) if ob.beta and ref is not None and
+                                          ob.kl_estimator == "k3" else None,
+                                          "the KL term is k3 of d = ℓ − ℓ_ref, not of d = ℓ_ref − ℓ: exp(ℓ − ℓ_ref) − "
+                                          "(ℓ − ℓ_ref) − 1, the estimator of the other direction (the log-ratio's "
+                                          "sign swapped inside k3)"),
+                "clip_bound_reversed": (clip_bound_reversed(trace, ob, lp, old, ref, adv),
+                                        "the clipped surrogate takes the optimistic bound −max(r·A, clip(r)·A), not "
+                                        "the pessimistic −min(r·A, clip(r)·A): where the ratio left the clip range "
+                                        "on the side the advantage favours, the update is not clipped"),
+                **ratio_variants(trace, ob, lp, old, ref, adv)}
+    for lt in sorted({lt for fam in families() for lt in fam.rules} - {ob.loss_type}):
+        variants[f"loss_aggregation/{lt}"] = (v(objective=ob.replace(loss_type=lt)),
+                                              f"the loss equals loss_type={lt!r}'s aggregation, not the declared "
+                                              f"{ob.loss_type!r}'s")
+    for name, (kw, sentence) in wiring(trace, old).items():
+        variants[f"loss_wiring/{name}"] = (v(**kw), sentence)
+    return variants
+
+
+# the token-level clipped families whose loss sums masked per-token terms with fixed weights (linear in them)
+LINEAR_CLIP_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
+
+
+def _per_token_clipped(ob) -> bool:
+    """The loss sums masked per-token clipped terms with fixed weights: a linear family, token-level ratios, no
+    two-sided δ bound."""
+    return ob.loss_type in LINEAR_CLIP_TYPES and ob.importance_sampling_level == "token" and ob.delta is None
+
+
+def clip_bound_reversed(trace, ob, lp, old, ref, adv):
+    """The loss with −max(r·A, clip(r)·A) per token for the declared −min (a callable), or None where the loss is
+    not a sum of per-token clipped terms or the step has no π_old (on the first pass r = 1: the bounds agree). Per
+    token −max(a, b) = −a − b + min(a, b), so L_max = L_free(ℓ) + L_free(ℓ_c) − L_min(ℓ) on the policy terms alone
+    (β = c_H = 0), plus the declared loss's other terms once: L_free clips nothing, ℓ_c is π_old plus the log-ratio
+    clamped to the clip range (its ratio is clip(r))."""
+    if old is None or not _per_token_clipped(ob):
+        return None
+    pg = ob.replace(beta=0.0, entropy_coef=0.0)
+    free = pg.replace(epsilon_low=1.0 - 1e-12, epsilon_high=1e12)          # a clip range no ratio leaves
+    clipped = old + (lp - old).clamp(math.log(1.0 - ob.epsilon_low), math.log(1.0 + ob.epsilon_high))
+
+    def total():
+        def f(o, logps):
+            return float(loss_total(trace, o, logps, old, ref, adv))
+        return f(free, lp) + f(free, clipped) - 2 * f(pg, lp) + f(ob, lp)
+    return total
+
+
+# the dual clip's constant c of −max(min(r·A, clip(r)·A), c·A) for A < 0 (verl's clip_ratio_c, its default)
+DUAL_CLIP_C = 3.0
+
+
+def ratio_variants(trace, ob, lp, old, ref, adv) -> dict:
+    """{code: (the loss total, the sentence)} of the importance ratio computed otherwise than declared: in bfloat16
+    or float16, clipped in log space or at ε below (not 1 − ε), or cut by a dual clip applied to every advantage's
+    sign. Only for the
+    token-level clipped families (the ratio's precision and its clip range only with a recorded π_old: on a first
+    pass r = 1)."""
+    if not _per_token_clipped(ob):
+        return {}
+    out = {"dual_clip_positive_advantages": (
+        lambda: _dual_clip_every_sign(trace, ob, lp, old, ref, adv),
+        f"the dual clip min(PG, −c·A) with c = {DUAL_CLIP_C:g} is applied to every token, not only where A < 0: at a "
+        "ratio near 1 a positive advantage's term becomes the constant −c·A, and those completions get no gradient")}
+    if old is None:
+        return out
+
+    def low_precision(dtype):
+        # the ratio exp(ℓ − ℓ_old) in `dtype` wherever it enters (the surrogate, a bias-corrected KL's weight): ℓ'
+        # = ℓ_old + log r', with the reference moved alike so that the KL's d = ℓ_ref − ℓ is unchanged
+        def total():
+            moved = old + torch.exp((lp - old).to(dtype)).float().log()
+            return float(loss_total(trace, ob, moved, old, None if ref is None else ref + (moved - lp), adv))
+        return total
+    def summed():
+        # one ratio per row, exp(Σ_t m·(ℓ − ℓ_old)): the product of its token ratios, not their geometric mean
+        m = loss_mask(trace.rollout, trace.config).to(lp.dtype)                                   # (N, T)
+        moved = old + ((lp - old) * m).sum(1, keepdim=True).expand_as(lp)
+        return float(loss_total(trace, ob, moved, old, None if ref is None else ref + (moved - lp), adv))
+    out["sequence_ratio_not_length_normalised"] = (
+        summed, "each row's importance ratio is exp(Σ_t (ℓ − ℓ_old)), its summed log-ratio, applied to every token: "
+                "the product of the token ratios, not their length-normalised mean (GSPO divides by the length), so "
+                "a long completion's ratio leaves the clip range at the smallest drift")
+    lo, hi = ob.epsilon_low, ob.epsilon_high
+    log_range = ob.replace(epsilon_low=1.0 - math.exp(-lo), epsilon_high=math.exp(hi) - 1.0)
+    out.update({f"ratio_low_precision/{name}": (low_precision(dt), f"the importance ratio exp(ℓ − ℓ_old) is computed "
+                                                                   f"in {name} (the log-ratio cast down before the "
+                                                                   "exponential): its rounding moves the clipped "
+                                                                   "surrogate; take the ratio in float32")
+                for dt, name in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16"))})
+    out["clip_range_log_scale"] = (
+        lambda: float(loss_total(trace, log_range, lp, old, ref, adv)),
+        f"the ratio is clipped in log space, exp(clamp(ℓ − ℓ_old, −ε, ε)): the range [e^−ε, e^ε] = "
+        f"[{math.exp(-lo):.4g}, {math.exp(hi):.4g}] where the declared [1 − ε, 1 + ε] = [{1 - lo:.4g}, {1 + hi:.4g}]")
+    if 0.0 < lo < 0.5:                          # ε and 1 − ε apart: the two lower bounds clip different ratios
+        out["clip_range_lower_bound"] = (
+            lambda: float(loss_total(trace, ob.replace(epsilon_low=1.0 - lo), lp, old, ref, adv)),
+            f"the ratio's lower clip bound is ε = {lo:g}, not 1 − ε = {1 - lo:g}: clamp(r, ε, 1 + ε), so a ratio that "
+            f"fell below {1 - lo:g} (a token the update already made less likely) is not clipped")
+    return out
+
+
+def _dual_clip_every_sign(trace, ob, lp, old, ref, adv) -> float:
+    """The declared loss with each token's policy term PG replaced by min(PG, −c·A) for every sign of A: the linear
+    families weigh each row's tokens alike, so the change is Σ_i w_i·Σ_t (min(PG, −c·A) − PG)_it with w_i the row's
+    weight in the aggregate (its per-row PG over its tokens' PG)."""
+    pg = ob.replace(beta=0.0, entropy_coef=0.0)
+    total = float(loss_total(trace, ob, lp, old, ref, adv))
+    for b in loss_parts(trace, pg, lp, old, ref, adv):
+        per_row = b.per_token_pg.sum(-1)                                                       # (n,)
+        w = torch.where(per_row != 0, b.per_seq_pg / per_row.where(per_row != 0, torch.ones_like(per_row)),
+                        torch.zeros_like(per_row))                                             # (n,)
+        cut = torch.minimum(b.per_token_pg, -DUAL_CLIP_C * b.advantages[:, None]) - b.per_token_pg   # (n, T)
+        total += float((w[:, None] * cut * b.completion_mask).sum())
+    return total
+
+
+def beta_from_total(trace) -> float | None:
+    """The β under which the declared objective's loss equals the recorded total (the loss is affine in β:
+    L(β) = L(0) + β·(L(1) − L(0))); None where the step has no reference log-probs, no recorded loss, or no KL.
+    One number fits one β: a candidate only, which the loss phase's gradient must confirm."""
+    r = trace.rollout
+    recorded, _ = loss_value(trace)
+    if r.ref_per_token_logps is None or not math.isfinite(recorded):
+        return None
+    old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
+    ob = Objective.from_config(trace.config)
+    adv = trace.advantages.advantages
+    l0, l1 = (float(loss_total(trace, ob.replace(beta=b), r.per_token_logps, old, r.ref_per_token_logps, adv))
+              for b in (0.0, 1.0))
+    if not abs(l1 - l0) > 1e-12:
+        return None
+    b = (recorded - l0) / (l1 - l0)
+    return b if b > 0 and math.isfinite(b) else None
+
+
+def wiring(trace, old) -> dict:
+    """{name: (the loss's inputs with one recorded tensor in another's place, the sentence)}: the loss wired to the
+    wrong input of the same shape (π_old, the reference, the rewards)."""
+    r = trace.rollout
+    ref, out = r.ref_per_token_logps, {}
+    if ref is not None:
+        out["old=ref"] = (dict(old_=ref), "the policy ratio is taken against the reference's log-probs, not π_old's "
+                                          "(the tensor for the reference is passed where π_old belongs)")
+        if old is not None:
+            out["ref=old"] = (dict(reference=old), "the KL term is taken against π_old's log-probs, not the "
+                                                   "reference's (π_old's tensor is passed where the reference belongs)")
+            out["swapped"] = (dict(old_=ref, reference=old), "π_old's and the reference's log-probs are swapped in "
+                                                             "the loss")
+    out["adv=rewards"] = (dict(a=trace.rewards.rewards.to(trace.advantages.advantages.dtype)),
+                          "the loss uses the rewards where the advantages belong (no group baseline reaches the loss)")
+    return out
+
+
+def _safe(variants: dict) -> dict:
+    """Variants whose evaluation raises (a loss type refusing this batch's settings) are left out, not fatal."""
+    out = {}
+    for code, (fn, sentence) in variants.items():
+        if fn is None:
+            continue
+
+        def call(fn=fn):
+            try:
+                return fn()
+            except Exception:  # noqa: BLE001 - a variant that cannot run explains nothing
+                return None
+        out[code] = (call, sentence)
+    return out
