@@ -38,3 +38,27 @@ def test_a_trainer_whose_loss_aggregates_as_another_loss_type_is_named(tmp_path)
     loss = next(c for c in r.checks if c.phase == "loss" and c.status != "agree")
     assert loss.cause == "loss_aggregation", loss.explanation
     assert "loss_type='grpo'" in loss.explanation and "'dapo'" in loss.explanation
+
+
+def _normalised_per_micro_batch(trainer):
+    import types
+    loss = trainer._compute_loss
+
+    def own_tokens(self, model, inputs):     # each micro-batch's loss ÷ its own tokens, not the window's
+        return loss(model, {**inputs, "num_items_in_batch": inputs["completion_mask"].sum()})
+    trainer._compute_loss = types.MethodType(own_tokens, trainer)
+
+
+@pytest.mark.slow
+def test_a_loss_divided_by_each_micro_batch_s_own_tokens_is_named_with_the_counts(tmp_path):
+    from rookworld_debug.diagnosis.replay import replay_path
+    from rookworld_debug.lab.faults_trl import TRLFault, run_trl
+    fault = TRLFault("own_tokens", frozenset(), "", patch=_normalised_per_micro_batch,
+                     base={"gradient_accumulation_steps": 2})
+    _, paths, errors = run_trl(tmp_path, 0, fault)
+    assert errors == {} and len(paths) >= 2
+    for step in sorted(paths)[:2]:      # the first step's micro-batches hold unequal token counts
+        r = replay_path(paths[step])
+        first = r.first_disagreement
+        assert first.phase == "loss" and first.cause == "loss_normalised_per_micro_batch", (step, first)
+        assert "k = 2" in first.explanation and "tokens" in first.explanation

@@ -117,6 +117,7 @@ TITLES = {
     "sampler_logps_other_token": "the sampler recorded another token's log-prob (the top one, not the sampled one)",
     "clip_before_unscale": "the gradient was clipped while still multiplied by the loss scale",
     "sequence_ratio_not_length_normalised": "each row's ratio is exp of its summed log-ratio (not length-normalised)",
+    "loss_normalised_per_micro_batch": "each micro-batch's loss divided by its own token count",
     "batch_repeated": "a step trained on the previous step's prompts again (the data loader repeated its batch)",
     "tied_weights_untied": "the tied embedding and output head are trained as two parameters",
     "reward_input_truncated": "the reward scored each completion cut short (its scorer's input truncated)",

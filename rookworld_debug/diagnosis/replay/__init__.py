@@ -39,7 +39,7 @@ from rookworld_debug.diagnosis.replay.data_phases import advantages_check, gener
 from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_declaration, quantity_key,
                                                           with_inferred_pass)
 from rookworld_debug.diagnosis.replay.findings import replay_findings
-from rookworld_debug.diagnosis.replay.loss_phase import accumulation, loss_check
+from rookworld_debug.diagnosis.replay.loss_phase import accumulation, gradient_confirms, loss_check
 from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check, unreachable, within_rounding
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks
@@ -79,7 +79,7 @@ def replay_trace(trace, path=None, *, weights: bool = True, loaded: Optional[Wei
     if first is not None and first.cause in ("", "gradient_missing") and first.phase in ("loss", "gradient"):
         checks = _with_term_fit(trace, w, checks)       # a 0 gradient may be a term that carries none
     elif first is not None and _total_only(first, checks):
-        checks = _gradient_over_total(first, _with_term_fit(trace, w, checks))
+        checks = _gradient_over_total(trace, first, _with_term_fit(trace, w, checks))
     checks = _ordered(resolve_checks(trace, checks))    # each fitted number named in the step's own quantities
     return Replay(checks=tuple(checks), weights=w.source, seconds=time.perf_counter() - t0,
                   declarations=tuple(fits), trace=trace, pass_note=pass_note)
@@ -96,10 +96,12 @@ def _total_only(first, checks) -> bool:
         any(_is_gradient(c) and c.status == "disagree" and not c.cause for c in checks)
 
 
-def _gradient_over_total(first, checks) -> list:
+def _gradient_over_total(trace, first, checks) -> list:
     """Where the terms' regression explains the gradient, it names the mechanism and the total's variant (a match
-    of one number the gradient contradicts) is kept as a disagreement without a cause."""
-    if not any(_is_gradient(c) and c.status == "disagree" and c.cause for c in checks):
+    of one number the gradient contradicts) is kept as a disagreement without a cause, unless the gradient's fit is
+    the one the variant predicts (each micro-batch's weight)."""
+    explained = [c for c in checks if _is_gradient(c) and c.status == "disagree" and c.cause]
+    if not explained or any(gradient_confirms(trace, first.cause, c.fit) for c in explained):
         return checks
     said = f"{first.explanation} — not established: the gradient is not this variant's (the terms' fit below)"
     return _ordered([dataclasses.replace(c, cause="", explanation=said) if c is first else c

@@ -7,6 +7,7 @@ Shape legend: N rows (B groups of G), T completion tokens.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -158,7 +159,44 @@ def loss_variants(trace, ob, old, value: float) -> dict:
                                               f"{ob.loss_type!r}'s")
     for name, (kw, sentence) in wiring(trace, old).items():
         variants[f"loss_wiring/{name}"] = (v(**kw), sentence)
+    variants.update(micro_batch_normaliser(trace, ob, v))
     return variants
+
+
+def gradient_confirms(trace, cause: str, fit: Optional[dict]) -> bool:
+    """Whether a gradient's fit (`fit`: its micro-batch weights, or one scale) is what the loss variant `cause`
+    predicts: each micro-batch's loss divided by its own tokens weighs micro-batch j by W / W_j (W the window's
+    tokens) against the declared 1, within 1 %."""
+    if cause != "loss_normalised_per_micro_batch" or not fit:
+        return False
+    mask = loss_mask(trace.rollout, trace.config)
+    tokens = [float(mask[rows].sum()) for rows in micro_batches(trace)]
+    want = [sum(tokens) / max(t, 1.0) for t in tokens]
+    if fit.get("kind") == "scaled":
+        got = [float(fit["params"]["scale"])] * len(want)
+    elif fit.get("kind") == "micro_batches":
+        got = [float(x["fitted"]) for x in fit["params"].values()]
+    else:
+        return False
+    return len(got) == len(want) and all(abs(g - x) <= 0.01 * x for g, x in zip(got, want))
+
+
+def micro_batch_normaliser(trace, ob, v) -> dict:
+    """The token-normalised loss (dapo: Σ m·ℓ ÷ the accumulation window's tokens) with each micro-batch's loss
+    divided by its OWN tokens instead and not by the k accumulation steps: Σ_j Σ_{t∈j} m·ℓ / Σ_{t∈j} m, which is k
+    × bnpo's aggregation (bnpo divides each micro-batch's token mean by k). `v`: loss_variants' evaluator."""
+    mbs, k = micro_batches(trace), accumulation(trace)
+    if ob.loss_type != "dapo" or len(mbs) < 2:
+        return {}
+    mask = loss_mask(trace.rollout, trace.config)
+    tokens = ", ".join(str(int(mask[rows].sum())) for rows in mbs[:6]) + (", …" if len(mbs) > 6 else "")
+    bnpo = v(objective=ob.replace(loss_type="bnpo"))
+    return {"loss_normalised_per_micro_batch": (
+        lambda: k * bnpo(),
+        f"each of the {len(mbs)} micro-batches' losses is divided by its own token count ({tokens}), not by the "
+        f"accumulation window's {int(sum(mask[rows].sum() for rows in mbs))} tokens, and the k = {k} losses are "
+        "summed undivided: the gradient-accumulation normaliser bug (a micro-batch's tokens weigh by the inverse of "
+        "its size); pass the window's token count (num_items_in_batch) to every micro-batch's loss")}
 
 
 # the token-level clipped families whose loss sums masked per-token terms with fixed weights (linear in them)
