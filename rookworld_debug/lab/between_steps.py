@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from rookworld_debug.lab import faults_eighth as E8
 from rookworld_debug.lab import faults_fresh as F
 from rookworld_debug.lab import faults_novel as N
 from rookworld_debug.lab import faults_seventh as S7
@@ -107,8 +108,31 @@ SEVENTH_BETWEEN_FAULTS = {
     # fixed β is configured and declared
     "kl_coef_adapted_while_fixed": ("loss", "kl_coefficient_changed"),
 }
+# the consecutive-step part of the eighth held-out set (`--only eighth`, with handloop.EIGHTH_FAULTS), written and
+# frozen the same way; the source of each is named beside it
+EIGHTH_BETWEEN_FAULTS = {
+    # NVIDIA-NeMo/RL pull requests (async GRPO's resume re-trains prompts already trained; buffered rollouts restored
+    # with the replay buffer) and a huggingface/trl pull request (the buffered generation batch when resuming the GRPO
+    # trainer): after the resume the buffered rollout of the step before (its completions, rewards, advantages and
+    # log-probs, sampled by the earlier weights) is trained again in place of a new one
+    "rollout_replayed_at_resume": ("batch", "rollout_reused"),
+    # vllm-project/vllm issue (LoRA adapter responses not matching PEFT's: rsLoRA not supported) and pull request,
+    # sgl-project/sglang issue (use_rslora ignored: the update √r times too weak) and NVIDIA/TensorRT-LLM pull request
+    # (rsLoRA scaling): the sampler serves θ_start + (θ − θ_start)/√r, r = 16
+    "sampler_rslora_scale_ignored": ("sampler", "sampler_update_scaled"),
+    # deepinsight/insightface pull request (the scheduler's max steps not updated on resume), a PrimeIntellect-ai/
+    # prime-rl pull request review (the rebuilt schedule sized from another step count: warm-up or decay on the wrong
+    # horizon) and a vllm-project/speculators pull request (the schedule's total steps): at the resume the linear decay
+    # is rebuilt over twice the horizon and fast-forwarded to the restored step
+    "scheduler_horizon_changed_at_resume": ("scheduler", "scheduler_horizon_changed"),
+    # vllm-project/vllm issues (sleep level 2 discards the weights: gibberish after wake_up without a reload), a
+    # huggingface/trl pull request (reload the weights in the wake-up) and a verl pull request (with LoRA only the
+    # adapter was loaded after a level-2 sleep): the sampler's parameters discarded and re-allocated as zeros, only the
+    # update since the start (the adapter) synced into them
+    "sampler_base_weights_discarded": ("sampler", "sampler_base_weights_discarded"),
+}
 ALL_BETWEEN_FAULTS = {**BETWEEN_FAULTS, **SEALED_BETWEEN_FAULTS, **FRESH_BETWEEN_FAULTS, **NOVEL_BETWEEN_FAULTS,
-                      **SIXTH_BETWEEN_FAULTS, **SEVENTH_BETWEEN_FAULTS}
+                      **SIXTH_BETWEEN_FAULTS, **SEVENTH_BETWEEN_FAULTS, **EIGHTH_BETWEEN_FAULTS}
 # the loop the faults are written into (a sampler copy, so that a stale one can show); and healthy loops of other
 # shapes: dapo with two optimizer passes per rollout and a schedule (the pair spans a rollout's last pass and the
 # next rollout's first), bnpo over one micro-batch
@@ -159,6 +183,9 @@ def _rollout(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward, st
         state = N.rounded_to_bf16(state) if fault == "sampler_synced_in_bf16" else state
         state = S7.delta_applied_twice(state, start) if fault == "sampler_adapter_merged_twice" else state
         state = S7.qkv_interleaved(state, L.model.config.n_head) if fault == "sampler_qkv_layout_scrambled" else state
+        state = E8.delta_scaled(state, start) if fault == "sampler_rslora_scale_ignored" and step > 1 else state
+        if fault == "sampler_base_weights_discarded" and step > 1:
+            state = E8.base_discarded(state, start, {n for n, _ in L.model.named_parameters(remove_duplicate=False)})
         L.sampler.load_state_dict(state, strict=not partial)
     sampler = L.sampler if L.sampler is not None else L.model
     batch = _batch(c, step - 1 if fault == "batch_repeated_at_resume" and step > 1 else step)
@@ -213,6 +240,9 @@ def _before_rollout(L: _Loop, c: LoopConfig, step: int, fault: str, start: dict)
         S.lr_from_config(L.opt)
     if fault == "adam_moments_bf16_at_resume":
         S.moments_rounded_to_bf16(L.opt)
+    if fault == "scheduler_horizon_changed_at_resume" and L.sched is not None:
+        L.sched = E8.schedule_with_horizon(L.opt, E8.HORIZON_FACTOR * (c.steps * c.num_iterations + 1),
+                                           L.sched.last_epoch)
 
 
 def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: _Reward, start: dict,
@@ -220,7 +250,10 @@ def _rollout_and_passes(L: _Loop, c: LoopConfig, step: int, fault: str, reward: 
     """Rollout `step` and its μ optimizer passes; the passes whose optimizer step number is in `record` are saved
     to out/step-<n>. Returns the saved folders."""
     _before_rollout(L, c, step, fault, start)
-    ro = _rollout(L, c, step, fault, reward, start)
+    replayed = fault == "rollout_replayed_at_resume" and step > 1
+    ro = L.buffered if replayed else _rollout(L, c, step, fault, reward, start)   # the restored buffer's rollout
+    if fault == "rollout_replayed_at_resume":
+        L.buffered = ro
     saved = []
     run_c = c                                   # the loop's settings; the fault moves β, the declared one stays
     if fault == "kl_coef_adapted_while_fixed":

@@ -2,7 +2,7 @@
 the loop to the phase it breaks first and the cause code a diagnosis should name, and each `*_SETTINGS` the
 `LoopConfig` keywords a fault needs to change the step at all. Data only: the faults themselves live in the loop
 (`if fault == "name"` where the bug is) and in the helpers it calls (`faults_fresh`, `faults_novel`,
-`faults_sixth`, `faults_seventh`)."""
+`faults_sixth`, `faults_seventh`, `faults_eighth`)."""
 from __future__ import annotations
 
 # fault → (phase it breaks, the finding code that names it; "" = the phase alone: no known mechanism)
@@ -248,6 +248,44 @@ SEVENTH_SETTINGS = {"ratio_sequence_summed": {"num_iterations": 2, "lr": 1e-3},
 # declared), and bf16 autocast with AdamW's two parameter groups
 SEVENTH_HEALTHY = ({}, {"num_iterations": 2, "micro_batches": 4},
                    {"autocast": "bfloat16", "weight_decay": 0.1, "lr": 1e-3})
+# an eighth held-out set, written and frozen the same way (`--only eighth`, with the consecutive-step faults of
+# between_steps.EIGHTH_BETWEEN_FAULTS, the TRL faults of faults_trl.EIGHTH_TRL_FAULTS and the faults in the project's
+# own step of faults_heldout.EIGHTH_STEP_FAULTS): bug classes of public trackers, none an earlier set's mechanism,
+# each expectation what the bug does; the source of each is named beside it
+EIGHTH_FAULTS = {
+    # huggingface/trl pull request (the attention mask was not passed to the GRPO forward) and huggingface/transformers
+    # issues (a GPT model's generate() attending the left padding of a batch): the sampler's forwards get no attention
+    # mask, so each completion is sampled attending its prompt's left padding, while the trainer scores with the mask
+    "sampler_no_attention_mask": ("scoring", "attention_mask_not_applied"),
+    # verl issue (Dr. GRPO's seq-mean-token-sum-norm sums the sequences' losses, divided by the horizon but not
+    # averaged over them: the loss and gradient are the micro-batch size times too large): under loss_type dr_grpo each
+    # micro-batch's loss the sum over its rows of the row's token sum / T, not their mean
+    "dr_grpo_rows_summed": ("loss", "loss_summed_over_rows"),
+    # huggingface/trl pull requests and the issue they close (the KL's bias correction multiplied by the sequence-level
+    # importance ratio, (B, 1), under importance_sampling_level = "sequence": a spurious gradient term (Σ_t k3)·∇ mean
+    # log π): the per-token k3 KL corrected by exp(mean_t(ℓ − ℓ_old)) of its row, not by its own token's ratio
+    "kl_corrected_by_sequence_ratio": ("loss", "kl_correction_sequence_ratio"),
+    # facebookresearch/mmf pull request (parameters tied to a head put in the optimizer twice: "optimizer contains a
+    # parameter group with duplicate parameters") and a zhuhanqing/APOLLO issue (tied embedding and LM head in the
+    # optimizer's groups twice): AdamW built over named_parameters(remove_duplicate=False), the tied wte / lm_head
+    # weight stepped twice per optimizer step
+    "tied_weight_stepped_twice": ("update", "tied_weight_stepped_twice"),
+    # huggingface/trl issue (a trainer's grouping by num_generations while another group size applies, rewards
+    # misgrouped) and a huggingface/trl issue (the group size GRPO used was not the configured num_generations): the
+    # group statistics taken over groups of G/2 rows, each half of a prompt's completions its own group
+    "adv_groups_half_size": ("advantages", "advantage_grouping"),
+    # an AndreHe02/rewarding-unlikely-release issue (in its verl trainer the last mini-batch has fewer rows while the
+    # accumulation's denominator is constant) and a
+    # databricks/compose-rl pull request (micro-batch sizes that do not divide the batch: each micro-batch's mean
+    # weighted alike): each micro-batch's per-sequence loss averaged over its own rows, then divided by the number of
+    # micro-batches, over micro-batches of 3, 3 and 2 rows
+    "micro_batch_rows_mean": ("loss", "micro_batches_weighted_equally"),
+}
+EIGHTH_SETTINGS = {"dr_grpo_rows_summed": {"loss_type": "dr_grpo"}, "micro_batch_rows_mean": {"micro_batches": 3}}
+# the eighth set's one-step healthy controls: the plain loop, a learning-rate schedule with warm-up over three steps,
+# micro-batches of unequal size, and truncated completions masked out of the loss
+EIGHTH_HEALTHY = ({}, {"scheduler": True, "warmup_steps": 2, "steps": 3}, {"micro_batches": 3},
+                  {"mask_truncated": True, "max_new_tokens": 48})
 ALL_FAULTS = {**FAULTS, **HELDOUT_FAULTS, **SHAPE_FAULTS, **FROZEN_FAULTS, **STRUCTURE_FAULTS, **SEALED_FAULTS,
               **PROBE_FAULTS, **BLIND_FAULTS, **UNSEEN_FAULTS, **FRESH_FAULTS, **NOVEL_FAULTS, **SIXTH_FAULTS,
-              **SEVENTH_FAULTS}
+              **SEVENTH_FAULTS, **EIGHTH_FAULTS}

@@ -191,6 +191,76 @@ SEVENTH_STEP_FAULTS = (
 SEVENTH_STEP_CONTROLS = ({"name": "seventh-control-00"}, {"name": "seventh-control-01", "micro_batch_size": 4})
 
 
+# ------------------------------------------------------------------------------------------ the eighth set's
+def _adam_with_l2(s):
+    import torch
+    cfg = s.config                              # Adam's weight decay: λ·θ added to the gradient, through the moments
+    _set(s, "optimizer", torch.optim.Adam(s.policy.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                          eps=cfg.adam_eps, weight_decay=cfg.weight_decay))
+    return contextlib.nullcontext()
+
+
+def _clip_coefficient_unclamped(s):
+    from unittest import mock
+
+    import torch
+
+    def clip(parameters, max_norm, *args, **kw):  # a hand-written clip: max_norm / norm applied, never capped at 1
+        params = [p for p in parameters if p.grad is not None]
+        total = torch.stack([p.grad.detach().norm() for p in params]).norm()
+        coef = max_norm / (total + 1e-6)
+        with torch.no_grad():
+            for p in params:
+                p.grad.mul_(coef)
+        return total
+    return mock.patch.object(torch.nn.utils, "clip_grad_norm_", clip)
+
+
+def _eos_index_unguarded(s):
+    from unittest import mock
+
+    import torch
+
+    from rookworld_debug.grpo.phases import generation
+
+    def cut(generated, eos_id, pad_id):         # the first EOS's index by argmax: 0 where a row has no EOS
+        is_eos = generated == eos_id
+        has_eos = is_eos.any(1)
+        mask = torch.arange(generated.shape[1], device=generated.device)[None] <= is_eos.int().argmax(1)[:, None]
+        return generated.masked_fill(~mask, pad_id), mask.long(), has_eos
+    return mock.patch.object(generation, "_cut_after_eos", cut)
+
+
+# the part of the eighth held-out set (`--only eighth`) in the project's own step, written and frozen with it; each a
+# bug class reported against a public trainer, the source named beside it
+EIGHTH_STEP_FAULTS = (
+    # flagos-ai/FlagGems issue and pull request (a fused Adam kernel applying the other weight-decay rule than the one
+    # named: L2 through the moments versus decoupled), pytorch/pytorch pull requests (decoupled weight decay, AdamW):
+    # with weight_decay = 0.1 (both runs) the step's optimizer is Adam whose decay is an L2 term added to the gradient
+    Fault("adam_l2_weight_decay", frozenset({"weight_decay_not_decoupled"}), "weight_decay = 0.1 (both runs); the "
+          "optimizer Adam with L2 weight decay (λ·θ through the moments), not AdamW's decoupled decay",
+          base={"weight_decay": 0.1}, patch=_adam_with_l2),
+    # DingfanChen/GS-WGAN issue (the clip coefficient applied without clamp(max=1.0): small gradients scaled up),
+    # tinygrad/tinygrad pull request (clamp the grad-clip scale in llama) and a pytorch/pytorch issue (the clip
+    # coefficient is clamped to 1): max_grad_norm = 5 (both runs), the gradient scaled to norm 5 whatever its norm
+    Fault("clip_coefficient_unclamped", frozenset({"grad_clip_scales_up"}), "max_grad_norm = 5 (both runs); the "
+          "clip multiplies the gradient by max_norm / norm without capping it at 1", base={"max_grad_norm": 5.0},
+          patch=_clip_coefficient_unclamped),
+    # huggingface/trl pull request (GRPO's completion mask: the first EOS's index defaults to the completion's length
+    # where a row has none) and a billy-enrizky/openbrowser-ai pull request review (each completion's mask must come
+    # from its first EOS, not the padded length): the mask cut at
+    # argmax(ids == EOS), which is 0 for a row without EOS, so each truncated completion keeps its first token only
+    Fault("eos_index_unguarded", frozenset({"truncated_rows_masked_to_first_token"}), "max_new_tokens = 64 (both "
+          "runs); the completion mask through argmax(ids == EOS), 0 for truncated rows",
+          base={"max_new_tokens": 64, "eval_max_new_tokens": 64}, patch=_eos_index_unguarded),
+)
+# the eighth set's own-step healthy controls: AdamW's decoupled weight decay, a binding clip over two optimizer passes,
+# and completions cut at a short budget
+EIGHTH_STEP_CONTROLS = ({"name": "eighth-control-00", "weight_decay": 0.1},
+                        {"name": "eighth-control-01", "num_iterations": 2, "max_grad_norm": 0.1},
+                        {"name": "eighth-control-02", "max_new_tokens": 64, "eval_max_new_tokens": 64})
+
+
 # ------------------------------------------------------------------------------------------ TRL injections
 def _trl_ref_is_policy(trainer):
     trainer.ref_model = trainer.model

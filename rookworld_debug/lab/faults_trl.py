@@ -167,6 +167,60 @@ SEVENTH_TRL_FAULTS = (
 SEVENTH_TRL_HEALTHY = ({}, {"top_entropy_quantile": 0.2})
 
 
+def _rescaled_loss(trainer, factor):
+    """trainer._compute_loss returning its loss × factor(trainer, inputs) in training (a normaliser other than the
+    one TRL divides by, applied to the same sum)."""
+    import types
+    orig = trainer._compute_loss
+
+    def compute(self, model, inputs):
+        loss = orig(model, inputs)
+        return loss * factor(self, inputs) if self.model.training else loss
+    trainer._compute_loss = types.MethodType(compute, trainer)
+
+
+def _dr_grpo_normaliser_padded_width(trainer):
+    """dr_grpo's constant normaliser B·L_max taken as B·T, T the padded width of the batch's completions (the longest
+    completion in it): the loss × L_max / T."""
+    _rescaled_loss(trainer, lambda self, inputs: self.max_completion_length / inputs["completion_ids"].size(1))
+
+
+def _dapo_normaliser_whole_generation_batch(trainer):
+    """dapo's token normaliser without the rescale to one accumulation window: each step's token sum divided by the
+    completion tokens of the whole generation batch (steps_per_generation steps): the loss × GA / steps_per_generation."""
+    _rescaled_loss(trainer, lambda self, inputs: self.current_gradient_accumulation_steps
+                   / self.args.steps_per_generation)
+
+
+# the TRL part of the eighth held-out set (`--only eighth`), written and frozen with it; each a bug class reported
+# against a public trainer, the source named beside it
+EIGHTH_TRL_FAULTS = (
+    # a verl issue (seq-mean-token-sum-norm divides by loss_mask.shape[-1], "should ideally be constant") and verl pull
+    # request (a constant loss_scale_factor), huggingface/trl pull requests (Dr. GRPO: the constant is
+    # max_completion_length): loss_type = dr_grpo (both runs) with its normaliser the padded width of the batch
+    TRLFault("trl_dr_grpo_normaliser_padded_width", frozenset({"dr_grpo_normaliser_not_constant"}), "loss_type = "
+             "dr_grpo (both runs); the loss divided by B × the batch's padded completion width, not B × "
+             "max_completion_length", base={"loss_type": "dr_grpo"}, patch=_dr_grpo_normaliser_padded_width),
+    # huggingface/trl pull request (dapo/cispo/vespo mis-scaled by GA / steps_per_generation: num_items_in_batch spans
+    # the generation batch) and the huggingface/trl issue it fixes (the DAPO loss and gradient accumulation):
+    # loss_type = dapo, steps_per_generation = 2 (both runs), each step's tokens divided by the generation batch's
+    TRLFault("trl_dapo_normaliser_spans_generation_batch", frozenset({"loss_scaled"}), "loss_type = dapo, "
+             "steps_per_generation = 2 (both runs); the token normaliser the whole generation batch's, not one "
+             "accumulation window's", base={"loss_type": "dapo", "steps_per_generation": 2},
+             patch=_dapo_normaliser_whole_generation_batch),
+    # NovaSky-AI/SkyRL pull requests (CISPO's importance-weight bounds defaulted to the PPO clip's 0.2, fixed to the
+    # ScaleRL bounds 0 and 5) and an LLM360/Reasoning360 pull request (cispo clip ratios defaulted to 0.2): loss_type =
+    # cispo (both runs) with epsilon_high left unset, so TRL caps the importance weight at epsilon = 0.2, below 1
+    TRLFault("trl_cispo_cap_from_epsilon", frozenset({"cispo_cap_below_one"}), "loss_type = cispo (both runs); "
+             "epsilon_high unset, the IS-weight cap falls back to epsilon = 0.2 (the twin: epsilon_high = 5)",
+             config={"epsilon_high": None}, base={"loss_type": "cispo", "epsilon_high": 5.0}),
+)
+# the eighth set's TRL healthy controls: the plain run, two optimizer passes per generation, dapo over a generation
+# batch of two steps, and cispo with the ScaleRL cap
+EIGHTH_TRL_HEALTHY = ({}, {"num_iterations": 2}, {"loss_type": "dapo", "steps_per_generation": 2},
+                      {"loss_type": "cispo", "epsilon_high": 5.0})
+
+
 def run_trl(out: Path, seed: int, fault: Optional[TRLFault] = None, base: Optional[dict] = None):
     """Train STEPS steps capturing each (under `base`: GRPOConfig settings, the fault's own when it has some); returns
     (log rows, {step: capture folder})."""

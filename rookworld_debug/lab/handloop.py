@@ -19,15 +19,16 @@ from typing import Optional
 
 import torch
 
+from rookworld_debug.lab import faults_eighth as E8
 from rookworld_debug.lab import faults_fresh as F
 from rookworld_debug.lab import faults_novel as N
 from rookworld_debug.lab import faults_seventh as S7
 from rookworld_debug.lab import faults_sixth as S
 from rookworld_debug.lab.fault_sets import (  # noqa: F401  (re-exported: the loop's fault sets, as before)
-    ALL_FAULTS, BLIND_FAULTS, BLIND_SETTINGS, FAULTS, FRESH_FAULTS, FRESH_SETTINGS, FROZEN_FAULTS, HELDOUT_FAULTS,
-    NOVEL_FAULTS, NOVEL_SETTINGS, PROBE_FAULTS, PROBE_SETTINGS, SEALED_FAULTS, SEALED_SETTINGS, SHAPE_FAULTS,
-    SEVENTH_FAULTS, SEVENTH_HEALTHY, SEVENTH_SETTINGS, SIXTH_FAULTS, SIXTH_HEALTHY, SIXTH_SETTINGS, STRUCTURE_FAULTS,
-    UNSEEN_FAULTS)
+    ALL_FAULTS, BLIND_FAULTS, BLIND_SETTINGS, EIGHTH_FAULTS, EIGHTH_HEALTHY, EIGHTH_SETTINGS, FAULTS, FRESH_FAULTS,
+    FRESH_SETTINGS, FROZEN_FAULTS, HELDOUT_FAULTS, NOVEL_FAULTS, NOVEL_SETTINGS, PROBE_FAULTS, PROBE_SETTINGS,
+    SEALED_FAULTS, SEALED_SETTINGS, SHAPE_FAULTS, SEVENTH_FAULTS, SEVENTH_HEALTHY, SEVENTH_SETTINGS, SIXTH_FAULTS,
+    SIXTH_HEALTHY, SIXTH_SETTINGS, STRUCTURE_FAULTS, UNSEEN_FAULTS)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class LoopConfig:
     mask_truncated: bool = False     # rows with no EOS get a 0 loss mask (declared mask_truncated_completions)
     bias_correction: bool = True     # the k3 KL × the ratio (TRL's default); False: the plain k3
     scheduler: bool = False          # a linear learning-rate decay per optimizer step (LambdaLR)
+    warmup_steps: int = 0            # with the schedule: a linear warm-up over this many optimizer steps first
     declare: tuple = ()              # (keyword, value) pairs the recorder is told that the loop does not compute
     declare_iteration: bool = True   # False: the recorder is not told which pass it records (under-declared)
     undeclare: tuple = ()            # keywords the recorder is not told at all (their defaults stand)
@@ -84,7 +86,9 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
     that computed a stale prefix cache, the rows it serves), the sixth set's sampler_prefix_cache_stale."""
     attn = prompt_mask.clone()
     no_pos = fault == "sampler_no_position_ids"
-    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=None if no_pos else _positions(attn),
+    no_mask = fault == "sampler_no_attention_mask"        # the forwards get no mask: the left padding is attended
+    out = model(input_ids=prompt_ids, attention_mask=None if no_mask else attn,
+                position_ids=None if no_pos else _positions(attn),
                 use_cache=True) if prefix is None else \
         S.prefill_with_stale_prefix(model, *prefix, prompt_ids, attn, _positions(attn))
     past, logits = out.past_key_values, out.logits[:, -1]
@@ -112,7 +116,8 @@ def sample(model, prompt_ids, prompt_mask, t: int, temperature: float, eos: int,
         done |= tok == eos
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
         pos = pos + 1
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=None if no_pos else pos[:, None],
+        out = model(input_ids=tok[:, None], attention_mask=None if no_mask else attn,
+                    position_ids=None if no_pos else pos[:, None],
                     past_key_values=past, use_cache=True)
         past, logits = out.past_key_values, out.logits[:, -1]
     ids = torch.stack(ids, 1)
@@ -158,6 +163,7 @@ def token_logps(model, prompt_ids, prompt_mask, ids, mask, temperature: float, f
 def advantages(r: torch.Tensor, g: int, fault: str = "") -> torch.Tensor:
     if fault == "adv_whole_batch_one_group":
         return N.one_group_advantages(r)
+    g = g // 2 if fault == "adv_groups_half_size" else g      # the statistics over groups of G/2 rows
     b = r.numel() // g
     grouped = r.view(g, b).T if fault == "adv_grouping_stride" else r.view(b, g)
     centred = grouped - grouped.mean(1, keepdim=True)
@@ -199,7 +205,8 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
     d = (old if fault == "kl_against_old" else ref) - (logps.detach() if fault == "kl_detached" else logps)
     d = -d if fault == "kl_k3_reversed" else d
     kl = -d if fault == "kl_k1_estimator" else torch.exp(d) - d - 1
-    kl = kl * (ratio if c.bias_correction else 1.0)
+    kl = kl * (E8.sequence_ratio(logps, old, mask) if fault == "kl_corrected_by_sequence_ratio" else
+               ratio if c.bias_correction else 1.0)
     beta = -c.beta if fault == "loss_kl_sign" else c.beta ** 2 if fault == "kl_beta_squared" else c.beta
     per_token = pg + beta * kl
     if fault == "entropy_bonus_undeclared":       # a sampled-token entropy proxy, −ℓ, as a bonus
@@ -215,6 +222,10 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
         return (per_token * m).sum(1).div(m.shape[1]).sum() / n_total
     if fault == "grpo_sum_not_mean" and AGGREGATIONS[agg] is _sequence_mean:  # each row's sum, not its mean
         return (per_token * m).sum(1).sum() / n_total
+    if fault == "dr_grpo_rows_summed" and agg == "dr_grpo":     # Σ over the micro-batch's rows, ÷ T, ÷ micro-batches
+        return E8.rows_summed_over_horizon(per_token * m, c.max_new_tokens, c.micro_batches)
+    if fault == "micro_batch_rows_mean" and AGGREGATIONS[agg] is _sequence_mean:
+        return E8.micro_batch_row_mean(per_token * m, m, c.micro_batches)
     return AGGREGATIONS[agg](per_token * m, m, n_total, tokens_total, c)
 
 
@@ -266,9 +277,10 @@ def _setup(c: LoopConfig) -> _Loop:
 
 
 def schedule(opt, c: LoopConfig):
-    """A linear learning-rate decay per optimizer step, to 1 / (steps·μ + 1) of the rate at the last one."""
-    total = c.steps * c.num_iterations + 1
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 - k / total)
+    """A linear learning-rate decay per optimizer step, to 1 / (steps·μ + 1) of the rate at the last one (after a
+    linear warm-up from 1 / (w + 1) of the rate over `c.warmup_steps` = w steps, when given)."""
+    total, w = c.steps * c.num_iterations + 1, c.warmup_steps
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / (w + 1)) * (1 - k / total))
 
 
 def _autocast(c: LoopConfig):
@@ -478,8 +490,9 @@ def run(c: LoopConfig, out: Optional[str] = None, fault: str = ""):
     if fault and fault not in ALL_FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {sorted(ALL_FAULTS)}")
     L, rec = _setup(c), None
-    if fault in ("optimizer_without_vectors", "norm_weights_decayed"):
+    if fault in ("optimizer_without_vectors", "norm_weights_decayed", "tied_weight_stepped_twice"):
         L.opt = F.optimizer_without_vectors(L.model, c.lr) if fault == "optimizer_without_vectors" else \
+            E8.optimizer_over_named_parameters(L.model, c.lr) if fault == "tied_weight_stepped_twice" else \
             S.optimizer_no_decay_by_name(L.model, c.lr, c.weight_decay)
         L.sched = schedule(L.opt, c) if c.scheduler else None
     record_pass = c.record_pass % c.num_iterations

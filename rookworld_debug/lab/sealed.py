@@ -21,6 +21,8 @@ Writes out/results.jsonl (a row per case, as each finishes) and out/table.md.
 
     python -m rookworld_debug.lab.sealed --out reports/seventh --only seventh   # a seventh
 
+    python -m rookworld_debug.lab.sealed --out reports/eighth --only eighth     # an eighth
+
 `--only blind` runs seven more bug classes written and frozen (in a commit of their own) before any fit for them, with
 one healthy control; `--only unseen` nine more, frozen the same way; `--only fresh` sixteen more, frozen the same way:
 eleven in one step of the hand-written loop and five between its consecutive steps, with one healthy control of each
@@ -32,7 +34,12 @@ more, frozen the same way: six in one step, four between consecutive steps, thre
 the project's own step (run through the fault benchmark's step cases, seed 0), with three healthy controls in one step
 (the plain loop, two optimizer passes over four micro-batches, bf16 autocast with AdamW's two parameter groups), one
 between consecutive steps, two TRL runs (the plain run, a high-entropy token mask) and two own steps (the plain step,
-micro-batches of four rows). `--only probe` runs what
+micro-batches of four rows); `--only eighth` sixteen more, frozen the same way: six in one step, four between
+consecutive steps, three in TRL's GRPOTrainer and three in the project's own step, with four healthy controls in one
+step (the plain loop, a learning-rate schedule with warm-up, micro-batches of unequal size, truncated completions
+masked out), one between consecutive steps, four TRL runs (the plain run, two optimizer passes per generation, dapo
+over a generation batch of two steps, cispo) and three own steps (AdamW's weight decay, a binding clip over two
+passes, a short completion budget). `--only probe` runs what
 was written after the set's fits, from the same trackers (not held out): five more faults of the hand-written loop,
 and healthy loops of shapes that real trainers have (AdamW's two parameter groups, frozen embeddings, a gradient
 handed over after the clip, numbers left at their defaults), none of which may get an error.
@@ -123,6 +130,21 @@ def seventh_rows(faults=None):
     own = None if faults is None else [f for f in faults if f in {x.name for x in SEVENTH_STEP_FAULTS}]
     if own is None or own:
         yield from step_rows(own, SEVENTH_STEP_FAULTS, "seventh own step", SEVENTH_STEP_CONTROLS)
+
+
+def eighth_rows(faults=None):
+    """The eighth held-out set, run as seventh_rows runs the seventh."""
+    from rookworld_debug.lab.between_steps import EIGHTH_BETWEEN_FAULTS
+    from rookworld_debug.lab.faults_heldout import EIGHTH_STEP_CONTROLS, EIGHTH_STEP_FAULTS
+    from rookworld_debug.lab.faults_trl import EIGHTH_TRL_FAULTS, EIGHTH_TRL_HEALTHY
+    from rookworld_debug.lab.handloop import EIGHTH_FAULTS, EIGHTH_HEALTHY, EIGHTH_SETTINGS
+    yield from _two_part_rows("eighth", faults, EIGHTH_FAULTS, EIGHTH_SETTINGS, EIGHTH_BETWEEN_FAULTS, EIGHTH_HEALTHY)
+    trl = None if faults is None else [f for f in faults if f in {x.name for x in EIGHTH_TRL_FAULTS}]
+    if trl is None or trl:
+        yield from trl_rows(trl, EIGHTH_TRL_FAULTS, "eighth TRL", EIGHTH_TRL_HEALTHY)
+    own = None if faults is None else [f for f in faults if f in {x.name for x in EIGHTH_STEP_FAULTS}]
+    if own is None or own:
+        yield from step_rows(own, EIGHTH_STEP_FAULTS, "eighth own step", EIGHTH_STEP_CONTROLS)
 
 
 def step_rows(names, known: tuple, name: str, controls: tuple = ()):
@@ -225,7 +247,7 @@ def table(rows: list) -> str:
     phased = [r for r in faults if r["phase_right"] is not None]
     pct = (lambda k, n: f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0")
     sets = {str(r.get("set") or "").partition(" ")[0] for r in rows}   # probe: written after the fits, not sealed
-    held_out = {"probe", "blind", "unseen", "fresh", "novel", "sixth", "seventh"}
+    held_out = {"probe", "blind", "unseen", "fresh", "novel", "sixth", "seventh", "eighth"}
     kind = " and ".join(sorted(sets)).capitalize() if sets and sets <= held_out else "Sealed"
     lines = [f"{kind} faults scored: {len(faults)}; cause named first {pct(sum(r['top1'] for r in faults), len(faults))}"
              f", within three {pct(sum(r['top3'] for r in faults), len(faults))}, first phase right "
@@ -247,7 +269,7 @@ def main(argv: Optional[list] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="reports/sealed", help="folder for results.jsonl and table.md")
     ap.add_argument("--only", choices=("single", "between", "trl", "probe", "blind", "unseen", "fresh", "novel",
-                                       "sixth", "seventh"),
+                                       "sixth", "seventh", "eighth"),
                     action="append",
                     help="only these parts (repeatable); default: the three sealed ones")
     ap.add_argument("--fault", action="append", help="only these faults (repeatable; no healthy controls)")
@@ -256,7 +278,7 @@ def main(argv: Optional[list] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     parts = {"single": single_rows, "between": between_rows, "trl": trl_rows, "probe": probe_rows,
              "blind": blind_rows, "unseen": unseen_rows, "fresh": fresh_rows, "novel": novel_rows,
-             "sixth": sixth_rows, "seventh": seventh_rows}
+             "sixth": sixth_rows, "seventh": seventh_rows, "eighth": eighth_rows}
     rows = []
     with open(out / "results.jsonl", "a") as fh:
         for name in a.only or ["single", "between", "trl"]:
@@ -275,19 +297,22 @@ def _subset(part: str, names: Optional[list]):
     """The faults of `part` among `names` (None: all of them, with the healthy controls)."""
     if names is None:
         return None
-    from rookworld_debug.lab.between_steps import FRESH_BETWEEN_FAULTS, NOVEL_BETWEEN_FAULTS, SEALED_BETWEEN_FAULTS, \
-        SEVENTH_BETWEEN_FAULTS, SIXTH_BETWEEN_FAULTS
-    from rookworld_debug.lab.faults_heldout import SEVENTH_STEP_FAULTS
-    from rookworld_debug.lab.faults_trl import SEALED_TRL_FAULTS, SEVENTH_TRL_FAULTS, SIXTH_TRL_FAULTS
-    from rookworld_debug.lab.handloop import BLIND_FAULTS, FRESH_FAULTS, NOVEL_FAULTS, PROBE_FAULTS, SEALED_FAULTS, \
-        SEVENTH_FAULTS, SIXTH_FAULTS, UNSEEN_FAULTS
+    from rookworld_debug.lab.between_steps import EIGHTH_BETWEEN_FAULTS, FRESH_BETWEEN_FAULTS, NOVEL_BETWEEN_FAULTS, \
+        SEALED_BETWEEN_FAULTS, SEVENTH_BETWEEN_FAULTS, SIXTH_BETWEEN_FAULTS
+    from rookworld_debug.lab.faults_heldout import EIGHTH_STEP_FAULTS, SEVENTH_STEP_FAULTS
+    from rookworld_debug.lab.faults_trl import EIGHTH_TRL_FAULTS, SEALED_TRL_FAULTS, SEVENTH_TRL_FAULTS, \
+        SIXTH_TRL_FAULTS
+    from rookworld_debug.lab.handloop import BLIND_FAULTS, EIGHTH_FAULTS, FRESH_FAULTS, NOVEL_FAULTS, PROBE_FAULTS, \
+        SEALED_FAULTS, SEVENTH_FAULTS, SIXTH_FAULTS, UNSEEN_FAULTS
     known = {"single": SEALED_FAULTS, "between": SEALED_BETWEEN_FAULTS,
              "trl": {f.name: f for f in SEALED_TRL_FAULTS}, "probe": PROBE_FAULTS, "blind": BLIND_FAULTS,
              "unseen": UNSEEN_FAULTS, "fresh": {**FRESH_FAULTS, **FRESH_BETWEEN_FAULTS},
              "novel": {**NOVEL_FAULTS, **NOVEL_BETWEEN_FAULTS},
              "sixth": {**SIXTH_FAULTS, **SIXTH_BETWEEN_FAULTS, **{f.name: f for f in SIXTH_TRL_FAULTS}},
              "seventh": {**SEVENTH_FAULTS, **SEVENTH_BETWEEN_FAULTS, **{f.name: f for f in SEVENTH_TRL_FAULTS},
-                         **{f.name: f for f in SEVENTH_STEP_FAULTS}}}[part]
+                         **{f.name: f for f in SEVENTH_STEP_FAULTS}},
+             "eighth": {**EIGHTH_FAULTS, **EIGHTH_BETWEEN_FAULTS, **{f.name: f for f in EIGHTH_TRL_FAULTS},
+                        **{f.name: f for f in EIGHTH_STEP_FAULTS}}}[part]
     return [n for n in names if n in known]
 
 
