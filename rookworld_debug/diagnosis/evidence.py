@@ -141,13 +141,16 @@ def group_view(x: torch.Tensor, g: int) -> torch.Tensor:
 
 
 def identical_rows_rewards(trace) -> tuple[int, int]:
-    """(pairs of rows with the same prompt and the same completion ids, how many of them got different rewards)."""
+    """(pairs of rows with the same prompt and the same completion text, how many of them got different rewards).
+    The text is what the reward read: the loss mask may leave out a row the reward still scored (masked truncation
+    zeroes a truncated row's mask), so in-mask ids would make different completions look alike."""
     r, rw = trace.rollout, trace.rewards.rewards
     seen: dict = {}
     pairs = differ = 0
     ids, m = r.completion_ids, r.completion_mask.bool()
+    texts = list(r.completions) if len(r.completions or ()) == ids.shape[0] else None
     for i in range(ids.shape[0]):
-        key = (r.prompts[i], tuple(ids[i][m[i]].tolist()))
+        key = (r.prompts[i], texts[i] if texts is not None else tuple(ids[i][m[i]].tolist()))
         if key in seen:
             j = seen[key]
             pairs += 1

@@ -39,7 +39,7 @@ def generation_checks(trace, eos: int | None, tokenizer=None) -> list[PhaseCheck
     stopped = stopped_rows_check(trace, eos)
     out += [stopped] if stopped is not None else []
     if tokenizer is not None:
-        out.append(_texts_check(r, tokenizer))
+        out.append(_texts_check(r, tokenizer, eos))
     return out
 
 
@@ -118,31 +118,42 @@ def _with_cause(check: PhaseCheck, code: str, sentence: str) -> PhaseCheck:
     return replace(check, cause=code, explanation=sentence)
 
 
-def _texts_check(r, tok) -> PhaseCheck:
-    """The completion strings the rewards read against the decoded ids (special tokens skipped)."""
+def _texts_check(r, tok, eos: int | None = None) -> PhaseCheck:
+    """The completion strings the rewards read against the decoded ids (special tokens skipped): the loss mask's
+    ids, or the ids generated through the first EOS (mask_truncated_completions leaves a truncated row's loss mask
+    all 0; TRL's reward still reads the row's text, a loop that decodes after masking reads '')."""
     ids, mask = r.completion_ids, r.completion_mask.bool()
     decoded = [tok.decode(ids[i][mask[i]].tolist(), skip_special_tokens=True) for i in range(ids.shape[0])]
     bad = [i for i, (a, b) in enumerate(zip(decoded, r.completions)) if a.strip() != str(b).strip()]
+    if bad and eos is not None:
+        generated = expected_mask(ids, eos).bool()
+        bad = [i for i in bad if tok.decode(ids[i][generated[i]].tolist(), skip_special_tokens=True).strip()
+               != str(r.completions[i]).strip()]
     if not bad:
         return PhaseCheck("generation", "completion texts = decoded completion ids", AGREE, 0.0, 0.0)
     shifted = all(any(decoded[i].strip() == str(c).strip() for c in r.completions) for i in bad)
     why = "the texts are the completions of other rows: rewards are joined to the wrong ids" if shifted else \
-        _special_tokens_kept(r, tok, bad)
+        _special_tokens_kept(r, tok, bad, mask)
     return PhaseCheck("generation", "completion texts = decoded completion ids", DISAGREE, float(len(bad)), 0.0,
                       f"{len(bad)} of {len(decoded)} rows, e.g. rows {bad[:6]}", repr(str(r.completions[bad[0]])[:50]),
                       repr(decoded[bad[0]][:50]), "completion_text_misaligned" if why else "", why,
                       measure="rows whose text is not their decoded ids")
 
 
-def _special_tokens_kept(r, tok, bad: list) -> str:
+def _special_tokens_kept(r, tok, bad: list, mask: torch.Tensor) -> str:
     """Why the texts of rows `bad` differ, where each is its ids decoded with the special tokens kept (the EOS and
-    the padding after it read as text by the reward), else ""."""
-    ids, mask = r.completion_ids, r.completion_mask.bool()
+    the padding after it read as text by the reward) and that decode holds one, else "". `mask`: (N, T) the ids
+    generated."""
+    ids = r.completion_ids
     spans = {"its in-mask ids": lambda i: ids[i][mask[i]], "all its T ids (the padding after EOS included)":
              lambda i: ids[i]}
+
+    def kept(i, pick):
+        text = tok.decode(pick(i).tolist(), skip_special_tokens=False).strip()
+        return text == str(r.completions[i]).strip() and text != tok.decode(pick(i).tolist(),
+                                                                            skip_special_tokens=True).strip()
     for span, pick in spans.items():
-        if all(tok.decode(pick(i).tolist(), skip_special_tokens=False).strip() == str(r.completions[i]).strip()
-               for i in bad):
+        if all(kept(i, pick) for i in bad):
             eos = tok.eos_token or "the end-of-sequence token"
             return (f"each text is the decode of {span} with the special tokens kept (skip_special_tokens=False): the "
                     f"rewards read {eos!r} as part of the completion, so a format check or a parser sees text the "

@@ -57,6 +57,16 @@ def _kin(keyword: str, a, b) -> bool:
     return any(a in f.rules and b in f.rules for f in families())
 
 
+def _later_pass(trace) -> bool:
+    """A later optimizer pass over the rollout (π_old ≠ the current weights): the loop's declared pass, or a TRL
+    capture whose kept π_old differs from its loss forward's log-probs."""
+    if trace.recorded is not None:
+        return bool(getattr(trace.recorded, "iteration", 0))
+    old = getattr(trace.capture, "old_per_token_logps", None)
+    m = trace.rollout.completion_mask.bool()
+    return old is not None and not torch.allclose(old[m], trace.rollout.per_token_logps[m], atol=1e-6)
+
+
 def _precision(trace) -> str:
     return str(getattr(trace.recorded, "dtype", None) or trace.config.dtype).removeprefix("torch.")
 
@@ -75,9 +85,18 @@ NEIGHBOURS = (
      lambda t: [v for v in ESTIMATORS if v != t.config.kl_estimator] if t.config.beta else []),
     ("importance_sampling_level", ("loss", "gradient"),
      lambda t: [v for v in ("token", "sequence") if v != t.config.importance_sampling_level]
-     if getattr(t.recorded, "iteration", 0) else []),
+     if _later_pass(t) else []),
     ("loss_type", ("loss", "gradient"), lambda t: _loss_types(t.config)),
+    # a clip-higher range declared and ignored: the upper bound taken from ε (a later pass: the ratio ≠ 1)
+    ("epsilon_high", ("loss", "gradient"),
+     lambda t: [t.config.epsilon_low] if t.config.epsilon_high != t.config.epsilon_low and _later_pass(t) else []),
 )
+
+
+# the neighbours a TRL capture can be fitted to: GRPOConfig's fields that the trainer copies to attributes it reads
+# at each step (set apart from the config, by a subclass or after construction, they contradict it)
+TRL_KEYWORDS = ("mask_truncated_completions", "use_bias_correction_kl", "scale_rewards",
+                "importance_sampling_level", "loss_type", "epsilon_high")
 
 
 # keywords of a continuous value, (keyword, phases, fit kind, fit parameter): their one candidate is the value the
@@ -112,6 +131,9 @@ def with_declaration(trace, keyword: str, value):
         return None
     if keyword == "max_grad_norm" and trace.recorded is not None:     # the update reads the recorded clip
         other = dataclasses.replace(other, recorded=dataclasses.replace(trace.recorded, max_grad_norm=value))
+    if trace.capture is not None:                       # its loss recomputed under the neighbour, where it can be
+        from .loss_phase import recaptured
+        other = recaptured(trace, other)
     return other
 
 
@@ -192,7 +214,7 @@ def fit_declaration(trace, first: PhaseCheck, phase_checks, agreed: frozenset = 
     agreed (`agreed`: their keys) stops agreeing. `phase_checks(trace, phase)` runs that phase's checks on a trace
     (the replay's own functions). A loop off in two keywords is fitted one at a time: the loss value under the right
     loss type, then its gradient under the right KL correction."""
-    if trace.recorded is None:              # a run_step trace or a TRL capture computes what its config says
+    if trace.recorded is None and trace.capture is None:     # a run_step trace computes what its config says
         return None
     want = quantity_key(first)
     best, best_score, whole = None, None, False
@@ -258,6 +280,8 @@ def _neighbours(trace, first: PhaseCheck):
     for keyword, phases, values in NEIGHBOURS:
         if first.phase not in phases or not first.quantity.startswith(SHOWN_IN.get(keyword, "")):
             continue            # a forward in another precision shows first in that forward's own log-probs
+        if trace.recorded is None and keyword not in TRL_KEYWORDS:
+            continue            # a TRL capture: only what a GRPOConfig holds and the trainer reads
         if keyword in SHOWN_IN and (systematic(first) or first.cause or confined_to_rows(first, trace)):
             continue            # not rounding: a mechanism reproduces it, or it leans one way or spares rows
         for value in values(trace):

@@ -75,10 +75,13 @@ def _short(v) -> str:
     return str(v)
 
 
-def declaration_finding(fit, explicit: tuple = ()) -> Finding:
+def declaration_finding(fit, explicit: tuple = (), trl: bool = False) -> Finding:
     """The loop computes another declaration than the one it gave. A keyword the loop passed itself is its own
     claim, contradicted by its computation: an error (a CI gate must stop it). A default it never passed is a
-    declaration to add: a warning naming the keyword."""
+    declaration to add: a warning naming the keyword. `trl`: a TRL capture, whose GRPOConfig holds every keyword:
+    the trainer contradicts its own config (an error)."""
+    if trl:
+        return _trainer_contradicts_config(fit)
     kw = f"{fit.keyword}={fit.fitted!r}"
     said = fit.keyword in explicit
     return Finding(
@@ -101,6 +104,27 @@ def declaration_finding(fit, explicit: tuple = ()) -> Finding:
                            batch="the recorded step"),),
         fix=Fix(f"Pass {kw} to StepRecorder (or change the loop if {fit.keyword}={fit.declared!r} is the objective "
                 "you meant).", code_change=f"StepRecorder(tokenizer, ..., {kw})"),
+        alternatives=(f"a fault in the {fit.phase} phase that happens to compute {kw}",), score=REPLAY_SCORE)
+
+
+def _trainer_contradicts_config(fit) -> Finding:
+    """A TRL capture whose step computes another GRPOConfig value than its config holds."""
+    kw = f"{fit.keyword}={fit.fitted!r}"
+    return Finding(
+        code="declaration_mismatch", severity="error",
+        cause=f"TRL's GRPOTrainer computed this step as {kw}, while its GRPOConfig says {fit.keyword}="
+              f"{fit.declared!r}: under the config its {fit.phase} ({fit.quantity}) differs from the trusted "
+              f"recomputation by {fit.difference:.4g} (tolerance {fit.tolerance:.3g}); under {kw} it agrees, and every "
+              f"other finding is replayed under {kw}. The trainer reads its own attribute (trainer.{fit.keyword}), "
+              "copied from the config when it was built: something set it apart since (an assignment after "
+              "construction, a subclass, a patched method).",
+        evidence=(Evidence(name=f"replay/declaration/{fit.keyword}", value=float(fit.difference),
+                           definition=f"{fit.phase} difference under GRPOConfig's {fit.keyword}={fit.declared!r} "
+                                      f"(it agrees under {kw}); tolerance {fit.tolerance:.3g}",
+                           batch="the recorded step"),),
+        fix=Fix(f"Find what sets trainer.{fit.keyword} after the GRPOConfig (or overrides it in a subclass) and "
+                f"remove it, or set {kw} in GRPOConfig if that is the objective you meant.",
+                code_change=f"del the assignment to trainer.{fit.keyword} (or GRPOConfig({kw}))"),
         alternatives=(f"a fault in the {fit.phase} phase that happens to compute {kw}",), score=REPLAY_SCORE)
 
 
@@ -180,7 +204,8 @@ def _with_fix_command(f: Finding, replay: Replay) -> Finding:
 def replay_findings(replay: Replay) -> list[Finding]:
     first = replay.first_disagreement
     explicit = getattr(getattr(replay.trace, "recorded", None), "explicit", ())
-    out = [declaration_finding(d, explicit) for d in replay.declarations]
+    trl = getattr(replay.trace, "capture", None) is not None
+    out = [declaration_finding(d, explicit, trl) for d in replay.declarations]
     if replay.pass_note is not None:
         out.append(pass_finding(replay.pass_note))
     spans = getattr(getattr(replay.trace, "recorded", None), "rows_by_rank", ())   # a distributed loop's ranks

@@ -6,6 +6,7 @@ Shape legend: N rows (B groups of G), T completion tokens.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -70,6 +71,14 @@ def loss_parts(trace, objective, logps, old, ref, adv) -> list:
             for rows in micro_batches(trace)]
 
 
+def recorded_old(trace):
+    """(N, T) π_old's log-probs as the step recorded them (a loop's record, or TRL's kept on a later pass), None on a
+    first pass that kept none."""
+    if trace.recorded is not None:
+        return trace.recorded.old_per_token_logps
+    return getattr(trace.capture, "old_per_token_logps", None) if trace.capture is not None else None
+
+
 def _num_items(trace, mask):
     """The token count a token-normalised loss divides by: TRL's recorded count for a capture, else Σ mask."""
     if trace.capture is not None and math.isfinite(trace.capture.num_items_in_batch):
@@ -104,7 +113,7 @@ def loss_check(trace) -> PhaseCheck:
         return skipped("loss", q, f"entropy_coef = {trace.config.entropy_coef:g} needs the per-token entropy, which "
                                   "the step did not keep (its gradient is replayed from the weights)")
     r, adv = trace.rollout, trace.advantages.advantages
-    old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
+    old = recorded_old(trace)
     ob = Objective.from_config(trace.config)
     value = float(loss_total(trace, ob, r.per_token_logps, old, r.ref_per_token_logps, adv))
     return scalar("loss", q, recorded, value, VALUE_TOL, variants=_safe(loss_variants(trace, ob, old, value)))
@@ -113,18 +122,37 @@ def loss_check(trace) -> PhaseCheck:
 def _capture_variants(trace) -> dict:
     """A TRL capture's loss variants, where the declared loss over the capture's micro-batches reproduces the
     capture's own recomputation (then each variant is that same computation with one thing changed); else none."""
-    r, adv = trace.rollout, trace.advantages.advantages
-    old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
+    value = _generic_loss(trace)
+    if value is None or not abs(value - float(trace.capture.recomputed_loss)) <= VALUE_TOL * max(1.0, abs(value)):
+        return {}
+    old = recorded_old(trace)
+    return _safe(loss_variants(trace, Objective.from_config(trace.config), old, value))
+
+
+def _generic_loss(trace) -> Optional[float]:
+    """The declared loss of `trace` over its micro-batches (None where the step lacks an input it needs)."""
+    r = trace.rollout
+    old = recorded_old(trace)
     if r.per_token_logps is None or (trace.config.beta and r.ref_per_token_logps is None):
-        return {}
-    ob = Objective.from_config(trace.config)
+        return None
     try:
-        value = float(loss_total(trace, ob, r.per_token_logps, old, r.ref_per_token_logps, adv))
-    except Exception:  # noqa: BLE001 - a capture shape the generic path cannot take: no variants
-        return {}
-    if not abs(value - float(trace.capture.recomputed_loss)) <= VALUE_TOL * max(1.0, abs(value)):
-        return {}
-    return _safe(loss_variants(trace, ob, old, value))
+        return float(loss_total(trace, Objective.from_config(trace.config), r.per_token_logps, old,
+                                r.ref_per_token_logps, trace.advantages.advantages))
+    except Exception:  # noqa: BLE001 - a capture shape the generic path cannot take
+        return None
+
+
+def recaptured(trace, other):
+    """`other` (a TRL capture's trace under another declaration) with the capture's recomputed loss taken under
+    that declaration, where the declared loss over the capture's micro-batches reproduces the capture's own
+    recomputation under its config; else `other` as it is (its loss then cannot agree under the neighbour)."""
+    here = _generic_loss(trace)
+    cap = trace.capture
+    if here is None or not abs(here - float(cap.recomputed_loss)) <= VALUE_TOL * max(1.0, abs(here)):
+        return other
+    there = _generic_loss(other)
+    return other if there is None else dataclasses.replace(other, capture=dataclasses.replace(
+        other.capture, recomputed_loss=there))
 
 
 def loss_variants(trace, ob, old, value: float) -> dict:
@@ -274,6 +302,15 @@ def ratio_variants(trace, ob, lp, old, ref, adv) -> dict:
         lambda: float(loss_total(trace, log_range, lp, old, ref, adv)),
         f"the ratio is clipped in log space, exp(clamp(ℓ − ℓ_old, −ε, ε)): the range [e^−ε, e^ε] = "
         f"[{math.exp(-lo):.4g}, {math.exp(hi):.4g}] where the declared [1 − ε, 1 + ε] = [{1 - lo:.4g}, {1 + hi:.4g}]")
+    unclipped = {"clip_not_applied": (dict(epsilon_low=1.0 - 1e-12, epsilon_high=1e12), "neither bound"),
+                 "clip_upper_not_applied": (dict(epsilon_high=1e12), f"no upper bound (the declared 1 + ε_high = "
+                                                                    f"{1 + hi:.4g})"),
+                 "clip_lower_not_applied": (dict(epsilon_low=1.0 - 1e-12), f"no lower bound (the declared 1 − ε = "
+                                                                          f"{1 - lo:.4g})")}
+    for code, (eps, which) in unclipped.items():
+        out[code] = ((lambda eps=eps: float(loss_total(trace, ob.replace(**eps), lp, old, ref, adv))),
+                     f"the surrogate clips the ratio with {which}: a ratio that left the clip range keeps its full "
+                     "gradient, so a later pass over the rollout moves the policy past the trust region")
     if 0.0 < lo < 0.5:                          # ε and 1 − ε apart: the two lower bounds clip different ratios
         out["clip_range_lower_bound"] = (
             lambda: float(loss_total(trace, ob.replace(epsilon_low=1.0 - lo), lp, old, ref, adv)),
@@ -305,7 +342,7 @@ def beta_from_total(trace) -> float | None:
     recorded, _ = loss_value(trace)
     if r.ref_per_token_logps is None or not math.isfinite(recorded):
         return None
-    old = trace.recorded.old_per_token_logps if trace.recorded is not None else None
+    old = recorded_old(trace)
     ob = Objective.from_config(trace.config)
     adv = trace.advantages.advantages
     l0, l1 = (float(loss_total(trace, ob.replace(beta=b), r.per_token_logps, old, r.ref_per_token_logps, adv))
