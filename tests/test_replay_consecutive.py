@@ -218,3 +218,82 @@ def test_a_batch_handed_again_at_the_next_step_is_a_warning_naming_both_readings
     assert c.status == "suspect" and c.cause == "batch_repeated" and "by design" in c.explanation
     warned = [f for f in found if f.code == "batch_repeated"]
     assert warned and warned[0].severity == "warning" and "skip_first_batches" in warned[0].fix.description
+
+
+# the eighth held-out set's consecutive-step faults named after its first run: the sampler as an affine mix of the
+# start and the update (a·θ_start + c·(θ − θ_start)), and a rollout trained again at the next step
+def _affine_case(a: float, c: float, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    start = {n: torch.randn(s, generator=g) for n, s in (("w", (6, 5)), ("b", (5,)), ("e", (9, 4)))}
+    theta = {n: v + 0.01 * torch.randn(v.shape, generator=g) for n, v in start.items()}
+    got = {n: a * start[n] + c * (theta[n] - start[n]) for n in start}
+    unit = math.sqrt(sum(float((theta[n] - start[n]).pow(2).sum()) for n in start))
+    return got, theta, start, unit
+
+
+@pytest.mark.parametrize("a, c, code, said", [(1.0, 2.0, "sampler_weights_extrapolated", "merged twice"),
+                                              (0.0, 1.0, "sampler_base_weights_discarded", "zeros"),
+                                              (1.0, 0.25, "sampler_update_scaled", "c = 0.25 = 1/√16"),
+                                              (1.0, 0.125, "sampler_update_scaled", "1/8"),
+                                              (1.0, 0.37, "sampler_update_scaled", "c = 0.37")])
+def test_the_sampler_fitted_as_start_and_update_is_named_by_its_two_scalars(a, c, code, said):
+    from rookworld_debug.diagnosis.replay.consecutive_affine import AFFINE_CODES, AffineFit
+    got, theta, start, unit = _affine_case(a, c)
+    fit = AffineFit(got, theta, start, tuple(start), 1e-3 * unit, unit)
+    named = {k: fit.named(k) for k in AFFINE_CODES}
+    assert [k for k, v in named.items() if v is not None] == [code]
+    weights, sentence = named[code]
+    assert said in sentence and "3 parameters" in sentence and "residual" in sentence
+    assert all(torch.allclose(weights[n], got[n], atol=1e-5) for n in start)
+    assert fit.fit["params"]["c"] == pytest.approx(c, rel=1e-4)
+    if c == 0.25:
+        assert "rsLoRA" in sentence and "r = 16" in sentence
+
+
+def test_a_sampler_no_mix_of_start_and_update_reproduces_names_nothing():
+    from rookworld_debug.diagnosis.replay.consecutive_affine import AFFINE_CODES, AffineFit
+    got, theta, start, unit = _affine_case(1.0, 0.25)
+    got["w"] = got["w"] + 0.05 * torch.randn(got["w"].shape, generator=torch.Generator().manual_seed(3))
+    fit = AffineFit(got, theta, start, tuple(start), 1e-3 * unit, unit)
+    assert all(fit.named(k) is None for k in AFFINE_CODES) and fit.fit is None
+    assert AffineFit(got, theta, None, tuple(start), 1e-3 * unit, unit).named(AFFINE_CODES[2]) is None
+
+
+def _trace(ids, prompts=("p0", "p1"), iteration=0, recorded=True):
+    from types import SimpleNamespace as NS
+    ids = torch.tensor(ids)
+    rollout = NS(completion_ids=ids, prompt_ids=torch.tensor([[1, 2], [1, 3]]), prompts=list(prompts),
+                 completion_mask=torch.ones_like(ids), sampling_per_token_logps=-torch.ones(ids.shape),
+                 per_token_logps=-torch.ones(ids.shape))
+    return NS(rollout=rollout, recorded=NS(iteration=iteration) if recorded else None,
+              rewards=NS(rewards=torch.tensor([1.0, 0.0])), advantages=NS(advantages=torch.tensor([0.5, -0.5])),
+              config=NS(num_iterations=2))
+
+
+def test_a_rollout_trained_again_is_reused_unless_declared_a_later_pass():
+    from rookworld_debug.diagnosis.replay.consecutive_reuse import rollout_reuse_check
+    k = _trace([[5, 6, 7], [8, 9, 10]])
+    c = rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 10]]))
+    assert c is not None and c.status == "disagree" and c.cause == "rollout_reused" and c.phase == "batch"
+    assert "2 rows" in c.explanation and "rewards, advantages" in c.explanation and "iteration 0" in c.explanation
+    assert rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 10]], iteration=1)) is None      # a declared later pass
+    assert rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 11]])) is None                    # one new row
+    assert rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 10]], prompts=("p0", "p2"))) is None
+    assert rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 10]], recorded=False)) is None    # nothing declared
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, said", [("sampler_rslora_scale_ignored", "c = 0.25 = 1/√16"),
+                                         ("sampler_base_weights_discarded", "0·θ_start + 1·(θ − θ_start)"),
+                                         ("rollout_replayed_at_resume", "row for row")])
+def test_an_eighth_set_fault_between_steps_is_named_first(tmp_path, fault, said):
+    from rookworld_debug.lab.between_steps import BASE, EIGHTH_BETWEEN_FAULTS, run_pair
+    quantity, code = EIGHTH_BETWEEN_FAULTS[fault]
+    pair, found = _pair(run_pair(BASE, tmp_path, fault))
+    errors = _errors(found)
+    assert errors and errors[0].code == code, [(f.code, f.cause[:160]) for f in errors]
+    c = _check(pair, quantity)
+    assert c.cause == code and said in c.explanation
+    assert [x.phase for x in pair.checks if x.status == "disagree"][0] == quantity
+    if quantity == "sampler":
+        assert c.fit and c.fit["kind"] == "affine_start_update" and any("fit" in e.name for e in errors[0].evidence)

@@ -144,4 +144,7 @@ TITLES = {
     "consecutive_rewards": "rewards of the same input differ between steps",
     "consecutive_agrees": "consecutive steps carry over",
     "consecutive_incomplete": "not checked between steps",
+    "sampler_update_scaled": "the sampler holds the update since the start scaled (an rsLoRA scale read as α/r)",
+    "sampler_base_weights_discarded": "the sampler holds only the update since the start (its base weights zeroed)",
+    "rollout_reused": "a step trains the previous step's rollout again in place of a new one",
 }

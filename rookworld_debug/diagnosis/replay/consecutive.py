@@ -8,6 +8,8 @@ cannot show (each step can be right on its own while the state between them is l
                                                                              _not_stepped
     sampler     the weights that sampled k+1 = θ_after(k) (on a later pass over k's rollout: the weights that
                 sampled k)                                                   sampler_weights_stale
+                or fitted as a·θ_start + c·(θ − θ_start) (consecutive_affine.py)   sampler_weights_extrapolated,
+                                                                             _base_weights_discarded, _update_scaled
                 and its random numbers not step k's: k+1's tokens match k's at the same position no more often
                 than independent draws give (consecutive_draws.py)          sampling_seed_repeated
     reference   its weights at k+1 = at k                                    reference_tracks_policy
@@ -15,6 +17,8 @@ cannot show (each step can be right on its own while the state between them is l
                                                                              gradient_not_zeroed
     rewards     the same (prompt, completion, label) gets the same reward in both steps   reward_has_memory;
                 step k+1's rewards are not step k's row for row on other completions     rewards_other_batch
+    rollout     step k+1's prompts and completion ids are not step k's row for row, unless declared a later pass
+                over one rollout (consecutive_reuse.py; checked before the sampler)   rollout_reused
     batch       step k+1's prompts are not step k's again, in order, with new completions (a warning: a dataset
                 of one batch repeats it by design)                          batch_repeated
 
@@ -29,16 +33,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 import torch
 
 from .compare import REL_TOL, VALUE_TOL, parameter_samples, skipped, tol_for
+from .consecutive_affine import AFFINE_CODES, AffineFit
 from .consecutive_draws import draws_check
 from .consecutive_optimizer import optimizer_check
 from .consecutive_rerun import clip_of
+from .consecutive_reuse import rollout_reuse_check
 from .records import AGREE, DISAGREE, SKIPPED, SUSPECT, PhaseCheck, fmt
 from .terms import distance as _dist, dot
 
@@ -113,10 +119,12 @@ def replay_consecutive(folder_k, folder_k1, *, traces: tuple = (), replay_k1=Non
     if note:
         checks = tuple(skipped(q, q, note) for q in CARRIED)
         return ConsecutiveReplay(steps, tuple(map(str, folders)), checks, time.perf_counter() - t0, note, code)
+    reused = rollout_reuse_check(tk, tk1)                  # before the sampler: a reused rollout makes it look stale
     checks = [weights_check(pair)]
-    checks += [optimizer_check(pair), _scheduler_check(pair), sampler_check(pair, checks[0].status == DISAGREE),
-               draws_check(pair), reference_check(pair),
-               gradient_check(pair, replay_k1), rewards_check(tk, tk1), batch_check(tk, tk1)]
+    checks += [optimizer_check(pair), _scheduler_check(pair)] + ([reused] if reused is not None else [])
+    checks += [sampler_check(pair, checks[0].status == DISAGREE, reused is not None),
+               draws_check(pair), reference_check(pair), gradient_check(pair, replay_k1), rewards_check(tk, tk1)]
+    checks += [batch_check(tk, tk1)] if reused is None else []
     return ConsecutiveReplay(steps, tuple(map(str, folders)), tuple(checks), time.perf_counter() - t0)
 
 
@@ -250,21 +258,6 @@ def weights_check(p: _Pair) -> PhaseCheck:
 SIXTEEN_BIT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class _Extrapolated(dict):
-    """θ + (θ − θ_start) of each parameter, computed when read: an update applied on top of weights holding it."""
-
-    def __init__(self, weights: dict, start: dict):
-        super().__init__()
-        self.w, self.start = weights, start
-
-    def __contains__(self, name) -> bool:
-        return name in self.w and name in self.start
-
-    def __getitem__(self, name):
-        w = self.w[name]
-        return w + (w - self.start[name].to(w.dtype))
-
-
 class _Rounded(dict):
     """Weights rounded to `dtype` and back, each computed when read (a 124M model's copy is not made up front)."""
 
@@ -279,8 +272,10 @@ class _Rounded(dict):
         return self.w[name].to(self.dtype).to(self.w[name].dtype)
 
 
-def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
-    later_pass = getattr(p.trace_k1.recorded, "iteration", 0) > 0
+def sampler_check(p: _Pair, weights_disagree: bool, reused: bool = False) -> PhaseCheck:
+    """`reused`: step k+1 trains step k's rollout again (the batch check says so): its sampler is due to hold the
+    weights that sampled k, as on a later pass."""
+    later_pass = getattr(p.trace_k1.recorded, "iteration", 0) > 0 or reused
     due_name = "the weights that sampled k (one rollout)" if later_pass else "θ_after(k)"
     q = f"sampler: the weights that sampled k+1 = {due_name}"
     sk, sk1 = p.sk, p.sk1
@@ -297,6 +292,7 @@ def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
         "the sampler holds the policy's weights before step k+1 (it was synced): the policy's own weights did not "
         "carry over (the weights check)")
     stale = sk.sampler if sk.sampler is not None else sk.before
+    affine = AffineFit(sk1.sampler, due, sk.reference, p.names, _in_dtype_of(sk1.sampler, due, p)[1], p.unit)
     fits = [("", sk1.before if weights_disagree else None, synced),
             ("sampler_weights_partly_synced", lambda: _partly(p, sk1.sampler, due, stale), ""),
             ("sampler_weights_stale", sk.sampler, "the sampler still holds the weights that sampled step k: it was "
@@ -305,10 +301,7 @@ def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
                                                  "synced after the update"),
             ("sampler_weights_stale", sk.reference, "the sampler holds the reference's (start) weights: it was never "
                                                     "synced"),
-            ("sampler_weights_extrapolated", _Extrapolated(due, sk.reference) if sk.reference is not None else None,
-             "the sampler holds the synced weights plus their whole change since the start once more "
-             "(θ + (θ − θ_start)): the update was merged into weights that already held it (an adapter or delta "
-             "merged twice)"),
+            *((code, lambda code=code: affine.named(code), "") for code in AFFINE_CODES),
             ("sampler_weights_permuted", lambda: _reordered(p, sk1.sampler, due), "")]
     declared = SIXTEEN_BIT.get(getattr(p.trace_k1.recorded, "sampler_dtype", "") or "")
     if declared is not None:                 # a sampler declared in 16 bits holds the synced weights rounded
@@ -318,7 +311,8 @@ def sampler_check(p: _Pair, weights_disagree: bool) -> PhaseCheck:
               f"another distribution than the {str(next(iter(due.values())).dtype).removeprefix('torch.')} policy "
               f"it is due to hold; declare sampler_precision='{name}' if that is meant")
              for name, dt in SIXTEEN_BIT.items() if declared is None]
-    return _weights_disagree(p, "sampler", q, sk1.sampler, due, fits)
+    c = _weights_disagree(p, "sampler", q, sk1.sampler, due, fits)
+    return replace(c, fit=affine.fit) if c.cause in AFFINE_CODES and affine.fit else c
 
 
 def _reordered(p: _Pair, got: dict, due: dict) -> Optional[tuple]:
