@@ -147,4 +147,5 @@ TITLES = {
     "sampler_update_scaled": "the sampler holds the update since the start scaled (an rsLoRA scale read as α/r)",
     "sampler_base_weights_discarded": "the sampler holds only the update since the start (its base weights zeroed)",
     "rollout_reused": "a step trains the previous step's rollout again in place of a new one",
+    "micro_batches_weighted_equally": "micro-batches of unequal size weighed alike (each its own rows' mean ÷ k)",
 }

@@ -49,12 +49,31 @@ def micro_batches(trace) -> list:
     return list(torch.arange(n).chunk(max(1, min(int(ga), n))))
 
 
-def loss_total(trace, objective, logps, old, ref, adv):
-    """Σ over the micro-batches of the declared loss (a 0-dim tensor, differentiable through `logps`)."""
+def loss_total(trace, objective, logps, old, ref, adv, weights=None):
+    """Σ over the micro-batches of the declared loss (a 0-dim tensor, differentiable through `logps`), each
+    micro-batch's loss times its weight (`micro_batch_weights` unless given)."""
+    parts = loss_parts(trace, objective, logps, old, ref, adv)
+    weights = micro_batch_weights(trace, objective) if weights is None else weights
     total = 0.0
-    for b in loss_parts(trace, objective, logps, old, ref, adv):
-        total = total + b.loss
+    for b, w in zip(parts, weights):
+        total = total + (b.loss if w == 1.0 else b.loss * w)
     return total
+
+
+# the aggregations that divide a micro-batch's loss by its own row count (a per-row mean; dr_grpo's N·L_max)
+ROW_NORMALISED = ("grpo", "sapo", "manual", "dr_grpo")
+
+
+def micro_batch_weights(trace, objective) -> list:
+    """Each micro-batch's weight on its loss as computed per micro-batch (÷ its own rows, ÷ k): 1 where the
+    micro-batches hold equal rows (the declared objective exactly) or for TRL (its micro-batches are equal by
+    construction); for a loop's micro-batches of unequal size under a row-normalised loss, n_j·k / N, so that every
+    row of the batch weighs alike, as the declared objective over the batch does."""
+    chunks = micro_batches(trace)
+    sizes = [len(rows) for rows in chunks]
+    if trace.recorded is None or objective.loss_type not in ROW_NORMALISED or len(set(sizes)) < 2:
+        return [1.0] * len(chunks)
+    return [n_j * len(chunks) / sum(sizes) for n_j in sizes]
 
 
 def loss_parts(trace, objective, logps, old, ref, adv) -> list:
@@ -188,18 +207,33 @@ def loss_variants(trace, ob, old, value: float) -> dict:
     for name, (kw, sentence) in wiring(trace, old).items():
         variants[f"loss_wiring/{name}"] = (v(**kw), sentence)
     variants.update(micro_batch_normaliser(trace, ob, v))
+    weights = micro_batch_weights(trace, ob)
+    if any(w != 1.0 for w in weights):
+        sizes = ", ".join(str(len(rows)) for rows in micro_batches(trace))
+        variants["micro_batches_weighted_equally"] = (
+            lambda: float(loss_total(trace, ob, lp, old, ref, adv, weights=[1.0] * len(weights))),
+            f"each micro-batch's loss is its own rows' mean ÷ k = {len(weights)}, over micro-batches of {sizes} rows: "
+            "the micro-batches weigh alike, so a row of a smaller micro-batch weighs more than a row of a larger one "
+            f"(the declared objective weighs every row 1/{sum(len(r) for r in micro_batches(trace))}); divide each "
+            "micro-batch's row sum by the batch's rows instead")
     return variants
 
 
 def gradient_confirms(trace, cause: str, fit: Optional[dict]) -> bool:
     """Whether a gradient's fit (`fit`: its micro-batch weights, or one scale) is what the loss variant `cause`
-    predicts: each micro-batch's loss divided by its own tokens weighs micro-batch j by W / W_j (W the window's
-    tokens) against the declared 1, within 1 %."""
-    if cause != "loss_normalised_per_micro_batch" or not fit:
+    predicts, within 1 %: each micro-batch's loss divided by its own tokens weighs micro-batch j by W / W_j (W the
+    window's tokens) against the declared 1; micro-batches weighed alike weigh j by 1 / w_j (w_j its declared
+    weight, `micro_batch_weights`)."""
+    if not fit:
         return False
-    mask = loss_mask(trace.rollout, trace.config)
-    tokens = [float(mask[rows].sum()) for rows in micro_batches(trace)]
-    want = [sum(tokens) / max(t, 1.0) for t in tokens]
+    if cause == "loss_normalised_per_micro_batch":
+        mask = loss_mask(trace.rollout, trace.config)
+        tokens = [float(mask[rows].sum()) for rows in micro_batches(trace)]
+        want = [sum(tokens) / max(t, 1.0) for t in tokens]
+    elif cause == "micro_batches_weighted_equally":
+        want = [1.0 / w for w in micro_batch_weights(trace, Objective.from_config(trace.config))]
+    else:
+        return False
     if fit.get("kind") == "scaled":
         got = [float(fit["params"]["scale"])] * len(want)
     elif fit.get("kind") == "micro_batches":

@@ -128,7 +128,7 @@ def token_weights(trace, objective, jac: TokenJacobian, extra=None, advantages=N
     """u = (∂L/∂ℓ, ∂L/∂H), each (N, T): the loss composition (micro-batches as the loop normalised them) of
     `objective` (with `advantages` in place of the recorded ones, if given), plus `extra(ℓ, H, mask)`,
     differentiated at the values of `jac`'s forward alone."""
-    from rookworld_debug.diagnosis.replay.loss_phase import accumulation, micro_batches
+    from rookworld_debug.diagnosis.replay.loss_phase import accumulation, micro_batch_weights, micro_batches
     r = trace.rollout
     mask = loss_mask(r, trace.config)
     lp = _value_point(trace, jac).requires_grad_(True)
@@ -141,13 +141,13 @@ def token_weights(trace, objective, jac: TokenJacobian, extra=None, advantages=N
     items = float(cap.num_items_in_batch) if cap is not None and cap.num_items_in_batch else mask.sum()
     spg = int(cap.steps_per_generation) if cap is not None and cap.steps_per_generation else None
     total = 0.0
-    for rows in chunks:
+    for rows, w in zip(chunks, micro_batch_weights(trace, objective)):
         pick = (lambda x: None if x is None else x[rows])
-        total = total + compute_loss(lp[rows], pick(old) if old is not None else lp[rows].detach(),
-                                     pick(r.ref_per_token_logps), adv[rows], mask[rows], objective,
-                                     LossBatch(entropy=ent[rows], num_items_in_batch=items,
-                                               gradient_accumulation_steps=accumulation(trace),
-                                               steps_per_generation=spg)).loss
+        total = total + w * compute_loss(lp[rows], pick(old) if old is not None else lp[rows].detach(),
+                                         pick(r.ref_per_token_logps), adv[rows], mask[rows], objective,
+                                         LossBatch(entropy=ent[rows], num_items_in_batch=items,
+                                                   gradient_accumulation_steps=accumulation(trace),
+                                                   steps_per_generation=spg)).loss
     if extra is not None:
         total = total + extra(lp, ent, mask)
     u_lp, u_ent = torch.autograd.grad(total, [lp, ent], allow_unused=True)
