@@ -148,4 +148,11 @@ TITLES = {
     "sampler_base_weights_discarded": "the sampler holds only the update since the start (its base weights zeroed)",
     "rollout_reused": "a step trains the previous step's rollout again in place of a new one",
     "micro_batches_weighted_equally": "micro-batches of unequal size weighed alike (each its own rows' mean ÷ k)",
+    "loss_summed_over_rows": "a row-normalised loss summed over its rows, not averaged",
+    "dr_grpo_normaliser_not_constant": "dr_grpo divided by the batch's padded width, not max_completion_length",
+    "tied_weight_stepped_twice": "a tensor listed twice in the optimizer, stepped twice per step",
+    "cispo_cap_below_one": "CISPO's importance-weight cap below 1 (every token's weight capped)",
+    "grad_clip_scales_up": "the clip's coefficient not capped at 1: small gradients scaled up to max_grad_norm",
+    "truncated_rows_masked_to_first_token": "truncated rows' mask cut to their first token (an unguarded EOS index)",
+    "weight_decay_not_decoupled": "Adam's L2 weight decay through the moments where AdamW's decoupled one is meant",
 }

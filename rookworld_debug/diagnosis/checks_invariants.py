@@ -261,6 +261,28 @@ def check_objective_signs(trace) -> list[Finding]:
     return out
 
 
+def check_cispo_cap(trace) -> list[Finding]:
+    """CISPO's importance weight is detach(min(r, ε_high)): a cap below 1 caps every token's weight on a first pass
+    (r = 1), so the whole policy term is scaled down to ε_high and the weights never reach 1. TRL reads the cap from
+    epsilon_high, falling back to epsilon (0.2: the PPO clip's range) when it is unset."""
+    c = trace.config
+    if getattr(c, "loss_type", "") != "cispo" or not float(c.epsilon_high) < 1.0:
+        return []
+    cfg = (trace.capture.grpo_config or {}) if trace.capture is not None else {}
+    unset = trace.capture is not None and cfg.get("epsilon_high") is None
+    return [Finding(
+        code="cispo_cap_below_one", severity="error",
+        cause=f"loss_type = 'cispo' caps the importance weight at ε_high = {float(c.epsilon_high):g}, below 1: every "
+              f"token's weight min(r, {float(c.epsilon_high):g}) is capped (on a first pass r = 1), so the policy "
+              f"term is {float(c.epsilon_high):g} × its size and no weight ever reaches 1"
+              + (" (epsilon_high is unset, and TRL falls back to epsilon, the PPO clip's range)." if unset else "."),
+        evidence=(E.ev("epsilon_high", float(c.epsilon_high), "CISPO's cap on the importance weight (TRL: "
+                       "epsilon_high, else epsilon)", "config"),),
+        fix=Fix("Set CISPO's cap above 1 (the CISPO / ScaleRL papers use epsilon_high = 5).",
+                step_config={"epsilon_high": 5.0}, grpo_config={"epsilon_high": 5.0}),
+        score=9.6, step=_step(trace))]
+
+
 def check_sampler_record(trace) -> list[Finding]:
     """Say when no sampler check could run: the trace holds no sampling-time log-probs (TRL without vLLM)."""
     s = trace.rollout.sampling_per_token_logps

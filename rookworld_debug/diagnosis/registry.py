@@ -42,7 +42,7 @@ def _optional_checks(module: str) -> tuple:
 # every check over one StepTrace: check(trace) -> list[Finding]
 STEP_CHECKS = (
     IN.check_optimizer_applied, IN.check_reference_frozen, IN.check_loss_path, IN.check_moved_with_advantages,
-    IN.check_objective_signs, IN.check_sampler_record,
+    IN.check_objective_signs, IN.check_cispo_cap, IN.check_sampler_record,
     LP.check_dropout, LP.check_reference,
     SA.check_mask_after_eos, SA.check_sampler_trainer,
     SI.check_truncation, SI.check_no_signal, SI.check_reward_determinism, SI.check_unscorable,

@@ -44,8 +44,8 @@ from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check, unre
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks
 from rookworld_debug.diagnosis.replay.schedule import schedule_check
-from rookworld_debug.diagnosis.replay.update import decay_groups_check, untied_check, untrained_check, \
-    update_check
+from rookworld_debug.diagnosis.replay.update import coupled_decay_check, decay_groups_check, duplicated_check, \
+    untied_check, untrained_check, update_check
 from rookworld_debug.diagnosis.replay.weights import Weights, weights_for
 
 # a loop rarely differs from its declaration in more than a couple of keywords; past three, the fits stop
@@ -278,7 +278,9 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
         and s.after is not None else None
     decay = decay_groups_check(s) if s is not None and s.optimizer and s.before is not None else None
     untied = untied_check(s) if s is not None and s.trainable else None
-    return out + [c for c in (idle, decay, untied) if c is not None]
+    listed = duplicated_check(s) if s is not None and s.trainable else None
+    coupled = coupled_decay_check(s, trace.recorded is None) if s is not None and s.optimizer else None
+    return out + [c for c in (listed, coupled, idle, decay, untied) if c is not None]
 
 
 def _moved_before(state) -> bool:

@@ -48,7 +48,27 @@ def mask_checks(trace, eos: int | None) -> list[PhaseCheck]:
     r = trace.rollout
     if eos is None:
         return [skipped("generation", "completion_mask (N, T)", "the EOS id is unknown (no tokenizer)")]
-    return [_mask_check(r.completion_ids, r.completion_mask.long(), eos, trace.config.mask_truncated_completions)]
+    check = _mask_check(r.completion_ids, r.completion_mask.long(), eos, trace.config.mask_truncated_completions)
+    return [_truncated_rows_cut(check, r, eos)]
+
+
+def _truncated_rows_cut(check: PhaseCheck, r, eos: int) -> PhaseCheck:
+    """`check` named `truncated_rows_masked_to_first_token` where its disagreement lies on the rows the sampler
+    flagged truncated alone and each of them keeps its first token only: the mask cut at argmax(ids == EOS), which
+    is 0 for a row without EOS."""
+    trunc = getattr(r, "is_truncated", None)
+    if check.status != DISAGREE or trunc is None or not bool(trunc.bool().any()):
+        return check
+    trunc, mask = trunc.bool(), r.completion_mask.long()
+    off_rows = (mask != expected_mask(r.completion_ids, eos).long()).any(1)                  # (N,)
+    first_only = (mask[:, 0] == 1) & (mask.sum(1) == 1)
+    if not bool((off_rows <= trunc).all()) or not bool(first_only[trunc].all()):
+        return check
+    rows = trunc.nonzero().flatten().tolist()
+    return _with_cause(check, "truncated_rows_masked_to_first_token", (
+        f"the {len(rows)} rows the sampler flagged truncated (rows {rows[:8]}) keep their first token only in the "
+        "mask, every other row is right: the mask is cut at argmax(ids == EOS), which is 0 for a row with no EOS, so "
+        "a truncated completion trains one token (guard the index: the row's length where it has no EOS)"))
 
 
 def _grouping(r, g: int) -> PhaseCheck:

@@ -45,6 +45,8 @@ def gradient_check(recorded: dict, ours: dict, dtype: str, accumulation: int, fi
     finite = math.isfinite(norm_rec) and math.isfinite(norm_ref)
     phase, cause, why, fitted = _scale_fit(recorded, ours, names, norm_rec, norm_ref, bound, accumulation) \
         if finite else ("gradient", "", "the recorded or recomputed gradient holds NaN or ±inf", None)
+    if cause == "gradient_scaled":
+        cause, why, fitted = _scaled_up_to_clip(cause, why, fitted, norm_ref, norm_rec, max_grad_norm, tol)
     if not cause and finite and norm_rec > GRAD_ATOL:
         cause, why = _parameters_missing(recorded, ours, names, tol)
     if not cause and fit is not None and finite:
@@ -131,6 +133,20 @@ def _parameters_missing(recorded, ours, names, tol: float) -> tuple[str, str]:
            ". Backward never reached those parameters: the graph is cut between them and the loss (a detach, a "
            "no_grad region, or reentrant activation checkpointing whose inputs do not require grad)")
     return "gradient_parameters_missing", why
+
+
+def _scaled_up_to_clip(cause, why, fitted, norm_ref: float, norm_rec: float, max_grad_norm, tol: float):
+    """A gradient scaled by k > 1 to exactly max_grad_norm from a smaller norm: the clip's coefficient
+    max_norm / ‖g‖ applied without min(1, ·), so a small gradient is scaled UP (`grad_clip_scales_up`)."""
+    m = float(max_grad_norm) if max_grad_norm else 0.0
+    if not m or norm_ref >= m or abs(norm_rec - m) > tol * m:
+        return cause, why, fitted
+    k = norm_rec / norm_ref
+    why = (f"the recorded gradient is {k:.4g} × the loss's gradient: its norm {norm_ref:.4g} was scaled UP to "
+           f"max_grad_norm = {m:g} (the recorded norm {norm_rec:.4g}); the clip's coefficient max_norm / ‖g‖ = "
+           f"{k:.4g} was applied without capping it at 1, so every step's gradient has norm {m:g}: "
+           "clamp the coefficient (min(1, max_norm / ‖g‖), as torch.nn.utils.clip_grad_norm_ does)")
+    return "grad_clip_scales_up", why, {**(fitted or {}), "sentence": why}
 
 
 def _recorded_after_clip(recorded, ours, names, norm_ref: float, max_grad_norm, tol: float, q: str):

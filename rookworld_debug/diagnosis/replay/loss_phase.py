@@ -207,6 +207,7 @@ def loss_variants(trace, ob, old, value: float) -> dict:
     for name, (kw, sentence) in wiring(trace, old).items():
         variants[f"loss_wiring/{name}"] = (v(**kw), sentence)
     variants.update(micro_batch_normaliser(trace, ob, v))
+    variants.update(row_normalisers(trace, ob, lp, old, ref, adv))
     weights = micro_batch_weights(trace, ob)
     if any(w != 1.0 for w in weights):
         sizes = ", ".join(str(len(rows)) for rows in micro_batches(trace))
@@ -241,6 +242,28 @@ def gradient_confirms(trace, cause: str, fit: Optional[dict]) -> bool:
     else:
         return False
     return len(got) == len(want) and all(abs(g - x) <= 0.01 * x for g, x in zip(got, want))
+
+
+def row_normalisers(trace, ob, lp, old, ref, adv) -> dict:
+    """A row-normalised loss (a per-row mean, dr_grpo's N·L_max) with the rows summed instead of averaged (each
+    micro-batch's loss × its n_j rows), and dr_grpo's constant L_max replaced by the batch's padded width T."""
+    if ob.loss_type not in ROW_NORMALISED:
+        return {}
+    sizes = [len(rows) for rows in micro_batches(trace)]
+    weights = micro_batch_weights(trace, ob)
+    out = {"loss_summed_over_rows": (
+        lambda: float(loss_total(trace, ob, lp, old, ref, adv, weights=[n * w for n, w in zip(sizes, weights)])),
+        f"each micro-batch's loss sums its rows' terms instead of averaging them ({ob.loss_type}'s ÷ N missing): "
+        f"the loss and its gradient are the micro-batch's row count ({', '.join(map(str, sizes[:6]))}) times too "
+        "large, so the learning rate and β act that many times stronger")}
+    width = int(trace.rollout.completion_ids.shape[1])
+    if ob.loss_type == "dr_grpo" and width != ob.max_completion_length:
+        out["dr_grpo_normaliser_not_constant"] = (
+            lambda: float(loss_total(trace, ob.replace(max_completion_length=width), lp, old, ref, adv)),
+            f"dr_grpo's normaliser is N × the batch's padded completion width ({width}), not N × "
+            f"max_completion_length ({ob.max_completion_length}): it changes with the longest completion of each "
+            "batch, so the loss's scale is no longer constant (Dr. GRPO's point); divide by max_completion_length")
+    return out
 
 
 def micro_batch_normaliser(trace, ob, v) -> dict:

@@ -199,6 +199,43 @@ def untied_check(state) -> Optional[PhaseCheck]:
                       measure="separate tensors for one tied weight")
 
 
+def duplicated_check(state) -> Optional[PhaseCheck]:
+    """A disagreement when the optimizer's parameter list holds one tensor more than once (a tied weight listed
+    under both its names: named_parameters(remove_duplicate=False), or the head's and the embedding's groups both
+    holding it): torch steps it once per listing, so it moves by two updates with its moments advanced twice; else
+    None."""
+    from collections import Counter
+    twice = {n: k for n, k in Counter(state.trainable).items() if k > 1}
+    if not twice:
+        return None
+    listed = ", ".join(f"{n} ×{k}" for n, k in list(twice.items())[:4])
+    why = (f"the optimizer's parameter list holds {len(twice)} tensor(s) more than once ({listed}, of "
+           f"{len(state.trainable)} listed): torch steps a parameter once per listing, so each moves by that many "
+           "updates per step, its moments and step count advanced as often (a tied embedding and output head listed "
+           "under both names: named_parameters(remove_duplicate=False)); build the optimizer over "
+           "model.parameters(), which lists a shared tensor once")
+    return PhaseCheck("update", "the optimizer's parameters: each tensor listed once", DISAGREE, float(len(twice)),
+                      0.0, listed, "listed more than once", "each once", "tied_weight_stepped_twice", why,
+                      measure="tensors listed more than once")
+
+
+def coupled_decay_check(state, declared_adamw: bool) -> Optional[PhaseCheck]:
+    """Adam (not AdamW) with weight_decay > 0: its decay is an L2 term λ·θ added to the gradient, which then goes
+    through the moments, so each weight's decay is divided by its own √v̂ (weights with large gradients barely
+    decay), where AdamW decays every weight by lr·λ·θ. A disagreement where the step declares AdamW (the package's
+    own step and TRL's trainer build AdamW); a suspicion for a loop of its own, which may mean L2 on purpose."""
+    wd = float((state.optimizer_settings or {}).get("weight_decay", 0.0) or 0.0)
+    if state.optimizer != "Adam" or wd <= 0:
+        return None
+    why = (f"the optimizer is Adam with weight_decay = {wd:g}: an L2 term λ·θ added to the gradient and divided by "
+           "each weight's own √v̂ with it, so weights with large gradients barely decay; AdamW decays every weight "
+           f"by lr·λ·θ, decoupled from the moments" + (" — the step declares AdamW" if declared_adamw else "") +
+           ". Build torch.optim.AdamW (or keep Adam with weight_decay = 0)")
+    return PhaseCheck("update", "the optimizer's weight decay: decoupled (AdamW)", DISAGREE if declared_adamw else
+                      SUSPECT, wd, 0.0, "every parameter group", "Adam, L2 through the moments",
+                      "AdamW, decoupled", "weight_decay_not_decoupled", why, measure="weight_decay")
+
+
 def decay_groups_check(state) -> Optional[PhaseCheck]:
     """A disagreement when the recorded optimizer keeps a weight-decay-free group for the biases while norm weights
     (the other 1-D parameters) are in a group with weight decay: a no-decay filter that matched biases but missed the
