@@ -259,15 +259,15 @@ def test_a_sampler_no_mix_of_start_and_update_reproduces_names_nothing():
     assert AffineFit(got, theta, None, tuple(start), 1e-3 * unit, unit).named(AFFINE_CODES[2]) is None
 
 
-def _trace(ids, prompts=("p0", "p1"), iteration=0, recorded=True):
+def _trace(ids, prompts=("p0", "p1"), iteration=0, recorded=True, mu=1, explicit=("num_iterations",)):
     from types import SimpleNamespace as NS
     ids = torch.tensor(ids)
     rollout = NS(completion_ids=ids, prompt_ids=torch.tensor([[1, 2], [1, 3]]), prompts=list(prompts),
                  completion_mask=torch.ones_like(ids), sampling_per_token_logps=-torch.ones(ids.shape),
                  per_token_logps=-torch.ones(ids.shape))
-    return NS(rollout=rollout, recorded=NS(iteration=iteration) if recorded else None,
+    return NS(rollout=rollout, recorded=NS(iteration=iteration, explicit=explicit) if recorded else None,
               rewards=NS(rewards=torch.tensor([1.0, 0.0])), advantages=NS(advantages=torch.tensor([0.5, -0.5])),
-              config=NS(num_iterations=2))
+              config=NS(num_iterations=mu))
 
 
 def test_a_rollout_trained_again_is_reused_unless_declared_a_later_pass():
@@ -280,6 +280,10 @@ def test_a_rollout_trained_again_is_reused_unless_declared_a_later_pass():
     assert rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 11]])) is None                    # one new row
     assert rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 10]], prompts=("p0", "p2"))) is None
     assert rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 10]], recorded=False)) is None    # nothing declared
+    # a loop that never said how many passes it takes: a later pass it did not declare is a warning, not an error
+    quiet = rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 10]], explicit=()))
+    assert quiet.status == "suspect" and "num_iterations=μ" in quiet.explanation
+    assert rollout_reuse_check(k, _trace([[5, 6, 7], [8, 9, 10]], mu=2)).status == "suspect"
 
 
 @pytest.mark.slow

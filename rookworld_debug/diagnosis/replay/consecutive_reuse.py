@@ -4,7 +4,8 @@ A buffered rollout restored at a resume (or a generation batch kept for one step
 of a new one, with its rewards, advantages and log-probs, sampled by weights two updates old. Checked before the
 sampler: a reused rollout makes the sampler look stale (its recorded weights are the ones that sampled k).
 
-    rollout_reuse_check(trace_k, trace_k1) -> PhaseCheck (phase "batch", DISAGREE) or None
+    rollout_reuse_check(trace_k, trace_k1) -> PhaseCheck (phase "batch": DISAGREE where the loop said it takes
+                                              one pass per rollout, else SUSPECT) or None
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .records import DISAGREE, PhaseCheck
+from .records import DISAGREE, SUSPECT, PhaseCheck
 
 QUESTION = "batch: step k+1 trains a rollout of its own (not step k's again)"
 MEASURE = "rows of step k+1 whose prompt and completion ids equal step k's row, exactly"
@@ -55,7 +56,14 @@ def rollout_reuse_check(tk, tk1) -> Optional[PhaseCheck]:
            f"num_iterations = {mu}): no later optimizer pass explains it. The rollout of the step before was kept "
            "(a buffered rollout or generation batch restored at a resume, or a buffer not cleared) and trained in "
            "place of a new one, its completions sampled by weights two updates old")
-    return PhaseCheck("batch", QUESTION, DISAGREE, float(n), 0.0, f"all {n} rows", f"{n} rows of step k",
+    # one pass per rollout said by the loop itself: the reuse contradicts it; else a later pass the loop did not
+    # declare may be all it is (a warning naming the keyword, never an error on an under-declared loop)
+    said = mu == 1 and "num_iterations" in (getattr(tk1.recorded, "explicit", ()) or ())
+    if not said:
+        why += (". If the loop takes several optimizer passes over one rollout, declare them: StepRecorder(..., "
+                "num_iterations=μ) and iteration= on each pass")
+    return PhaseCheck("batch", QUESTION, DISAGREE if said else SUSPECT, float(n), 0.0, f"all {n} rows",
+                      f"{n} rows of step k",
                       "a new rollout", "rollout_reused", why, measure=MEASURE,
                       fit={"kind": "same_rollout", "params": {"rows": n, "identical": ", ".join(records)},
                            "residual": 0.0, "sentence": why})
