@@ -265,8 +265,11 @@ def check_cispo_cap(trace) -> list[Finding]:
     """CISPO's importance weight is detach(min(r, ε_high)): a cap below 1 caps every token's weight on a first pass
     (r = 1), so the whole policy term is scaled down to ε_high and the weights never reach 1. TRL reads the cap from
     epsilon_high, falling back to epsilon (0.2: the PPO clip's range) when it is unset."""
+    from rookworld_debug.diagnosis.replay.loss_phase import loss_rule
+    from rookworld_debug.grpo.objective.terms import cispo
     c = trace.config
-    if getattr(c, "loss_type", "") != "cispo" or not float(c.epsilon_high) < 1.0:
+    rule = loss_rule(getattr(c, "loss_type", ""))
+    if rule is None or rule.objective is not cispo or not float(c.epsilon_high) < 1.0:
         return []
     cfg = (trace.capture.grpo_config or {}) if trace.capture is not None else {}
     unset = trace.capture is not None and cfg.get("epsilon_high") is None

@@ -222,7 +222,7 @@ def loss_of(logps, old, ref, adv, mask, c: LoopConfig, n_total: int, tokens_tota
         return (per_token * m).sum(1).div(m.shape[1]).sum() / n_total
     if fault == "grpo_sum_not_mean" and AGGREGATIONS[agg] is _sequence_mean:  # each row's sum, not its mean
         return (per_token * m).sum(1).sum() / n_total
-    if fault == "dr_grpo_rows_summed" and agg == "dr_grpo":     # Σ over the micro-batch's rows, ÷ T, ÷ micro-batches
+    if fault == "dr_grpo_rows_summed" and AGGREGATIONS[agg] is _fixed_length:   # Σ over the rows, ÷ T, ÷ micro-batches
         return E8.rows_summed_over_horizon(per_token * m, c.max_new_tokens, c.micro_batches)
     if fault == "micro_batch_rows_mean" and AGGREGATIONS[agg] is _sequence_mean:
         return E8.micro_batch_row_mean(per_token * m, m, c.micro_batches)
@@ -234,11 +234,15 @@ def _sequence_mean(lm, m, n, tokens, c):
     return (lm.sum(1) / m.sum(1).clamp(min=1)).sum() / n                                # per-sequence mean
 
 
+def _fixed_length(lm, m, n, tokens, c):
+    return lm.sum() / (n * c.max_new_tokens)                                           # a constant
+
+
 AGGREGATIONS = {
     "grpo": _sequence_mean,
     "dapo": lambda lm, m, n, tokens, c: lm.sum() / tokens,                              # the batch's tokens
     "bnpo": lambda lm, m, n, tokens, c: lm.sum() / m.sum().clamp(min=1) / c.micro_batches,   # the micro-batch's
-    "dr_grpo": lambda lm, m, n, tokens, c: lm.sum() / (n * c.max_new_tokens),           # a constant
+    "dr_grpo": _fixed_length,
 }
 WRONG_AGGREGATION = dict(zip(AGGREGATIONS, ("dapo", "grpo", "grpo", "grpo")))
 

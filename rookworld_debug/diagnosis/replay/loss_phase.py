@@ -13,8 +13,10 @@ from typing import Optional
 import torch
 
 from rookworld_debug.grpo.families import families
+from rookworld_debug.grpo.objective.aggregation import fixed_length
 from rookworld_debug.grpo.objective.loss import compute_loss
 from rookworld_debug.grpo.objective.params import LossBatch, Objective
+from rookworld_debug.grpo.objective.terms import clipped_surrogate
 from rookworld_debug.grpo.phases.generation import loss_mask
 
 from .compare import DISAGREE, VALUE_TOL, scalar, skipped
@@ -60,8 +62,16 @@ def loss_total(trace, objective, logps, old, ref, adv, weights=None):
     return total
 
 
-# the aggregations that divide a micro-batch's loss by its own row count (a per-row mean; dr_grpo's N·L_max)
-ROW_NORMALISED = ("grpo", "sapo", "manual", "dr_grpo")
+def loss_rule(loss_type: str):
+    """The loss type's row of its family's loss table (grpo.registry.LossRule), None for an unknown one."""
+    return next((f.rules[loss_type] for f in families() if loss_type in f.rules), None)
+
+
+def row_normalised(loss_type: str) -> bool:
+    """The loss divides each micro-batch's loss by its own row count (its family's micro-batch weighting "rows":
+    a per-row mean, dr_grpo's N·L_max)."""
+    rule = loss_rule(loss_type)
+    return rule is not None and rule.weighting == "rows"
 
 
 def micro_batch_weights(trace, objective) -> list:
@@ -71,7 +81,7 @@ def micro_batch_weights(trace, objective) -> list:
     row of the batch weighs alike, as the declared objective over the batch does."""
     chunks = micro_batches(trace)
     sizes = [len(rows) for rows in chunks]
-    if trace.recorded is None or objective.loss_type not in ROW_NORMALISED or len(set(sizes)) < 2:
+    if trace.recorded is None or not row_normalised(objective.loss_type) or len(set(sizes)) < 2:
         return [1.0] * len(chunks)
     return [n_j * len(chunks) / sum(sizes) for n_j in sizes]
 
@@ -247,7 +257,7 @@ def gradient_confirms(trace, cause: str, fit: Optional[dict]) -> bool:
 def row_normalisers(trace, ob, lp, old, ref, adv) -> dict:
     """A row-normalised loss (a per-row mean, dr_grpo's N·L_max) with the rows summed instead of averaged (each
     micro-batch's loss × its n_j rows), and dr_grpo's constant L_max replaced by the batch's padded width T."""
-    if ob.loss_type not in ROW_NORMALISED:
+    if not row_normalised(ob.loss_type):
         return {}
     sizes = [len(rows) for rows in micro_batches(trace)]
     weights = micro_batch_weights(trace, ob)
@@ -257,7 +267,7 @@ def row_normalisers(trace, ob, lp, old, ref, adv) -> dict:
         f"the loss and its gradient are the micro-batch's row count ({', '.join(map(str, sizes[:6]))}) times too "
         "large, so the learning rate and β act that many times stronger")}
     width = int(trace.rollout.completion_ids.shape[1])
-    if ob.loss_type == "dr_grpo" and width != ob.max_completion_length:
+    if loss_rule(ob.loss_type).aggregation is fixed_length and width != ob.max_completion_length:
         out["dr_grpo_normaliser_not_constant"] = (
             lambda: float(loss_total(trace, ob.replace(max_completion_length=width), lp, old, ref, adv)),
             f"dr_grpo's normaliser is N × the batch's padded completion width ({width}), not N × "
@@ -271,7 +281,8 @@ def micro_batch_normaliser(trace, ob, v) -> dict:
     divided by its OWN tokens instead and not by the k accumulation steps: Σ_j Σ_{t∈j} m·ℓ / Σ_{t∈j} m, which is k
     × bnpo's aggregation (bnpo divides each micro-batch's token mean by k). `v`: loss_variants' evaluator."""
     mbs, k = micro_batches(trace), accumulation(trace)
-    if ob.loss_type != "dapo" or len(mbs) < 2:
+    rule = loss_rule(ob.loss_type)      # dapo: a global token normaliser over the clipped surrogate
+    if rule is None or rule.weighting != "global" or rule.objective is not clipped_surrogate or len(mbs) < 2:
         return {}
     mask = loss_mask(trace.rollout, trace.config)
     tokens = ", ".join(str(int(mask[rows].sum())) for rows in mbs[:6]) + (", …" if len(mbs) > 6 else "")
