@@ -39,7 +39,8 @@ from rookworld_debug.diagnosis.replay.data_phases import advantages_check, gener
 from rookworld_debug.diagnosis.replay.declaration import (DeclarationFit, fit_declaration, quantity_key,
                                                           with_inferred_pass)
 from rookworld_debug.diagnosis.replay.findings import replay_findings
-from rookworld_debug.diagnosis.replay.loss_phase import accumulation, gradient_confirms, loss_check
+from rookworld_debug.diagnosis.replay.loss_phase import accumulation, gradient_confirms, loss_check, \
+    scaled_gradient_mechanism
 from rookworld_debug.diagnosis.replay.gradient_phase import gradient_check, unreachable, within_rounding
 from rookworld_debug.diagnosis.replay.records import PHASES, PhaseCheck, Replay
 from rookworld_debug.diagnosis.replay.resolve import resolve_checks
@@ -255,8 +256,8 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
         out.append(skipped("gradient", q, "the declared KL term needs the reference's log-probs, which were not "
                                           "recorded"))
     elif w.state is not None and w.state.gradient is not None:
-        out.append(_rounded(trace, w, gradient_check(w.state.gradient, _declared_gradient(trace, w), dtype,
-                                                     accumulation(trace), max_grad_norm=clip_of(trace))))
+        out.append(_scaled_mechanism(trace, _rounded(trace, w, gradient_check(
+            w.state.gradient, _declared_gradient(trace, w), dtype, accumulation(trace), max_grad_norm=clip_of(trace)))))
     elif trace.update is not None and w.state is None and _single_pass(trace.config):
         ours = _declared_gradient(trace, w)
         norm = sum(float(v.double().pow(2).sum()) for v in ours.values()) ** 0.5
@@ -281,6 +282,20 @@ def _gradient_and_update(trace, w: Weights, dtype: str) -> list[PhaseCheck]:
     listed = duplicated_check(s) if s is not None and s.trainable else None
     coupled = coupled_decay_check(s, trace.recorded is None) if s is not None and s.optimizer else None
     return out + [c for c in (listed, coupled, idle, decay, untied) if c is not None]
+
+
+def _scaled_mechanism(trace, check: PhaseCheck) -> PhaseCheck:
+    """A gradient scaled by a factor the loss's own mechanism gives (loss_phase.scaled_gradient_mechanism): the
+    loss's disagreement, named."""
+    if check.cause != "gradient_scaled" or not check.fit:
+        return check
+    named = scaled_gradient_mechanism(trace, float(check.fit["params"]["scale"]))
+    if named is None:
+        return check
+    code, why = named
+    return dataclasses.replace(check, phase="loss", cause=code, explanation=why, fit={**check.fit, "sentence": why},
+                               quantity="the loss's gradient: ∇θ of the declared loss (the value agrees; what it "
+                                        "differentiates does not)")
 
 
 def _moved_before(state) -> bool:

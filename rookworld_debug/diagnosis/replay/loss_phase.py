@@ -254,6 +254,20 @@ def gradient_confirms(trace, cause: str, fit: Optional[dict]) -> bool:
     return len(got) == len(want) and all(abs(g - x) <= 0.01 * x for g, x in zip(got, want))
 
 
+def scaled_gradient_mechanism(trace, k: float) -> Optional[tuple]:
+    """(code, sentence) of a gradient that is k × the declared loss's, where k is what a row-normalised loss summed
+    over its rows gives (each micro-batch's row count, all equal, within 1 %): the loss value can agree (Σ A = 0 on a
+    first pass) while its gradient shows the missing ÷ N; else None."""
+    sizes = [len(rows) for rows in micro_batches(trace)]
+    if not row_normalised(trace.config.loss_type) or len(set(sizes)) != 1 or sizes[0] < 2 or \
+            not abs(k - sizes[0]) <= 0.01 * sizes[0] or abs(k - accumulation(trace)) <= 0.01 * k:
+        return None         # (a k that is also the accumulation steps: the losses not divided by k, as likely)
+    return "loss_summed_over_rows", (
+        f"the recorded gradient is {k:.4g} × the loss's gradient, {k:.4g} = {sizes[0]} rows per micro-batch: each "
+        f"micro-batch's loss sums its rows' terms instead of averaging them ({trace.config.loss_type}'s ÷ N missing), "
+        "so the learning rate and β act that many times stronger (its value can still agree: Σ A = 0 in a group)")
+
+
 def row_normalisers(trace, ob, lp, old, ref, adv) -> dict:
     """A row-normalised loss (a per-row mean, dr_grpo's N·L_max) with the rows summed instead of averaged (each
     micro-batch's loss × its n_j rows), and dr_grpo's constant L_max replaced by the batch's padded width T."""
