@@ -110,6 +110,20 @@ SOURCES = (
      "sampler holding the update twice or its weights reordered, a batch handed again (a warning, which the table "
      "does not count); and the controls' bf16 gradient held to its own rounding, TRL's tokens judged at generate()'s "
      "positions"),
+    ("An eighth held-out set: its first run", "eighth-first-run-20261201.jsonl", "sealed",
+     f"2-core CPU, 2026-12-01, `{SEALED} --only eighth` on commit 10e8e1a (frozen in commit 8337881: six faults in "
+     "one step of the hand-written loop, four between its consecutive steps, three in TRL's GRPOTrainer, three in the "
+     "project's own step, with twelve healthy controls, written from public trackers and picked by how real and "
+     "common they are, whether or not the catalogue knew them; no fit for them existed). Three of the sixteen "
+     "expected codes existed. Three healthy controls got an error: unequal micro-batches (replay_loss), every row "
+     "truncated and masked (all_truncated), TRL dapo over two steps per generation (lr_too_large)"),
+    ("The eighth held-out set after its fixes (not held out)", "eighth-after-fixes-20261201.jsonl", "sealed",
+     f"2-core CPU, 2026-12-01, `{SEALED} --only eighth` on commit 20f2452. The fits written after its first run: "
+     "unequal micro-batches weighed row by row (and their equal weighting named), a loss summed over its rows, "
+     "dr_grpo over the padded width, a tensor listed twice in the optimizer, Adam's coupled decay, a clip scaling up, "
+     "truncated rows cut to one token, CISPO's cap below 1, TRL's drift check by the median token; between steps: the "
+     "sampler as a mix of the start and the update, a reused rollout. The one control left with an error trains "
+     "nothing: every completion is truncated at 48 tokens and masked out"),
     ("The sealed set's consecutive and TRL parts on the seventh set's code (not held out)",
      "sealed-between-trl-20261130-seventh.jsonl", "sealed",
      f"2-core CPU, 2026-11-30, `{SEALED} --only between --only trl` on commit c068774: the same causes named first "
