@@ -122,14 +122,9 @@ def seventh_rows(faults=None):
     from rookworld_debug.lab.faults_heldout import SEVENTH_STEP_CONTROLS, SEVENTH_STEP_FAULTS
     from rookworld_debug.lab.faults_trl import SEVENTH_TRL_FAULTS, SEVENTH_TRL_HEALTHY
     from rookworld_debug.lab.handloop import SEVENTH_FAULTS, SEVENTH_HEALTHY, SEVENTH_SETTINGS
-    yield from _two_part_rows("seventh", faults, SEVENTH_FAULTS, SEVENTH_SETTINGS, SEVENTH_BETWEEN_FAULTS,
-                              SEVENTH_HEALTHY)
-    trl = None if faults is None else [f for f in faults if f in {x.name for x in SEVENTH_TRL_FAULTS}]
-    if trl is None or trl:
-        yield from trl_rows(trl, SEVENTH_TRL_FAULTS, "seventh TRL", SEVENTH_TRL_HEALTHY)
-    own = None if faults is None else [f for f in faults if f in {x.name for x in SEVENTH_STEP_FAULTS}]
-    if own is None or own:
-        yield from step_rows(own, SEVENTH_STEP_FAULTS, "seventh own step", SEVENTH_STEP_CONTROLS)
+    yield from _four_part_rows("seventh", faults, (SEVENTH_FAULTS, SEVENTH_SETTINGS, SEVENTH_BETWEEN_FAULTS,
+                                                   SEVENTH_HEALTHY), (SEVENTH_TRL_FAULTS, SEVENTH_TRL_HEALTHY),
+                               (SEVENTH_STEP_FAULTS, SEVENTH_STEP_CONTROLS))
 
 
 def eighth_rows(faults=None):
@@ -138,13 +133,20 @@ def eighth_rows(faults=None):
     from rookworld_debug.lab.faults_heldout import EIGHTH_STEP_CONTROLS, EIGHTH_STEP_FAULTS
     from rookworld_debug.lab.faults_trl import EIGHTH_TRL_FAULTS, EIGHTH_TRL_HEALTHY
     from rookworld_debug.lab.handloop import EIGHTH_FAULTS, EIGHTH_HEALTHY, EIGHTH_SETTINGS
-    yield from _two_part_rows("eighth", faults, EIGHTH_FAULTS, EIGHTH_SETTINGS, EIGHTH_BETWEEN_FAULTS, EIGHTH_HEALTHY)
-    trl = None if faults is None else [f for f in faults if f in {x.name for x in EIGHTH_TRL_FAULTS}]
-    if trl is None or trl:
-        yield from trl_rows(trl, EIGHTH_TRL_FAULTS, "eighth TRL", EIGHTH_TRL_HEALTHY)
-    own = None if faults is None else [f for f in faults if f in {x.name for x in EIGHTH_STEP_FAULTS}]
-    if own is None or own:
-        yield from step_rows(own, EIGHTH_STEP_FAULTS, "eighth own step", EIGHTH_STEP_CONTROLS)
+    yield from _four_part_rows("eighth", faults, (EIGHTH_FAULTS, EIGHTH_SETTINGS, EIGHTH_BETWEEN_FAULTS,
+                                                  EIGHTH_HEALTHY), (EIGHTH_TRL_FAULTS, EIGHTH_TRL_HEALTHY),
+                               (EIGHTH_STEP_FAULTS, EIGHTH_STEP_CONTROLS))
+
+
+def _four_part_rows(name: str, faults, loop: tuple, trl: tuple, own: tuple):
+    """A set's one-step and consecutive-step faults (`loop`: single, settings, between, healthy), its TRL faults
+    (`trl`: faults, healthy settings) and its faults in the project's own step (`own`: faults, controls); with
+    `faults`, only those (no controls)."""
+    yield from _two_part_rows(name, faults, *loop)
+    for part, (known, healthy), run in ((f"{name} TRL", trl, trl_rows), (f"{name} own step", own, step_rows)):
+        picked = None if faults is None else [f for f in faults if f in {x.name for x in known}]
+        if picked is None or picked:
+            yield from run(picked, known, part, healthy)
 
 
 def step_rows(names, known: tuple, name: str, controls: tuple = ()):

@@ -133,8 +133,10 @@ def loss_check(trace) -> PhaseCheck:
                               measure="|recorded − recomputed|")
         return skipped("loss", q, "the loss was not recorded")
     if trace.capture is not None:          # TRL scales per micro-batch: the capture recomputed it that way
-        return scalar("loss", q, recorded, float(trace.capture.recomputed_loss), VALUE_TOL,
-                      variants=_capture_variants(trace))
+        check = scalar("loss", q, recorded, float(trace.capture.recomputed_loss), VALUE_TOL)
+        # the variants (and the generic recomputation they rest on) only where the loss disagrees
+        return check if check.status != DISAGREE else scalar("loss", q, recorded, float(trace.capture.recomputed_loss),
+                                                             VALUE_TOL, variants=_capture_variants(trace))
     if trace.config.beta and trace.rollout.ref_per_token_logps is None:
         return skipped("loss", q, f"β = {trace.config.beta:g} needs the reference's log-probs, which were not "
                                   "recorded (StepRecorder.logprobs(ref=...))")
@@ -151,11 +153,19 @@ def loss_check(trace) -> PhaseCheck:
 def _capture_variants(trace) -> dict:
     """A TRL capture's loss variants, where the declared loss over the capture's micro-batches reproduces the
     capture's own recomputation (then each variant is that same computation with one thing changed); else none."""
+    value = _reproduced_capture_loss(trace)
+    if value is None:
+        return {}
+    return _safe(loss_variants(trace, Objective.from_config(trace.config), recorded_old(trace), value))
+
+
+def _reproduced_capture_loss(trace) -> Optional[float]:
+    """The declared loss over a capture's micro-batches where it reproduces the capture's own recomputation (the
+    generic path holds for this capture's shape), else None."""
     value = _generic_loss(trace)
     if value is None or not abs(value - float(trace.capture.recomputed_loss)) <= VALUE_TOL * max(1.0, abs(value)):
-        return {}
-    old = recorded_old(trace)
-    return _safe(loss_variants(trace, Objective.from_config(trace.config), old, value))
+        return None
+    return value
 
 
 def _generic_loss(trace) -> Optional[float]:
@@ -175,9 +185,7 @@ def recaptured(trace, other):
     """`other` (a TRL capture's trace under another declaration) with the capture's recomputed loss taken under
     that declaration, where the declared loss over the capture's micro-batches reproduces the capture's own
     recomputation under its config; else `other` as it is (its loss then cannot agree under the neighbour)."""
-    here = _generic_loss(trace)
-    cap = trace.capture
-    if here is None or not abs(here - float(cap.recomputed_loss)) <= VALUE_TOL * max(1.0, abs(here)):
+    if _reproduced_capture_loss(trace) is None:
         return other
     there = _generic_loss(other)
     return other if there is None else dataclasses.replace(other, capture=dataclasses.replace(
